@@ -1,0 +1,10 @@
+#include "common/status/status.h"
+
+namespace coli {
+
+absl::Status Annotate(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace coli

@@ -1,0 +1,46 @@
+// coli: the thin client. `coli <command> [args]`; `coli help` lists the commands.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/coli/command.h"
+
+namespace coli::cli {
+
+std::map<std::string, Command>& Commands() {
+  static std::map<std::string, Command> commands;
+  return commands;
+}
+
+namespace {
+
+void PrintUsage(std::FILE* out) {
+  std::fprintf(out, "usage: coli <command> [args]\n\ncommands:\n");
+  for (const auto& [name, command] : Commands()) {
+    std::fprintf(out, "  %-10s %s\n", name.c_str(), command.summary.c_str());
+  }
+  std::fprintf(out, "  %-10s %s\n", "version", "print the client version");
+}
+
+}  // namespace
+}  // namespace coli::cli
+
+int main(int argc, char** argv) {
+  using coli::cli::Commands;
+  if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
+      !std::strcmp(argv[1], "-h")) {
+    coli::cli::PrintUsage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "version") || !std::strcmp(argv[1], "--version")) {
+    std::printf("coli %s\n", COLI_VERSION);
+    return 0;
+  }
+  auto it = Commands().find(argv[1]);
+  if (it == Commands().end()) {
+    std::fprintf(stderr, "coli: unknown command '%s'\n", argv[1]);
+    coli::cli::PrintUsage(stderr);
+    return 2;
+  }
+  return it->second.run(argc - 1, argv + 1);
+}
