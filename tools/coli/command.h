@@ -31,7 +31,20 @@ struct CommandRegistrar {
   }
 };
 
+// `coli bench <area>`: each benchmark area registers itself the same way.
+std::map<std::string, Command>& BenchAreas();
+
+struct BenchRegistrar {
+  BenchRegistrar(const char* area, const char* summary, CommandFn run) {
+    BenchAreas()[area] = Command{summary, run};
+  }
+};
+
 }  // namespace coli::cli
+
+// argv[0] of a bench function is the area name; `--json` asks for one JSON object on stdout.
+#define COLI_REGISTER_BENCH(id, area, summary, fn) \
+  static ::coli::cli::BenchRegistrar coli_bench_registrar_##id(area, summary, fn)
 
 #define COLI_REGISTER_COMMAND(id, name, summary, fn) \
   static ::coli::cli::CommandRegistrar coli_command_registrar_##id(name, summary, fn)
