@@ -1,0 +1,68 @@
+// A minimal OpenAI chat-completions client over fetch: streams SSE deltas to callbacks.
+// The page talks only to the same origin's /v1 API (plus /metrics for the status bar).
+
+export async function fetchModels() {
+  const res = await fetch('/v1/models');
+  if (!res.ok) throw new Error(`GET /v1/models: HTTP ${res.status}`);
+  const body = await res.json();
+  return body.data || [];
+}
+
+// Splits an SSE byte stream into `data:` payloads.
+async function* sseEvents(body) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.search(/\r?\n\r?\n/)) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut).replace(/^\r?\n\r?\n/, '');
+      const data = block.split(/\r?\n/)
+        .filter((line) => line.startsWith('data:'))
+        .map((line) => line.slice(5).replace(/^ /, ''))
+        .join('\n');
+      if (data) yield data;
+    }
+  }
+}
+
+// Streams one chat completion. `on` receives {reasoning, content, toolCalls, usage, finish}.
+export async function streamChat({ model, messages, thinking, signal, on }) {
+  const res = await fetch('/v1/chat/completions', {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({
+      model,
+      messages,
+      stream: true,
+      stream_options: { include_usage: true },
+      chat_template_kwargs: { thinking },
+    }),
+    signal,
+  });
+  if (!res.ok) {
+    let message = `HTTP ${res.status}`;
+    try {
+      const err = await res.json();
+      if (err.error && err.error.message) message = err.error.message;
+    } catch (_) { /* keep the status line */ }
+    throw new Error(message);
+  }
+  for await (const data of sseEvents(res.body)) {
+    if (data === '[DONE]') break;
+    const chunk = JSON.parse(data);
+    if (chunk.error) throw new Error(chunk.error.message || 'server error');
+    if (chunk.usage) on.usage?.(chunk.usage);
+    for (const choice of chunk.choices || []) {
+      const delta = choice.delta || {};
+      if (delta.reasoning_content) on.reasoning?.(delta.reasoning_content);
+      if (delta.content) on.content?.(delta.content);
+      if (delta.tool_calls) on.toolCalls?.(delta.tool_calls);
+      if (choice.finish_reason) on.finish?.(choice.finish_reason);
+    }
+  }
+}

@@ -1,0 +1,288 @@
+// The coli chat page. State: the conversation (localStorage), one request in flight at most.
+import './style.css';
+import 'highlight.js/styles/github.css';
+import { fetchModels, streamChat } from './api.js';
+import { fetchMetrics } from './metrics.js';
+import { loadState, saveState, toMessages } from './history.js';
+import { renderMarkdown } from './render.js';
+
+const $ = (id) => document.getElementById(id);
+const els = {
+  messages: $('messages'), input: $('input'), send: $('send'), stop: $('stop'),
+  composer: $('composer'), thinking: $('thinking'), system: $('system-prompt'),
+  settings: $('settings'), settingsButton: $('settings-button'), newChat: $('new-chat'),
+  error: $('error'), model: $('model-name'), state: $('st-state'), prefill: $('st-prefill'),
+  ttft: $('st-ttft'), tps: $('st-tps'), hit: $('st-hit'), bytes: $('st-bytes'),
+};
+
+let state = loadState();
+let modelId = null;
+let inflight = null;  // {controller, turn, metricsTimer}
+
+function persist() { saveState(state); }
+
+function showError(message) {
+  els.error.textContent = message;
+  els.error.hidden = !message;
+}
+
+// ---- rendering -------------------------------------------------------------------------
+
+function turnElement(turn, index) {
+  const div = document.createElement('div');
+  div.className = `turn ${turn.role}`;
+  div.dataset.index = String(index);
+  div.dataset.testid = `turn-${turn.role}`;
+  if (turn.role === 'user') {
+    const body = document.createElement('div');
+    body.className = 'body';
+    body.textContent = turn.content;
+    div.append(body);
+  } else {
+    if (turn.reasoning) {
+      const details = document.createElement('details');
+      details.className = 'reasoning';
+      details.open = turn.reasoningOpen ?? (inflight && inflight.turn === turn);
+      details.addEventListener('toggle', () => { turn.reasoningOpen = details.open; });
+      const summary = document.createElement('summary');
+      summary.textContent = inflight && inflight.turn === turn && !turn.content ? 'thinking…' : 'reasoning';
+      const pre = document.createElement('div');
+      pre.className = 'reasoning-text';
+      pre.textContent = turn.reasoning;
+      details.append(summary, pre);
+      div.append(details);
+    }
+    const body = document.createElement('div');
+    body.className = 'body markdown';
+    body.innerHTML = renderMarkdown(turn.content || '');
+    div.append(body);
+    for (const call of turn.toolCalls || []) {
+      const box = document.createElement('div');
+      box.className = 'tool-call';
+      box.dataset.testid = 'tool-call';
+      const fn = call.function || {};
+      box.textContent = `tool call: ${fn.name || '?'}(${fn.arguments || ''})`;
+      div.append(box);
+    }
+    if (turn.error) {
+      const err = document.createElement('div');
+      err.className = 'turn-error';
+      err.textContent = turn.error;
+      div.append(err);
+    }
+    if (turn.stopped) {
+      const note = document.createElement('div');
+      note.className = 'turn-note';
+      note.textContent = 'stopped';
+      div.append(note);
+    }
+  }
+  return div;
+}
+
+function addTurnActions() {
+  if (inflight) return;
+  const turns = state.turns;
+  const lastUser = turns.map((t) => t.role).lastIndexOf('user');
+  if (lastUser < 0) return;
+  const userEl = els.messages.querySelector(`[data-index="${lastUser}"]`);
+  const actions = document.createElement('div');
+  actions.className = 'actions';
+  const edit = document.createElement('button');
+  edit.type = 'button';
+  edit.textContent = 'edit';
+  edit.dataset.testid = 'edit';
+  edit.addEventListener('click', () => {
+    els.input.value = turns[lastUser].content;
+    state.turns = turns.slice(0, lastUser);
+    persist();
+    render();
+    els.input.focus();
+  });
+  const regen = document.createElement('button');
+  regen.type = 'button';
+  regen.textContent = 'regenerate';
+  regen.dataset.testid = 'regenerate';
+  regen.addEventListener('click', () => {
+    state.turns = turns.slice(0, lastUser + 1);
+    persist();
+    generate();
+  });
+  actions.append(edit, regen);
+  userEl?.append(actions);
+}
+
+function render() {
+  els.messages.replaceChildren(...state.turns.map(turnElement));
+  addTurnActions();
+  els.messages.scrollTop = els.messages.scrollHeight;
+}
+
+// Re-renders only the streaming turn (cheap enough per token for a chat page).
+function renderTurn(turn) {
+  const index = state.turns.indexOf(turn);
+  const old = els.messages.querySelector(`[data-index="${index}"]`);
+  const stick = els.messages.scrollHeight - els.messages.scrollTop - els.messages.clientHeight < 40;
+  const fresh = turnElement(turn, index);
+  if (old) old.replaceWith(fresh); else els.messages.append(fresh);
+  if (stick) els.messages.scrollTop = els.messages.scrollHeight;
+}
+
+function setBusy(busy) {
+  els.send.hidden = busy;
+  els.stop.hidden = !busy;
+  els.input.disabled = false;
+  els.state.textContent = busy ? 'prefilling…' : 'idle';
+  if (!busy) els.prefill.hidden = true;
+}
+
+// ---- status bar ------------------------------------------------------------------------
+
+let lastMetrics = null;
+async function refreshMetrics() {
+  try {
+    const m = await fetchMetrics();
+    const hits = m.coli_expert_hits_total, misses = m.coli_expert_misses_total;
+    if (m.coli_expert_hit_ratio !== undefined) {
+      els.hit.textContent = `hit ${(100 * m.coli_expert_hit_ratio).toFixed(1)}%`;
+    } else if (hits !== undefined && misses !== undefined && hits + misses > 0) {
+      els.hit.textContent = `hit ${(100 * hits / (hits + misses)).toFixed(1)}%`;
+    }
+    const bytes = m.coli_expert_bytes_read_total, tokens = m.coli_tokens_processed_total
+      ?? ((m.coli_prompt_tokens_total || 0) + (m.coli_completion_tokens_total || 0));
+    if (lastMetrics && bytes !== undefined && tokens !== undefined) {
+      const dt = tokens - (lastMetrics.tokens || 0);
+      if (dt > 0) els.bytes.textContent = `${formatBytes((bytes - lastMetrics.bytes) / dt)}/tok`;
+    }
+    lastMetrics = { bytes, tokens };
+    const total = m.coli_prefill_tokens_total_current, done = m.coli_prefill_tokens_done_current;
+    if (inflight && !inflight.firstTokenAt && total > 0) {
+      els.prefill.hidden = false;
+      els.prefill.textContent = `prefill ${Math.round(100 * done / total)}%`;
+    }
+  } catch (_) { /* the status bar is best-effort */ }
+}
+
+function formatBytes(n) {
+  if (!Number.isFinite(n)) return '–';
+  const units = ['B', 'KB', 'MB', 'GB'];
+  let i = 0;
+  while (n >= 1000 && i < units.length - 1) { n /= 1000; i++; }
+  return `${n.toFixed(n < 10 ? 1 : 0)} ${units[i]}`;
+}
+
+// ---- generation ------------------------------------------------------------------------
+
+async function generate() {
+  showError('');
+  const turn = { role: 'assistant', content: '', reasoning: '', toolCalls: [] };
+  const messages = toMessages(state);
+  state.turns.push(turn);
+  persist();
+  const controller = new AbortController();
+  const started = performance.now();
+  inflight = { controller, turn, firstTokenAt: 0, pieces: 0 };
+  inflight.metricsTimer = setInterval(refreshMetrics, 1000);
+  setBusy(true);
+  render();
+  const onPiece = () => {
+    inflight.pieces++;
+    if (!inflight.firstTokenAt) {
+      inflight.firstTokenAt = performance.now();
+      els.ttft.textContent = `ttft ${Math.round(inflight.firstTokenAt - started)} ms`;
+      els.state.textContent = 'generating…';
+      els.prefill.hidden = true;
+    }
+    const secs = (performance.now() - inflight.firstTokenAt) / 1000;
+    if (secs > 0.2) els.tps.textContent = `${(inflight.pieces / secs).toFixed(1)} tok/s`;
+  };
+  try {
+    await streamChat({
+      model: modelId,
+      messages,
+      thinking: state.thinking,
+      signal: controller.signal,
+      on: {
+        reasoning: (t) => { turn.reasoning += t; onPiece(); renderTurn(turn); },
+        content: (t) => { turn.content += t; onPiece(); renderTurn(turn); },
+        toolCalls: (calls) => { mergeToolCalls(turn, calls); onPiece(); renderTurn(turn); },
+        usage: (u) => {
+          const secs = inflight.firstTokenAt ? (performance.now() - inflight.firstTokenAt) / 1000 : 0;
+          if (secs > 0 && u.completion_tokens > 1) {
+            els.tps.textContent = `${((u.completion_tokens - 1) / secs).toFixed(1)} tok/s`;
+          }
+        },
+        finish: (reason) => { turn.finish = reason; },
+      },
+    });
+  } catch (e) {
+    if (controller.signal.aborted) {
+      turn.stopped = true;
+    } else {
+      turn.error = String(e.message || e);
+      showError(turn.error);
+    }
+  } finally {
+    clearInterval(inflight.metricsTimer);
+    inflight = null;
+    turn.reasoningOpen = false;
+    persist();
+    setBusy(false);
+    render();
+    refreshMetrics();
+  }
+}
+
+function mergeToolCalls(turn, deltas) {
+  for (const d of deltas) {
+    const i = d.index ?? turn.toolCalls.length;
+    const call = turn.toolCalls[i] ||= { id: d.id, type: 'function', function: { name: '', arguments: '' } };
+    if (d.id) call.id = d.id;
+    if (d.function?.name) call.function.name += d.function.name;
+    if (d.function?.arguments) call.function.arguments += d.function.arguments;
+  }
+}
+
+// ---- wiring ----------------------------------------------------------------------------
+
+els.composer.addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  const text = els.input.value.trim();
+  if (!text || inflight) return;
+  els.input.value = '';
+  state.turns.push({ role: 'user', content: text });
+  persist();
+  generate();
+});
+els.input.addEventListener('keydown', (ev) => {
+  if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) {
+    ev.preventDefault();
+    els.composer.requestSubmit();
+  }
+});
+els.stop.addEventListener('click', () => inflight?.controller.abort());
+els.newChat.addEventListener('click', () => {
+  inflight?.controller.abort();
+  state.turns = [];
+  persist();
+  render();
+});
+els.thinking.checked = state.thinking;
+els.thinking.addEventListener('change', () => { state.thinking = els.thinking.checked; persist(); });
+els.system.value = state.system;
+els.system.addEventListener('input', () => { state.system = els.system.value; persist(); });
+els.settingsButton.addEventListener('click', () => {
+  els.settings.hidden = !els.settings.hidden;
+  els.settingsButton.setAttribute('aria-expanded', String(!els.settings.hidden));
+});
+
+// A turn left half-written by a reload or crash is kept, marked as interrupted.
+for (const t of state.turns) {
+  if (t.role === 'assistant' && !t.finish && !t.stopped && !t.error) t.stopped = true;
+}
+render();
+fetchModels().then((models) => {
+  modelId = models[0]?.id ?? null;
+  els.model.textContent = modelId ?? 'no model';
+}).catch((e) => showError(`cannot reach the server: ${e.message}`));
+refreshMetrics();
