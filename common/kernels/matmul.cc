@@ -1,0 +1,277 @@
+// Matmul entry: validation, ISA choice, activation preparation, and the OpenMP split over rows.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/kernels/internal.h"
+#include "common/kernels/kernels.h"
+
+namespace coli::kernels {
+namespace {
+
+using internal::Prepared;
+using internal::Scratch;
+
+Isa DetectIsaOnce() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma")) {
+    return Isa::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+Isa ChooseIsaOnce() {
+  const Isa detected = DetectedIsa();
+  const char* env = std::getenv("COLI_ISA");
+  if (env == nullptr || *env == '\0') return detected;
+  Isa want;
+  if (std::strcmp(env, "scalar") == 0) {
+    want = Isa::kScalar;
+  } else if (std::strcmp(env, "avx2") == 0) {
+    want = Isa::kAvx2;
+  } else if (std::strcmp(env, "avx512") == 0) {
+    want = Isa::kAvx512;
+  } else {
+    std::fprintf(stderr, "[kernels] COLI_ISA='%s' is not scalar|avx2|avx512; using %s\n", env,
+                 IsaName(detected));
+    return detected;
+  }
+  if (static_cast<int>(want) > static_cast<int>(detected)) {
+    std::fprintf(stderr, "[kernels] COLI_ISA=%s: this CPU only has %s; using %s\n", env,
+                 IsaName(detected), IsaName(detected));
+    return detected;
+  }
+  return want;
+}
+
+const internal::KernelSet& KernelsFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return internal::Avx512Kernels();
+    case Isa::kAvx2: return internal::Avx2Kernels();
+    case Isa::kScalar: break;
+  }
+  return internal::ScalarKernels();
+}
+
+// Per-calling-thread scratch, so concurrent Matmul calls never share buffers.
+struct Buffers {
+  Scratch qx, qs, xq, corr, xs, xf;
+};
+
+int ActGroup(WeightFormat f) { return f == WeightFormat::kMxfp4 ? internal::kMxfp4Group : 64; }
+
+// Rearranges one batch row's quantized activations into the SIMD block layout (internal.h).
+void BuildBlocks(WeightFormat f, int64_t cols, const int8_t* qx, const float* qs, int64_t nblocks,
+                 int8_t* xq, int32_t* corr, float* xs) {
+  for (int64_t k = 0; k < nblocks; ++k) {
+    int8_t* bx = xq + k * (f == WeightFormat::kInt8Row ? 64 : 128);
+    int32_t* bc = corr + k * 16;
+    float* bs = xs + k * 16;
+    if (f == WeightFormat::kMxfp4) {
+      for (int j = 0; j < 4; ++j) {
+        const int64_t g = 4 * k + j;
+        if (g >= cols / 32) break;
+        const int8_t* q = qx + g * 32;
+        for (int t = 0; t < 16; ++t) {
+          bx[16 * j + t] = q[2 * t];
+          bx[64 + 16 * j + t] = q[2 * t + 1];
+        }
+        for (int i = 0; i < 4; ++i) {
+          int32_t sum = 0;
+          for (int c = 8 * i; c < 8 * i + 8; ++c) sum += q[c];
+          bc[4 * j + i] = -12 * sum;
+          bs[4 * j + i] = 0.5f * qs[g];
+        }
+      }
+    } else if (f == WeightFormat::kInt4G64) {
+      for (int j = 0; j < 2; ++j) {
+        const int64_t g = 2 * k + j;
+        if (g >= cols / 64) break;
+        const int8_t* q = qx + g * 64;
+        for (int t = 0; t < 32; ++t) {
+          bx[32 * j + t] = q[2 * t];
+          bx[64 + 32 * j + t] = q[2 * t + 1];
+        }
+        for (int i = 0; i < 8; ++i) {
+          int32_t sum = 0;
+          for (int c = 8 * i; c < 8 * i + 8; ++c) sum += q[c];
+          bc[8 * j + i] = -8 * sum;
+          bs[8 * j + i] = qs[g];
+        }
+      }
+    } else {  // int8: natural order, one activation group per block
+      const int64_t c0 = k * 64;
+      const int64_t n = std::min<int64_t>(64, cols - c0);
+      std::memcpy(bx, qx + c0, n);
+      for (int l = 0; l < 16; ++l) {
+        int32_t sum = 0;
+        for (int64_t c = 4 * l; c < 4 * l + 4 && c < n; ++c) sum += qx[c0 + c];
+        bc[l] = -128 * sum;
+        bs[l] = qs[k];
+      }
+    }
+  }
+}
+
+absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch, bool idot,
+                     int threads, Buffers& buf, Prepared* p) {
+  const int64_t cols = w.cols;
+  p->x = x;
+  p->xf = x;
+  p->xf_stride = cols;
+  if (!idot || w.format == WeightFormat::kF32) {
+    if (w.format == WeightFormat::kMxfp4 && isa != Isa::kScalar) {
+      // Even / odd columns of each 32-group side by side, as the decoded nibbles come out.
+      float* xf = static_cast<float*>(buf.xf.Zeroed(batch * cols * sizeof(float)));
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t g = 0; g < cols / 32; ++g) {
+          const float* src = x + b * cols + g * 32;
+          float* dst = xf + b * cols + g * 32;
+          for (int t = 0; t < 16; ++t) {
+            dst[t] = src[2 * t];
+            dst[16 + t] = src[2 * t + 1];
+          }
+        }
+      }
+      p->xf = xf;
+    }
+    return absl::OkStatus();
+  }
+  const int group = ActGroup(w.format);
+  const int64_t groups = (cols + group - 1) / group;
+  int8_t* qx = static_cast<int8_t*>(buf.qx.Zeroed(batch * cols));
+  float* qs = static_cast<float*>(buf.qs.Zeroed(batch * groups * sizeof(float)));
+  p->qx = qx;
+  p->qs = qs;
+  p->qs_stride = groups;
+  const int64_t block_cols = w.format == WeightFormat::kInt8Row ? 64 : 128;
+  const int64_t nblocks = (cols + block_cols - 1) / block_cols;
+  p->nblocks = nblocks;
+  p->block_bytes = block_cols;
+  int8_t* xq = nullptr;
+  int32_t* corr = nullptr;
+  float* xs = nullptr;
+  if (isa != Isa::kScalar) {
+    xq = static_cast<int8_t*>(buf.xq.Zeroed(batch * nblocks * block_cols));
+    corr = static_cast<int32_t*>(buf.corr.Zeroed(batch * nblocks * 16 * sizeof(int32_t)));
+    xs = static_cast<float*>(buf.xs.Zeroed(batch * nblocks * 16 * sizeof(float)));
+    p->xq = xq;
+    p->corr = corr;
+    p->xs = xs;
+  }
+  int64_t bad_row = -1;
+  absl::Status bad;
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, batch)));
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t b = 0; b < batch; ++b) {
+    absl::Status s = QuantizeActivationsInt8Groups(std::span<const float>(x + b * cols, cols),
+                                                   group, qx + b * cols, qs + b * groups);
+    if (!s.ok()) {
+#pragma omp critical(coli_kernels_prepare)
+      if (bad_row < 0 || b < bad_row) {
+        bad_row = b;
+        bad = s;
+      }
+      continue;
+    }
+    if (xq != nullptr) {
+      BuildBlocks(w.format, cols, qx + b * cols, qs + b * groups, nblocks,
+                  xq + b * nblocks * block_cols, corr + b * nblocks * 16, xs + b * nblocks * 16);
+    }
+  }
+  if (bad_row >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("activations, batch row ", bad_row, ": ", bad.message()));
+  }
+  return absl::OkStatus();
+}
+
+internal::KernelFn PickKernel(const internal::KernelSet& set, WeightFormat f, bool idot) {
+  switch (f) {
+    case WeightFormat::kF32: return set.f32;
+    case WeightFormat::kInt8Row: return idot ? set.int8_idot : set.int8_float;
+    case WeightFormat::kInt4G64: return idot ? set.int4_idot : set.int4_float;
+    case WeightFormat::kMxfp4: return idot ? set.mxfp4_idot : set.mxfp4_float;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+Isa DetectedIsa() {
+  static const Isa isa = DetectIsaOnce();
+  return isa;
+}
+
+Isa ActiveIsa() {
+  static const Isa isa = ChooseIsaOnce();
+  return isa;
+}
+
+namespace internal {
+
+absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t batch, float* y,
+                           const MatmulOptions& options) {
+  if (static_cast<int>(isa) > static_cast<int>(DetectedIsa())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("kernels: this CPU has no ", IsaName(isa), " support"));
+  }
+  if (absl::Status s = ValidateView(w); !s.ok()) return s;
+  if (batch < 0) return absl::InvalidArgumentError(absl::StrCat("matmul: batch ", batch, " < 0"));
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul: threads ", options.threads, " < 0"));
+  }
+  if (batch == 0 || w.rows == 0) return absl::OkStatus();
+  if (x == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("matmul: activation or output pointer is null");
+  }
+  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+  thread_local Buffers buffers;
+  Prepared prepared;
+  if (absl::Status s = Prepare(isa, w, x, batch, options.idot, threads, buffers, &prepared);
+      !s.ok()) {
+    return s;
+  }
+  const KernelFn fn = PickKernel(KernelsFor(isa), w.format, options.idot);
+  // Contiguous slices of whole 4-row tiles per thread: each thread streams its own weight range.
+  const int64_t tiles = (w.rows + 3) / 4;
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));
+  if (nt == 1) {
+    fn(w, prepared, batch, y, 0, w.rows);
+    return absl::OkStatus();
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    const int64_t rb = std::min(w.rows, tiles * t / n * 4);
+    const int64_t re = std::min(w.rows, tiles * (t + 1) / n * 4);
+    if (rb < re) fn(w, prepared, batch, y, rb, re);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+absl::Status Matmul(const MatrixView& w, const float* x, int64_t batch, float* y,
+                    const MatmulOptions& options) {
+  return internal::MatmulWithIsa(ActiveIsa(), w, x, batch, y, options);
+}
+
+}  // namespace coli::kernels

@@ -1,0 +1,608 @@
+// Tests of common/kernels: formats bit-exact against hand-computed cases and the spec's rules,
+// every SIMD path bit-identical to the scalar reference, and every path against an independent
+// double-precision reference written here from spec §4.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/kernels/internal.h"
+#include "common/kernels/kernels.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace coli::kernels {
+namespace {
+
+using ::testing::HasSubstr;
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// ---- Independent reference decoders (spec §4, written from the text, not from the library) ----
+
+double RefE2m1(int code) {
+  static const double kMag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return (code & 8) ? -kMag[code & 7] : kMag[code & 7];
+}
+// colibri's float_from_bits(s << 23): 2^(s-127) for 1 <= s <= 254, +0 for 0, inf for 255.
+double RefE8m0(int s) {
+  if (s == 0) return 0.0;
+  if (s == 255) return std::numeric_limits<double>::infinity();
+  return std::ldexp(1.0, s - 127);
+}
+
+// Memory that ends right before a PROT_NONE page: reading one byte past the end faults.
+class Guarded {
+ public:
+  explicit Guarded(size_t bytes) : bytes_(bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t data_pages = (bytes + page - 1) / page;
+    total_ = (data_pages + 1) * page;
+    base_ = static_cast<uint8_t*>(
+        mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    EXPECT_NE(base_, MAP_FAILED);
+    mprotect(base_ + data_pages * page, page, PROT_NONE);
+    ptr_ = base_ + data_pages * page - bytes;
+  }
+  ~Guarded() { munmap(base_, total_); }
+  uint8_t* data() { return ptr_; }
+
+ private:
+  size_t bytes_, total_;
+  uint8_t* base_;
+  uint8_t* ptr_;
+};
+
+// A random matrix of `format` placed in guarded memory.
+struct TestMatrix {
+  WeightFormat format;
+  int64_t rows, cols;
+  std::unique_ptr<Guarded> data, scales;
+  MatrixView view() const {
+    return MatrixView{format, rows, cols, data->data(),
+                      scales ? static_cast<const void*>(scales->data()) : nullptr};
+  }
+};
+
+TestMatrix MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, std::mt19937& rng) {
+  TestMatrix m{format, rows, cols, nullptr, nullptr};
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const size_t n = static_cast<size_t>(rows * cols);
+  switch (format) {
+    case WeightFormat::kF32: {
+      m.data = std::make_unique<Guarded>(n * 4);
+      float* f = reinterpret_cast<float*>(m.data->data());
+      for (size_t i = 0; i < n; ++i) f[i] = normal(rng);
+      break;
+    }
+    case WeightFormat::kInt8Row: {
+      m.data = std::make_unique<Guarded>(n);
+      m.scales = std::make_unique<Guarded>(rows * 4);
+      for (size_t i = 0; i < n; ++i) m.data->data()[i] = static_cast<uint8_t>(byte(rng) % 255 + 129);
+      float* s = reinterpret_cast<float*>(m.scales->data());
+      for (int64_t r = 0; r < rows; ++r) s[r] = 0.01f * (1.f + std::fabs(normal(rng)));
+      break;
+    }
+    case WeightFormat::kInt4G64: {
+      m.data = std::make_unique<Guarded>(n / 2);
+      m.scales = std::make_unique<Guarded>(n / 64 * 4);
+      for (size_t i = 0; i < n / 2; ++i) m.data->data()[i] = static_cast<uint8_t>(byte(rng));
+      float* s = reinterpret_cast<float*>(m.scales->data());
+      for (size_t g = 0; g < n / 64; ++g) s[g] = 0.1f * (1.f + std::fabs(normal(rng)));
+      break;
+    }
+    case WeightFormat::kMxfp4: {
+      m.data = std::make_unique<Guarded>(n / 2);
+      m.scales = std::make_unique<Guarded>(n / 32);
+      for (size_t i = 0; i < n / 2; ++i) m.data->data()[i] = static_cast<uint8_t>(byte(rng));
+      std::uniform_int_distribution<int> exponent(118, 130);
+      for (size_t g = 0; g < n / 32; ++g) m.scales->data()[g] = static_cast<uint8_t>(exponent(rng));
+      break;
+    }
+  }
+  return m;
+}
+
+// W[r, c] in double, decoded here from the spec's rules.
+double RefWeight(const TestMatrix& m, int64_t r, int64_t c) {
+  const int64_t cols = m.cols;
+  switch (m.format) {
+    case WeightFormat::kF32: return reinterpret_cast<const float*>(m.data->data())[r * cols + c];
+    case WeightFormat::kInt8Row:
+      return static_cast<int8_t>(m.data->data()[r * cols + c]) *
+             static_cast<double>(reinterpret_cast<const float*>(m.scales->data())[r]);
+    case WeightFormat::kInt4G64: {
+      const uint8_t byte = m.data->data()[(r * cols + c) / 2];
+      const int nib = (c % 2 == 0) ? (byte & 15) : (byte >> 4);
+      return (nib - 8) *
+             static_cast<double>(reinterpret_cast<const float*>(m.scales->data())[(r * cols + c) / 64]);
+    }
+    case WeightFormat::kMxfp4: {
+      const uint8_t byte = m.data->data()[(r * cols + c) / 2];
+      const int nib = (c % 2 == 0) ? (byte & 15) : (byte >> 4);
+      return RefE2m1(nib) * RefE8m0(m.scales->data()[(r * cols + c) / 32]);
+    }
+  }
+  return 0;
+}
+
+// Activation quantization written from the spec text (per group: s = max|x|/127 floored at
+// 1e-20, q = rint(x * (1/s)) half-even, clamp ±127); returns the dequantized values q*s.
+std::vector<double> RefQuantizedActivations(const std::vector<float>& x, int64_t cols, int group) {
+  std::vector<double> out(x.size());
+  for (size_t r0 = 0; r0 < x.size(); r0 += cols) {
+    for (int64_t g0 = 0; g0 < cols; g0 += group) {
+      const int64_t g1 = std::min<int64_t>(cols, g0 + group);
+      float m = 0;
+      for (int64_t c = g0; c < g1; ++c) m = std::max(m, std::fabs(x[r0 + c]));
+      float s = m / 127.f;
+      if (s < 1e-20f) s = 1e-20f;
+      const float inv = 1.f / s;
+      for (int64_t c = g0; c < g1; ++c) {
+        float q = std::nearbyint(x[r0 + c] * inv);
+        q = std::min(127.f, std::max(-127.f, q));
+        out[r0 + c] = static_cast<double>(q) * s;
+      }
+    }
+  }
+  return out;
+}
+
+double RelL2(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> isas = {Isa::kScalar};
+  if (static_cast<int>(DetectedIsa()) >= static_cast<int>(Isa::kAvx2)) isas.push_back(Isa::kAvx2);
+  if (DetectedIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+  return isas;
+}
+
+// ---------------------------------- formats ----------------------------------
+
+TEST(Formats, Bf16ToF32) {
+  EXPECT_EQ(Bf16ToF32(0x3F80), 1.0f);
+  EXPECT_EQ(Bf16ToF32(0xC000), -2.0f);
+  EXPECT_EQ(Bf16ToF32(0x0000), 0.0f);
+  EXPECT_EQ(Bits(Bf16ToF32(0x8000)), 0x80000000u);
+  EXPECT_EQ(Bf16ToF32(0x3FC0), 1.5f);
+  EXPECT_TRUE(std::isinf(Bf16ToF32(0x7F80)));
+  EXPECT_TRUE(std::isnan(Bf16ToF32(0x7FC0)));
+}
+
+TEST(Formats, E2m1AllCodes) {
+  const float want[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0f, -0.5, -1, -1.5, -2, -3, -4, -6};
+  for (int c = 0; c < 16; ++c) {
+    EXPECT_EQ(Bits(E2m1ToF32(static_cast<uint8_t>(c))), Bits(want[c])) << "code " << c;
+  }
+}
+
+TEST(Formats, E8m0Scales) {
+  EXPECT_EQ(E8m0ToF32(127), 1.0f);
+  EXPECT_EQ(E8m0ToF32(128), 2.0f);
+  EXPECT_EQ(E8m0ToF32(120), 1.0f / 128);
+  EXPECT_EQ(E8m0ToF32(1), std::ldexp(1.0f, -126));
+  EXPECT_EQ(Bits(E8m0ToF32(0)), 0u);  // colibri: bits 0 -> +0 (true value 2^-127)
+  EXPECT_TRUE(std::isinf(E8m0ToF32(255)));
+}
+
+TEST(Formats, Mxfp4DecodeEveryCodeTimesSeveralScales) {
+  // One row of 64 columns: group 0 holds codes 0..15 twice (low nibble = even column), group 1
+  // the codes in reverse; scales vary per case.
+  const int scales[] = {1, 100, 126, 127, 128, 140, 254};
+  for (int s0 : scales) {
+    for (int s1 : scales) {
+      uint8_t packed[32];
+      for (int j = 0; j < 16; ++j) {
+        const int even = (2 * j) % 16, odd = (2 * j + 1) % 16;
+        packed[j] = static_cast<uint8_t>(even | (odd << 4));
+        packed[16 + j] = static_cast<uint8_t>((15 - even) | ((15 - odd) << 4));
+      }
+      const uint8_t sc[2] = {static_cast<uint8_t>(s0), static_cast<uint8_t>(s1)};
+      MatrixView v{WeightFormat::kMxfp4, 1, 64, packed, sc};
+      float out[64];
+      DequantizeRow(v, 0, out);
+      for (int c = 0; c < 64; ++c) {
+        const int code = c < 32 ? c % 16 : 15 - c % 16;
+        const double want = RefE2m1(code) * RefE8m0(c < 32 ? s0 : s1);
+        // f32 result of the exact product (6·2^127 overflows to inf, as in colibri).
+        EXPECT_EQ(out[c], static_cast<float>(want)) << "col " << c << " s " << s0 << "/" << s1;
+        EXPECT_EQ(std::signbit(out[c]), (code & 8) != 0) << "col " << c;
+      }
+    }
+  }
+}
+
+TEST(Formats, Int8HandComputedTiesAndClamp) {
+  // max |w| = 254 -> s = 2, 1/s = 0.5: 127*0.5 = 63.5 -> 64, 1*0.5 -> 0 (tie to even),
+  // 3*0.5 = 1.5 -> 2, 5*0.5 = 2.5 -> 2, -1*0.5 -> -0, 7*0.5 = 3.5 -> 4.
+  const std::vector<float> w = {-254, 127, 1, 3, 5, -1, 7, 0};
+  int8_t q[8];
+  float s;
+  ASSERT_TRUE(QuantizeRowInt8(w, q, &s).ok());
+  EXPECT_EQ(s, 2.0f);
+  const int8_t want[8] = {-127, 64, 0, 2, 2, 0, 4, 0};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(q[i], want[i]) << i;
+}
+
+TEST(Formats, Int8ZerosAllEqualAndDenormals) {
+  int8_t q[4];
+  float s;
+  ASSERT_TRUE(QuantizeRowInt8(std::vector<float>{0, 0, -0.0f, 0}, q, &s).ok());
+  EXPECT_EQ(s, 1e-20f);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(q[i], 0);
+  ASSERT_TRUE(QuantizeRowInt8(std::vector<float>{3, 3, 3, 3}, q, &s).ok());
+  EXPECT_EQ(s, 3.0f / 127.0f);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(q[i], 127);
+  ASSERT_TRUE(QuantizeRowInt8(std::vector<float>{-2, -2, -2, -2}, q, &s).ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(q[i], -127);
+  // Denormals: 1e-40/127 is below the floor, so s = 1e-20 and every code rounds to 0.
+  ASSERT_TRUE(QuantizeRowInt8(std::vector<float>{1e-40f, -1e-41f, 0, 1e-45f}, q, &s).ok());
+  EXPECT_EQ(s, 1e-20f);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(q[i], 0);
+  // Just above the floor: max = 2.54e-18 -> s = 2e-20, values land on exact codes.
+  ASSERT_TRUE(QuantizeRowInt8(std::vector<float>{2.54e-18f, -1.27e-18f, 0, 0}, q, &s).ok());
+  EXPECT_EQ(s, 2.54e-18f / 127.f);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], -64);  // -63.5 rounds half to even
+}
+
+TEST(Formats, NonFiniteRefused) {
+  int8_t q[4];
+  float s;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float bad : {inf, -inf, nan}) {
+    absl::Status st = QuantizeRowInt8(std::vector<float>{1, 2, bad, 4}, q, &s);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(st.message()), HasSubstr("column 2"));
+    std::vector<float> w(2 * 64, 0.5f);
+    w[64 + 5] = bad;
+    for (WeightFormat f : {WeightFormat::kInt8Row, WeightFormat::kInt4G64, WeightFormat::kF32}) {
+      auto m = QuantizedMatrix::FromF32(w.data(), 2, 64, f);
+      ASSERT_FALSE(m.ok());
+      EXPECT_THAT(std::string(m.status().message()), HasSubstr("row 1"));
+      EXPECT_THAT(std::string(m.status().message()), HasSubstr("column 5"));
+    }
+    std::vector<float> x(64, 1.f);
+    x[7] = bad;
+    int8_t xq[64];
+    float xs[1];
+    EXPECT_FALSE(QuantizeActivationsInt8Groups(x, 32, xq, xs).ok());
+  }
+  std::vector<uint16_t> bf(64, 0x3F80);
+  bf[3] = 0x7F80;  // +inf
+  EXPECT_FALSE(QuantizedMatrix::FromBf16(bf.data(), 1, 64, WeightFormat::kInt8Row).ok());
+}
+
+TEST(Formats, Int4HandComputed) {
+  // max |w| = 7 -> s = 1: 7 -> 7, -3.5 -> -4 (tie to even), 2.5 -> 2, -7 -> -7, 0.5 -> 0.
+  std::vector<float> w(64, 0.f);
+  w[0] = 7;
+  w[1] = -3.5f;
+  w[2] = 2.5f;
+  w[3] = -7;
+  w[4] = 0.5f;
+  uint8_t packed[32];
+  float s;
+  ASSERT_TRUE(QuantizeRowInt4G64(w, packed, &s).ok());
+  EXPECT_EQ(s, 1.0f);
+  EXPECT_EQ(packed[0], 0x4F);  // low nibble 7+8, high nibble -4+8
+  EXPECT_EQ(packed[1], 0x1A);  // 2+8, -7+8
+  EXPECT_EQ(packed[2], 0x88);  // 0+8, 0+8
+  for (int i = 3; i < 32; ++i) EXPECT_EQ(packed[i], 0x88);
+}
+
+TEST(Formats, Int4ZeroGroupAndShapeRefusal) {
+  std::vector<float> w(128, 0.f);
+  for (int i = 64; i < 128; ++i) w[i] = -1.f;
+  uint8_t packed[64];
+  float s[2];
+  ASSERT_TRUE(QuantizeRowInt4G64(w, packed, s).ok());
+  EXPECT_EQ(s[0], 1e-20f);
+  EXPECT_EQ(s[1], 1.f / 7.f);
+  EXPECT_EQ(packed[0], 0x88);
+  EXPECT_EQ(packed[32], 0x11);  // -7 + 8 twice
+  auto bad = QuantizedMatrix::FromF32(w.data(), 1, 96, WeightFormat::kInt4G64);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("cols % 64"));
+  auto mx = QuantizedMatrix::FromF32(w.data(), 1, 64, WeightFormat::kMxfp4);
+  EXPECT_EQ(mx.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(Formats, FromBf16MatchesFromF32) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<uint16_t> bf(3 * 128);
+  std::vector<float> f(bf.size());
+  for (size_t i = 0; i < bf.size(); ++i) {
+    float v = normal(rng);
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    bf[i] = static_cast<uint16_t>(u >> 16);
+    f[i] = Bf16ToF32(bf[i]);
+  }
+  for (WeightFormat fmt : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64}) {
+    auto a = QuantizedMatrix::FromBf16(bf.data(), 3, 128, fmt);
+    auto b = QuantizedMatrix::FromF32(f.data(), 3, 128, fmt);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->data(), b->data());
+    EXPECT_EQ(a->scales(), b->scales());
+    EXPECT_EQ(a->bytes(), ViewBytes(a->view()));
+  }
+}
+
+TEST(Formats, DowncastEqualsInt4OfDequantizedInt8) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t rows = 5, cols = 192;
+  std::vector<float> w(rows * cols);
+  for (float& v : w) v = normal(rng);
+  for (int c = 0; c < 64; ++c) w[2 * cols + c] = 0.f;  // an all-zero group
+  auto q8 = QuantizedMatrix::FromF32(w.data(), rows, cols, WeightFormat::kInt8Row);
+  ASSERT_TRUE(q8.ok());
+  auto q4 = QuantizedMatrix::DowncastInt8ToInt4(q8->view());
+  ASSERT_TRUE(q4.ok()) << q4.status();
+  std::vector<float> deq(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) DequantizeRow(q8->view(), r, deq.data() + r * cols);
+  auto direct = QuantizedMatrix::FromF32(deq.data(), rows, cols, WeightFormat::kInt4G64);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(q4->data(), direct->data());
+  EXPECT_EQ(q4->scales(), direct->scales());
+  // Hand case: one group, q8 = [-127 .. ] with s8 = 0.5: s = 127*0.5/7, q4 = rint(q8*0.5/s).
+  std::vector<uint8_t> d(64, 0);
+  d[0] = static_cast<uint8_t>(-127);
+  d[1] = 18;  // 18*0.5 / (63.5/7) = 0.992 -> 1
+  d[2] = 27;  // 1.488 -> 1
+  float half = 0.5f;
+  std::vector<uint8_t> sb(4);
+  std::memcpy(sb.data(), &half, 4);
+  auto one = QuantizedMatrix::FromParts(WeightFormat::kInt8Row, 1, 64, d, sb);
+  ASSERT_TRUE(one.ok());
+  auto one4 = QuantizedMatrix::DowncastInt8ToInt4(one->view());
+  ASSERT_TRUE(one4.ok());
+  EXPECT_EQ(one4->data()[0], static_cast<uint8_t>((-7 + 8) | ((1 + 8) << 4)));
+  EXPECT_EQ(one4->data()[1], static_cast<uint8_t>((1 + 8) | (8 << 4)));
+  auto odd = QuantizedMatrix::FromF32(w.data(), 1, 96, WeightFormat::kInt8Row);
+  ASSERT_TRUE(odd.ok());
+  EXPECT_FALSE(QuantizedMatrix::DowncastInt8ToInt4(odd->view()).ok());
+}
+
+TEST(Formats, FromPartsChecksSizes) {
+  auto bad = QuantizedMatrix::FromParts(WeightFormat::kInt4G64, 2, 64, std::vector<uint8_t>(64),
+                                        std::vector<uint8_t>(4));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("expected 64 data bytes and 8"));
+}
+
+TEST(Formats, ActivationQuantizationHandComputed) {
+  // Group of 4: max 12.7 -> s = 0.1; values 0.05/0.1 = 0.5 -> 0 (even), 0.15 -> 1.5 -> 2,
+  // -12.7 -> -127. Second group (short tail of 2): all zeros -> s = 1e-20.
+  std::vector<float> x = {0.05f, 0.15f, 12.7f, -12.7f, 0.f, 0.f};
+  int8_t q[6];
+  float s[2];
+  ASSERT_TRUE(QuantizeActivationsInt8Groups(x, 4, q, s).ok());
+  EXPECT_EQ(s[0], 12.7f / 127.f);
+  EXPECT_EQ(s[1], 1e-20f);
+  const float inv = 1.f / s[0];
+  EXPECT_EQ(q[0], static_cast<int8_t>(std::nearbyint(0.05f * inv)));
+  EXPECT_EQ(q[2], 127);
+  EXPECT_EQ(q[3], -127);
+  EXPECT_EQ(q[4], 0);
+  // Exact ties: max 127 -> s = 1: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -3.5 -> -4.
+  std::vector<float> t = {127, 0.5f, 1.5f, 2.5f, -3.5f};
+  int8_t tq[5];
+  float ts[1];
+  ASSERT_TRUE(QuantizeActivationsInt8Groups(t, 8, tq, ts).ok());
+  EXPECT_EQ(ts[0], 1.f);
+  const int8_t want[5] = {127, 0, 2, 2, -4};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(tq[i], want[i]) << i;
+}
+
+// ---------------------------------- matmul ----------------------------------
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+std::vector<Shape> ShapesFor(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kMxfp4:
+      return {{1, 32}, {3, 64}, {5, 96}, {4, 128}, {7, 160}, {9, 224}, {13, 512}, {2, 32 * 13}};
+    case WeightFormat::kInt4G64:
+      return {{1, 64}, {3, 128}, {5, 192}, {6, 320}, {11, 512}, {2, 64 * 9}};
+    default:
+      return {{1, 1}, {2, 5}, {3, 16}, {5, 63}, {4, 64}, {7, 65}, {9, 130}, {6, 200}, {10, 513}};
+  }
+}
+
+void ExpectBitEqual(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  int bad = 0;
+  for (size_t i = 0; i < a.size() && bad < 5; ++i) {
+    if (Bits(a[i]) != Bits(b[i])) {
+      ADD_FAILURE() << what << " index " << i << ": " << a[i] << " vs scalar " << b[i];
+      ++bad;
+    }
+  }
+}
+
+// Every ISA x format x mode on odd shapes: bit-identical to the scalar reference, and the scalar
+// reference within float rounding of an independent double-precision computation.
+TEST(Matmul, EveryPathMatchesScalarAndDoubleReference) {
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64,
+                         WeightFormat::kMxfp4}) {
+    for (const Shape& shape : ShapesFor(f)) {
+      TestMatrix m = MakeMatrix(f, shape.rows, shape.cols, rng);
+      for (int64_t batch : {1, 2, 3, 9}) {
+        std::vector<float> x(batch * shape.cols);
+        for (float& v : x) v = normal(rng);
+        for (bool idot : {false, true}) {
+          const std::string what = std::string(WeightFormatName(f)) + (idot ? " idot " : " float ") +
+                                   std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
+                                   " batch " + std::to_string(batch);
+          std::vector<float> ref(batch * shape.rows, -1.f);
+          ASSERT_TRUE(internal::MatmulWithIsa(Isa::kScalar, m.view(), x.data(), batch, ref.data(),
+                                              {idot, 1})
+                          .ok());
+          // Independent double reference (with the spec's activation quantization for idot).
+          const bool quantized = idot && f != WeightFormat::kF32;
+          const std::vector<double> xd =
+              quantized ? RefQuantizedActivations(x, shape.cols, f == WeightFormat::kMxfp4 ? 32 : 64)
+                        : std::vector<double>(x.begin(), x.end());
+          std::vector<double> want(batch * shape.rows), abs_sums(batch * shape.rows);
+          for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t r = 0; r < shape.rows; ++r) {
+              double acc = 0, abs_sum = 0;
+              for (int64_t c = 0; c < shape.cols; ++c) {
+                const double t = RefWeight(m, r, c) * xd[b * shape.cols + c];
+                acc += t;
+                abs_sum += std::fabs(t);
+              }
+              want[b * shape.rows + r] = acc;
+              abs_sums[b * shape.rows + r] = abs_sum;
+            }
+          }
+          // f32 accumulation in 16 lanes of cols/16 terms plus a 4-level tree: the error is at
+          // most ~(cols/16 + 8)·eps·Σ|terms|; checked element-wise with that bound.
+          for (size_t i = 0; i < want.size(); ++i) {
+            EXPECT_NEAR(ref[i], want[i], 1.2e-7 * (shape.cols / 16.0 + 8) * abs_sums[i] + 1e-30)
+                << what << " index " << i;
+          }
+          EXPECT_LE(RelL2(ref, want), 1e-6) << what;
+          for (Isa isa : SupportedIsas()) {
+            if (isa == Isa::kScalar) continue;
+            for (int threads : {1, 2}) {
+              std::vector<float> got(batch * shape.rows, -2.f);
+              absl::Status st = internal::MatmulWithIsa(isa, m.view(), x.data(), batch, got.data(),
+                                                        {idot, threads});
+              ASSERT_TRUE(st.ok()) << st;
+              ExpectBitEqual(got, ref, what + " " + IsaName(isa));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, BatchRowsEqualSingleRowCalls) {
+  std::mt19937 rng(99);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64,
+                         WeightFormat::kMxfp4}) {
+    TestMatrix m = MakeMatrix(f, 21, 256, rng);
+    const int64_t batch = 11;
+    std::vector<float> x(batch * 256);
+    for (float& v : x) v = normal(rng);
+    for (bool idot : {false, true}) {
+      std::vector<float> all(batch * 21);
+      ASSERT_TRUE(Matmul(m.view(), x.data(), batch, all.data(), {idot, 2}).ok());
+      for (int64_t b = 0; b < batch; ++b) {
+        std::vector<float> one(21);
+        ASSERT_TRUE(Matmul(m.view(), x.data() + b * 256, 1, one.data(), {idot, 1}).ok());
+        for (int r = 0; r < 21; ++r) {
+          EXPECT_EQ(Bits(one[r]), Bits(all[b * 21 + r])) << WeightFormatName(f) << " b " << b;
+        }
+      }
+    }
+  }
+}
+
+// The int8-activation error of the MXFP4 idot path against the exact-float path, per group and
+// per output, on Gaussian data: the seed states ~0.4 % per group.
+TEST(Matmul, Mxfp4IdotErrorIsBounded) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t rows = 64, cols = 2048, batch = 4;
+  TestMatrix m = MakeMatrix(WeightFormat::kMxfp4, rows, cols, rng);
+  std::vector<float> x(batch * cols);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> exact(batch * rows), idot(batch * rows);
+  ASSERT_TRUE(Matmul(m.view(), x.data(), batch, exact.data(), {false, 1}).ok());
+  ASSERT_TRUE(Matmul(m.view(), x.data(), batch, idot.data(), {true, 1}).ok());
+  std::vector<double> exact_d(exact.begin(), exact.end());
+  const double out_err = RelL2(idot, exact_d);
+  // Per group: relative L2 error of the quantized activations themselves.
+  const std::vector<double> xq = RefQuantizedActivations(x, cols, 32);
+  double worst_group = 0, sum_group = 0;
+  const int64_t groups = batch * cols / 32;
+  for (int64_t g = 0; g < groups; ++g) {
+    double num = 0, den = 0;
+    for (int c = 0; c < 32; ++c) {
+      const double d = xq[g * 32 + c] - x[g * 32 + c];
+      num += d * d;
+      den += static_cast<double>(x[g * 32 + c]) * x[g * 32 + c];
+    }
+    const double e = std::sqrt(num / den);
+    worst_group = std::max(worst_group, e);
+    sum_group += e;
+  }
+  std::printf("mxfp4 idot: output rel-L2 %.4f%%, activation error per group mean %.4f%% worst %.4f%%\n",
+              100 * out_err, 100 * sum_group / groups, 100 * worst_group);
+  EXPECT_GT(out_err, 0.0);          // the path really quantizes
+  EXPECT_LT(out_err, 0.008);        // ~0.4 % expected
+  EXPECT_LT(sum_group / groups, 0.008);
+  EXPECT_LT(worst_group, 0.02);
+}
+
+TEST(Matmul, RefusesBadInput) {
+  std::vector<uint8_t> bytes(1024);
+  std::vector<float> x(64, 1.f), y(64);
+  MatrixView mx{WeightFormat::kMxfp4, 2, 48, bytes.data(), bytes.data()};
+  absl::Status st = Matmul(mx, x.data(), 1, y.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("cols % 32"));
+  MatrixView i4{WeightFormat::kInt4G64, 2, 32, bytes.data(), bytes.data()};
+  EXPECT_THAT(std::string(Matmul(i4, x.data(), 1, y.data()).message()), HasSubstr("cols % 64"));
+  MatrixView nodata{WeightFormat::kInt8Row, 2, 32, nullptr, bytes.data()};
+  EXPECT_THAT(std::string(Matmul(nodata, x.data(), 1, y.data()).message()), HasSubstr("null"));
+  MatrixView noscale{WeightFormat::kInt8Row, 2, 32, bytes.data(), nullptr};
+  EXPECT_THAT(std::string(Matmul(noscale, x.data(), 1, y.data()).message()), HasSubstr("scales"));
+  MatrixView ok{WeightFormat::kInt8Row, 2, 32, bytes.data(), x.data()};
+  EXPECT_EQ(Matmul(ok, x.data(), -1, y.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Matmul(ok, nullptr, 1, y.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Matmul(ok, x.data(), 1, y.data(), {true, -1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Matmul(ok, x.data(), 0, y.data()).ok());
+  MatrixView zero_cols{WeightFormat::kF32, 2, 0, bytes.data(), nullptr};
+  EXPECT_FALSE(Matmul(zero_cols, x.data(), 1, y.data()).ok());
+  // Non-finite activation with idot names the batch row.
+  std::vector<float> x2(64, 1.f);
+  x2[32 + 3] = std::numeric_limits<float>::quiet_NaN();
+  st = Matmul(ok, x2.data(), 2, y.data(), {true, 1});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("batch row 1"));
+}
+
+TEST(Isa, OverrideAndDetection) {
+  EXPECT_LE(static_cast<int>(ActiveIsa()), static_cast<int>(DetectedIsa()));
+  EXPECT_STREQ(IsaName(Isa::kAvx512), "avx512");
+  if (DetectedIsa() != Isa::kAvx512) {
+    std::vector<float> w(16, 1.f), x(16, 1.f), y(1);
+    MatrixView v{WeightFormat::kF32, 1, 16, w.data(), nullptr};
+    EXPECT_EQ(internal::MatmulWithIsa(Isa::kAvx512, v, x.data(), 1, y.data(), {}).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+}  // namespace
+}  // namespace coli::kernels
