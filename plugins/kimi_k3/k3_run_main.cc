@@ -1,0 +1,275 @@
+// k3-run: the Kimi K3 one-shot diagnostic (seed "standalone one-turn diagnostic").
+//
+//   k3-run [<model_dir>] "prompt" --ngen 64        # text prompt (needs the tokenizer files)
+//   k3-run <model_dir> --ids 1,2,3 --ngen 8 --print-ids
+//   K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 K3_IDOT=0 K3_LOGITS=/tmp/l.f32 k3-run dir --ids ...
+//   K3_X0=x0.f32 K3_LAYERS=4 K3_TRACE=/tmp/t.f32 k3-run dir --ngen 0
+//
+// Without a model folder it runs the tiny fixture made by the build (build/fixtures/k3_tiny:
+// RANDOM WEIGHTS, not a real model — its text is noise). The prompt is encoded as plain text
+// with no BOS (the vendor chat format adds none). Generation stops after --ngen tokens or at
+// an end-of-sequence id from config.json. Greedy unless --temp (or COLI_TEMP) is set.
+// The K3_* environment switches are read here, once, into ModelOptions (options.h lists them).
+// stdout: generated text (or ids with --print-ids); stderr: load/prefill/decode speed and the
+// time split (attention / MoE / head / mix).
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/sampling/sampling.h"
+#include "common/status/status.h"
+#include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/session.h"
+#ifdef COLI_K3_HAVE_TOKENIZER
+#include "common/tokenizer/tokenizer.h"
+#endif
+
+#ifndef COLI_K3_DEFAULT_MODEL
+#define COLI_K3_DEFAULT_MODEL ""
+#endif
+
+namespace coli::k3 {
+namespace {
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool IsDir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+absl::Status EnvInt(const char* name, int* out) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return absl::OkStatus();
+  if (!absl::SimpleAtoi(v, out))
+    return absl::InvalidArgumentError(std::string(name) + "='" + v + "': expected an integer");
+  return absl::OkStatus();
+}
+absl::Status EnvDouble(const char* name, double* out) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return absl::OkStatus();
+  if (!absl::SimpleAtod(v, out))
+    return absl::InvalidArgumentError(std::string(name) + "='" + v + "': expected a number");
+  return absl::OkStatus();
+}
+std::string EnvString(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+absl::StatusOr<ModelOptions> OptionsFromEnv() {
+  ModelOptions o;
+  int idot = 1, maxt = 0;
+  COLI_RETURN_IF_ERROR(EnvInt("K3_BITS", &o.bits));
+  COLI_RETURN_IF_ERROR(EnvInt("K3_MLA_BITS", &o.mla_bits));
+  COLI_RETURN_IF_ERROR(EnvInt("K3_HEAD_BITS", &o.head_bits));
+  COLI_RETURN_IF_ERROR(EnvInt("K3_IDOT", &idot));
+  o.idot = idot != 0;
+  COLI_RETURN_IF_ERROR(EnvInt("K3_CHUNK", &o.chunk));
+  COLI_RETURN_IF_ERROR(EnvInt("K3_LOAD_THREADS", &o.load_threads));
+  COLI_RETURN_IF_ERROR(EnvDouble("K3_TOPP", &o.topp));
+  COLI_RETURN_IF_ERROR(EnvInt("K3_MAXT", &maxt));
+  o.max_context = maxt;
+  COLI_RETURN_IF_ERROR(EnvInt("K3_LAYERS", &o.layers));
+  for (absl::string_view d : absl::StrSplit(EnvString("K3_DIRS"), absl::ByAnyChar(",:"), absl::SkipEmpty()))
+    o.extra_dirs.emplace_back(d);
+  o.trace_path = EnvString("K3_TRACE");
+  o.x0_path = EnvString("K3_X0");
+  o.logits_path = EnvString("K3_LOGITS");
+  return o;
+}
+
+absl::StatusOr<std::vector<float>> ReadF32File(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string bytes = ss.str();
+  if (bytes.size() % 4 != 0) return absl::InvalidArgumentError(path + ": size is not a multiple of 4");
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+int Usage() {
+  std::cerr << "usage: k3-run [<model_dir>] [\"prompt\"] [--ids 1,2,3] [--ngen N] [--print-ids]\n"
+               "              [--temp T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]\n"
+               "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
+               "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n";
+  return 2;
+}
+
+absl::Status Main(int argc, char** argv) {
+  std::string model_dir, prompt;
+  std::vector<int32_t> ids;
+  bool have_ids = false, print_ids = false;
+  int ngen = 16;
+  sampling::SamplerOptions sopt;
+  double temp = 0;
+  COLI_RETURN_IF_ERROR(EnvDouble("COLI_TEMP", &temp));
+  sopt.temperature = static_cast<float>(temp);
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> absl::StatusOr<std::string> {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(a + " needs a value");
+      return std::string(argv[++i]);
+    };
+    auto num = [&](auto* out) -> absl::Status {
+      COLI_ASSIGN_OR_RETURN(std::string v, next());
+      bool ok;
+      if constexpr (std::is_same_v<std::remove_pointer_t<decltype(out)>, float>) ok = absl::SimpleAtof(v, out);
+      else ok = absl::SimpleAtoi(v, out);
+      if (!ok) return absl::InvalidArgumentError(a + " '" + v + "': not a number");
+      return absl::OkStatus();
+    };
+    if (a == "--ngen") COLI_RETURN_IF_ERROR(num(&ngen));
+    else if (a == "--print-ids") print_ids = true;
+    else if (a == "--temp") COLI_RETURN_IF_ERROR(num(&sopt.temperature));
+    else if (a == "--top-p") COLI_RETURN_IF_ERROR(num(&sopt.top_p));
+    else if (a == "--top-k") COLI_RETURN_IF_ERROR(num(&sopt.top_k));
+    else if (a == "--seed") COLI_RETURN_IF_ERROR(num(&sopt.seed));
+    else if (a == "--logprobs") COLI_RETURN_IF_ERROR(num(&sopt.logprobs));
+    else if (a == "--ids") {
+      COLI_ASSIGN_OR_RETURN(std::string v, next());
+      have_ids = true;
+      for (absl::string_view p : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+        int32_t id;
+        if (!absl::SimpleAtoi(p, &id)) return absl::InvalidArgumentError("--ids: bad id '" + std::string(p) + "'");
+        ids.push_back(id);
+      }
+    } else if (a == "-h" || a == "--help") {
+      Usage();
+      return absl::OkStatus();
+    } else if (a.rfind("--", 0) == 0) {
+      Usage();
+      return absl::InvalidArgumentError("unknown flag " + a);
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (!positional.empty() && IsDir(positional[0])) {
+    model_dir = positional[0];
+    positional.erase(positional.begin());
+  } else {
+    model_dir = COLI_K3_DEFAULT_MODEL;
+    std::cerr << "[k3-run] no model folder given: using the build's tiny fixture " << model_dir
+              << " (RANDOM WEIGHTS, not a real model; its output is noise)\n";
+  }
+  if (positional.size() > 1) return absl::InvalidArgumentError("more than one prompt given");
+  if (!positional.empty()) prompt = positional[0];
+
+  COLI_ASSIGN_OR_RETURN(ModelOptions opt, OptionsFromEnv());
+  const double t0 = Seconds();
+  int last_pct = -1;
+  COLI_ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> model,
+      Model::Load(model_dir, opt, [&](int done, int total) {
+        const int pct = 100 * done / total;
+        if (pct / 10 != last_pct / 10) std::cerr << "\r[k3-run] loading " << pct << "%" << std::flush;
+        last_pct = pct;
+      }));
+  const double t_load = Seconds() - t0;
+  std::cerr << "\r[k3-run] loaded " << model->num_layers() << " layers in " << t_load << " s ("
+            << model->weights().resident_bytes / 1e6 << " MB resident; bits " << opt.bits << "/"
+            << opt.mla_bits << "/" << opt.head_bits << ", idot " << opt.idot << ", chunk "
+            << opt.chunk << ")\n";
+
+#ifdef COLI_K3_HAVE_TOKENIZER
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+  if (!have_ids && opt.x0_path.empty()) {
+    COLI_ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::LoadDir(model_dir));
+    ids = tokenizer->Encode(prompt, /*allow_special=*/false);  // plain text, no BOS
+  }
+#else
+  if (!have_ids && opt.x0_path.empty())
+    return absl::UnimplementedError("this k3-run was built without common/tokenizer: pass --ids");
+#endif
+
+  std::unique_ptr<Session> session = model->NewSession();
+  std::vector<float> logits;
+  const double tp = Seconds();
+  int64_t prefilled = 0;
+  if (!opt.x0_path.empty()) {
+    COLI_ASSIGN_OR_RETURN(std::vector<float> x0, ReadF32File(opt.x0_path));
+    COLI_ASSIGN_OR_RETURN(logits, session->PrefillRows(x0));
+    prefilled = static_cast<int64_t>(x0.size()) / model->hidden_size();
+  } else {
+    if (ids.empty()) return absl::InvalidArgumentError("empty prompt");
+    COLI_ASSIGN_OR_RETURN(logits, session->Prefill(ids));
+    prefilled = static_cast<int64_t>(ids.size());
+  }
+  const double t_prefill = Seconds() - tp;
+  Timings after_prefill = session->timings();
+
+  sampling::Sampler sampler(sopt);
+  std::vector<int32_t> generated;
+  const double td = Seconds();
+  for (int g = 0; g < ngen; ++g) {
+    sampling::Sample s = sampler.Next(logits);
+    generated.push_back(s.id);
+    if (print_ids) {
+      std::cout << (g ? "," : "") << s.id << std::flush;
+    }
+#ifdef COLI_K3_HAVE_TOKENIZER
+    else if (tokenizer) {
+      auto text = tokenizer->Decode(std::span<const int32_t>(&s.id, 1));
+      if (text.ok()) std::cout << *text << std::flush;
+    }
+#endif
+    else {
+      std::cout << s.id << " " << std::flush;
+    }
+    if (sopt.logprobs > 0) {
+      std::cerr << "[k3-run] token " << s.id << " logprob " << s.logprob << " top:";
+      for (const auto& t : s.top) std::cerr << " " << t.id << ":" << t.logprob;
+      std::cerr << "\n";
+    }
+    bool eos = false;
+    for (int64_t e : model->config().eos_token_ids) eos |= (e == s.id);
+    if (eos || g + 1 == ngen) break;
+    COLI_ASSIGN_OR_RETURN(logits, session->Step(s.id));
+  }
+  std::cout << "\n";
+  const double t_decode = Seconds() - td;
+  const Timings& t = session->timings();
+  auto split = [](const char* what, const Timings& a, const Timings& b) {
+    std::fprintf(stderr, "[k3-run] %s split: attention %.3f s, MoE %.3f s, head %.3f s, mix %.3f s, embed %.3f s\n",
+                 what, a.attention - b.attention, a.moe - b.moe, a.head - b.head, a.mix - b.mix,
+                 a.embed - b.embed);
+  };
+  std::fprintf(stderr, "[k3-run] prefill: %lld tokens in %.3f s (%.2f tokens/s)\n",
+               static_cast<long long>(prefilled), t_prefill, prefilled / std::max(t_prefill, 1e-9));
+  split("prefill", after_prefill, Timings{});
+  const int steps = static_cast<int>(generated.size()) > 0 ? static_cast<int>(generated.size()) - 1 : 0;
+  std::fprintf(stderr, "[k3-run] decode: %d steps in %.3f s (%.2f tokens/s)\n", steps, t_decode,
+               steps / std::max(t_decode, 1e-9));
+  split("decode", t, after_prefill);
+  std::fprintf(stderr, "[k3-run] experts: %lld unique expert computations for %lld (row, expert) pairs\n",
+               static_cast<long long>(t.moe_stats.expert_calls),
+               static_cast<long long>(t.moe_stats.expert_rows));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace coli::k3
+
+int main(int argc, char** argv) {
+  absl::Status s = coli::k3::Main(argc, argv);
+  if (!s.ok()) {
+    std::cerr << "k3-run: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,55 @@
+// plugins/kimi_k3/latent_moe: the LatentMoE FFN (K3 layers 1…92).
+//
+// Spec §3.6. x = RMSNorm(m; post_attention_layernorm) ∈ R^D. K3: E = 896 experts, top-k 16,
+// latent 3584, expert inner 3072, shared inner 2·3072 = 6144.
+//   s = σ(Wrouter x)                                        (f32)
+//   chosen = top-k of s + bias (bias = e_score_correction_bias, used ONLY to choose); exact
+//            ties → the lower expert index (colibri; torch.topk leaves the order unspecified)
+//   w_k = s[e_k] / (Σ_k' s[e_k'] + 1e-20) · routed_scaling_factor   (moe_renormalize)
+//   z = Wdown_lat x ∈ R^latent;   E_e(z) = W2_e · SiTU(W1_e z, W3_e z)    (MXFP4, in place)
+//   u = Σ_k w_k E_{e_k}(z)                                  (f32, k in selection order)
+//   y = Wup_lat · RMSNorm(u; routed_expert_norm, rms_norm_eps);  sh = shared SiTU-GLU(x)
+//   f = y + sh
+// Chunked rows: each unique expert of the batch is fetched once (ExpertSource) and applied to
+// all rows that chose it; its outputs land in per-(row, k) slots and are summed afterwards in
+// the fixed k order, so results are bit-identical whatever order experts arrive in and however
+// rows are batched. Optional K3_TOPP pruning (engine-only, off by default; changes results):
+// the k weights sorted descending, the smallest prefix reaching p kept and renormalised.
+#ifndef COLI_PLUGINS_KIMI_K3_LATENT_MOE_H_
+#define COLI_PLUGINS_KIMI_K3_LATENT_MOE_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "plugins/kimi_k3/compute.h"
+#include "plugins/kimi_k3/config.h"
+#include "plugins/kimi_k3/expert_source.h"
+#include "plugins/kimi_k3/weights.h"
+
+namespace coli::k3 {
+
+struct Routing {
+  std::vector<int32_t> experts;  // chosen experts, best biased score first
+  std::vector<float> weights;    // their mixing weights (same order)
+};
+
+// Router decision for one row from its router logits [E] (spec §3.6 steps 1–3, + K3_TOPP).
+Routing Route(const MoeConfig& moe, std::span<const float> router_logits,
+              std::span<const float> correction_bias, double topp);
+
+struct MoeStats {
+  int64_t rows = 0;            // rows through the MoE
+  int64_t expert_calls = 0;    // unique experts computed (summed over calls)
+  int64_t expert_rows = 0;     // (row, expert) pairs computed
+};
+
+// x: [n, D] → out: [n, D]. `layer` names the MoE layer for the expert source.
+absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
+                              ExpertSource& experts, double topp, const Compute& c,
+                              const float* x, int n, float* out, MoeStats* stats = nullptr);
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_LATENT_MOE_H_

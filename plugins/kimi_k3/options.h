@@ -1,0 +1,55 @@
+// plugins/kimi_k3/options: the typed knobs of the Kimi K3 model (docs/contracts.md).
+//
+// The seed's environment switches arrive here as fields; they are read once at the edge (the
+// CLI `k3-run`, the host) — never from the environment inside the model.
+//
+// | field               | switch          | default | meaning                                        |
+// |---------------------|-----------------|---------|------------------------------------------------|
+// | bits                | K3_BITS         | 4       | KDA q/k/v/o/g, latent down/up, shared, dense (4, 8, 32 = f32) |
+// | mla_bits            | K3_MLA_BITS     | 8       | MLA q_a, q_b, kv_a, kv_b, o, g                 |
+// | head_bits           | K3_HEAD_BITS    | 8       | lm_head                                        |
+// | idot                | K3_IDOT         | 1       | int8-activation kernels (0 = exact float)      |
+// | chunk               | K3_CHUNK        | 32      | prefill chunk (1…512; forced 1 with a trace)   |
+// | load_threads        | K3_LOAD_THREADS | 4       | parallel tensor loading / quantization         |
+// | topp                | K3_TOPP         | 0       | keep experts to cumulative weight p (0 = off)  |
+// | extra_dirs          | K3_DIRS         | —       | extra shard folders                            |
+// | max_context         | K3_MAXT         | 0       | context capacity (0 = unbounded)               |
+// | layers              | K3_LAYERS       | all     | truncate the stack (validation; no head)       |
+// | trace_path          | K3_TRACE        | —       | f32 hidden state after every layer, token-major [T, layers, D] |
+// | x0_path             | K3_X0           | —       | (CLI) f32 input rows [T, D] instead of embeddings |
+// | logits_path         | K3_LOGITS       | —       | f32 LE logits of every prefill position [T, V] |
+// | mla_latent_norm_eps | —               | 1e-6    | ε of q_a_layernorm / kv_a_layernorm (vendor; production engines use 1e-5) |
+// | threads             | —               | 0       | compute threads (0 = OpenMP default)           |
+// expert_gb, direct, pipe are for the streaming expert store (expert_store.h).
+#ifndef COLI_PLUGINS_KIMI_K3_OPTIONS_H_
+#define COLI_PLUGINS_KIMI_K3_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace coli::k3 {
+
+struct ModelOptions {
+  int bits = 4, mla_bits = 8, head_bits = 8;
+  bool idot = true;
+  int chunk = 32;
+  double expert_gb = 8;
+  bool direct = true;
+  bool pipe = true;
+  int load_threads = 4;
+  double topp = 0;
+  std::vector<std::string> extra_dirs;
+  int64_t max_context = 0;
+  int layers = -1;
+  // DISAGREEMENT (spec §3.9): the vendor builds q_a_layernorm / kv_a_layernorm without an eps
+  // argument, so they use the norm default 1e-6; production ports use rms_norm_eps (1e-5).
+  // The vendor value is the default; set 1e-5 to match those engines.
+  float mla_latent_norm_eps = 1e-6f;
+  int threads = 0;
+  std::string trace_path, x0_path, logits_path;
+};
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_OPTIONS_H_

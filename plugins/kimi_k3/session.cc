@@ -1,0 +1,154 @@
+#include "plugins/kimi_k3/session.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "common/status/status.h"
+
+namespace coli::k3 {
+namespace {
+
+FILE* OpenOutput(const std::string& path) {
+  if (path.empty()) return nullptr;
+  return std::fopen(path.c_str(), "wb");  // null: reported by Chunked()/Step()
+}
+
+absl::Status WriteAll(FILE* f, const float* data, size_t count, const std::string& path) {
+  if (!f) return absl::OkStatus();
+  if (std::fwrite(data, sizeof(float), count, f) != count || std::fflush(f) != 0)
+    return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Session::Session(const Model& model) : model_(model), state_(model.NewState()) {
+  trace_file_ = OpenOutput(model.options().trace_path);
+  logits_file_ = OpenOutput(model.options().logits_path);
+}
+
+Session::~Session() {
+  if (trace_file_) std::fclose(trace_file_);
+  if (logits_file_) std::fclose(logits_file_);
+}
+
+absl::Status Session::CheckUsable() const {
+  if (broken_)
+    return absl::FailedPreconditionError("session state is inconsistent after an error; Reset() it");
+  const ModelOptions& o = model_.options();
+  if (!o.trace_path.empty() && !trace_file_)
+    return absl::PermissionDeniedError(o.trace_path + ": cannot open for writing (K3_TRACE)");
+  if (!o.logits_path.empty() && !logits_file_)
+    return absl::PermissionDeniedError(o.logits_path + ": cannot open for writing (K3_LOGITS)");
+  return absl::OkStatus();
+}
+
+void Session::Reset() {
+  state_ = model_.NewState();
+  tokens_.clear();
+  broken_ = false;
+}
+
+absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const int32_t> ids,
+                                                bool prefill) {
+  const int n = static_cast<int>(ids.size());
+  const int64_t D = model_.hidden_size(), V = model_.vocab_size();
+  const int L = model_.num_layers();
+  const int64_t max_ctx = model_.options().max_context;
+  if (max_ctx > 0 && position() + n > max_ctx)
+    return absl::ResourceExhaustedError(absl::StrCat("context capacity ", max_ctx,
+                                                     " tokens exceeded (K3_MAXT)"));
+  // The head runs on the last row, or on every prefill row when K3_LOGITS is on.
+  const bool all_logits = prefill && logits_file_ != nullptr;
+  std::vector<Model::Row> rows(n);
+  for (int r = 0; r < n; ++r)
+    rows[r] = {&state_, position() + r, all_logits || r == n - 1};
+  std::vector<float> logits((all_logits ? n : 1) * V);
+  std::vector<float> trace;
+  if (trace_file_) trace.resize(static_cast<size_t>(n) * L * D);
+  absl::Status s = model_.Forward(rows, x, logits.data(), trace_file_ ? trace.data() : nullptr,
+                                  &timings_);
+  if (!s.ok()) {
+    broken_ = true;
+    return s;
+  }
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  COLI_RETURN_IF_ERROR(WriteAll(trace_file_, trace.data(), trace.size(), model_.options().trace_path));
+  if (all_logits) {
+    COLI_RETURN_IF_ERROR(WriteAll(logits_file_, logits.data(), logits.size(),
+                                  model_.options().logits_path));
+    logits.erase(logits.begin(), logits.end() - V);
+  }
+  return logits;
+}
+
+absl::StatusOr<std::vector<float>> Session::Chunked(
+    int64_t n,
+    const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
+    const Progress& progress, const Cancel& cancel) {
+  COLI_RETURN_IF_ERROR(CheckUsable());
+  if (n <= 0) return absl::InvalidArgumentError("prefill needs at least one token");
+  // A trace is written token by token (colibri forces K3_CHUNK=1 under K3_TRACE).
+  const int64_t chunk = trace_file_ ? 1 : model_.options().chunk;
+  const int64_t D = model_.hidden_size();
+  std::vector<float> x;
+  std::vector<int32_t> ids;
+  std::vector<float> logits;
+  for (int64_t start = 0; start < n; start += chunk) {
+    if (cancel && cancel()) return absl::CancelledError("prefill cancelled");
+    const int64_t len = std::min(chunk, n - start);
+    x.resize(len * D);
+    ids.clear();
+    COLI_RETURN_IF_ERROR(rows(start, len, x.data(), &ids));
+    COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true));
+    if (progress) progress(start + len, n);
+  }
+  return logits;
+}
+
+absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tokens,
+                                                    const Progress& progress,
+                                                    const Cancel& cancel) {
+  return Chunked(
+      static_cast<int64_t>(tokens.size()),
+      [&](int64_t start, int64_t len, float* x, std::vector<int32_t>* ids) {
+        auto part = tokens.subspan(start, len);
+        ids->assign(part.begin(), part.end());
+        const auto t0 = std::chrono::steady_clock::now();
+        absl::Status s = model_.Embed(part, x);
+        timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return s;
+      },
+      progress, cancel);
+}
+
+absl::StatusOr<std::vector<float>> Session::PrefillRows(std::span<const float> x0,
+                                                        const Progress& progress,
+                                                        const Cancel& cancel) {
+  const int64_t D = model_.hidden_size();
+  if (x0.size() % D != 0)
+    return absl::InvalidArgumentError(absl::StrCat("input rows: ", x0.size(),
+                                                   " floats is not a multiple of hidden size ", D));
+  return Chunked(
+      static_cast<int64_t>(x0.size() / D),
+      [&](int64_t start, int64_t len, float* x, std::vector<int32_t>* ids) {
+        std::copy_n(x0.data() + start * D, len * D, x);
+        ids->assign(len, -1);
+        return absl::OkStatus();
+      },
+      progress, cancel);
+}
+
+absl::StatusOr<std::vector<float>> Session::Step(int32_t token) {
+  COLI_RETURN_IF_ERROR(CheckUsable());
+  std::vector<float> x(model_.hidden_size());
+  const int32_t ids[] = {token};
+  const auto t0 = std::chrono::steady_clock::now();
+  COLI_RETURN_IF_ERROR(model_.Embed(ids, x.data()));
+  timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Run(x.data(), ids, /*prefill=*/false);
+}
+
+}  // namespace coli::k3

@@ -1,0 +1,89 @@
+// plugins/kimi_k3/session: one conversation's state on a loaded Model.
+//
+//   std::unique_ptr<Session> s = model->NewSession();
+//   COLI_ASSIGN_OR_RETURN(std::vector<float> logits, s->Prefill(prompt_ids, progress, cancel));
+//   int32_t next = coli::sampling::Greedy(logits);
+//   COLI_ASSIGN_OR_RETURN(logits, s->Step(next));
+//   s->Reset();                                  // back to an empty sequence
+//
+// Holds the per-sequence state (KDA recurrent matrices and conv windows, MLA latent caches),
+// the record of every token it has consumed, and its timings. Prompts are fed in chunks of
+// ModelOptions::chunk rows (K3_CHUNK; forced to 1 when a trace is written): every dense matmul
+// is batched over the chunk, each unique expert is read once per chunk, recurrent state still
+// advances token by token, and the head runs only on the chunk's last row (on every row when
+// logits_path is set) — spec §3.8; the logits are bit-identical to chunk 1.
+// No BOS is added anywhere: callers pass exactly the ids to run (the vendor chat renderer adds
+// none, spec §10).
+// Validation outputs (ModelOptions): trace_path receives [T, layers, D] f32 token-major for
+// every row this session runs; logits_path receives [T, V] f32 for every prefill position.
+// Both files are truncated when the session is created and appended to afterwards.
+//
+// Threading: a Session is used by one thread at a time (the host serialises calls per
+// session). Failure: an error inside a forward pass leaves the state half-advanced; the
+// session then refuses further work (FAILED_PRECONDITION) until Reset(). Cancellation is
+// honoured between chunks (CANCELLED); the chunks already run stay valid and recorded.
+#ifndef COLI_PLUGINS_KIMI_K3_SESSION_H_
+#define COLI_PLUGINS_KIMI_K3_SESSION_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "plugins/kimi_k3/model.h"
+
+namespace coli::k3 {
+
+class Session {
+ public:
+  // Tokens done so far / total of this call.
+  using Progress = std::function<void(int64_t done, int64_t total)>;
+  // Returns true to stop (checked between chunks).
+  using Cancel = std::function<bool()>;
+
+  explicit Session(const Model& model);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Runs `tokens` (at least one) and returns the logits [V] after the last one.
+  absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
+                                             const Progress& progress = nullptr,
+                                             const Cancel& cancel = nullptr);
+  // Like Prefill on injected input rows x0 [n, D] instead of embeddings (K3_X0). The token
+  // record gets -1 for these positions.
+  absl::StatusOr<std::vector<float>> PrefillRows(std::span<const float> x0,
+                                                 const Progress& progress = nullptr,
+                                                 const Cancel& cancel = nullptr);
+  // One decode step: runs `token`, returns the logits [V] after it.
+  absl::StatusOr<std::vector<float>> Step(int32_t token);
+  // Forgets everything (state zeroed, record cleared); keeps the timings.
+  void Reset();
+
+  int64_t position() const { return static_cast<int64_t>(tokens_.size()); }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  const Timings& timings() const { return timings_; }
+  const Model& model() const { return model_; }
+  SequenceState& state() { return state_; }
+
+ private:
+  absl::Status CheckUsable() const;
+  // Runs rows [n, D] at positions position()…; records `ids`; returns the last row's logits.
+  absl::StatusOr<std::vector<float>> Run(const float* x, std::span<const int32_t> ids, bool prefill);
+  absl::StatusOr<std::vector<float>> Chunked(int64_t n, const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
+                                             const Progress& progress, const Cancel& cancel);
+
+  const Model& model_;
+  SequenceState state_;
+  std::vector<int32_t> tokens_;
+  Timings timings_;
+  bool broken_ = false;
+  FILE* trace_file_ = nullptr;
+  FILE* logits_file_ = nullptr;
+};
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_SESSION_H_
