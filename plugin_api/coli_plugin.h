@@ -326,7 +326,7 @@ typedef struct coli_logprob_t {
 /* Why a row finished (set by decode). */
 #define COLI_FINISH_NONE 0    /* keep going */
 #define COLI_FINISH_STOP 1    /* a model-owned stop token was sampled */
-#define COLI_FINISH_LENGTH 2  /* the session's context is full */
+#define COLI_FINISH_LENGTH 2  /* the session's context is full (token -1: none was sampled) */
 
 /* One session's step. Inputs are set by the host; outputs by the plugin. Output pointers are
  * owned by the plugin and stay valid until the next call on the same session. */

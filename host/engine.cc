@@ -1,0 +1,585 @@
+#include "host/engine.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "common/status/status.h"
+
+namespace coli::host {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string DefaultModelId(const std::string& dir) {
+  std::filesystem::path p(dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();
+  std::string name = p.filename().string();
+  return name.empty() ? dir : name;
+}
+
+ModelOptions ToOptions(const v1::ModelOptions& o) {
+  ModelOptions out;
+  coli_model_options_t& f = out.fields;
+  if (o.has_bits()) f.bits = o.bits();
+  if (o.has_mla_bits()) f.mla_bits = o.mla_bits();
+  if (o.has_head_bits()) f.head_bits = o.head_bits();
+  if (o.has_idot()) f.idot = o.idot() ? 1 : 0;
+  if (o.has_chunk()) f.chunk = o.chunk();
+  if (o.has_direct()) f.direct = o.direct() ? 1 : 0;
+  if (o.has_pipe()) f.pipe = o.pipe() ? 1 : 0;
+  if (o.has_load_threads()) f.load_threads = o.load_threads();
+  if (o.has_expert_gb()) f.expert_gb = o.expert_gb();
+  if (o.has_topp()) f.topp = o.topp();
+  if (o.has_max_context()) f.max_context = o.max_context();
+  if (o.has_layers()) f.layers = o.layers();
+  if (o.has_threads()) f.threads = o.threads();
+  if (o.has_mla_norm_eps()) f.mla_norm_eps = o.mla_norm_eps();
+  out.extra_dirs.assign(o.extra_dirs().begin(), o.extra_dirs().end());
+  out.trace_path = o.trace_path();
+  out.x0_path = o.x0_path();
+  out.logits_path = o.logits_path();
+  for (const auto& [k, v] : o.extra()) out.extra[k] = v;
+  return out;
+}
+
+v1::ModelInfo ToProto(const ModelInfo& m, const std::string& id, const std::string& dir,
+                      const std::string& plugin_file) {
+  v1::ModelInfo out;
+  out.set_id(id);
+  out.set_model_dir(dir);
+  out.set_family(m.family);
+  out.set_plugin_file(plugin_file);
+  out.set_name(m.name);
+  out.set_vocab_size(m.vocab_size);
+  out.set_context_capacity(m.context_capacity);
+  out.set_bos_id(m.bos_id);
+  out.set_eos_id(m.eos_id);
+  for (const auto& s : m.special_tokens) {
+    auto* t = out.add_special_tokens();
+    t->set_text(s.text);
+    t->set_id(s.id);
+  }
+  for (int32_t id_ : m.stop_ids) out.add_stop_ids(id_);
+  out.set_chat_template(m.chat_capabilities & COLI_CHAT_CAP_TEMPLATE);
+  out.set_chat_thinking(m.chat_capabilities & COLI_CHAT_CAP_THINKING);
+  out.set_chat_tools(m.chat_capabilities & COLI_CHAT_CAP_TOOLS);
+  out.set_logprobs(m.chat_capabilities & COLI_CHAT_CAP_LOGPROBS);
+  return out;
+}
+
+v1::Channel ToChannel(int32_t c) {
+  switch (c) {
+    case COLI_CHANNEL_REASONING: return v1::CHANNEL_REASONING;
+    case COLI_CHANNEL_CONTENT: return v1::CHANNEL_CONTENT;
+    case COLI_CHANNEL_TOOL_CALL: return v1::CHANNEL_TOOL_CALL;
+    default: return v1::CHANNEL_NONE;
+  }
+}
+
+}  // namespace
+
+GenerationInput GenerationInput::From(const v1::GenerateRequest& r) {
+  GenerationInput in;
+  in.model = r.model();
+  in.request_id = r.request_id();
+  in.session = r.session();
+  in.prompt = r.prompt();
+  in.prompt_ids.assign(r.prompt_ids().begin(), r.prompt_ids().end());
+  in.max_tokens = r.max_tokens();
+  in.sampling = r.sampling();
+  return in;
+}
+
+GenerationInput GenerationInput::From(const v1::ChatRequest& r) {
+  GenerationInput in;
+  in.chat = true;
+  in.model = r.model();
+  in.request_id = r.request_id();
+  in.session = r.session();
+  in.request_json = r.request_json();
+  in.max_tokens = r.max_tokens();
+  in.sampling = r.sampling();
+  return in;
+}
+
+absl::Status Request::CancelStatus() const {
+  if (shutdown_.load()) return absl::UnavailableError("host shutting down");
+  if (cancel_.load()) return absl::CancelledError(absl::StrCat("request '", id_, "' cancelled"));
+  if (input_.deadline && Clock::now() >= *input_.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("request '", id_, "' passed its deadline"));
+  }
+  return absl::OkStatus();
+}
+
+Engine::Engine(EngineOptions options)
+    : options_(std::move(options)), started_(Clock::now()) {
+  plugins_ = PluginSet::LoadDir(options_.plugin_dir);
+  const int n = std::max(1, options_.workers);
+  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+Engine::~Engine() {
+  Shutdown();
+  std::lock_guard<std::mutex> lock(mu_);
+  models_.clear();  // sessions, then models, before the plugins unload
+}
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    for (auto& [id, request] : live_) request->shutdown_.store(true);
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) {
+    if (w.joinable()) w.join();
+  }
+}
+
+// ---- models -------------------------------------------------------------------------------
+
+absl::StatusOr<v1::ModelInfo> Engine::LoadModel(const v1::LoadModelRequest& request,
+                                                const ProgressFn& progress) {
+  const std::string dir = request.model_dir();
+  if (dir.empty()) return absl::InvalidArgumentError("LoadModel: model_dir is empty");
+  const std::string id = request.id().empty() ? DefaultModelId(dir) : request.id();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::UnavailableError("host shutting down");
+    auto it = models_.find(id);
+    if (it != models_.end()) {
+      if (it->second->info.model_dir() == dir) return it->second->info;
+      return absl::AlreadyExistsError(absl::StrCat("model id '", id, "' is already loaded from '",
+                                                   it->second->info.model_dir(), "'"));
+    }
+  }
+  if (!std::filesystem::is_directory(dir)) {
+    return absl::NotFoundError(absl::StrCat("model directory '", dir, "' does not exist"));
+  }
+  COLI_ASSIGN_OR_RETURN(const Plugin* plugin, plugins_.ForModel(dir));
+  COLI_LOG(kInfo) << "loading model '" << id << "' from " << dir << " with plugin "
+                  << plugin->family();
+  const auto t0 = Clock::now();
+  auto model = plugin->Open(dir, ToOptions(request.options()), progress);
+  if (!model.ok()) {
+    return Annotate(model.status(), absl::StrCat("loading model '", dir, "' (plugin ",
+                                                 plugin->family(), ")"));
+  }
+  auto loaded = std::make_shared<LoadedModel>();
+  loaded->model = std::move(model).value();
+  loaded->info = ToProto(loaded->model->info(), id, dir, plugin->file());
+  COLI_LOG(kInfo) << "model '" << id << "' loaded in " << Seconds(Clock::now() - t0) << " s";
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = models_.emplace(id, loaded);
+  return it->second->info;
+}
+
+absl::Status Engine::UnloadModel(const std::string& id) {
+  std::shared_ptr<LoadedModel> doomed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = models_.find(id);
+    if (it == models_.end()) {
+      return absl::NotFoundError(absl::StrCat("model '", id, "' is not loaded"));
+    }
+    if (it->second->active > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model '", id, "' has requests running"));
+    }
+    doomed = std::move(it->second);
+    models_.erase(it);
+  }
+  return absl::OkStatus();  // `doomed` closes its sessions and the model here
+}
+
+std::vector<v1::ModelInfo> Engine::ListModels() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::ModelInfo> out;
+  for (const auto& [id, m] : models_) out.push_back(m->info);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<Engine::LoadedModel>> Engine::FindModelLocked(
+    const std::string& id) const {
+  if (id.empty()) {
+    if (models_.size() == 1) return models_.begin()->second;
+    if (models_.empty()) return absl::NotFoundError("no model is loaded");
+    return absl::InvalidArgumentError("several models are loaded: name one");
+  }
+  auto it = models_.find(id);
+  if (it == models_.end()) {
+    return absl::NotFoundError(absl::StrCat("model '", id, "' is not loaded"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<Engine::LoadedModel>> Engine::FindModel(
+    const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FindModelLocked(id);
+}
+
+absl::StatusOr<std::vector<int32_t>> Engine::Tokenize(const std::string& model,
+                                                      const std::string& text,
+                                                      bool allow_special) {
+  COLI_ASSIGN_OR_RETURN(auto m, FindModel(model));
+  return m->model->Tokenize(text, allow_special);
+}
+
+absl::StatusOr<std::string> Engine::Detokenize(const std::string& model,
+                                               std::span<const int32_t> ids) {
+  COLI_ASSIGN_OR_RETURN(auto m, FindModel(model));
+  return m->model->Detokenize(ids);
+}
+
+absl::StatusOr<RenderedChat> Engine::ApplyTemplate(const std::string& model,
+                                                   const std::string& json,
+                                                   bool add_generation_prompt) {
+  COLI_ASSIGN_OR_RETURN(auto m, FindModel(model));
+  return m->model->RenderChat(json, add_generation_prompt);
+}
+
+// ---- requests -----------------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, EventSink sink) {
+  auto request = std::make_shared<Request>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::UnavailableError("host shutting down");
+    COLI_ASSIGN_OR_RETURN(auto model, FindModelLocked(input.model));
+    input.model = model->info.id();
+    if (input.session.empty()) input.session = "default";
+    if (static_cast<int>(queue_.size()) >= options_.queue_capacity) {
+      ++counters_.rejected;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "request queue is full (", queue_.size(), " waiting, capacity ",
+          options_.queue_capacity, ")"));
+    }
+    std::string id = input.request_id;
+    if (id.empty()) id = absl::StrCat("req-", next_id_++);
+    if (live_.count(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("request id '", id, "' is already live"));
+    }
+    request->id_ = id;
+    request->input_ = std::move(input);
+    request->sink_ = std::move(sink);
+    request->accepted_ = Clock::now();
+    ++counters_.total;
+    queue_.push_back(request);
+    live_[id] = request;
+  }
+  cv_.notify_one();
+  return request;
+}
+
+bool Engine::Cancel(const std::string& request_id, bool stop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(request_id);
+  if (it == live_.end()) return false;
+  it->second->Cancel(stop);
+  cv_.notify_all();
+  return true;
+}
+
+std::optional<Engine::Job> Engine::PopRunnableLocked() {
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    std::shared_ptr<Request> request = *it;
+    Job job;
+    job.request = request;
+    if (!request->CancelStatus().ok()) {
+      queue_.erase(it);
+      return job;  // ends at once, without a session
+    }
+    auto model = FindModelLocked(request->input_.model);
+    if (!model.ok()) {
+      queue_.erase(it);
+      return job;  // unloaded since Submit: Run reports it
+    }
+    SessionSlot& slot = (*model)->sessions[request->input_.session];
+    if (slot.busy) continue;  // that session is serving another request
+    slot.busy = true;
+    ++(*model)->active;
+    job.model = *model;
+    job.slot = &slot;
+    queue_.erase(it);
+    return job;
+  }
+  return std::nullopt;
+}
+
+void Engine::WorkerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    std::optional<Job> job;
+    cv_.wait(lock, [&] {
+      job = PopRunnableLocked();
+      return job.has_value() || (shutting_down_ && queue_.empty());
+    });
+    if (!job) return;
+    ++counters_.active;
+    lock.unlock();
+    Run(*job);
+    lock.lock();
+    --counters_.active;
+    if (job->slot != nullptr) {
+      job->slot->busy = false;
+      --job->model->active;
+    }
+    cv_.notify_all();
+  }
+}
+
+void Engine::Run(Job& job) {
+  Request& request = *job.request;
+  v1::Finished finished;
+  absl::Status status = request.CancelStatus();
+  if (status.ok() && job.slot == nullptr) {
+    status = absl::NotFoundError(
+        absl::StrCat("model '", request.input_.model, "' is not loaded"));
+  }
+  if (status.ok()) {
+    finished.mutable_stats()->set_queue_seconds(Seconds(Clock::now() - request.accepted_));
+    status = Generate(request, *job.model, *job.slot, &finished);
+  }
+  Finish(request, status, finished);
+}
+
+absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot& slot,
+                              v1::Finished* finished) {
+  const GenerationInput& in = request.input_;
+  Model& model = *loaded.model;
+  if (slot.session == nullptr) {
+    COLI_ASSIGN_OR_RETURN(slot.session, model.NewSession());
+  }
+  Session& session = *slot.session;
+
+  std::vector<int32_t> prompt;
+  int32_t parse_mode = 0;
+  if (in.chat) {
+    COLI_ASSIGN_OR_RETURN(RenderedChat rendered, model.RenderChat(in.request_json, true));
+    prompt = std::move(rendered.tokens);
+    parse_mode = rendered.chat_parse_mode;
+  } else if (!in.prompt_ids.empty()) {
+    prompt = in.prompt_ids;
+  } else {
+    COLI_ASSIGN_OR_RETURN(prompt, model.Tokenize(in.prompt, /*allow_special=*/false));
+  }
+  if (prompt.empty()) return absl::InvalidArgumentError("EMPTY_PROMPT");
+  const int64_t capacity = model.info().context_capacity;
+  if (capacity > 0 && static_cast<int64_t>(prompt.size()) >= capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "CONTEXT_EXCEEDED prompt_tokens=", prompt.size(), " capacity=", capacity));
+  }
+
+  const auto t_prefill = Clock::now();
+  std::function<bool()> cancelled = [&request] { return !request.CancelStatus().ok(); };
+  auto prefill = session.Prefill(prompt, parse_mode, in.sampling.seed(), cancelled);
+  if (!prefill.ok()) {
+    // A cancelled prefill reports the request's own reason (deadline, shutdown, cancel).
+    absl::Status why = request.CancelStatus();
+    return why.ok() ? prefill.status() : why;
+  }
+  const auto t_decode = Clock::now();
+
+  int64_t remaining = prefill->context_capacity > 0
+                          ? prefill->context_capacity - prefill->context_used
+                          : std::numeric_limits<int32_t>::max();
+  int32_t max_tokens = static_cast<int32_t>(std::min<int64_t>(
+      in.max_tokens > 0 ? in.max_tokens : std::numeric_limits<int32_t>::max(), remaining));
+  v1::Started started;
+  started.set_request_id(request.id_);
+  started.set_prompt_tokens(static_cast<int64_t>(prompt.size()));
+  started.set_tokens_reused(static_cast<int64_t>(prefill->tokens_reused));
+  started.set_tokens_computed(static_cast<int64_t>(prefill->tokens_computed));
+  started.set_max_tokens(max_tokens);
+  if (request.sink_.on_started) request.sink_.on_started(started);
+
+  Sampling sampling;
+  sampling.temperature = in.sampling.temperature();
+  sampling.top_p = in.sampling.top_p();
+  sampling.top_k = in.sampling.top_k();
+  sampling.logprobs = in.sampling.logprobs();
+
+  int64_t generated = 0;
+  bool saw_tool_call = false;
+  v1::FinishReason reason = v1::FINISH_REASON_LENGTH;
+  Clock::time_point first_token{};
+  std::vector<v1::ChatDelta> deltas;
+  while (true) {
+    COLI_RETURN_IF_ERROR(request.CancelStatus());
+    if (request.stop_.load()) {
+      reason = v1::FINISH_REASON_STOPPED;
+      break;
+    }
+    if (generated >= max_tokens) {
+      reason = max_tokens < in.max_tokens || in.max_tokens <= 0 ? v1::FINISH_REASON_CONTEXT
+                                                                 : v1::FINISH_REASON_LENGTH;
+      break;
+    }
+    COLI_ASSIGN_OR_RETURN(StepResult step, session.Step(sampling));
+    if (step.finish == COLI_FINISH_LENGTH && step.token < 0) {
+      reason = v1::FINISH_REASON_CONTEXT;
+      break;
+    }
+    ++generated;
+    if (generated == 1) first_token = Clock::now();
+    v1::Token token;
+    token.set_id(step.token);
+    token.set_text(step.text);
+    if (sampling.logprobs > 0) {
+      auto* lp = token.mutable_logprobs();
+      lp->mutable_sampled()->set_id(step.token);
+      lp->mutable_sampled()->set_logprob(step.logprob);
+      lp->mutable_sampled()->set_text(step.text);
+      for (const auto& top : step.top_logprobs) {
+        auto* t = lp->add_top();
+        t->set_id(top.id);
+        t->set_logprob(top.logprob);
+        int32_t id = top.id;
+        auto text = model.Detokenize(std::span<const int32_t>(&id, 1));
+        if (text.ok()) t->set_text(*text);
+      }
+    }
+    deltas.clear();
+    for (const auto& e : step.events) {
+      v1::ChatDelta d;
+      d.set_channel(ToChannel(e.channel));
+      d.set_text(e.text);
+      d.set_end_of_message(e.end_of_message);
+      if (e.channel == COLI_CHANNEL_TOOL_CALL) saw_tool_call = true;
+      deltas.push_back(std::move(d));
+    }
+    if (request.sink_.on_token) request.sink_.on_token(token, deltas);
+    if (step.finish == COLI_FINISH_STOP) {
+      reason = saw_tool_call ? v1::FINISH_REASON_TOOL_CALLS : v1::FINISH_REASON_STOP;
+      break;
+    }
+    if (step.finish == COLI_FINISH_LENGTH) {
+      reason = v1::FINISH_REASON_CONTEXT;
+      break;
+    }
+  }
+  const auto t_end = Clock::now();
+
+  finished->set_reason(reason);
+  auto* usage = finished->mutable_usage();
+  usage->set_prompt_tokens(static_cast<int64_t>(prompt.size()));
+  usage->set_completion_tokens(generated);
+  usage->set_tokens_reused(static_cast<int64_t>(prefill->tokens_reused));
+  usage->set_tokens_computed(static_cast<int64_t>(prefill->tokens_computed));
+  auto* stats = finished->mutable_stats();
+  stats->set_prefill_seconds(Seconds(t_decode - t_prefill));
+  stats->set_decode_seconds(Seconds(t_end - t_decode));
+  if (generated > 0) {
+    stats->set_ttft_seconds(Seconds(first_token - request.accepted_));
+    const double decode = Seconds(t_end - t_decode);
+    if (decode > 0) stats->set_tokens_per_second(static_cast<double>(generated) / decode);
+  }
+  auto plugin_stats = session.Stats();
+  if (plugin_stats.ok()) {
+    for (const auto& [k, v] : *plugin_stats) (*stats->mutable_plugin())[k] = v;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [k, v] : *plugin_stats) {
+      auto it = slot.last_stats.find(k);
+      const double before = it == slot.last_stats.end() ? 0.0 : it->second;
+      // A session reset restarts its counters: count the new total then.
+      counters_.plugin[k] += v >= before ? v - before : v;
+    }
+    slot.last_stats = *plugin_stats;
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Finish(Request& request, const absl::Status& status, const v1::Finished& finished) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(request.id_);
+    if (status.ok()) {
+      ++counters_.ok;
+      counters_.prompt_tokens += finished.usage().prompt_tokens();
+      counters_.completion_tokens += finished.usage().completion_tokens();
+      counters_.tokens_reused += finished.usage().tokens_reused();
+      if (finished.usage().completion_tokens() > 0) {
+        counters_.ttft_last = finished.stats().ttft_seconds();
+        counters_.ttft_sum += counters_.ttft_last;
+        ++counters_.ttft_n;
+        counters_.tps_last = finished.stats().tokens_per_second();
+        counters_.tps_sum += counters_.tps_last;
+        ++counters_.tps_n;
+      }
+    } else if (status.code() == absl::StatusCode::kCancelled ||
+               status.code() == absl::StatusCode::kDeadlineExceeded ||
+               status.code() == absl::StatusCode::kUnavailable) {
+      ++counters_.cancelled;
+    } else {
+      ++counters_.failed;
+    }
+  }
+  if (!status.ok()) {
+    COLI_LOG(kDebug) << "request '" << request.id_ << "' ended: " << status.ToString();
+  }
+  if (request.sink_.on_done) request.sink_.on_done(status, finished);
+  request.sink_ = EventSink();  // drop captured state right away
+}
+
+// ---- health and metrics -------------------------------------------------------------------
+
+v1::MetricsResponse Engine::Metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::MetricsResponse m;
+  const Counters& c = counters_;
+  m.set_requests_total(c.total);
+  m.set_requests_ok(c.ok);
+  m.set_requests_failed(c.failed);
+  m.set_requests_cancelled(c.cancelled);
+  m.set_requests_rejected(c.rejected);
+  m.set_requests_active(c.active);
+  m.set_queue_depth(static_cast<int32_t>(queue_.size()));
+  m.set_queue_capacity(options_.queue_capacity);
+  m.set_prompt_tokens(c.prompt_tokens);
+  m.set_completion_tokens(c.completion_tokens);
+  m.set_tokens_reused(c.tokens_reused);
+  m.set_ttft_seconds_last(c.ttft_last);
+  m.set_ttft_seconds_mean(c.ttft_n ? c.ttft_sum / static_cast<double>(c.ttft_n) : 0.0);
+  m.set_tokens_per_second_last(c.tps_last);
+  m.set_tokens_per_second_mean(c.tps_n ? c.tps_sum / static_cast<double>(c.tps_n) : 0.0);
+  auto get = [&](const char* k) {
+    auto it = c.plugin.find(k);
+    return it == c.plugin.end() ? 0.0 : it->second;
+  };
+  m.set_expert_hits(get("expert_hits"));
+  m.set_expert_misses(get("expert_misses"));
+  const double lookups = m.expert_hits() + m.expert_misses();
+  m.set_expert_hit_rate(lookups > 0 ? m.expert_hits() / lookups : 0.0);
+  m.set_bytes_read(get("bytes_read"));
+  m.set_uptime_seconds(Seconds(Clock::now() - started_));
+  for (const auto& [k, v] : c.plugin) (*m.mutable_plugin())[k] = v;
+  return m;
+}
+
+v1::HealthResponse Engine::Health() const {
+  v1::HealthResponse h;
+  std::lock_guard<std::mutex> lock(mu_);
+  h.set_serving(!shutting_down_);
+  h.set_version(COLI_HOST_VERSION);
+  h.set_abi_version(absl::StrCat(COLI_ABI_VERSION_MAJOR, ".", COLI_ABI_VERSION_MINOR));
+  h.set_uptime_seconds(Seconds(Clock::now() - started_));
+  h.set_models_loaded(static_cast<int32_t>(models_.size()));
+  for (const auto& r : plugins_.reports()) {
+    auto* p = h.add_plugins();
+    p->set_file(r.file);
+    p->set_family(r.family);
+    p->set_version(r.version);
+    p->set_abi_version(absl::StrCat(r.major, ".", r.minor));
+    p->set_loaded(r.loaded);
+    p->set_error(r.error);
+  }
+  return h;
+}
+
+}  // namespace coli::host

@@ -1,0 +1,182 @@
+// host/engine: the host's core, without any networking. It owns the plugins, the loaded models
+// and their named sessions, a bounded request queue and the generation threads. The gRPC
+// service (host/service.h) is a thin adapter over it, and so are in-process users (tests, the
+// gRPC benchmark's baseline).
+//
+//   Engine engine({.plugin_dir = "build/plugins"});
+//   COLI_ASSIGN_OR_RETURN(v1::ModelInfo info, engine.LoadModel(load_request, nullptr));
+//   EventSink sink;
+//   sink.on_token = [](const v1::Token& t, std::span<const ChatEvent>) { ... };
+//   sink.on_done = [](const absl::Status& s, const v1::Finished& f) { ... };   // exactly once
+//   COLI_ASSIGN_OR_RETURN(auto request, engine.Submit(GenerationInput::From(generate_request),
+//                                                     std::move(sink)));
+//   request->Cancel(/*stop=*/false);   // honoured within one token / between prefill chunks
+//
+// Every request has one cancel flag, set by Cancel() (or Engine::Cancel by id), by its deadline,
+// or by Shutdown(). Sink callbacks run on a generation thread; on_done is the last call.
+#ifndef COLI_HOST_ENGINE_H_
+#define COLI_HOST_ENGINE_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coli/v1/coli.pb.h"
+#include "host/plugin.h"
+
+namespace coli::host {
+
+struct EngineOptions {
+  std::string plugin_dir;
+  int workers = 1;          // generation threads (each runs one request at a time)
+  int queue_capacity = 16;  // requests waiting for a thread; more -> RESOURCE_EXHAUSTED
+};
+
+// One request's input, Generate or Chat.
+struct GenerationInput {
+  std::string model, request_id, session;
+  bool chat = false;
+  std::string prompt;               // Generate: text (when prompt_ids is empty)
+  std::vector<int32_t> prompt_ids;  // Generate: ids
+  std::string request_json;         // Chat: the OpenAI request body
+  int32_t max_tokens = 0;
+  v1::SamplingParams sampling;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+
+  static GenerationInput From(const v1::GenerateRequest& r);
+  static GenerationInput From(const v1::ChatRequest& r);
+};
+
+struct EventSink {
+  std::function<void(const v1::Started&)> on_started;
+  // events: the chat deltas of this token (empty for Generate).
+  std::function<void(const v1::Token&, std::span<const v1::ChatDelta>)> on_token;
+  // Called exactly once, last: OK with the Finished event, or the error that ended the request.
+  std::function<void(const absl::Status&, const v1::Finished&)> on_done;
+};
+
+class Request {
+ public:
+  const std::string& id() const { return id_; }
+  // stop=true: STOP (finish normally, reason STOPPED); false: CANCEL (CANCELLED).
+  void Cancel(bool stop) {
+    if (stop) stop_.store(true);
+    else cancel_.store(true);
+  }
+  // The cancel status to end with, or OK to keep going.
+  absl::Status CancelStatus() const;
+
+ private:
+  friend class Engine;
+  std::string id_;
+  GenerationInput input_;
+  EventSink sink_;
+  std::atomic<bool> cancel_{false}, stop_{false};
+  std::atomic<bool> shutdown_{false};
+  std::chrono::steady_clock::time_point accepted_;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions options);
+  ~Engine();  // Shutdown() and join
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const PluginSet& plugins() const { return plugins_; }
+
+  // Loads a model (or returns the loaded one with the same id and directory). progress may be
+  // empty; returning false from it cancels the load.
+  absl::StatusOr<v1::ModelInfo> LoadModel(const v1::LoadModelRequest& request,
+                                          const ProgressFn& progress);
+  absl::Status UnloadModel(const std::string& id);
+  std::vector<v1::ModelInfo> ListModels() const;
+
+  // Queues a request. NOT_FOUND for an unknown model, RESOURCE_EXHAUSTED when the queue is full,
+  // UNAVAILABLE after Shutdown. On OK the sink gets exactly one on_done.
+  absl::StatusOr<std::shared_ptr<Request>> Submit(GenerationInput input, EventSink sink);
+  // Cancels a queued or running request by id; false when no such request is live.
+  bool Cancel(const std::string& request_id, bool stop);
+
+  absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& model, const std::string& text,
+                                                bool allow_special);
+  absl::StatusOr<std::string> Detokenize(const std::string& model, std::span<const int32_t> ids);
+  absl::StatusOr<RenderedChat> ApplyTemplate(const std::string& model, const std::string& json,
+                                             bool add_generation_prompt);
+
+  v1::MetricsResponse Metrics() const;
+  v1::HealthResponse Health() const;
+
+  // Refuses new requests, ends every queued and running one (UNAVAILABLE "host shutting down")
+  // and joins the generation threads. Idempotent.
+  void Shutdown();
+
+ private:
+  struct SessionSlot {
+    std::unique_ptr<Session> session;
+    bool busy = false;
+    std::map<std::string, double> last_stats;
+  };
+  struct LoadedModel {
+    v1::ModelInfo info;
+    std::unique_ptr<Model> model;
+    std::map<std::string, SessionSlot> sessions;
+    int active = 0;  // requests running on it
+  };
+
+  // A request taken off the queue, with its model and (when it will run) its session slot held.
+  struct Job {
+    std::shared_ptr<Request> request;
+    std::shared_ptr<LoadedModel> model;
+    SessionSlot* slot = nullptr;  // nullptr: the request ends without running
+  };
+
+  absl::StatusOr<std::shared_ptr<LoadedModel>> FindModelLocked(const std::string& id) const;
+  absl::StatusOr<std::shared_ptr<LoadedModel>> FindModel(const std::string& id) const;
+  void WorkerLoop();
+  std::optional<Job> PopRunnableLocked();
+  void Run(Job& job);
+  absl::Status Generate(Request& request, LoadedModel& model, SessionSlot& slot,
+                        v1::Finished* finished);
+  void Finish(Request& request, const absl::Status& status, const v1::Finished& finished);
+
+  EngineOptions options_;
+  PluginSet plugins_;
+  std::chrono::steady_clock::time_point started_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::shared_ptr<LoadedModel>> models_;
+  std::deque<std::shared_ptr<Request>> queue_;
+  std::map<std::string, std::shared_ptr<Request>> live_;  // queued or running, by id
+  bool shutting_down_ = false;
+  uint64_t next_id_ = 1;
+  std::vector<std::thread> workers_;
+
+  // metrics (under mu_)
+  struct Counters {
+    uint64_t total = 0, ok = 0, failed = 0, cancelled = 0, rejected = 0;
+    uint64_t prompt_tokens = 0, completion_tokens = 0, tokens_reused = 0;
+    double ttft_last = 0, ttft_sum = 0, tps_last = 0, tps_sum = 0;
+    uint64_t ttft_n = 0, tps_n = 0;
+    int active = 0;
+    std::map<std::string, double> plugin;  // summed per-request deltas of session stats
+  } counters_;
+};
+
+}  // namespace coli::host
+
+#endif  // COLI_HOST_ENGINE_H_

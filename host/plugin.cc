@@ -1,0 +1,449 @@
+#include "host/plugin.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log/log.h"
+#include "common/status/status.h"
+#include "plugin_api/cpp/abi_util.h"
+
+namespace coli::host {
+namespace {
+
+using abi::ErrorText;
+using abi::Init;
+using abi::Str;
+using abi::View;
+
+void HostLog(void* /*host_data*/, int32_t level, const char* message, size_t length) {
+  LogLevel l = LogLevel::kInfo;
+  if (level <= COLI_LOG_DEBUG) l = LogLevel::kDebug;
+  else if (level == COLI_LOG_WARNING) l = LogLevel::kWarning;
+  else if (level >= COLI_LOG_ERROR) l = LogLevel::kError;
+  LogMessage(l, std::string_view(message ? message : "", message ? length : 0));
+}
+
+std::string VersionText(uint32_t major, uint32_t minor) { return absl::StrCat(major, ".", minor); }
+
+// Table size each minor of major 1 requires.
+size_t TableSizeFor(uint32_t minor) {
+  return minor == 0 ? COLI_PLUGIN_API_SIZE_V1_0 : COLI_PLUGIN_API_SIZE_V1_1;
+}
+
+// The entries of minor 0 that must not be NULL (shutdown is optional).
+absl::Status CheckEntries(const coli_plugin_api_t& api, uint32_t minor) {
+  std::vector<std::string> missing;
+  auto need = [&](const void* fn, const char* name) {
+    if (fn == nullptr) missing.push_back(name);
+  };
+  need(reinterpret_cast<const void*>(api.probe), "probe");
+  need(reinterpret_cast<const void*>(api.model_open), "model_open");
+  need(reinterpret_cast<const void*>(api.model_close), "model_close");
+  need(reinterpret_cast<const void*>(api.model_info), "model_info");
+  need(reinterpret_cast<const void*>(api.tokenize), "tokenize");
+  need(reinterpret_cast<const void*>(api.detokenize), "detokenize");
+  need(reinterpret_cast<const void*>(api.render_chat), "render_chat");
+  need(reinterpret_cast<const void*>(api.session_create), "session_create");
+  need(reinterpret_cast<const void*>(api.session_destroy), "session_destroy");
+  need(reinterpret_cast<const void*>(api.session_reset), "session_reset");
+  need(reinterpret_cast<const void*>(api.prefill), "prefill");
+  need(reinterpret_cast<const void*>(api.decode), "decode");
+  need(reinterpret_cast<const void*>(api.session_stats), "session_stats");
+  if (minor >= 1) need(reinterpret_cast<const void*>(api.session_record), "session_record");
+  if (missing.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("function table leaves NULL: ", absl::StrJoin(missing, ", ")));
+}
+
+int32_t ProgressThunk(void* user, uint64_t done, uint64_t total, const char* stage,
+                      size_t stage_length) {
+  const auto* fn = static_cast<const ProgressFn*>(user);
+  if (fn == nullptr || !*fn) return 0;
+  return (*fn)(done, total, std::string_view(stage ? stage : "", stage ? stage_length : 0)) ? 0
+                                                                                            : 1;
+}
+
+int32_t CancelThunk(void* user, uint64_t, uint64_t, const char*, size_t) {
+  const auto* fn = static_cast<const std::function<bool()>*>(user);
+  return (fn != nullptr && *fn && (*fn)()) ? 1 : 0;
+}
+
+}  // namespace
+
+const coli_host_api_t* HostApi() {
+  static const coli_host_api_t api = [] {
+    auto a = Init<coli_host_api_t>();
+    a.abi_major = COLI_ABI_VERSION_MAJOR;
+    a.abi_minor = COLI_ABI_VERSION_MINOR;
+    a.host_data = nullptr;
+    a.log = &HostLog;
+    return a;
+  }();
+  return &api;
+}
+
+// ---- Plugin -------------------------------------------------------------------------------
+
+Plugin::~Plugin() {
+  if (api_ != nullptr && api_->shutdown != nullptr) api_->shutdown();
+  if (dl_ != nullptr) dlclose(dl_);
+}
+
+absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
+                                                     PluginReport* report) {
+  report->file = path;
+  const std::string host_version = VersionText(COLI_ABI_VERSION_MAJOR, COLI_ABI_VERSION_MINOR);
+  auto refuse = [&](absl::StatusCode code, std::string why) -> absl::Status {
+    report->loaded = false;
+    report->error = absl::StrCat("plugin '", path, "' refused: ", why);
+    return absl::Status(code, report->error);
+  };
+  dlerror();
+  void* dl = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (dl == nullptr) {
+    const char* e = dlerror();
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("dlopen failed: ", e ? e : "unknown error"));
+  }
+  std::unique_ptr<Plugin> plugin(new Plugin());
+  plugin->dl_ = dl;
+  plugin->file_ = path;
+  auto entry = reinterpret_cast<coli_plugin_entry_fn>(dlsym(dl, COLI_PLUGIN_ENTRY_SYMBOL));
+  if (entry == nullptr) {
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("no exported symbol '", COLI_PLUGIN_ENTRY_SYMBOL,
+                               "' (host ABI ", host_version, ")"));
+  }
+  auto version = Init<coli_abi_version_t>();
+  version.major = COLI_ABI_VERSION_MAJOR;
+  version.minor = COLI_ABI_VERSION_MINOR;
+  const coli_plugin_api_t* api = nullptr;
+  try {
+    api = entry(HostApi(), &version);
+  } catch (const std::exception& e) {
+    return refuse(absl::StatusCode::kInternal,
+                  absl::StrCat("coli_plugin_entry threw: ", e.what(), " (host ABI ", host_version,
+                               ")"));
+  } catch (...) {
+    return refuse(absl::StatusCode::kInternal,
+                  absl::StrCat("coli_plugin_entry threw a non-standard exception (host ABI ",
+                               host_version, ")"));
+  }
+  report->major = version.major;
+  report->minor = version.minor;
+  const std::string plugin_version = VersionText(version.major, version.minor);
+  if (version.major != COLI_ABI_VERSION_MAJOR) {
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("ABI major version mismatch: plugin ", plugin_version, ", host ",
+                               host_version));
+  }
+  if (api == nullptr) {
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("coli_plugin_entry returned NULL (plugin ABI ", plugin_version,
+                               ", host ", host_version, ")"));
+  }
+  const uint32_t minor = std::min<uint32_t>(version.minor, COLI_ABI_VERSION_MINOR);
+  const size_t need = TableSizeFor(std::min<uint32_t>(version.minor, 1));
+  if (api->struct_size < need) {
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("function table struct_size ", api->struct_size,
+                               " is smaller than ABI ", plugin_version, " needs (", need,
+                               " bytes; host ", host_version, ")"));
+  }
+  if (absl::Status s = CheckEntries(*api, minor); !s.ok()) {
+    return refuse(s.code(), absl::StrCat(s.message(), " (plugin ABI ", plugin_version, ", host ",
+                                         host_version, ")"));
+  }
+  plugin->api_ = api;
+  plugin->minor_ = minor;
+  plugin->family_ = api->family ? api->family : "";
+  plugin->version_ = api->plugin_version ? api->plugin_version : "";
+  if (plugin->family_.empty()) {
+    plugin->api_ = nullptr;  // do not call shutdown of a refused table
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("function table has no family name (plugin ABI ", plugin_version,
+                               ")"));
+  }
+  report->loaded = true;
+  report->family = plugin->family_;
+  report->version = plugin->version_;
+  return plugin;
+}
+
+absl::StatusOr<bool> Plugin::Probe(const std::string& model_dir) const {
+  ErrorText err;
+  int32_t serves = 0;
+  coli_status_t code = api_->probe(Str(model_dir), &serves, err.get());
+  COLI_RETURN_IF_ERROR(Annotate(err.ToStatus(code), absl::StrCat("plugin ", family_, " probe")));
+  return serves != 0;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Plugin::Open(const std::string& model_dir,
+                                                    const ModelOptions& options,
+                                                    const ProgressFn& progress) const {
+  coli_model_options_t fields = options.fields;
+  fields.struct_size = sizeof(coli_model_options_t);
+  std::vector<coli_string_t> dirs;
+  for (const auto& d : options.extra_dirs) dirs.push_back(Str(d));
+  fields.extra_dirs = dirs.data();
+  fields.n_extra_dirs = dirs.size();
+  fields.trace_path = Str(options.trace_path);
+  fields.x0_path = Str(options.x0_path);
+  fields.logits_path = Str(options.logits_path);
+  std::vector<coli_kv_t> extra;
+  for (const auto& [k, v] : options.extra) extra.push_back(coli_kv_t{Str(k), Str(v)});
+  fields.extra = extra.data();
+  fields.n_extra = extra.size();
+
+  auto args = Init<coli_model_open_args_t>();
+  args.model_dir = Str(model_dir);
+  args.options = &fields;
+  args.progress = progress ? &ProgressThunk : nullptr;
+  args.progress_user = const_cast<ProgressFn*>(&progress);
+  ErrorText err;
+  coli_model_t* handle = nullptr;
+  coli_status_t code = api_->model_open(&args, &handle, err.get());
+  COLI_RETURN_IF_ERROR(err.ToStatus(code));
+  if (handle == nullptr) {
+    return absl::InternalError(absl::StrCat("plugin ", family_, " model_open gave no model"));
+  }
+  std::unique_ptr<Model> model(new Model(this, handle));
+  COLI_RETURN_IF_ERROR(model->ReadInfo());
+  return model;
+}
+
+// ---- Model --------------------------------------------------------------------------------
+
+Model::~Model() {
+  if (handle_ != nullptr) plugin_->api().model_close(handle_);
+}
+
+absl::Status Model::ReadInfo() {
+  auto raw = Init<coli_model_info_t>();
+  ErrorText err;
+  COLI_RETURN_IF_ERROR(err.ToStatus(plugin_->api().model_info(handle_, &raw, err.get())));
+  info_.family = std::string(View(raw.family));
+  info_.name = std::string(View(raw.name));
+  info_.vocab_size = raw.vocab_size;
+  info_.bos_id = raw.bos_id;
+  info_.eos_id = raw.eos_id;
+  info_.chat_capabilities = raw.chat_capabilities;
+  info_.context_capacity = raw.context_capacity;
+  for (size_t i = 0; i < raw.n_special_tokens; ++i) {
+    info_.special_tokens.push_back(
+        {std::string(View(raw.special_tokens[i].text)), raw.special_tokens[i].id});
+  }
+  if (raw.stop_ids != nullptr) info_.stop_ids.assign(raw.stop_ids, raw.stop_ids + raw.n_stop_ids);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> Model::Tokenize(std::string_view text,
+                                                     bool allow_special) const {
+  return abi::ReadTokens(
+      [&](coli_token_buffer_t* out) {
+        ErrorText err;
+        return err.ToStatus(
+            plugin_->api().tokenize(handle_, Str(text), allow_special ? 1 : 0, out, err.get()));
+      },
+      text.size() + 16);
+}
+
+absl::StatusOr<std::string> Model::Detokenize(std::span<const int32_t> ids) const {
+  return abi::ReadBytes(
+      [&](coli_byte_buffer_t* out) {
+        ErrorText err;
+        return err.ToStatus(
+            plugin_->api().detokenize(handle_, ids.data(), ids.size(), out, err.get()));
+      },
+      ids.size() * 8 + 16);
+}
+
+absl::StatusOr<RenderedChat> Model::RenderChat(std::string_view request_json,
+                                               bool add_generation_prompt) const {
+  RenderedChat out;
+  out.tokens.resize(request_json.size() + 64);
+  out.text.resize(request_json.size() * 2 + 256);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto args = Init<coli_chat_render_args_t>();
+    args.request_json = Str(request_json);
+    args.add_generation_prompt = add_generation_prompt ? 1 : 0;
+    auto result = Init<coli_chat_render_result_t>();
+    result.tokens = Init<coli_token_buffer_t>();
+    result.tokens.ids = out.tokens.data();
+    result.tokens.capacity = out.tokens.size();
+    result.text = Init<coli_byte_buffer_t>();
+    result.text.data = out.text.data();
+    result.text.capacity = out.text.size();
+    ErrorText err;
+    COLI_RETURN_IF_ERROR(
+        err.ToStatus(plugin_->api().render_chat(handle_, &args, &result, err.get())));
+    const bool fits = result.tokens.count <= result.tokens.capacity &&
+                      result.text.count <= result.text.capacity;
+    out.tokens.resize(result.tokens.count);
+    out.text.resize(result.text.count);
+    out.chat_parse_mode = result.chat_parse_mode;
+    if (fits) return out;
+  }
+  return absl::InternalError("render_chat kept asking for larger buffers");
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Model::NewSession(int64_t max_context) const {
+  auto options = Init<coli_session_options_t>();
+  options.max_context = max_context;
+  coli_session_t* handle = nullptr;
+  ErrorText err;
+  COLI_RETURN_IF_ERROR(
+      err.ToStatus(plugin_->api().session_create(handle_, &options, &handle, err.get())));
+  if (handle == nullptr) return absl::InternalError("session_create gave no session");
+  return std::unique_ptr<Session>(new Session(plugin_, handle));
+}
+
+// ---- Session ------------------------------------------------------------------------------
+
+Session::~Session() {
+  if (handle_ != nullptr) plugin_->api().session_destroy(handle_);
+}
+
+absl::StatusOr<PrefillResult> Session::Prefill(std::span<const int32_t> tokens,
+                                               int32_t chat_parse_mode, uint64_t seed,
+                                               const std::function<bool()>& cancel) {
+  auto args = Init<coli_prefill_args_t>();
+  args.tokens = tokens.data();
+  args.n_tokens = tokens.size();
+  args.chat_parse_mode = chat_parse_mode;
+  args.seed = seed;
+  args.progress = cancel ? &CancelThunk : nullptr;
+  args.progress_user = const_cast<std::function<bool()>*>(&cancel);
+  auto result = Init<coli_prefill_result_t>();
+  ErrorText err;
+  COLI_RETURN_IF_ERROR(err.ToStatus(plugin_->api().prefill(handle_, &args, &result, err.get())));
+  return PrefillResult{result.tokens_reused, result.tokens_computed, result.context_used,
+                       result.context_capacity};
+}
+
+absl::StatusOr<StepResult> Session::Step(const Sampling& sampling) {
+  auto row = Init<coli_decode_row_t>();
+  row.session = handle_;
+  row.temperature = sampling.temperature;
+  row.top_p = sampling.top_p;
+  row.top_k = sampling.top_k;
+  row.logprobs_top_k = sampling.logprobs;
+  row.token = -1;
+  auto args = Init<coli_decode_args_t>();
+  args.rows = &row;
+  args.n_rows = 1;
+  ErrorText err;
+  COLI_RETURN_IF_ERROR(err.ToStatus(plugin_->api().decode(&args, err.get())));
+  StepResult out;
+  out.token = row.token;
+  out.finish = row.finish;
+  out.text = std::string(View(row.text));
+  out.logprob = row.logprob;
+  if (row.top_logprobs != nullptr) {
+    out.top_logprobs.assign(row.top_logprobs, row.top_logprobs + row.n_top_logprobs);
+  }
+  for (size_t i = 0; i < row.n_events && row.events != nullptr; ++i) {
+    // Elements are read with the plugin's stride (its struct_size) so a newer plugin's larger
+    // event struct still reads correctly.
+    const auto* base = reinterpret_cast<const char*>(row.events);
+    const size_t stride = row.events[0].struct_size;
+    if (stride < sizeof(coli_chat_event_t)) {
+      return absl::InternalError("decode: chat event struct_size too small");
+    }
+    const auto* e = reinterpret_cast<const coli_chat_event_t*>(base + i * stride);
+    out.events.push_back({e->channel, e->end_of_message != 0, std::string(View(e->text))});
+  }
+  return out;
+}
+
+absl::Status Session::Reset() {
+  ErrorText err;
+  return err.ToStatus(plugin_->api().session_reset(handle_, err.get()));
+}
+
+absl::StatusOr<std::map<std::string, double>> Session::Stats() {
+  std::vector<coli_stat_t> stats(32);
+  size_t count = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    ErrorText err;
+    COLI_RETURN_IF_ERROR(err.ToStatus(
+        plugin_->api().session_stats(handle_, stats.data(), stats.size(), &count, err.get())));
+    if (count <= stats.size()) break;
+    stats.resize(count);
+  }
+  std::map<std::string, double> out;
+  for (size_t i = 0; i < std::min(count, stats.size()); ++i) {
+    if (stats[i].name != nullptr) out[stats[i].name] = stats[i].value;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> Session::Record() {
+  if (plugin_->minor() < 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("plugin ", plugin_->family(), " speaks ABI 1.", plugin_->minor(),
+                     ": session_record needs 1.1"));
+  }
+  return abi::ReadTokens([&](coli_token_buffer_t* out) {
+    ErrorText err;
+    return err.ToStatus(plugin_->api().session_record(handle_, out, err.get()));
+  });
+}
+
+// ---- PluginSet ----------------------------------------------------------------------------
+
+PluginSet PluginSet::LoadDir(const std::string& dir) {
+  PluginSet set;
+  std::error_code ec;
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && name.size() > 3 && name.ends_with(".so")) {
+      files.push_back(entry.path().string());
+    }
+  }
+  if (ec) {
+    COLI_LOG(kWarning) << "plugin directory '" << dir << "' unreadable: " << ec.message();
+    return set;
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) {
+    PluginReport report;
+    auto plugin = Plugin::Load(file, &report);
+    if (plugin.ok()) {
+      COLI_LOG(kInfo) << "plugin '" << file << "': family " << report.family << " "
+                      << report.version << ", ABI " << report.major << "." << report.minor
+                      << " (using 1." << (*plugin)->minor() << ")";
+      set.plugins_.push_back(std::move(plugin).value());
+    } else {
+      COLI_LOG(kError) << plugin.status().message();
+    }
+    set.reports_.push_back(std::move(report));
+  }
+  return set;
+}
+
+absl::StatusOr<const Plugin*> PluginSet::ForModel(const std::string& model_dir) const {
+  std::vector<std::string> tried;
+  std::vector<std::string> errors;
+  for (const auto& plugin : plugins_) {
+    auto serves = plugin->Probe(model_dir);
+    if (!serves.ok()) {
+      errors.push_back(std::string(serves.status().message()));
+      continue;
+    }
+    if (*serves) return plugin.get();
+    tried.push_back(plugin->family());
+  }
+  std::string detail = tried.empty() ? "no plugin loaded" : absl::StrJoin(tried, ", ");
+  if (!errors.empty()) absl::StrAppend(&detail, "; ", absl::StrJoin(errors, "; "));
+  return absl::NotFoundError(
+      absl::StrCat("no plugin serves model directory '", model_dir, "' (tried: ", detail, ")"));
+}
+
+}  // namespace coli::host

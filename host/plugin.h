@@ -1,0 +1,193 @@
+// host/plugin: loading model-family plugins (dlopen + ABI negotiation) and C++ wrappers over
+// their C function tables.
+//
+//   PluginSet plugins = PluginSet::LoadDir("build/plugins");   // refusals are logged, not fatal
+//   COLI_ASSIGN_OR_RETURN(Plugin* plugin, plugins.ForModel("/models/k3"));
+//   COLI_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, plugin->Open("/models/k3", opts, progress));
+//   COLI_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, model->NewSession());
+//
+// Thread rules follow the ABI's tags: Plugin/Model calls may come from any thread; one Session
+// must be used by one thread at a time (the engine guarantees it).
+#ifndef COLI_HOST_PLUGIN_H_
+#define COLI_HOST_PLUGIN_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "plugin_api/coli_plugin.h"
+
+namespace coli::host {
+
+// What happened to one file of the plugin directory.
+struct PluginReport {
+  std::string file;
+  bool loaded = false;
+  std::string error;  // why it was refused
+  uint32_t major = 0, minor = 0;  // as the plugin declared them (0.0 when it never answered)
+  std::string family, version;
+};
+
+// Load progress: done of total, a stage label. Return false to cancel.
+using ProgressFn = std::function<bool(uint64_t done, uint64_t total, std::string_view stage)>;
+
+// The typed model options (the ABI's coli_model_options_t with owned strings).
+struct ModelOptions {
+  coli_model_options_t fields;  // numeric fields; string/array members are filled at the call
+  std::vector<std::string> extra_dirs;
+  std::string trace_path, x0_path, logits_path;
+  std::map<std::string, std::string> extra;
+  ModelOptions() { coli_model_options_defaults(&fields); }
+};
+
+struct SpecialToken {
+  std::string text;
+  int32_t id = -1;
+};
+
+struct ModelInfo {
+  std::string family, name;
+  int32_t vocab_size = 0, bos_id = -1, eos_id = -1;
+  uint32_t chat_capabilities = 0;
+  int64_t context_capacity = 0;
+  std::vector<SpecialToken> special_tokens;
+  std::vector<int32_t> stop_ids;
+};
+
+struct RenderedChat {
+  std::vector<int32_t> tokens;
+  std::string text;
+  int32_t chat_parse_mode = 0;
+};
+
+struct PrefillResult {
+  uint64_t tokens_reused = 0, tokens_computed = 0;
+  int64_t context_used = 0, context_capacity = 0;
+};
+
+struct ChatEvent {
+  int32_t channel = COLI_CHANNEL_NONE;
+  bool end_of_message = false;
+  std::string text;
+};
+
+// One decode step's outputs, copied out of the plugin's memory.
+struct StepResult {
+  int32_t token = -1;
+  int32_t finish = COLI_FINISH_NONE;
+  std::string text;
+  float logprob = 0;
+  std::vector<coli_logprob_t> top_logprobs;
+  std::vector<ChatEvent> events;
+};
+
+struct Sampling {
+  float temperature = 0, top_p = 0;
+  int32_t top_k = 0, logprobs = 0;
+};
+
+class Plugin;
+
+class Session {
+ public:
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // `cancel` is polled between prefill chunks; returning true cancels (CANCELLED).
+  absl::StatusOr<PrefillResult> Prefill(std::span<const int32_t> tokens, int32_t chat_parse_mode,
+                                        uint64_t seed, const std::function<bool()>& cancel);
+  absl::StatusOr<StepResult> Step(const Sampling& sampling);
+  absl::Status Reset();
+  absl::StatusOr<std::map<std::string, double>> Stats();
+  // UNIMPLEMENTED when the negotiated minor predates session_record (1.0).
+  absl::StatusOr<std::vector<int32_t>> Record();
+
+ private:
+  friend class Model;
+  Session(const Plugin* plugin, coli_session_t* handle) : plugin_(plugin), handle_(handle) {}
+  const Plugin* plugin_;
+  coli_session_t* handle_;
+};
+
+class Model {
+ public:
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelInfo& info() const { return info_; }
+  const Plugin& plugin() const { return *plugin_; }
+  absl::StatusOr<std::vector<int32_t>> Tokenize(std::string_view text, bool allow_special) const;
+  absl::StatusOr<std::string> Detokenize(std::span<const int32_t> ids) const;
+  absl::StatusOr<RenderedChat> RenderChat(std::string_view request_json,
+                                          bool add_generation_prompt) const;
+  absl::StatusOr<std::unique_ptr<Session>> NewSession(int64_t max_context = 0) const;
+
+ private:
+  friend class Plugin;
+  Model(const Plugin* plugin, coli_model_t* handle) : plugin_(plugin), handle_(handle) {}
+  absl::Status ReadInfo();
+  const Plugin* plugin_;
+  coli_model_t* handle_;
+  ModelInfo info_;
+};
+
+class Plugin {
+ public:
+  ~Plugin();
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  // dlopens `path` and negotiates the ABI; the error names the file and both versions.
+  static absl::StatusOr<std::unique_ptr<Plugin>> Load(const std::string& path,
+                                                      PluginReport* report);
+
+  const std::string& file() const { return file_; }
+  const std::string& family() const { return family_; }
+  const std::string& version() const { return version_; }
+  uint32_t minor() const { return minor_; }  // the negotiated minor
+  const coli_plugin_api_t& api() const { return *api_; }
+
+  absl::StatusOr<bool> Probe(const std::string& model_dir) const;
+  absl::StatusOr<std::unique_ptr<Model>> Open(const std::string& model_dir,
+                                              const ModelOptions& options,
+                                              const ProgressFn& progress) const;
+
+ private:
+  Plugin() = default;
+  std::string file_, family_, version_;
+  void* dl_ = nullptr;
+  const coli_plugin_api_t* api_ = nullptr;
+  uint32_t minor_ = 0;
+};
+
+// Every plugin of a directory. Bad files are refused (logged with their name and versions) and
+// the rest still serve.
+class PluginSet {
+ public:
+  static PluginSet LoadDir(const std::string& dir);
+  // The first plugin whose probe says it serves `model_dir` (NOT_FOUND naming the directory and
+  // the families tried otherwise).
+  absl::StatusOr<const Plugin*> ForModel(const std::string& model_dir) const;
+  const std::vector<PluginReport>& reports() const { return reports_; }
+  const std::vector<std::unique_ptr<Plugin>>& plugins() const { return plugins_; }
+
+ private:
+  std::vector<std::unique_ptr<Plugin>> plugins_;
+  std::vector<PluginReport> reports_;
+};
+
+// The host API given to every plugin: forwards plugin log lines into common/log.
+const coli_host_api_t* HostApi();
+
+}  // namespace coli::host
+
+#endif  // COLI_HOST_PLUGIN_H_

@@ -1,0 +1,363 @@
+// The plugin ABI: layout frozen (and equal in C and C++), status codes equal absl's, the C++
+// helpers, and the loader refusing every broken fake plugin by name while keeping the good ones.
+#include <algorithm>
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "common/log/log.h"
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "host/plugin.h"
+#include "plugin_api/coli_plugin.h"
+#include "plugin_api/cpp/abi_util.h"
+
+extern "C" size_t coli_test_c_layout(size_t* out, size_t capacity);
+extern "C" int coli_test_c_defaults_chunk(void);
+
+namespace coli {
+namespace {
+
+using ::coli::testing::StatusIs;
+using ::testing::HasSubstr;
+
+struct Frozen {
+  const char* field;
+  size_t offset, struct_size;
+};
+
+// ABI 1.1 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin.
+const Frozen kFrozen[] = {
+      {"coli_error_t.struct_size", 0, 32},
+      {"coli_error_t.message", 8, 32},
+      {"coli_error_t.capacity", 16, 32},
+      {"coli_error_t.length", 24, 32},
+      {"coli_string_t.data", 0, 16},
+      {"coli_string_t.size", 8, 16},
+      {"coli_kv_t.key", 0, 32},
+      {"coli_kv_t.value", 16, 32},
+      {"coli_token_buffer_t.struct_size", 0, 32},
+      {"coli_token_buffer_t.ids", 8, 32},
+      {"coli_token_buffer_t.capacity", 16, 32},
+      {"coli_token_buffer_t.count", 24, 32},
+      {"coli_byte_buffer_t.struct_size", 0, 32},
+      {"coli_byte_buffer_t.data", 8, 32},
+      {"coli_byte_buffer_t.capacity", 16, 32},
+      {"coli_byte_buffer_t.count", 24, 32},
+      {"coli_abi_version_t.struct_size", 0, 16},
+      {"coli_abi_version_t.major", 8, 16},
+      {"coli_abi_version_t.minor", 12, 16},
+      {"coli_host_api_t.struct_size", 0, 32},
+      {"coli_host_api_t.abi_major", 8, 32},
+      {"coli_host_api_t.abi_minor", 12, 32},
+      {"coli_host_api_t.host_data", 16, 32},
+      {"coli_host_api_t.log", 24, 32},
+      {"coli_model_options_t.struct_size", 0, 160},
+      {"coli_model_options_t.bits", 8, 160},
+      {"coli_model_options_t.mla_bits", 12, 160},
+      {"coli_model_options_t.head_bits", 16, 160},
+      {"coli_model_options_t.idot", 20, 160},
+      {"coli_model_options_t.chunk", 24, 160},
+      {"coli_model_options_t.direct", 28, 160},
+      {"coli_model_options_t.pipe", 32, 160},
+      {"coli_model_options_t.load_threads", 36, 160},
+      {"coli_model_options_t.expert_gb", 40, 160},
+      {"coli_model_options_t.topp", 48, 160},
+      {"coli_model_options_t.max_context", 56, 160},
+      {"coli_model_options_t.layers", 64, 160},
+      {"coli_model_options_t.threads", 68, 160},
+      {"coli_model_options_t.mla_norm_eps", 72, 160},
+      {"coli_model_options_t.extra_dirs", 80, 160},
+      {"coli_model_options_t.n_extra_dirs", 88, 160},
+      {"coli_model_options_t.trace_path", 96, 160},
+      {"coli_model_options_t.x0_path", 112, 160},
+      {"coli_model_options_t.logits_path", 128, 160},
+      {"coli_model_options_t.extra", 144, 160},
+      {"coli_model_options_t.n_extra", 152, 160},
+      {"coli_model_open_args_t.struct_size", 0, 48},
+      {"coli_model_open_args_t.model_dir", 8, 48},
+      {"coli_model_open_args_t.options", 24, 48},
+      {"coli_model_open_args_t.progress", 32, 48},
+      {"coli_model_open_args_t.progress_user", 40, 48},
+      {"coli_special_token_t.text", 0, 24},
+      {"coli_special_token_t.id", 16, 24},
+      {"coli_model_info_t.struct_size", 0, 96},
+      {"coli_model_info_t.family", 8, 96},
+      {"coli_model_info_t.name", 24, 96},
+      {"coli_model_info_t.vocab_size", 40, 96},
+      {"coli_model_info_t.bos_id", 44, 96},
+      {"coli_model_info_t.eos_id", 48, 96},
+      {"coli_model_info_t.chat_capabilities", 52, 96},
+      {"coli_model_info_t.context_capacity", 56, 96},
+      {"coli_model_info_t.special_tokens", 64, 96},
+      {"coli_model_info_t.n_special_tokens", 72, 96},
+      {"coli_model_info_t.stop_ids", 80, 96},
+      {"coli_model_info_t.n_stop_ids", 88, 96},
+      {"coli_chat_render_args_t.struct_size", 0, 32},
+      {"coli_chat_render_args_t.request_json", 8, 32},
+      {"coli_chat_render_args_t.add_generation_prompt", 24, 32},
+      {"coli_chat_render_result_t.struct_size", 0, 80},
+      {"coli_chat_render_result_t.tokens", 8, 80},
+      {"coli_chat_render_result_t.text", 40, 80},
+      {"coli_chat_render_result_t.chat_parse_mode", 72, 80},
+      {"coli_session_options_t.struct_size", 0, 16},
+      {"coli_session_options_t.max_context", 8, 16},
+      {"coli_prefill_args_t.struct_size", 0, 56},
+      {"coli_prefill_args_t.tokens", 8, 56},
+      {"coli_prefill_args_t.n_tokens", 16, 56},
+      {"coli_prefill_args_t.chat_parse_mode", 24, 56},
+      {"coli_prefill_args_t.seed", 32, 56},
+      {"coli_prefill_args_t.progress", 40, 56},
+      {"coli_prefill_args_t.progress_user", 48, 56},
+      {"coli_prefill_result_t.struct_size", 0, 40},
+      {"coli_prefill_result_t.tokens_reused", 8, 40},
+      {"coli_prefill_result_t.tokens_computed", 16, 40},
+      {"coli_prefill_result_t.context_used", 24, 40},
+      {"coli_prefill_result_t.context_capacity", 32, 40},
+      {"coli_chat_event_t.struct_size", 0, 32},
+      {"coli_chat_event_t.channel", 8, 32},
+      {"coli_chat_event_t.end_of_message", 12, 32},
+      {"coli_chat_event_t.text", 16, 32},
+      {"coli_logprob_t.id", 0, 8},
+      {"coli_logprob_t.logprob", 4, 8},
+      {"coli_decode_row_t.struct_size", 0, 96},
+      {"coli_decode_row_t.session", 8, 96},
+      {"coli_decode_row_t.temperature", 16, 96},
+      {"coli_decode_row_t.top_p", 20, 96},
+      {"coli_decode_row_t.top_k", 24, 96},
+      {"coli_decode_row_t.logprobs_top_k", 28, 96},
+      {"coli_decode_row_t.token", 32, 96},
+      {"coli_decode_row_t.finish", 36, 96},
+      {"coli_decode_row_t.text", 40, 96},
+      {"coli_decode_row_t.logprob", 56, 96},
+      {"coli_decode_row_t.top_logprobs", 64, 96},
+      {"coli_decode_row_t.n_top_logprobs", 72, 96},
+      {"coli_decode_row_t.events", 80, 96},
+      {"coli_decode_row_t.n_events", 88, 96},
+      {"coli_decode_args_t.struct_size", 0, 24},
+      {"coli_decode_args_t.rows", 8, 24},
+      {"coli_decode_args_t.n_rows", 16, 24},
+      {"coli_stat_t.name", 0, 16},
+      {"coli_stat_t.value", 8, 16},
+      {"coli_plugin_api_t.struct_size", 0, 144},
+      {"coli_plugin_api_t.family", 8, 144},
+      {"coli_plugin_api_t.plugin_version", 16, 144},
+      {"coli_plugin_api_t.shutdown", 24, 144},
+      {"coli_plugin_api_t.probe", 32, 144},
+      {"coli_plugin_api_t.model_open", 40, 144},
+      {"coli_plugin_api_t.model_close", 48, 144},
+      {"coli_plugin_api_t.model_info", 56, 144},
+      {"coli_plugin_api_t.tokenize", 64, 144},
+      {"coli_plugin_api_t.detokenize", 72, 144},
+      {"coli_plugin_api_t.render_chat", 80, 144},
+      {"coli_plugin_api_t.session_create", 88, 144},
+      {"coli_plugin_api_t.session_destroy", 96, 144},
+      {"coli_plugin_api_t.session_reset", 104, 144},
+      {"coli_plugin_api_t.prefill", 112, 144},
+      {"coli_plugin_api_t.decode", 120, 144},
+      {"coli_plugin_api_t.session_stats", 128, 144},
+      {"coli_plugin_api_t.session_record", 136, 144},
+};
+
+TEST(AbiLayout, MatchesFrozenOffsetsInCpp) {
+  std::vector<Frozen> now;
+#define X(type, field) now.push_back({#type "." #field, offsetof(type, field), sizeof(type)});
+#include "tests/plugin_api/abi_layout.inc"
+#undef X
+  ASSERT_EQ(now.size(), std::size(kFrozen));
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_STREQ(now[i].field, kFrozen[i].field);
+    EXPECT_EQ(now[i].offset, kFrozen[i].offset) << kFrozen[i].field;
+    EXPECT_EQ(now[i].struct_size, kFrozen[i].struct_size) << kFrozen[i].field;
+  }
+}
+
+TEST(AbiLayout, CompiledAsCGivesTheSameLayout) {
+  std::vector<size_t> c(2 * std::size(kFrozen));
+  ASSERT_EQ(coli_test_c_layout(c.data(), c.size()), c.size());
+  for (size_t i = 0; i < std::size(kFrozen); ++i) {
+    EXPECT_EQ(c[2 * i], kFrozen[i].offset) << kFrozen[i].field;
+    EXPECT_EQ(c[2 * i + 1], kFrozen[i].struct_size) << kFrozen[i].field;
+  }
+  EXPECT_EQ(coli_test_c_defaults_chunk(), 32);
+}
+
+TEST(AbiLayout, TableSizesPerMinor) {
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_0, offsetof(coli_plugin_api_t, session_record));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_1, sizeof(coli_plugin_api_t));
+}
+
+TEST(AbiStatus, CodesAreAbslCodes) {
+  EXPECT_EQ(COLI_STATUS_OK, static_cast<int>(absl::StatusCode::kOk));
+  EXPECT_EQ(COLI_STATUS_CANCELLED, static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(COLI_STATUS_UNKNOWN, static_cast<int>(absl::StatusCode::kUnknown));
+  EXPECT_EQ(COLI_STATUS_INVALID_ARGUMENT, static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(COLI_STATUS_DEADLINE_EXCEEDED, static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(COLI_STATUS_NOT_FOUND, static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_EQ(COLI_STATUS_ALREADY_EXISTS, static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(COLI_STATUS_PERMISSION_DENIED, static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(COLI_STATUS_RESOURCE_EXHAUSTED,
+            static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(COLI_STATUS_FAILED_PRECONDITION,
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(COLI_STATUS_ABORTED, static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(COLI_STATUS_OUT_OF_RANGE, static_cast<int>(absl::StatusCode::kOutOfRange));
+  EXPECT_EQ(COLI_STATUS_UNIMPLEMENTED, static_cast<int>(absl::StatusCode::kUnimplemented));
+  EXPECT_EQ(COLI_STATUS_INTERNAL, static_cast<int>(absl::StatusCode::kInternal));
+  EXPECT_EQ(COLI_STATUS_UNAVAILABLE, static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(COLI_STATUS_DATA_LOSS, static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(COLI_STATUS_UNAUTHENTICATED, static_cast<int>(absl::StatusCode::kUnauthenticated));
+}
+
+TEST(AbiUtil, ErrorTextRoundTripsCodeAndMessage) {
+  abi::ErrorText err;
+  coli_status_t code = abi::FromStatus(absl::DataLossError("tensor 'w': short read"), err.get());
+  EXPECT_THAT(err.ToStatus(code),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("tensor 'w': short read")));
+  EXPECT_OK(err.ToStatus(COLI_STATUS_OK));
+  EXPECT_THAT(abi::ErrorText().ToStatus(99), StatusIs(absl::StatusCode::kUnknown));
+}
+
+TEST(AbiUtil, WriteErrorTruncatesAndReportsFullLength) {
+  char buffer[6];
+  auto err = abi::Init<coli_error_t>();
+  err.message = buffer;
+  err.capacity = sizeof(buffer);
+  abi::WriteError(&err, "0123456789");
+  EXPECT_STREQ(buffer, "01234");
+  EXPECT_EQ(err.length, 10u);
+  abi::WriteError(nullptr, "ignored");  // a NULL error buffer is allowed
+}
+
+TEST(AbiUtil, GuardTurnsExceptionsIntoInternal) {
+  abi::ErrorText err;
+  coli_status_t code = abi::Guard(err.get(), []() -> absl::Status {
+    throw std::runtime_error("boom");
+  });
+  EXPECT_THAT(err.ToStatus(code), StatusIs(absl::StatusCode::kInternal, HasSubstr("boom")));
+  code = abi::Guard(err.get(), []() -> absl::Status { throw 7; });
+  EXPECT_THAT(err.ToStatus(code), StatusIs(absl::StatusCode::kInternal));
+}
+
+TEST(AbiUtil, BuffersReportTheSizeTheyNeed) {
+  int32_t small[2];
+  auto tokens = abi::Init<coli_token_buffer_t>();
+  tokens.ids = small;
+  tokens.capacity = 2;
+  const int32_t ids[] = {5, 6, 7};
+  abi::FillTokens(&tokens, ids);
+  EXPECT_EQ(tokens.count, 3u);
+  EXPECT_EQ(small[1], 6);
+  int calls = 0;
+  auto read = abi::ReadTokens(
+      [&](coli_token_buffer_t* out) {
+        ++calls;
+        abi::FillTokens(out, ids);
+        return absl::OkStatus();
+      },
+      1);
+  ASSERT_OK(read.status());
+  EXPECT_EQ(*read, std::vector<int32_t>({5, 6, 7}));
+  EXPECT_EQ(calls, 2);
+}
+
+// ---- the loader -----------------------------------------------------------------------------
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetLogSink([this](LogLevel, std::string_view message) {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_.emplace_back(message);
+    });
+  }
+  void TearDown() override { SetLogSink(nullptr); }
+  std::vector<std::string> Log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_;
+  }
+  bool Logged(const std::string& a, const std::string& b = "", const std::string& c = "") {
+    for (const auto& line : Log()) {
+      if (absl::StrContains(line, a) && absl::StrContains(line, b) && absl::StrContains(line, c)) {
+        return true;
+      }
+    }
+    return false;
+  }
+  static const host::PluginReport* Report(const host::PluginSet& set, const std::string& stem) {
+    for (const auto& r : set.reports()) {
+      if (absl::EndsWith(r.file, "/libcoli_" + stem + ".so")) return &r;
+    }
+    return nullptr;
+  }
+
+  std::mutex mu_;
+  std::vector<std::string> log_;
+};
+
+TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
+  host::PluginSet set = host::PluginSet::LoadDir(COLI_FAKE_PLUGIN_DIR);
+  struct Case {
+    const char* stem;
+    const char* why;
+  } refused[] = {
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.1"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.1, host 1.1)"},
+      {"fake_throws", "threw: fake entry failure"},
+      {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.1 needs"},
+      {"fake_null_entry", "leaves NULL: decode"},
+  };
+  for (const auto& c : refused) {
+    const host::PluginReport* r = Report(set, c.stem);
+    ASSERT_NE(r, nullptr) << c.stem;
+    EXPECT_FALSE(r->loaded) << c.stem;
+    EXPECT_THAT(r->error, HasSubstr(c.why)) << c.stem;
+    EXPECT_TRUE(Logged(std::string("libcoli_") + c.stem + ".so", "refused", c.why)) << c.stem;
+  }
+  EXPECT_TRUE(Logged("fake: refusing to run"));  // the plugin's own log line came through
+  ASSERT_EQ(set.plugins().size(), 2u);
+  for (const auto& p : set.plugins()) EXPECT_EQ(p->family(), "coli_echo");
+}
+
+TEST_F(LoaderTest, OlderMinorUsesTheShorterTable) {
+
+  host::PluginReport report;
+  auto old = host::Plugin::Load(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_0.so",
+                                &report);
+  ASSERT_OK(old.status());
+  EXPECT_EQ(report.major, 1u);
+  EXPECT_EQ(report.minor, 0u);
+  EXPECT_EQ((*old)->minor(), 0u);
+  EXPECT_EQ((*old)->api().struct_size, COLI_PLUGIN_API_SIZE_V1_0);
+
+  const std::string dir = ::testing::TempDir() + "/echo_model_old";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  ASSERT_OK_AND_ASSIGN(bool serves, (*old)->Probe(dir));
+  EXPECT_TRUE(serves);
+  ASSERT_OK_AND_ASSIGN(auto model, (*old)->Open(dir, host::ModelOptions(), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto session, model->NewSession());
+  const int32_t prompt[] = {'h', 'i'};
+  ASSERT_OK(session->Prefill(prompt, 0, 0, nullptr).status());
+  ASSERT_OK_AND_ASSIGN(host::StepResult step, session->Step({}));
+  EXPECT_EQ(step.token, 'h');
+  // session_record is 1.1: the host never calls past the negotiated table.
+  EXPECT_THAT(session->Record(), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("1.1")));
+}
+
+TEST_F(LoaderTest, MissingDirectoryIsLoggedNotFatal) {
+  host::PluginSet set = host::PluginSet::LoadDir("/nonexistent/coli/plugins");
+  EXPECT_TRUE(set.plugins().empty());
+  EXPECT_TRUE(Logged("/nonexistent/coli/plugins"));
+  EXPECT_THAT(set.ForModel("/tmp"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("/tmp")));
+}
+
+}  // namespace
+}  // namespace coli
