@@ -1,0 +1,547 @@
+// The host through gRPC, on the "coli_echo" test family (tests/host/echo_plugin.cc), whose
+// output is known independently: greedy generation echoes the prompt's bytes, then stops.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "host/engine.h"
+#include "host/service.h"
+
+namespace coli::host {
+namespace {
+
+using ::coli::testing::StatusIs;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+std::string MakeModelDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  return dir;
+}
+
+// Everything one streamed generation produced.
+struct Stream {
+  grpc::Status status;
+  v1::Started started;
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<v1::ChatDelta> deltas;
+  v1::Finished finished;
+  bool has_finished = false;
+};
+
+class HostTest : public ::testing::Test {
+ protected:
+  void Start(int workers = 1, int queue = 8, std::string delay_ms = "0", int64_t max_context = 0) {
+    EngineOptions options;
+    options.plugin_dir = COLI_ECHO_PLUGIN_DIR;
+    options.workers = workers;
+    options.queue_capacity = queue;
+    engine_ = std::make_unique<Engine>(options);
+    socket_dir_ = ::testing::TempDir() + "/host_test_" + std::to_string(getpid()) + "_" +
+                  std::to_string(counter_++);
+    std::filesystem::create_directories(socket_dir_);
+    auto server = HostServer::Start(engine_.get(), {.listen = "unix:" + socket_dir_ + "/h.sock"});
+    ASSERT_OK(server.status());
+    server_ = std::move(server).value();
+    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Coli::NewStub(channel_);
+    v1::LoadModelRequest load;
+    load.set_model_dir(MakeModelDir("echo"));
+    load.set_id("echo");
+    if (delay_ms != "0") (*load.mutable_options()->mutable_extra())["delay_ms"] = delay_ms;
+    if (max_context > 0) load.mutable_options()->set_max_context(max_context);
+    grpc::ClientContext ctx;
+    auto reader = stub_->LoadModel(&ctx, load);
+    v1::LoadModelEvent event;
+    int progress = 0;
+    bool loaded = false;
+    while (reader->Read(&event)) {
+      if (event.has_progress()) ++progress;
+      if (event.has_loaded()) loaded = true;
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    ASSERT_TRUE(loaded);
+    EXPECT_GT(progress, 0);
+  }
+
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+    server_.reset();
+    engine_.reset();
+  }
+
+  v1::GenerateRequest Request(const std::string& prompt, int max_tokens = 0) {
+    v1::GenerateRequest r;
+    r.set_model("echo");
+    r.set_prompt(prompt);
+    r.set_max_tokens(max_tokens);
+    return r;
+  }
+
+  // Reads a whole Generate stream; `on_token(n)` runs after the n-th token (1-based).
+  Stream Generate(const v1::GenerateRequest& request, grpc::ClientContext* ctx = nullptr,
+                  const std::function<void(int)>& on_token = nullptr) {
+    grpc::ClientContext local;
+    if (ctx == nullptr) ctx = &local;
+    Stream s;
+    auto reader = stub_->Generate(ctx, request);
+    v1::GenerateEvent e;
+    while (reader->Read(&e)) {
+      if (e.has_started()) s.started = e.started();
+      if (e.has_token()) {
+        s.ids.push_back(e.token().id());
+        s.text += e.token().text();
+        if (on_token) on_token(static_cast<int>(s.ids.size()));
+      }
+      if (e.has_finished()) {
+        s.finished = e.finished();
+        s.has_finished = true;
+      }
+    }
+    s.status = reader->Finish();
+    return s;
+  }
+
+  // The same request run in-process on the engine.
+  Stream GenerateInProcess(const v1::GenerateRequest& request) {
+    Stream s;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    EventSink sink;
+    sink.on_started = [&](const v1::Started& st) { s.started = st; };
+    sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
+      s.ids.push_back(t.id());
+      s.text += t.text();
+    };
+    sink.on_done = [&](const absl::Status& status, const v1::Finished& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      s.status = ToGrpc(status);
+      s.finished = f;
+      s.has_finished = status.ok();
+      done = true;
+      cv.notify_all();
+    };
+    auto submitted = engine_->Submit(GenerationInput::From(request), std::move(sink));
+    EXPECT_OK(submitted.status());
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    return s;
+  }
+
+  // Waits (up to 20 s, a hang guard, not a timing assertion) until `pred` holds.
+  template <typename Pred>
+  bool WaitFor(Pred pred) {
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while (Clock::now() < until) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  }
+
+  v1::MetricsResponse Metrics() {
+    grpc::ClientContext ctx;
+    v1::MetricsResponse m;
+    EXPECT_TRUE(stub_->GetMetrics(&ctx, v1::MetricsRequest(), &m).ok());
+    return m;
+  }
+
+  static inline int counter_ = 0;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<HostServer> server_;
+  std::string socket_dir_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coli::Stub> stub_;
+};
+
+TEST_F(HostTest, GreedyGenerateEchoesThePrompt) {
+  Start();
+  Stream s = Generate(Request("hello, world"));
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.text, "hello, world");
+  ASSERT_TRUE(s.has_finished);
+  EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(s.finished.usage().prompt_tokens(), 12);
+  EXPECT_EQ(s.finished.usage().completion_tokens(), 13);  // 12 bytes + <eos>
+  EXPECT_EQ(s.ids.back(), 257);
+  EXPECT_EQ(s.started.prompt_tokens(), 12);
+}
+
+TEST_F(HostTest, GrpcOutputIsIdenticalToInProcess) {
+  Start();
+  v1::GenerateRequest request = Request("the quick brown fox jumps over the lazy dog", 30);
+  request.mutable_sampling()->set_temperature(1.5f);  // samples off the echo now and then
+  request.mutable_sampling()->set_seed(1234);
+  request.mutable_sampling()->set_logprobs(2);
+  request.set_session("a");
+  Stream remote = Generate(request);
+  request.set_session("b");
+  Stream local = GenerateInProcess(request);
+  ASSERT_TRUE(remote.status.ok()) << remote.status.error_message();
+  ASSERT_TRUE(local.status.ok()) << local.status.error_message();
+  EXPECT_EQ(remote.ids, local.ids);
+  EXPECT_EQ(remote.text, local.text);
+  EXPECT_EQ(remote.finished.reason(), local.finished.reason());
+  EXPECT_EQ(remote.ids.size(), 30u);
+  EXPECT_EQ(remote.finished.reason(), v1::FINISH_REASON_LENGTH);
+}
+
+TEST_F(HostTest, LogprobsArePassedThrough) {
+  Start();
+  v1::GenerateRequest request = Request("ab", 1);
+  request.mutable_sampling()->set_logprobs(3);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, request);
+  v1::GenerateEvent e;
+  v1::Token token;
+  while (reader->Read(&e)) {
+    if (e.has_token()) token = e.token();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  // Echo logits: the target at 8, the other 259 tokens at 0.
+  const double log_z = std::log(std::exp(8.0) + 259.0);
+  EXPECT_EQ(token.logprobs().sampled().id(), 'a');
+  EXPECT_NEAR(token.logprobs().sampled().logprob(), 8.0 - log_z, 1e-5);
+  ASSERT_EQ(token.logprobs().top_size(), 3);
+  EXPECT_EQ(token.logprobs().top(0).text(), "a");
+  EXPECT_NEAR(token.logprobs().top(1).logprob(), -log_z, 1e-5);
+}
+
+TEST_F(HostTest, CancelEndsWithinOneTokenAndSessionIsReusable) {
+  Start(1, 8, "10");
+  v1::GenerateRequest request = Request(std::string(200, 'x'));
+  request.set_request_id("long-one");
+  int received_at_cancel = -1;
+  Stream s = Generate(request, nullptr, [&](int n) {
+    if (n == 3) {
+      grpc::ClientContext ctx;
+      v1::CancelRequest cancel;
+      cancel.set_request_id("long-one");
+      v1::CancelResponse response;
+      ASSERT_TRUE(stub_->Cancel(&ctx, cancel, &response).ok());
+      EXPECT_TRUE(response.found());
+      received_at_cancel = n;
+    }
+  });
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED) << s.status.error_message();
+  EXPECT_FALSE(s.has_finished);
+  ASSERT_EQ(received_at_cancel, 3);
+  EXPECT_LE(s.ids.size(), 4u);  // at most the one step that was running
+
+  // The same session serves the next request; its cumulative statistics tell how many tokens the
+  // cancelled request sampled in total.
+  Stream next = Generate(Request("ok"));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.text, "ok");
+  const double generated = next.finished.stats().plugin().at("tokens_generated");
+  EXPECT_LE(generated - next.finished.usage().completion_tokens(), received_at_cancel + 1);
+}
+
+TEST_F(HostTest, StopFinishesNormally) {
+  Start(1, 8, "10");
+  v1::GenerateRequest request = Request(std::string(100, 'y'));
+  request.set_request_id("to-stop");
+  Stream s = Generate(request, nullptr, [&](int n) {
+    if (n == 2) {
+      grpc::ClientContext ctx;
+      v1::CancelRequest stop;
+      stop.set_request_id("to-stop");
+      stop.set_stop(true);
+      v1::CancelResponse response;
+      EXPECT_TRUE(stub_->Cancel(&ctx, stop, &response).ok());
+    }
+  });
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  ASSERT_TRUE(s.has_finished);
+  EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOPPED);
+  EXPECT_LE(s.ids.size(), 3u);
+}
+
+TEST_F(HostTest, ClientDisconnectCancelsItsRequest) {
+  Start(1, 8, "10");
+  grpc::ClientContext ctx;
+  Stream s = Generate(Request(std::string(200, 'z')), &ctx, [&](int n) {
+    if (n == 2) ctx.TryCancel();
+  });
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitFor([&] { return Metrics().requests_cancelled() == 1; }));
+  // The host is free again (it would otherwise still be echoing 200 bytes at 10 ms each).
+  Stream next = Generate(Request("free"));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.text, "free");
+  EXPECT_LT(next.finished.stats().plugin().at("tokens_generated"), 200.0);
+}
+
+TEST_F(HostTest, DeadlineEndsTheRequest) {
+  Start(1, 8, "10");
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  Stream s = Generate(Request(std::string(200, 'd')), &ctx);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(WaitFor([&] { return Metrics().requests_cancelled() == 1; }));
+}
+
+TEST_F(HostTest, FullQueueAnswersResourceExhausted) {
+  Start(/*workers=*/1, /*queue=*/1, "10");
+  // A: running.
+  grpc::ClientContext ctx_a;
+  auto a = stub_->Generate(&ctx_a, Request(std::string(200, 'a')));
+  v1::GenerateEvent e;
+  ASSERT_TRUE(a->Read(&e));
+  ASSERT_TRUE(e.has_started());
+  // B: waiting in the queue.
+  grpc::ClientContext ctx_b;
+  auto b = stub_->Generate(&ctx_b, Request("b"));
+  ASSERT_TRUE(WaitFor([&] { return Metrics().queue_depth() == 1; }));
+  // C: no room.
+  Stream c = Generate(Request("c"));
+  EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(c.status.error_message(), HasSubstr("queue is full"));
+  EXPECT_EQ(Metrics().requests_rejected(), 1u);
+  ctx_a.TryCancel();
+  while (a->Read(&e)) {
+  }
+  EXPECT_EQ(a->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  std::string b_text;
+  while (b->Read(&e)) {
+    if (e.has_token()) b_text += e.token().text();
+  }
+  EXPECT_TRUE(b->Finish().ok());
+  EXPECT_EQ(b_text, "b");
+}
+
+TEST_F(HostTest, UnknownModelIsNotFound) {
+  Start();
+  v1::GenerateRequest request = Request("x");
+  request.set_model("no-such-model");
+  Stream s = Generate(request);
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.status.error_message(), HasSubstr("no-such-model"));
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest tok;
+  tok.set_model("no-such-model");
+  v1::TokenizeResponse response;
+  EXPECT_EQ(stub_->Tokenize(&ctx, tok, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(HostTest, UnservedDirectoryIsNotFoundAndNamed) {
+  Start();
+  const std::string dir = ::testing::TempDir() + "/not_a_model";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "something_else"})";
+  grpc::ClientContext ctx;
+  v1::LoadModelRequest load;
+  load.set_model_dir(dir);
+  auto reader = stub_->LoadModel(&ctx, load);
+  v1::LoadModelEvent e;
+  while (reader->Read(&e)) {
+  }
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr(dir));
+  EXPECT_THAT(status.error_message(), HasSubstr("coli_echo"));
+}
+
+TEST_F(HostTest, FollowUpPromptPrefillsOnlyTheTail) {
+  Start();
+  Stream first = Generate(Request("hello"));
+  ASSERT_TRUE(first.status.ok());
+  EXPECT_EQ(first.text, "hello");
+  EXPECT_EQ(first.started.tokens_reused(), 0);
+  EXPECT_EQ(first.started.tokens_computed(), 5);
+  // The record is now the prompt plus the fed reply tokens ("hello" + "hello"; <eos> was never
+  // fed), so the follow-up that extends it computes only " more".
+  Stream second = Generate(Request("hellohello more"));
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(second.started.tokens_reused(), 10);
+  EXPECT_EQ(second.started.tokens_computed(), 5);
+  EXPECT_EQ(second.finished.usage().tokens_reused(), 10);
+  // A prompt that diverges resets and computes everything.
+  Stream third = Generate(Request("goodbye"));
+  EXPECT_EQ(third.started.tokens_reused(), 0);
+  EXPECT_EQ(third.started.tokens_computed(), 7);
+  // Named sessions keep separate state.
+  v1::GenerateRequest other = Request("hello");
+  other.set_session("other");
+  Stream fourth = Generate(other);
+  EXPECT_EQ(fourth.started.tokens_reused(), 0);
+  EXPECT_EQ(Metrics().tokens_reused(), 10u);
+}
+
+TEST_F(HostTest, NamedErrorsAndContextClamp) {
+  Start(1, 8, "0", /*max_context=*/32);
+  Stream empty = Generate(Request(""));
+  EXPECT_EQ(empty.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(empty.status.error_message(), "EMPTY_PROMPT");
+  Stream big = Generate(Request(std::string(40, 'q')));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(big.status.error_message(), HasSubstr("CONTEXT_EXCEEDED prompt_tokens=40 capacity=32"));
+  // 30 tokens of prompt leave 2 of context: max_tokens 100 is clamped.
+  Stream clamped = Generate(Request(std::string(30, 'r'), 100));
+  ASSERT_TRUE(clamped.status.ok()) << clamped.status.error_message();
+  EXPECT_EQ(clamped.started.max_tokens(), 2);
+  EXPECT_EQ(clamped.ids.size(), 2u);
+  EXPECT_EQ(clamped.finished.reason(), v1::FINISH_REASON_CONTEXT);
+}
+
+TEST_F(HostTest, ChatStreamsContentDeltasAndEndOfMessage) {
+  Start();
+  v1::ChatRequest request;
+  request.set_model("echo");
+  request.set_request_json(
+      R"({"messages": [{"role": "system", "content": "be brief"},
+                       {"role": "user", "content": "hi there"}]})");
+  grpc::ClientContext ctx;
+  auto reader = stub_->Chat(&ctx, request);
+  v1::ChatEvent e;
+  std::string content;
+  bool end = false;
+  v1::Finished finished;
+  while (reader->Read(&e)) {
+    if (e.has_token()) {
+      for (const auto& d : e.token().deltas()) {
+        if (d.channel() == v1::CHANNEL_CONTENT) content += d.text();
+        end = end || d.end_of_message();
+      }
+    }
+    if (e.has_finished()) finished = e.finished();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(content, "be briefhi there");  // the echo repeats every message's text
+  EXPECT_TRUE(end);
+  EXPECT_EQ(finished.reason(), v1::FINISH_REASON_STOP);
+
+  v1::ChatRequest bad = request;
+  bad.set_request_json(R"({"messages": [{"role": "wizard", "content": "x"}]})");
+  grpc::ClientContext ctx2;
+  auto bad_reader = stub_->Chat(&ctx2, bad);
+  while (bad_reader->Read(&e)) {
+  }
+  grpc::Status status = bad_reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("wizard"));
+}
+
+TEST_F(HostTest, TokenizeDetokenizeApplyTemplate) {
+  Start();
+  grpc::ClientContext c1;
+  v1::TokenizeRequest tok;
+  tok.set_text("a<eos>");
+  tok.set_allow_special(true);
+  v1::TokenizeResponse ids;
+  ASSERT_TRUE(stub_->Tokenize(&c1, tok, &ids).ok());
+  EXPECT_THAT(std::vector<int32_t>(ids.ids().begin(), ids.ids().end()),
+              ::testing::ElementsAre('a', 257));
+  grpc::ClientContext c2;
+  v1::DetokenizeRequest detok;
+  detok.add_ids('o');
+  detok.add_ids('k');
+  v1::DetokenizeResponse text;
+  ASSERT_TRUE(stub_->Detokenize(&c2, detok, &text).ok());
+  EXPECT_EQ(text.text(), "ok");
+  grpc::ClientContext c3;
+  v1::ApplyTemplateRequest apply;
+  apply.set_request_json(R"({"messages": [{"role": "user", "content": "q"}]})");
+  apply.set_add_generation_prompt(true);
+  v1::ApplyTemplateResponse rendered;
+  ASSERT_TRUE(stub_->ApplyTemplate(&c3, apply, &rendered).ok());
+  EXPECT_EQ(rendered.text(), "<user>q<assistant>");
+  EXPECT_THAT(std::vector<int32_t>(rendered.ids().begin(), rendered.ids().end()),
+              ::testing::ElementsAre(258, 'q', 259));
+}
+
+TEST_F(HostTest, HealthListModelsAndMetrics) {
+  Start();
+  Stream s = Generate(Request("abc"));
+  ASSERT_TRUE(s.status.ok());
+  grpc::ClientContext c1;
+  v1::HealthResponse health;
+  ASSERT_TRUE(stub_->Health(&c1, v1::HealthRequest(), &health).ok());
+  EXPECT_TRUE(health.serving());
+  EXPECT_EQ(health.models_loaded(), 1);
+  ASSERT_EQ(health.plugins_size(), 1);
+  EXPECT_EQ(health.plugins(0).family(), "coli_echo");
+  EXPECT_EQ(health.abi_version(), "1.1");
+  grpc::ClientContext c2;
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(stub_->ListModels(&c2, v1::ListModelsRequest(), &models).ok());
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).id(), "echo");
+  EXPECT_EQ(models.models(0).family(), "coli_echo");
+  EXPECT_EQ(models.models(0).vocab_size(), 260);
+  EXPECT_TRUE(models.models(0).chat_template());
+  v1::MetricsResponse m = Metrics();
+  EXPECT_EQ(m.requests_total(), 1u);
+  EXPECT_EQ(m.requests_ok(), 1u);
+  EXPECT_EQ(m.prompt_tokens(), 3u);
+  EXPECT_EQ(m.completion_tokens(), 4u);
+  EXPECT_EQ(m.plugin().at("tokens_generated"), 4.0);
+  EXPECT_GT(m.ttft_seconds_last(), 0.0);
+  // The standard grpc.health.v1 service answers too: an empty HealthCheckRequest (service "")
+  // gets HealthCheckResponse{status: SERVING}, encoded as field 1 varint 1.
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext c3;
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&c3, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status st) { done.set_value(st); });
+  ASSERT_TRUE(done.get_future().get().ok());
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& slice : slices) bytes += std::string(slice.begin(), slice.end());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+TEST_F(HostTest, ShutdownWithRequestsInFlightEndsThemCleanly) {
+  Start(/*workers=*/1, /*queue=*/4, "10");
+  std::vector<std::thread> clients;
+  std::vector<grpc::Status> results(3);
+  std::atomic<int> started{0};
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      v1::GenerateRequest request = Request(std::string(200, 's'));
+      request.set_session("s" + std::to_string(i % 2));
+      auto reader = stub_->Generate(&ctx, request);
+      v1::GenerateEvent e;
+      bool counted = false;
+      while (reader->Read(&e)) {
+        if (!counted) {
+          ++started;
+          counted = true;
+        }
+      }
+      results[i] = reader->Finish();
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return started.load() >= 1 && Metrics().queue_depth() == 2; }));
+  server_->Shutdown();
+  for (auto& t : clients) t.join();
+  for (const auto& status : results) {
+    EXPECT_FALSE(status.ok());
+    EXPECT_TRUE(status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                status.error_code() == grpc::StatusCode::CANCELLED)
+        << status.error_code() << " " << status.error_message();
+  }
+}
+
+}  // namespace
+}  // namespace coli::host
