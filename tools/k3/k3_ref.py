@@ -14,9 +14,10 @@ Vendor choices where the spec records a DISAGREEMENT (§3.9): `A_log` is per hea
 
 Usage (see FIXTURE.md):
   k3_ref.py run --model DIR (--ids 1,2,3 | --x0 FILE.f32 --rows T) [--layers N]
-                [--out-logits FILE] [--out-trace FILE] [--mla-eps 1e-6] [--greedy N]
+                [--out-logits FILE] [--out-trace FILE] [--out-sublayers FILE]
+                [--mla-eps 1e-6] [--greedy N]
   k3_ref.py layer --model DIR --layer I --kind KIND --in FILE [--rows T] [--out FILE]
-                  [--prenorm] [--mla-eps E]
+                  [--prenorm] [--mla-eps E] [--expert E]
   k3_ref.py check --model DIR      (reads and validates every text tensor)
 
 Importable: rms_norm, situ, l2n, attnres_mix, kda_layer, mla_layer, mla_layer_absorbed,
@@ -638,10 +639,11 @@ class Model:
             return mla_layer(x, L["attn"], self.cfg, self.mla_eps, state)
         return kda_layer(x, L["attn"], self.cfg, state)
 
-    def forward(self, x0, n_layers=None, state=None):
+    def forward(self, x0, n_layers=None, state=None, sublayers=None):
         """Spec §3.1 over the rows x0 [T, D] (consecutive positions). state: None (start) or the
         list of per-layer states returned by an earlier call, continued in place. Returns
-        (logits [T, V], trace [T, N, D] = h after each layer, new state)."""
+        (logits [T, V], trace [T, N, D] = h after each layer, new state). If `sublayers` is an
+        array [T, N, 2, D], the attention and FFN outputs of each layer are stored in it."""
         c = self.cfg
         N = c.layers if n_layers is None else n_layers
         if not 1 <= N <= c.layers:
@@ -650,10 +652,15 @@ class Model:
 
         def attn(i, x):
             a, state[i] = self.attn(i, rms_norm(x, self.layer(i)["in_norm"], c.eps), state[i])
+            if sublayers is not None:
+                sublayers[:, i, 0] = a
             return a
 
         def ffn(i, x):
-            return self.ffn(i, rms_norm(x, self.layer(i)["post_norm"], c.eps))
+            f = self.ffn(i, rms_norm(x, self.layer(i)["post_norm"], c.eps))
+            if sublayers is not None:
+                sublayers[:, i, 1] = f
+            return f
 
         def mix(i, site, cands):
             if site == "out":
@@ -669,12 +676,16 @@ class Model:
         """Prompt logits and n greedy continuation ids (first index of the max), decoding one
         token at a time on the carried state."""
         logits, _, state = self.forward(self.embed(ids), n_layers)
-        prompt_logits, out = logits, []
+        return logits, self.decode(logits, state, n, n_layers)
+
+    def decode(self, logits, state, n, n_layers=None):
+        """n greedy ids continuing a forward pass that returned logits and state."""
+        out = []
         for _ in range(n):
             nxt = int(np.argmax(logits[-1]))
             out.append(nxt)
             logits, _, state = self.forward(self.embed([nxt]), n_layers, state)
-        return prompt_logits, out
+        return out
 
     def check(self):
         """Reads every text tensor the model uses (all layers, all experts) with its checks."""
@@ -727,19 +738,23 @@ def cmd_run(a):
         if not ids:
             raise RefError("--ids is empty")
         x0 = model.embed(ids)
-    logits, trace, _ = model.forward(x0, a.layers)
+    N = a.layers or c.layers
+    subs = np.zeros((x0.shape[0], N, 2, c.hidden)) if a.out_sublayers else None
+    logits, trace, state = model.forward(x0, a.layers, sublayers=subs)
     if a.out_logits:
         _write_f32(a.out_logits, logits)
     if a.out_trace:
         _write_f32(a.out_trace, trace)
+    if a.out_sublayers:
+        _write_f32(a.out_sublayers, subs)
     if a.greedy:
-        _, gen = model.greedy(ids, a.greedy, a.layers)
-        print(json.dumps({"ids": gen}))
-    elif not (a.out_logits or a.out_trace):
+        print(json.dumps({"ids": model.decode(logits, state, a.greedy, a.layers)}))
+    elif not (a.out_logits or a.out_trace or a.out_sublayers):
         print(json.dumps({"argmax": [int(j) for j in np.argmax(logits, axis=1)]}))
 
 
-LAYER_KINDS = ("attn", "ffn", "kda", "mla", "dense", "moe", "mix_attn", "mix_mlp", "mix_out")
+LAYER_KINDS = ("attn", "ffn", "kda", "mla", "dense", "moe", "router", "expert", "mix_attn",
+               "mix_mlp", "mix_out")
 
 
 def cmd_layer(a):
@@ -753,9 +768,22 @@ def cmd_layer(a):
         kind = "moe" if c.is_moe(i) else "dense"
     if (kind == "mla") != c.is_mla[i] and kind in ("kda", "mla"):
         raise RefError(f"layer {i} is not a {kind} layer")
-    if kind in ("moe", "dense") and (kind == "moe") != c.is_moe(i):
-        raise RefError(f"layer {i} is not a {kind} layer")
-    if kind.startswith("mix_"):
+    if kind in ("moe", "dense", "router", "expert") and (kind != "dense") != c.is_moe(i):
+        raise RefError(f"layer {i} is not a {'dense' if kind == 'dense' else 'MoE'} layer")
+    if kind == "router":
+        x = _read_rows(getattr(a, "in"), c.hidden, a.rows)
+        if a.prenorm:
+            x = rms_norm(x, L["post_norm"], c.eps)
+        ids, weights, _ = route(x, L["ffn"], c)
+        print(json.dumps({"ids": ids.tolist(), "weights": weights.tolist()}))
+        return
+    if kind == "expert":
+        if a.expert is None:
+            raise RefError("--expert is required for kind expert")
+        z = _read_rows(getattr(a, "in"), c.latent, a.rows)
+        w1, w2, w3 = model.expert(i, a.expert)
+        y = situ(z @ w1.T, z @ w3.T, c.beta1, c.beta2) @ w2.T
+    elif kind.startswith("mix_"):
         if a.rows is None:
             raise RefError("--rows is required for mix kinds (the number of positions)")
         v = _read_rows(getattr(a, "in"), c.hidden)
@@ -790,6 +818,7 @@ def main(argv=None):
     r.add_argument("--layers", type=int, help="run layers 0..N-1 only")
     r.add_argument("--out-logits", help="f32 LE [T x vocab], every position")
     r.add_argument("--out-trace", help="f32 LE [T, N, hidden], h after each layer")
+    r.add_argument("--out-sublayers", help="f32 LE [T, N, 2, hidden]: attention, FFN outputs")
     r.add_argument("--mla-eps", type=float, default=1e-6)
     r.add_argument("--greedy", type=int, default=0, help="print N greedy ids as JSON")
     ly = sub.add_parser("layer", help="one sublayer on given inputs")
@@ -798,6 +827,7 @@ def main(argv=None):
     ly.add_argument("--kind", required=True, choices=LAYER_KINDS)
     ly.add_argument("--in", required=True, help="raw f32 or .npy input rows")
     ly.add_argument("--rows", type=int)
+    ly.add_argument("--expert", type=int, help="expert id for kind expert (input: latent rows)")
     ly.add_argument("--out", help="raw f32 output")
     ly.add_argument("--prenorm", action="store_true",
                     help="apply the layer's input/post-attention RMSNorm to the input first")

@@ -461,6 +461,17 @@ class ModelTest(unittest.TestCase):
         self.assertLess(rel(np.concatenate(logits), full), 1e-12)
         self.assertEqual(trace.shape, (len(ids), 13, 64))
 
+    def test_trace_is_the_in_block_sum(self):
+        # h after layer i = running in-block sum: restarts from a_i + f_i at a block start.
+        m = R.Model(fx("tiny"))
+        ids = [3, 1, 4, 1, 5, 9, 2, 6]
+        subs = np.zeros((len(ids), 13, 2, 64))
+        _, trace, _ = m.forward(m.embed(ids), sublayers=subs)
+        for i in range(13):
+            start = np.zeros_like(trace[:, 0]) if i % 5 == 0 else trace[:, i - 1]
+            np.testing.assert_allclose(trace[:, i], start + subs[:, i, 0] + subs[:, i, 1],
+                                       rtol=0, atol=1e-14)
+
     def test_fixture_is_well_conditioned_in_f32(self):
         # An all-f32 evaluation must stay far inside the engine's 1e-5 gate at every position.
         for name in ("tiny", "ties"):
@@ -581,6 +592,22 @@ class ModelTest(unittest.TestCase):
                         "attn", "--in", f"{out}/x.f32", "--out", f"{out}/y.f32"], check=True)
         want, _ = R.mla_layer(x.astype(np.float64), m.layer(3)["attn"], m.cfg, 1e-6)
         np.testing.assert_array_equal(np.fromfile(f"{out}/y.f32", "<f4").reshape(4, 64),
+                                      want.astype(np.float32))
+        r = subprocess.run([sys.executable, ref, "layer", "--model", d, "--layer", "4",
+                            "--kind", "router", "--in", f"{out}/x.f32"], capture_output=True,
+                           text=True, check=True)
+        ids_w, w_w, _ = R.route(x.astype(np.float64), m.layer(4)["ffn"], m.cfg)
+        self.assertEqual(json.loads(r.stdout)["ids"], ids_w.tolist())
+        np.testing.assert_allclose(json.loads(r.stdout)["weights"], w_w, rtol=1e-15)
+        z = np.random.default_rng(2).standard_normal((3, 64)).astype("<f4")
+        z.tofile(f"{out}/z.f32")
+        subprocess.run([sys.executable, ref, "layer", "--model", d, "--layer", "2", "--kind",
+                        "expert", "--expert", "9", "--in", f"{out}/z.f32", "--out",
+                        f"{out}/e.f32"], check=True)
+        w1, w2, w3 = m.expert(2, 9)
+        zz = z.astype(np.float64)
+        want = R.situ(zz @ w1.T, zz @ w3.T) @ w2.T
+        np.testing.assert_array_equal(np.fromfile(f"{out}/e.f32", "<f4").reshape(3, 64),
                                       want.astype(np.float32))
         r = subprocess.run([sys.executable, ref, "layer", "--model", d, "--layer", "3",
                             "--kind", "kda", "--in", f"{out}/x.f32"], capture_output=True,
