@@ -71,7 +71,7 @@ class PathTracker {
       path = frames_[i].is_object ? JoinKey(path, frames_[i].last_key)
                                   : JoinIndex(path, frames_[i].index);
     }
-    return path.empty() ? "(root)" : path;
+    return path;
   }
 
   std::vector<Frame> frames_;

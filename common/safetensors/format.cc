@@ -200,6 +200,7 @@ absl::StatusOr<Header> ParseHeader(std::string_view header_json, uint64_t file_s
       }
       continue;
     }
+    if (name.empty()) return absl::DataLossError(Cat(label, ": a tensor has an empty name"));
     json::Cursor entry =
         json::Cursor::Root(it.value(), Cat(label, ": tensor '", name, "'"));
     absl::StatusOr<TensorInfo> info =

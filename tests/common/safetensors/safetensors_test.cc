@@ -539,6 +539,7 @@ TEST(SafetensorsBadInput, MalformedEntries) {
       {R"({"w":[1]})", "expected an object"},
       {R"({"__metadata__":{"a":1}})", "__metadata__: value of 'a' must be a string"},
       {R"({"__metadata__":[]})", "__metadata__"},
+      {R"({"":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "empty name"},
   };
   for (const auto& [header, message] : cases) {
     EXPECT_THAT(ParseFileBytes(RawFile(header, "a"), "bad.safetensors"),
