@@ -359,14 +359,19 @@ def kda_layer(x, w, cfg, state=None):
     return o.reshape(T, C) @ w["o"].T, {"conv": new_conv, "S": S}
 
 
-def _mla_inputs(x, w, cfg, mla_eps):
+def _mla_inputs(x, w, cfg, mla_eps, cache):
+    """Queries [T, H, nope+extra], the cache rows (earlier ones first) c [P+T, kv_lora] and
+    kx [P+T, extra], and P, the number of earlier positions."""
     T, H = x.shape[0], cfg.mla_heads
     n, xd, kvr = cfg.nope, cfg.extra, cfg.kv_lora
     cq = rms_norm(x @ w["q_a"].T, w["q_a_norm"], mla_eps)
     Q = (cq @ w["q_b"].T).reshape(T, H, n + xd)
     kv = x @ w["kv_a"].T
-    c = rms_norm(kv[:, :kvr], w["kv_a_norm"], mla_eps)
-    return Q, c, kv[:, kvr:]
+    c, kx = rms_norm(kv[:, :kvr], w["kv_a_norm"], mla_eps), kv[:, kvr:]
+    if cache is None:
+        return Q, c, kx, 0
+    past = cache["c"].shape[0]
+    return Q, np.concatenate([cache["c"], c]), np.concatenate([cache["kx"], kx]), past
 
 
 def _mla_finish(x, ctx, w, cfg):
@@ -391,10 +396,7 @@ def mla_layer(x, w, cfg, mla_eps=1e-6, cache=None):
     w: q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, g, o. cache: None or {"c": [P, kv_lora],
     "kx": [P, extra]} of earlier positions; returns (a [T, D], cache with these rows added)."""
     H, n, xd, vd, kvr = cfg.mla_heads, cfg.nope, cfg.extra, cfg.v_dim, cfg.kv_lora
-    Q, c, kx = _mla_inputs(x, w, cfg, mla_eps)
-    past = 0 if cache is None else cache["c"].shape[0]
-    if cache is not None:
-        c, kx = np.concatenate([cache["c"], c]), np.concatenate([cache["kx"], kx])
+    Q, c, kx, past = _mla_inputs(x, w, cfg, mla_eps, cache)
     kvb = w["kv_b"].reshape(H, n + vd, kvr)
     k_nope = np.einsum("sc,hnc->shn", c, kvb[:, :n])                   # [S, H, n]
     vals = np.einsum("sc,hvc->shv", c, kvb[:, n:])                    # [S, H, v]
@@ -409,10 +411,7 @@ def mla_layer_absorbed(x, w, cfg, mla_eps=1e-6, cache=None):
     """The same MLA in the absorbed form over the 576-float latent cache: q_abs = K_h^T q_nope,
     s = (q_abs . c + q_x . k_x) / sqrt(nope + extra), ctx_h = V_h (sum_t p_t c_t)."""
     H, n, xd, vd, kvr = cfg.mla_heads, cfg.nope, cfg.extra, cfg.v_dim, cfg.kv_lora
-    Q, c, kx = _mla_inputs(x, w, cfg, mla_eps)
-    past = 0 if cache is None else cache["c"].shape[0]
-    if cache is not None:
-        c, kx = np.concatenate([cache["c"], c]), np.concatenate([cache["kx"], kx])
+    Q, c, kx, past = _mla_inputs(x, w, cfg, mla_eps, cache)
     kvb = w["kv_b"].reshape(H, n + vd, kvr)
     q_abs = np.einsum("thn,hnc->thc", Q[..., :n], kvb[:, :n])         # [T, H, kv_lora]
     s = (np.einsum("thc,sc->hts", q_abs, c) +

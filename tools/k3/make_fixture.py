@@ -56,28 +56,22 @@ def _mla_list(num_layers):
     return out
 
 
+_TINY = dict(
+    hidden=64, layers=13, block=5, rms_eps=1e-5,
+    kda_heads=4, kda_head_dim=32, kda_rank=32, a_log_len=32, conv=4,
+    mla_heads=2, q_lora=64, kv_lora=64, nope=32, extra=16, v_dim=32,
+    dense_inter=128, experts=16, top_k=4, shared=2, moe_inter=96, latent=64,
+    scaling=1.0, ties=False, merges=256,
+)
 PRESETS = {
-    "tiny": dict(
-        hidden=64, layers=13, block=5, rms_eps=1e-5,
-        kda_heads=4, kda_head_dim=32, kda_rank=32, a_log_len=32, conv=4,
-        mla_heads=2, q_lora=64, kv_lora=64, nope=32, extra=16, v_dim=32,
-        dense_inter=128, experts=16, top_k=4, shared=2, moe_inter=96, latent=64,
-        scaling=1.0, ties=False, vision=True, merges=256,
-    ),
-    "tiny-ties": dict(
-        hidden=64, layers=8, block=3, rms_eps=1e-4,
-        kda_heads=2, kda_head_dim=16, kda_rank=16, a_log_len=2, conv=4,
-        mla_heads=4, q_lora=32, kv_lora=32, nope=16, extra=8, v_dim=16,
-        dense_inter=96, experts=8, top_k=3, shared=2, moe_inter=64, latent=32,
-        scaling=1.0, ties=True, vision=True, merges=256,
-    ),
-    "real-experts": dict(
-        hidden=256, layers=5, block=12, rms_eps=1e-5,
-        kda_heads=4, kda_head_dim=32, kda_rank=32, a_log_len=32, conv=4,
-        mla_heads=2, q_lora=64, kv_lora=64, nope=32, extra=16, v_dim=32,
-        dense_inter=256, experts=64, top_k=16, shared=2, moe_inter=3072, latent=3584,
-        scaling=1.0, ties=False, vision=True, merges=256,
-    ),
+    "tiny": _TINY,
+    # Different widths everywhere, so an engine that hard-codes one of them is caught.
+    "tiny-ties": dict(_TINY, layers=8, block=3, rms_eps=1e-4, kda_heads=2, kda_head_dim=16,
+                      kda_rank=16, a_log_len=2, mla_heads=4, q_lora=32, kv_lora=32, nope=16,
+                      extra=8, v_dim=16, dense_inter=96, experts=8, top_k=3, moe_inter=64,
+                      latent=32, ties=True),
+    "real-experts": dict(_TINY, hidden=256, layers=5, block=12, dense_inter=256, experts=64,
+                         top_k=16, moe_inter=3072, latent=3584),
 }
 
 # ---------------------------------------------------------------------------------------------
