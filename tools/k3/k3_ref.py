@@ -97,6 +97,58 @@ def mxfp4_dequant(packed, scale):
 
 
 # ---------------------------------------------------------------------------------------------
+# Load-time quantization of the dense matrices (spec §4.2, §4.3), emulated exactly: the
+# quantizer runs in float32 as the engine's does; the reference then uses the dequantized
+# values (q * s) in float64, which equals the engine's s * sum(q * x) up to summation order.
+
+
+def quant_int8_rows(w):
+    """int8 per row: s_r = max|W_r|/127 (floor 1e-20), q = clamp(rint(W * (1/s_r)), -127, 127),
+    all in float32, half to even. Returns (q int8 [O, I], s float32 [O])."""
+    w32 = np.asarray(w, dtype=np.float32)
+    s = np.maximum(np.max(np.abs(w32), axis=1) / np.float32(127), np.float32(1e-20))
+    inv = np.float32(1) / s
+    q = np.clip(np.rint(w32 * inv[:, None]), -127, 127)
+    return q.astype(np.int8), s
+
+
+def quant_int4_g64(w):
+    """int4 per 64-column group: s = max|W_g|/7 (floor 1e-20), q = clamp(rint(W * (1/s)), -8, 7).
+    Returns (q int8 in [-8, 7] [O, I], s float32 [O, I/64])."""
+    w32 = np.asarray(w, dtype=np.float32)
+    rows, cols = w32.shape
+    if cols % 64:
+        raise RefError(f"int4-g64 needs a multiple of 64 columns, got {cols}")
+    g = w32.reshape(rows, cols // 64, 64)
+    s = np.maximum(np.max(np.abs(g), axis=2) / np.float32(7), np.float32(1e-20))
+    inv = np.float32(1) / s
+    q = np.clip(np.rint(g * inv[:, :, None]), -8, 7)
+    return q.reshape(rows, cols).astype(np.int8), s
+
+
+def quantize_dequant(w, bits):
+    """The values a matrix has after the engine's load-time quantization with `bits` (32 = none;
+    4 falls back to int8 when the width is not a multiple of 64, as spec §4.3 says)."""
+    if bits == 32:
+        return w
+    if bits == 4 and w.shape[1] % 64 == 0:
+        q, s = quant_int4_g64(w)
+        return (q.reshape(w.shape[0], -1, 64).astype(np.float64) *
+                s[:, :, None].astype(np.float64)).reshape(w.shape)
+    if bits in (4, 8):
+        q, s = quant_int8_rows(w)
+        return q.astype(np.float64) * s[:, None].astype(np.float64)
+    raise RefError(f"unsupported bits {bits} (4, 8 or 32)")
+
+
+# Which matrices each switch quantizes (K3_BITS, K3_MLA_BITS; K3_HEAD_BITS is the lm_head).
+# Everything else (router, f_a/f_b, b_proj, norms, conv, biases, embedding) stays exact.
+BITS_KEYS = {"kda": ("q", "k", "v", "g", "o"), "dense": ("gate", "up", "down"),
+             "moe": ("down_lat", "up_lat", "sh_gate", "sh_up", "sh_down")}
+MLA_BITS_KEYS = ("q_a", "q_b", "kv_a", "kv_b", "g", "o")
+
+
+# ---------------------------------------------------------------------------------------------
 # Safetensors reading
 
 
@@ -488,9 +540,15 @@ def attnres_stack(x0, n_layers, block, attn, ffn, mix):
 
 
 class Model:
-    def __init__(self, model_dir, mla_eps=1e-6, dtype=np.float64):
-        """dtype float32 emulates an all-f32 engine (self-tests only; the reference is float64)."""
+    def __init__(self, model_dir, mla_eps=1e-6, dtype=np.float64, bits=32, mla_bits=32,
+                 head_bits=32):
+        """dtype float32 emulates an all-f32 engine (self-tests only; the reference is float64).
+        bits / mla_bits / head_bits: emulate the engine's load-time quantization (32 = exact)."""
         self.dtype = dtype
+        for b in (bits, mla_bits, head_bits):
+            if b not in (4, 8, 32):
+                raise RefError(f"unsupported bits {b} (4, 8 or 32)")
+        self.bits, self.mla_bits, self.head_bits = bits, mla_bits, head_bits
         self.cfg = Config(os.path.join(model_dir, "config.json"))
         self.snap = Snapshot(model_dir)
         self.mla_eps = mla_eps
@@ -506,7 +564,7 @@ class Model:
         self.out_proj = get("model.output_attn_res_proj.weight", "BF16", [1, D]).astype(dtype)
         head = self.embed_name if c.tie and not self.snap.has("lm_head.weight") else \
             "lm_head.weight"
-        self.lm_head = get(head, "BF16", [c.vocab, D]).astype(dtype)
+        self.lm_head = quantize_dequant(get(head, "BF16", [c.vocab, D]), head_bits).astype(dtype)
 
     def embed(self, ids):
         table = self.snap.raw(self.embed_name, "BF16", [self.cfg.vocab, self.cfg.hidden])
@@ -526,6 +584,10 @@ class Model:
 
         def get(name, dtype, shape):
             return self.snap.f64(name, dtype, shape).astype(self.dtype)
+
+        def quantize(group, keys, bits):
+            for k in keys:
+                group[k] = quantize_dequant(group[k].astype(np.float64), bits).astype(self.dtype)
         L = {
             "in_norm": get(f"{P}.input_layernorm.weight", "BF16", [D]),
             "post_norm": get(f"{P}.post_attention_layernorm.weight", "BF16", [D]),
@@ -594,6 +656,11 @@ class Model:
                 "sh_up": get(f"{M}.shared_experts.up_proj.weight", "BF16", [S, D]),
                 "sh_down": get(f"{M}.shared_experts.down_proj.weight", "BF16", [D, S]),
             }
+        if c.is_mla[i]:
+            quantize(L["attn"], MLA_BITS_KEYS, self.mla_bits)
+        else:
+            quantize(L["attn"], BITS_KEYS["kda"], self.bits)
+        quantize(L["ffn"], BITS_KEYS["moe" if c.is_moe(i) else "dense"], self.bits)
         self._layers[i] = L
         return L
 
@@ -718,7 +785,7 @@ def _write_f32(path, a):
 
 
 def cmd_run(a):
-    model = Model(a.model, a.mla_eps)
+    model = Model(a.model, a.mla_eps, bits=a.bits, mla_bits=a.mla_bits, head_bits=a.head_bits)
     c = model.cfg
     if (a.ids is None) == (a.x0 is None):
         raise RefError("give exactly one of --ids and --x0")
@@ -757,7 +824,7 @@ LAYER_KINDS = ("attn", "ffn", "kda", "mla", "dense", "moe", "router", "expert", 
 
 
 def cmd_layer(a):
-    model = Model(a.model, a.mla_eps)
+    model = Model(a.model, a.mla_eps, bits=a.bits, mla_bits=a.mla_bits)
     c, i, kind = model.cfg, a.layer, a.kind
     if kind != "mix_out":
         L = model.layer(i)
@@ -820,6 +887,7 @@ def main(argv=None):
     r.add_argument("--out-sublayers", help="f32 LE [T, N, 2, hidden]: attention, FFN outputs")
     r.add_argument("--mla-eps", type=float, default=1e-6)
     r.add_argument("--greedy", type=int, default=0, help="print N greedy ids as JSON")
+    r.add_argument("--head-bits", type=int, default=32, help="emulate K3_HEAD_BITS (4, 8, 32)")
     ly = sub.add_parser("layer", help="one sublayer on given inputs")
     ly.add_argument("--model", required=True)
     ly.add_argument("--layer", type=int, default=0)
@@ -831,6 +899,9 @@ def main(argv=None):
     ly.add_argument("--prenorm", action="store_true",
                     help="apply the layer's input/post-attention RMSNorm to the input first")
     ly.add_argument("--mla-eps", type=float, default=1e-6)
+    for p in (r, ly):
+        p.add_argument("--bits", type=int, default=32, help="emulate K3_BITS (4, 8, 32)")
+        p.add_argument("--mla-bits", type=int, default=32, help="emulate K3_MLA_BITS")
     ch = sub.add_parser("check", help="read and validate every text tensor")
     ch.add_argument("--model", required=True)
     a = ap.parse_args(argv)

@@ -88,6 +88,62 @@ class Mxfp4Test(unittest.TestCase):
             R.mxfp4_dequant(np.zeros((2, 16), np.uint8), np.zeros((2, 2), np.uint8))
 
 
+class QuantTest(unittest.TestCase):
+    def test_int8_and_int4_against_elementwise_loops(self):
+        rng = np.random.default_rng(8)
+        w = (rng.standard_normal((5, 128)) * 0.05).astype(np.float32)
+        w[2] = 0.0                                                   # all-zero row: floor 1e-20
+        w[3, 7] = 0.5 * (w[3].max() / 127)                           # near a rounding edge
+        q8, s8 = R.quant_int8_rows(w)
+        q4, s4 = R.quant_int4_g64(w)
+        for r in range(5):
+            m = max(abs(float(v)) for v in w[r])
+            s = np.float32(max(np.float32(m) / np.float32(127), np.float32(1e-20)))
+            self.assertEqual(s8[r], s)
+            inv = np.float32(1) / s
+            for c in range(128):
+                want = int(np.clip(np.rint(np.float32(w[r, c]) * inv), -127, 127))
+                self.assertEqual(int(q8[r, c]), want)
+            for g in range(2):
+                grp = w[r, 64 * g:64 * g + 64]
+                sg = np.float32(max(np.float32(np.abs(grp).max()) / np.float32(7),
+                                    np.float32(1e-20)))
+                self.assertEqual(s4[r, g], sg)
+                for c in range(64):
+                    want = int(np.clip(np.rint(grp[c] * (np.float32(1) / sg)), -8, 7))
+                    self.assertEqual(int(q4[r, 64 * g + c]), want)
+        self.assertEqual(int(np.abs(q8[0]).max()), 127)
+        self.assertTrue(q4.min() >= -8 and q4.max() <= 7)
+        self.assertTrue(np.all(R.quantize_dequant(w.astype(np.float64), 8)[2] == 0))
+        # int4 needs 64-column groups; otherwise int8 (spec §4.3)
+        narrow = w[:, :96].astype(np.float64)
+        np.testing.assert_array_equal(R.quantize_dequant(narrow, 4), R.quantize_dequant(narrow, 8))
+        err = np.abs(R.quantize_dequant(w.astype(np.float64), 8) - w)
+        self.assertTrue(np.all(err <= s8[:, None] / 2 * (1 + 1e-6)))
+        with self.assertRaises(R.RefError):
+            R.quantize_dequant(w, 6)
+
+    def test_quantized_reference_is_consistent_and_differs(self):
+        ids = np.random.default_rng(9).integers(0, 512, 48)
+        exact = R.Model(fx("tiny"))
+        le, _, _ = exact.forward(exact.embed(ids))
+        for bits in (8, 4):
+            a = R.Model(fx("tiny"), bits=bits, mla_bits=8, head_bits=8)
+            b = R.Model(fx("tiny"), bits=bits, mla_bits=8, head_bits=8, dtype=np.float32)
+            la, _, _ = a.forward(a.embed(ids))
+            lb, _, _ = b.forward(b.embed(ids))
+            per_pos = np.linalg.norm(lb - la, axis=1) / np.linalg.norm(la, axis=1)
+            self.assertLess(per_pos.max(), 1e-5)                      # an f32 int engine can match
+            self.assertGreater(rel(la, le), 1e-3)                     # and quantization shows
+        # the router, f_a/f_b, b_proj and norms are never quantized
+        q = R.Model(fx("tiny"), bits=4, mla_bits=4, head_bits=4)
+        for key in ("router", "bias", "lat_norm"):
+            np.testing.assert_array_equal(q.layer(2)["ffn"][key], exact.layer(2)["ffn"][key])
+        for key in ("f_a", "f_b", "b", "q_conv"):
+            np.testing.assert_array_equal(q.layer(1)["attn"][key], exact.layer(1)["attn"][key])
+        self.assertFalse(np.array_equal(q.layer(1)["attn"]["q"], exact.layer(1)["attn"]["q"]))
+
+
 class KdaTest(unittest.TestCase):
     def weights(self, rng, cfg, D):
         H, d, K = cfg.kda_heads, cfg.kda_dim, cfg.conv
