@@ -665,6 +665,16 @@ class ModelTest(unittest.TestCase):
         want = R.situ(zz @ w1.T, zz @ w3.T) @ w2.T
         np.testing.assert_array_equal(np.fromfile(f"{out}/e.f32", "<f4").reshape(3, 64),
                                       want.astype(np.float32))
+        cands = np.random.default_rng(3).standard_normal((3, 2, 64)).astype("<f4")
+        cands.tofile(f"{out}/c.f32")
+        subprocess.run([sys.executable, ref, "layer", "--model", d, "--layer", "6", "--kind",
+                        "mix_mlp", "--rows", "2", "--in", f"{out}/c.f32", "--out",
+                        f"{out}/m.f32"], check=True)
+        L6 = m.layer(6)
+        want = R.attnres_mix(cands.astype(np.float64), L6["mlp_res_norm"], L6["mlp_res_proj"],
+                             m.cfg.eps)
+        np.testing.assert_array_equal(np.fromfile(f"{out}/m.f32", "<f4").reshape(2, 64),
+                                      want.astype(np.float32))
         r = subprocess.run([sys.executable, ref, "layer", "--model", d, "--layer", "3",
                             "--kind", "kda", "--in", f"{out}/x.f32"], capture_output=True,
                            text=True)
