@@ -89,6 +89,10 @@ const KernelSet& ScalarKernels();
 const KernelSet& Avx2Kernels();
 const KernelSet& Avx512Kernels();
 
+// COLI_ISA handling: `env` (may be null) lowers `detected` to scalar|avx2|avx512; an unknown
+// value or one above `detected` is ignored with a warning on stderr.
+Isa ApplyIsaOverride(const char* env, Isa detected);
+
 // Matmul with an explicit ISA (tests force each path with it). FAILED_PRECONDITION when the CPU
 // lacks `isa`.
 absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t batch, float* y,

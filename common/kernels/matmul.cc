@@ -28,29 +28,7 @@ Isa DetectIsaOnce() {
   return Isa::kScalar;
 }
 
-Isa ChooseIsaOnce() {
-  const Isa detected = DetectedIsa();
-  const char* env = std::getenv("COLI_ISA");
-  if (env == nullptr || *env == '\0') return detected;
-  Isa want;
-  if (std::strcmp(env, "scalar") == 0) {
-    want = Isa::kScalar;
-  } else if (std::strcmp(env, "avx2") == 0) {
-    want = Isa::kAvx2;
-  } else if (std::strcmp(env, "avx512") == 0) {
-    want = Isa::kAvx512;
-  } else {
-    std::fprintf(stderr, "[kernels] COLI_ISA='%s' is not scalar|avx2|avx512; using %s\n", env,
-                 IsaName(detected));
-    return detected;
-  }
-  if (static_cast<int>(want) > static_cast<int>(detected)) {
-    std::fprintf(stderr, "[kernels] COLI_ISA=%s: this CPU only has %s; using %s\n", env,
-                 IsaName(detected), IsaName(detected));
-    return detected;
-  }
-  return want;
-}
+Isa ChooseIsaOnce() { return internal::ApplyIsaOverride(std::getenv("COLI_ISA"), DetectedIsa()); }
 
 const internal::KernelSet& KernelsFor(Isa isa) {
   switch (isa) {
@@ -226,6 +204,28 @@ Isa ActiveIsa() {
 }
 
 namespace internal {
+
+Isa ApplyIsaOverride(const char* env, Isa detected) {
+  if (env == nullptr || *env == '\0') return detected;
+  Isa want;
+  if (std::strcmp(env, "scalar") == 0) {
+    want = Isa::kScalar;
+  } else if (std::strcmp(env, "avx2") == 0) {
+    want = Isa::kAvx2;
+  } else if (std::strcmp(env, "avx512") == 0) {
+    want = Isa::kAvx512;
+  } else {
+    std::fprintf(stderr, "[kernels] COLI_ISA='%s' is not scalar|avx2|avx512; using %s\n", env,
+                 IsaName(detected));
+    return detected;
+  }
+  if (static_cast<int>(want) > static_cast<int>(detected)) {
+    std::fprintf(stderr, "[kernels] COLI_ISA=%s: this CPU only has %s; using %s\n", env,
+                 IsaName(detected), IsaName(detected));
+    return detected;
+  }
+  return want;
+}
 
 absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t batch, float* y,
                            const MatmulOptions& options) {

@@ -1,4 +1,376 @@
+// AVX-512 (F, BW, VL, DQ, VNNI) kernels. Each function carries its own target attribute, so this
+// file builds without -march flags; the dispatcher only calls it when cpuid reports the features.
+//
+// Every kernel reproduces the scalar reference's 16-lane order exactly (kernels.h, "Numerics"):
+// one zmm accumulator per (row, batch row) holds the 16 lanes; the integer paths add a block's
+// exact int32 partial dots (vpdpbusd on biased unsigned weights, the bias removed by the
+// activation-side correction that starts the accumulation) and scale them with one fma.
+//
+// Tiling: a tile is R weight rows x B batch rows; a weight block is loaded and decoded once per
+// tile and used for all B batch rows, so weights stream from memory once per row tile while the
+// activations (small) stay in cache.
+#include <immintrin.h>
+
+#include <algorithm>
+
 #include "common/kernels/internal.h"
+
+#define COLI_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+
 namespace coli::kernels::internal {
-const KernelSet& Avx512Kernels() { return ScalarKernels(); }
+namespace {
+
+// The fixed tree of ReduceLanes16: (l, l+8), (l, l+4), (l, l+2), (l, l+1).
+COLI_AVX512 inline float Reduce16(__m512 v) {
+  const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  const __m128 t1 = _mm_add_ss(t2, _mm_movehdup_ps(t2));
+  return _mm_cvtss_f32(t1);
 }
+
+COLI_AVX512 inline __mmask64 ByteMask(int64_t n) {
+  return n >= 64 ? ~__mmask64{0} : ((__mmask64{1} << n) - 1);
+}
+COLI_AVX512 inline __mmask16 LaneMask(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+}
+
+// The per-batch-row half of an integer block: exact int32 partial dots started from the
+// activation-side correction, then one fma per lane with the combined scale.
+template <int R, int B>
+COLI_AVX512 __attribute__((always_inline)) inline void DotTwoHalves(
+    const Prepared& p, int64_t b0, int64_t k, const __m512i (&wl)[R], const __m512i (&wh)[R],
+    const __m512 (&ws)[R], __m512 (&acc)[R][B]) {
+  for (int b = 0; b < B; ++b) {
+    const int64_t off = (b0 + b) * p.nblocks + k;
+    const __m512i xe = _mm512_load_si512(p.xq + off * 128);
+    const __m512i xo = _mm512_load_si512(p.xq + off * 128 + 64);
+    const __m512i c = _mm512_load_si512(p.corr + off * 16);
+    const __m512 xs = _mm512_load_ps(p.xs + off * 16);
+    for (int i = 0; i < R; ++i) {
+      __m512i d = _mm512_dpbusd_epi32(c, wl[i], xe);
+      d = _mm512_dpbusd_epi32(d, wh[i], xo);
+      acc[i][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(ws[i], xs), acc[i][b]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- MXFP4, integer dots
+struct Mxfp4Idot {
+  static constexpr int kBatchTile = 4;
+  static constexpr int kRowTile = 4;
+
+  // Doubled e2m1 + 12 (unsigned), indexed by the 4-bit code, in every 128-bit lane.
+  COLI_AVX512 static __m512i Table() {
+    return _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  }
+  COLI_AVX512 __attribute__((always_inline)) static void Decode(__m512i v, __m512i tbl,
+                                                                 __m512i& wl, __m512i& wh) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    wl = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, low4));
+    wh = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+  }
+
+  template <int R, int B>
+  COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                               int64_t b0) {
+    const int64_t cols = w.cols, groups = cols / 32;
+    const int64_t nfull = groups / 4, rem = groups % 4, nblk = nfull + (rem != 0);
+    const uint8_t* wp[R];
+    const uint8_t* sp[R];
+    for (int i = 0; i < R; ++i) {
+      wp[i] = static_cast<const uint8_t*>(w.data) + (r0 + i) * (cols / 2);
+      sp[i] = static_cast<const uint8_t*>(w.scales) + (r0 + i) * groups;
+    }
+    const __m512i tbl = Table();
+    __m512 acc[R][B];
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
+    int64_t k = 0;
+    // Four blocks (16 groups) at a time: their 16 scale bytes widen to 16 f32 in one go, and
+    // each block's lanes pick their group's scale with one permute.
+    for (; k + 4 <= nfull; k += 4) {
+      __m512 s16[R];
+      for (int i = 0; i < R; ++i) {
+        s16[i] = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp[i] + 4 * k))),
+            23));
+      }
+      for (int q = 0; q < 4; ++q) {
+        const __m512i pick = _mm512_set_epi32(4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 3,
+                                              4 * q + 2, 4 * q + 2, 4 * q + 2, 4 * q + 2,
+                                              4 * q + 1, 4 * q + 1, 4 * q + 1, 4 * q + 1,
+                                              4 * q, 4 * q, 4 * q, 4 * q);
+        __m512i wl[R], wh[R];
+        __m512 ws[R];
+        for (int i = 0; i < R; ++i) {
+          Decode(_mm512_loadu_si512(wp[i] + 64 * (k + q)), tbl, wl[i], wh[i]);
+          ws[i] = _mm512_permutexvar_ps(pick, s16[i]);
+        }
+        DotTwoHalves<R, B>(p, b0, k + q, wl, wh, ws, acc);
+      }
+    }
+    // Remaining blocks, the last one possibly short (masked loads never touch bytes past the row).
+    const __m512i sctl = _mm512_set_epi8(
+        -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3,
+        -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2,
+        -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1,
+        -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
+    for (; k < nblk; ++k) {
+      const bool tail = k == nfull;
+      const __mmask64 wm = tail ? ByteMask(16 * rem) : ~__mmask64{0};
+      const __mmask16 sm = tail ? __mmask16((1u << rem) - 1) : __mmask16(0xF);
+      __m512i wl[R], wh[R];
+      __m512 ws[R];
+      for (int i = 0; i < R; ++i) {
+        Decode(_mm512_maskz_loadu_epi8(wm, wp[i] + 64 * k), tbl, wl[i], wh[i]);
+        const __m128i s4 = _mm_maskz_loadu_epi8(sm, sp[i] + 4 * k);
+        ws[i] = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_shuffle_epi8(_mm512_broadcastd_epi32(s4), sctl), 23));
+      }
+      DotTwoHalves<R, B>(p, b0, k, wl, wh, ws, acc);
+    }
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) y[(b0 + b) * w.rows + r0 + i] = Reduce16(acc[i][b]);
+  }
+};
+
+// ---------------------------------------------------------------- int4-g64, integer dots
+struct Int4Idot {
+  static constexpr int kBatchTile = 4;
+  static constexpr int kRowTile = 4;
+  template <int R, int B>
+  COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                               int64_t b0) {
+    const int64_t cols = w.cols, groups = cols / 64;
+    const int64_t nfull = groups / 2, rem = groups % 2, nblk = nfull + rem;
+    const uint8_t* wp[R];
+    const float* sp[R];
+    for (int i = 0; i < R; ++i) {
+      wp[i] = static_cast<const uint8_t*>(w.data) + (r0 + i) * (cols / 2);
+      sp[i] = static_cast<const float*>(w.scales) + (r0 + i) * groups;
+    }
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[R][B];
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < nblk; ++k) {
+      __m512i lo[R], hi[R];
+      __m512 ws[R];
+      for (int i = 0; i < R; ++i) {
+        __m512i v;
+        __m128 s2;
+        if (k < nfull) {
+          v = _mm512_loadu_si512(wp[i] + 64 * k);
+          s2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sp[i] + 2 * k)));
+        } else {  // one 64-group left: 32 bytes, one scale
+          v = _mm512_castsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[i] + 64 * k)));
+          v = _mm512_inserti64x4(v, _mm256_setzero_si256(), 1);
+          s2 = _mm_load_ss(sp[i] + 2 * k);
+        }
+        lo[i] = _mm512_and_si512(v, low4);
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        ws[i] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s2));
+      }
+      DotTwoHalves<R, B>(p, b0, k, lo, hi, ws, acc);
+    }
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) y[(b0 + b) * w.rows + r0 + i] = Reduce16(acc[i][b]);
+  }
+};
+
+// ---------------------------------------------------------------- int8 per row, integer dots
+struct Int8Idot {
+  static constexpr int kBatchTile = 6;
+  static constexpr int kRowTile = 4;
+  template <int R, int B>
+  COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                               int64_t b0) {
+    const int64_t cols = w.cols, nblk = p.nblocks;
+    const int8_t* wp[R];
+    for (int i = 0; i < R; ++i) wp[i] = static_cast<const int8_t*>(w.data) + (r0 + i) * cols;
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 acc[R][B];
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
+    const int64_t nfull = cols / 64;
+    for (int64_t k = 0; k < nblk; ++k) {
+      const __mmask64 wm = k < nfull ? ~__mmask64{0} : ByteMask(cols - 64 * k);
+      __m512i wu[R];
+      for (int i = 0; i < R; ++i) {
+        // q + 128 as unsigned; masked-off bytes meet zero activations.
+        const __m512i q = k < nfull ? _mm512_loadu_si512(wp[i] + 64 * k)
+                                    : _mm512_maskz_loadu_epi8(wm, wp[i] + 64 * k);
+        wu[i] = _mm512_xor_si512(q, bias);
+      }
+      for (int b = 0; b < B; ++b) {
+        const int64_t off = (b0 + b) * nblk + k;
+        const __m512i xq = _mm512_load_si512(p.xq + off * 64);
+        const __m512i c = _mm512_load_si512(p.corr + off * 16);
+        const __m512 xs = _mm512_load_ps(p.xs + off * 16);
+        for (int i = 0; i < R; ++i) {
+          const __m512i d = _mm512_dpbusd_epi32(c, wu[i], xq);
+          acc[i][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), xs, acc[i][b]);
+        }
+      }
+    }
+    const float* s = static_cast<const float*>(w.scales);
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) y[(b0 + b) * w.rows + r0 + i] = s[r0 + i] * Reduce16(acc[i][b]);
+  }
+};
+
+// ---------------------------------------------------------------- float paths
+// f32 / int8 / int4 weights against f32 activations; lane l <- columns ≡ l (mod 16).
+template <WeightFormat F>
+struct FloatWeights {
+  static constexpr int kBatchTile = 4;
+  static constexpr int kRowTile = 4;
+  template <int R, int B>
+  COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                               int64_t b0) {
+    const int64_t cols = w.cols, nblk = (cols + 15) / 16;
+    __m512 acc[R][B];
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int64_t k = 0; k < nblk; ++k) {
+      const __mmask16 m = LaneMask(cols - 16 * k);
+      __m512 wv[R];
+      for (int i = 0; i < R; ++i) {
+        const int64_t r = r0 + i;
+        if constexpr (F == WeightFormat::kF32) {
+          wv[i] = _mm512_maskz_loadu_ps(m, static_cast<const float*>(w.data) + r * cols + 16 * k);
+        } else if constexpr (F == WeightFormat::kInt8Row) {
+          const __m128i q =
+              _mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(w.data) + r * cols + 16 * k);
+          wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+        } else {  // int4-g64: 8 bytes -> 16 nibbles in column order, (n - 8) * s_g
+          const uint8_t* src = static_cast<const uint8_t*>(w.data) + r * (cols / 2) + 8 * k;
+          const __m128i b16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+          const __m128i nat = _mm_or_si128(_mm_and_si128(b16, low4),
+                                           _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
+          const __m512i n = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nat), _mm512_set1_epi32(8));
+          const float s = static_cast<const float*>(w.scales)[r * (cols / 64) + k / 4];
+          wv[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(s));
+        }
+      }
+      for (int b = 0; b < B; ++b) {
+        const __m512 x = _mm512_maskz_loadu_ps(m, p.xf + (b0 + b) * p.xf_stride + 16 * k);
+        for (int i = 0; i < R; ++i) acc[i][b] = _mm512_fmadd_ps(wv[i], x, acc[i][b]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const float s = F == WeightFormat::kInt8Row ? static_cast<const float*>(w.scales)[r0 + i] : 1.f;
+      for (int b = 0; b < B; ++b) {
+        const float v = Reduce16(acc[i][b]);
+        y[(b0 + b) * w.rows + r0 + i] = F == WeightFormat::kInt8Row ? s * v : v;
+      }
+    }
+  }
+};
+
+// MXFP4 exact float: weights e2m1·2^(s−127) (exact), even / odd columns in two accumulators.
+struct Mxfp4Float {
+  static constexpr int kBatchTile = 2;
+  static constexpr int kRowTile = 4;
+  template <int R, int B>
+  COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                               int64_t b0) {
+    const int64_t cols = w.cols, groups = cols / 32;
+    const uint8_t* wp[R];
+    const uint8_t* sp[R];
+    for (int i = 0; i < R; ++i) {
+      wp[i] = static_cast<const uint8_t*>(w.data) + (r0 + i) * (cols / 2);
+      sp[i] = static_cast<const uint8_t*>(w.scales) + (r0 + i) * groups;
+    }
+    const __m512 tbl = _mm512_loadu_ps(kE2m1);
+    const __m512i low4 = _mm512_set1_epi32(0x0F);
+    __m512 ae[R][B], ao[R][B];
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b) ae[i][b] = ao[i][b] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 we[R], wo[R];
+      for (int i = 0; i < R; ++i) {
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp[i] + 16 * g)));
+        const __m512 stab = _mm512_mul_ps(
+            tbl, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(sp[i][g]) << 23)));
+        we[i] = _mm512_permutexvar_ps(_mm512_and_si512(v, low4), stab);
+        wo[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), stab);
+      }
+      for (int b = 0; b < B; ++b) {
+        const float* x = p.xf + (b0 + b) * cols + 32 * g;
+        const __m512 xe = _mm512_load_ps(x), xo = _mm512_load_ps(x + 16);
+        for (int i = 0; i < R; ++i) {
+          ae[i][b] = _mm512_fmadd_ps(we[i], xe, ae[i][b]);
+          ao[i][b] = _mm512_fmadd_ps(wo[i], xo, ao[i][b]);
+        }
+      }
+    }
+    for (int i = 0; i < R; ++i)
+      for (int b = 0; b < B; ++b)
+        y[(b0 + b) * w.rows + r0 + i] = Reduce16(_mm512_add_ps(ae[i][b], ao[i][b]));
+  }
+};
+
+// ---------------------------------------------------------------- driver
+template <class K, int R>
+COLI_AVX512 void TileB(int nb, const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                       int64_t b0) {
+  switch (nb) {
+    case 1: K::template Tile<R, 1>(w, p, y, r0, b0); return;
+    case 2: K::template Tile<R, 2>(w, p, y, r0, b0); return;
+    case 3: K::template Tile<R, 3>(w, p, y, r0, b0); return;
+    case 4: K::template Tile<R, 4>(w, p, y, r0, b0); return;
+    default: break;
+  }
+  if constexpr (K::kBatchTile > 4) {
+    switch (nb) {
+      case 5: K::template Tile<R, 5>(w, p, y, r0, b0); return;
+      case 6: K::template Tile<R, 6>(w, p, y, r0, b0); return;
+      case 7: K::template Tile<R, 7>(w, p, y, r0, b0); return;
+      case 8: K::template Tile<R, 8>(w, p, y, r0, b0); return;
+      default: break;
+    }
+  }
+}
+
+template <class K>
+COLI_AVX512 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, float* y,
+                       int64_t rb, int64_t re) {
+  int64_t r = rb;
+  if (batch == 1) {
+    for (; r + 4 <= re; r += 4) K::template Tile<4, 1>(w, p, y, r, 0);
+    for (; r < re; ++r) K::template Tile<1, 1>(w, p, y, r, 0);
+    return;
+  }
+  constexpr int RT = K::kRowTile;
+  for (; r < re; r += RT) {
+    const int nr = static_cast<int>(std::min<int64_t>(RT, re - r));
+    for (int64_t b0 = 0; b0 < batch; b0 += K::kBatchTile) {
+      const int nb = static_cast<int>(std::min<int64_t>(K::kBatchTile, batch - b0));
+      if (nr == RT) {
+        TileB<K, RT>(nb, w, p, y, r, b0);
+      } else {
+        for (int i = 0; i < nr; ++i) TileB<K, 1>(nb, w, p, y, r + i, b0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const KernelSet& Avx512Kernels() {
+  static const KernelSet set = {
+      Drive<FloatWeights<WeightFormat::kF32>>,     Drive<Mxfp4Float>, Drive<Mxfp4Idot>,
+      Drive<FloatWeights<WeightFormat::kInt8Row>>, Drive<Int8Idot>,
+      Drive<FloatWeights<WeightFormat::kInt4G64>>, Drive<Int4Idot>};
+  return set;
+}
+
+}  // namespace coli::kernels::internal

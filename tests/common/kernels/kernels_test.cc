@@ -594,6 +594,15 @@ TEST(Matmul, RefusesBadInput) {
 }
 
 TEST(Isa, OverrideAndDetection) {
+  std::printf("detected isa: %s, active: %s\n", IsaName(DetectedIsa()), IsaName(ActiveIsa()));
+  using internal::ApplyIsaOverride;
+  EXPECT_EQ(ApplyIsaOverride(nullptr, Isa::kAvx512), Isa::kAvx512);
+  EXPECT_EQ(ApplyIsaOverride("", Isa::kAvx2), Isa::kAvx2);
+  EXPECT_EQ(ApplyIsaOverride("scalar", Isa::kAvx512), Isa::kScalar);
+  EXPECT_EQ(ApplyIsaOverride("avx2", Isa::kAvx512), Isa::kAvx2);
+  EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx512), Isa::kAvx512);
+  EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx2), Isa::kAvx2);    // never above the CPU
+  EXPECT_EQ(ApplyIsaOverride("sse9", Isa::kAvx2), Isa::kAvx2);      // unknown: ignored
   EXPECT_LE(static_cast<int>(ActiveIsa()), static_cast<int>(DetectedIsa()));
   EXPECT_STREQ(IsaName(Isa::kAvx512), "avx512");
   if (DetectedIsa() != Isa::kAvx512) {
