@@ -30,7 +30,7 @@ objects=()
 for src in "${sources[@]}" "${targets[@]/#/tests/fuzz/}"; do
   src="${src%.cc}.cc"
   obj="$out/obj/$(echo "${src%.cc}" | tr / _).o"
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find common -name '*.h' -newer "$obj" -print -quit)" ]; then
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find common/status common/log common/io common/json common/safetensors tests/fuzz -name '*.h' -newer "$obj" -print -quit)" ]; then
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
   fi
   case "$src" in tests/fuzz/*) ;; *) objects+=("$obj") ;; esac

@@ -99,13 +99,11 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const json::Cursor& entry, std::stri
   }
   const uint64_t range = static_cast<uint64_t>(end - begin);
   uint64_t expected = 0;
-  if (!CheckedBytes(info.shape, DTypeSize(info.dtype), &expected) || expected != range) {
+  const bool fits = CheckedBytes(info.shape, DTypeSize(info.dtype), &expected);
+  if (!fits || expected != range) {
     return entry.Error(Cat(DescribeTensor(info.dtype, info.shape), " needs ",
-                                    CheckedBytes(info.shape, DTypeSize(info.dtype), &expected)
-                                        ? Cat(expected)
-                                        : std::string("more than 2^64"),
-                                    " bytes but data_offsets [", begin, ", ", end, "] hold ",
-                                    range));
+                           fits ? Cat(expected) : std::string("more than 2^64"),
+                           " bytes but data_offsets [", begin, ", ", end, "] hold ", range));
   }
   if (static_cast<uint64_t>(end) > data_size) {
     return entry.Error(Cat("data_offsets [", begin, ", ", end,

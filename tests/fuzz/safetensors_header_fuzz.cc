@@ -4,23 +4,13 @@
 // the readers rely on, and must survive a Writer round trip unchanged. Built and run by
 // scripts/fuzz.sh (clang-14, -fsanitize=fuzzer,address,undefined).
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
 #include "common/safetensors/safetensors.h"
+#include "tests/fuzz/fuzz_check.h"
 
-namespace {
-
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "invariant violated: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+using ::coli::fuzz::Check;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace coli::st;

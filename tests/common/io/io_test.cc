@@ -15,6 +15,7 @@
 
 #include "common/log/log.h"
 #include "common/status/status_matchers.h"
+#include "tests/common/io/test_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -27,45 +28,9 @@ using ::testing::HasSubstr;
 
 namespace fs = std::filesystem;
 
-// A fresh folder removed at the end of the test. Made under $COLI_BINARY_DIR (the build tree,
-// on a real disk where O_DIRECT works) when set, else /var/tmp, else /tmp.
-class TempDir {
- public:
-  explicit TempDir(const std::string& base = "") {
-    std::string root = base;
-    if (root.empty()) {
-      const char* bin = std::getenv("COLI_BINARY_DIR");
-      root = bin != nullptr ? bin : (fs::is_directory("/var/tmp") ? "/var/tmp" : "/tmp");
-    }
-    std::string tmpl = root + "/io_test.XXXXXX";
-    char* made = ::mkdtemp(tmpl.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp in " << root << ": " << std::strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-// Deterministic pseudo-random bytes (the reference the readers are compared against).
-std::string Pattern(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::string s(n, '\0');
-  for (char& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
-
-void WriteRaw(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
+using ::coli::test_files::Pattern;
+using ::coli::test_files::TempDir;
+using ::coli::test_files::WriteRaw;
 
 // Ranges that start and end on and off 4 KiB boundaries, at the start, middle and end of a
 // file of `size` bytes.

@@ -16,6 +16,7 @@
 
 #include "common/io/io.h"
 #include "common/status/status_matchers.h"
+#include "tests/common/io/test_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -30,43 +31,9 @@ using ::testing::HasSubstr;
 
 namespace fs = std::filesystem;
 
-// A fresh folder under $COLI_BINARY_DIR (a real disk, so O_DIRECT is exercised) or /var/tmp.
-class TempDir {
- public:
-  TempDir() {
-    const char* bin = std::getenv("COLI_BINARY_DIR");
-    std::string root = bin != nullptr ? bin : (fs::is_directory("/var/tmp") ? "/var/tmp" : "/tmp");
-    std::string tmpl = root + "/st_test.XXXXXX";
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-  std::string Sub(const std::string& name) const {
-    fs::create_directories(File(name));
-    return File(name);
-  }
-
- private:
-  std::string path_;
-};
-
-std::string Pattern(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::string s(n, '\0');
-  for (char& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
-
-void WriteRaw(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
+using ::coli::test_files::Pattern;
+using ::coli::test_files::TempDir;
+using ::coli::test_files::WriteRaw;
 
 std::string LengthPrefix(uint64_t n) {
   std::string s(8, '\0');
@@ -447,84 +414,63 @@ TEST(SafetensorsSnapshot, ExtraDirThatIsNotAFolder) {
 
 // ---- Bad input: each case names the file and the tensor ---------------------------------------
 
-TEST(SafetensorsBadInput, TruncatedFile) {
+// Writes `bytes` as <dir>/<name>, opens it as a snapshot and expects DATA_LOSS whose message
+// names the file and contains every one of `parts`.
+void ExpectCorrupt(const std::string& name, const std::string& bytes,
+                   const std::vector<std::string>& parts) {
   TempDir dir;
+  WriteRaw(dir.File(name), bytes);
+  absl::StatusOr<std::unique_ptr<Snapshot>> snap = Snapshot::Open(dir.File(name));
+  ASSERT_THAT(snap, StatusIs(absl::StatusCode::kDataLoss, HasSubstr(dir.File(name))));
+  for (const std::string& part : parts) {
+    EXPECT_THAT(std::string(snap.status().message()), HasSubstr(part));
+  }
+}
+
+TEST(SafetensorsBadInput, TruncatedFile) {
   Writer w;
   ASSERT_OK(w.Add("w", DType::kF32, {100}, Pattern(400, 1)));
   ASSERT_OK_AND_ASSIGN(std::string file, w.Serialize());
-  WriteRaw(dir.File("cut.safetensors"), file.substr(0, file.size() - 10));
-  EXPECT_THAT(Snapshot::Open(dir.File("cut.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("cut.safetensors"), HasSubstr("tensor 'w'"),
-                             HasSubstr("past the end"))));
-  WriteRaw(dir.File("tiny.safetensors"), "\x10\x00\x00");
-  EXPECT_THAT(Snapshot::Open(dir.File("tiny.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("tiny.safetensors"), HasSubstr("truncated"))));
+  ExpectCorrupt("cut.safetensors", file.substr(0, file.size() - 10),
+                {"tensor 'w'", "past the end"});
+  ExpectCorrupt("tiny.safetensors", "\x10\x00\x00", {"truncated"});
 }
 
 TEST(SafetensorsBadInput, HeaderLengthPastEnd) {
-  TempDir dir;
-  WriteRaw(dir.File("h.safetensors"), LengthPrefix(1000) + "{}");
-  EXPECT_THAT(Snapshot::Open(dir.File("h.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("h.safetensors"), HasSubstr("header length 1000"),
-                             HasSubstr("past the end"))));
+  ExpectCorrupt("h.safetensors", LengthPrefix(1000) + "{}", {"header length 1000", "past the end"});
 }
 
 TEST(SafetensorsBadInput, HeaderLongerThan100MiB) {
-  TempDir dir;
-  WriteRaw(dir.File("big.safetensors"), LengthPrefix((uint64_t{100} << 20) + 1) + "{}");
-  EXPECT_THAT(Snapshot::Open(dir.File("big.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("big.safetensors"), HasSubstr("100 MiB"))));
+  ExpectCorrupt("big.safetensors", LengthPrefix((uint64_t{100} << 20) + 1) + "{}", {"100 MiB"});
 }
 
 TEST(SafetensorsBadInput, InvalidJson) {
-  TempDir dir;
-  WriteRaw(dir.File("j.safetensors"), RawFile("{\"w\": {\"dtype\": \n \"F32\",, }", ""));
-  EXPECT_THAT(Snapshot::Open(dir.File("j.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("j.safetensors"), HasSubstr("line 2"))));
-  WriteRaw(dir.File("arr.safetensors"), RawFile("[1, 2]", ""));
-  EXPECT_THAT(Snapshot::Open(dir.File("arr.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("expected an object, got array")));
+  ExpectCorrupt("j.safetensors", RawFile("{\"w\": {\"dtype\": \n \"F32\",, }", ""), {"line 2"});
+  ExpectCorrupt("arr.safetensors", RawFile("[1, 2]", ""), {"expected an object, got array"});
 }
 
 TEST(SafetensorsBadInput, DuplicateTensorInHeader) {
-  TempDir dir;
   const std::string entry = R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})";
-  WriteRaw(dir.File("d.safetensors"), RawFile("{\"w\":" + entry + ",\"w\":" + entry + "}", "a"));
-  EXPECT_THAT(Snapshot::Open(dir.File("d.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("d.safetensors"), HasSubstr("duplicate key \"w\""))));
+  ExpectCorrupt("d.safetensors", RawFile("{\"w\":" + entry + ",\"w\":" + entry + "}", "a"),
+                {"duplicate key \"w\""});
 }
 
 TEST(SafetensorsBadInput, UnknownDtype) {
-  TempDir dir;
-  WriteRaw(dir.File("u.safetensors"),
-           RawFile(R"({"w":{"dtype":"F12","shape":[1],"data_offsets":[0,2]}})", "ab"));
-  EXPECT_THAT(Snapshot::Open(dir.File("u.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("u.safetensors"), HasSubstr("tensor 'w'"),
-                             HasSubstr("unknown dtype 'F12'"))));
+  ExpectCorrupt("u.safetensors",
+                RawFile(R"({"w":{"dtype":"F12","shape":[1],"data_offsets":[0,2]}})", "ab"),
+                {"tensor 'w'", "unknown dtype 'F12'"});
 }
 
 TEST(SafetensorsBadInput, ShapeSizeMismatch) {
-  TempDir dir;
-  WriteRaw(dir.File("s.safetensors"),
-           RawFile(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,10]}})",
-                   Pattern(10, 1)));
-  EXPECT_THAT(Snapshot::Open(dir.File("s.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("s.safetensors"), HasSubstr("tensor 'w'"),
-                             HasSubstr("BF16 [2, 3] needs 12 bytes"))));
+  ExpectCorrupt("s.safetensors",
+                RawFile(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,10]}})",
+                        Pattern(10, 1)),
+                {"tensor 'w'", "BF16 [2, 3] needs 12 bytes"});
   // A shape whose byte count does not fit in 64 bits.
-  WriteRaw(dir.File("o.safetensors"),
-           RawFile(R"({"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})",
-                   ""));
-  EXPECT_THAT(Snapshot::Open(dir.File("o.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("more than 2^64")));
+  ExpectCorrupt(
+      "o.safetensors",
+      RawFile(R"({"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", ""),
+      {"tensor 'w'", "more than 2^64"});
 }
 
 TEST(SafetensorsBadInput, MalformedEntries) {
@@ -550,15 +496,11 @@ TEST(SafetensorsBadInput, MalformedEntries) {
 }
 
 TEST(SafetensorsBadInput, OverlappingRanges) {
-  TempDir dir;
-  WriteRaw(dir.File("ov.safetensors"),
-           RawFile(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
-                   R"("b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})",
-                   Pattern(6, 1)));
-  EXPECT_THAT(Snapshot::Open(dir.File("ov.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("ov.safetensors"), HasSubstr("tensor 'b'"),
-                             HasSubstr("overlaps tensor 'a'"))));
+  ExpectCorrupt("ov.safetensors",
+                RawFile(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                        R"("b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})",
+                        Pattern(6, 1)),
+                {"tensor 'b'", "overlaps tensor 'a'"});
   // Empty tensors occupy no bytes and may sit anywhere inside the data region.
   EXPECT_OK(ParseFileBytes(RawFile(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
                                    R"("e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]}})",
@@ -567,22 +509,12 @@ TEST(SafetensorsBadInput, OverlappingRanges) {
 }
 
 TEST(SafetensorsBadInput, RangePastEndOfFile) {
-  TempDir dir;
-  WriteRaw(dir.File("r.safetensors"),
-           RawFile(R"({"w":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})", Pattern(8, 1)));
-  EXPECT_THAT(Snapshot::Open(dir.File("r.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("r.safetensors"), HasSubstr("tensor 'w'"),
-                             HasSubstr("run past the end of the file"))));
+  ExpectCorrupt("r.safetensors",
+                RawFile(R"({"w":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})", Pattern(8, 1)),
+                {"tensor 'w'", "run past the end of the file"});
 }
 
-TEST(SafetensorsBadInput, EmptyFile) {
-  TempDir dir;
-  WriteRaw(dir.File("e.safetensors"), "");
-  EXPECT_THAT(Snapshot::Open(dir.File("e.safetensors")),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("e.safetensors"), HasSubstr("empty"))));
-}
+TEST(SafetensorsBadInput, EmptyFile) { ExpectCorrupt("e.safetensors", "", {"empty"}); }
 
 TEST(SafetensorsBadInput, DirectoryWhereAFileShouldBe) {
   TempDir dir;
