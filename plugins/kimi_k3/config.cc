@@ -167,12 +167,15 @@ absl::StatusOr<Config> Config::Parse(std::string_view json_text, std::string_vie
                                   std::tuple{&full_layers, "full_attn_layers", 2}}) {
     for (size_t j = 0; j < list->size(); ++j) {
       const int64_t one_based = (*list)[j];
-      const std::string path = json::JoinIndex(key, j);
+      // A cursor at the list so the message names "…kda_layers[j]".
+      COLI_ASSIGN_OR_RETURN(Cursor list_at, lin.Array(key));
+      COLI_ASSIGN_OR_RETURN(Cursor at, list_at.At(j));
+      auto error = [&](const std::string& what) { return at.Error(what); };
       if (one_based < 1 || one_based > cfg.num_layers)
-        return Invalid(lin, path, absl::StrCat("layer ", one_based, " outside 1…", cfg.num_layers,
+        return error( absl::StrCat("layer ", one_based, " outside 1…", cfg.num_layers,
                                                " (the lists are 1-based)"));
       if (kind[one_based - 1] != 0)
-        return Invalid(lin, path, absl::StrCat("layer ", one_based, " listed twice"));
+        return error(absl::StrCat("layer ", one_based, " listed twice"));
       kind[one_based - 1] = value;
     }
   }

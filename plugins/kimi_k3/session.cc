@@ -90,6 +90,10 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
     const Progress& progress, const Cancel& cancel) {
   COLI_RETURN_IF_ERROR(CheckUsable());
   if (n <= 0) return absl::InvalidArgumentError("prefill needs at least one token");
+  const int64_t max_ctx = model_.options().max_context;
+  if (max_ctx > 0 && position() + n > max_ctx)
+    return absl::ResourceExhaustedError(absl::StrCat(position() + n, " tokens exceed the context capacity of ",
+                                                     max_ctx, " (K3_MAXT)"));
   // A trace is written token by token (colibri forces K3_CHUNK=1 under K3_TRACE).
   const int64_t chunk = trace_file_ ? 1 : model_.options().chunk;
   const int64_t D = model_.hidden_size();

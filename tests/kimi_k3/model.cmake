@@ -1,0 +1,18 @@
+# Tests of the Kimi K3 model core (plugins/kimi_k3, owner: model). Expected values come from
+# the independent float64 numpy reference tools/k3/k3_ref.py, run by the tests on the fixtures
+# that tools/k3 makes at build time (build/fixtures/k3_tiny, k3_tiny_ties; random weights).
+coli_cc_test(NAME k3_config_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/config_test.cc
+  DEPS kimi_k3_core)
+coli_cc_test(NAME k3_model_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/model_test.cc
+       ${CMAKE_CURRENT_LIST_DIR}/reference_util.cc
+  DEPS kimi_k3_core coli_sampling coli_safetensors coli_json absl::strings)
+target_compile_definitions(k3_model_test PRIVATE
+  K3_TEST_PYTHON="${COLI_PYTHON}"
+  K3_TEST_REF="${PROJECT_SOURCE_DIR}/tools/k3/k3_ref.py"
+  K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny"
+  K3_TEST_TIES="${CMAKE_BINARY_DIR}/fixtures/k3_tiny_ties")
+if(TARGET k3_tiny_fixture)
+  add_dependencies(k3_model_test k3_tiny_fixture)
+endif()
