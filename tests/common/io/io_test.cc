@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/log/log.h"
@@ -250,6 +251,29 @@ TEST(IoDirectReader, TmpfsReadsCorrectlyDirectOrNot) {
     EXPECT_THAT(r->fallback_reason(), HasSubstr("O_DIRECT"));
   }
   ExpectReaderMatches(*r, bytes);
+}
+
+TEST(IoDirectReader, ConcurrentReadsFromOneReader) {
+  TempDir dir;
+  const std::string bytes = Pattern(200000, 14);
+  WriteRaw(dir.File("c"), bytes);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DirectReader> r, DirectReader::Open(dir.File("c")));
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      AlignedBuffer buffer;
+      for (int i = 0; i < 200; ++i) {
+        uint64_t offset = rng() % bytes.size();
+        uint64_t length = rng() % std::min<uint64_t>(bytes.size() - offset + 1, 20000);
+        absl::StatusOr<const uint8_t*> p = r->ReadInto(offset, length, &buffer);
+        if (!p.ok() || std::memcmp(*p, bytes.data() + offset, length) != 0) ++mismatches[t];
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(mismatches, ::testing::Each(0));
 }
 
 TEST(IoReadBatch, ManyRangesAcrossFilesInParallel) {

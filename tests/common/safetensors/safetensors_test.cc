@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/io/io.h"
@@ -267,6 +268,34 @@ TEST(SafetensorsSnapshot, OnlyTheShardAskedForIsOpened) {
   EXPECT_FALSE(snap->IsShardOpen(0));
   EXPECT_TRUE(snap->IsShardOpen(1));
   EXPECT_FALSE(snap->IsShardOpen(2));
+}
+
+TEST(SafetensorsSnapshot, ConcurrentLookupsOpenEachShardOnce) {
+  TempDir dir;
+  std::map<std::string, FixtureTensor> expected = WriteThreeShards(dir.path());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Snapshot> snap, Snapshot::Open(dir.path()));
+  std::vector<std::string> names = snap->Names();
+  std::vector<std::thread> threads;
+  std::vector<int> errors(4, 0);
+  std::vector<std::map<std::string, const TensorInfo*>> seen(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < names.size(); ++i) {
+        const std::string& name = names[(i + static_cast<size_t>(t) * 5) % names.size()];
+        absl::StatusOr<const TensorInfo*> info = snap->Get(name);
+        if (!info.ok()) {
+          ++errors[t];
+          continue;
+        }
+        seen[t][name] = *info;
+        std::string bytes((*info)->nbytes, '\0');
+        if (!snap->Read(**info, bytes.data()).ok() || bytes != expected.at(name).bytes) ++errors[t];
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(errors, ::testing::Each(0));
+  for (int t = 1; t < 4; ++t) EXPECT_EQ(seen[t], seen[0]);  // one TensorInfo per name
 }
 
 TEST(SafetensorsSnapshot, GarbageShardNeverAskedForIsNeverOpened) {
