@@ -16,11 +16,21 @@ struct Compute {
   int threads = 0;                // for common/ops (0 = OpenMP default)
 };
 
+// Below this many multiply-adds a matmul runs on one thread: waking a thread team costs more
+// than the work (the tiny fixtures' matrices; never K3's). Results do not depend on it.
+inline constexpr int64_t kSingleThreadWork = int64_t{1} << 18;
+
 // y[b, :] = W · x[b, :] for b < batch (common/kernels; each weight byte read once per call,
-// each row's result independent of the batch size).
+// each row's result independent of the batch size and of the thread count).
+inline absl::Status MatMul(const Compute& c, const kernels::MatrixView& w, const float* x,
+                           int64_t batch, float* y) {
+  kernels::MatmulOptions o = c.matmul;
+  if (w.rows * w.cols * batch < kSingleThreadWork) o.threads = 1;
+  return kernels::Matmul(w, x, batch, y, o);
+}
 inline absl::Status MatMul(const Compute& c, const Linear& w, const float* x, int64_t batch,
                            float* y) {
-  return kernels::Matmul(w.view(), x, batch, y, c.matmul);
+  return MatMul(c, w.view(), x, batch, y);
 }
 
 }  // namespace coli::k3

@@ -188,9 +188,20 @@ absl::Status Main(int argc, char** argv) {
 
 #ifdef COLI_K3_HAVE_TOKENIZER
   std::unique_ptr<tok::Tokenizer> tokenizer;
+  std::unique_ptr<tok::StreamDecoder> stream;
+  if (!print_ids || (!have_ids && opt.x0_path.empty())) {
+    auto loaded = tok::Tokenizer::LoadDir(model_dir);
+    if (loaded.ok()) {
+      tokenizer = std::move(loaded).value();
+      stream = std::make_unique<tok::StreamDecoder>(*tokenizer);
+    } else if (!have_ids && opt.x0_path.empty()) {
+      return loaded.status();
+    }
+  }
   if (!have_ids && opt.x0_path.empty()) {
-    COLI_ASSIGN_OR_RETURN(tokenizer, tok::Tokenizer::LoadDir(model_dir));
-    ids = tokenizer->Encode(prompt, /*allow_special=*/false);  // plain text, no BOS
+    // Plain text, special tokens not interpreted, and no BOS (the vendor chat renderer adds
+    // none, spec §10).
+    ids = tokenizer->Encode(prompt, /*allow_special=*/false);
   }
 #else
   if (!have_ids && opt.x0_path.empty())
@@ -223,9 +234,8 @@ absl::Status Main(int argc, char** argv) {
       std::cout << (g ? "," : "") << s.id << std::flush;
     }
 #ifdef COLI_K3_HAVE_TOKENIZER
-    else if (tokenizer) {
-      auto text = tokenizer->Decode(std::span<const int32_t>(&s.id, 1));
-      if (text.ok()) std::cout << *text << std::flush;
+    else if (stream) {
+      std::cout << stream->Push(s.id) << std::flush;
     }
 #endif
     else {
@@ -241,6 +251,9 @@ absl::Status Main(int argc, char** argv) {
     if (eos || g + 1 == ngen) break;
     COLI_ASSIGN_OR_RETURN(logits, session->Step(s.id));
   }
+#ifdef COLI_K3_HAVE_TOKENIZER
+  if (stream && !print_ids) std::cout << stream->Flush();
+#endif
   std::cout << "\n";
   const double t_decode = Seconds() - td;
   const Timings& t = session->timings();

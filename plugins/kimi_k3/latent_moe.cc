@@ -97,11 +97,11 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
             y(int64_t{m} * lat);
         for (int j = 0; j < m; ++j)
           std::copy_n(z.data() + int64_t{slots[j].first} * lat, lat, zin.data() + int64_t{j} * lat);
-        COLI_RETURN_IF_ERROR(kernels::Matmul(ew.w1, zin.data(), m, g.data(), c.matmul));
-        COLI_RETURN_IF_ERROR(kernels::Matmul(ew.w3, zin.data(), m, u.data(), c.matmul));
+        COLI_RETURN_IF_ERROR(MatMul(c, ew.w1, zin.data(), m, g.data()));
+        COLI_RETURN_IF_ERROR(MatMul(c, ew.w3, zin.data(), m, u.data()));
         ops::SituGlu(g.data(), u.data(), int64_t{m} * inter, cfg.situ_beta, cfg.situ_linear_beta,
                      g.data());
-        COLI_RETURN_IF_ERROR(kernels::Matmul(ew.w2, g.data(), m, y.data(), c.matmul));
+        COLI_RETURN_IF_ERROR(MatMul(c, ew.w2, g.data(), m, y.data()));
         for (int j = 0; j < m; ++j)
           std::copy_n(y.data() + int64_t{j} * lat, lat,
                       slot_out.data() + (int64_t{slots[j].first} * max_k + slots[j].second) * lat);

@@ -199,7 +199,7 @@ absl::Status Model::Forward(std::span<const Row> rows, const float* x0, float* l
   for (int k = 0; k < m; ++k) std::copy_n(prefix.data() + wanted[k] * D, D, sel_prefix.data() + k * D);
   AttnResMix(sel_blocks, sel_prefix.data(), m, D, weights_->output_res_score.data(), eps, out.data());
   ops::RmsNormRows(out.data(), weights_->final_norm.data(), m, D, eps, out.data());
-  return kernels::Matmul(weights_->lm_head.view(), out.data(), m, logits, compute_.matmul);
+  return MatMul(compute_, weights_->lm_head, out.data(), m, logits);
 }
 
 }  // namespace coli::k3
