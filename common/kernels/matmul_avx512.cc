@@ -1,4 +1,4 @@
-// AVX-512 (F, BW, VL, DQ, VNNI) kernels. Each function carries its own target attribute, so this
+// AVX-512 (F, BW, VL, DQ, VNNI, VBMI) kernels. Each function carries its own target attribute, so this
 // file builds without -march flags; the dispatcher only calls it when cpuid reports the features.
 //
 // Every kernel reproduces the scalar reference's 16-lane order exactly (kernels.h, "Numerics"):
@@ -15,7 +15,8 @@
 
 #include "common/kernels/internal.h"
 
-#define COLI_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+#define COLI_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,fma")))
 
 namespace coli::kernels::internal {
 namespace {
@@ -62,15 +63,15 @@ struct Mxfp4Idot {
   static constexpr int kRowTile = 4;
 
   // Doubled e2m1 + 12 (unsigned), indexed by the 4-bit code, in every 128-bit lane.
+  // Repeated 4 times over 64 bytes, so vpermb (which reads 6 index bits) needs no masking.
   COLI_AVX512 static __m512i Table() {
     return _mm512_broadcast_i32x4(
         _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   }
   COLI_AVX512 __attribute__((always_inline)) static void Decode(__m512i v, __m512i tbl,
                                                                  __m512i& wl, __m512i& wh) {
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    wl = _mm512_shuffle_epi8(tbl, _mm512_and_si512(v, low4));
-    wh = _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+    wl = _mm512_permutexvar_epi8(v, tbl);
+    wh = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), tbl);
   }
 
   template <int R, int B>
