@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/json/json.h"
 #include "common/sampling/sampling.h"
+#include "common/status/status.h"
 #include "gtest/gtest.h"
 #include "plugins/kimi_k3/attn_res.h"
 #include "plugins/kimi_k3/dense_mlp.h"
@@ -289,6 +290,41 @@ TEST_F(K3Layers, AttnResMixAloneMatchesReference) {
              model_->weights().layers[layer].attn_res_score.data(),
              model_->config().rms_norm_eps, y.data());
   EXPECT_LE(WorstRowError(y, Reference("mix_attn", layer, cand, T), D), kF32Tolerance);
+}
+
+// Delivers the requested experts one by one in reverse list order (a stand-in for a store
+// whose loads finish in any order).
+class ReversedSource : public ExpertSource {
+ public:
+  explicit ReversedSource(ExpertSource& inner) : inner_(inner) {}
+  absl::Status ForEachExpert(
+      int layer, std::span<const int32_t> experts,
+      const std::function<absl::Status(int i, const ExpertWeights&)>& fn) override {
+    for (int i = static_cast<int>(experts.size()) - 1; i >= 0; --i) {
+      const int32_t one[] = {experts[i]};
+      COLI_RETURN_IF_ERROR(inner_.ForEachExpert(
+          layer, one, [&](int, const ExpertWeights& w) { return fn(i, w); }));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  ExpertSource& inner_;
+};
+
+TEST_F(K3Layers, MoeSumDoesNotDependOnExpertArrivalOrder) {
+  const int T = 9, layer = 4;
+  const auto x = RandomRows(T, 6);
+  auto snap = st::Snapshot::Open(K3_TEST_TINY);
+  ASSERT_TRUE(snap.ok());
+  auto src = PreadExpertSource::Create(**snap, model_->config(), model_->weights().prefix(), 5);
+  ASSERT_TRUE(src.ok());
+  ReversedSource reversed(**src);
+  std::vector<float> a(x.size()), b(x.size());
+  const MoeWeights& w = model_->weights().layers[layer].moe_w;
+  ASSERT_TRUE(LatentMoeForward(model_->config(), w, layer, **src, 0.0, c_, x.data(), T, a.data()).ok());
+  ASSERT_TRUE(LatentMoeForward(model_->config(), w, layer, reversed, 0.0, c_, x.data(), T, b.data()).ok());
+  EXPECT_TRUE(a == b);
 }
 
 // ---- Chunked prefill -----------------------------------------------------------------------
