@@ -13,8 +13,9 @@
 //  * A bare script name like `\p{Han}` means Script=Han in Rust's regex but Script_Extensions
 //    in PCRE2 >= 10.40 (which would pull in e.g. U+3006 〆 or U+302A); scripts become
 //    `\p{sc:Name}`.
-//  * `\s` is Unicode White_Space in Rust but PCRE2's Perl space lacks U+0085; `\s`/`\S` become
-//    explicit classes.
+//  * `\s` is Unicode White_Space in Rust; PCRE2 documents its UCP `\s` as "Z or tab, LF, VT,
+//    FF, CR", which need not agree (U+0085 is Cc). `\s`/`\S` become explicit White_Space
+//    classes so the set does not depend on the PCRE2 version.
 // Any other `&&` is refused (UNIMPLEMENTED) rather than guessed.
 #ifndef COLI_COMMON_TOKENIZER_PRETOKENIZER_H_
 #define COLI_COMMON_TOKENIZER_PRETOKENIZER_H_

@@ -1,3 +1,3 @@
-# `coli tokenize` (tools/coli/tokenize.cc) and `coli bench tokenizer` (bench_tokenizer.cc).
+# `coli tokenize` (tokenize.cc): text <-> token ids.
 target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/tokenize.cc)
 target_link_libraries(coli PRIVATE coli_tokenizer nlohmann_json::nlohmann_json)
