@@ -16,9 +16,11 @@ struct Compute {
   int threads = 0;                // for common/ops (0 = OpenMP default)
 };
 
-// Below this many multiply-adds a matmul runs on one thread: waking a thread team costs more
-// than the work (the tiny fixtures' matrices; never K3's). Results do not depend on it.
-inline constexpr int64_t kSingleThreadWork = int64_t{1} << 18;
+// Below this many multiply-adds (~0.5 ms of one core) a matmul runs on one thread: waking a
+// thread team costs more than it saves, badly so on a busy machine (the tiny fixtures; on K3
+// only the rank-128 decay projections and the per-head MLA absorb matrices at batch 1).
+// Results do not depend on it (kernels are thread-count independent).
+inline constexpr int64_t kSingleThreadWork = int64_t{1} << 21;
 
 // y[b, :] = W · x[b, :] for b < batch (common/kernels; each weight byte read once per call,
 // each row's result independent of the batch size and of the thread count).
