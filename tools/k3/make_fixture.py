@@ -15,9 +15,11 @@ Presets (see FIXTURE.md for every dimension):
                 duplicated so sigmoid scores tie exactly, a correction bias that changes picks
   real-experts  routed experts of the real K3 size (latent 3584, inter 3072, 17,547,264 bytes
                 each) with small attention widths, for the streaming benchmark; streamed out
+  real-widths   every K3 width for 2 layers (KDA + dense, MLA + LatentMoE), 32 experts, tiny
+                vocabulary: for timing the forward pass at real widths (~3.8 GB)
 
 Usage:
-  make_fixture.py OUT_DIR [--preset tiny|tiny-ties|real-experts] [--seed N] [--no-prefix]
+  make_fixture.py OUT_DIR [--preset tiny|tiny-ties|real-experts|real-widths] [--seed N] [--no-prefix]
                   [--moe-layers N] [--experts N] [--top-k N] [--quiet]
 
 Only Debian's python3 + python3-numpy. Output is written to a temporary folder beside OUT_DIR
@@ -72,6 +74,12 @@ PRESETS = {
                       latent=32, ties=True),
     "real-experts": dict(_TINY, hidden=256, layers=5, block=12, dense_inter=256, experts=64,
                          top_k=16, moe_inter=3072, latent=3584),
+    # Every width of K3 (spec §1.2) but 2 layers (KDA + dense MLP, MLA + LatentMoE), 32 experts
+    # and the tiny vocabulary: for timing the forward pass at real widths (~4 GB).
+    "real-widths": dict(_TINY, hidden=7168, layers=2, block=12, kda_heads=96, kda_head_dim=128,
+                        kda_rank=128, a_log_len=128, mla_heads=96, q_lora=1536, kv_lora=512,
+                        nope=128, extra=64, v_dim=128, dense_inter=33792, experts=32, top_k=16,
+                        moe_inter=3072, latent=3584),
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +105,10 @@ class Gen:
     def __init__(self, seed):
         self.rng = np.random.default_rng(seed)
 
-    def dense(self, rows, cols, gain=1.0):
+    def dense(self, rows, cols, gain=1.0, lazy=True):
+        """N(0, gain²/cols) entries; big ones (lazy=True) come back as a LazyMatrix."""
+        if lazy and rows * cols > LAZY_ELEMENTS:
+            return LazyMatrix(rows, cols, gain / np.sqrt(cols), int(self.rng.integers(2**63)))
         return self.rng.standard_normal((rows, cols)) * (gain / np.sqrt(cols))
 
     def norm_w(self, n):
@@ -130,7 +141,30 @@ class Tensor:
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * _DTYPE_SIZE[dtype]
 
 
+# Matrices above this many elements (only in the real-widths preset) are generated in row
+# blocks while they are written, from their own seeded generator, so RAM stays small.
+LAZY_ELEMENTS = 16 << 20
+
+
+class LazyMatrix:
+    """A random normal matrix produced block by block as BF16 bytes."""
+
+    def __init__(self, rows, cols, std, seed):
+        self.shape, self.std, self.seed = (rows, cols), std, seed
+
+    def chunks(self):
+        rows, cols = self.shape
+        rng = np.random.default_rng(self.seed)
+        step = max(1, (8 << 20) // cols)
+        for r0 in range(0, rows, step):
+            n = min(step, rows - r0)
+            block = rng.standard_normal((n, cols), dtype=np.float32) * np.float32(self.std)
+            yield to_bf16_bits(block).tobytes()
+
+
 def bf16_tensor(name, values):
+    if isinstance(values, LazyMatrix):
+        return Tensor(name, "BF16", values.shape, values.chunks)
     values = np.asarray(values)
     return Tensor(name, "BF16", values.shape, to_bf16_bits(values).tobytes())
 
@@ -158,9 +192,12 @@ def write_safetensors(path, tensors):
         f.write(hjson)
         for t in tensors:
             data = t.data() if callable(t.data) else t.data
-            if len(data) != t.nbytes:
-                raise RuntimeError(f"tensor {t.name}: {len(data)} bytes, expected {t.nbytes}")
-            f.write(data)
+            written = 0
+            for chunk in ([data] if isinstance(data, (bytes, bytearray)) else data):
+                f.write(chunk)
+                written += len(chunk)
+            if written != t.nbytes:
+                raise RuntimeError(f"tensor {t.name}: {written} bytes, expected {t.nbytes}")
     return pos
 
 
@@ -421,7 +458,7 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
         qr, kvr = p["q_lora"], p["kv_lora"]
         # Latent rows small (mean square ~2.6e-4 at D=64) so the latent-norm epsilon
         # (1e-6 vendor vs 1e-5 production, spec §3.9) changes the output visibly.
-        kva = np.concatenate([g.dense(kvr, D, 0.016), g.dense(x, D, 1.0)])
+        kva = np.concatenate([g.dense(kvr, D, 0.016, lazy=False), g.dense(x, D, 1.0, lazy=False)])
         t += [
             bf16_tensor(f"{A}.q_a_proj.weight", g.dense(qr, D, 0.016)),
             bf16_tensor(f"{A}.q_a_layernorm.weight", g.norm_w(qr)),
@@ -490,7 +527,7 @@ def tie_router(g, E, D):
     """tiny-ties router: rows 3 and 4 copy row 0, row 6 copies row 1 (equal biases inside each
     group, so s + bias ties exactly and the lowest index must win at the top-k boundary);
     expert BIAS_UP gets +0.25 and BIAS_DOWN -0.25, which changes selections (bias picks only)."""
-    router = g.dense(E, D, 2.0)
+    router = g.dense(E, D, 2.0, lazy=False)
     bias = np.zeros(E)
     for grp in TIE_GROUPS:
         for e in grp[1:]:
@@ -594,7 +631,7 @@ def build(out_dir, preset, seed=1, prefix=True, moe_layers=None, experts=None, t
         total += write_safetensors(os.path.join(tmp, names[i]), tensors)
         for t in tensors:
             weight_map[t.name] = names[i]
-        if log and p["latent"] >= 1024:
+        if log and p["latent"] >= 1024:  # the big presets report progress per shard
             log(f"  layer {i}: {names[i]} ({time.time() - t0:.1f} s)")
     extra = [global_tensors(g, p, pre, vocab)] + vision_shards(g, p)
     for k, tensors in enumerate(extra):
