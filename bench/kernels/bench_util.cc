@@ -1,0 +1,172 @@
+#include "bench/kernels/bench_util.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+namespace coli::bench {
+namespace {
+
+// xorshift64*: fast enough to fill gigabytes.
+struct Rng {
+  uint64_t s;
+  uint64_t Next() {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 0x2545F4914F6CDD1DULL;
+  }
+};
+
+void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
+#pragma omp parallel
+  {
+    const size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const size_t b = n * t / nt / 8 * 8, e = t + 1 == nt ? n : n * (t + 1) / nt / 8 * 8;
+    Rng rng{seed * 0x9E3779B97F4A7C15ULL + t + 1};
+    size_t i = b;
+    for (; i + 8 <= e; i += 8) {
+      const uint64_t v = rng.Next();
+      std::memcpy(p + i, &v, 8);
+    }
+    for (; i < e; ++i) p[i] = static_cast<uint8_t>(rng.Next());
+  }
+}
+
+__attribute__((target("avx512f"))) uint64_t ReadAvx512(const uint8_t* p, size_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 256 <= n; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 192));
+  }
+  const __m512i s = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
+  uint64_t out[8];
+  std::memcpy(out, &s, sizeof out);
+  return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
+
+__attribute__((target("avx2"))) uint64_t ReadAvx2(const uint8_t* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  uint64_t out[4];
+  std::memcpy(out, &s, sizeof out);
+  return out[0] + out[1] + out[2] + out[3];
+}
+
+uint64_t ReadPlain(const uint8_t* p, size_t n) {
+  uint64_t s = 0;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    s += v;
+  }
+  return s;
+}
+
+}  // namespace
+
+AlignedBytes::AlignedBytes(size_t n) : size(n) {
+  data = static_cast<uint8_t*>(std::aligned_alloc(64, std::max<size_t>(64, (n + 63) / 64 * 64)));
+}
+AlignedBytes::~AlignedBytes() { std::free(data); }
+
+BenchMatrices::BenchMatrices(kernels::WeightFormat format, int64_t rows, int64_t cols, int copies,
+                             uint64_t seed) {
+  using kernels::WeightFormat;
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  size_t data_bytes = 0, scale_bytes = 0;
+  switch (format) {
+    case WeightFormat::kF32: data_bytes = n * 4; break;
+    case WeightFormat::kInt8Row: data_bytes = n; scale_bytes = rows * 4; break;
+    case WeightFormat::kInt4G64: data_bytes = n / 2; scale_bytes = n / 64 * 4; break;
+    case WeightFormat::kMxfp4: data_bytes = n / 2; scale_bytes = n / 32; break;
+  }
+  for (int c = 0; c < copies; ++c) {
+    auto data = std::make_unique<AlignedBytes>(data_bytes);
+    auto scales = std::make_unique<AlignedBytes>(std::max<size_t>(scale_bytes, 1));
+    if (c == 0) {
+      FillRandom(data->data, data_bytes, seed);
+      if (format == WeightFormat::kF32) {
+        for (size_t i = 0; i < n; ++i) {
+          uint32_t u;
+          std::memcpy(&u, data->data + 4 * i, 4);
+          const float f = static_cast<float>(static_cast<int32_t>(u >> 8) - (1 << 23)) * 1e-7f;
+          std::memcpy(data->data + 4 * i, &f, 4);
+        }
+      } else if (format == WeightFormat::kInt8Row) {
+        int8_t* q = reinterpret_cast<int8_t*>(data->data);
+        for (size_t i = 0; i < n; ++i) q[i] = q[i] == -128 ? 127 : q[i];
+        float* s = reinterpret_cast<float*>(scales->data);
+        for (int64_t r = 0; r < rows; ++r) s[r] = 0.01f;
+      } else if (format == WeightFormat::kInt4G64) {
+        float* s = reinterpret_cast<float*>(scales->data);
+        for (size_t g = 0; g < n / 64; ++g) s[g] = 0.01f + 1e-5f * static_cast<float>(g % 97);
+      } else {
+        for (size_t g = 0; g < scale_bytes; ++g) scales->data[g] = static_cast<uint8_t>(118 + g % 13);
+      }
+    } else {
+      std::memcpy(data->data, blocks_[0]->data, data_bytes);
+      std::memcpy(scales->data, blocks_[1]->data, scale_bytes);
+    }
+    views_.push_back(kernels::MatrixView{format, rows, cols, data->data,
+                                         format == WeightFormat::kF32 ? nullptr : scales->data});
+    blocks_.push_back(std::move(data));
+    blocks_.push_back(std::move(scales));
+  }
+}
+
+std::vector<float> RandomActivations(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+double MeasureReadBandwidth(size_t bytes, int threads, int reps) {
+  bytes = bytes / 4096 * 4096;
+  AlignedBytes buf(bytes);
+  // Touch every page with the same threads (first-touch placement), random so nothing is zero-page.
+  omp_set_num_threads(threads);
+  FillRandom(buf.data, bytes, 42);
+  const kernels::Isa isa = kernels::DetectedIsa();
+  double best = 0;
+  volatile uint64_t sink = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    uint64_t total = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const size_t b = bytes * t / nt / 256 * 256, e = bytes * (t + 1) / nt / 256 * 256;
+      if (isa == kernels::Isa::kAvx512) {
+        total += ReadAvx512(buf.data + b, e - b);
+      } else if (isa == kernels::Isa::kAvx2) {
+        total += ReadAvx2(buf.data + b, e - b);
+      } else {
+        total += ReadPlain(buf.data + b, e - b);
+      }
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink = sink + total;
+    best = std::max(best, static_cast<double>(bytes) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace coli::bench

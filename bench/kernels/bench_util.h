@@ -1,0 +1,50 @@
+// Shared set-up of the kernel benchmarks (`coli bench kernels` and kernels_benchmark): random
+// weight matrices in every format, and this machine's streaming memory read bandwidth.
+#ifndef COLI_BENCH_KERNELS_BENCH_UTIL_H_
+#define COLI_BENCH_KERNELS_BENCH_UTIL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/kernels/kernels.h"
+
+namespace coli::bench {
+
+// A 64-byte aligned heap block (weights are streamed; alignment keeps loads on cache lines).
+struct AlignedBytes {
+  explicit AlignedBytes(size_t n);
+  ~AlignedBytes();
+  AlignedBytes(const AlignedBytes&) = delete;
+  AlignedBytes& operator=(const AlignedBytes&) = delete;
+  uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// `copies` independent random matrices of one format and shape (values drawn like real weights:
+// MXFP4 exponents 118..130, int8 codes in ±127, int4 scales ~0.01), so a benchmark can rotate
+// through more bytes than the caches hold.
+class BenchMatrices {
+ public:
+  BenchMatrices(kernels::WeightFormat format, int64_t rows, int64_t cols, int copies,
+                uint64_t seed);
+  int copies() const { return static_cast<int>(views_.size()); }
+  const kernels::MatrixView& view(int i) const { return views_[i]; }
+  size_t bytes_per_copy() const { return kernels::ViewBytes(views_[0]); }
+
+ private:
+  std::vector<std::unique_ptr<AlignedBytes>> blocks_;
+  std::vector<kernels::MatrixView> views_;
+};
+
+// Random activations N(0, 1).
+std::vector<float> RandomActivations(int64_t n, uint64_t seed);
+
+// Streaming read bandwidth in GB/s (1e9 bytes/s): `bytes` (>= 1 GiB for the report) read with
+// `threads` OpenMP threads over contiguous slices, best of `reps`.
+double MeasureReadBandwidth(size_t bytes, int threads, int reps);
+
+}  // namespace coli::bench
+
+#endif  // COLI_BENCH_KERNELS_BENCH_UTIL_H_

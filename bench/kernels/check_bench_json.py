@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Smoke test: `coli bench kernels --quick --json` prints one well-formed JSON object."""
+import json
+import subprocess
+import sys
+
+FORMATS = {"mxfp4", "mxfp4_idot", "int8", "int4g64", "f32"}
+
+
+def main() -> int:
+    coli = sys.argv[1]
+    out = subprocess.run([coli, "bench", "kernels", "--quick", "--json", "--threads", "2"],
+                         check=True, stdout=subprocess.PIPE).stdout.decode()
+    doc = json.loads(out)  # exactly one object: json.loads refuses trailing text
+    assert set(doc) == {"read_bw_gbs", "results"}, doc.keys()
+    assert doc["read_bw_gbs"] > 0, doc["read_bw_gbs"]
+    seen = set()
+    for r in doc["results"]:
+        assert set(r) == {"format", "rows", "cols", "batch", "gflops", "weight_gbs", "bw_ratio"}, r
+        assert r["format"] in FORMATS, r
+        assert r["rows"] > 0 and r["cols"] > 0 and r["batch"] >= 1, r
+        assert r["gflops"] > 0 and r["weight_gbs"] > 0, r
+        assert abs(r["bw_ratio"] - r["weight_gbs"] / doc["read_bw_gbs"]) < 1e-3 * max(1, r["bw_ratio"]), r
+        seen.add(r["format"])
+    assert seen == FORMATS, seen
+    print(f"ok: {len(doc['results'])} results, read bandwidth {doc['read_bw_gbs']:.1f} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

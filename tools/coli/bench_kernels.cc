@@ -1,0 +1,164 @@
+// `coli bench kernels [--json] [--threads N] [--quick]`: the quantized matmul kernels against
+// this machine's memory read bandwidth.
+//
+// First a streaming read of 1 GiB with the same threads gives read_bw_gbs. Then, for each format
+// and shape of issue 3 (4096x14336, the K3 expert matrices 3072x3584 and 3584x3072, the KDA
+// projection 12288x7168, the int8 lm_head 163840x7168) and batch 1, 8, 32, it times Matmul and
+// prints GFLOPS (2·rows·cols·batch per call), weight GB/s (data + scale bytes per call) and
+// bw_ratio = weight GB/s / read_bw_gbs. Calls rotate over enough copies of the matrix (>= 512 MB
+// in total) that weights come from DRAM, as streamed experts and resident dense matrices do.
+// Formats: mxfp4 (exact float, idot off), mxfp4_idot, int8 and int4g64 (both with the default
+// integer dots), f32.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/kernels/bench_util.h"
+#include "common/kernels/kernels.h"
+#include "tools/coli/command.h"
+
+namespace coli::cli {
+namespace {
+
+using kernels::WeightFormat;
+
+struct Config {
+  const char* name;
+  WeightFormat format;
+  bool idot;
+};
+
+struct Shape {
+  int64_t rows, cols;
+  bool int8_only;  // the lm_head runs only as int8
+};
+
+struct Result {
+  std::string format;
+  int64_t rows, cols, batch;
+  double gflops, weight_gbs, bw_ratio;
+};
+
+int Usage() {
+  std::fprintf(stderr, "usage: coli bench kernels [--json] [--threads N] [--quick]\n");
+  return 2;
+}
+
+int RunBenchKernels(int argc, char** argv) {
+  bool json = false, quick = false;
+  int threads = omp_get_max_threads();
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json")) {
+      json = true;
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
+      char* end = nullptr;
+      const long v = std::strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || v < 1 || v > 1024) {
+        std::fprintf(stderr, "coli bench kernels: --threads needs a positive integer\n");
+        return 2;
+      }
+      threads = static_cast<int>(v);
+    } else {
+      return Usage();
+    }
+  }
+  const Config configs[] = {{"mxfp4", WeightFormat::kMxfp4, false},
+                            {"mxfp4_idot", WeightFormat::kMxfp4, true},
+                            {"int8", WeightFormat::kInt8Row, true},
+                            {"int4g64", WeightFormat::kInt4G64, true},
+                            {"f32", WeightFormat::kF32, false}};
+  std::vector<Shape> shapes = {{4096, 14336, false}, {3072, 3584, false}, {3584, 3072, false},
+                               {12288, 7168, false}, {163840, 7168, true}};
+  std::vector<int64_t> batches = {1, 8, 32};
+  if (quick) {
+    shapes = {{4096, 14336, false}};
+    batches = {1, 32};
+  }
+  const double min_seconds = quick ? 0.04 : 0.25;
+  const size_t rotate_bytes = quick ? (size_t{96} << 20) : (size_t{512} << 20);
+
+  std::fprintf(stderr, "[bench kernels] isa %s, %d threads; measuring read bandwidth (1 GiB)\n",
+               kernels::IsaName(kernels::ActiveIsa()), threads);
+  const double read_bw = bench::MeasureReadBandwidth(size_t{1} << 30, threads, quick ? 3 : 6);
+  std::fprintf(stderr, "[bench kernels] read bandwidth %.1f GB/s\n", read_bw);
+
+  std::vector<Result> results;
+  for (const Shape& shape : shapes) {
+    for (const Config& cfg : configs) {
+      if (shape.int8_only && cfg.format != WeightFormat::kInt8Row) continue;
+      const size_t one = kernels::ViewBytes(
+          kernels::MatrixView{cfg.format, shape.rows, shape.cols, nullptr, nullptr});
+      const int copies = static_cast<int>(std::clamp<size_t>(rotate_bytes / one + 1, 1, 64));
+      bench::BenchMatrices mats(cfg.format, shape.rows, shape.cols, copies, 7);
+      for (int64_t batch : batches) {
+        const std::vector<float> x = bench::RandomActivations(batch * shape.cols, 11);
+        std::vector<float> y(batch * shape.rows);
+        const kernels::MatmulOptions opt{cfg.idot, threads};
+        if (absl::Status s = kernels::Matmul(mats.view(0), x.data(), batch, y.data(), opt); !s.ok()) {
+          std::fprintf(stderr, "coli bench kernels: %s\n", std::string(s.message()).c_str());
+          return 1;
+        }
+        int64_t calls = 0;
+        double elapsed = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        while (elapsed < min_seconds || calls < 3) {
+          (void)kernels::Matmul(mats.view(static_cast<int>(calls % mats.copies())), x.data(), batch,
+                                y.data(), opt);
+          ++calls;
+          elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        const double per_call = elapsed / static_cast<double>(calls);
+        Result r{cfg.name, shape.rows, shape.cols, batch, 0, 0, 0};
+        r.gflops = 2.0 * static_cast<double>(shape.rows * shape.cols * batch) / per_call / 1e9;
+        r.weight_gbs = static_cast<double>(one) / per_call / 1e9;
+        r.bw_ratio = r.weight_gbs / read_bw;
+        results.push_back(r);
+        std::fprintf(stderr, "[bench kernels] %-10s %6lldx%-6lld batch %2lld: %8.1f GFLOPS %6.1f GB/s %.2f\n",
+                     r.format.c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.cols),
+                     static_cast<long long>(r.batch), r.gflops, r.weight_gbs, r.bw_ratio);
+      }
+    }
+  }
+
+  if (json) {
+    std::printf("{\"read_bw_gbs\": %.3f, \"results\": [", read_bw);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::printf("%s{\"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"batch\": %lld, "
+                  "\"gflops\": %.3f, \"weight_gbs\": %.3f, \"bw_ratio\": %.4f}",
+                  i ? ", " : "", r.format.c_str(), static_cast<long long>(r.rows),
+                  static_cast<long long>(r.cols), static_cast<long long>(r.batch), r.gflops,
+                  r.weight_gbs, r.bw_ratio);
+    }
+    std::printf("]}\n");
+  } else {
+    std::printf("read bandwidth: %.1f GB/s (%d threads, isa %s)\n\n", read_bw, threads,
+                kernels::IsaName(kernels::ActiveIsa()));
+    std::printf("| format     | rows x cols    | batch | GFLOPS  | weight GB/s | bw_ratio |\n");
+    std::printf("|------------|----------------|-------|---------|-------------|----------|\n");
+    for (const Result& r : results) {
+      char shape[32];
+      std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(r.rows),
+                    static_cast<long long>(r.cols));
+      std::printf("| %-10s | %-14s | %5lld | %7.1f | %11.1f | %8.2f |\n", r.format.c_str(), shape,
+                  static_cast<long long>(r.batch), r.gflops, r.weight_gbs, r.bw_ratio);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+COLI_REGISTER_BENCH(kernels, "kernels",
+                    "quantized matmul kernels vs memory read bandwidth [--json] [--threads N] [--quick]",
+                    RunBenchKernels);
+
+}  // namespace coli::cli
