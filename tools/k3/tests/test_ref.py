@@ -354,9 +354,29 @@ class FixtureTest(unittest.TestCase):
             self.assertEqual(t["num_hidden_layers"], L)
             self.assertEqual(t["attn_res_block_size"], block)
             self.assertNotEqual(L % block, 0)                       # partial last block
-            for key in ("head_dim", "rope_theta", "quantization_config", "hidden_act",
-                        "routed_expert_hidden_size", "topk_method", "moe_renormalize"):
+            spec_keys = (  # spec §1.2, all of them, plus the ignorable round-trip keys
+                "model_type architectures hidden_size num_hidden_layers vocab_size "
+                "intermediate_size first_k_dense_replace moe_layer_freq num_attention_heads "
+                "num_key_value_heads q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim "
+                "v_head_dim mla_use_nope mla_use_output_gate linear_attn_config num_experts "
+                "num_experts_per_token num_shared_experts moe_intermediate_size "
+                "routed_expert_hidden_size latent_moe_use_norm moe_router_activation_func "
+                "moe_renormalize routed_scaling_factor num_expert_group topk_group topk_method "
+                "use_grouped_topk hidden_act activation_situ_beta activation_situ_linear_beta "
+                "attn_res_block_size rms_norm_eps max_position_embeddings "
+                "num_nextn_predict_layers tie_word_embeddings quantization_config head_dim "
+                "rope_theta").split()
+            for key in spec_keys:
                 self.assertIn(key, t)
+            for key in ("num_heads", "head_dim", "short_conv_kernel_size", "gate_lower_bound",
+                        "use_full_rank_gate", "kda_layers", "full_attn_layers"):
+                self.assertIn(key, la)
+            for key in ("model_type", "auto_map", "bos_token_id", "eos_token_id", "pad_token_id",
+                        "media_placeholder_token_id", "image_placeholder", "ignore_index",
+                        "dtype", "tie_word_embeddings", "vision_config"):
+                self.assertIn(key, root)
+            self.assertEqual((t["model_type"], t["hidden_act"], t["topk_method"]),
+                             ("kimi_linear", "situ", "noaux_tc"))
             self.assertEqual(t["quantization_config"]["config_groups"]["group_0"]["weights"]
                              ["group_size"], 32)
             with open(os.path.join(fx(name), "README.txt")) as f:
