@@ -1,6 +1,7 @@
 #include "plugins/kimi_k3/expert_store.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -8,9 +9,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <list>
 #include <map>
 #include <mutex>
@@ -69,7 +72,7 @@ uint64_t ExpertStoreLayout::ExpertBytes() const {
   return 3 * (n / 2 + n / 32);
 }
 
-absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot) {
+absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot, int num_layers) {
   constexpr std::string_view kLayers = "model.layers.";
   constexpr std::string_view kExperts = ".block_sparse_moe.experts.";
   constexpr std::string_view kW1 = ".w1.weight_packed";
@@ -96,6 +99,7 @@ absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot) {
       return absl::InvalidArgumentError(absl::StrCat("expert tensors use two name prefixes: '",
                                                      prefix, "' and '", this_prefix, "'"));
     }
+    if (num_layers >= 0 && layer >= num_layers) continue;
     layers.insert(layer);
     max_expert = std::max(max_expert, expert);
   }
@@ -116,6 +120,49 @@ absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot) {
   layout.inter = info->shape[0];
   layout.latent = info->shape[1] * 2;
   return layout;
+}
+
+ExpertStoreOptions ExpertStoreOptionsFrom(const ModelOptions& model, const std::string& model_dir) {
+  ExpertStoreOptions options;
+  options.expert_gb = model.expert_gb;
+  options.direct = model.direct;
+  options.pipe = model.pipe;
+  options.load_threads = model.load_threads;
+  options.usage_path = DefaultUsagePath(model_dir);
+  return options;
+}
+
+std::string DefaultUsagePath(const std::string& model_dir) {
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::absolute(model_dir, ec);
+  if (ec) return "";
+  if (::access(dir.c_str(), W_OK) == 0) return (dir / ".coli_usage").string();
+  std::string cache;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') {
+    cache = xdg;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    cache = absl::StrCat(home, "/.cache");
+  } else {
+    return "";
+  }
+  const std::filesystem::path usage_dir = std::filesystem::path(cache) / "coli" / "usage";
+  std::filesystem::create_directories(usage_dir, ec);
+  if (ec) return "";
+  std::string name = dir.string();
+  std::replace(name.begin(), name.end(), '/', '_');
+  return (usage_dir / (name + ".coli_usage")).string();
+}
+
+ExpertSourceFactoryFn StreamingExpertSourceFactory(ExpertStoreOptions options,
+                                                   StreamingExpertStore** store_out) {
+  return [options, store_out](st::Snapshot& snapshot, const Config&, const std::string&,
+                              int num_layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    COLI_ASSIGN_OR_RETURN(ExpertStoreLayout layout, DiscoverExpertLayout(&snapshot, num_layers));
+    COLI_ASSIGN_OR_RETURN(std::unique_ptr<StreamingExpertStore> store,
+                          StreamingExpertStore::Open(&snapshot, layout, options));
+    if (store_out != nullptr) *store_out = store.get();
+    return std::unique_ptr<ExpertSource>(std::move(store));
+  };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -347,6 +394,17 @@ class StreamingExpertStore::Impl {
     COLI_RETURN_IF_ERROR(usage_.Save(options_.usage_path));
     usage_dirty_ = false;
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<StreamingExpertStore::Extent> ExpertExtent(int layer, int expert) const {
+    auto it = layer_index_.find(layer);
+    if (it == layer_index_.end() || expert < 0 || expert >= layout_.experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expert store: no expert ", expert, " in layer ", layer));
+    }
+    const ExpertLoc& loc = locs_[static_cast<size_t>(it->second) * layout_.experts + expert];
+    return StreamingExpertStore::Extent{shards_.at(loc.shard).path, loc.offset, loc.nbytes,
+                                        loc.pieces < 0};
   }
 
   ExpertMemoryPlan plan_;
@@ -887,6 +945,10 @@ std::vector<int32_t> StreamingExpertStore::CachedExperts(int layer) const {
 }
 std::vector<int32_t> StreamingExpertStore::PinnedExperts(int layer) const {
   return impl_->PinnedExperts(layer);
+}
+absl::StatusOr<StreamingExpertStore::Extent> StreamingExpertStore::ExpertExtent(int layer,
+                                                                               int expert) const {
+  return impl_->ExpertExtent(layer, expert);
 }
 int64_t StreamingExpertStore::contiguous_experts() const { return impl_->contiguous_; }
 bool StreamingExpertStore::all_direct() const { return impl_->all_direct_; }

@@ -50,6 +50,7 @@
 #include "common/safetensors/safetensors.h"
 #include "plugins/kimi_k3/expert_source.h"
 #include "plugins/kimi_k3/expert_store_usage.h"
+#include "plugins/kimi_k3/options.h"
 
 namespace coli::k3 {
 
@@ -68,8 +69,10 @@ struct ExpertStoreLayout {
 };
 
 // Finds the MoE layers, expert count, widths and name prefix from the snapshot's tensor names
-// and the shape of layer L's experts.0.w1.weight_packed. NOT_FOUND when there are no experts.
-absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot);
+// and the shape of layer L's experts.0.w1.weight_packed. With num_layers >= 0 only decoder
+// layers below it count (K3_LAYERS truncation). NOT_FOUND when there are no experts.
+absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot,
+                                                       int num_layers = -1);
 
 struct ExpertStoreOptions {
   double expert_gb = 8;    // K3_EXPERT_GB: LRU budget in GB (1e9 B), split over the MoE layers
@@ -87,6 +90,15 @@ struct ExpertStoreOptions {
   uint64_t reserve_bytes = 0;
   std::string meminfo_path = "/proc/meminfo";
 };
+
+// The store's options from the model's typed switches (K3_EXPERT_GB, K3_DIRECT, K3_PIPE,
+// K3_LOAD_THREADS), with the usage history at DefaultUsagePath(model_dir).
+ExpertStoreOptions ExpertStoreOptionsFrom(const ModelOptions& model, const std::string& model_dir);
+
+// Where the usage history of the snapshot in `model_dir` lives: `<model_dir>/.coli_usage` when
+// that folder is writable, else `<cache>/coli/usage/<model_dir with '/' as '_'>.coli_usage`
+// with <cache> = $XDG_CACHE_HOME or $HOME/.cache (created on demand); "" when neither works.
+std::string DefaultUsagePath(const std::string& model_dir);
 
 // How the expert budget maps onto RAM (see PlanExpertMemory).
 struct ExpertMemoryPlan {
@@ -157,6 +169,16 @@ class StreamingExpertStore final : public ExpertSource {
   // Experts of `layer` currently in its LRU, most recently used first (pinned ones excluded).
   std::vector<int32_t> CachedExperts(int layer) const;
   std::vector<int32_t> PinnedExperts(int layer) const;
+  // Where expert `expert` of decoder layer `layer` lies (for benchmarks): its shard file, first
+  // byte and length — the joint range when contiguous, else the first tensor's offset and the
+  // expert's total bytes. INVALID_ARGUMENT for an unknown layer or expert.
+  struct Extent {
+    std::string path;
+    uint64_t offset = 0;
+    uint64_t nbytes = 0;
+    bool contiguous = false;
+  };
+  absl::StatusOr<Extent> ExpertExtent(int layer, int expert) const;
   // Experts whose six tensors are one contiguous range (one pread each).
   int64_t contiguous_experts() const;
   // True when every shard reader got O_DIRECT (false with direct = false or a refusing FS).
@@ -171,6 +193,18 @@ class StreamingExpertStore final : public ExpertSource {
   explicit StreamingExpertStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+struct Config;  // config.h
+
+// A Model::ExpertSourceFactory (model.h) that opens a StreamingExpertStore over the model's
+// snapshot, for the layers the model runs:
+//   Model::Load(dir, opt, progress, StreamingExpertSourceFactory(ExpertStoreOptionsFrom(opt, dir),
+//                                                                &store));
+// `store_out`, when given, receives the store (owned by the model) for its statistics.
+using ExpertSourceFactoryFn = std::function<absl::StatusOr<std::unique_ptr<ExpertSource>>(
+    st::Snapshot& snapshot, const Config& cfg, const std::string& prefix, int num_layers)>;
+ExpertSourceFactoryFn StreamingExpertSourceFactory(ExpertStoreOptions options,
+                                                   StreamingExpertStore** store_out = nullptr);
 
 }  // namespace coli::k3
 

@@ -185,6 +185,15 @@ TEST_F(ExpertStoreTest, DiscoversTheLayout) {
   EXPECT_EQ(layout.inter, kInter);
   EXPECT_EQ(layout.prefix, "language_model.");
   EXPECT_EQ(layout.ExpertBytes(), kExpertBytes);
+  // The extent the store reports is exactly where the file keeps the expert.
+  ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), layout, {}));
+  ASSERT_OK_AND_ASSIGN(StreamingExpertStore::Extent extent, store->ExpertExtent(3, 4));
+  ASSERT_OK_AND_ASSIGN(const st::TensorInfo* w1, snapshot->Get(Name(3, 4, 0)));
+  EXPECT_EQ(extent.offset, w1->file_offset);
+  EXPECT_EQ(extent.nbytes, kExpertBytes);
+  EXPECT_TRUE(extent.contiguous);
+  EXPECT_EQ(extent.path, dir_ + "/model-00002-of-000002.safetensors");
+  EXPECT_THAT(store->ExpertExtent(2, 0), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(ExpertStoreTest, BytesMatchTheFileForEverySetting) {
