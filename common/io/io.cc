@@ -1,4 +1,3 @@
-#include "common/io/cat.h"
 #include "common/io/io.h"
 
 #include <fcntl.h>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/cat.h"
 #include "common/log/log.h"
 
 namespace coli::io {
@@ -56,12 +56,10 @@ absl::Status ErrnoError(int err, std::string_view what, std::string_view path) {
   }
 }
 
-absl::Status CheckRange(const std::string& path, uint64_t size, uint64_t offset,
-                        uint64_t length) {
+absl::Status CheckRange(const std::string& path, uint64_t size, uint64_t offset, uint64_t length) {
   if (offset > size || length > size - offset) {
-    return absl::DataLossError(Cat("file '", path, "': range [", offset, ", ",
-                                            offset + length, ") runs past the end of the file (",
-                                            size, " bytes)"));
+    return absl::DataLossError(Cat("file '", path, "': range [", offset, ", ", offset + length,
+                                   ") runs past the end of the file (", size, " bytes)"));
   }
   return absl::OkStatus();
 }
@@ -78,9 +76,9 @@ absl::StatusOr<int> OpenRegular(const std::string& path, int flags, uint64_t* si
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(Cat(
-        "file '", path, "': ", S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file",
-        ", expected a file"));
+    return absl::InvalidArgumentError(
+        Cat("file '", path, "': ", S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file",
+            ", expected a file"));
   }
   if (size != nullptr) *size = static_cast<uint64_t>(st.st_size);
   return fd;
@@ -98,9 +96,9 @@ absl::Status PreadFully(int fd, const std::string& path, uint64_t offset, uint64
       return ErrnoError(errno, Cat("read at offset ", offset + done), path);
     }
     if (n == 0) {
-      return absl::DataLossError(Cat("file '", path, "': short read at offset ",
-                                              offset + done, " (", length - done,
-                                              " bytes missing; was the file truncated?)"));
+      return absl::DataLossError(Cat("file '", path, "': short read at offset ", offset + done,
+                                     " (", length - done,
+                                     " bytes missing; was the file truncated?)"));
     }
     done += static_cast<uint64_t>(n);
   }
@@ -137,9 +135,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, uint64_t m
   absl::StatusOr<std::unique_ptr<File>> file = File::Open(path);
   if (!file.ok()) return file.status();
   if ((*file)->size() > max_bytes) {
-    return absl::ResourceExhaustedError(Cat("file '", path, "': ", (*file)->size(),
-                                                     " bytes, more than the limit of ",
-                                                     max_bytes));
+    return absl::ResourceExhaustedError(
+        Cat("file '", path, "': ", (*file)->size(), " bytes, more than the limit of ", max_bytes));
   }
   std::string bytes((*file)->size(), '\0');
   absl::Status read = (*file)->ReadAt(0, bytes.size(), bytes.data());
@@ -233,8 +230,7 @@ absl::StatusOr<std::unique_ptr<DirectReader>> DirectReader::Open(const std::stri
   }
   if (fd < 0) {
     if (err != EINVAL && err != EOPNOTSUPP) return ErrnoError(err, "cannot open (O_DIRECT)", path);
-    std::string reason = Cat("the filesystem refused O_DIRECT at open (",
-                                      std::strerror(err), ")");
+    std::string reason = Cat("the filesystem refused O_DIRECT at open (", std::strerror(err), ")");
     COLI_LOG(kWarning) << "file '" << path << "': " << reason << "; reading buffered";
     return std::unique_ptr<DirectReader>(new DirectReader(std::move(*file), -1, reason));
   }
@@ -271,16 +267,15 @@ absl::Status DirectReader::ReadAligned(uint64_t start, uint64_t span, uint64_t n
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EINVAL && done == 0) {
-        FallBack(Cat("the filesystem refused an O_DIRECT read (", std::strerror(errno),
-                              ")"));
+        FallBack(Cat("the filesystem refused an O_DIRECT read (", std::strerror(errno), ")"));
         continue;
       }
       return ErrnoError(errno, Cat("O_DIRECT read at offset ", start + done), path());
     }
     if (n == 0) {
-      return absl::DataLossError(Cat("file '", path(), "': short read at offset ",
-                                              start + done, " (", needed - done,
-                                              " bytes missing; was the file truncated?)"));
+      return absl::DataLossError(Cat("file '", path(), "': short read at offset ", start + done,
+                                     " (", needed - done,
+                                     " bytes missing; was the file truncated?)"));
     }
     done += static_cast<uint64_t>(n);
   }
@@ -309,7 +304,8 @@ absl::StatusOr<const uint8_t*> DirectReader::ReadInto(uint64_t offset, uint64_t 
 absl::Status DirectReader::Read(uint64_t offset, uint64_t length, void* dst) const {
   absl::Status range = CheckRange(path(), size(), offset, length);
   if (!range.ok()) return range;
-  if (!is_direct()) return PreadFully(file_->fd(), path(), offset, length, static_cast<uint8_t*>(dst));
+  if (!is_direct())
+    return PreadFully(file_->fd(), path(), offset, length, static_cast<uint8_t*>(dst));
   auto* out = static_cast<uint8_t*>(dst);
   if (reinterpret_cast<uintptr_t>(dst) % kDirectAlignment == 0 && offset % kDirectAlignment == 0 &&
       length % kDirectAlignment == 0) {

@@ -139,11 +139,11 @@ class DirectReader {
   absl::Status ReadAligned(uint64_t start, uint64_t span, uint64_t needed, uint8_t* dst) const;
   void FallBack(std::string reason) const;
 
-  std::unique_ptr<File> file_;                // buffered descriptor (always open)
-  mutable std::atomic<int> direct_fd_;        // -1 once buffered
-  int direct_fd_to_close_;                    // closed in the destructor
+  std::unique_ptr<File> file_;          // buffered descriptor (always open)
+  mutable std::atomic<int> direct_fd_;  // -1 once buffered
+  int direct_fd_to_close_;              // closed in the destructor
   mutable std::mutex reason_mu_;
-  mutable std::string reason_;                // guarded by reason_mu_
+  mutable std::string reason_;  // guarded by reason_mu_
 };
 
 // Many ranges read in parallel (`threads` worker threads, 1 = inline), issued in ascending

@@ -1,4 +1,3 @@
-#include "common/io/cat.h"
 #include "common/json/json.h"
 
 #include <cctype>
@@ -9,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/cat.h"
 
 namespace coli::json {
 
@@ -140,9 +140,7 @@ std::string JoinKey(std::string_view path, std::string_view key) {
   return Cat(path, "[\"", key, "\"]");
 }
 
-std::string JoinIndex(std::string_view path, size_t index) {
-  return Cat(path, "[", index, "]");
-}
+std::string JoinIndex(std::string_view path, size_t index) { return Cat(path, "[", index, "]"); }
 
 Cursor Cursor::Root(const Json& doc, std::string source) {
   return Cursor(&doc, "", std::move(source));
@@ -155,8 +153,8 @@ bool Cursor::Has(std::string_view key) const {
 absl::Status Cursor::Error(std::string_view message) const {
   // At the root the source alone names the place ("config.json: expected object ...").
   if (path_.empty()) {
-    return absl::InvalidArgumentError(
-        source_.empty() ? Cat("(root): ", message) : Prefixed(source_, message));
+    return absl::InvalidArgumentError(source_.empty() ? Cat("(root): ", message)
+                                                      : Prefixed(source_, message));
   }
   return absl::InvalidArgumentError(Prefixed(source_, Cat(path_, ": ", message)));
 }
@@ -294,8 +292,7 @@ absl::StatusOr<std::string> Cursor::String(std::string_view key) const {
   return Required<std::string>(*this, key, [](const Cursor& c) { return c.AsString(); });
 }
 absl::StatusOr<std::vector<int64_t>> Cursor::IntArray(std::string_view key) const {
-  return Required<std::vector<int64_t>>(*this, key,
-                                        [](const Cursor& c) { return c.AsIntArray(); });
+  return Required<std::vector<int64_t>>(*this, key, [](const Cursor& c) { return c.AsIntArray(); });
 }
 absl::StatusOr<std::vector<double>> Cursor::DoubleArray(std::string_view key) const {
   return Required<std::vector<double>>(*this, key,
@@ -326,8 +323,7 @@ absl::StatusOr<std::optional<std::string>> Cursor::OptionalString(std::string_vi
 }
 absl::StatusOr<std::optional<std::vector<int64_t>>> Cursor::OptionalIntArray(
     std::string_view key) const {
-  return Optional<std::vector<int64_t>>(*this, key,
-                                        [](const Cursor& c) { return c.AsIntArray(); });
+  return Optional<std::vector<int64_t>>(*this, key, [](const Cursor& c) { return c.AsIntArray(); });
 }
 
 absl::StatusOr<int64_t> Cursor::IntOr(std::string_view key, int64_t fallback) const {

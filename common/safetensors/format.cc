@@ -5,9 +5,9 @@
 #include <tuple>
 #include <utility>
 
-#include "common/io/cat.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/cat.h"
 #include "common/json/json.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
@@ -66,7 +66,7 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const json::Cursor& entry, std::stri
                                             uint64_t data_offset, uint64_t data_size) {
   if (!entry.is_object()) {
     return entry.Error(Cat("expected an object with dtype, shape and data_offsets, got ",
-                                    json::TypeName(entry.value())));
+                           json::TypeName(entry.value())));
   }
   COLI_RETURN_IF_ERROR(entry.CheckKeys({"dtype", "shape", "data_offsets"}));
   TensorInfo info;
@@ -77,8 +77,8 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const json::Cursor& entry, std::stri
   if (!dtype.has_value()) {
     std::vector<std::string> known;
     for (const DTypeEntry& e : kDTypes) known.emplace_back(e.name);
-    return entry.Error(Cat("unknown dtype '", dtype_name, "' (known: ",
-                                    absl::StrJoin(known, ", "), ")"));
+    return entry.Error(
+        Cat("unknown dtype '", dtype_name, "' (known: ", absl::StrJoin(known, ", "), ")"));
   }
   info.dtype = *dtype;
   COLI_ASSIGN_OR_RETURN(info.shape, entry.IntArray("shape"));
@@ -89,8 +89,7 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const json::Cursor& entry, std::stri
   }
   COLI_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, entry.IntArray("data_offsets"));
   if (offsets.size() != 2) {
-    return entry.Error(Cat("data_offsets must be [begin, end], got ", offsets.size(),
-                                    " numbers"));
+    return entry.Error(Cat("data_offsets must be [begin, end], got ", offsets.size(), " numbers"));
   }
   const int64_t begin = offsets[0];
   const int64_t end = offsets[1];
@@ -107,8 +106,8 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const json::Cursor& entry, std::stri
   }
   if (static_cast<uint64_t>(end) > data_size) {
     return entry.Error(Cat("data_offsets [", begin, ", ", end,
-                                    "] run past the end of the file (data region holds ",
-                                    data_size, " bytes)"));
+                           "] run past the end of the file (data region holds ", data_size,
+                           " bytes)"));
   }
   info.file_offset = data_offset + static_cast<uint64_t>(begin);
   info.nbytes = range;
@@ -144,19 +143,18 @@ absl::StatusOr<uint64_t> ParseHeaderLength(std::string_view prefix, uint64_t fil
   }
   if (file_size < 8 || prefix.size() < 8) {
     return absl::DataLossError(Cat(FileLabel(file_name), ": truncated: ", file_size,
-                                            " bytes, too short for the 8-byte header length"));
+                                   " bytes, too short for the 8-byte header length"));
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(prefix[static_cast<size_t>(i)]);
   if (n > kMaxHeaderBytes) {
     return absl::DataLossError(Cat(FileLabel(file_name), ": header length ", n,
-                                            " exceeds the limit of ", kMaxHeaderBytes,
-                                            " bytes (100 MiB)"));
+                                   " exceeds the limit of ", kMaxHeaderBytes, " bytes (100 MiB)"));
   }
   if (n > file_size - 8) {
     return absl::DataLossError(Cat(FileLabel(file_name), ": header length ", n,
-                                            " runs past the end of the file (", file_size,
-                                            " bytes): truncated or not a safetensors file"));
+                                   " runs past the end of the file (", file_size,
+                                   " bytes): truncated or not a safetensors file"));
   }
   return n;
 }
@@ -169,40 +167,36 @@ absl::StatusOr<Header> ParseHeader(std::string_view header_json, uint64_t file_s
   header.data_offset = 8 + header_json.size();
   if (header.data_offset > file_size) {
     return absl::DataLossError(Cat(label, ": header of ", header_json.size(),
-                                            " bytes runs past the end of the file (", file_size,
-                                            " bytes)"));
+                                   " bytes runs past the end of the file (", file_size, " bytes)"));
   }
   const uint64_t data_size = file_size - header.data_offset;
   absl::StatusOr<nlohmann::json> doc = json::Parse(header_json, Cat(label, ": header"));
   if (!doc.ok()) return AsDataLoss(doc.status());
   json::Cursor root = json::Cursor::Root(*doc, Cat(label, ": header"));
   if (!root.is_object()) {
-    return AsDataLoss(root.Error(Cat("expected an object, got ",
-                                              json::TypeName(root.value()))));
+    return AsDataLoss(root.Error(Cat("expected an object, got ", json::TypeName(root.value()))));
   }
   for (auto it = doc->begin(); it != doc->end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
       json::Cursor meta = json::Cursor::Root(it.value(), Cat(label, ": __metadata__"));
       if (!meta.is_object()) {
-        return AsDataLoss(meta.Error(Cat("expected an object of strings, got ",
-                                                  json::TypeName(meta.value()))));
+        return AsDataLoss(
+            meta.Error(Cat("expected an object of strings, got ", json::TypeName(meta.value()))));
       }
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
         if (!m.value().is_string()) {
-          return AsDataLoss(absl::InvalidArgumentError(
-              Cat(label, ": __metadata__: value of '", m.key(),
-                           "' must be a string, got ", json::TypeName(m.value()))));
+          return AsDataLoss(absl::InvalidArgumentError(Cat(label, ": __metadata__: value of '",
+                                                           m.key(), "' must be a string, got ",
+                                                           json::TypeName(m.value()))));
         }
         header.metadata.emplace(m.key(), m.value().get<std::string>());
       }
       continue;
     }
     if (name.empty()) return absl::DataLossError(Cat(label, ": a tensor has an empty name"));
-    json::Cursor entry =
-        json::Cursor::Root(it.value(), Cat(label, ": tensor '", name, "'"));
-    absl::StatusOr<TensorInfo> info =
-        ParseTensorEntry(entry, name, header.data_offset, data_size);
+    json::Cursor entry = json::Cursor::Root(it.value(), Cat(label, ": tensor '", name, "'"));
+    absl::StatusOr<TensorInfo> info = ParseTensorEntry(entry, name, header.data_offset, data_size);
     if (!info.ok()) return AsDataLoss(info.status());
     header.tensors.push_back(std::move(*info));
   }
@@ -217,11 +211,11 @@ absl::StatusOr<Header> ParseHeader(std::string_view header_json, uint64_t file_s
     if (t.nbytes == 0) continue;
     if (previous != nullptr && t.file_offset < previous->file_offset + previous->nbytes) {
       const uint64_t base = header.data_offset;
-      return absl::DataLossError(Cat(
-          label, ": tensor '", t.name, "' (data_offsets [", t.file_offset - base, ", ",
-          t.file_offset - base + t.nbytes, "]) overlaps tensor '", previous->name,
-          "' (data_offsets [", previous->file_offset - base, ", ",
-          previous->file_offset - base + previous->nbytes, "])"));
+      return absl::DataLossError(Cat(label, ": tensor '", t.name, "' (data_offsets [",
+                                     t.file_offset - base, ", ", t.file_offset - base + t.nbytes,
+                                     "]) overlaps tensor '", previous->name, "' (data_offsets [",
+                                     previous->file_offset - base, ", ",
+                                     previous->file_offset - base + previous->nbytes, "])"));
     }
     previous = &t;
   }
@@ -229,8 +223,7 @@ absl::StatusOr<Header> ParseHeader(std::string_view header_json, uint64_t file_s
 }
 
 absl::StatusOr<Header> ParseFileBytes(std::string_view file_bytes, std::string_view file_name) {
-  COLI_ASSIGN_OR_RETURN(uint64_t n,
-                        ParseHeaderLength(file_bytes, file_bytes.size(), file_name));
+  COLI_ASSIGN_OR_RETURN(uint64_t n, ParseHeaderLength(file_bytes, file_bytes.size(), file_name));
   return ParseHeader(file_bytes.substr(8, n), file_bytes.size(), file_name);
 }
 
@@ -240,8 +233,7 @@ absl::StatusOr<Index> ParseIndex(std::string_view text, std::string_view file_na
   if (!doc.ok()) return AsDataLoss(doc.status());
   json::Cursor root = json::Cursor::Root(*doc, label);
   if (!root.is_object()) {
-    return AsDataLoss(
-        root.Error(Cat("expected an object, got ", json::TypeName(root.value()))));
+    return AsDataLoss(root.Error(Cat("expected an object, got ", json::TypeName(root.value()))));
   }
   Index index;
   absl::StatusOr<std::optional<json::Cursor>> metadata = root.OptionalObject("metadata");
@@ -264,14 +256,14 @@ absl::StatusOr<Index> ParseIndex(std::string_view text, std::string_view file_na
     const std::string& name = it.key();
     if (!it.value().is_string()) {
       return absl::DataLossError(Cat(label, ": tensor '", name,
-                                              "': shard name must be a string, got ",
-                                              json::TypeName(it.value())));
+                                     "': shard name must be a string, got ",
+                                     json::TypeName(it.value())));
     }
     const std::string& shard = it.value().get_ref<const std::string&>();
-    if (shard.empty() || shard == "." || shard == ".." ||
-        shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos) {
-      return absl::DataLossError(Cat(label, ": tensor '", name, "': shard '", shard,
-                                              "' is not a plain file name"));
+    if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
+        shard.find('\0') != std::string::npos) {
+      return absl::DataLossError(
+          Cat(label, ": tensor '", name, "': shard '", shard, "' is not a plain file name"));
     }
     if (shard == kIndexFileName) {
       return absl::DataLossError(

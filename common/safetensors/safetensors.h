@@ -70,9 +70,9 @@ inline constexpr std::string_view kSingleFileName = "model.safetensors";
 
 // A validated header.
 struct Header {
-  uint64_t header_bytes = 0;          // n
-  uint64_t data_offset = 0;           // 8 + n: where the data region starts
-  std::vector<TensorInfo> tensors;    // sorted by file_offset, then name; shard = -1
+  uint64_t header_bytes = 0;                    // n
+  uint64_t data_offset = 0;                     // 8 + n: where the data region starts
+  std::vector<TensorInfo> tensors;              // sorted by file_offset, then name; shard = -1
   std::map<std::string, std::string> metadata;  // "__metadata__"
 };
 
@@ -162,8 +162,8 @@ class Snapshot {
 
   std::string index_path_;  // "" for a single file
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::unordered_map<std::string, int> shard_of_;                 // tensor name -> shard
-  std::unordered_map<std::string, const TensorInfo*> tensors_;    // of the opened shards
+  std::unordered_map<std::string, int> shard_of_;               // tensor name -> shard
+  std::unordered_map<std::string, const TensorInfo*> tensors_;  // of the opened shards
   mutable std::mutex mu_;
 };
 
@@ -194,8 +194,7 @@ class Writer {
 
 // Writes a model.safetensors.index.json (atomically) for the given weight map.
 absl::Status WriteIndex(const std::string& path,
-                        const std::map<std::string, std::string>& weight_map,
-                        uint64_t total_size);
+                        const std::map<std::string, std::string>& weight_map, uint64_t total_size);
 
 }  // namespace coli::st
 

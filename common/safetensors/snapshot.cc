@@ -8,9 +8,9 @@
 #include <set>
 #include <utility>
 
-#include "common/io/cat.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/cat.h"
 #include "common/io/io.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
@@ -20,10 +20,10 @@ namespace coli::st {
 using ::coli::internal_cat::Cat;
 
 struct Snapshot::Shard {
-  std::string name;           // file name as the index spells it
-  std::string path;           // where it was found (main folder when missing)
-  std::string missing;        // non-empty: why it cannot be opened (not found anywhere)
-  bool opened = false;        // open attempted; `status` holds the outcome
+  std::string name;     // file name as the index spells it
+  std::string path;     // where it was found (main folder when missing)
+  std::string missing;  // non-empty: why it cannot be opened (not found anywhere)
+  bool opened = false;  // open attempted; `status` holds the outcome
   absl::Status status;
   std::unique_ptr<io::File> file;
   std::vector<std::unique_ptr<TensorInfo>> tensors;
@@ -115,8 +115,8 @@ absl::StatusOr<std::unique_ptr<Snapshot>> Snapshot::Open(const std::string& path
       } else if (Stat(JoinPath(path, kSingleFileName)) != PathKind::kMissing) {
         single_path = JoinPath(path, kSingleFileName);
       } else {
-        return absl::NotFoundError(Cat("snapshot folder '", path, "' has neither ",
-                                                kIndexFileName, " nor ", kSingleFileName));
+        return absl::NotFoundError(Cat("snapshot folder '", path, "' has neither ", kIndexFileName,
+                                       " nor ", kSingleFileName));
       }
       break;
     }
@@ -163,9 +163,9 @@ absl::StatusOr<std::unique_ptr<Snapshot>> Snapshot::Open(const std::string& path
       if (Stat(candidate) != PathKind::kMissing) found.push_back(candidate);
     }
     if (found.size() > 1) {
-      return absl::FailedPreconditionError(Cat(
-          "shard '", name, "' named by '", index_path, "' is in more than one folder: ",
-          absl::StrJoin(found, ", "), " (each shard must live in exactly one folder)"));
+      return absl::FailedPreconditionError(
+          Cat("shard '", name, "' named by '", index_path, "' is in more than one folder: ",
+              absl::StrJoin(found, ", "), " (each shard must live in exactly one folder)"));
     }
     if (found.empty()) {
       shard->path = JoinPath(dirs[0], name);
@@ -189,7 +189,7 @@ absl::Status Snapshot::OpenShardLocked(int id) {
   auto open = [&]() -> absl::Status {
     if (!shard.missing.empty()) {
       return absl::NotFoundError(Cat("shard '", shard.name, "' named by '", index_path_,
-                                              "' is missing (looked in: ", shard.missing, ")"));
+                                     "' is missing (looked in: ", shard.missing, ")"));
     }
     COLI_ASSIGN_OR_RETURN(std::unique_ptr<io::File> file, io::File::Open(shard.path));
     const uint64_t size = file->size();
@@ -210,20 +210,19 @@ absl::Status Snapshot::OpenShardLocked(int id) {
         auto it = shard_of_.find(t.name);
         if (it == shard_of_.end()) {
           return absl::DataLossError(Cat("file '", shard.path, "': tensor '", t.name,
-                                                  "' is not listed in '", index_path_, "'"));
+                                         "' is not listed in '", index_path_, "'"));
         }
         if (it->second != id) {
-          return absl::DataLossError(Cat(
-              "file '", shard.path, "': tensor '", t.name, "' is also in shard '",
-              shards_[static_cast<size_t>(it->second)]->name, "' per '", index_path_,
-              "' (a name may appear in one shard only)"));
+          return absl::DataLossError(Cat("file '", shard.path, "': tensor '", t.name,
+                                         "' is also in shard '",
+                                         shards_[static_cast<size_t>(it->second)]->name, "' per '",
+                                         index_path_, "' (a name may appear in one shard only)"));
         }
       }
       for (const auto& [name, sid] : shard_of_) {
         if (sid == id && in_header.count(name) == 0) {
-          return absl::DataLossError(Cat("tensor '", name, "': '", index_path_,
-                                                  "' names shard '", shard.path,
-                                                  "' but the shard does not hold it"));
+          return absl::DataLossError(Cat("tensor '", name, "': '", index_path_, "' names shard '",
+                                         shard.path, "' but the shard does not hold it"));
         }
       }
     }
@@ -251,8 +250,8 @@ absl::StatusOr<const TensorInfo*> Snapshot::FindLocked(std::string_view name) {
   auto t = tensors_.find(std::string(name));
   if (t == tensors_.end()) {
     // Cannot happen after a successful cross-check; reported rather than assumed.
-    return absl::DataLossError(Cat("tensor '", name, "': not in shard '",
-                                            ShardPath(it->second), "'"));
+    return absl::DataLossError(
+        Cat("tensor '", name, "': not in shard '", ShardPath(it->second), "'"));
   }
   return t->second;
 }
@@ -265,9 +264,8 @@ absl::StatusOr<const TensorInfo*> Snapshot::Find(std::string_view name) {
 absl::StatusOr<const TensorInfo*> Snapshot::Get(std::string_view name) {
   COLI_ASSIGN_OR_RETURN(const TensorInfo* info, Find(name));
   if (info == nullptr) {
-    return absl::NotFoundError(Cat(
-        "tensor '", name, "' is not in the snapshot (",
-        index_path_.empty() ? ShardPath(0) : index_path_, ")"));
+    return absl::NotFoundError(Cat("tensor '", name, "' is not in the snapshot (",
+                                   index_path_.empty() ? ShardPath(0) : index_path_, ")"));
   }
   return info;
 }
@@ -275,12 +273,11 @@ absl::StatusOr<const TensorInfo*> Snapshot::Get(std::string_view name) {
 absl::StatusOr<const TensorInfo*> Snapshot::Expect(std::string_view name, DType dtype,
                                                    std::span<const int64_t> shape) {
   COLI_ASSIGN_OR_RETURN(const TensorInfo* info, Get(name));
-  if (info->dtype != dtype || !std::equal(shape.begin(), shape.end(), info->shape.begin(),
-                                          info->shape.end())) {
-    return absl::DataLossError(Cat("tensor '", name, "': expected ",
-                                            DescribeTensor(dtype, shape), ", got ",
-                                            DescribeTensor(info->dtype, info->shape), " (file '",
-                                            ShardPath(info->shard), "')"));
+  if (info->dtype != dtype ||
+      !std::equal(shape.begin(), shape.end(), info->shape.begin(), info->shape.end())) {
+    return absl::DataLossError(Cat("tensor '", name, "': expected ", DescribeTensor(dtype, shape),
+                                   ", got ", DescribeTensor(info->dtype, info->shape), " (file '",
+                                   ShardPath(info->shard), "')"));
   }
   return info;
 }
@@ -335,9 +332,8 @@ absl::Status Snapshot::Read(const TensorInfo& info, void* dst) {
 
 absl::StatusOr<std::vector<float>> Snapshot::ReadAsF32(const TensorInfo& info) {
   if (info.dtype != DType::kBF16 && info.dtype != DType::kF16 && info.dtype != DType::kF32) {
-    return absl::InvalidArgumentError(Cat("tensor '", info.name, "': ",
-                                                   DTypeName(info.dtype),
-                                                   " cannot be read as F32 (BF16, F16, F32 only)"));
+    return absl::InvalidArgumentError(Cat("tensor '", info.name, "': ", DTypeName(info.dtype),
+                                          " cannot be read as F32 (BF16, F16, F32 only)"));
   }
   std::vector<uint8_t> raw(info.nbytes);
   COLI_RETURN_IF_ERROR(Read(info, raw.data()));

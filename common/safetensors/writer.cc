@@ -2,8 +2,8 @@
 #include <exception>
 #include <utility>
 
-#include "common/io/cat.h"
 #include "absl/strings/str_cat.h"
+#include "common/io/cat.h"
 #include "common/io/io.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
@@ -20,27 +20,24 @@ void Writer::SetMetadata(std::map<std::string, std::string> metadata) {
 absl::Status Writer::Add(std::string name, DType dtype, std::vector<int64_t> shape,
                          std::string bytes) {
   if (name.empty() || name == "__metadata__") {
-    return absl::InvalidArgumentError(Cat("Writer: tensor name '", name,
-                                                   "' is empty or reserved"));
+    return absl::InvalidArgumentError(Cat("Writer: tensor name '", name, "' is empty or reserved"));
   }
   for (const Entry& e : entries_) {
     if (e.name == name) {
-      return absl::InvalidArgumentError(
-          Cat("Writer: tensor '", name, "' was already added"));
+      return absl::InvalidArgumentError(Cat("Writer: tensor '", name, "' was already added"));
     }
   }
   uint64_t expected = DTypeSize(dtype);
   for (int64_t d : shape) {
     if (d < 0 || __builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected)) {
-      return absl::InvalidArgumentError(Cat("Writer: tensor '", name, "': shape ",
-                                                     DescribeTensor(dtype, shape),
-                                                     " is invalid"));
+      return absl::InvalidArgumentError(
+          Cat("Writer: tensor '", name, "': shape ", DescribeTensor(dtype, shape), " is invalid"));
     }
   }
   if (expected != bytes.size()) {
-    return absl::InvalidArgumentError(Cat("Writer: tensor '", name, "': ",
-                                                   DescribeTensor(dtype, shape), " needs ",
-                                                   expected, " bytes, got ", bytes.size()));
+    return absl::InvalidArgumentError(Cat("Writer: tensor '", name,
+                                          "': ", DescribeTensor(dtype, shape), " needs ", expected,
+                                          " bytes, got ", bytes.size()));
   }
   entries_.push_back(Entry{std::move(name), dtype, std::move(shape), std::move(bytes)});
   return absl::OkStatus();
@@ -79,16 +76,14 @@ absl::Status Writer::Write(const std::string& path) const {
 }
 
 absl::Status WriteIndex(const std::string& path,
-                        const std::map<std::string, std::string>& weight_map,
-                        uint64_t total_size) {
+                        const std::map<std::string, std::string>& weight_map, uint64_t total_size) {
   std::string text;
   try {
     nlohmann::ordered_json index = {{"metadata", {{"total_size", total_size}}},
                                     {"weight_map", weight_map}};
     text = index.dump(2);
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        Cat("index '", path, "': cannot encode: ", e.what()));
+    return absl::InvalidArgumentError(Cat("index '", path, "': cannot encode: ", e.what()));
   }
   text.push_back('\n');
   return io::WriteFileAtomic(path, text);

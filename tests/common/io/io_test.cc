@@ -16,9 +16,9 @@
 
 #include "common/log/log.h"
 #include "common/status/status_matchers.h"
-#include "tests/common/io/test_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/io/test_files.h"
 
 namespace coli::io {
 namespace {
@@ -37,10 +37,10 @@ using ::coli::test_files::WriteRaw;
 // file of `size` bytes.
 std::vector<std::pair<uint64_t, uint64_t>> InterestingRanges(uint64_t size) {
   std::vector<std::pair<uint64_t, uint64_t>> r = {
-      {0, 1},        {0, 4096},        {0, 4097},      {1, 4095},      {1, 4096},
-      {4095, 2},     {4096, 4096},     {4100, 10000},  {12287, 1},     {100, 0},
-      {8191, 8194},  {size - 1, 1},    {size - 4097, 4097}, {size - 5000, 5000},
-      {0, size},     {3, size - 3},    {size, 0}};
+      {0, 1},        {0, 4096},     {0, 4097},           {1, 4095},           {1, 4096},
+      {4095, 2},     {4096, 4096},  {4100, 10000},       {12287, 1},          {100, 0},
+      {8191, 8194},  {size - 1, 1}, {size - 4097, 4097}, {size - 5000, 5000}, {0, size},
+      {3, size - 3}, {size, 0}};
   return r;
 }
 
@@ -310,7 +310,8 @@ TEST(IoReadBatch, ReportsBadRequests) {
   WriteRaw(dir.File("a"), Pattern(1000, 13));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<File> f, File::Open(dir.File("a")));
   std::string dst(2000, '\0');
-  std::vector<ReadRequest> past_end = {{f.get(), 0, 10, dst.data()}, {f.get(), 900, 200, dst.data()}};
+  std::vector<ReadRequest> past_end = {{f.get(), 0, 10, dst.data()},
+                                       {f.get(), 900, 200, dst.data()}};
   EXPECT_THAT(ReadBatch(past_end, 2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("/a'")));
   std::vector<ReadRequest> null_file = {{nullptr, 0, 10, dst.data()}};
   EXPECT_THAT(ReadBatch(null_file, 2), StatusIs(absl::StatusCode::kInvalidArgument));
@@ -345,8 +346,8 @@ TEST(IoWriteFileAtomic, FailureLeavesNothingBehind) {
   fs::create_directory(dir.File("sub"));
   WriteRaw(dir.File("sub/keep"), "keep");
   // Renaming a file over a non-empty folder fails; the folder and its content stay.
-  EXPECT_THAT(WriteFileAtomic(dir.File("sub"), "x"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                             HasSubstr("sub")));
+  EXPECT_THAT(WriteFileAtomic(dir.File("sub"), "x"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sub")));
   EXPECT_EQ(Listing(dir.path()), std::vector<std::string>{"sub"});
   EXPECT_EQ(Listing(dir.File("sub")), std::vector<std::string>{"keep"});
 }

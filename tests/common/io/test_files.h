@@ -27,12 +27,12 @@ class TempDir {
     std::string root = base;
     if (root.empty()) {
       const char* bin = std::getenv("COLI_BINARY_DIR");
-      root = bin != nullptr ? bin
-                            : (std::filesystem::is_directory("/var/tmp") ? "/var/tmp" : "/tmp");
+      root =
+          bin != nullptr ? bin : (std::filesystem::is_directory("/var/tmp") ? "/var/tmp" : "/tmp");
     }
     std::string tmpl = root + "/coli_test.XXXXXX";
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr) << "mkdtemp in " << root << ": "
-                                               << std::strerror(errno);
+    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr)
+        << "mkdtemp in " << root << ": " << std::strerror(errno);
     path_ = tmpl;
   }
   ~TempDir() {

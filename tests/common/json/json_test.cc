@@ -78,24 +78,28 @@ TEST_F(JsonTest, ErrorsCarryTheFullPath) {
   ASSERT_OK(linear.status());
   EXPECT_EQ(linear->path(), "text_config.linear_attn_config");
   EXPECT_THAT(linear->IntArray("kda_layers"),
-              StatusIs(kInvalid, "config.json: text_config.linear_attn_config.kda_layers[3]: "
-                                 "expected integer, got string"));
+              StatusIs(kInvalid,
+                       "config.json: text_config.linear_attn_config.kda_layers[3]: "
+                       "expected integer, got string"));
   EXPECT_THAT(Text().Int("missing"),
               StatusIs(kInvalid, "config.json: text_config.missing: required key is missing"));
-  EXPECT_THAT(Text().String("hidden_size"),
-              StatusIs(kInvalid, "config.json: text_config.hidden_size: expected string, got integer"));
+  EXPECT_THAT(
+      Text().String("hidden_size"),
+      StatusIs(kInvalid, "config.json: text_config.hidden_size: expected string, got integer"));
   EXPECT_THAT(Text().Bool("hidden_size"), StatusIs(kInvalid, HasSubstr("expected boolean")));
   EXPECT_THAT(Text().Int("rms_norm_eps"),
               StatusIs(kInvalid, HasSubstr("expected integer, got number")));
-  EXPECT_THAT(Text().Int("big"), StatusIs(kInvalid, HasSubstr("text_config.big: integer "
-                                                              "18446744073709551615 is out of range")));
+  EXPECT_THAT(Text().Int("big"),
+              StatusIs(kInvalid, HasSubstr("text_config.big: integer "
+                                           "18446744073709551615 is out of range")));
   EXPECT_THAT(Text().Object("hidden_size"), StatusIs(kInvalid, HasSubstr("expected object")));
   EXPECT_THAT(Text().Array("hidden_size"), StatusIs(kInvalid, HasSubstr("expected array")));
   EXPECT_THAT(Text().IntArray("hidden_size"), StatusIs(kInvalid, HasSubstr("expected array")));
   // Object access on a non-object names the non-object.
   Cursor hidden = *Text().Member("hidden_size");
-  EXPECT_THAT(hidden.Int("x"),
-              StatusIs(kInvalid, "config.json: text_config.hidden_size: expected object, got integer"));
+  EXPECT_THAT(
+      hidden.Int("x"),
+      StatusIs(kInvalid, "config.json: text_config.hidden_size: expected object, got integer"));
 }
 
 TEST_F(JsonTest, OptionalGettersTreatMissingAndNullAlike) {
@@ -108,8 +112,9 @@ TEST_F(JsonTest, OptionalGettersTreatMissingAndNullAlike) {
   EXPECT_EQ(*text.DoubleOr("missing", 0.25), 0.25);
   EXPECT_EQ(*text.BoolOr("tie_word_embeddings", true), false);
   EXPECT_EQ(*text.StringOr("missing", "dflt"), "dflt");
-  EXPECT_THAT(text.OptionalIntArray("weights"),
-              StatusIs(kInvalid, HasSubstr("text_config.weights[0]: expected integer, got number")));
+  EXPECT_THAT(
+      text.OptionalIntArray("weights"),
+      StatusIs(kInvalid, HasSubstr("text_config.weights[0]: expected integer, got number")));
   EXPECT_THAT(*text.OptionalIntArray("missing"), std::nullopt);
   // Present with the wrong type is still an error.
   EXPECT_THAT(text.OptionalString("hidden_size"),
@@ -125,7 +130,8 @@ TEST_F(JsonTest, ArrayElements) {
   Cursor second = *names.At(1);
   EXPECT_EQ(second.path(), "text_config.names[1]");
   EXPECT_EQ(*second.AsString(), "b");
-  EXPECT_THAT(names.At(2), StatusIs(kInvalid, HasSubstr("text_config.names: index 2 out of range")));
+  EXPECT_THAT(names.At(2),
+              StatusIs(kInvalid, HasSubstr("text_config.names: index 2 out of range")));
   ASSERT_OK_AND_ASSIGN(std::vector<Cursor> elements, names.Elements());
   ASSERT_EQ(elements.size(), 2u);
   EXPECT_EQ(elements[0].path(), "text_config.names[0]");

@@ -17,9 +17,9 @@
 
 #include "common/io/io.h"
 #include "common/status/status_matchers.h"
-#include "tests/common/io/test_files.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/io/test_files.h"
 
 namespace coli::st {
 namespace {
@@ -64,13 +64,11 @@ size_t Bytes(DType dtype, const std::vector<int64_t>& shape) {
 
 std::vector<FixtureTensor> MakeTensors(const std::string& prefix, uint32_t seed) {
   std::vector<std::pair<DType, std::vector<int64_t>>> specs = {
-      {DType::kBF16, {37, 101}},  // 7474 bytes: ends off 4 KiB
-      {DType::kF32, {3, 1365}},   // 16380 bytes
-      {DType::kU8, {4097}},       // 4097
-      {DType::kI64, {2, 2}},
-      {DType::kF16, {0}},         // empty tensor
-      {DType::kU8, {8192}},
-      {DType::kF8E4M3, {5, 7, 3}},
+      {DType::kBF16, {37, 101}},                      // 7474 bytes: ends off 4 KiB
+      {DType::kF32, {3, 1365}},                       // 16380 bytes
+      {DType::kU8, {4097}},                           // 4097
+      {DType::kI64, {2, 2}},     {DType::kF16, {0}},  // empty tensor
+      {DType::kU8, {8192}},      {DType::kF8E4M3, {5, 7, 3}},
   };
   std::vector<FixtureTensor> out;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -111,9 +109,9 @@ std::map<std::string, FixtureTensor> WriteThreeShards(const std::string& dir,
 
 TEST(SafetensorsDType, NamesAndSizes) {
   const std::vector<std::tuple<DType, std::string, size_t>> expected = {
-      {DType::kBF16, "BF16", 2}, {DType::kF16, "F16", 2},         {DType::kF32, "F32", 4},
-      {DType::kF64, "F64", 8},   {DType::kU8, "U8", 1},           {DType::kI8, "I8", 1},
-      {DType::kI16, "I16", 2},   {DType::kI32, "I32", 4},         {DType::kI64, "I64", 8},
+      {DType::kBF16, "BF16", 2},      {DType::kF16, "F16", 2},        {DType::kF32, "F32", 4},
+      {DType::kF64, "F64", 8},        {DType::kU8, "U8", 1},          {DType::kI8, "I8", 1},
+      {DType::kI16, "I16", 2},        {DType::kI32, "I32", 4},        {DType::kI64, "I64", 8},
       {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E5M2, "F8_E5M2", 1}, {DType::kBool, "BOOL", 1}};
   for (const auto& [dtype, name, size] : expected) {
     EXPECT_EQ(DTypeName(dtype), name);
@@ -340,11 +338,16 @@ TEST(SafetensorsSnapshot, ReadAsF32ConvertsBf16F16F32) {
   Writer w;
   // Independent reference values: bit patterns with known IEEE meanings.
   const uint16_t bf16[] = {0x3f80, 0xc000, 0x0000, 0x8000, 0x7f80, 0x3eaa};
-  const float bf16_want[] = {1.0f, -2.0f, 0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+  const float bf16_want[] = {1.0f,       -2.0f, 0.0f, -0.0f, std::numeric_limits<float>::infinity(),
                              0.33203125f};
   const uint16_t f16[] = {0x3c00, 0xc000, 0x0001, 0x03ff, 0x7c00, 0x3555, 0x7bff, 0x8400};
-  const float f16_want[] = {1.0f,   -2.0f, 5.9604644775390625e-08f, 6.0975551605224609e-05f,
-                            std::numeric_limits<float>::infinity(), 0.333251953125f, 65504.0f,
+  const float f16_want[] = {1.0f,
+                            -2.0f,
+                            5.9604644775390625e-08f,
+                            6.0975551605224609e-05f,
+                            std::numeric_limits<float>::infinity(),
+                            0.333251953125f,
+                            65504.0f,
                             -6.103515625e-05f};
   const float f32[] = {1.5f, -3.25f, 1e-30f};
   ASSERT_OK(w.Add("bf16", DType::kBF16, {6}, std::string(reinterpret_cast<const char*>(bf16), 12)));
@@ -355,8 +358,8 @@ TEST(SafetensorsSnapshot, ReadAsF32ConvertsBf16F16F32) {
   ASSERT_OK(w.Write(dir.File("c.safetensors")));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Snapshot> snap, Snapshot::Open(dir.File("c.safetensors")));
   ASSERT_OK_AND_ASSIGN(std::vector<float> got, snap->ReadAsF32(**snap->Get("bf16")));
-  EXPECT_THAT(got, ElementsAre(bf16_want[0], bf16_want[1], bf16_want[2], bf16_want[3],
-                               bf16_want[4], bf16_want[5]));
+  EXPECT_THAT(got, ElementsAre(bf16_want[0], bf16_want[1], bf16_want[2], bf16_want[3], bf16_want[4],
+                               bf16_want[5]));
   EXPECT_TRUE(std::signbit(got[3]));
   ASSERT_OK_AND_ASSIGN(got, snap->ReadAsF32(**snap->Get("f16")));
   EXPECT_THAT(got, ElementsAre(f16_want[0], f16_want[1], f16_want[2], f16_want[3], f16_want[4],
@@ -373,8 +376,7 @@ TEST(SafetensorsSnapshot, ContiguousRangeOfAnExpert) {
   TempDir dir;
   Writer w;
   // One expert's six tensors back to back, in the checkpoint's order (spec §2.4).
-  const char* parts[] = {"w1_packed", "w1_scale", "w2_packed", "w2_scale", "w3_packed",
-                         "w3_scale"};
+  const char* parts[] = {"w1_packed", "w1_scale", "w2_packed", "w2_scale", "w3_packed", "w3_scale"};
   ASSERT_OK(w.Add("other", DType::kU8, {5}, "12345"));
   for (int i = 0; i < 6; ++i) {
     ASSERT_OK(w.Add(std::string("experts.0.") + parts[i], DType::kU8, {100 + i},
@@ -491,10 +493,10 @@ TEST(SafetensorsBadInput, UnknownDtype) {
 }
 
 TEST(SafetensorsBadInput, ShapeSizeMismatch) {
-  ExpectCorrupt("s.safetensors",
-                RawFile(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,10]}})",
-                        Pattern(10, 1)),
-                {"tensor 'w'", "BF16 [2, 3] needs 12 bytes"});
+  ExpectCorrupt(
+      "s.safetensors",
+      RawFile(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,10]}})", Pattern(10, 1)),
+      {"tensor 'w'", "BF16 [2, 3] needs 12 bytes"});
   // A shape whose byte count does not fit in 64 bits.
   ExpectCorrupt(
       "o.safetensors",
@@ -560,9 +562,9 @@ TEST(SafetensorsBadInput, DirectoryWhereAFileShouldBe) {
   // The index itself is a folder.
   TempDir dir2;
   fs::create_directory(dir2.File("model.safetensors.index.json"));
-  EXPECT_THAT(Snapshot::Open(dir2.path()),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("model.safetensors.index.json"), HasSubstr("is a directory"))));
+  EXPECT_THAT(Snapshot::Open(dir2.path()), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                    AllOf(HasSubstr("model.safetensors.index.json"),
+                                                          HasSubstr("is a directory"))));
 }
 
 TEST(SafetensorsBadInput, NoSnapshotAtPath) {
@@ -613,15 +615,16 @@ TEST(SafetensorsBadInput, DuplicateNameAcrossShards) {
   TempDir dir;
   // Shard b also holds "a.t0", which the index places in shard a.
   WriteShard(dir.File("a.safetensors"), {{"a.t0", DType::kU8, {2}, "ab"}});
-  WriteShard(dir.File("b.safetensors"), {{"a.t0", DType::kU8, {2}, "ab"}, {"b.t0", DType::kU8, {1}, "c"}});
+  WriteShard(dir.File("b.safetensors"),
+             {{"a.t0", DType::kU8, {2}, "ab"}, {"b.t0", DType::kU8, {1}, "c"}});
   ASSERT_OK(WriteIndex(dir.File("model.safetensors.index.json"),
                        {{"a.t0", "a.safetensors"}, {"b.t0", "b.safetensors"}}, 0));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Snapshot> snap, Snapshot::Open(dir.path()));
   EXPECT_OK(snap->Get("a.t0").status());
-  EXPECT_THAT(snap->Get("b.t0"),
-              StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("b.safetensors"), HasSubstr("tensor 'a.t0' is also in shard"),
-                             HasSubstr("a.safetensors"))));
+  EXPECT_THAT(snap->Get("b.t0"), StatusIs(absl::StatusCode::kDataLoss,
+                                          AllOf(HasSubstr("b.safetensors"),
+                                                HasSubstr("tensor 'a.t0' is also in shard"),
+                                                HasSubstr("a.safetensors"))));
   // The index itself listing a name twice (a JSON duplicate key) is refused at Open.
   WriteRaw(dir.File("model.safetensors.index.json"),
            R"({"weight_map": {"a.t0": "a.safetensors", "b.t0": "b.safetensors",
@@ -646,14 +649,15 @@ TEST(SafetensorsBadInput, MalformedIndex) {
        "metadata.total_size: expected integer, got string"},
   };
   for (const auto& [text, message] : cases) {
-    EXPECT_THAT(ParseIndex(text, "idx.json"),
-                StatusIs(absl::StatusCode::kDataLoss,
-                         AllOf(HasSubstr("idx.json"), HasSubstr(message))))
+    EXPECT_THAT(
+        ParseIndex(text, "idx.json"),
+        StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("idx.json"), HasSubstr(message))))
         << text;
   }
   ASSERT_OK_AND_ASSIGN(
-      Index ok, ParseIndex(R"({"metadata": {"total_size": 12}, "weight_map": {"w": "b", "v": "a"}})",
-                           "idx.json"));
+      Index ok,
+      ParseIndex(R"({"metadata": {"total_size": 12}, "weight_map": {"w": "b", "v": "a"}})",
+                 "idx.json"));
   EXPECT_EQ(ok.total_size, 12u);
   EXPECT_THAT(ok.shards, ElementsAre("a", "b"));
 }
