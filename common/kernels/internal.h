@@ -89,6 +89,12 @@ const KernelSet& ScalarKernels();
 const KernelSet& Avx2Kernels();
 const KernelSet& Avx512Kernels();
 
+// AVX-512 preparation of one batch row for the integer paths, straight into the block layout
+// (xq, corr, xs as in Prepared; buffers zeroed beforehand). Same values as the scalar quantizer
+// plus BuildBlocks. False when the row holds a non-finite value.
+bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const float* x, int64_t nblocks,
+                          int8_t* xq, int32_t* corr, float* xs);
+
 // COLI_ISA handling: `env` (may be null) lowers `detected` to scalar|avx2|avx512; an unknown
 // value or one above `detected` is ignored with a warning on stderr.
 Isa ApplyIsaOverride(const char* env, Isa detected);

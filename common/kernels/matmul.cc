@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/kernels/internal.h"
@@ -126,15 +127,21 @@ absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch
   }
   const int group = ActGroup(w.format);
   const int64_t groups = (cols + group - 1) / group;
-  int8_t* qx = static_cast<int8_t*>(buf.qx.Zeroed(batch * cols));
-  float* qs = static_cast<float*>(buf.qs.Zeroed(batch * groups * sizeof(float)));
-  p->qx = qx;
-  p->qs = qs;
-  p->qs_stride = groups;
   const int64_t block_cols = w.format == WeightFormat::kInt8Row ? 64 : 128;
   const int64_t nblocks = (cols + block_cols - 1) / block_cols;
   p->nblocks = nblocks;
   p->block_bytes = block_cols;
+  int8_t* qx = nullptr;
+  float* qs = nullptr;
+  // The scalar kernels read natural-order codes; AVX2 rearranges them into blocks; AVX-512
+  // quantizes straight into blocks.
+  if (isa != Isa::kAvx512) {
+    qx = static_cast<int8_t*>(buf.qx.Zeroed(batch * cols));
+    qs = static_cast<float*>(buf.qs.Zeroed(batch * groups * sizeof(float)));
+    p->qx = qx;
+    p->qs = qs;
+    p->qs_stride = groups;
+  }
   int8_t* xq = nullptr;
   int32_t* corr = nullptr;
   float* xs = nullptr;
@@ -151,8 +158,24 @@ absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, batch)));
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t b = 0; b < batch; ++b) {
-    absl::Status s = QuantizeActivationsInt8Groups(std::span<const float>(x + b * cols, cols),
-                                                   group, qx + b * cols, qs + b * groups);
+    const float* xb = x + b * cols;
+    if (isa == Isa::kAvx512 &&
+        internal::PrepareIdotRowAvx512(w.format, cols, xb, nblocks, xq + b * nblocks * block_cols,
+                                       corr + b * nblocks * 16, xs + b * nblocks * 16)) {
+      continue;
+    }
+    // Scalar quantizer (also names the bad value when the AVX-512 one refused the row).
+    std::vector<int8_t> tmp_q;
+    std::vector<float> tmp_s;
+    int8_t* qb = qx != nullptr ? qx + b * cols : nullptr;
+    float* sb = qs != nullptr ? qs + b * groups : nullptr;
+    if (qb == nullptr) {
+      tmp_q.resize(cols);
+      tmp_s.resize(groups);
+      qb = tmp_q.data();
+      sb = tmp_s.data();
+    }
+    absl::Status s = QuantizeActivationsInt8Groups(std::span<const float>(xb, cols), group, qb, sb);
     if (!s.ok()) {
 #pragma omp critical(coli_kernels_prepare)
       if (bad_row < 0 || b < bad_row) {
@@ -162,8 +185,8 @@ absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch
       continue;
     }
     if (xq != nullptr) {
-      BuildBlocks(w.format, cols, qx + b * cols, qs + b * groups, nblocks,
-                  xq + b * nblocks * block_cols, corr + b * nblocks * 16, xs + b * nblocks * 16);
+      BuildBlocks(w.format, cols, qb, sb, nblocks, xq + b * nblocks * block_cols,
+                  corr + b * nblocks * 16, xs + b * nblocks * 16);
     }
   }
   if (bad_row >= 0) {

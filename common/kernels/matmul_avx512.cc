@@ -364,6 +364,97 @@ COLI_AVX512 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, fl
   }
 }
 
+// ---------------------------------------------------------------- activation preparation
+// One group of `n` (<= 64) activations: non-finite check, scale and int8 codes exactly as
+// QuantizeActivationsInt8Groups (max|x| is exact, the scale and its reciprocal are scalar IEEE
+// divisions, cvtps2dq rounds half to even), codes left in 4 int32 vectors (cols 16v..16v+15).
+COLI_AVX512 __attribute__((always_inline)) inline bool QuantizeGroup(const float* x, int n,
+                                                                      __m512i (&q)[4], float* scale) {
+  __m512 v[4];
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  const int nv = (n + 15) / 16;
+  for (int k = 0; k < nv; ++k) {
+    v[k] = _mm512_maskz_loadu_ps(LaneMask(n - 16 * k), x + 16 * k);
+    bad |= _mm512_fpclass_ps_mask(v[k], 0x99);  // QNaN | SNaN | +inf | -inf
+    m = _mm512_max_ps(m, _mm512_abs_ps(v[k]));
+  }
+  if (bad) return false;
+  float s = _mm512_reduce_max_ps(m) / 127.f;
+  if (s < 1e-20f) s = 1e-20f;
+  const __m512 inv = _mm512_set1_ps(1.0f / s);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int k = 0; k < 4; ++k) {
+    q[k] = k < nv ? _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(v[k], inv))))
+                  : _mm512_setzero_si512();
+  }
+  *scale = s;
+  return true;
+}
+
+}  // namespace
+
+COLI_AVX512 bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const float* x, int64_t nblocks,
+                                      int8_t* xq, int32_t* corr, float* xs) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __m512i q[4];
+  float s;
+  if (format == WeightFormat::kMxfp4) {
+    for (int64_t g = 0; g < cols / 32; ++g) {
+      if (!QuantizeGroup(x + 32 * g, 32, q, &s)) return false;
+      int8_t* blk = xq + (g / 4) * 128;
+      const int j = static_cast<int>(g % 4);
+      _mm_store_si128(reinterpret_cast<__m128i*>(blk + 16 * j),
+                      _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], even, q[1])));
+      _mm_store_si128(reinterpret_cast<__m128i*>(blk + 64 + 16 * j),
+                      _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], odd, q[1])));
+      _mm_store_ps(xs + (g / 4) * 16 + 4 * j, _mm_set1_ps(0.5f * s));
+    }
+  } else if (format == WeightFormat::kInt4G64) {
+    for (int64_t g = 0; g < cols / 64; ++g) {
+      if (!QuantizeGroup(x + 64 * g, 64, q, &s)) return false;
+      int8_t* blk = xq + (g / 2) * 128;
+      const int j = static_cast<int>(g % 2);
+      _mm_store_si128(reinterpret_cast<__m128i*>(blk + 32 * j),
+                      _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], even, q[1])));
+      _mm_store_si128(reinterpret_cast<__m128i*>(blk + 32 * j + 16),
+                      _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], even, q[3])));
+      _mm_store_si128(reinterpret_cast<__m128i*>(blk + 64 + 32 * j),
+                      _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[0], odd, q[1])));
+      _mm_store_si128(reinterpret_cast<__m128i*>(blk + 64 + 32 * j + 16),
+                      _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q[2], odd, q[3])));
+      _mm256_store_ps(xs + (g / 2) * 16 + 8 * j, _mm256_set1_ps(s));
+    }
+  } else {  // int8: one (possibly short) group of 64 per block, natural order
+    for (int64_t k = 0; k < nblocks; ++k) {
+      const int n = static_cast<int>(std::min<int64_t>(64, cols - 64 * k));
+      if (!QuantizeGroup(x + 64 * k, n, q, &s)) return false;
+      for (int v = 0; v < 4; ++v) {
+        _mm_store_si128(reinterpret_cast<__m128i*>(xq + 64 * k + 16 * v), _mm512_cvtepi32_epi8(q[v]));
+      }
+      _mm512_store_ps(xs + 16 * k, _mm512_set1_ps(s));
+    }
+  }
+  // Corrections: lane sums of the codes (vpdpbusd with ones sums exactly the lane's columns).
+  for (int64_t k = 0; k < nblocks; ++k) {
+    __m512i sum;
+    int32_t bias;
+    if (format == WeightFormat::kInt8Row) {
+      sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(xq + 64 * k));
+      bias = -128;
+    } else {
+      sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(xq + 128 * k));
+      sum = _mm512_dpbusd_epi32(sum, ones, _mm512_load_si512(xq + 128 * k + 64));
+      bias = format == WeightFormat::kMxfp4 ? -12 : -8;
+    }
+    _mm512_store_si512(corr + 16 * k, _mm512_mullo_epi32(sum, _mm512_set1_epi32(bias)));
+  }
+  return true;
+}
+
+namespace {
 }  // namespace
 
 const KernelSet& Avx512Kernels() {
