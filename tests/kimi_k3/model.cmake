@@ -11,6 +11,7 @@ coli_cc_test(NAME k3_model_test
 target_compile_definitions(k3_model_test PRIVATE
   K3_TEST_PYTHON="${COLI_PYTHON}"
   K3_TEST_REF="${PROJECT_SOURCE_DIR}/tools/k3/k3_ref.py"
+  PROJECT_TOOLS_K3="${PROJECT_SOURCE_DIR}/tools/k3"
   K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny"
   K3_TEST_TIES="${CMAKE_BINARY_DIR}/fixtures/k3_tiny_ties")
 if(TARGET k3_tiny_fixture)

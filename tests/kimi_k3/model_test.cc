@@ -558,6 +558,53 @@ TEST(K3Session, CapacityCancelBadTokenAndReset) {
   EXPECT_TRUE(s->Prefill(RandomIds(3, 768, 2)).ok());
 }
 
+// ---- Snapshot layout ------------------------------------------------------------------------
+
+TEST(K3Snapshot, VisionShardsAreNeverOpened) {
+  auto snap = st::Snapshot::Open(K3_TEST_TINY);
+  ASSERT_TRUE(snap.ok());
+  auto cfg = Config::LoadDir(K3_TEST_TINY);
+  ASSERT_TRUE(cfg.ok());
+  ModelOptions o = F32Options();
+  auto w = Weights::Load(**snap, *cfg, o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto src = PreadExpertSource::Create(**snap, *cfg, (*w)->prefix(), (*w)->num_layers());
+  ASSERT_TRUE(src.ok());
+  std::vector<float> row(cfg->hidden_size);
+  ASSERT_TRUE((*w)->EmbedRow(5, row.data()).ok());
+  int opened = 0;
+  for (int s = 0; s < (*snap)->num_shards(); ++s) opened += (*snap)->IsShardOpen(s);
+  // Every text shard (13 layers + globals) is open, the two vision shards are not.
+  EXPECT_EQ(opened, cfg->num_layers + 1);
+  for (const std::string& name : (*snap)->Names()) {
+    if (name.rfind("vision_tower.", 0) != 0 && name.rfind("mm_projector.", 0) != 0) continue;
+    const std::string shard = (*snap)->ShardNameOf(name);
+    for (int s = 0; s < (*snap)->num_shards(); ++s)
+      if ((*snap)->ShardPath(s).ends_with(shard)) {
+        EXPECT_FALSE((*snap)->IsShardOpen(s)) << shard;
+      }
+  }
+}
+
+TEST(K3Snapshot, NamesWithoutTheLanguageModelPrefixGiveTheSameLogits) {
+  TempDir tmp;
+  const std::string plain = tmp.File("plain");
+  const std::string cmd = absl::StrCat(K3_TEST_PYTHON, " ", PROJECT_TOOLS_K3, "/make_fixture.py ",
+                                       plain, " --preset tiny-ties --no-prefix --quiet");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const auto ids = RandomIds(20, 768, 71);
+  std::vector<std::vector<float>> out;
+  for (const std::string& dir : {std::string(K3_TEST_TIES), plain}) {
+    auto model = Load(dir, F32Options());
+    ASSERT_NE(model, nullptr);
+    EXPECT_EQ(model->weights().prefix(), dir == plain ? "" : "language_model.");
+    auto logits = model->NewSession()->Prefill(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    out.push_back(*logits);
+  }
+  EXPECT_TRUE(out[0] == out[1]);
+}
+
 // ---- Bad checkpoints -----------------------------------------------------------------------
 
 class K3BadCheckpoint : public ::testing::Test {
