@@ -72,6 +72,38 @@ v1::ModelInfo ToProto(const ModelInfo& m, const std::string& id, const std::stri
   return out;
 }
 
+}  // namespace
+
+std::string ValidUtf8(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  size_t i = 0;
+  while (i < in.size()) {
+    const auto b = static_cast<unsigned char>(in[i]);
+    size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= in.size();
+    for (size_t k = 1; ok && k < n; ++k) {
+      ok = (static_cast<unsigned char>(in[i + k]) & 0xC0) == 0x80;
+    }
+    if (ok && n > 1) {  // no overlong forms, surrogates or values past U+10FFFF
+      uint32_t cp = b & (0xFF >> (n + 1));
+      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(in[i + k]) & 0x3F);
+      const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= min[n] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(in.substr(i, n));
+      i += n;
+    } else {
+      out.append("\xEF\xBF\xBD");
+      ++i;
+    }
+  }
+  return out;
+}
+
+namespace {
+
 v1::Channel ToChannel(int32_t c) {
   switch (c) {
     case COLI_CHANNEL_REASONING: return v1::CHANNEL_REASONING;
@@ -449,7 +481,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     for (const auto& e : step.events) {
       v1::ChatDelta d;
       d.set_channel(ToChannel(e.channel));
-      d.set_text(e.text);
+      d.set_text(ValidUtf8(e.text));
       d.set_end_of_message(e.end_of_message);
       if (e.channel == COLI_CHANNEL_TOOL_CALL) saw_tool_call = true;
       deltas.push_back(std::move(d));

@@ -29,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -88,6 +89,11 @@ class Request {
   std::atomic<bool> shutdown_{false};
   std::chrono::steady_clock::time_point accepted_;
 };
+
+// `in` with every byte that does not start a valid UTF-8 sequence (overlong forms, surrogates and
+// values past U+10FFFF included) replaced by U+FFFD. Chat deltas travel in proto `string`
+// fields, which must be valid UTF-8; a model can generate bytes that are not.
+std::string ValidUtf8(std::string_view in);
 
 class Engine {
  public:

@@ -132,15 +132,27 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine,
     }
     reactor->Done(ToGrpc(status));
   };
+  // The cancel hook is installed before Submit: once submitted, the request may finish and the
+  // reactor go away at any time, so nothing below touches the reactor again.
+  struct CancelLink {
+    std::mutex mu;
+    std::weak_ptr<Request> request;
+    bool cancelled = false;
+  };
+  auto link = std::make_shared<CancelLink>();
+  reactor->SetOnCancel([link] {
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->cancelled = true;
+    if (auto r = link->request.lock()) r->Cancel(/*stop=*/false);
+  });
   auto request = engine->Submit(std::move(input), std::move(sink));
   if (!request.ok()) {
     reactor->Done(ToGrpc(request.status()));
     return reactor;
   }
-  std::weak_ptr<Request> weak = *request;
-  reactor->SetOnCancel([weak] {
-    if (auto r = weak.lock()) r->Cancel(/*stop=*/false);
-  });
+  std::lock_guard<std::mutex> lock(link->mu);
+  link->request = *request;
+  if (link->cancelled) (*request)->Cancel(/*stop=*/false);
   return reactor;
 }
 

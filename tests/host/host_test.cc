@@ -169,6 +169,17 @@ class HostTest : public ::testing::Test {
   std::unique_ptr<v1::Coli::Stub> stub_;
 };
 
+TEST(ValidUtf8, ReplacesEachInvalidByteAndKeepsValidText) {
+  EXPECT_EQ(ValidUtf8("plain"), "plain");
+  EXPECT_EQ(ValidUtf8("\xC3\xA9\xE4\xBD\xA0\xF0\x9F\x98\x80"), "\xC3\xA9\xE4\xBD\xA0\xF0\x9F\x98\x80");
+  const std::string bad = "\xEF\xBF\xBD";
+  EXPECT_EQ(ValidUtf8("a\xC3"), "a" + bad);                  // truncated sequence
+  EXPECT_EQ(ValidUtf8("\x80x"), bad + "x");                   // stray continuation byte
+  EXPECT_EQ(ValidUtf8("\xC0\xAF"), bad + bad);               // overlong '/'
+  EXPECT_EQ(ValidUtf8("\xED\xA0\x80"), bad + bad + bad);     // UTF-16 surrogate
+  EXPECT_EQ(ValidUtf8("\xF4\x90\x80\x80"), bad + bad + bad + bad);  // past U+10FFFF
+}
+
 TEST_F(HostTest, GreedyGenerateEchoesThePrompt) {
   Start();
   Stream s = Generate(Request("hello, world"));

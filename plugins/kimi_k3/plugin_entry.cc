@@ -1,0 +1,538 @@
+// plugins/kimi_k3/plugin_entry: the Kimi K3 family behind the coli plugin ABI
+// (plugin_api/coli_plugin.h) — build/plugins/libcoli_kimi_k3.so.
+//
+// Glue only: the model is kimi_k3_core (model.h, session.h), the chat format kimi_k3_chat
+// (chat.h, chat_parser.h), routed experts the streaming store (expert_store.h), tokens
+// common/tokenizer, sampling common/sampling. Per session it keeps the pending token (sampled,
+// fed by the next decode step), the logits of the last position, a seeded sampler, the streaming
+// UTF-8 decoder and, for chat sessions, the XTML output parser.
+//
+// Threads: the model's expert source serves one forward pass at a time, so every Prefill/Step
+// of a model's sessions takes that model's forward lock (the host may run sessions of one
+// model on several threads). Expert statistics are taken right after each pass under the same
+// lock, so they are attributed to the session that caused them.
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "common/sampling/sampling.h"
+#include "common/status/status.h"
+#include "common/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "plugin_api/coli_plugin.h"
+#include "plugin_api/cpp/abi_util.h"
+#include "plugins/kimi_k3/chat.h"
+#include "plugins/kimi_k3/chat_parser.h"
+#include "plugins/kimi_k3/expert_store.h"
+#include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/session.h"
+
+namespace coli::k3 {
+namespace {
+
+using abi::FillBytes;
+using abi::FillTokens;
+using abi::Guard;
+using abi::Str;
+using abi::View;
+using Clock = std::chrono::steady_clock;
+
+// Context capacity when K3_MAXT is not given (the reference server's default, spec §7.1).
+constexpr int64_t kDefaultContext = 8192;
+
+const coli_host_api_t* g_host = nullptr;
+
+
+struct K3Model {
+  std::string dir;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<tok::Tokenizer> tokenizer;
+  StreamingExpertStore* store = nullptr;  // owned by `model`
+  int64_t capacity = kDefaultContext;
+  std::string name;
+  std::vector<std::string> special_texts;
+  std::vector<coli_special_token_t> specials;
+  std::vector<int32_t> stop_ids;
+  int32_t bos = -1, eos = -1;
+  uint32_t capabilities = 0;
+  std::mutex forward_mu;
+};
+
+struct K3Session {
+  K3Model* m = nullptr;
+  std::unique_ptr<Session> session;
+  int64_t capacity = 0;
+  std::vector<float> logits;  // after the last fed position; empty before the first prefill
+  int32_t pending = -1;
+  uint64_t seed = 0;
+  uint64_t steps = 0;  // decode steps since the prefill (reseeds a sampler whose knobs change)
+  std::optional<sampling::Sampler> sampler;
+  std::unique_ptr<tok::StreamDecoder> decoder;
+  std::optional<OutputParser> parser;
+  // Outputs of the last step (valid until the next call on the session).
+  std::string text;
+  std::vector<coli_logprob_t> top;
+  std::vector<std::string> event_texts;
+  std::vector<coli_chat_event_t> events;
+  // Statistics since creation or reset.
+  double prompt_tokens = 0, reused = 0, computed = 0, generated = 0;
+  double compute_seconds = 0;
+  ExpertStoreStats experts;
+};
+
+K3Model* M(coli_model_t* m) { return reinterpret_cast<K3Model*>(m); }
+K3Session* S(coli_session_t* s) { return reinterpret_cast<K3Session*>(s); }
+
+// ---- probe and open -----------------------------------------------------------------------
+
+absl::Status Probe(const std::string& dir, int32_t* serves) {
+  *serves = 0;
+  std::ifstream in(dir + "/config.json");
+  if (!in) return absl::OkStatus();  // no config.json: not a model this family serves
+  std::stringstream text;
+  text << in.rdbuf();
+  auto config = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) return absl::OkStatus();
+  if (config.value("model_type", nlohmann::json()) == "kimi_k3") *serves = 1;
+  auto arch = config.find("architectures");
+  if (arch != config.end() && arch->is_array()) {
+    for (const auto& a : *arch) {
+      if (a.is_string() && a.get<std::string>().rfind("KimiK3", 0) == 0) *serves = 1;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelOptions> ToOptions(const coli_model_options_t* o) {
+  ModelOptions out;
+  if (o == nullptr) return out;
+  if (o->bits != 0) out.bits = o->bits;
+  if (o->mla_bits != 0) out.mla_bits = o->mla_bits;
+  if (o->head_bits != 0) out.head_bits = o->head_bits;
+  out.idot = o->idot != 0;
+  if (o->chunk > 0) out.chunk = o->chunk;
+  out.direct = o->direct != 0;
+  out.pipe = o->pipe != 0;
+  if (o->load_threads > 0) out.load_threads = o->load_threads;
+  out.expert_gb = o->expert_gb;
+  out.topp = o->topp;
+  out.max_context = o->max_context;
+  out.layers = o->layers;
+  out.threads = o->threads;
+  if (o->mla_norm_eps > 0) out.mla_latent_norm_eps = static_cast<float>(o->mla_norm_eps);
+  for (size_t i = 0; i < o->n_extra_dirs; ++i) {
+    out.extra_dirs.emplace_back(View(o->extra_dirs[i]));
+  }
+  out.trace_path = std::string(View(o->trace_path));
+  out.x0_path = std::string(View(o->x0_path));
+  out.logits_path = std::string(View(o->logits_path));
+  if (o->n_extra > 0) {  // kimi_k3 has no family-only options yet
+    return absl::InvalidArgumentError(
+        absl::StrCat("kimi_k3: unknown option '", std::string(View(o->extra[0].key)), "'"));
+  }
+  if (!out.x0_path.empty()) {
+    return absl::UnimplementedError(
+        "kimi_k3: K3_X0 (injected input rows) is a k3-run validation mode, not served");
+  }
+  return out;
+}
+
+absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
+  auto k = std::make_unique<K3Model>();
+  k->dir = std::string(View(args->model_dir));
+  COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args->options));
+  COLI_ASSIGN_OR_RETURN(k->tokenizer, tok::Tokenizer::LoadDir(k->dir));
+  // Routed experts come from the streaming LRU store, sized by K3_EXPERT_GB & co.
+  ExpertStoreOptions store_options;
+  store_options.expert_gb = options.expert_gb;
+  store_options.direct = options.direct;
+  store_options.pipe = options.pipe;
+  store_options.load_threads = options.load_threads;
+  K3Model* raw = k.get();
+  Model::ExpertSourceFactory experts =
+      [raw, store_options](st::Snapshot& snapshot, const Config&, const std::string&,
+                           int) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    COLI_ASSIGN_OR_RETURN(ExpertStoreLayout layout, DiscoverExpertLayout(&snapshot));
+    COLI_ASSIGN_OR_RETURN(std::unique_ptr<StreamingExpertStore> store,
+                          StreamingExpertStore::Open(&snapshot, layout, store_options));
+    raw->store = store.get();
+    return std::unique_ptr<ExpertSource>(std::move(store));
+  };
+  bool cancelled = false;
+  Model::Progress progress = [&](int done, int total) {
+    if (args->progress != nullptr && !cancelled &&
+        args->progress(args->progress_user, static_cast<uint64_t>(done),
+                       static_cast<uint64_t>(total), "tensors", 7) != 0) {
+      cancelled = true;
+    }
+  };
+  auto model = Model::Load(k->dir, options, progress, experts);
+  if (cancelled) return absl::CancelledError(absl::StrCat("loading '", k->dir, "' cancelled"));
+  if (!model.ok()) return model.status();
+  k->model = std::move(model).value();
+  k->capacity = options.max_context > 0 ? options.max_context : kDefaultContext;
+
+  const Config& cfg = k->model->config();
+  k->name = "KimiK3ForConditionalGeneration";
+  k->bos = static_cast<int32_t>(cfg.bos_token_id);
+  for (int64_t id : cfg.eos_token_ids) k->stop_ids.push_back(static_cast<int32_t>(id));
+  if (!cfg.eos_token_ids.empty()) k->eos = static_cast<int32_t>(cfg.eos_token_ids.front());
+  if (auto eom = k->tokenizer->TokenId(kEndOfMsgToken)) {
+    if (std::find(k->stop_ids.begin(), k->stop_ids.end(), *eom) == k->stop_ids.end()) {
+      k->stop_ids.push_back(*eom);
+    }
+  }
+  for (int32_t id = k->tokenizer->num_base_tokens(); id < k->tokenizer->vocab_size(); ++id) {
+    std::string_view text = k->tokenizer->TokenBytes(id);
+    if (!k->tokenizer->IsSpecial(id) || text.rfind("<|reserved_token_", 0) == 0) continue;
+    k->special_texts.emplace_back(text);
+  }
+  for (int32_t id = k->tokenizer->num_base_tokens(), i = 0; id < k->tokenizer->vocab_size();
+       ++id) {
+    std::string_view text = k->tokenizer->TokenBytes(id);
+    if (!k->tokenizer->IsSpecial(id) || text.rfind("<|reserved_token_", 0) == 0) continue;
+    k->specials.push_back({Str(k->special_texts[i++]), id, 0});
+  }
+  k->capabilities = COLI_CHAT_CAP_LOGPROBS;
+  if (FindStructuralIds(*k->tokenizer).ok()) {
+    k->capabilities |= COLI_CHAT_CAP_TEMPLATE | COLI_CHAT_CAP_THINKING | COLI_CHAT_CAP_TOOLS;
+  }
+  COLI_LOG(kInfo) << "kimi_k3: " << k->dir << ": " << k->model->num_layers() << " layers, vocab "
+                  << k->model->vocab_size() << ", context " << k->capacity;
+  *out = reinterpret_cast<coli_model_t*>(k.release());
+  return absl::OkStatus();
+}
+
+absl::Status Info(K3Model* k, coli_model_info_t* info) {
+  if (!COLI_ABI_HAS_FIELD(info, coli_model_info_t, n_stop_ids)) {
+    return absl::InvalidArgumentError("coli_model_info_t struct_size too small");
+  }
+  info->family = Str("kimi_k3");
+  info->name = Str(k->name);
+  info->vocab_size = static_cast<int32_t>(k->model->vocab_size());
+  info->bos_id = k->bos;
+  info->eos_id = k->eos;
+  info->chat_capabilities = k->capabilities;
+  info->context_capacity = k->capacity;
+  info->special_tokens = k->specials.data();
+  info->n_special_tokens = k->specials.size();
+  info->stop_ids = k->stop_ids.data();
+  info->n_stop_ids = k->stop_ids.size();
+  return absl::OkStatus();
+}
+
+absl::Status Render(K3Model* k, const coli_chat_render_args_t* args,
+                    coli_chat_render_result_t* result) {
+  COLI_ASSIGN_OR_RETURN(Json request, ParseRequestBody(View(args->request_json)));
+  if (!args->add_generation_prompt) {
+    request["chat_template_kwargs"]["add_generation_prompt"] = false;
+  }
+  COLI_ASSIGN_OR_RETURN(RenderedChat chat, RenderChat(request, *k->tokenizer));
+  FillTokens(&result->tokens, chat.ids);
+  FillBytes(&result->text, chat.text);
+  result->chat_parse_mode = ParseModeFor(chat);
+  return absl::OkStatus();
+}
+
+// ---- sessions -----------------------------------------------------------------------------
+
+void TakeExpertStats(K3Session* s) {
+  if (s->m->store != nullptr) s->experts.Add(s->m->store->TakeStats());
+}
+
+absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_result_t* r) {
+  if (a->n_tokens == 0) return absl::InvalidArgumentError("EMPTY_PROMPT");
+  if (static_cast<int64_t>(a->n_tokens) > s->capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "CONTEXT_EXCEEDED prompt_tokens=", a->n_tokens, " capacity=", s->capacity));
+  }
+  const int32_t vocab = static_cast<int32_t>(s->m->model->vocab_size());
+  for (size_t i = 0; i < a->n_tokens; ++i) {
+    if (a->tokens[i] < 0 || a->tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token ", i, " id ", a->tokens[i], " is outside [0, ", vocab, ")"));
+    }
+  }
+  std::span<const int32_t> prompt(a->tokens, a->n_tokens);
+  const std::vector<int32_t>& record = s->session->tokens();
+  size_t keep = 0;
+  if (record.size() < prompt.size() && std::equal(record.begin(), record.end(), prompt.begin())) {
+    keep = record.size();
+  } else {
+    s->session->Reset();
+  }
+  s->pending = -1;
+  s->logits.clear();
+  s->sampler.reset();
+  s->parser.reset();
+  s->decoder = std::make_unique<tok::StreamDecoder>(*s->m->tokenizer);
+  bool cancelled = false;
+  int64_t last_done = 0;
+  const int64_t total = static_cast<int64_t>(prompt.size() - keep);
+  auto ask = [&](int64_t done) {
+    if (a->progress != nullptr && !cancelled &&
+        a->progress(a->progress_user, static_cast<uint64_t>(done), static_cast<uint64_t>(total),
+                    "prefill", 7) != 0) {
+      cancelled = true;
+    }
+  };
+  Session::Progress progress = [&](int64_t done, int64_t) {
+    last_done = done;
+    ask(done);
+  };
+  Session::Cancel cancel = [&]() {
+    ask(last_done);
+    return cancelled;
+  };
+  absl::StatusOr<std::vector<float>> logits;
+  {
+    std::lock_guard<std::mutex> lock(s->m->forward_mu);
+    const auto t0 = Clock::now();
+    logits = s->session->Prefill(prompt.subspan(keep), progress, cancel);
+    s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    TakeExpertStats(s);
+  }
+  if (!logits.ok()) {
+    // The chunks that ran stay recorded (a consistent record); a failed pass resets.
+    if (!cancelled) s->session->Reset();
+    return cancelled ? absl::CancelledError("prefill cancelled") : logits.status();
+  }
+  s->logits = std::move(logits).value();
+  s->seed = a->seed;
+  s->steps = 0;
+  if (a->chat_parse_mode != 0) {
+    COLI_ASSIGN_OR_RETURN(OutputParser parser,
+                          OutputParser::Create(*s->m->tokenizer, a->chat_parse_mode));
+    s->parser.emplace(std::move(parser));
+  }
+  s->prompt_tokens += static_cast<double>(prompt.size());
+  s->reused += static_cast<double>(keep);
+  s->computed += static_cast<double>(prompt.size() - keep);
+  r->tokens_reused = keep;
+  r->tokens_computed = prompt.size() - keep;
+  r->context_used = s->session->position();
+  r->context_capacity = s->capacity;
+  return absl::OkStatus();
+}
+
+void AddEvents(K3Session* s, std::vector<ChatEvent> events) {
+  for (auto& e : events) {
+    s->event_texts.push_back(std::move(e.text));
+    auto out = abi::Init<coli_chat_event_t>();
+    out.channel = static_cast<int32_t>(e.channel);
+    out.end_of_message = e.end_of_message ? 1 : 0;
+    s->events.push_back(out);
+  }
+}
+
+absl::Status Step(coli_decode_row_t* row) {
+  K3Session* s = S(row->session);
+  s->text.clear();
+  s->top.clear();
+  s->event_texts.clear();
+  s->events.clear();
+  row->token = -1;
+  row->finish = COLI_FINISH_NONE;
+  row->text = Str("");
+  row->n_top_logprobs = 0;
+  row->n_events = 0;
+  if (s->logits.empty()) {
+    return absl::FailedPreconditionError("kimi_k3: decode before a successful prefill");
+  }
+  if (s->pending >= 0) {
+    if (s->session->position() >= s->capacity) {
+      row->finish = COLI_FINISH_LENGTH;
+      return absl::OkStatus();
+    }
+    std::lock_guard<std::mutex> lock(s->m->forward_mu);
+    const auto t0 = Clock::now();
+    auto logits = s->session->Step(s->pending);
+    s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    TakeExpertStats(s);
+    if (!logits.ok()) {
+      s->logits.clear();
+      return logits.status();
+    }
+    s->logits = std::move(logits).value();
+    s->pending = -1;
+  }
+  sampling::SamplerOptions want;
+  want.temperature = row->temperature;
+  want.top_p = (row->top_p <= 0.0f || row->top_p > 1.0f) ? 1.0f : row->top_p;
+  want.top_k = std::max(0, row->top_k);
+  want.logprobs = std::max(0, row->logprobs_top_k);
+  want.seed = s->seed + s->steps;
+  const sampling::SamplerOptions* have = s->sampler ? &s->sampler->options() : nullptr;
+  if (have == nullptr || have->temperature != want.temperature || have->top_p != want.top_p ||
+      have->top_k != want.top_k || have->logprobs != want.logprobs) {
+    s->sampler.emplace(want);  // one seeded stream per generation while the knobs hold
+  }
+  const sampling::Sample sample = s->sampler->Next(s->logits);
+  ++s->steps;
+  s->generated += 1;
+  row->token = sample.id;
+  row->logprob = sample.logprob;
+  for (const auto& t : sample.top) s->top.push_back({t.id, t.logprob});
+  const bool stop =
+      std::find(s->m->stop_ids.begin(), s->m->stop_ids.end(), sample.id) != s->m->stop_ids.end();
+  if (stop) {
+    row->finish = COLI_FINISH_STOP;
+    s->text = s->decoder->Flush();
+  } else {
+    s->text = s->decoder->Push(sample.id);
+    s->pending = sample.id;
+  }
+  if (s->parser) {
+    AddEvents(s, s->parser->Feed(sample.id));
+    if (stop || s->parser->ended()) AddEvents(s, s->parser->Finish());
+  }
+  for (size_t i = 0; i < s->events.size(); ++i) s->events[i].text = Str(s->event_texts[i]);
+  row->text = Str(s->text);
+  row->top_logprobs = s->top.data();
+  row->n_top_logprobs = s->top.size();
+  row->events = s->events.data();
+  row->n_events = s->events.size();
+  return absl::OkStatus();
+}
+
+const char* const kStatNames[] = {
+    "prompt_tokens", "tokens_reused",  "tokens_computed", "tokens_generated", "compute_seconds",
+    "expert_hits",   "expert_misses",  "bytes_read",      "read_seconds",     "expert_wait_seconds",
+};
+
+absl::Status Stats(K3Session* s, coli_stat_t* stats, size_t capacity, size_t* count) {
+  const double values[] = {s->prompt_tokens,
+                           s->reused,
+                           s->computed,
+                           s->generated,
+                           s->compute_seconds,
+                           static_cast<double>(s->experts.hits),
+                           static_cast<double>(s->experts.misses),
+                           static_cast<double>(s->experts.bytes_read),
+                           s->experts.read_seconds,
+                           s->experts.wait_seconds};
+  constexpr size_t n = std::size(kStatNames);
+  *count = n;
+  for (size_t i = 0; i < std::min(capacity, n); ++i) stats[i] = {kStatNames[i], values[i]};
+  return absl::OkStatus();
+}
+
+void ResetSession(K3Session* s) {
+  s->session->Reset();
+  K3Model* m = s->m;
+  std::unique_ptr<Session> session = std::move(s->session);
+  const int64_t capacity = s->capacity;
+  *s = K3Session();
+  s->m = m;
+  s->session = std::move(session);
+  s->capacity = capacity;
+}
+
+coli_plugin_api_t MakeApi() {
+  auto api = abi::Init<coli_plugin_api_t>();
+  api.family = "kimi_k3";
+  api.plugin_version = "0.1.0";
+  api.shutdown = [] {
+    SetLogSink(nullptr);
+    g_host = nullptr;
+  };
+  api.probe = [](coli_string_t dir, int32_t* serves, coli_error_t* e) {
+    return Guard(e, [&] { return Probe(std::string(View(dir)), serves); });
+  };
+  api.model_open = [](const coli_model_open_args_t* a, coli_model_t** m, coli_error_t* e) {
+    return Guard(e, [&] { return Open(a, m); });
+  };
+  api.model_close = [](coli_model_t* m) { delete M(m); };
+  api.model_info = [](coli_model_t* m, coli_model_info_t* info, coli_error_t* e) {
+    return Guard(e, [&] { return Info(M(m), info); });
+  };
+  api.tokenize = [](coli_model_t* m, coli_string_t text, int32_t allow_special,
+                    coli_token_buffer_t* out, coli_error_t* e) {
+    return Guard(e, [&] {
+      FillTokens(out, M(m)->tokenizer->Encode(View(text), allow_special != 0));
+      return absl::OkStatus();
+    });
+  };
+  api.detokenize = [](coli_model_t* m, const int32_t* ids, size_t n, coli_byte_buffer_t* out,
+                      coli_error_t* e) {
+    return Guard(e, [&]() -> absl::Status {
+      COLI_ASSIGN_OR_RETURN(std::string bytes,
+                            M(m)->tokenizer->Decode(std::span<const int32_t>(ids, n)));
+      FillBytes(out, bytes);
+      return absl::OkStatus();
+    });
+  };
+  api.render_chat = [](coli_model_t* m, const coli_chat_render_args_t* a,
+                       coli_chat_render_result_t* r, coli_error_t* e) {
+    return Guard(e, [&] { return Render(M(m), a, r); });
+  };
+  api.session_create = [](coli_model_t* m, const coli_session_options_t* o, coli_session_t** out,
+                          coli_error_t* e) {
+    return Guard(e, [&] {
+      auto s = std::make_unique<K3Session>();
+      s->m = M(m);
+      s->session = M(m)->model->NewSession();
+      s->capacity = (o != nullptr && o->max_context > 0) ? std::min(o->max_context, M(m)->capacity)
+                                                         : M(m)->capacity;
+      *out = reinterpret_cast<coli_session_t*>(s.release());
+      return absl::OkStatus();
+    });
+  };
+  api.session_destroy = [](coli_session_t* s) { delete S(s); };
+  api.session_reset = [](coli_session_t* s, coli_error_t* e) {
+    return Guard(e, [&] {
+      ResetSession(S(s));
+      return absl::OkStatus();
+    });
+  };
+  api.prefill = [](coli_session_t* s, const coli_prefill_args_t* a, coli_prefill_result_t* r,
+                   coli_error_t* e) { return Guard(e, [&] { return Prefill(S(s), a, r); }); };
+  api.decode = [](const coli_decode_args_t* a, coli_error_t* e) {
+    return Guard(e, [&] {
+      // Rows run one after another; batching rows of several sessions into one forward pass
+      // (Model::Forward takes rows of many sequences) is the next step.
+      for (size_t i = 0; i < a->n_rows; ++i) COLI_RETURN_IF_ERROR(Step(&a->rows[i]));
+      return absl::OkStatus();
+    });
+  };
+  api.session_stats = [](coli_session_t* s, coli_stat_t* stats, size_t capacity, size_t* count,
+                         coli_error_t* e) {
+    return Guard(e, [&] { return Stats(S(s), stats, capacity, count); });
+  };
+  api.session_record = [](coli_session_t* s, coli_token_buffer_t* out, coli_error_t* e) {
+    return Guard(e, [&] {
+      FillTokens(out, S(s)->session->tokens());
+      return absl::OkStatus();
+    });
+  };
+  return api;
+}
+
+const coli_plugin_api_t kApi = MakeApi();
+
+}  // namespace
+}  // namespace coli::k3
+
+extern "C" COLI_PLUGIN_EXPORT const coli_plugin_api_t* coli_plugin_entry(
+    const coli_host_api_t* host, coli_abi_version_t* version) {
+  const uint32_t host_major = version->major;
+  version->major = COLI_ABI_VERSION_MAJOR;
+  version->minor = COLI_ABI_VERSION_MINOR;
+  if (host_major != COLI_ABI_VERSION_MAJOR) return nullptr;  // the host names both versions
+  coli::k3::g_host = host;
+  // This plugin's copy of common/log writes into the host's log.
+  if (host != nullptr && COLI_ABI_HAS_FIELD(host, coli_host_api_t, log) && host->log != nullptr) {
+    coli::SetLogSink([host](coli::LogLevel level, std::string_view message) {
+      host->log(host->host_data, static_cast<int32_t>(level), message.data(), message.size());
+    });
+  }
+  return &coli::k3::kApi;
+}

@@ -1,0 +1,236 @@
+// The kimi_k3 plugin behind the host, on the tiny fixture (build/fixtures/k3_tiny, random
+// weights). The reference for every generated token is kimi_k3_core called directly in this
+// process (Model::Load, Session::Prefill/Step, greedy sampling) — no plugin, no host, no gRPC.
+#include <algorithm>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/sampling/sampling.h"
+#include "common/status/status_matchers.h"
+#include "common/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "host/engine.h"
+#include "host/service.h"
+#include "plugins/kimi_k3/chat.h"
+#include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/session.h"
+
+namespace coli::host {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char kPrompt[] = "The quick brown fox jumps over the lazy dog.";
+
+class K3HostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(std::string(COLI_K3_TINY_DIR) + "/config.json"))
+        << "tiny fixture missing: build target k3_tiny_fixture";
+    engine_ = std::make_unique<Engine>(EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST});
+    const std::string dir = ::testing::TempDir() + "/k3_host_" + std::to_string(getpid());
+    std::filesystem::create_directories(dir);
+    auto server = HostServer::Start(engine_.get(), {.listen = "unix:" + dir + "/h.sock"});
+    ASSERT_OK(server.status());
+    server_ = std::move(server).value();
+    stub_ = v1::Coli::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id("k3");
+    auto reader = stub_->LoadModel(&ctx, load);
+    v1::LoadModelEvent e;
+    while (reader->Read(&e)) {
+      if (e.has_loaded()) info_ = e.loaded();
+    }
+    grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(info_.family(), "kimi_k3");
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
+  struct Out {
+    grpc::Status status;
+    v1::Started started;
+    std::vector<int32_t> ids;
+    v1::Finished finished;
+  };
+  Out Generate(const v1::GenerateRequest& r, const std::function<void(int)>& on_token = nullptr) {
+    grpc::ClientContext ctx;
+    Out out;
+    auto reader = stub_->Generate(&ctx, r);
+    v1::GenerateEvent e;
+    while (reader->Read(&e)) {
+      if (e.has_started()) out.started = e.started();
+      if (e.has_token()) {
+        out.ids.push_back(e.token().id());
+        if (on_token) on_token(static_cast<int>(out.ids.size()));
+      }
+      if (e.has_finished()) out.finished = e.finished();
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<HostServer> server_;
+  std::unique_ptr<v1::Coli::Stub> stub_;
+  v1::ModelInfo info_;
+};
+
+// The direct reference: tokenizer + kimi_k3_core + greedy, stopping at the model's stop ids.
+std::vector<int32_t> DirectGreedy(const std::vector<int32_t>& prompt, int n,
+                                  const std::vector<int32_t>& stops) {
+  auto model = k3::Model::Load(COLI_K3_TINY_DIR, k3::ModelOptions());
+  EXPECT_TRUE(model.ok()) << model.status();
+  auto session = (*model)->NewSession();
+  auto logits = session->Prefill(prompt);
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    const int32_t next = sampling::Greedy(*logits);
+    out.push_back(next);
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
+    logits = session->Step(next);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+  }
+  return out;
+}
+
+TEST_F(K3HostTest, GenerateThroughGrpcMatchesTheCoreLibrary) {
+  auto tokenizer = tok::Tokenizer::LoadDir(COLI_K3_TINY_DIR);
+  ASSERT_OK(tokenizer.status());
+  const std::vector<int32_t> prompt = (*tokenizer)->Encode(kPrompt, false);
+  v1::GenerateRequest r;
+  r.set_prompt(kPrompt);
+  r.set_max_tokens(12);
+  Out out = Generate(r);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.started.prompt_tokens(), static_cast<int64_t>(prompt.size()));
+  const std::vector<int32_t> stops(info_.stop_ids().begin(), info_.stop_ids().end());
+  EXPECT_EQ(out.ids, DirectGreedy(prompt, 12, stops));
+  // Same again in-process through the engine (no gRPC): identical.
+  std::vector<int32_t> local;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  EventSink sink;
+  sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
+    local.push_back(t.id());
+  };
+  sink.on_done = [&](const absl::Status& s, const v1::Finished&) {
+    EXPECT_OK(s);
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_all();
+  };
+  GenerationInput in = GenerationInput::From(r);
+  in.session = "in-process";
+  ASSERT_OK(engine_->Submit(in, std::move(sink)).status());
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  EXPECT_EQ(local, out.ids);
+}
+
+TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
+  v1::GenerateRequest first;
+  first.set_prompt(kPrompt);
+  first.set_max_tokens(4);
+  Out a = Generate(first);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  // prompt + reply (the last sampled token not fed) + more text
+  std::vector<int32_t> follow;
+  {
+    grpc::ClientContext ctx;
+    v1::TokenizeRequest t;
+    t.set_text(kPrompt);
+    v1::TokenizeResponse ids;
+    ASSERT_TRUE(stub_->Tokenize(&ctx, t, &ids).ok());
+    follow.assign(ids.ids().begin(), ids.ids().end());
+  }
+  const size_t prompt_len = follow.size();
+  follow.insert(follow.end(), a.ids.begin(), a.ids.end());
+  follow.push_back(a.ids.front());  // one more token of "new turn"
+  v1::GenerateRequest second;
+  second.mutable_prompt_ids()->Add(follow.begin(), follow.end());
+  second.set_max_tokens(40);
+  second.set_request_id("k3-cancel");
+  Out b = Generate(second, [&](int n) {
+    if (n == 2) {
+      grpc::ClientContext ctx;
+      v1::CancelRequest c;
+      c.set_request_id("k3-cancel");
+      v1::CancelResponse response;
+      EXPECT_TRUE(stub_->Cancel(&ctx, c, &response).ok());
+    }
+  });
+  EXPECT_EQ(b.started.tokens_reused(), static_cast<int64_t>(prompt_len + a.ids.size() - 1));
+  EXPECT_EQ(b.started.tokens_computed(), 2);
+  EXPECT_EQ(b.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_LE(b.ids.size(), 3u);
+  // The session still serves, and its statistics show the cancelled request stopped early.
+  v1::GenerateRequest third;
+  third.set_prompt("Hello");
+  third.set_max_tokens(3);
+  Out c = Generate(third);
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.ids.size(), 3u);
+  const double generated = c.finished.stats().plugin().at("tokens_generated");
+  EXPECT_LE(generated, static_cast<double>(a.ids.size() + 3 + 3));
+}
+
+TEST_F(K3HostTest, ChatUsesTheXtmlRendererAndParser) {
+  const std::string body = R"({"messages": [{"role": "user", "content": "Hi"}]})";
+  grpc::ClientContext ctx;
+  v1::ApplyTemplateRequest apply;
+  apply.set_request_json(body);
+  apply.set_add_generation_prompt(true);
+  v1::ApplyTemplateResponse rendered;
+  ASSERT_TRUE(stub_->ApplyTemplate(&ctx, apply, &rendered).ok());
+  auto tokenizer = tok::Tokenizer::LoadDir(COLI_K3_TINY_DIR);
+  ASSERT_OK(tokenizer.status());
+  auto json = k3::ParseRequestBody(body);
+  ASSERT_OK(json.status());
+  auto direct = k3::RenderChat(*json, **tokenizer);
+  ASSERT_OK(direct.status());
+  EXPECT_EQ(std::vector<int32_t>(rendered.ids().begin(), rendered.ids().end()), direct->ids);
+  EXPECT_EQ(rendered.text(), direct->text);
+
+  grpc::ClientContext chat_ctx;
+  v1::ChatRequest chat;
+  chat.set_request_json(body);
+  chat.set_max_tokens(8);
+  auto reader = stub_->Chat(&chat_ctx, chat);
+  v1::ChatEvent e;
+  int tokens = 0;
+  bool finished = false;
+  while (reader->Read(&e)) {
+    if (e.has_token()) ++tokens;
+    if (e.has_finished()) finished = true;
+  }
+  grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(finished);
+  EXPECT_GT(tokens, 0);
+
+  grpc::ClientContext bad_ctx;
+  chat.set_request_json(R"({"messages": [{"role": "robot", "content": "x"}]})");
+  auto bad = stub_->Chat(&bad_ctx, chat);
+  while (bad->Read(&e)) {
+  }
+  status = bad->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("robot"));
+}
+
+}  // namespace
+}  // namespace coli::host
