@@ -184,10 +184,13 @@ absl::Status Tokenizer::AddSpecials(std::vector<AddedToken> added, int32_t reser
                                     std::string_view origin) {
   int64_t end = static_cast<int64_t>(num_base_) + reserved;
   for (const AddedToken& t : added) {
-    if (t.id < num_base_) {
+    // An added token may repeat a base token with the same bytes (GPT-2's <|endoftext|> is in
+    // both lists); any other id inside the base vocabulary is a conflict.
+    if (t.id < num_base_ && tokens_[t.id] != t.content) {
       return absl::InvalidArgumentError(
           absl::StrCat(Av(origin), ": added token '", Printable(t.content), "' has id ", t.id,
-                       ", inside the base vocabulary [0, ", num_base_, ")"));
+                       ", inside the base vocabulary [0, ", num_base_, ") where the token is '",
+                       Printable(tokens_[t.id]), "'"));
     }
     if (t.content.empty()) {
       return absl::InvalidArgumentError(
@@ -201,7 +204,6 @@ absl::Status Tokenizer::AddSpecials(std::vector<AddedToken> added, int32_t reser
   }
   tokens_.resize(end);
   kind_.assign(end, 0);
-  std::fill(kind_.begin(), kind_.begin() + num_base_, 0);
   std::vector<bool> named(end, false);
   for (AddedToken& t : added) {
     if (named[t.id]) {
@@ -255,7 +257,8 @@ absl::Status Tokenizer::Finish(std::string_view origin) {
   }
   added_.clear();
   specials_by_first_byte_.assign(256, {});
-  for (int32_t id = num_base_; id < vocab_size(); ++id) {
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (kind_[id] == 0) continue;
     auto [it, inserted] = added_.emplace(std::string_view(tokens_[id]), id);
     if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat(Av(origin), ": added token '",

@@ -85,7 +85,7 @@ class Tokenizer {
   std::optional<int32_t> TokenId(std::string_view special_or_token) const;
   // True for added tokens (named or reserved) whose configuration marks them special.
   bool IsSpecial(int32_t id) const;
-  // True for every added token id (special or not), i.e. ids that are not BPE output.
+  // True for every added token id (special or not); recognised in text only when allowed.
   bool IsAdded(int32_t id) const;
   // The bytes of one token (specials: their text); empty for ids outside the vocabulary.
   std::string_view TokenBytes(int32_t id) const;

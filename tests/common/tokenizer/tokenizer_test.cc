@@ -339,6 +339,19 @@ TEST(Tokenizer, MergesBpeFollowsMergeOrderNotIds) {
   EXPECT_THAT((*tok)->Encode("abc", false), ElementsAre(258));
 }
 
+TEST(Tokenizer, AddedTokenMayRepeatABaseToken) {
+  // GPT-2's tokenizer.json lists <|endoftext|> both in model.vocab and in added_tokens.
+  nlohmann::json doc = nlohmann::json::parse(MergesTokenizerJson({{"a", "b"}}, false));
+  doc["added_tokens"].push_back({{"id", 256}, {"content", "ab"}, {"special", true}});
+  auto tok = Tokenizer::FromTokenizerJson(doc.dump(), "", "");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_TRUE((*tok)->IsSpecial(256));
+  EXPECT_THAT((*tok)->Encode("xab", true), ElementsAre('x', 256));
+  doc["added_tokens"].push_back({{"id", 98}, {"content", "zz"}, {"special", true}});
+  EXPECT_THAT(std::string(Tokenizer::FromTokenizerJson(doc.dump(), "", "").status().message()),
+              HasSubstr("inside the base vocabulary"));
+}
+
 TEST(StreamDecoder, NeverEmitsPartialCharacters) {
   const Tokenizer& t = Tiny();
   const std::string text = "héllo 中文😀 e\u0301 <|open|>";
