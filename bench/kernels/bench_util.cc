@@ -9,6 +9,8 @@
 #include <cstring>
 #include <random>
 
+#include <time.h>
+
 namespace coli::bench {
 namespace {
 
@@ -138,7 +140,7 @@ std::vector<float> RandomActivations(int64_t n, uint64_t seed) {
   return x;
 }
 
-double MeasureReadBandwidth(size_t bytes, int threads, int reps) {
+double MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time) {
   bytes = bytes / 4096 * 4096;
   AlignedBytes buf(bytes);
   // Touch every page with the same threads (first-touch placement), random so nothing is zero-page.
@@ -150,6 +152,8 @@ double MeasureReadBandwidth(size_t bytes, int threads, int reps) {
   for (int rep = 0; rep < reps; ++rep) {
     uint64_t total = 0;
     const auto t0 = std::chrono::steady_clock::now();
+    timespec c0;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
 #pragma omp parallel num_threads(threads) reduction(+ : total)
     {
       const size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -162,7 +166,11 @@ double MeasureReadBandwidth(size_t bytes, int threads, int reps) {
         total += ReadPlain(buf.data + b, e - b);
       }
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    timespec c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    const double s =
+        cpu_time ? static_cast<double>(c1.tv_sec - c0.tv_sec) + 1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec)
+                 : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink = sink + total;
     best = std::max(best, static_cast<double>(bytes) / s / 1e9);
   }

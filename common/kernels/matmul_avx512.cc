@@ -30,6 +30,10 @@ COLI_AVX512 inline float Reduce16(__m512 v) {
   return _mm_cvtss_f32(t1);
 }
 
+// How far ahead of the loads the weight streams are prefetched (several row streams run at once,
+// more than the hardware prefetchers follow at full rate).
+constexpr int64_t kPrefetchBytes = 2048;
+
 COLI_AVX512 inline __mmask64 ByteMask(int64_t n) {
   return n >= 64 ? ~__mmask64{0} : ((__mmask64{1} << n) - 1);
 }
@@ -107,6 +111,8 @@ struct Mxfp4Idot {
         __m512i wl[R], wh[R];
         __m512 ws[R];
         for (int i = 0; i < R; ++i) {
+          _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 64 * (k + q) + kPrefetchBytes),
+                       _MM_HINT_T0);
           Decode(_mm512_loadu_si512(wp[i] + 64 * (k + q)), tbl, wl[i], wh[i]);
           ws[i] = _mm512_permutexvar_ps(pick, s16[i]);
         }
@@ -165,6 +171,7 @@ struct Int4Idot {
         __m512i v;
         __m128 s2;
         if (k < nfull) {
+          _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 64 * k + kPrefetchBytes), _MM_HINT_T0);
           v = _mm512_loadu_si512(wp[i] + 64 * k);
           s2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sp[i] + 2 * k)));
         } else {  // one 64-group left: 32 bytes, one scale
@@ -204,6 +211,7 @@ struct Int8Idot {
       __m512i wu[R];
       for (int i = 0; i < R; ++i) {
         // q + 128 as unsigned; masked-off bytes meet zero activations.
+        _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 64 * k + kPrefetchBytes), _MM_HINT_T0);
         const __m512i q = k < nfull ? _mm512_loadu_si512(wp[i] + 64 * k)
                                     : _mm512_maskz_loadu_epi8(wm, wp[i] + 64 * k);
         wu[i] = _mm512_xor_si512(q, bias);
@@ -245,10 +253,13 @@ struct FloatWeights {
       for (int i = 0; i < R; ++i) {
         const int64_t r = r0 + i;
         if constexpr (F == WeightFormat::kF32) {
-          wv[i] = _mm512_maskz_loadu_ps(m, static_cast<const float*>(w.data) + r * cols + 16 * k);
+          const float* src = static_cast<const float*>(w.data) + r * cols + 16 * k;
+          _mm_prefetch(reinterpret_cast<const char*>(src) + kPrefetchBytes, _MM_HINT_T0);
+          wv[i] = _mm512_maskz_loadu_ps(m, src);
         } else if constexpr (F == WeightFormat::kInt8Row) {
-          const __m128i q =
-              _mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(w.data) + r * cols + 16 * k);
+          const int8_t* src = static_cast<const int8_t*>(w.data) + r * cols + 16 * k;
+          if ((k & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(src) + kPrefetchBytes, _MM_HINT_T0);
+          const __m128i q = _mm_maskz_loadu_epi8(m, src);
           wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
         } else {  // int4-g64: 8 bytes -> 16 nibbles in column order, (n - 8) * s_g
           const uint8_t* src = static_cast<const uint8_t*>(w.data) + r * (cols / 2) + 8 * k;
@@ -297,6 +308,9 @@ struct Mxfp4Float {
     for (int64_t g = 0; g < groups; ++g) {
       __m512 we[R], wo[R];
       for (int i = 0; i < R; ++i) {
+        if ((g & 3) == 0) {
+          _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 16 * g) + kPrefetchBytes, _MM_HINT_T0);
+        }
         const __m512i v = _mm512_cvtepu8_epi32(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp[i] + 16 * g)));
         const __m512 stab = _mm512_mul_ps(
