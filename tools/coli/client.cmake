@@ -1,0 +1,19 @@
+# coli_client: the client core shared by `coli run`, `coli chat`, `coli serve`, `coli web`
+# (owner: host). `coli run` and `coli bench grpc` are compiled into the coli executable.
+coli_cc_library(NAME coli_client
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/client.cc
+  HDRS ${CMAKE_CURRENT_LIST_DIR}/client.h
+  PUBLIC_DEPS coli_proto coli_status absl::status absl::statusor absl::strings gRPC::grpc++)
+# Where a private host, the plugins and the embedded tiny model are found in this build.
+target_compile_definitions(coli_client PUBLIC
+  COLI_CLIENT_HOST_BINARY="$<TARGET_FILE:coli-host>"
+  COLI_CLIENT_PLUGIN_DIR="${COLI_PLUGIN_DIR}"
+  COLI_CLIENT_TINY_MODEL="${PROJECT_BINARY_DIR}/fixtures/k3_tiny")
+
+target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/run.cc ${CMAKE_CURRENT_LIST_DIR}/bench_grpc.cc)
+target_link_libraries(coli PRIVATE coli_client coli_host_core nlohmann_json::nlohmann_json)
+# `coli run` starts coli-host and, by default, serves the tiny model through the kimi_k3 plugin.
+add_dependencies(coli coli-host)
+if(TARGET kimi_k3)
+  add_dependencies(coli kimi_k3)
+endif()

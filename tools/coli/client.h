@@ -1,0 +1,158 @@
+// tools/coli/client: the coli client core — what `coli run`, `coli chat`, `coli serve` and
+// `coli web` share. Connects to a coli-host (or starts a private one), loads a model with
+// progress, streams Generate/Chat with callbacks, cancels.
+//
+//   COLI_ASSIGN_OR_RETURN(auto client, client::Client::Connect({.host = flag_host}));
+//   // no --host: a private coli-host on a Unix socket in a private temp dir, stopped with
+//   // `client` (the seed: "starts a private local server ... keeps the model loaded").
+//   COLI_ASSIGN_OR_RETURN(v1::ModelOptions options, client::ModelOptionsFromEnv());  // K3_*
+//   client::ProgressDisplay bar(stderr);
+//   COLI_ASSIGN_OR_RETURN(v1::ModelInfo model,
+//       client->LoadModel(client::ResolveModelDir(flag_model), options,
+//                         [&](const v1::LoadProgress& p) { bar.Update(p); }));
+//   bar.Done();
+//   client::StreamCallbacks cb;
+//   cb.on_delta = [](const v1::ChatDelta& d) { ... reasoning / content / tool call ... };
+//   client::CancelToken cancel;             // cancel.Cancel() from any thread (e.g. Ctrl-C)
+//   COLI_ASSIGN_OR_RETURN(v1::Finished done, client->Chat(request, cb, &cancel));
+//
+// Errors are absl::Status with the host's gRPC code and message (NOT_FOUND for an unknown
+// model, RESOURCE_EXHAUSTED for a full queue or "CONTEXT_EXCEEDED ...", CANCELLED, ...).
+#ifndef COLI_TOOLS_COLI_CLIENT_H_
+#define COLI_TOOLS_COLI_CLIENT_H_
+
+#include <sys/types.h>
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coli/v1/coli.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace coli::client {
+
+namespace v1 = ::coli::v1;
+
+// grpc::Status -> absl::Status (same code and message).
+absl::Status FromGrpc(const grpc::Status& status);
+
+struct ConnectOptions {
+  // "unix:/path", "127.0.0.1:PORT", ... Empty: start a private coli-host.
+  std::string host;
+  // Private host only: its plugin directory (default: $COLI_PLUGIN_DIR, else the build's
+  // plugins folder) and binary (default: coli-host next to this executable, else the build's).
+  std::string plugin_dir;
+  std::string host_binary;
+  int workers = 1;
+  int queue = 16;
+};
+
+// Lets another thread cancel a streaming call (also safe before the call starts).
+class CancelToken {
+ public:
+  void Cancel();
+  bool cancelled() const;
+
+ private:
+  friend class Client;
+  void Attach(grpc::ClientContext* context);
+  void Detach();
+  mutable std::mutex mu_;
+  bool cancelled_ = false;
+  grpc::ClientContext* context_ = nullptr;
+};
+
+struct StreamCallbacks {
+  std::function<void(const v1::Started&)> on_started;
+  std::function<void(const v1::Token&)> on_token;
+  std::function<void(const v1::ChatDelta&)> on_delta;  // Chat only, after on_token
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
+  ~Client();  // stops the private host, if this client started one
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const std::string& address() const { return address_; }
+  bool has_private_host() const { return child_ > 0; }
+  v1::Coli::Stub& stub() { return *stub_; }
+
+  // Loads `model_dir` (or finds it already loaded); progress events go to `progress`.
+  absl::StatusOr<v1::ModelInfo> LoadModel(
+      const std::string& model_dir, const v1::ModelOptions& options,
+      const std::function<void(const v1::LoadProgress&)>& progress = nullptr,
+      const std::string& id = "");
+
+  // Stream a generation to the end. A request without request_id gets a fresh one
+  // (NewRequestId) so Cancel() by id works too. Returns the Finished event or the error.
+  absl::StatusOr<v1::Finished> Generate(v1::GenerateRequest request, const StreamCallbacks& cb,
+                                        CancelToken* cancel = nullptr);
+  absl::StatusOr<v1::Finished> Chat(v1::ChatRequest request, const StreamCallbacks& cb,
+                                    CancelToken* cancel = nullptr);
+  // stop=true: STOP (the stream ends normally, reason STOPPED); false: CANCEL.
+  absl::StatusOr<bool> Cancel(const std::string& request_id, bool stop);
+
+  absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& model, const std::string& text,
+                                                bool allow_special = false);
+  absl::StatusOr<std::string> Detokenize(const std::string& model,
+                                         const std::vector<int32_t>& ids);
+  absl::StatusOr<v1::ApplyTemplateResponse> ApplyTemplate(const std::string& model,
+                                                          const std::string& request_json,
+                                                          bool add_generation_prompt = true);
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels();
+  absl::StatusOr<v1::MetricsResponse> Metrics();
+  absl::StatusOr<v1::HealthResponse> Health();
+  absl::Status UnloadModel(const std::string& model);
+
+  static std::string NewRequestId();
+
+ private:
+  Client() = default;
+  absl::Status StartPrivateHost(const ConnectOptions& options);
+  void StopPrivateHost();
+
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coli::Stub> stub_;
+  pid_t child_ = -1;
+  std::string temp_dir_;
+};
+
+// --model, else $COLI_MODEL, else the embedded tiny model (build/fixtures/k3_tiny).
+std::string ResolveModelDir(const std::string& flag);
+
+// The seed's switches (K3_BITS, K3_EXPERT_GB, ...) read once, here at the edge, into typed
+// options. INVALID_ARGUMENT naming the variable for a value that does not parse. The table:
+//   K3_BITS bits | K3_MLA_BITS mla_bits | K3_HEAD_BITS head_bits | K3_IDOT idot (0/1)
+//   K3_CHUNK chunk | K3_DIRECT direct (0/1) | K3_PIPE pipe (0/1) | K3_LOAD_THREADS load_threads
+//   K3_EXPERT_GB expert_gb | K3_TOPP topp | K3_MAXT max_context | K3_LAYERS layers
+//   K3_DIRS extra_dirs (':' or ',' separated) | K3_TRACE trace_path | K3_X0 x0_path
+//   K3_LOGITS logits_path | K3_MLA_NORM_EPS mla_norm_eps | COLI_THREADS threads
+absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
+
+// Load progress: a bar redrawn in place on a terminal, one plain line per stage/10% otherwise.
+class ProgressDisplay {
+ public:
+  explicit ProgressDisplay(std::FILE* out);
+  void Update(const v1::LoadProgress& progress);
+  void Done();
+
+ private:
+  std::FILE* out_;
+  bool tty_;
+  int last_decile_ = -1;
+  std::string last_stage_;
+  bool drawn_ = false;
+};
+
+}  // namespace coli::client
+
+#endif  // COLI_TOOLS_COLI_CLIENT_H_
