@@ -214,7 +214,11 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
                                   "K3_MLA_BITS", &a.g_proj));
       COLI_RETURN_IF_ERROR(matrix(A + "o_proj.weight", D, int64_t{H} * vd, opt.mla_bits,
                                   "K3_MLA_BITS", &a.o_proj));
-      COLI_ASSIGN_OR_RETURN(WeightFormat f_k, FormatForBits(opt.mla_bits, nope, "K3_MLA_BITS"));
+      // Both halves of kv_b are quantized per STORED row ([nope|vd, lat], spec §4.2/§4.3), the
+      // layout a repacked container holds. The absorbed form needs K_hᵀ, so the K half is kept as
+      // the exact dequantized values of that row quantization, transposed, in f32 (about 4x the
+      // int8 bytes of the K half: ~0.6 GB on the full model, <2% of the resident set).
+      COLI_ASSIGN_OR_RETURN(WeightFormat f_k, FormatForBits(opt.mla_bits, lat, "K3_MLA_BITS"));
       COLI_ASSIGN_OR_RETURN(WeightFormat f_v, FormatForBits(opt.mla_bits, lat, "K3_MLA_BITS"));
       jobs.push_back([&snap, &a, name = A + "kv_b_proj.weight", H, nope, vd, lat, f_k, f_v] {
         // kv_b rows per head: nope rows of K_h, then vd rows of V_h (spec §2.3).
@@ -224,13 +228,19 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
         a.k_absorb.resize(H);
         a.v_up.resize(H);
         std::vector<float> kt(static_cast<size_t>(lat) * nope);
+        std::vector<float> row(static_cast<size_t>(lat));
         for (int h = 0; h < H; ++h) {
           const float* K = kv.data() + static_cast<int64_t>(h) * (nope + vd) * lat;
-          for (int r = 0; r < nope; ++r)
-            for (int c = 0; c < lat; ++c) kt[static_cast<int64_t>(c) * nope + r] = K[int64_t{r} * lat + c];
-          auto kq = QuantizedMatrix::FromF32(kt.data(), lat, nope, f_k);
+          auto kq = QuantizedMatrix::FromF32(K, nope, lat, f_k);
           if (!kq.ok()) return Annotate(kq.status(), absl::StrCat("tensor '", name, "'"));
-          a.k_absorb[h].m = std::move(kq).value();
+          const kernels::MatrixView kview = kq->view();
+          for (int r = 0; r < nope; ++r) {
+            kernels::DequantizeRow(kview, r, row.data());
+            for (int c = 0; c < lat; ++c) kt[static_cast<int64_t>(c) * nope + r] = row[c];
+          }
+          auto kt_f32 = QuantizedMatrix::FromF32(kt.data(), lat, nope, WeightFormat::kF32);
+          if (!kt_f32.ok()) return Annotate(kt_f32.status(), absl::StrCat("tensor '", name, "'"));
+          a.k_absorb[h].m = std::move(kt_f32).value();
           auto vq = QuantizedMatrix::FromF32(K + int64_t{nope} * lat, vd, lat, f_v);
           if (!vq.ok()) return Annotate(vq.status(), absl::StrCat("tensor '", name, "'"));
           a.v_up[h].m = std::move(vq).value();
