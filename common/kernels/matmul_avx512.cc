@@ -99,6 +99,7 @@ struct Mxfp4Idot {
     for (; k + 4 <= nfull; k += 4) {
       __m512 s16[R];
       for (int i = 0; i < R; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(sp[i] + 4 * k) + kPrefetchBytes / 16, _MM_HINT_T0);
         s16[i] = _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp[i] + 4 * k))),
             23));
