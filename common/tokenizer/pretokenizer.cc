@@ -3,6 +3,7 @@
 
 #include <pcre2.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -78,6 +79,9 @@ struct Scratch {
     jit_stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, nullptr);
     context = pcre2_match_context_create(nullptr);
     if (context && jit_stack) pcre2_jit_stack_assign(context, nullptr, jit_stack);
+    // The default limit (10 million backtracking steps) can be reached by one letter rule on
+    // a run of tens of millions of capitals; the patterns are linear per match, so lift it.
+    if (context) pcre2_set_match_limit(context, UINT32_MAX);
   }
   ~Scratch() {
     pcre2_match_context_free(context);
@@ -242,7 +246,7 @@ void PreTokenizer::ForEachPiece(std::string_view text, bool keep_gaps,
       // The interpreter keeps its backtracking state on the heap, so it survives inputs that
       // exhaust the JIT stack.
       rc = pcre2_match(code, subject, length, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
-                       scratch.match_data, nullptr);
+                       scratch.match_data, scratch.context);
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     size_t start, end;
