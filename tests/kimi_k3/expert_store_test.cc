@@ -348,6 +348,22 @@ TEST_F(ExpertStoreTest, OpenRefusesWhenMemAvailableIsTooSmall) {
   EXPECT_GT(real, 0u);
 }
 
+TEST_F(ExpertStoreTest, OptionsComeFromTheModelSwitches) {
+  ModelOptions model;
+  model.expert_gb = 2.5;
+  model.direct = false;
+  model.pipe = false;
+  model.load_threads = 7;
+  const ExpertStoreOptions options = ExpertStoreOptionsFrom(model, dir_);
+  EXPECT_EQ(options.expert_gb, 2.5);
+  EXPECT_FALSE(options.direct);
+  EXPECT_FALSE(options.pipe);
+  EXPECT_EQ(options.load_threads, 7);
+  // A writable snapshot folder keeps its history beside the shards.
+  EXPECT_EQ(options.usage_path, dir_ + "/.coli_usage");
+  EXPECT_EQ(DefaultUsagePath(dir_), dir_ + "/.coli_usage");
+}
+
 TEST(UsageHistory, PinsPerLayerFollowsTheSpec) {
   EXPECT_EQ(PinsPerLayer(8, 4999), 0);
   EXPECT_EQ(PinsPerLayer(8, 5000), 0);     // 4 · 0.025 = 0.1

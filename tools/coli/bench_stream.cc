@@ -8,7 +8,8 @@
 //       dropped) serving top-k selections per MoE layer per token, each expert computed with
 //       the real MXFP4 matmuls of common/kernels (gate, up, SiTU-GLU, down): expert GB/s while
 //       reading, s/token, read and compute seconds per token, and the pipeline's overlap;
-//       the same with the pipeline off, for comparison;
+//       the same with the pipeline off, and with the callbacks doing nothing (the streaming
+//       path's own read rate), for comparison;
 //   (c) prefill: bytes read per token at chunk C=1 vs C (default 32) on the same selections,
 //       the chunk loading each distinct expert once.
 //
@@ -385,6 +386,16 @@ int RunBenchStream(int argc, char** argv) {
   absl::StatusOr<PhaseResult> nopipe = RunTokens(nopipe_store->get(), decode_routing, 1);
   if (!nopipe.ok()) return Fail(nopipe.status());
   nopipe_store->reset();
+  // The same decode with the callbacks doing nothing: the streaming path's own read rate,
+  // without the expert compute competing for the CPU.
+  absl::StatusOr<std::unique_ptr<StreamingExpertStore>> readonly_store = open(true);
+  if (!readonly_store.ok()) return Fail(readonly_store.status());
+  dropped = DropPageCache(&drop_note) && dropped;
+  absl::StatusOr<PhaseResult> readonly =
+      RunTokens(readonly_store->get(), decode_routing, 1, /*compute_experts=*/false);
+  if (!readonly.ok()) return Fail(readonly.status());
+  readonly_store->reset();
+  const double readonly_gbs = readonly->stats.read_gbs();
 
   const ExpertStoreStats& d = decode->stats;
   const double T = decode->tokens;
@@ -397,6 +408,10 @@ int RunBenchStream(int argc, char** argv) {
       "while reading = %.1f%% of the ceiling; hit rate %.1f%%; pipeline off: %.3f s/token",
       s_per_token, read_s, compute_s, overlap_ratio, decode_gbs, 100 * decode_gbs / ceiling->gbs,
       100 * d.hit_rate(), nopipe->wall / T);
+  COLI_LOG(kInfo) << absl::StrFormat(
+      "(b) decode without compute: %.3f GB/s while reading = %.1f%% of the ceiling, %.3f "
+      "s/token",
+      readonly_gbs, 100 * readonly_gbs / ceiling->gbs, readonly->wall / T);
 
   // (c) prefill bytes per token at C=1 and C=chunk on the same selections, each from a cold
   // store.
@@ -446,7 +461,8 @@ int RunBenchStream(int argc, char** argv) {
         "\"s_per_token\": %.5f, \"read_s_per_token\": %.5f, \"compute_s_per_token\": %.5f, "
         "\"overlap_ratio\": %.4f, \"nopipe_s_per_token\": %.5f, \"hit_rate\": %.4f, "
         "\"ceiling_before_gbs\": %.4f, \"ceiling_after_gbs\": %.4f, "
-        "\"prefill_compute\": %s, "
+        "\"prefill_compute\": %s, \"readonly_read_gbs\": %.4f, \"readonly_read_ratio\": %.4f, "
+        "\"readonly_s_per_token\": %.5f, "
         "\"prefill_bytes_per_token_c1\": %.0f, \"prefill_bytes_per_token_c32\": %.0f, "
         "\"prefill_ratio\": %.4f, \"prefill_routing_dedup\": %.4f, \"prefill_chunk\": %d, "
         "\"prefill_s_per_token_c1\": %.5f, \"prefill_s_per_token_c32\": %.5f, "
@@ -456,7 +472,8 @@ int RunBenchStream(int argc, char** argv) {
         "\"page_cache_dropped\": %s, \"routing\": \"%s\"}\n",
         ceiling->gbs, decode_gbs, decode_gbs / ceiling->gbs, s_per_token, read_s, compute_s,
         overlap_ratio, nopipe->wall / T, d.hit_rate(), ceiling_before_gbs, ceiling_after_gbs,
-        args.prefill_compute ? "true" : "false", bytes_per_token[0], bytes_per_token[1],
+        args.prefill_compute ? "true" : "false", readonly_gbs, readonly_gbs / ceiling->gbs,
+        readonly->wall / T, bytes_per_token[0], bytes_per_token[1],
         bytes_per_token[0] / bytes_per_token[1], dedup, args.chunk, prefill_s[0], prefill_s[1],
         args.budget_gb, plan.slots_per_layer, set_gb, layers, layout->experts, args.top_k,
         args.tokens, args.load_threads, args.direct ? "true" : "false",
@@ -478,6 +495,9 @@ int RunBenchStream(int argc, char** argv) {
                 "(pipeline off: %.3f s/token); hit rate %.1f%%\n",
                 s_per_token, read_s, compute_s, overlap_ratio, nopipe->wall / T,
                 100 * d.hit_rate());
+    std::printf("                   without compute: %.3f GB/s while reading = %.1f%% of the "
+                "ceiling, %.3f s/token\n",
+                readonly_gbs, 100 * readonly_gbs / ceiling->gbs, readonly->wall / T);
     std::printf("  (c) prefill      %.1f MB/token at C=1, %.1f MB/token at C=%d: %.2fx fewer "
                 "(routing allows %.2fx)\n",
                 bytes_per_token[0] / 1e6, bytes_per_token[1] / 1e6, args.chunk,
