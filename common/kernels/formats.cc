@@ -206,14 +206,9 @@ MatrixView QuantizedMatrix::view() const {
                     format_ == WeightFormat::kF32 ? nullptr : scales_.data()};
 }
 
-absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromF32(const float* w, int64_t rows,
-                                                         int64_t cols, WeightFormat format) {
-  if (format == WeightFormat::kMxfp4) {
-    return absl::UnimplementedError(
-        "MXFP4 weights come from the checkpoint as they are; they are never re-encoded");
-  }
-  if (absl::Status s = CheckShape(rows, cols, format); !s.ok()) return s;
-  if (w == nullptr && rows > 0) return absl::InvalidArgumentError("weights pointer is null");
+template <class RowFn>
+absl::StatusOr<QuantizedMatrix> QuantizedMatrix::QuantizeRows(int64_t rows, int64_t cols,
+                                                              WeightFormat format, RowFn row_fn) {
   QuantizedMatrix m;
   m.format_ = format;
   m.rows_ = rows;
@@ -221,78 +216,28 @@ absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromF32(const float* w, int64_t
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
   switch (format) {
     case WeightFormat::kF32:
-      for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(w[i])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "row ", i / cols, ": non-finite value ", w[i], " at column ", i % cols,
-              " (NaN/inf refused)"));
-        }
-      }
       m.data_.resize(n * sizeof(float));
-      if (n != 0) std::memcpy(m.data_.data(), w, n * sizeof(float));
       break;
-    case WeightFormat::kInt8Row: {
+    case WeightFormat::kInt8Row:
       m.data_.resize(n);
       m.scales_.resize(static_cast<size_t>(rows) * sizeof(float));
-      for (int64_t r = 0; r < rows; ++r) {
-        float s;
-        absl::Status st = QuantizeRowInt8(std::span<const float>(w + r * cols, cols),
-                                          reinterpret_cast<int8_t*>(m.data_.data()) + r * cols, &s);
-        if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("row ", r, ": ", st.message()));
-        std::memcpy(m.scales_.data() + r * sizeof(float), &s, sizeof s);
-      }
       break;
-    }
-    case WeightFormat::kInt4G64: {
+    default:  // int4-g64 (MXFP4 is refused by the callers)
       m.data_.resize(n / 2);
       m.scales_.resize(n / 64 * sizeof(float));
-      std::vector<float> s(cols / 64);
-      for (int64_t r = 0; r < rows; ++r) {
-        absl::Status st = QuantizeRowInt4G64(std::span<const float>(w + r * cols, cols),
-                                             m.data_.data() + r * cols / 2, s.data());
-        if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("row ", r, ": ", st.message()));
-        std::memcpy(m.scales_.data() + r * (cols / 64) * sizeof(float), s.data(),
-                    s.size() * sizeof(float));
-      }
-      break;
-    }
-    case WeightFormat::kMxfp4:
       break;
   }
-  return m;
-}
-
-absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromBf16(const uint16_t* w, int64_t rows,
-                                                          int64_t cols, WeightFormat format) {
-  if (format == WeightFormat::kMxfp4) {
-    return absl::UnimplementedError(
-        "MXFP4 weights come from the checkpoint as they are; they are never re-encoded");
-  }
-  if (absl::Status s = CheckShape(rows, cols, format); !s.ok()) return s;
-  if (w == nullptr && rows > 0) return absl::InvalidArgumentError("weights pointer is null");
-  if (format == WeightFormat::kF32) {
-    std::vector<float> f(static_cast<size_t>(rows) * cols);
-    for (size_t i = 0; i < f.size(); ++i) f[i] = Bf16ToF32(w[i]);
-    return FromF32(f.data(), rows, cols, format);
-  }
-  // Row by row so a huge BF16 matrix never needs a full f32 copy.
-  QuantizedMatrix m;
-  m.format_ = format;
-  m.rows_ = rows;
-  m.cols_ = cols;
-  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  // One f32 row at a time, so a huge BF16 matrix never needs a full f32 copy.
   std::vector<float> row(cols);
-  if (format == WeightFormat::kInt8Row) {
-    m.data_.resize(n);
-    m.scales_.resize(static_cast<size_t>(rows) * sizeof(float));
-  } else {
-    m.data_.resize(n / 2);
-    m.scales_.resize(n / 64 * sizeof(float));
-  }
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) row[c] = Bf16ToF32(w[r * cols + c]);
+    row_fn(r, row.data());
     absl::Status st;
-    if (format == WeightFormat::kInt8Row) {
+    if (format == WeightFormat::kF32) {
+      for (int64_t c = 0; c < cols && st.ok(); ++c) {
+        if (!std::isfinite(row[c])) st = NonFinite(c, row[c]);
+      }
+      std::memcpy(m.data_.data() + r * cols * sizeof(float), row.data(), cols * sizeof(float));
+    } else if (format == WeightFormat::kInt8Row) {
       float s = 0.f;
       st = QuantizeRowInt8(row, reinterpret_cast<int8_t*>(m.data_.data()) + r * cols, &s);
       std::memcpy(m.scales_.data() + r * sizeof(float), &s, sizeof s);
@@ -303,6 +248,32 @@ absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromBf16(const uint16_t* w, int
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat("row ", r, ": ", st.message()));
   }
   return m;
+}
+
+absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromF32(const float* w, int64_t rows,
+                                                         int64_t cols, WeightFormat format) {
+  if (format == WeightFormat::kMxfp4) {
+    return absl::UnimplementedError(
+        "MXFP4 weights come from the checkpoint as they are; they are never re-encoded");
+  }
+  if (absl::Status s = CheckShape(rows, cols, format); !s.ok()) return s;
+  if (w == nullptr && rows > 0) return absl::InvalidArgumentError("weights pointer is null");
+  return QuantizeRows(rows, cols, format, [w, cols](int64_t r, float* out) {
+    std::memcpy(out, w + r * cols, cols * sizeof(float));
+  });
+}
+
+absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromBf16(const uint16_t* w, int64_t rows,
+                                                          int64_t cols, WeightFormat format) {
+  if (format == WeightFormat::kMxfp4) {
+    return absl::UnimplementedError(
+        "MXFP4 weights come from the checkpoint as they are; they are never re-encoded");
+  }
+  if (absl::Status s = CheckShape(rows, cols, format); !s.ok()) return s;
+  if (w == nullptr && rows > 0) return absl::InvalidArgumentError("weights pointer is null");
+  return QuantizeRows(rows, cols, format, [w, cols](int64_t r, float* out) {
+    for (int64_t c = 0; c < cols; ++c) out[c] = Bf16ToF32(w[r * cols + c]);
+  });
 }
 
 absl::StatusOr<QuantizedMatrix> QuantizedMatrix::DowncastInt8ToInt4(const MatrixView& in) {

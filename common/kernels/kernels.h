@@ -95,6 +95,11 @@ class QuantizedMatrix {
   const std::vector<uint8_t>& scales() const { return scales_; }
 
  private:
+  // Quantizes rows one at a time; row_fn(r, float* out) writes row r as f32.
+  template <class RowFn>
+  static absl::StatusOr<QuantizedMatrix> QuantizeRows(int64_t rows, int64_t cols,
+                                                      WeightFormat format, RowFn row_fn);
+
   WeightFormat format_ = WeightFormat::kF32;
   int64_t rows_ = 0;
   int64_t cols_ = 0;
