@@ -2,14 +2,13 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <random>
-
-#include <time.h>
 
 namespace coli::bench {
 namespace {
@@ -93,10 +92,21 @@ BenchMatrices::BenchMatrices(kernels::WeightFormat format, int64_t rows, int64_t
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
   size_t data_bytes = 0, scale_bytes = 0;
   switch (format) {
-    case WeightFormat::kF32: data_bytes = n * 4; break;
-    case WeightFormat::kInt8Row: data_bytes = n; scale_bytes = rows * 4; break;
-    case WeightFormat::kInt4G64: data_bytes = n / 2; scale_bytes = n / 64 * 4; break;
-    case WeightFormat::kMxfp4: data_bytes = n / 2; scale_bytes = n / 32; break;
+    case WeightFormat::kF32:
+      data_bytes = n * 4;
+      break;
+    case WeightFormat::kInt8Row:
+      data_bytes = n;
+      scale_bytes = rows * 4;
+      break;
+    case WeightFormat::kInt4G64:
+      data_bytes = n / 2;
+      scale_bytes = n / 64 * 4;
+      break;
+    case WeightFormat::kMxfp4:
+      data_bytes = n / 2;
+      scale_bytes = n / 32;
+      break;
   }
   for (int c = 0; c < copies; ++c) {
     auto data = std::make_unique<AlignedBytes>(data_bytes);
@@ -119,7 +129,8 @@ BenchMatrices::BenchMatrices(kernels::WeightFormat format, int64_t rows, int64_t
         float* s = reinterpret_cast<float*>(scales->data);
         for (size_t g = 0; g < n / 64; ++g) s[g] = 0.01f + 1e-5f * static_cast<float>(g % 97);
       } else {
-        for (size_t g = 0; g < scale_bytes; ++g) scales->data[g] = static_cast<uint8_t>(118 + g % 13);
+        for (size_t g = 0; g < scale_bytes; ++g)
+          scales->data[g] = static_cast<uint8_t>(118 + g % 13);
       }
     } else {
       std::memcpy(data->data, blocks_[0]->data, data_bytes);
@@ -169,7 +180,8 @@ double MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time) 
     timespec c1;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
     const double s =
-        cpu_time ? static_cast<double>(c1.tv_sec - c0.tv_sec) + 1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec)
+        cpu_time ? static_cast<double>(c1.tv_sec - c0.tv_sec) +
+                       1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec)
                  : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink = sink + total;
     best = std::max(best, static_cast<double>(bytes) / s / 1e9);

@@ -29,17 +29,17 @@ void BM_Matmul(benchmark::State& state, WeightFormat format, bool idot) {
     if (!s.ok()) state.SkipWithError(std::string(s.message()).c_str());
     benchmark::DoNotOptimize(y.data());
   }
-  state.counters["GFLOPS"] = benchmark::Counter(2.0 * rows * cols * batch,
-                                                benchmark::Counter::kIsIterationInvariantRate,
-                                                benchmark::Counter::kIs1000);
-  state.counters["weight_GBps"] = benchmark::Counter(static_cast<double>(one),
-                                                     benchmark::Counter::kIsIterationInvariantRate,
-                                                     benchmark::Counter::kIs1000);
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2.0 * rows * cols * batch, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
+  state.counters["weight_GBps"] =
+      benchmark::Counter(static_cast<double>(one), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
-  for (auto [r, c] : {std::pair<int64_t, int64_t>{4096, 14336}, {3072, 3584}, {3584, 3072},
-                      {12288, 7168}}) {
+  for (auto [r, c] :
+       {std::pair<int64_t, int64_t>{4096, 14336}, {3072, 3584}, {3584, 3072}, {12288, 7168}}) {
     for (int64_t batch : {1, 8, 32}) b->Args({r, c, batch});
   }
   b->UseRealTime()->Unit(benchmark::kMicrosecond);
@@ -51,7 +51,10 @@ BENCHMARK_CAPTURE(BM_Matmul, int8, WeightFormat::kInt8Row, true)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Matmul, int4g64, WeightFormat::kInt4G64, true)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Matmul, f32, WeightFormat::kF32, false)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Matmul, int8_lm_head, WeightFormat::kInt8Row, true)
-    ->Args({163840, 7168, 1})->Args({163840, 7168, 8})->UseRealTime()->Unit(benchmark::kMicrosecond);
+    ->Args({163840, 7168, 1})
+    ->Args({163840, 7168, 8})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

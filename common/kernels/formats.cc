@@ -59,10 +59,14 @@ absl::Status CheckShape(int64_t rows, int64_t cols, WeightFormat format) {
 
 const char* WeightFormatName(WeightFormat format) {
   switch (format) {
-    case WeightFormat::kF32: return "f32";
-    case WeightFormat::kInt8Row: return "int8";
-    case WeightFormat::kInt4G64: return "int4g64";
-    case WeightFormat::kMxfp4: return "mxfp4";
+    case WeightFormat::kF32:
+      return "f32";
+    case WeightFormat::kInt8Row:
+      return "int8";
+    case WeightFormat::kInt4G64:
+      return "int4g64";
+    case WeightFormat::kMxfp4:
+      return "mxfp4";
   }
   return "unknown";
 }
@@ -103,10 +107,14 @@ absl::Status ValidateView(const MatrixView& w) {
 size_t ViewBytes(const MatrixView& w) {
   const size_t n = static_cast<size_t>(w.rows) * static_cast<size_t>(w.cols);
   switch (w.format) {
-    case WeightFormat::kF32: return n * 4;
-    case WeightFormat::kInt8Row: return n + static_cast<size_t>(w.rows) * 4;
-    case WeightFormat::kInt4G64: return n / 2 + n / 64 * 4;
-    case WeightFormat::kMxfp4: return n / 2 + n / 32;
+    case WeightFormat::kF32:
+      return n * 4;
+    case WeightFormat::kInt8Row:
+      return n + static_cast<size_t>(w.rows) * 4;
+    case WeightFormat::kInt4G64:
+      return n / 2 + n / 64 * 4;
+    case WeightFormat::kMxfp4:
+      return n / 2 + n / 32;
   }
   return 0;
 }
@@ -119,7 +127,8 @@ absl::Status QuantizeRowInt8(std::span<const float> w, int8_t* q, float* scale) 
   }
   const float s = FlooredScale(max_abs, 127.f);
   const float inv = 1.0f / s;
-  for (size_t i = 0; i < w.size(); ++i) q[i] = static_cast<int8_t>(RoundClamp(w[i] * inv, -127, 127));
+  for (size_t i = 0; i < w.size(); ++i)
+    q[i] = static_cast<int8_t>(RoundClamp(w[i] * inv, -127, 127));
   *scale = s;
   return absl::OkStatus();
 }
@@ -250,8 +259,8 @@ absl::StatusOr<QuantizedMatrix> QuantizedMatrix::QuantizeRows(int64_t rows, int6
   return m;
 }
 
-absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromF32(const float* w, int64_t rows,
-                                                         int64_t cols, WeightFormat format) {
+absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromF32(const float* w, int64_t rows, int64_t cols,
+                                                         WeightFormat format) {
   if (format == WeightFormat::kMxfp4) {
     return absl::UnimplementedError(
         "MXFP4 weights come from the checkpoint as they are; they are never re-encoded");
@@ -279,8 +288,8 @@ absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromBf16(const uint16_t* w, int
 absl::StatusOr<QuantizedMatrix> QuantizedMatrix::DowncastInt8ToInt4(const MatrixView& in) {
   if (absl::Status s = ValidateView(in); !s.ok()) return s;
   if (in.format != WeightFormat::kInt8Row) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("int8 -> int4 downcast needs an int8 matrix, got ", WeightFormatName(in.format)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "int8 -> int4 downcast needs an int8 matrix, got ", WeightFormatName(in.format)));
   }
   if (absl::Status s = CheckShape(in.rows, in.cols, WeightFormat::kInt4G64); !s.ok()) return s;
   const int64_t rows = in.rows, cols = in.cols;
@@ -323,16 +332,27 @@ absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromParts(WeightFormat format, 
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
   size_t want_data = 0, want_scales = 0;
   switch (format) {
-    case WeightFormat::kF32: want_data = n * 4; break;
-    case WeightFormat::kInt8Row: want_data = n; want_scales = rows * 4; break;
-    case WeightFormat::kInt4G64: want_data = n / 2; want_scales = n / 64 * 4; break;
-    case WeightFormat::kMxfp4: want_data = n / 2; want_scales = n / 32; break;
+    case WeightFormat::kF32:
+      want_data = n * 4;
+      break;
+    case WeightFormat::kInt8Row:
+      want_data = n;
+      want_scales = rows * 4;
+      break;
+    case WeightFormat::kInt4G64:
+      want_data = n / 2;
+      want_scales = n / 64 * 4;
+      break;
+    case WeightFormat::kMxfp4:
+      want_data = n / 2;
+      want_scales = n / 32;
+      break;
   }
   if (data.size() != want_data || scales.size() != want_scales) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        WeightFormatName(format), " [", rows, ", ", cols, "]: expected ", want_data,
-        " data bytes and ", want_scales, " scale bytes, got ", data.size(), " and ",
-        scales.size()));
+    return absl::InvalidArgumentError(absl::StrCat(WeightFormatName(format), " [", rows, ", ", cols,
+                                                   "]: expected ", want_data, " data bytes and ",
+                                                   want_scales, " scale bytes, got ", data.size(),
+                                                   " and ", scales.size()));
   }
   QuantizedMatrix m;
   m.format_ = format;

@@ -58,15 +58,15 @@ inline constexpr int kInt8ActGroup = 64;
 // Float paths:
 //   xf    + b*xf_stride: f32 activations; MXFP4 float: per group [16 even cols][16 odd cols].
 struct Prepared {
-  const float* x = nullptr;     // the caller's activations [batch, cols]
+  const float* x = nullptr;  // the caller's activations [batch, cols]
   int64_t nblocks = 0;
   int64_t block_bytes = 0;
   const int8_t* xq = nullptr;
   const int32_t* corr = nullptr;
   const float* xs = nullptr;
-  const int8_t* qx = nullptr;   // [batch, cols]
-  const float* qs = nullptr;    // [batch, groups]
-  int64_t qs_stride = 0;        // groups per batch row
+  const int8_t* qx = nullptr;  // [batch, cols]
+  const float* qs = nullptr;   // [batch, groups]
+  int64_t qs_stride = 0;       // groups per batch row
   const float* xf = nullptr;
   int64_t xf_stride = 0;
 };
@@ -114,7 +114,8 @@ inline float ReduceLanes16(const float* a) {
 }
 
 // Doubled e2m1 values (exact int8) and the same biased by +12 (unsigned operand of the SIMD dots).
-inline constexpr int8_t kE2m1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline constexpr int8_t kE2m1Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
 inline constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                                     -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 

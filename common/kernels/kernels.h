@@ -4,8 +4,8 @@
 // in place, never re-encoded), int8 per row and int4 in groups of 64 (dense matrices quantized
 // at load from BF16), and f32 (validation).
 //
-//   COLI_ASSIGN_OR_RETURN(auto q, QuantizedMatrix::FromBf16(w, rows, cols, WeightFormat::kInt8Row));
-//   std::vector<float> y(batch * rows);
+//   COLI_ASSIGN_OR_RETURN(auto q, QuantizedMatrix::FromBf16(w, rows, cols,
+//   WeightFormat::kInt8Row)); std::vector<float> y(batch * rows);
 //   COLI_RETURN_IF_ERROR(Matmul(q.view(), x, batch, y.data(), {.idot = true, .threads = 2}));
 //
 // Numerics (the same on every instruction set, so results never depend on the machine):
@@ -49,8 +49,9 @@ const char* WeightFormatName(WeightFormat format);
 // A non-owning view of a weight matrix [rows, cols] in one format:
 //   kF32:     data = float[rows*cols]
 //   kInt8Row: data = int8[rows*cols],  scales = float[rows]
-//   kInt4G64: data = uint8[rows*cols/2] (biased nibbles, low = even col), scales = float[rows*cols/64]
-//   kMxfp4:   data = uint8[rows*cols/2] (e2m1, low = even col), scales = uint8 E8M0 [rows*cols/32]
+//   kInt4G64: data = uint8[rows*cols/2] (biased nibbles, low = even col), scales =
+//   float[rows*cols/64] kMxfp4:   data = uint8[rows*cols/2] (e2m1, low = even col), scales = uint8
+//   E8M0 [rows*cols/32]
 struct MatrixView {
   WeightFormat format;
   int64_t rows;

@@ -34,9 +34,12 @@ Isa ChooseIsaOnce() { return internal::ApplyIsaOverride(std::getenv("COLI_ISA"),
 
 const internal::KernelSet& KernelsFor(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return internal::Avx512Kernels();
-    case Isa::kAvx2: return internal::Avx2Kernels();
-    case Isa::kScalar: break;
+    case Isa::kAvx512:
+      return internal::Avx512Kernels();
+    case Isa::kAvx2:
+      return internal::Avx2Kernels();
+    case Isa::kScalar:
+      break;
   }
   return internal::ScalarKernels();
 }
@@ -198,10 +201,14 @@ absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch
 
 internal::KernelFn PickKernel(const internal::KernelSet& set, WeightFormat f, bool idot) {
   switch (f) {
-    case WeightFormat::kF32: return set.f32;
-    case WeightFormat::kInt8Row: return idot ? set.int8_idot : set.int8_float;
-    case WeightFormat::kInt4G64: return idot ? set.int4_idot : set.int4_float;
-    case WeightFormat::kMxfp4: return idot ? set.mxfp4_idot : set.mxfp4_float;
+    case WeightFormat::kF32:
+      return set.f32;
+    case WeightFormat::kInt8Row:
+      return idot ? set.int8_idot : set.int8_float;
+    case WeightFormat::kInt4G64:
+      return idot ? set.int4_idot : set.int4_float;
+    case WeightFormat::kMxfp4:
+      return idot ? set.mxfp4_idot : set.mxfp4_float;
   }
   return nullptr;
 }
@@ -210,9 +217,12 @@ internal::KernelFn PickKernel(const internal::KernelSet& set, WeightFormat f, bo
 
 const char* IsaName(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }

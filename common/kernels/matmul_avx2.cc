@@ -63,13 +63,14 @@ COLI_AVX2_INLINE void DecodeMxfp4(const uint8_t* packed, const uint8_t* s4, IntB
     const __m256i v = Load256(packed + 32 * h);
     blk.wl[h] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(v, low4));
     blk.wh[h] = _mm256_shuffle_epi8(tbl, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
-    const __m256i pick = _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1,
-                                           2 * h + 1, 2 * h + 1);
+    const __m256i pick =
+        _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, 2 * h + 1, 2 * h + 1);
     blk.ws[h] = _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(sv, pick));
   }
 }
 
-COLI_AVX2_INLINE void DecodeInt4(const uint8_t* packed, const float* s2, int halves, IntBlock& blk) {
+COLI_AVX2_INLINE void DecodeInt4(const uint8_t* packed, const float* s2, int halves,
+                                 IntBlock& blk) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int h = 0; h < halves; ++h) {
     const __m256i v = Load256(packed + 32 * h);
@@ -86,8 +87,8 @@ COLI_AVX2_INLINE void AccumulateBlock(const IntBlock& blk, int halves, const Pre
   for (int h = 0; h < halves; ++h) {
     const __m256i c = Load256(p.corr + off * 16 + 8 * h);
     const __m256 xs = _mm256_load_ps(p.xs + off * 16 + 8 * h);
-    const __m256i d =
-        _mm256_add_epi32(c, Dot2(blk.wl[h], Load256(xq + 32 * h), blk.wh[h], Load256(xq + 64 + 32 * h)));
+    const __m256i d = _mm256_add_epi32(
+        c, Dot2(blk.wl[h], Load256(xq + 32 * h), blk.wh[h], Load256(xq + 64 + 32 * h)));
     __m256& a = h == 0 ? acc.lo : acc.hi;
     a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(blk.ws[h], xs), a);
   }
@@ -159,8 +160,8 @@ COLI_AVX2 void Int8IdotTile(const MatrixView& w, const Prepared& p, float* y, in
       for (int h = 0; h < 2; ++h) {
         const __m256i x = Load256(p.xq + off * 64 + 32 * h);
         for (int i = 0; i < R; ++i) {
-          const __m256i prod = _mm256_maddubs_epi16(_mm256_abs_epi8(wv[i][h]),
-                                                    _mm256_sign_epi8(x, wv[i][h]));
+          const __m256i prod =
+              _mm256_maddubs_epi16(_mm256_abs_epi8(wv[i][h]), _mm256_sign_epi8(x, wv[i][h]));
           const __m256i d = _mm256_madd_epi16(prod, _mm256_set1_epi16(1));
           __m256& a = h == 0 ? acc[i][b].lo : acc[i][b].hi;
           a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), xs, a);
@@ -201,14 +202,18 @@ COLI_AVX2 void FloatTile(const MatrixView& w, const Prepared& p, float* y, int64
         wv[i].hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
       } else {  // int4-g64
         const uint8_t* src = static_cast<const uint8_t*>(w.data) + r * (cols / 2) + 8 * k;
-        const __m128i b16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-        const __m128i nat = _mm_or_si128(_mm_and_si128(b16, low4),
-                                         _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
-        const __m256 s = _mm256_set1_ps(static_cast<const float*>(w.scales)[r * (cols / 64) + k / 4]);
+        const __m128i b16 =
+            _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+        const __m128i nat =
+            _mm_or_si128(_mm_and_si128(b16, low4), _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
+        const __m256 s =
+            _mm256_set1_ps(static_cast<const float*>(w.scales)[r * (cols / 64) + k / 4]);
         const __m256i eight = _mm256_set1_epi32(8);
-        wv[i].lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(nat), eight)), s);
-        wv[i].hi = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(nat, 8)), eight)), s);
+        wv[i].lo = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(nat), eight)), s);
+        wv[i].hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(
+                                     _mm256_cvtepu8_epi32(_mm_srli_si128(nat, 8)), eight)),
+                                 s);
       }
     }
     for (int b = 0; b < B; ++b) {
@@ -243,11 +248,13 @@ COLI_AVX2 void Mxfp4FloatTile(const MatrixView& w, const Prepared& p, float* y, 
     for (int i = 0; i < R; ++i) {
       const uint8_t* src = static_cast<const uint8_t*>(w.data) + (r0 + i) * (cols / 2) + 16 * g;
       const uint8_t s = static_cast<const uint8_t*>(w.scales)[(r0 + i) * groups + g];
-      const __m256 stab = _mm256_mul_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(s) << 23)));
+      const __m256 stab =
+          _mm256_mul_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(s) << 23)));
       // e2m1 value: magnitude from the low 3 bits (already scaled), sign from bit 3.
       __m256 out[4];
       for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8 * h)));
+        const __m256i v =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 8 * h)));
         const __m256i codes[2] = {_mm256_and_si256(v, low4), _mm256_srli_epi32(v, 4)};
         for (int e = 0; e < 2; ++e) {
           const __m256 m = _mm256_permutevar8x32_ps(stab, codes[e]);
@@ -272,7 +279,8 @@ COLI_AVX2 void Mxfp4FloatTile(const MatrixView& w, const Prepared& p, float* y, 
   }
   for (int i = 0; i < R; ++i) {
     for (int b = 0; b < B; ++b) {
-      const V16 sum{_mm256_add_ps(ae[i][b].lo, ao[i][b].lo), _mm256_add_ps(ae[i][b].hi, ao[i][b].hi)};
+      const V16 sum{_mm256_add_ps(ae[i][b].lo, ao[i][b].lo),
+                    _mm256_add_ps(ae[i][b].hi, ao[i][b].hi)};
       y[(b0 + b) * w.rows + r0 + i] = Reduce16(sum);
     }
   }
@@ -296,10 +304,18 @@ COLI_AVX2 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, floa
   for (int64_t r = rb; r < re; ++r) {
     for (int64_t b0 = 0; b0 < batch; b0 += 4) {
       switch (std::min<int64_t>(4, batch - b0)) {
-        case 1: T1(w, p, y, r, b0); break;
-        case 2: B2(w, p, y, r, b0); break;
-        case 3: B3(w, p, y, r, b0); break;
-        default: B4(w, p, y, r, b0); break;
+        case 1:
+          T1(w, p, y, r, b0);
+          break;
+        case 2:
+          B2(w, p, y, r, b0);
+          break;
+        case 3:
+          B3(w, p, y, r, b0);
+          break;
+        default:
+          B4(w, p, y, r, b0);
+          break;
       }
     }
   }
@@ -308,11 +324,13 @@ COLI_AVX2 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, floa
 #define COLI_AVX2_DRIVE(T) Drive<T<1, 1>, T<2, 1>, T<1, 2>, T<1, 3>, T<1, 4>>
 
 template <int R, int B>
-COLI_AVX2 void Mxfp4IdotTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0, int64_t b0) {
+COLI_AVX2 void Mxfp4IdotTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                             int64_t b0) {
   IntTile<true, R, B>(w, p, y, r0, b0);
 }
 template <int R, int B>
-COLI_AVX2 void Int4IdotTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0, int64_t b0) {
+COLI_AVX2 void Int4IdotTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                            int64_t b0) {
   IntTile<false, R, B>(w, p, y, r0, b0);
 }
 template <int R, int B>
@@ -320,21 +338,23 @@ COLI_AVX2 void F32Tile(const MatrixView& w, const Prepared& p, float* y, int64_t
   FloatTile<WeightFormat::kF32, R, B>(w, p, y, r0, b0);
 }
 template <int R, int B>
-COLI_AVX2 void Int8FloatTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0, int64_t b0) {
+COLI_AVX2 void Int8FloatTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                             int64_t b0) {
   FloatTile<WeightFormat::kInt8Row, R, B>(w, p, y, r0, b0);
 }
 template <int R, int B>
-COLI_AVX2 void Int4FloatTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0, int64_t b0) {
+COLI_AVX2 void Int4FloatTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                             int64_t b0) {
   FloatTile<WeightFormat::kInt4G64, R, B>(w, p, y, r0, b0);
 }
 
 }  // namespace
 
 const KernelSet& Avx2Kernels() {
-  static const KernelSet set = {
-      COLI_AVX2_DRIVE(F32Tile),       COLI_AVX2_DRIVE(Mxfp4FloatTile), COLI_AVX2_DRIVE(Mxfp4IdotTile),
-      COLI_AVX2_DRIVE(Int8FloatTile), COLI_AVX2_DRIVE(Int8IdotTile),   COLI_AVX2_DRIVE(Int4FloatTile),
-      COLI_AVX2_DRIVE(Int4IdotTile)};
+  static const KernelSet set = {COLI_AVX2_DRIVE(F32Tile),       COLI_AVX2_DRIVE(Mxfp4FloatTile),
+                                COLI_AVX2_DRIVE(Mxfp4IdotTile), COLI_AVX2_DRIVE(Int8FloatTile),
+                                COLI_AVX2_DRIVE(Int8IdotTile),  COLI_AVX2_DRIVE(Int4FloatTile),
+                                COLI_AVX2_DRIVE(Int4IdotTile)};
   return set;
 }
 

@@ -1,5 +1,6 @@
-// AVX-512 (F, BW, VL, DQ, VNNI, VBMI) kernels. Each function carries its own target attribute, so this
-// file builds without -march flags; the dispatcher only calls it when cpuid reports the features.
+// AVX-512 (F, BW, VL, DQ, VNNI, VBMI) kernels. Each function carries its own target attribute, so
+// this file builds without -march flags; the dispatcher only calls it when cpuid reports the
+// features.
 //
 // Every kernel reproduces the scalar reference's 16-lane order exactly (kernels.h, "Numerics"):
 // one zmm accumulator per (row, batch row) holds the 16 lanes; the integer paths add a block's
@@ -72,8 +73,8 @@ struct Mxfp4Idot {
     return _mm512_broadcast_i32x4(
         _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   }
-  COLI_AVX512 __attribute__((always_inline)) static void Decode(__m512i v, __m512i tbl,
-                                                                 __m512i& wl, __m512i& wh) {
+  COLI_AVX512 __attribute__((always_inline)) static void Decode(__m512i v, __m512i tbl, __m512i& wl,
+                                                                __m512i& wh) {
     wl = _mm512_permutexvar_epi8(v, tbl);
     wh = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), tbl);
   }
@@ -99,16 +100,16 @@ struct Mxfp4Idot {
     for (; k + 4 <= nfull; k += 4) {
       __m512 s16[R];
       for (int i = 0; i < R; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(sp[i] + 4 * k) + kPrefetchBytes / 16, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(sp[i] + 4 * k) + kPrefetchBytes / 16,
+                     _MM_HINT_T0);
         s16[i] = _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp[i] + 4 * k))),
             23));
       }
       for (int q = 0; q < 4; ++q) {
-        const __m512i pick = _mm512_set_epi32(4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 3,
-                                              4 * q + 2, 4 * q + 2, 4 * q + 2, 4 * q + 2,
-                                              4 * q + 1, 4 * q + 1, 4 * q + 1, 4 * q + 1,
-                                              4 * q, 4 * q, 4 * q, 4 * q);
+        const __m512i pick = _mm512_set_epi32(4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 2,
+                                              4 * q + 2, 4 * q + 2, 4 * q + 2, 4 * q + 1, 4 * q + 1,
+                                              4 * q + 1, 4 * q + 1, 4 * q, 4 * q, 4 * q, 4 * q);
         __m512i wl[R], wh[R];
         __m512 ws[R];
         for (int i = 0; i < R; ++i) {
@@ -122,9 +123,8 @@ struct Mxfp4Idot {
     }
     // Remaining blocks, the last one possibly short (masked loads never touch bytes past the row).
     const __m512i sctl = _mm512_set_epi8(
-        -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3,
-        -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 2,
-        -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1,
+        -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 2, -1, -1, -1, 2,
+        -1, -1, -1, 2, -1, -1, -1, 2, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1,
         -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
     for (; k < nblk; ++k) {
       const bool tail = k == nfull;
@@ -259,14 +259,16 @@ struct FloatWeights {
           wv[i] = _mm512_maskz_loadu_ps(m, src);
         } else if constexpr (F == WeightFormat::kInt8Row) {
           const int8_t* src = static_cast<const int8_t*>(w.data) + r * cols + 16 * k;
-          if ((k & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(src) + kPrefetchBytes, _MM_HINT_T0);
+          if ((k & 3) == 0)
+            _mm_prefetch(reinterpret_cast<const char*>(src) + kPrefetchBytes, _MM_HINT_T0);
           const __m128i q = _mm_maskz_loadu_epi8(m, src);
           wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
         } else {  // int4-g64: 8 bytes -> 16 nibbles in column order, (n - 8) * s_g
           const uint8_t* src = static_cast<const uint8_t*>(w.data) + r * (cols / 2) + 8 * k;
-          const __m128i b16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-          const __m128i nat = _mm_or_si128(_mm_and_si128(b16, low4),
-                                           _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
+          const __m128i b16 =
+              _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+          const __m128i nat =
+              _mm_or_si128(_mm_and_si128(b16, low4), _mm_slli_epi16(_mm_srli_epi16(b16, 4), 8));
           const __m512i n = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nat), _mm512_set1_epi32(8));
           const float s = static_cast<const float*>(w.scales)[r * (cols / 64) + k / 4];
           wv[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(n), _mm512_set1_ps(s));
@@ -278,7 +280,8 @@ struct FloatWeights {
       }
     }
     for (int i = 0; i < R; ++i) {
-      const float s = F == WeightFormat::kInt8Row ? static_cast<const float*>(w.scales)[r0 + i] : 1.f;
+      const float s =
+          F == WeightFormat::kInt8Row ? static_cast<const float*>(w.scales)[r0 + i] : 1.f;
       for (int b = 0; b < B; ++b) {
         const float v = Reduce16(acc[i][b]);
         y[(b0 + b) * w.rows + r0 + i] = F == WeightFormat::kInt8Row ? s * v : v;
@@ -312,8 +315,8 @@ struct Mxfp4Float {
         if ((g & 3) == 0) {
           _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 16 * g) + kPrefetchBytes, _MM_HINT_T0);
         }
-        const __m512i v = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp[i] + 16 * g)));
+        const __m512i v =
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp[i] + 16 * g)));
         const __m512 stab = _mm512_mul_ps(
             tbl, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(sp[i][g]) << 23)));
         we[i] = _mm512_permutexvar_ps(_mm512_and_si512(v, low4), stab);
@@ -339,26 +342,44 @@ template <class K, int R>
 COLI_AVX512 void TileB(int nb, const MatrixView& w, const Prepared& p, float* y, int64_t r0,
                        int64_t b0) {
   switch (nb) {
-    case 1: K::template Tile<R, 1>(w, p, y, r0, b0); return;
-    case 2: K::template Tile<R, 2>(w, p, y, r0, b0); return;
-    case 3: K::template Tile<R, 3>(w, p, y, r0, b0); return;
-    case 4: K::template Tile<R, 4>(w, p, y, r0, b0); return;
-    default: break;
+    case 1:
+      K::template Tile<R, 1>(w, p, y, r0, b0);
+      return;
+    case 2:
+      K::template Tile<R, 2>(w, p, y, r0, b0);
+      return;
+    case 3:
+      K::template Tile<R, 3>(w, p, y, r0, b0);
+      return;
+    case 4:
+      K::template Tile<R, 4>(w, p, y, r0, b0);
+      return;
+    default:
+      break;
   }
   if constexpr (K::kBatchTile > 4) {
     switch (nb) {
-      case 5: K::template Tile<R, 5>(w, p, y, r0, b0); return;
-      case 6: K::template Tile<R, 6>(w, p, y, r0, b0); return;
-      case 7: K::template Tile<R, 7>(w, p, y, r0, b0); return;
-      case 8: K::template Tile<R, 8>(w, p, y, r0, b0); return;
-      default: break;
+      case 5:
+        K::template Tile<R, 5>(w, p, y, r0, b0);
+        return;
+      case 6:
+        K::template Tile<R, 6>(w, p, y, r0, b0);
+        return;
+      case 7:
+        K::template Tile<R, 7>(w, p, y, r0, b0);
+        return;
+      case 8:
+        K::template Tile<R, 8>(w, p, y, r0, b0);
+        return;
+      default:
+        break;
     }
   }
 }
 
 template <class K>
-COLI_AVX512 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, float* y,
-                       int64_t rb, int64_t re) {
+COLI_AVX512 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, float* y, int64_t rb,
+                       int64_t re) {
   int64_t r = rb;
   if (batch == 1) {
     for (; r + 4 <= re; r += 4) K::template Tile<4, 1>(w, p, y, r, 0);
@@ -384,7 +405,8 @@ COLI_AVX512 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, fl
 // QuantizeActivationsInt8Groups (max|x| is exact, the scale and its reciprocal are scalar IEEE
 // divisions, cvtps2dq rounds half to even), codes left in 4 int32 vectors (cols 16v..16v+15).
 COLI_AVX512 __attribute__((always_inline)) inline bool QuantizeGroup(const float* x, int n,
-                                                                      __m512i (&q)[4], float* scale) {
+                                                                     __m512i (&q)[4],
+                                                                     float* scale) {
   __m512 v[4];
   __m512 m = _mm512_setzero_ps();
   __mmask16 bad = 0;
@@ -400,7 +422,8 @@ COLI_AVX512 __attribute__((always_inline)) inline bool QuantizeGroup(const float
   const __m512 inv = _mm512_set1_ps(1.0f / s);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   for (int k = 0; k < 4; ++k) {
-    q[k] = k < nv ? _mm512_max_epi32(lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(v[k], inv))))
+    q[k] = k < nv ? _mm512_max_epi32(
+                        lo, _mm512_min_epi32(hi, _mm512_cvtps_epi32(_mm512_mul_ps(v[k], inv))))
                   : _mm512_setzero_si512();
   }
   *scale = s;
@@ -409,8 +432,8 @@ COLI_AVX512 __attribute__((always_inline)) inline bool QuantizeGroup(const float
 
 }  // namespace
 
-COLI_AVX512 bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const float* x, int64_t nblocks,
-                                      int8_t* xq, int32_t* corr, float* xs) {
+COLI_AVX512 bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const float* x,
+                                      int64_t nblocks, int8_t* xq, int32_t* corr, float* xs) {
   const __m512i ones = _mm512_set1_epi8(1);
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -447,7 +470,8 @@ COLI_AVX512 bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const f
       const int n = static_cast<int>(std::min<int64_t>(64, cols - 64 * k));
       if (!QuantizeGroup(x + 64 * k, n, q, &s)) return false;
       for (int v = 0; v < 4; ++v) {
-        _mm_store_si128(reinterpret_cast<__m128i*>(xq + 64 * k + 16 * v), _mm512_cvtepi32_epi8(q[v]));
+        _mm_store_si128(reinterpret_cast<__m128i*>(xq + 64 * k + 16 * v),
+                        _mm512_cvtepi32_epi8(q[v]));
       }
       _mm512_store_ps(xs + 16 * k, _mm512_set1_ps(s));
     }
@@ -469,14 +493,16 @@ COLI_AVX512 bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const f
   return true;
 }
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 const KernelSet& Avx512Kernels() {
-  static const KernelSet set = {
-      Drive<FloatWeights<WeightFormat::kF32>>,     Drive<Mxfp4Float>, Drive<Mxfp4Idot>,
-      Drive<FloatWeights<WeightFormat::kInt8Row>>, Drive<Int8Idot>,
-      Drive<FloatWeights<WeightFormat::kInt4G64>>, Drive<Int4Idot>};
+  static const KernelSet set = {Drive<FloatWeights<WeightFormat::kF32>>,
+                                Drive<Mxfp4Float>,
+                                Drive<Mxfp4Idot>,
+                                Drive<FloatWeights<WeightFormat::kInt8Row>>,
+                                Drive<Int8Idot>,
+                                Drive<FloatWeights<WeightFormat::kInt4G64>>,
+                                Drive<Int4Idot>};
   return set;
 }
 

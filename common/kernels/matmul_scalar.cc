@@ -60,8 +60,8 @@ void Int4FloatScalar(const MatrixView& w, const Prepared& p, int64_t batch, floa
   }
 }
 
-void Mxfp4FloatScalar(const MatrixView& w, const Prepared& p, int64_t batch, float* y,
-                      int64_t rb, int64_t re) {
+void Mxfp4FloatScalar(const MatrixView& w, const Prepared& p, int64_t batch, float* y, int64_t rb,
+                      int64_t re) {
   const int64_t cols = w.cols, groups = cols / 32;
   for (int64_t r = rb; r < re; ++r) {
     const uint8_t* q = static_cast<const uint8_t*>(w.data) + r * cols / 2;
@@ -166,8 +166,8 @@ void Int8IdotScalar(const MatrixView& w, const Prepared& p, int64_t batch, float
 }  // namespace
 
 const KernelSet& ScalarKernels() {
-  static const KernelSet set = {F32Scalar,       Mxfp4FloatScalar, Mxfp4IdotScalar, Int8FloatScalar,
-                                Int8IdotScalar,  Int4FloatScalar,  Int4IdotScalar};
+  static const KernelSet set = {F32Scalar,      Mxfp4FloatScalar, Mxfp4IdotScalar, Int8FloatScalar,
+                                Int8IdotScalar, Int4FloatScalar,  Int4IdotScalar};
   return set;
 }
 

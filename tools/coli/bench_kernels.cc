@@ -57,7 +57,8 @@ int Usage() {
 
 double Now(bool cpu_time) {
   if (!cpu_time) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
   timespec t;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
@@ -91,8 +92,11 @@ int RunBenchKernels(int argc, char** argv) {
                             {"int8", WeightFormat::kInt8Row, true},
                             {"int4g64", WeightFormat::kInt4G64, true},
                             {"f32", WeightFormat::kF32, false}};
-  std::vector<Shape> shapes = {{4096, 14336, false}, {3072, 3584, false}, {3584, 3072, false},
-                               {12288, 7168, false}, {163840, 7168, true}};
+  std::vector<Shape> shapes = {{4096, 14336, false},
+                               {3072, 3584, false},
+                               {3584, 3072, false},
+                               {12288, 7168, false},
+                               {163840, 7168, true}};
   std::vector<int64_t> batches = {1, 8, 32};
   if (quick) {
     shapes = {{4096, 14336, false}};
@@ -119,7 +123,8 @@ int RunBenchKernels(int argc, char** argv) {
         const std::vector<float> x = bench::RandomActivations(batch * shape.cols, 11);
         std::vector<float> y(batch * shape.rows);
         const kernels::MatmulOptions opt{cfg.idot, threads};
-        if (absl::Status s = kernels::Matmul(mats.view(0), x.data(), batch, y.data(), opt); !s.ok()) {
+        if (absl::Status s = kernels::Matmul(mats.view(0), x.data(), batch, y.data(), opt);
+            !s.ok()) {
           std::fprintf(stderr, "coli bench kernels: %s\n", std::string(s.message()).c_str());
           return 1;
         }
@@ -138,9 +143,11 @@ int RunBenchKernels(int argc, char** argv) {
         r.weight_gbs = static_cast<double>(one) / per_call / 1e9;
         r.bw_ratio = r.weight_gbs / read_bw;
         results.push_back(r);
-        std::fprintf(stderr, "[bench kernels] %-10s %6lldx%-6lld batch %2lld: %8.1f GFLOPS %6.1f GB/s %.2f\n",
-                     r.format.c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.cols),
-                     static_cast<long long>(r.batch), r.gflops, r.weight_gbs, r.bw_ratio);
+        std::fprintf(
+            stderr,
+            "[bench kernels] %-10s %6lldx%-6lld batch %2lld: %8.1f GFLOPS %6.1f GB/s %.2f\n",
+            r.format.c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.cols),
+            static_cast<long long>(r.batch), r.gflops, r.weight_gbs, r.bw_ratio);
       }
     }
   }
@@ -149,11 +156,12 @@ int RunBenchKernels(int argc, char** argv) {
     std::printf("{\"read_bw_gbs\": %.3f, \"results\": [", read_bw);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      std::printf("%s{\"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"batch\": %lld, "
-                  "\"gflops\": %.3f, \"weight_gbs\": %.3f, \"bw_ratio\": %.4f}",
-                  i ? ", " : "", r.format.c_str(), static_cast<long long>(r.rows),
-                  static_cast<long long>(r.cols), static_cast<long long>(r.batch), r.gflops,
-                  r.weight_gbs, r.bw_ratio);
+      std::printf(
+          "%s{\"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"batch\": %lld, "
+          "\"gflops\": %.3f, \"weight_gbs\": %.3f, \"bw_ratio\": %.4f}",
+          i ? ", " : "", r.format.c_str(), static_cast<long long>(r.rows),
+          static_cast<long long>(r.cols), static_cast<long long>(r.batch), r.gflops, r.weight_gbs,
+          r.bw_ratio);
     }
     std::printf("]}\n");
   } else {
@@ -175,7 +183,8 @@ int RunBenchKernels(int argc, char** argv) {
 }  // namespace
 
 COLI_REGISTER_BENCH(kernels, "kernels",
-                    "quantized matmul kernels vs memory read bandwidth [--json] [--threads N] [--quick] [--cpu-time]",
+                    "quantized matmul kernels vs memory read bandwidth [--json] [--threads N] "
+                    "[--quick] [--cpu-time]",
                     RunBenchKernels);
 
 }  // namespace coli::cli

@@ -1,6 +1,8 @@
 // Tests of common/kernels: formats bit-exact against hand-computed cases and the spec's rules,
 // every SIMD path bit-identical to the scalar reference, and every path against an independent
 // double-precision reference written here from spec §4.
+#include "common/kernels/kernels.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "common/kernels/internal.h"
-#include "common/kernels/kernels.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -89,7 +90,8 @@ TestMatrix MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, std::mt19
     case WeightFormat::kInt8Row: {
       m.data = std::make_unique<Guarded>(n);
       m.scales = std::make_unique<Guarded>(rows * 4);
-      for (size_t i = 0; i < n; ++i) m.data->data()[i] = static_cast<uint8_t>(byte(rng) % 255 + 129);
+      for (size_t i = 0; i < n; ++i)
+        m.data->data()[i] = static_cast<uint8_t>(byte(rng) % 255 + 129);
       float* s = reinterpret_cast<float*>(m.scales->data());
       for (int64_t r = 0; r < rows; ++r) s[r] = 0.01f * (1.f + std::fabs(normal(rng)));
       break;
@@ -118,15 +120,16 @@ TestMatrix MakeMatrix(WeightFormat format, int64_t rows, int64_t cols, std::mt19
 double RefWeight(const TestMatrix& m, int64_t r, int64_t c) {
   const int64_t cols = m.cols;
   switch (m.format) {
-    case WeightFormat::kF32: return reinterpret_cast<const float*>(m.data->data())[r * cols + c];
+    case WeightFormat::kF32:
+      return reinterpret_cast<const float*>(m.data->data())[r * cols + c];
     case WeightFormat::kInt8Row:
       return static_cast<int8_t>(m.data->data()[r * cols + c]) *
              static_cast<double>(reinterpret_cast<const float*>(m.scales->data())[r]);
     case WeightFormat::kInt4G64: {
       const uint8_t byte = m.data->data()[(r * cols + c) / 2];
       const int nib = (c % 2 == 0) ? (byte & 15) : (byte >> 4);
-      return (nib - 8) *
-             static_cast<double>(reinterpret_cast<const float*>(m.scales->data())[(r * cols + c) / 64]);
+      return (nib - 8) * static_cast<double>(
+                             reinterpret_cast<const float*>(m.scales->data())[(r * cols + c) / 64]);
     }
     case WeightFormat::kMxfp4: {
       const uint8_t byte = m.data->data()[(r * cols + c) / 2];
@@ -433,7 +436,8 @@ std::vector<Shape> ShapesFor(WeightFormat f) {
   }
 }
 
-void ExpectBitEqual(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+void ExpectBitEqual(const std::vector<float>& a, const std::vector<float>& b,
+                    const std::string& what) {
   ASSERT_EQ(a.size(), b.size());
   int bad = 0;
   for (size_t i = 0; i < a.size() && bad < 5; ++i) {
@@ -449,17 +453,18 @@ void ExpectBitEqual(const std::vector<float>& a, const std::vector<float>& b, co
 TEST(Matmul, EveryPathMatchesScalarAndDoubleReference) {
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64,
-                         WeightFormat::kMxfp4}) {
+  for (WeightFormat f :
+       {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
     for (const Shape& shape : ShapesFor(f)) {
       TestMatrix m = MakeMatrix(f, shape.rows, shape.cols, rng);
       for (int64_t batch : {1, 2, 3, 9}) {
         std::vector<float> x(batch * shape.cols);
         for (float& v : x) v = normal(rng);
         for (bool idot : {false, true}) {
-          const std::string what = std::string(WeightFormatName(f)) + (idot ? " idot " : " float ") +
-                                   std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
-                                   " batch " + std::to_string(batch);
+          const std::string what = std::string(WeightFormatName(f)) +
+                                   (idot ? " idot " : " float ") + std::to_string(shape.rows) +
+                                   "x" + std::to_string(shape.cols) + " batch " +
+                                   std::to_string(batch);
           std::vector<float> ref(batch * shape.rows, -1.f);
           ASSERT_TRUE(internal::MatmulWithIsa(Isa::kScalar, m.view(), x.data(), batch, ref.data(),
                                               {idot, 1})
@@ -467,8 +472,9 @@ TEST(Matmul, EveryPathMatchesScalarAndDoubleReference) {
           // Independent double reference (with the spec's activation quantization for idot).
           const bool quantized = idot && f != WeightFormat::kF32;
           const std::vector<double> xd =
-              quantized ? RefQuantizedActivations(x, shape.cols, f == WeightFormat::kMxfp4 ? 32 : 64)
-                        : std::vector<double>(x.begin(), x.end());
+              quantized
+                  ? RefQuantizedActivations(x, shape.cols, f == WeightFormat::kMxfp4 ? 32 : 64)
+                  : std::vector<double>(x.begin(), x.end());
           std::vector<double> want(batch * shape.rows), abs_sums(batch * shape.rows);
           for (int64_t b = 0; b < batch; ++b) {
             for (int64_t r = 0; r < shape.rows; ++r) {
@@ -508,8 +514,8 @@ TEST(Matmul, EveryPathMatchesScalarAndDoubleReference) {
 TEST(Matmul, BatchRowsEqualSingleRowCalls) {
   std::mt19937 rng(99);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64,
-                         WeightFormat::kMxfp4}) {
+  for (WeightFormat f :
+       {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
     TestMatrix m = MakeMatrix(f, 21, 256, rng);
     const int64_t batch = 11;
     std::vector<float> x(batch * 256);
@@ -557,10 +563,11 @@ TEST(Matmul, Mxfp4IdotErrorIsBounded) {
     worst_group = std::max(worst_group, e);
     sum_group += e;
   }
-  std::printf("mxfp4 idot: output rel-L2 %.4f%%, activation error per group mean %.4f%% worst %.4f%%\n",
-              100 * out_err, 100 * sum_group / groups, 100 * worst_group);
-  EXPECT_GT(out_err, 0.0);          // the path really quantizes
-  EXPECT_LT(out_err, 0.008);        // ~0.4 % expected
+  std::printf(
+      "mxfp4 idot: output rel-L2 %.4f%%, activation error per group mean %.4f%% worst %.4f%%\n",
+      100 * out_err, 100 * sum_group / groups, 100 * worst_group);
+  EXPECT_GT(out_err, 0.0);    // the path really quantizes
+  EXPECT_LT(out_err, 0.008);  // ~0.4 % expected
   EXPECT_LT(sum_group / groups, 0.008);
   EXPECT_LT(worst_group, 0.02);
 }
@@ -581,7 +588,8 @@ TEST(Matmul, RefusesBadInput) {
   MatrixView ok{WeightFormat::kInt8Row, 2, 32, bytes.data(), x.data()};
   EXPECT_EQ(Matmul(ok, x.data(), -1, y.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Matmul(ok, nullptr, 1, y.data()).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Matmul(ok, x.data(), 1, y.data(), {true, -1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Matmul(ok, x.data(), 1, y.data(), {true, -1}).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Matmul(ok, x.data(), 0, y.data()).ok());
   MatrixView zero_cols{WeightFormat::kF32, 2, 0, bytes.data(), nullptr};
   EXPECT_FALSE(Matmul(zero_cols, x.data(), 1, y.data()).ok());
@@ -601,8 +609,8 @@ TEST(Isa, OverrideAndDetection) {
   EXPECT_EQ(ApplyIsaOverride("scalar", Isa::kAvx512), Isa::kScalar);
   EXPECT_EQ(ApplyIsaOverride("avx2", Isa::kAvx512), Isa::kAvx2);
   EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx512), Isa::kAvx512);
-  EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx2), Isa::kAvx2);    // never above the CPU
-  EXPECT_EQ(ApplyIsaOverride("sse9", Isa::kAvx2), Isa::kAvx2);      // unknown: ignored
+  EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx2), Isa::kAvx2);  // never above the CPU
+  EXPECT_EQ(ApplyIsaOverride("sse9", Isa::kAvx2), Isa::kAvx2);    // unknown: ignored
   EXPECT_LE(static_cast<int>(ActiveIsa()), static_cast<int>(DetectedIsa()));
   EXPECT_STREQ(IsaName(Isa::kAvx512), "avx512");
   if (DetectedIsa() != Isa::kAvx512) {
