@@ -180,7 +180,7 @@ std::vector<Isa> SupportedIsas() {
 
 // ---------------------------------- formats ----------------------------------
 
-TEST(Formats, Bf16ToF32) {
+TEST(KernelFormats, Bf16ToF32) {
   EXPECT_EQ(Bf16ToF32(0x3F80), 1.0f);
   EXPECT_EQ(Bf16ToF32(0xC000), -2.0f);
   EXPECT_EQ(Bf16ToF32(0x0000), 0.0f);
@@ -190,14 +190,14 @@ TEST(Formats, Bf16ToF32) {
   EXPECT_TRUE(std::isnan(Bf16ToF32(0x7FC0)));
 }
 
-TEST(Formats, E2m1AllCodes) {
+TEST(KernelFormats, E2m1AllCodes) {
   const float want[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0f, -0.5, -1, -1.5, -2, -3, -4, -6};
   for (int c = 0; c < 16; ++c) {
     EXPECT_EQ(Bits(E2m1ToF32(static_cast<uint8_t>(c))), Bits(want[c])) << "code " << c;
   }
 }
 
-TEST(Formats, E8m0Scales) {
+TEST(KernelFormats, E8m0Scales) {
   EXPECT_EQ(E8m0ToF32(127), 1.0f);
   EXPECT_EQ(E8m0ToF32(128), 2.0f);
   EXPECT_EQ(E8m0ToF32(120), 1.0f / 128);
@@ -206,7 +206,7 @@ TEST(Formats, E8m0Scales) {
   EXPECT_TRUE(std::isinf(E8m0ToF32(255)));
 }
 
-TEST(Formats, Mxfp4DecodeEveryCodeTimesSeveralScales) {
+TEST(KernelFormats, Mxfp4DecodeEveryCodeTimesSeveralScales) {
   // One row of 64 columns: group 0 holds codes 0..15 twice (low nibble = even column), group 1
   // the codes in reverse; scales vary per case.
   const int scales[] = {1, 100, 126, 127, 128, 140, 254};
@@ -233,7 +233,7 @@ TEST(Formats, Mxfp4DecodeEveryCodeTimesSeveralScales) {
   }
 }
 
-TEST(Formats, Int8HandComputedTiesAndClamp) {
+TEST(KernelFormats, Int8HandComputedTiesAndClamp) {
   // max |w| = 254 -> s = 2, 1/s = 0.5: 127*0.5 = 63.5 -> 64, 1*0.5 -> 0 (tie to even),
   // 3*0.5 = 1.5 -> 2, 5*0.5 = 2.5 -> 2, -1*0.5 -> -0, 7*0.5 = 3.5 -> 4.
   const std::vector<float> w = {-254, 127, 1, 3, 5, -1, 7, 0};
@@ -245,7 +245,7 @@ TEST(Formats, Int8HandComputedTiesAndClamp) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(q[i], want[i]) << i;
 }
 
-TEST(Formats, Int8ZerosAllEqualAndDenormals) {
+TEST(KernelFormats, Int8ZerosAllEqualAndDenormals) {
   int8_t q[4];
   float s;
   ASSERT_TRUE(QuantizeRowInt8(std::vector<float>{0, 0, -0.0f, 0}, q, &s).ok());
@@ -267,7 +267,7 @@ TEST(Formats, Int8ZerosAllEqualAndDenormals) {
   EXPECT_EQ(q[1], -64);  // -63.5 rounds half to even
 }
 
-TEST(Formats, NonFiniteRefused) {
+TEST(KernelFormats, NonFiniteRefused) {
   int8_t q[4];
   float s;
   const float inf = std::numeric_limits<float>::infinity();
@@ -295,7 +295,7 @@ TEST(Formats, NonFiniteRefused) {
   EXPECT_FALSE(QuantizedMatrix::FromBf16(bf.data(), 1, 64, WeightFormat::kInt8Row).ok());
 }
 
-TEST(Formats, Int4HandComputed) {
+TEST(KernelFormats, Int4HandComputed) {
   // max |w| = 7 -> s = 1: 7 -> 7, -3.5 -> -4 (tie to even), 2.5 -> 2, -7 -> -7, 0.5 -> 0.
   std::vector<float> w(64, 0.f);
   w[0] = 7;
@@ -313,7 +313,7 @@ TEST(Formats, Int4HandComputed) {
   for (int i = 3; i < 32; ++i) EXPECT_EQ(packed[i], 0x88);
 }
 
-TEST(Formats, Int4ZeroGroupAndShapeRefusal) {
+TEST(KernelFormats, Int4ZeroGroupAndShapeRefusal) {
   std::vector<float> w(128, 0.f);
   for (int i = 64; i < 128; ++i) w[i] = -1.f;
   uint8_t packed[64];
@@ -330,7 +330,7 @@ TEST(Formats, Int4ZeroGroupAndShapeRefusal) {
   EXPECT_EQ(mx.status().code(), absl::StatusCode::kUnimplemented);
 }
 
-TEST(Formats, FromBf16MatchesFromF32) {
+TEST(KernelFormats, FromBf16MatchesFromF32) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::vector<uint16_t> bf(3 * 128);
@@ -352,7 +352,7 @@ TEST(Formats, FromBf16MatchesFromF32) {
   }
 }
 
-TEST(Formats, DowncastEqualsInt4OfDequantizedInt8) {
+TEST(KernelFormats, DowncastEqualsInt4OfDequantizedInt8) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.f, 1.f);
   const int64_t rows = 5, cols = 192;
@@ -388,14 +388,14 @@ TEST(Formats, DowncastEqualsInt4OfDequantizedInt8) {
   EXPECT_FALSE(QuantizedMatrix::DowncastInt8ToInt4(odd->view()).ok());
 }
 
-TEST(Formats, FromPartsChecksSizes) {
+TEST(KernelFormats, FromPartsChecksSizes) {
   auto bad = QuantizedMatrix::FromParts(WeightFormat::kInt4G64, 2, 64, std::vector<uint8_t>(64),
                                         std::vector<uint8_t>(4));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("expected 64 data bytes and 8"));
 }
 
-TEST(Formats, ActivationQuantizationHandComputed) {
+TEST(KernelFormats, ActivationQuantizationHandComputed) {
   // Group of 4: max 12.7 -> s = 0.1; values 0.05/0.1 = 0.5 -> 0 (even), 0.15 -> 1.5 -> 2,
   // -12.7 -> -127. Second group (short tail of 2): all zeros -> s = 1e-20.
   std::vector<float> x = {0.05f, 0.15f, 12.7f, -12.7f, 0.f, 0.f};
@@ -450,7 +450,7 @@ void ExpectBitEqual(const std::vector<float>& a, const std::vector<float>& b,
 
 // Every ISA x format x mode on odd shapes: bit-identical to the scalar reference, and the scalar
 // reference within float rounding of an independent double-precision computation.
-TEST(Matmul, EveryPathMatchesScalarAndDoubleReference) {
+TEST(KernelMatmul, EveryPathMatchesScalarAndDoubleReference) {
   std::mt19937 rng(1234);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (WeightFormat f :
@@ -511,7 +511,7 @@ TEST(Matmul, EveryPathMatchesScalarAndDoubleReference) {
   }
 }
 
-TEST(Matmul, BatchRowsEqualSingleRowCalls) {
+TEST(KernelMatmul, BatchRowsEqualSingleRowCalls) {
   std::mt19937 rng(99);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (WeightFormat f :
@@ -536,7 +536,7 @@ TEST(Matmul, BatchRowsEqualSingleRowCalls) {
 
 // The int8-activation error of the MXFP4 idot path against the exact-float path, per group and
 // per output, on Gaussian data: the seed states ~0.4 % per group.
-TEST(Matmul, Mxfp4IdotErrorIsBounded) {
+TEST(KernelMatmul, Mxfp4IdotErrorIsBounded) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
   const int64_t rows = 64, cols = 2048, batch = 4;
@@ -572,7 +572,7 @@ TEST(Matmul, Mxfp4IdotErrorIsBounded) {
   EXPECT_LT(worst_group, 0.02);
 }
 
-TEST(Matmul, RefusesBadInput) {
+TEST(KernelMatmul, RefusesBadInput) {
   std::vector<uint8_t> bytes(1024);
   std::vector<float> x(64, 1.f), y(64);
   MatrixView mx{WeightFormat::kMxfp4, 2, 48, bytes.data(), bytes.data()};
@@ -601,7 +601,7 @@ TEST(Matmul, RefusesBadInput) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("batch row 1"));
 }
 
-TEST(Isa, OverrideAndDetection) {
+TEST(KernelIsa, OverrideAndDetection) {
   std::printf("detected isa: %s, active: %s\n", IsaName(DetectedIsa()), IsaName(ActiveIsa()));
   using internal::ApplyIsaOverride;
   EXPECT_EQ(ApplyIsaOverride(nullptr, Isa::kAvx512), Isa::kAvx512);
