@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/status/status.h"
+#include "common/tokenizer/utf8.h"
 
 namespace coli::k3 {
 namespace {
@@ -45,32 +46,13 @@ absl::Status Bad(std::string_view path, std::string_view what) {
 
 std::string Path(std::string_view base, size_t index) { return Cat(base, "[", index, "]"); }
 
-// Python's str.isspace() over one code point.
-bool IsPySpace(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
-         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
-         cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-
 // `not str(s).strip()` in Python: empty or only (Unicode) whitespace.
 bool IsBlank(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    uint32_t cp = c;
-    size_t len = 1;
-    if (c >= 0xF0 && i + 3 < s.size()) {
-      cp = ((c & 0x07u) << 18) | ((s[i + 1] & 0x3Fu) << 12) | ((s[i + 2] & 0x3Fu) << 6) |
-           (s[i + 3] & 0x3Fu);
-      len = 4;
-    } else if (c >= 0xE0 && i + 2 < s.size()) {
-      cp = ((c & 0x0Fu) << 12) | ((s[i + 1] & 0x3Fu) << 6) | (s[i + 2] & 0x3Fu);
-      len = 3;
-    } else if (c >= 0xC0 && i + 1 < s.size()) {
-      cp = ((c & 0x1Fu) << 6) | (s[i + 1] & 0x3Fu);
-      len = 2;
-    }
-    if (!IsPySpace(cp)) return false;
+    const size_t len = tok::Utf8SequenceLength(s.substr(i));
+    if (len == 0) return false;  // not text at all: not blank
+    if (!tok::IsPythonSpace(tok::DecodeUtf8(s.substr(i), len))) return false;
     i += len;
   }
   return true;
@@ -492,9 +474,10 @@ absl::StatusOr<Json> ParseRequestBody(std::string_view body) {
   return parsed;
 }
 
-absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request) {
+absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request, bool add_generation_prompt) {
   if (!request.is_object()) return absl::InvalidArgumentError("request: must be a JSON object");
   COLI_ASSIGN_OR_RETURN(ThinkingChoice choice, ResolveThinking(request));
+  choice.add_generation_prompt = choice.add_generation_prompt && add_generation_prompt;
   auto messages_it = request.find("messages");
   if (messages_it == request.end() || !messages_it->is_array() || messages_it->empty()) {
     return Bad("messages", "must be a non-empty array of messages");
@@ -679,7 +662,8 @@ absl::StatusOr<std::vector<int32_t>> EncodeSegments(std::span<const Segment> seg
 
 absl::StatusOr<RenderedChat> RenderChat(const Json& request, const tok::Tokenizer& tokenizer,
                                         const RenderOptions& options) {
-  COLI_ASSIGN_OR_RETURN(RenderedChat out, BuildChatSegments(request));
+  COLI_ASSIGN_OR_RETURN(RenderedChat out,
+                        BuildChatSegments(request, options.add_generation_prompt));
   if (options.add_bos) {
     out.segments.insert(out.segments.begin(), Segment{std::string(kBosToken), true});
     out.text.insert(0, kBosToken);

@@ -58,6 +58,9 @@ struct Segment {
 
 struct RenderOptions {
   bool add_bos = false;  // prepend [BOS] (colibri does; the vendor template does not, §6.4)
+  // The caller's wish (e.g. the ABI's add_generation_prompt); ANDed with the request's
+  // chat_template_kwargs.add_generation_prompt (default true).
+  bool add_generation_prompt = true;
 };
 
 struct RenderedChat {
@@ -73,7 +76,8 @@ struct RenderedChat {
 absl::StatusOr<Json> ParseRequestBody(std::string_view body);
 
 // Renders `request` into segments and text (no token ids). Never touches a tokenizer.
-absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request);
+absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request,
+                                               bool add_generation_prompt = true);
 
 // Encodes segments at the tokenizer boundary: special segments must name a special token
 // (INVALID_ARGUMENT naming it otherwise), text segments are encoded with specials disabled.

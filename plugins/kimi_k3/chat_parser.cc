@@ -4,24 +4,10 @@
 #include <map>
 
 #include "common/status/status.h"
+#include "common/tokenizer/utf8.h"
 
 namespace coli::k3 {
 namespace {
-
-// Length of the longest prefix of `s` that does not end inside a UTF-8 character.
-size_t CompleteUtf8Prefix(std::string_view s) {
-  const size_t n = s.size();
-  for (size_t back = 1; back <= 3 && back <= n; ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    size_t need = 1;
-    if ((c & 0xE0) == 0xC0) need = 2;
-    else if ((c & 0xF0) == 0xE0) need = 3;
-    else if ((c & 0xF8) == 0xF0) need = 4;
-    return back < need ? n - back : n;
-  }
-  return n;
-}
 
 // "call tool=\"x\" index=\"1\"" -> name "call" and the unescaped attributes.
 struct Tag {
@@ -130,11 +116,14 @@ std::vector<ChatEvent> OutputParser::Feed(int32_t id) {
 
 void OutputParser::Emit(ChatChannel channel, std::string* pending, bool flush,
                         std::vector<ChatEvent>* out) {
-  const size_t n = flush ? pending->size() : CompleteUtf8Prefix(*pending);
+  const size_t n = flush ? pending->size() : tok::CompleteUtf8Prefix(*pending);
   if (n == 0) return;
   ChatEvent e;
   e.channel = channel;
-  e.text = pending->substr(0, n);
+  // Events carry text (a proto3 string downstream): bytes that never form a character, e.g. a
+  // partial one cut by a structural token, become U+FFFD as a UTF-8 decoder with replacement
+  // would make them.
+  e.text = tok::ReplaceInvalidUtf8(std::string_view(*pending).substr(0, n));
   pending->erase(0, n);
   out->push_back(std::move(e));
 }
@@ -273,7 +262,7 @@ std::vector<ChatEvent> OutputParser::Feed(int32_t id, std::string_view bytes, bo
     if (!saw_response_ && !think_closed_ && tool_calls_ == 0 && !IsBlankAscii(reasoning_all_)) {
       ChatEvent e;
       e.channel = ChatChannel::kContent;
-      e.text = reasoning_all_;
+      e.text = tok::ReplaceInvalidUtf8(reasoning_all_);
       e.moved_from_reasoning = true;
       out.push_back(std::move(e));
     }

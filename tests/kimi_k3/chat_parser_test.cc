@@ -203,10 +203,18 @@ TEST(ChatParser, DeltasNeverSplitAUtf8Character) {
   Collect(parser.Feed(1002, euro.substr(2, 1) + "x", false), &p);
   ASSERT_EQ(p.events.size(), 1u);
   EXPECT_EQ(p.events[0].text, euro + "x");
-  // An incomplete tail is still delivered when generation stops.
+  // An incomplete tail is still delivered when generation stops, as U+FFFD: events are text.
   Collect(parser.Feed(1003, "\xE4", false), &p);
   Collect(parser.Finish(), &p);
-  EXPECT_EQ(p.content, euro + "x\xE4");
+  EXPECT_EQ(p.content, euro + "x\xEF\xBF\xBD");
+  // A stray continuation byte inside complete text, and a partial character cut by a tag.
+  OutputParser q(*ids, kParseInThink);
+  Parsed r;
+  Collect(q.Feed(1004, "a\x80" "b\xE2\x82", false), &r);
+  Collect(q.Feed(ids->close, "", true), &r);
+  Collect(q.Feed(1005, "think", false), &r);
+  Collect(q.Feed(ids->sep, "", true), &r);
+  EXPECT_EQ(r.reasoning, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
 }
 
 TEST(ChatParser, NoGenerationPromptModeTreatsTextAsContent) {

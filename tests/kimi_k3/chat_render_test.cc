@@ -232,6 +232,16 @@ TEST(ChatRender, NoGenerationPromptWhenAsked) {
                User("U"));
 }
 
+TEST(ChatRender, CallerCanTurnTheGenerationPromptOff) {
+  const Json req = Req(R"({"enable_thinking":false,"messages":[{"role":"user","content":"U"}]})");
+  RenderOptions options;
+  options.add_generation_prompt = false;
+  auto r = RenderChat(req, TinyTokenizer(), options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->text, User("U"));
+  EXPECT_FALSE(r->add_generation_prompt);
+}
+
 TEST(ChatRender, ReasoningFallbackRules) {
   // "" and null fall back to `reasoning`; whitespace-only does not and renders an empty pair.
   const std::string think_r = "<|open|>think<|sep|>R<|close|>think<|sep|>";
