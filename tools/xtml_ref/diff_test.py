@@ -116,7 +116,8 @@ CANONICAL = [
      '<|open|>message role="assistant"<|sep|><|open|>response<|sep|><|close|>response<|sep|>'
      '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|close|>call<|sep|>'
      '<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>'),
-    ("canon_nan_dupkey",  # §6.5.1: NaN/-Infinity accepted; duplicate key first position, last value
+    # §6.5.1: NaN/-Infinity accepted; a duplicate key keeps its first position, last value.
+    ("canon_nan_dupkey",
      {"enable_thinking": False, "chat_template_kwargs": {"add_generation_prompt": False},
       "messages": [{"role": "assistant", "content": "", "tool_calls": [
           {"id": "c", "type": "function", "function": {
@@ -138,7 +139,8 @@ CANONICAL = [
      '<|open|>call tool="f2" index="2"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
      '<|close|>message<|sep|><|end_of_msg|>'
      '<|open|>message role="tool" tool="f1" index="1"<|sep|>A<|close|>message<|sep|><|end_of_msg|>'
-     '<|open|>message role="tool" tool="f2" index="2"<|sep|>B<|close|>message<|sep|><|end_of_msg|>'),
+     '<|open|>message role="tool" tool="f2" index="2"<|sep|>B'
+     '<|close|>message<|sep|><|end_of_msg|>'),
     ("canon_options_tail",  # §6.2 items 1, 2, 4, 5 and 6 in vendor order
      {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": "é"}}}],
       "reasoning_effort": "low", "tool_choice": "none", "response_format": "json_object",

@@ -28,7 +28,8 @@ RAW_NUMBERS = ["1e5", "1E-7", "-0.0", "0.1", "3.0", "1.5e300", "1234567890123456
 # (Blank strings are left to diff_test.py's hand cases: see KNOWN_DIFFERENCES there.)
 INVALID_ARGS = ["{'a': 1}", "{\"a\": 1,}", "not json at all", "{\"a\": tru}", "{\"k\": \"v\"",
                 "{\"a\": 1} trailing", "{\"city\": \"Par\"is\"}", "{\"a\": 01}", "{\"a\": .5}",
-                "{\"a\": 1e}", "{\"a\": -NaN}", "{\"a\": nan}", "{\"a\": \"tab\there\"}", "x{\"a\": 1}"]
+                "{\"a\": 1e}",
+                "{\"a\": -NaN}", "{\"a\": nan}", "{\"a\": \"tab\there\"}", "x{\"a\": 1}"]
 
 
 def rword(r):

@@ -31,12 +31,12 @@ ambiguous corners, see gen_cases.py):
 """
 
 import json
-import math
 
 OPEN, CLOSE, SEP, EOM = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 
 # §6.2.1 body constants, byte-exact.
-TOOLS = "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{tools_json}\n```"
+TOOLS = ("# Tools\nHere are the available tools, described in JSONSchema.\n\n"
+         "```json\n{tools_json}\n```")
 DYNAMIC_TOOLS = (
     "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\n"
     "You have access to all existing and extended tools.\nHere are the specs for the extended "
@@ -340,7 +340,8 @@ def build_chat_segments(request, add_generation_prompt=True):
                     else:
                         parsed = args
                     if not isinstance(parsed, dict):
-                        raise XtmlError("tool_calls[%d].function.arguments: not an object" % (n - 1))
+                        raise XtmlError("tool_calls[%d].function.arguments: not an object"
+                                        % (n - 1))
                     for key, value in parsed.items():
                         b.open("argument", [("key", key), ("type", argument_type(value))])
                         b.text(value if isinstance(value, str) else spaced(value))
