@@ -14,15 +14,8 @@
 
 const { execFileSync } = require("child_process");
 const path = require("path");
-let Tiktoken;
-try {
-  ({ Tiktoken } = require("tiktoken/lite"));
-} catch (e) {
-  console.error(`cannot load npm 'tiktoken' (${e.message}); run 'npm ci' in ${__dirname} ` +
-                "(scripts/setup.sh does it for every tests/node folder)");
-  process.exit(1);
-}
-const { buildVocabs } = require("./vocabs");
+const { buildVocabs, loadTiktoken } = require("./vocabs");
+const Tiktoken = loadTiktoken();
 const { allStrings, INVALID_BYTES } = require("./strings");
 
 function parseArgs() {

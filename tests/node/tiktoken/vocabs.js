@@ -16,6 +16,17 @@ const fs = require("fs");
 const path = require("path");
 const { execFileSync } = require("child_process");
 
+// OpenAI's Tiktoken class (WASM core), or exit with the set-up step that is missing.
+function loadTiktoken() {
+  try {
+    return require("tiktoken/lite").Tiktoken;
+  } catch (e) {
+    console.error(`cannot load npm 'tiktoken' (${e.message}); run 'npm ci' in ${__dirname} ` +
+                  "(scripts/setup.sh does it for every tests/node folder)");
+    process.exit(1);
+  }
+}
+
 // Kimi's split pattern exactly as the vendor passes it to tiktoken (spec §5.2).
 const KIMI_PATTERN = [
   String.raw`[\p{Han}]+`,
@@ -132,4 +143,4 @@ function buildVocabs(workDir, sourceDir) {
   return result;
 }
 
-module.exports = { buildVocabs, KIMI_PATTERN, parseNpmRanks };
+module.exports = { buildVocabs, loadTiktoken, KIMI_PATTERN, parseNpmRanks };
