@@ -3,7 +3,8 @@
 //
 //   (a) ceiling: O_DIRECT reads of randomly chosen experts of the same files, with the expert's
 //       request size and the store's parallelism (load threads), back to back — measured
-//       before and after the decode, the ratio taken against their mean;
+//       before and after the decode, the ratio taken against their mean; and once more in
+//       per-layer batches (a decode's misses of one layer, then a barrier) to price the tail;
 //   (b) cold decode: the streaming store (budget smaller than the expert set, page cache
 //       dropped) serving top-k selections per MoE layer per token, each expert computed with
 //       the real MXFP4 matmuls of common/kernels (gate, up, SiTU-GLU, down): expert GB/s while
@@ -264,7 +265,7 @@ struct Ceiling {
   bool direct = true;
 };
 absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, int threads,
-                                       uint32_t seed) {
+                                       uint32_t seed, int batch = 0) {
   const k3::ExpertStoreLayout& layout = store->layout();
   std::mt19937 rng(seed ^ 0x5eed);
   const int n = std::max<int>(threads, static_cast<int>(std::ceil(
@@ -275,10 +276,9 @@ absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, i
     uint64_t offset, nbytes;
   };
   std::vector<Req> reqs;
+  std::vector<size_t> group_ends;  // batch > 0: groups read one after the other
   Ceiling c;
-  for (int i = 0; i < n; ++i) {
-    const int layer = layout.moe_layers[rng() % layout.moe_layers.size()];
-    const int expert = static_cast<int>(rng() % layout.experts);
+  auto add = [&](int layer, int expert) -> absl::Status {
     COLI_ASSIGN_OR_RETURN(StreamingExpertStore::Extent e, store->ExpertExtent(layer, expert));
     auto& reader = readers[e.path];
     if (reader == nullptr) {
@@ -286,25 +286,52 @@ absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, i
       if (!reader->is_direct()) c.direct = false;
     }
     reqs.push_back({reader.get(), e.offset, e.nbytes});
+    return absl::OkStatus();
+  };
+  if (batch <= 0) {
+    for (int i = 0; i < n; ++i) {
+      COLI_RETURN_IF_ERROR(add(layout.moe_layers[rng() % layout.moe_layers.size()],
+                               static_cast<int>(rng() % layout.experts)));
+    }
+    group_ends.push_back(reqs.size());
+  } else {
+    // Like a decode step: `batch` distinct experts of one layer, in file-offset order, then a
+    // barrier (the next layer's routing is not known before this layer is done).
+    batch = std::min(batch, layout.experts);
+    while (static_cast<int>(reqs.size()) < n) {
+      const int layer = layout.moe_layers[rng() % layout.moe_layers.size()];
+      std::set<int> picked;
+      while (static_cast<int>(picked.size()) < batch) picked.insert(rng() % layout.experts);
+      const size_t begin = reqs.size();
+      for (int e : picked) COLI_RETURN_IF_ERROR(add(layer, e));
+      std::sort(reqs.begin() + begin, reqs.end(),
+                [](const Req& a, const Req& b) { return a.offset < b.offset; });
+      group_ends.push_back(reqs.size());
+    }
   }
-  std::atomic<size_t> next{0};
   std::vector<absl::Status> status(threads);
   const Clock::time_point start = Clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      io::AlignedBuffer buffer(layout.ExpertBytes() + 2 * io::kDirectAlignment);
-      for (size_t i; (i = next.fetch_add(1)) < reqs.size();) {
-        absl::StatusOr<const uint8_t*> p = reqs[i].reader->ReadInto(reqs[i].offset, reqs[i].nbytes,
-                                                                    &buffer);
-        if (!p.ok()) {
-          status[t] = p.status();
-          return;
+  size_t group_begin = 0;
+  for (size_t group_end : group_ends) {
+    std::atomic<size_t> next{group_begin};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        thread_local io::AlignedBuffer buffer;
+        buffer.Reserve(layout.ExpertBytes() + 2 * io::kDirectAlignment);
+        for (size_t i; (i = next.fetch_add(1)) < group_end;) {
+          absl::StatusOr<const uint8_t*> p =
+              reqs[i].reader->ReadInto(reqs[i].offset, reqs[i].nbytes, &buffer);
+          if (!p.ok()) {
+            status[t] = p.status();
+            return;
+          }
         }
-      }
-    });
+      });
+    }
+    for (std::thread& t : pool) t.join();
+    group_begin = group_end;
   }
-  for (std::thread& t : pool) t.join();
   c.seconds = Since(start);
   for (const absl::Status& s : status) COLI_RETURN_IF_ERROR(s);
   for (const Req& r : reqs) c.bytes += r.nbytes;
@@ -394,8 +421,19 @@ int RunBenchStream(int argc, char** argv) {
   absl::StatusOr<PhaseResult> readonly =
       RunTokens(readonly_store->get(), decode_routing, 1, /*compute_experts=*/false);
   if (!readonly.ok()) return Fail(readonly.status());
-  readonly_store->reset();
   const double readonly_gbs = readonly->stats.read_gbs();
+  // The ceiling again, in per-layer batches of the decode's mean misses per layer with a
+  // barrier between them: prices the end-of-layer tail that a decode cannot avoid.
+  const int batch = static_cast<int>(std::lround(
+      static_cast<double>(decode->stats.misses) / std::max<uint64_t>(1, decode->stats.calls)));
+  dropped = DropPageCache(&drop_note) && dropped;
+  absl::StatusOr<Ceiling> batched = MeasureCeiling(readonly_store->get(), args.ceiling_gb,
+                                                   args.load_threads, args.seed + 3, batch);
+  if (!batched.ok()) return Fail(batched.status());
+  COLI_LOG(kInfo) << absl::StrFormat(
+      "(a) ceiling in per-layer batches of %d: %.3f GB/s; read-only decode = %.1f%% of it",
+      batch, batched->gbs, 100 * readonly_gbs / batched->gbs);
+  readonly_store->reset();
 
   const ExpertStoreStats& d = decode->stats;
   const double T = decode->tokens;
@@ -462,7 +500,8 @@ int RunBenchStream(int argc, char** argv) {
         "\"overlap_ratio\": %.4f, \"nopipe_s_per_token\": %.5f, \"hit_rate\": %.4f, "
         "\"ceiling_before_gbs\": %.4f, \"ceiling_after_gbs\": %.4f, "
         "\"prefill_compute\": %s, \"readonly_read_gbs\": %.4f, \"readonly_read_ratio\": %.4f, "
-        "\"readonly_s_per_token\": %.5f, "
+        "\"readonly_s_per_token\": %.5f, \"ceiling_batched_gbs\": %.4f, \"ceiling_batch\": %d, "
+        "\"readonly_vs_batched_ratio\": %.4f, "
         "\"prefill_bytes_per_token_c1\": %.0f, \"prefill_bytes_per_token_c32\": %.0f, "
         "\"prefill_ratio\": %.4f, \"prefill_routing_dedup\": %.4f, \"prefill_chunk\": %d, "
         "\"prefill_s_per_token_c1\": %.5f, \"prefill_s_per_token_c32\": %.5f, "
@@ -473,7 +512,7 @@ int RunBenchStream(int argc, char** argv) {
         ceiling->gbs, decode_gbs, decode_gbs / ceiling->gbs, s_per_token, read_s, compute_s,
         overlap_ratio, nopipe->wall / T, d.hit_rate(), ceiling_before_gbs, ceiling_after_gbs,
         args.prefill_compute ? "true" : "false", readonly_gbs, readonly_gbs / ceiling->gbs,
-        readonly->wall / T, bytes_per_token[0], bytes_per_token[1],
+        readonly->wall / T, batched->gbs, batch, readonly_gbs / batched->gbs, bytes_per_token[0], bytes_per_token[1],
         bytes_per_token[0] / bytes_per_token[1], dedup, args.chunk, prefill_s[0], prefill_s[1],
         args.budget_gb, plan.slots_per_layer, set_gb, layers, layout->experts, args.top_k,
         args.tokens, args.load_threads, args.direct ? "true" : "false",
@@ -498,6 +537,9 @@ int RunBenchStream(int argc, char** argv) {
     std::printf("                   without compute: %.3f GB/s while reading = %.1f%% of the "
                 "ceiling, %.3f s/token\n",
                 readonly_gbs, 100 * readonly_gbs / ceiling->gbs, readonly->wall / T);
+    std::printf("                   ceiling in per-layer batches of %d: %.3f GB/s (read-only "
+                "decode = %.1f%% of it)\n",
+                batch, batched->gbs, 100 * readonly_gbs / batched->gbs);
     std::printf("  (c) prefill      %.1f MB/token at C=1, %.1f MB/token at C=%d: %.2fx fewer "
                 "(routing allows %.2fx)\n",
                 bytes_per_token[0] / 1e6, bytes_per_token[1] / 1e6, args.chunk,
