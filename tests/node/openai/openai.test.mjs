@@ -1,0 +1,422 @@
+// The official `openai` npm SDK against `coli serve`.
+//
+// Two servers on free loopback ports:
+//  * the tiny Kimi K3 fixture (random weights, real kimi_k3 plugin): everything but tool calls;
+//  * the k3_scripted test family (tools/k3_scripted): K3's real tokenizer, XTML renderer and output
+//    parser around a model whose reply is scripted, because random weights never emit a tool call.
+//    It proves the round trip declare -> XTML call parsed into an OpenAI tool call -> tool result
+//    rendered back into the next prompt.
+//
+// Environment (set by CMakeLists.txt): COLI_BIN, COLI_TINY_MODEL, COLI_SCRIPTED_MODEL,
+// COLI_SCRIPTED_PLUGIN_DIR.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import OpenAI from 'openai';
+
+const COLI = process.env.COLI_BIN ?? 'build/bin/coli';
+const TINY = process.env.COLI_TINY_MODEL ?? 'build/fixtures/k3_tiny';
+const SCRIPTED = process.env.COLI_SCRIPTED_MODEL ?? 'build/fixtures/k3_scripted';
+const SCRIPTED_PLUGINS = process.env.COLI_SCRIPTED_PLUGIN_DIR ?? 'build/tools/k3_scripted/plugins';
+
+// Starts `coli serve --port 0` and resolves with {proc, base} once it prints its address.
+function startServer(model, extraEnv = {}, extraArgs = []) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(COLI, ['serve', '--model', model, '--port', '0', ...extraArgs], {
+      env: { ...process.env, ...extraEnv },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    let err = '';
+    const timer = setTimeout(() => reject(new Error(`coli serve did not start: ${err}`)), 120000);
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/[^\s]+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve({ proc, base: m[1] });
+      }
+    });
+    proc.stderr.on('data', (d) => { err += d; });
+    proc.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`coli serve exited with ${code}: ${err}`));
+    });
+  });
+}
+
+function stopServer(server) {
+  if (!server) return Promise.resolve();
+  return new Promise((resolve) => {
+    server.proc.removeAllListeners('exit');
+    server.proc.on('exit', () => resolve());
+    server.proc.kill('SIGTERM');
+  });
+}
+
+let tiny, scripted, client, toolClient, modelId;
+
+before(async () => {
+  [tiny, scripted] = await Promise.all([
+    startServer(TINY),
+    startServer(SCRIPTED, { COLI_PLUGIN_DIR: SCRIPTED_PLUGINS }),
+  ]);
+  client = new OpenAI({ baseURL: `${tiny.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  toolClient = new OpenAI({ baseURL: `${scripted.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const models = await client.models.list();
+  modelId = models.data[0].id;
+});
+
+after(async () => {
+  await Promise.all([stopServer(tiny), stopServer(scripted)]);
+});
+
+const hello = [{ role: 'user', content: 'Hello, who are you?' }];
+
+async function post(base, path, body) {
+  const r = await fetch(`${base}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, json, text };
+}
+
+async function metrics(base) {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const value = (name) => {
+    const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  return { text, value };
+}
+
+test('models and health', async () => {
+  const models = await client.models.list();
+  assert.equal(models.data.length, 1);
+  assert.equal(models.data[0].object, 'model');
+  const health = await (await fetch(`${tiny.base}/health`)).json();
+  assert.equal(health.status, 'ok');
+});
+
+test('non-streaming chat: reasoning_content, usage, finish_reason', async () => {
+  const r = await client.chat.completions.create({
+    model: modelId, messages: hello, max_tokens: 12, temperature: 0,
+  });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices.length, 1);
+  const m = r.choices[0].message;
+  assert.equal(m.role, 'assistant');
+  // Thinking is on by default: the think channel's text comes back as reasoning_content.
+  assert.equal(typeof m.reasoning_content, 'string');
+  assert.ok(m.reasoning_content.length > 0, 'reasoning_content is empty');
+  assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
+  assert.ok(r.usage.prompt_tokens > 0);
+  assert.ok(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= 12);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  // The prompt is exactly the rendered template.
+  const tok = await post(tiny.base, '/tokenize', { model: modelId, messages: hello });
+  assert.equal(tok.status, 200);
+  assert.equal(tok.json.count, r.usage.prompt_tokens);
+});
+
+test('streaming chat equals the non-streaming answer; include_usage', async () => {
+  const request = { model: modelId, messages: hello, max_tokens: 12, temperature: 0 };
+  const whole = await client.chat.completions.create(request);
+  const stream = await client.chat.completions.create({
+    ...request, stream: true, stream_options: { include_usage: true },
+  });
+  let reasoning = '';
+  let content = '';
+  let finish = null;
+  let usage = null;
+  let chunks = 0;
+  for await (const chunk of stream) {
+    chunks += 1;
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      reasoning += c.delta.reasoning_content ?? '';
+      content += c.delta.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.ok(chunks > 2);
+  assert.equal(reasoning, whole.choices[0].message.reasoning_content ?? '');
+  assert.equal(content, whole.choices[0].message.content ?? '');
+  assert.equal(finish, whole.choices[0].finish_reason);
+  assert.deepEqual(usage, whole.usage);
+});
+
+test('stop sequences are removed from the output', async () => {
+  const base = {
+    model: modelId, messages: hello, max_tokens: 24, temperature: 0, enable_thinking: false,
+  };
+  const free = await client.chat.completions.create(base);
+  const text = free.choices[0].message.content;
+  assert.ok(text.length >= 8, `content too short to cut: ${JSON.stringify(text)}`);
+  const stop = text.slice(4, 7);
+  const expected = text.slice(0, text.indexOf(stop));
+  const cut = await client.chat.completions.create({ ...base, stop: [stop, 'never-there'] });
+  assert.equal(cut.choices[0].message.content, expected);
+  assert.equal(cut.choices[0].finish_reason, 'stop');
+  // Streaming gives the same cut.
+  const stream = await client.chat.completions.create({ ...base, stop, stream: true });
+  let streamed = '';
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) streamed += c.delta.content ?? '';
+  }
+  assert.equal(streamed, expected);
+});
+
+test('n=2 gives two choices', async () => {
+  const r = await client.chat.completions.create({
+    model: modelId, messages: hello, max_tokens: 6, n: 2, temperature: 0, enable_thinking: false,
+  });
+  assert.equal(r.choices.length, 2);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+  // Greedy: both choices are the same text.
+  assert.equal(r.choices[0].message.content, r.choices[1].message.content);
+  const sampled = await client.chat.completions.create({
+    model: modelId, messages: hello, max_tokens: 6, n: 2, temperature: 1, seed: 7,
+  });
+  assert.equal(sampled.choices.length, 2);
+});
+
+test('logprobs and top_logprobs', async () => {
+  const r = await client.chat.completions.create({
+    model: modelId, messages: hello, max_tokens: 10, temperature: 0, enable_thinking: false,
+    logprobs: true, top_logprobs: 3,
+  });
+  const lp = r.choices[0].logprobs.content;
+  assert.ok(Array.isArray(lp) && lp.length > 0, 'no content logprobs');
+  for (const e of lp) {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(e.logprob <= 0);
+    assert.ok(e.top_logprobs.length >= 1 && e.top_logprobs.length <= 3);
+    // Greedy: the sampled token is the most likely one.
+    assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4);
+  }
+  assert.equal(lp.map((e) => e.token).join(''), r.choices[0].message.content);
+});
+
+test('legacy completions, tokenize/detokenize, apply-template', async () => {
+  const c = await client.completions.create({
+    model: modelId, prompt: 'The capital of France is', max_tokens: 5, temperature: 0,
+  });
+  assert.equal(c.object, 'text_completion');
+  assert.equal(c.usage.completion_tokens, 5);
+  assert.equal(c.choices[0].finish_reason, 'length');
+  const t = await post(tiny.base, '/tokenize', { prompt: 'hello <|open|> 你好' });
+  assert.equal(t.status, 200);
+  const d = await post(tiny.base, '/detokenize', { tokens: t.json.tokens });
+  assert.equal(d.json.prompt, 'hello <|open|> 你好');
+  const a = await post(tiny.base, '/apply-template', { messages: hello, enable_thinking: false });
+  assert.equal(a.status, 200);
+  assert.equal(a.json.prompt,
+    '<|open|>message role="user"<|sep|>Hello, who are you?<|close|>message<|sep|><|end_of_msg|>' +
+    '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>');
+  assert.ok(a.json.tokens.length > 0);
+});
+
+test('context overflow is context_length_exceeded', async () => {
+  const huge = 'lorem ipsum dolor sit amet '.repeat(20000);
+  const r = await post(tiny.base, '/v1/chat/completions', {
+    model: modelId, messages: [{ role: 'user', content: huge }], max_tokens: 4,
+  });
+  assert.equal(r.status, 400);
+  assert.equal(r.json.error.code, 'context_length_exceeded');
+});
+
+test('at least 30 malformed requests are refused with 4xx, and the server still answers', async () => {
+  const m = modelId;
+  const user = [{ role: 'user', content: 'hi' }];
+  const bad = [
+    '{', '[]', '"text"', 'null', '{"messages": 5}',
+    { model: m }, { model: m, messages: [] }, { model: m, messages: 'hi' },
+    { model: m, messages: [5] }, { model: m, messages: [{ role: 'robot', content: 'hi' }] },
+    { model: m, messages: [{ content: 'hi' }] },
+    { model: m, messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] },
+    { model: m, messages: [{ role: 'user', content: 7 }] },
+    { model: 'no-such-model', messages: user },
+    { model: m, messages: user, max_tokens: 0 }, { model: m, messages: user, max_tokens: 'ten' },
+    { model: m, messages: user, temperature: 3 }, { model: m, messages: user, temperature: -1 },
+    { model: m, messages: user, top_p: 1.5 }, { model: m, messages: user, n: 0 },
+    { model: m, messages: user, n: 100 }, { model: m, messages: user, stop: ['a', 'b', 'c', 'd', 'e'] },
+    { model: m, messages: user, stop: [1] }, { model: m, messages: user, stop: '' },
+    { model: m, messages: user, frequency_penalty: 0.5 }, { model: m, messages: user, presence_penalty: 1 },
+    { model: m, messages: user, logit_bias: { 1: 5 } }, { model: m, messages: user, top_logprobs: 3 },
+    { model: m, messages: user, logprobs: true, top_logprobs: 50 },
+    { model: m, messages: user, stream: 'yes' }, { model: m, messages: user, stream_options: { include_usage: true } },
+    { model: m, messages: user, reasoning_effort: 'medium' }, { model: m, messages: user, reasoning_effort: 'ultra' },
+    { model: m, messages: user, chat_template_kwargs: { foo: 1 } },
+    { model: m, messages: user, chat_template_kwargs: { thinking_effort: 'medium' } },
+    { model: m, messages: user, tools: [{ type: 'function' }] }, { model: m, messages: user, tools: {} },
+    { model: m, messages: user, tool_choice: 'sometimes' },
+    { model: m, messages: user, response_format: { type: 'xml' } },
+    { model: m, messages: [{ role: 'assistant', content: '', tool_calls: [{ id: 'x', type: 'function', function: { name: 'f', arguments: '[1, 2]' } }] }] },
+    { model: m, messages: [{ role: 'assistant', content: '', reasoning_content: 5 }] },
+    { model: m, messages: [{ role: 'tool', content: 'orphan result' }] },
+    { model: m, messages: user, modalities: ['audio'] }, { model: m, messages: user, seed: 'x' },
+  ];
+  assert.ok(bad.length >= 30);
+  for (const body of bad) {
+    const r = await post(tiny.base, '/v1/chat/completions', body);
+    const label = typeof body === 'string' ? body : JSON.stringify(body);
+    assert.ok(r.status >= 400 && r.status < 500, `${label} -> ${r.status} ${r.text}`);
+    assert.equal(typeof r.json?.error?.message, 'string', `${label}: ${r.text}`);
+    assert.ok('param' in r.json.error && 'code' in r.json.error && 'type' in r.json.error);
+  }
+  // Named fields.
+  const named = await post(tiny.base, '/v1/chat/completions',
+    { model: m, messages: [{ role: 'user', content: 'a' }, { role: 'robot', content: 'b' }] });
+  assert.equal(named.json.error.param, 'messages[1].role');
+  const n = await post(tiny.base, '/v1/chat/completions', { model: m, messages: user, n: 0 });
+  assert.equal(n.json.error.param, 'n');
+  // The SDK surfaces these as APIError with the status.
+  await assert.rejects(
+    client.chat.completions.create({ model: m, messages: user, frequency_penalty: 1 }),
+    (e) => e.status === 400 && e.param === 'frequency_penalty');
+  // Unknown endpoint and method.
+  assert.equal((await post(tiny.base, '/v1/nothing', {})).status, 404);
+  // Still serving.
+  const ok = await client.chat.completions.create({ model: m, messages: user, max_tokens: 3 });
+  assert.equal(ok.choices.length, 1);
+});
+
+test('a client that disconnects mid-stream frees its session', async () => {
+  const before = await metrics(tiny.base);
+  const cancelledBefore = before.value('coli_requests_cancelled_total');
+  const disconnectsBefore = before.value('coli_http_client_disconnects_total');
+  // Greedy decoding on the tiny model runs to the end of its 8192-token context (minutes): the
+  // generation is certainly still running when the client goes away.
+  const controller = new AbortController();
+  const stream = await client.chat.completions.create({
+    model: modelId, messages: hello, max_tokens: 100000, temperature: 0, stream: true,
+  }, { signal: controller.signal });
+  let chunks = 0;
+  try {
+    for await (const chunk of stream) {
+      chunks += chunk.choices.length;
+      if (chunks >= 3) controller.abort();  // the SDK ends the iteration (or throws AbortError)
+    }
+  } catch (e) {
+    assert.equal(e.name, 'AbortError');
+  }
+  assert.ok(chunks >= 3);
+  // The host sees the cancel within one token: poll the metrics for a while.
+  let after;
+  for (let i = 0; i < 100; i++) {
+    after = await metrics(tiny.base);
+    if (after.value('coli_requests_active') === 0 &&
+        after.value('coli_http_client_disconnects_total') > disconnectsBefore) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(after.value('coli_requests_active'), 0, after.text);
+  assert.equal(after.value('coli_http_streams_active'), 0, after.text);
+  assert.ok(after.value('coli_http_client_disconnects_total') > disconnectsBefore, after.text);
+  assert.ok(after.value('coli_requests_cancelled_total') > cancelledBefore, after.text);
+  // And the next request is served.
+  const ok = await client.chat.completions.create({ model: modelId, messages: hello, max_tokens: 2 });
+  assert.equal(ok.choices.length, 1);
+});
+
+const tools = [{
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'Current weather in a city',
+    parameters: {
+      type: 'object',
+      properties: { city: { type: 'string' }, days: { type: 'integer' } },
+      required: ['city'],
+    },
+  },
+}];
+
+test('tool call round trip (scripted K3 model): declare, parse, render the result', async () => {
+  const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  // The declaration reaches the prompt (key-sorted compact JSON in a tool-declare message).
+  const rendered = await post(scripted.base, '/apply-template', { messages: ask, tools });
+  assert.ok(rendered.json.prompt.includes('type="tool-declare"'));
+  assert.ok(rendered.json.prompt.includes('"name":"get_weather"'));
+
+  const first = await toolClient.chat.completions.create({
+    model: 'k3_scripted', messages: ask, tools, tool_choice: 'auto',
+  });
+  const choice = first.choices[0];
+  assert.equal(choice.finish_reason, 'tool_calls');
+  assert.equal(choice.message.reasoning_content, 'I should call the weather tool.');
+  assert.equal(choice.message.tool_calls.length, 1);
+  const call = choice.message.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.match(call.id, /^call_/);
+  assert.equal(call.function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Paris', days: 3 });
+
+  const followUp = [
+    ...ask,
+    { role: 'assistant', content: null, reasoning_content: choice.message.reasoning_content,
+      tool_calls: choice.message.tool_calls },
+    { role: 'tool', tool_call_id: call.id, content: '{"temp_c": 21}' },
+  ];
+  const prompt = await post(scripted.base, '/apply-template', { messages: followUp, tools });
+  assert.ok(prompt.json.prompt.includes(
+    '<|open|>call tool="get_weather" index="1"<|sep|>' +
+    '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>' +
+    '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>'),
+  prompt.json.prompt);
+  assert.ok(prompt.json.prompt.includes(
+    '<|open|>message role="tool" tool="get_weather" index="1"<|sep|>{"temp_c": 21}' +
+    '<|close|>message<|sep|><|end_of_msg|>'), prompt.json.prompt);
+
+  const second = await toolClient.chat.completions.create({
+    model: 'k3_scripted', messages: followUp, tools,
+  });
+  assert.equal(second.choices[0].finish_reason, 'stop');
+  assert.equal(second.choices[0].message.content, 'It is 21 degrees in Paris.');
+  assert.equal(second.choices[0].message.tool_calls, undefined);
+});
+
+test('streamed tool call (scripted K3 model)', async () => {
+  const stream = await toolClient.chat.completions.create({
+    model: 'k3_scripted', messages: [{ role: 'user', content: 'weather in Paris?' }], tools,
+    stream: true,
+  });
+  const calls = [];
+  let finish = null;
+  let content = '';
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      for (const tc of c.delta.tool_calls ?? []) calls.push(tc);
+      content += c.delta.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(finish, 'tool_calls');
+  assert.equal(content, '');
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].index, 0);
+  assert.equal(calls[0].function.name, 'get_weather');
+  assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: 'Paris', days: 3 });
+});
+
+test('a non-loopback --host needs an API key; the key is enforced', async () => {
+  const refused = spawn(COLI, ['serve', '--model', TINY, '--port', '0', '--host', '0.0.0.0']);
+  const code = await new Promise((resolve) => refused.on('exit', resolve));
+  assert.equal(code, 2);
+  const keyed = await startServer(SCRIPTED, { COLI_PLUGIN_DIR: SCRIPTED_PLUGINS },
+    ['--api-key', 'sekret']);
+  try {
+    const no = await fetch(`${keyed.base}/v1/models`);
+    assert.equal(no.status, 401);
+    const yes = new OpenAI({ baseURL: `${keyed.base}/v1`, apiKey: 'sekret', maxRetries: 0 });
+    assert.equal((await yes.models.list()).data.length, 1);
+    const wrong = new OpenAI({ baseURL: `${keyed.base}/v1`, apiKey: 'nope', maxRetries: 0 });
+    await assert.rejects(wrong.models.list(), (e) => e.status === 401);
+  } finally {
+    await stopServer(keyed);
+  }
+});

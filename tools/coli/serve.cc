@@ -1,0 +1,944 @@
+// `coli serve`: an OpenAI-compatible HTTP gateway (cpp-httplib) over the host's gRPC API.
+//
+//   coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]
+//              [--connect ADDR] [--model-id ID]
+//
+// Without --connect it starts a private `coli-host` (tools/coli/client.h), loads DIR there (the
+// K3_* switches apply) and stops it on exit; with --connect it uses a running host. Endpoints: GET /v1/models[/ID], POST /v1/chat/completions (SSE
+// when stream=true), POST /v1/completions, POST /tokenize, /detokenize, /apply-template,
+// GET /health, GET /metrics (Prometheus). Errors use OpenAI's error object and name the field.
+// Loopback only unless --host names another address, which then requires --api-key (bearer).
+// A client that goes away mid-stream cancels its generation at the host (within one token).
+#include "tools/coli/serve.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coli/v1/coli.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "httplib.h"
+#include "tools/coli/client.h"
+#include "tools/coli/command.h"
+#include "tools/coli/serve_openai.h"
+
+namespace coli::cli::serve {
+namespace {
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+// ---- the gateway ------------------------------------------------------------------------------
+
+// Which visible channel the last delta of a choice went to (for logprobs of content tokens).
+enum class ChatChannel { kNone, kReasoning, kContent };
+
+// One generation's accumulated result (one choice).
+struct ChoiceResult {
+  std::string reasoning, content;
+  Json tool_calls = Json::array();
+  Json logprobs = Json::array();
+  std::string finish_reason;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+class Gateway {
+ public:
+  Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key)
+      : stub_(stub), info_(std::move(info)), api_key_(std::move(api_key)) {
+    // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
+    // where they start. None of them is answer text.
+    first_special_ = info_.vocab_size();
+    for (const auto& s : info_.special_tokens()) first_special_ = std::min(first_special_, s.id());
+  }
+
+  void Register(httplib::Server* server);
+
+ private:
+  using Req = httplib::Request;
+  using Res = httplib::Response;
+
+  void Reply(Res& res, int status, const Json& body) {
+    res.status = status;
+    res.set_content(Dump(body), "application/json");
+  }
+  void Fail(Res& res, const ApiError& e) {
+    res.status = e.http_status;
+    res.set_content(ErrorBody(e), "application/json");
+  }
+  bool Authorized(const Req& req, Res& res);
+  // Parses the body as a JSON object (400 otherwise).
+  bool Body(const Req& req, Res& res, Json* body);
+  // Checks the request's model name (404 model_not_found for another).
+  bool ModelOk(const std::string& model, Res& res);
+
+  void Models(const Req& req, Res& res);
+  void ChatCompletions(const Req& req, Res& res);
+  void Completions(const Req& req, Res& res);
+  void Tokenize(const Req& req, Res& res);
+  void Detokenize(const Req& req, Res& res);
+  void ApplyTemplate(const Req& req, Res& res);
+  void Health(const Req& req, Res& res);
+  void Metrics(const Req& req, Res& res);
+
+  void FillSampling(const SamplingFields& f, int choice, v1::SamplingParams* s) const {
+    s->set_temperature(f.temperature);
+    s->set_top_p(f.top_p >= 1.0f ? 0.0f : f.top_p);
+    s->set_seed(f.has_seed ? f.seed + static_cast<uint64_t>(choice) : NowSeconds() * 7919 + choice);
+    s->set_logprobs(f.top_logprobs < 0 ? 0 : std::max(1, f.top_logprobs));
+  }
+  Json LogprobEntry(const v1::Token& token, int top) const;
+
+  // One host Chat call (one choice).
+  struct Call {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::ChatEvent>> reader;
+    std::string request_id;
+  };
+  using DeltaFn = std::function<bool(const char* kind, const Json& payload)>;
+  std::unique_ptr<Call> StartChat(const SamplingFields& f, const std::string& request_json,
+                                  int choice);
+  // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
+  // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON) and returns false to cancel
+  // (the client went away). `first` is an event already read, or nullptr.
+  grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
+                         const v1::ChatEvent* first, const DeltaFn& on_delta);
+  static std::string FinishReason(v1::FinishReason r, bool tool_calls, bool stopped);
+
+  v1::Coli::Stub* stub_;  // the client's
+  v1::ModelInfo info_;
+  std::string api_key_;
+  int32_t first_special_ = 0;
+
+  std::mutex mu_;
+  std::map<int, uint64_t> http_by_status_;
+  std::atomic<int> streams_active_{0};
+  std::atomic<uint64_t> disconnects_{0};
+};
+
+bool Gateway::Authorized(const Req& req, Res& res) {
+  if (api_key_.empty()) return true;
+  const std::string auth = req.get_header_value("Authorization");
+  if (auth == "Bearer " + api_key_) return true;
+  ApiError e;
+  e.http_status = 401;
+  e.type = "authentication_error";
+  e.code = "invalid_api_key";
+  e.message = auth.empty() ? "missing API key (Authorization: Bearer KEY)" : "invalid API key";
+  Fail(res, e);
+  return false;
+}
+
+bool Gateway::Body(const Req& req, Res& res, Json* body) {
+  bool too_deep = false;
+  Json parsed = Json::parse(
+      req.body.begin(), req.body.end(),
+      [&too_deep](int depth, Json::parse_event_t, Json&) {
+        if (depth > 256) too_deep = true;
+        return !too_deep;
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep || parsed.is_discarded() || !parsed.is_object()) {
+    Fail(res, BadField("", too_deep ? "request body nests deeper than 256 levels"
+                                    : "request body must be a JSON object"));
+    return false;
+  }
+  *body = std::move(parsed);
+  return true;
+}
+
+bool Gateway::ModelOk(const std::string& model, Res& res) {
+  if (model.empty() || model == info_.id()) return true;
+  ApiError e;
+  e.http_status = 404;
+  e.code = "model_not_found";
+  e.param = "model";
+  e.message = "The model '" + model + "' does not exist; this server serves '" + info_.id() + "'";
+  Fail(res, e);
+  return false;
+}
+
+void Gateway::Models(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  auto entry = [&] {
+    Json m;
+    m["id"] = info_.id();
+    m["object"] = "model";
+    m["created"] = 0;
+    m["owned_by"] = "coli";
+    m["max_model_len"] = info_.context_capacity();
+    m["family"] = info_.family();
+    return m;
+  };
+  if (req.matches.size() > 1) {
+    const std::string id = req.matches[1];
+    if (!ModelOk(id, res)) return;
+    Reply(res, 200, entry());
+    return;
+  }
+  Json out;
+  out["object"] = "list";
+  out["data"] = Json::array({entry()});
+  Reply(res, 200, out);
+}
+
+Json Gateway::LogprobEntry(const v1::Token& token, int top) const {
+  auto bytes_of = [](const std::string& s) {
+    Json b = Json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  const auto& lp = token.logprobs();
+  Json e;
+  const std::string text = lp.sampled().text().empty() ? token.text() : lp.sampled().text();
+  e["token"] = text;
+  e["logprob"] = lp.sampled().logprob();
+  e["bytes"] = bytes_of(text);
+  e["top_logprobs"] = Json::array();
+  for (int i = 0; i < lp.top_size() && i < top; ++i) {
+    Json t;
+    t["token"] = lp.top(i).text();
+    t["logprob"] = lp.top(i).logprob();
+    t["bytes"] = bytes_of(lp.top(i).text());
+    e["top_logprobs"].push_back(std::move(t));
+  }
+  return e;
+}
+
+std::string Gateway::FinishReason(v1::FinishReason r, bool tool_calls, bool stopped) {
+  if (stopped) return "stop";
+  switch (r) {
+    case v1::FINISH_REASON_LENGTH:
+    case v1::FINISH_REASON_CONTEXT:
+      return "length";
+    case v1::FINISH_REASON_TOOL_CALLS:
+      return "tool_calls";
+    default:
+      return tool_calls ? "tool_calls" : "stop";
+  }
+}
+
+// An OpenAI tool call from the host's CHANNEL_TOOL_CALL text {"name":..., "arguments":...}.
+Json ToolCallFromDelta(const std::string& text, int index) {
+  Json call = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  Json out;
+  out["index"] = index;
+  out["id"] = NewId("call_");
+  out["type"] = "function";
+  std::string name, arguments = "{}";
+  if (call.is_object()) {
+    if (call.contains("name") && call["name"].is_string()) name = call["name"].get<std::string>();
+    if (call.contains("arguments")) {
+      const Json& a = call["arguments"];
+      arguments = a.is_string() ? a.get<std::string>() : Dump(a);
+    }
+  }
+  out["function"]["name"] = name;
+  out["function"]["arguments"] = arguments;
+  return out;
+}
+
+std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
+                                                  const std::string& request_json, int choice) {
+  auto call = std::make_unique<Call>();
+  v1::ChatRequest r;
+  r.set_model(info_.id());
+  r.set_request_json(request_json);
+  r.set_max_tokens(f.max_tokens);
+  FillSampling(f, choice, r.mutable_sampling());
+  call->reader = stub_->Chat(&call->ctx, r);
+  return call;
+}
+
+grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
+                                const v1::ChatEvent* first, const DeltaFn& on_delta) {
+  StopFilter stop(f.stop);
+  bool stopped = false, cancelled = false, tool_calls = false;
+  ChatChannel last = ChatChannel::kNone;
+  v1::ChatEvent ev;
+  v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  bool have = first != nullptr;
+  if (have) ev = *first;
+  auto emit = [&](const char* kind, const Json& payload) {
+    if (cancelled) return;
+    if (on_delta && !on_delta(kind, payload)) {
+      cancelled = true;
+      call.ctx.TryCancel();
+    }
+  };
+  while (have || call.reader->Read(&ev)) {
+    have = false;
+    if (ev.has_started()) {
+      call.request_id = ev.started().request_id();
+      out->prompt_tokens = ev.started().prompt_tokens();
+    } else if (ev.has_token()) {
+      const v1::ChatToken& t = ev.token();
+      ++out->completion_tokens;
+      for (const v1::ChatDelta& d : t.deltas()) {
+        if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
+          last = ChatChannel::kReasoning;
+          out->reasoning += d.text();
+          emit("reasoning", d.text());
+        } else if (d.channel() == v1::CHANNEL_CONTENT && !d.text().empty()) {
+          last = ChatChannel::kContent;
+          if (stopped) continue;
+          std::string visible = stop.Push(d.text());
+          out->content += visible;
+          if (!visible.empty()) emit("content", visible);
+          if (stop.stopped()) {
+            stopped = true;
+            v1::CancelRequest c;
+            c.set_request_id(call.request_id);
+            c.set_stop(true);
+            v1::CancelResponse cr;
+            grpc::ClientContext cctx;
+            stub_->Cancel(&cctx, c, &cr);
+          }
+        } else if (d.channel() == v1::CHANNEL_TOOL_CALL) {
+          tool_calls = true;
+          Json tc = ToolCallFromDelta(d.text(), static_cast<int>(out->tool_calls.size()));
+          out->tool_calls.push_back(tc);
+          emit("tool_call", tc);
+        }
+      }
+      if (f.top_logprobs >= 0 && !stopped && last == ChatChannel::kContent &&
+          t.token().id() < first_special_) {
+        Json entry = LogprobEntry(t.token(), f.top_logprobs);
+        out->logprobs.push_back(entry);
+        emit("logprob", entry);
+      }
+    } else if (ev.has_finished()) {
+      reason = ev.finished().reason();
+      out->prompt_tokens = ev.finished().usage().prompt_tokens();
+      out->completion_tokens = ev.finished().usage().completion_tokens();
+    }
+  }
+  grpc::Status status = call.reader->Finish();
+  if (!stopped) {
+    std::string tail = stop.Flush();
+    if (!tail.empty()) {
+      out->content += tail;
+      emit("content", tail);
+    }
+  }
+  out->finish_reason = FinishReason(reason, tool_calls, stopped);
+  if (cancelled) return grpc::Status(grpc::StatusCode::CANCELLED, "client disconnected");
+  return status;
+}
+
+void Gateway::ChatCompletions(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  Json body;
+  if (!Body(req, res, &body)) return;
+  ApiError error;
+  std::optional<SamplingFields> f = ParseChatParams(body, &error);
+  if (!f) return Fail(res, error);
+  if (!ModelOk(f->model, res)) return;
+  const std::string id = NewId("chatcmpl-");
+  const int64_t created = NowSeconds();
+  const std::string request_json = Dump(body);
+
+  if (!f->stream) {
+    std::vector<ChoiceResult> results(f->n);
+    for (int i = 0; i < f->n; ++i) {
+      auto call = StartChat(*f, request_json, i);
+      grpc::Status s = RunChoice(*f, *call, &results[i], nullptr, nullptr);
+      if (!s.ok()) return Fail(res, FromHostStatus(s));
+    }
+    Json out;
+    out["id"] = id;
+    out["object"] = "chat.completion";
+    out["created"] = created;
+    out["model"] = info_.id();
+    out["choices"] = Json::array();
+    int64_t completion = 0;
+    for (int i = 0; i < f->n; ++i) {
+      ChoiceResult& r = results[i];
+      // The think-skip fallback re-sends the answer as content: it is not reasoning then.
+      if (!r.content.empty() && r.content == r.reasoning) r.reasoning.clear();
+      Json message;
+      message["role"] = "assistant";
+      message["content"] = r.content.empty() && !r.tool_calls.empty() ? Json(nullptr)
+                                                                         : Json(r.content);
+      message["reasoning_content"] = r.reasoning.empty() ? Json(nullptr) : Json(r.reasoning);
+      if (!r.tool_calls.empty()) {
+        for (Json& tc : r.tool_calls) tc.erase("index");
+        message["tool_calls"] = r.tool_calls;
+      }
+      Json choice;
+      choice["index"] = i;
+      choice["message"] = message;
+      choice["logprobs"] = f->top_logprobs >= 0 ? Json{{"content", r.logprobs}} : Json(nullptr);
+      choice["finish_reason"] = r.finish_reason;
+      out["choices"].push_back(choice);
+      completion += r.completion_tokens;
+    }
+    out["usage"]["prompt_tokens"] = results[0].prompt_tokens;
+    out["usage"]["completion_tokens"] = completion;
+    out["usage"]["total_tokens"] = results[0].prompt_tokens + completion;
+    Reply(res, 200, out);
+    return;
+  }
+
+  // Streaming: read the first event before answering, so a refused request is a plain 400.
+  auto first_call = std::shared_ptr<Call>(StartChat(*f, request_json, 0));
+  auto first = std::make_shared<v1::ChatEvent>();
+  if (!first_call->reader->Read(first.get())) {
+    grpc::Status s = first_call->reader->Finish();
+    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
+    return Fail(res, FromHostStatus(s));
+  }
+  auto fields = std::make_shared<SamplingFields>(*f);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, first_call, first, fields, id, created, request_json](size_t,
+                                                                   httplib::DataSink& sink) {
+        ++streams_active_;
+        auto send = [&sink](const Json& j) {
+          const std::string frame = "data: " + Dump(j) + "\n\n";
+          return sink.is_writable() && sink.write(frame.data(), frame.size());
+        };
+        auto chunk = [&](int index, const Json& delta, const Json& finish, const Json& logprobs) {
+          Json c;
+          c["id"] = id;
+          c["object"] = "chat.completion.chunk";
+          c["created"] = created;
+          c["model"] = info_.id();
+          Json choice;
+          choice["index"] = index;
+          choice["delta"] = delta;
+          choice["logprobs"] = logprobs;
+          choice["finish_reason"] = finish;
+          c["choices"] = Json::array({choice});
+          if (fields->include_usage) c["usage"] = nullptr;
+          return c;
+        };
+        int64_t prompt_tokens = 0, completion = 0;
+        bool gone = false;
+        for (int i = 0; i < fields->n && !gone; ++i) {
+          std::shared_ptr<Call> call =
+              i == 0 ? first_call : std::shared_ptr<Call>(StartChat(*fields, request_json, i));
+          if (!send(chunk(i, Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) {
+            gone = true;
+            call->ctx.TryCancel();
+            call->reader->Finish();
+            break;
+          }
+          ChoiceResult r;
+          grpc::Status s = RunChoice(*fields, *call, &r, i == 0 ? first.get() : nullptr,
+                               [&](const char* kind, const Json& payload) {
+                                 Json delta = Json::object(), lp = nullptr;
+                                 if (!std::strcmp(kind, "reasoning")) {
+                                   delta["reasoning_content"] = payload;
+                                 } else if (!std::strcmp(kind, "content")) {
+                                   delta["content"] = payload;
+                                 } else if (!std::strcmp(kind, "tool_call")) {
+                                   delta["tool_calls"] = Json::array({payload});
+                                 } else {
+                                   lp = Json{{"content", Json::array({payload})}};
+                                 }
+                                 return send(chunk(i, delta, nullptr, lp));
+                               });
+          if (s.error_code() == grpc::StatusCode::CANCELLED) {
+            gone = true;
+            break;
+          }
+          if (!s.ok()) {
+            Json err = Json::parse(ErrorBody(FromHostStatus(s)));
+            if (!send(err)) gone = true;
+            break;
+          }
+          prompt_tokens = r.prompt_tokens;
+          completion += r.completion_tokens;
+          if (!send(chunk(i, Json::object(), r.finish_reason, nullptr))) gone = true;
+        }
+        if (gone) {
+          ++disconnects_;
+        } else {
+          if (fields->include_usage) {
+            Json u;
+            u["id"] = id;
+            u["object"] = "chat.completion.chunk";
+            u["created"] = created;
+            u["model"] = info_.id();
+            u["choices"] = Json::array();
+            u["usage"]["prompt_tokens"] = prompt_tokens;
+            u["usage"]["completion_tokens"] = completion;
+            u["usage"]["total_tokens"] = prompt_tokens + completion;
+            send(u);
+          }
+          static const char kDone[] = "data: [DONE]\n\n";
+          if (sink.is_writable()) sink.write(kDone, sizeof(kDone) - 1);
+        }
+        --streams_active_;
+        sink.done();
+        return true;
+      });
+}
+
+void Gateway::Completions(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  Json body;
+  if (!Body(req, res, &body)) return;
+  ApiError error;
+  std::string prompt;
+  std::optional<SamplingFields> f = ParseCompletionParams(body, &prompt, &error);
+  if (!f) return Fail(res, error);
+  if (f->stream) {
+    return Fail(res, BadField("stream", "streaming is supported on /v1/chat/completions only"));
+  }
+  if (!ModelOk(f->model, res)) return;
+  Json out;
+  out["id"] = NewId("cmpl-");
+  out["object"] = "text_completion";
+  out["created"] = NowSeconds();
+  out["model"] = info_.id();
+  out["choices"] = Json::array();
+  int64_t prompt_tokens = 0, completion = 0;
+  for (int i = 0; i < f->n; ++i) {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest r;
+    r.set_model(info_.id());
+    r.set_prompt(prompt);
+    r.set_max_tokens(f->max_tokens);
+    FillSampling(*f, i, r.mutable_sampling());
+    auto reader = stub_->Generate(&ctx, r);
+    StopFilter stop(f->stop);
+    std::string text;
+    Json tokens = Json::array(), token_logprobs = Json::array(), tops = Json::array();
+    bool stopped = false;
+    v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+    std::string request_id;
+    v1::GenerateEvent ev;
+    while (reader->Read(&ev)) {
+      if (ev.has_started()) {
+        request_id = ev.started().request_id();
+      } else if (ev.has_token() && !stopped) {
+        text += stop.Push(ev.token().text());
+        if (f->top_logprobs >= 0) {
+          const auto& lp = ev.token().logprobs();
+          tokens.push_back(ev.token().text());
+          token_logprobs.push_back(lp.sampled().logprob());
+          Json top = Json::object();
+          for (int k = 0; k < lp.top_size() && k < f->top_logprobs; ++k) {
+            top[lp.top(k).text()] = lp.top(k).logprob();
+          }
+          tops.push_back(top);
+        }
+        if (stop.stopped()) {
+          stopped = true;
+          v1::CancelRequest c;
+          c.set_request_id(request_id);
+          c.set_stop(true);
+          v1::CancelResponse cr;
+          grpc::ClientContext cctx;
+          stub_->Cancel(&cctx, c, &cr);
+        }
+      } else if (ev.has_finished()) {
+        reason = ev.finished().reason();
+        prompt_tokens = ev.finished().usage().prompt_tokens();
+        completion += ev.finished().usage().completion_tokens();
+      }
+    }
+    grpc::Status s = reader->Finish();
+    if (!s.ok()) return Fail(res, FromHostStatus(s));
+    if (!stopped) text += stop.Flush();
+    Json choice;
+    choice["index"] = i;
+    choice["text"] = text;
+    choice["logprobs"] = f->top_logprobs >= 0
+                             ? Json{{"tokens", tokens},
+                                    {"token_logprobs", token_logprobs},
+                                    {"top_logprobs", tops}}
+                             : Json(nullptr);
+    choice["finish_reason"] = FinishReason(reason, false, stopped);
+    out["choices"].push_back(choice);
+  }
+  out["usage"]["prompt_tokens"] = prompt_tokens;
+  out["usage"]["completion_tokens"] = completion;
+  out["usage"]["total_tokens"] = prompt_tokens + completion;
+  Reply(res, 200, out);
+}
+
+void Gateway::Tokenize(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  Json body;
+  if (!Body(req, res, &body)) return;
+  if (body.contains("model") && body["model"].is_string() &&
+      !ModelOk(body["model"].get<std::string>(), res)) {
+    return;
+  }
+  std::vector<int32_t> ids;
+  if (body.contains("messages")) {  // a chat: the rendered prompt's ids
+    ApiError error;
+    if (!ParseChatParams(body, &error)) return Fail(res, error);
+    grpc::ClientContext ctx;
+    v1::ApplyTemplateRequest r;
+    r.set_model(info_.id());
+    r.set_request_json(Dump(body));
+    r.set_add_generation_prompt(true);
+    v1::ApplyTemplateResponse out;
+    grpc::Status s = stub_->ApplyTemplate(&ctx, r, &out);
+    if (!s.ok()) return Fail(res, FromHostStatus(s));
+    ids.assign(out.ids().begin(), out.ids().end());
+  } else {
+    if (!body.contains("prompt") || !body["prompt"].is_string()) {
+      return Fail(res, BadField("prompt", "prompt must be a string (or give messages)"));
+    }
+    bool allow_special = false;
+    if (body.contains("allow_special")) {
+      if (!body["allow_special"].is_boolean()) {
+        return Fail(res, BadField("allow_special", "allow_special must be a boolean"));
+      }
+      allow_special = body["allow_special"].get<bool>();
+    }
+    grpc::ClientContext ctx;
+    v1::TokenizeRequest r;
+    r.set_model(info_.id());
+    r.set_text(body["prompt"].get<std::string>());
+    r.set_allow_special(allow_special);
+    v1::TokenizeResponse out;
+    grpc::Status s = stub_->Tokenize(&ctx, r, &out);
+    if (!s.ok()) return Fail(res, FromHostStatus(s));
+    ids.assign(out.ids().begin(), out.ids().end());
+  }
+  Json out;
+  out["tokens"] = ids;
+  out["count"] = ids.size();
+  out["max_model_len"] = info_.context_capacity();
+  Reply(res, 200, out);
+}
+
+void Gateway::Detokenize(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  Json body;
+  if (!Body(req, res, &body)) return;
+  if (!body.contains("tokens") || !body["tokens"].is_array()) {
+    return Fail(res, BadField("tokens", "tokens must be an array of token ids"));
+  }
+  v1::DetokenizeRequest r;
+  r.set_model(info_.id());
+  for (size_t i = 0; i < body["tokens"].size(); ++i) {
+    const Json& t = body["tokens"][i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= info_.vocab_size()) {
+      return Fail(res, BadField("tokens[" + std::to_string(i) + "]",
+                                "a token id must be an integer in [0, " +
+                                    std::to_string(info_.vocab_size()) + ")"));
+    }
+    r.add_ids(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  grpc::ClientContext ctx;
+  v1::DetokenizeResponse out;
+  grpc::Status s = stub_->Detokenize(&ctx, r, &out);
+  if (!s.ok()) return Fail(res, FromHostStatus(s));
+  Reply(res, 200, Json{{"prompt", out.text()}});
+}
+
+void Gateway::ApplyTemplate(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  Json body;
+  if (!Body(req, res, &body)) return;
+  ApiError error;
+  std::optional<SamplingFields> f = ParseChatParams(body, &error);
+  if (!f) return Fail(res, error);
+  if (!ModelOk(f->model, res)) return;
+  grpc::ClientContext ctx;
+  v1::ApplyTemplateRequest r;
+  r.set_model(info_.id());
+  r.set_request_json(Dump(body));
+  r.set_add_generation_prompt(true);
+  v1::ApplyTemplateResponse out;
+  grpc::Status s = stub_->ApplyTemplate(&ctx, r, &out);
+  if (!s.ok()) return Fail(res, FromHostStatus(s));
+  Json reply;
+  reply["prompt"] = out.text();
+  reply["tokens"] = Json(std::vector<int32_t>(out.ids().begin(), out.ids().end()));
+  Reply(res, 200, reply);
+}
+
+void Gateway::Health(const Req&, Res& res) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::HealthRequest r;
+  v1::HealthResponse out;
+  grpc::Status s = stub_->Health(&ctx, r, &out);
+  if (!s.ok() || !out.serving()) {
+    Reply(res, 503, Json{{"status", "unavailable"}, {"error", s.error_message()}});
+    return;
+  }
+  Json h;
+  h["status"] = "ok";
+  h["model"] = info_.id();
+  h["host_version"] = out.version();
+  h["abi_version"] = out.abi_version();
+  h["uptime_seconds"] = out.uptime_seconds();
+  Reply(res, 200, h);
+}
+
+void Gateway::Metrics(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  grpc::ClientContext ctx;
+  v1::MetricsRequest r;
+  v1::MetricsResponse m;
+  grpc::Status s = stub_->GetMetrics(&ctx, r, &m);
+  if (!s.ok()) return Fail(res, FromHostStatus(s));
+  struct Row {
+    const char* name;
+    const char* type;
+    const char* help;
+    double value;
+  };
+  const Row rows[] = {
+      {"coli_requests_total", "counter", "generation requests accepted by the host",
+       static_cast<double>(m.requests_total())},
+      {"coli_requests_ok_total", "counter", "requests that finished normally",
+       static_cast<double>(m.requests_ok())},
+      {"coli_requests_failed_total", "counter", "requests that ended in an error",
+       static_cast<double>(m.requests_failed())},
+      {"coli_requests_cancelled_total", "counter", "requests cancelled (client gone or Cancel)",
+       static_cast<double>(m.requests_cancelled())},
+      {"coli_requests_rejected_total", "counter", "requests refused: queue full",
+       static_cast<double>(m.requests_rejected())},
+      {"coli_requests_active", "gauge", "requests generating now",
+       static_cast<double>(m.requests_active())},
+      {"coli_queue_depth", "gauge", "requests waiting", static_cast<double>(m.queue_depth())},
+      {"coli_queue_capacity", "gauge", "queue capacity", static_cast<double>(m.queue_capacity())},
+      {"coli_prompt_tokens_total", "counter", "prompt tokens",
+       static_cast<double>(m.prompt_tokens())},
+      {"coli_completion_tokens_total", "counter", "generated tokens",
+       static_cast<double>(m.completion_tokens())},
+      {"coli_tokens_reused_total", "counter", "prompt tokens served from kept state",
+       static_cast<double>(m.tokens_reused())},
+      {"coli_time_to_first_token_seconds_last", "gauge", "last request's TTFT",
+       m.ttft_seconds_last()},
+      {"coli_time_to_first_token_seconds_mean", "gauge", "mean TTFT", m.ttft_seconds_mean()},
+      {"coli_tokens_per_second_last", "gauge", "last request's decode rate",
+       m.tokens_per_second_last()},
+      {"coli_tokens_per_second_mean", "gauge", "mean decode rate", m.tokens_per_second_mean()},
+      {"coli_expert_hits_total", "counter", "routed-expert cache hits", m.expert_hits()},
+      {"coli_expert_misses_total", "counter", "routed-expert cache misses", m.expert_misses()},
+      {"coli_expert_hit_rate", "gauge", "routed-expert cache hit rate", m.expert_hit_rate()},
+      {"coli_bytes_read_total", "counter", "weight bytes read from disk", m.bytes_read()},
+      {"coli_uptime_seconds", "gauge", "host uptime", m.uptime_seconds()},
+  };
+  std::string out;
+  for (const Row& row : rows) AppendMetric(&out, row.name, row.type, row.help, row.value);
+  AppendMetric(&out, "coli_http_streams_active", "gauge", "SSE streams open now",
+               streams_active_.load());
+  AppendMetric(&out, "coli_http_client_disconnects_total", "counter",
+               "streams whose client went away (generation cancelled)",
+               static_cast<double>(disconnects_.load()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [code, count] : http_by_status_) {
+      AppendMetric(&out, "coli_http_responses_total", "counter", "HTTP responses by status",
+                   static_cast<double>(count), "code=\"" + std::to_string(code) + "\"");
+    }
+  }
+  res.status = 200;
+  res.set_content(out, "text/plain; version=0.0.4");
+}
+
+void Gateway::Register(httplib::Server* server) {
+  auto bind = [this](void (Gateway::*fn)(const Req&, Res&)) {
+    return [this, fn](const Req& req, Res& res) { (this->*fn)(req, res); };
+  };
+  server->Get("/v1/models", bind(&Gateway::Models));
+  server->Get(R"(/v1/models/(.+))", bind(&Gateway::Models));
+  server->Post("/v1/chat/completions", bind(&Gateway::ChatCompletions));
+  server->Post("/v1/completions", bind(&Gateway::Completions));
+  server->Post("/tokenize", bind(&Gateway::Tokenize));
+  server->Post("/detokenize", bind(&Gateway::Detokenize));
+  server->Post("/apply-template", bind(&Gateway::ApplyTemplate));
+  server->Get("/health", bind(&Gateway::Health));
+  server->Get("/metrics", bind(&Gateway::Metrics));
+  server->set_logger([this](const Req&, const Res& res) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++http_by_status_[res.status];
+  });
+  server->set_error_handler([](const Req&, Res& res) {
+    if (!res.body.empty()) return;
+    ApiError e;
+    e.http_status = res.status;
+    e.type = res.status == 404 ? "not_found" : "invalid_request_error";
+    e.message = res.status == 404 ? "no such endpoint" : "bad request";
+    res.set_content(ErrorBody(e), "application/json");
+  });
+  server->set_exception_handler([](const Req&, Res& res, std::exception_ptr) {
+    ApiError e;
+    e.http_status = 500;
+    e.type = "server_error";
+    e.message = "internal error";
+    res.status = 500;
+    res.set_content(ErrorBody(e), "application/json");
+  });
+  server->set_payload_max_length(16u << 20);
+}
+
+std::atomic<httplib::Server*> g_server{nullptr};
+
+void Usage() {
+  std::fprintf(stderr,
+               "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
+               "                  [--connect ADDR] [--model-id ID]\n"
+               "  --host ADDR    listen address; anything but loopback requires --api-key\n"
+               "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
+               "  --connect ADDR use a running coli-host instead of starting one\n");
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  std::string model_dir, host = "127.0.0.1", api_key, connect, model_id;
+  int port = 8000;
+  if (const char* k = std::getenv("COLI_API_KEY"); k && *k) api_key = k;
+  if (const char* m = std::getenv("COLI_MODEL"); m && *m) model_dir = m;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "coli serve: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--model") model_dir = value();
+    else if (arg == "--host") host = value();
+    else if (arg == "--api-key") api_key = value();
+    else if (arg == "--connect") connect = value();
+    else if (arg == "--model-id") model_id = value();
+    else if (arg == "--port") {
+      const std::string v = value();
+      char* end = nullptr;
+      const long p = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || p < 0 || p > 65535) {
+        std::fprintf(stderr, "coli serve: --port '%s' is not a port number\n", v.c_str());
+        return 2;
+      }
+      port = static_cast<int>(p);
+    } else if (arg == "--help" || arg == "-h") {
+      Usage();
+      return 0;
+    } else {
+      std::fprintf(stderr, "coli serve: unknown argument '%s'\n", arg.c_str());
+      Usage();
+      return 2;
+    }
+  }
+  if (model_dir.empty() && connect.empty()) {
+    std::fprintf(stderr, "coli serve: --model DIR is required (or COLI_MODEL)\n");
+    Usage();
+    return 2;
+  }
+  if (!IsLoopback(host) && api_key.empty()) {
+    std::fprintf(stderr,
+                 "coli serve: --host %s is not a loopback address: refusing to serve without "
+                 "--api-key\n",
+                 host.c_str());
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  // SIGINT/SIGTERM stop the HTTP server (the host process is stopped by HostProcess). Blocked
+  // before any thread starts (gRPC's, httplib's) so only the waiter below takes them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  client::ConnectOptions connect_options;
+  connect_options.host = connect;  // empty: a private coli-host, stopped with `client`
+  auto client = client::Client::Connect(connect_options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "coli serve: %s\n", std::string(client.status().message()).c_str());
+    return 1;
+  }
+  v1::ModelInfo info;
+  if (!model_dir.empty()) {
+    auto options = client::ModelOptionsFromEnv();
+    if (!options.ok()) {
+      std::fprintf(stderr, "coli serve: %s\n", std::string(options.status().message()).c_str());
+      return 1;
+    }
+    client::ProgressDisplay bar(stderr);
+    auto loaded = (*client)->LoadModel(
+        model_dir, *options, [&bar](const v1::LoadProgress& p) { bar.Update(p); }, model_id);
+    bar.Done();
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "coli serve: %s\n", std::string(loaded.status().message()).c_str());
+      return 1;
+    }
+    info = *loaded;
+  } else {
+    auto models = (*client)->ListModels();
+    if (!models.ok() || models->empty()) {
+      std::fprintf(stderr, "coli serve: the host at %s has no model loaded\n", connect.c_str());
+      return 1;
+    }
+    info = models->front();
+    for (const auto& m : *models) {
+      if (m.id() == model_id) info = m;
+    }
+  }
+
+  httplib::Server server;
+  Gateway gateway(&(*client)->stub(), info, api_key);
+  gateway.Register(&server);
+  int bound = port;
+  if (port == 0) {
+    bound = server.bind_to_any_port(host);
+  } else if (!server.bind_to_port(host, port)) {
+    bound = -1;
+  }
+  if (bound < 0) {
+    std::fprintf(stderr, "coli serve: cannot listen on %s:%d: %s\n", host.c_str(), port,
+                 std::strerror(errno));
+    return 1;
+  }
+  // One line on stdout that scripts and tests wait for.
+  std::printf("coli serve: listening on http://%s:%d (model %s)\n", host.c_str(), bound,
+              info.id().c_str());
+  std::fflush(stdout);
+
+  g_server = &server;
+  std::thread waiter([&signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (httplib::Server* s = g_server.load()) s->stop();
+  });
+  server.listen_after_bind();
+  g_server = nullptr;
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  return 0;  // `client` stops the private host
+
+}
+
+}  // namespace coli::cli::serve
+
+COLI_REGISTER_COMMAND(serve, "serve", "OpenAI-compatible HTTP API over the host (--model DIR)",
+                      coli::cli::serve::RunServe);

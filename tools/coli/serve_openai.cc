@@ -1,0 +1,435 @@
+// The OpenAI-API half of `coli serve` (see serve_openai.h).
+#include "tools/coli/serve_openai.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+namespace coli::cli::serve {
+namespace {
+
+bool IsPathChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '.' || c == '[' || c == ']';
+}
+
+// The request field a host/renderer message names: the first "path: " piece whose root is a
+// request field ("render_chat: messages[2].role: unknown role" -> "messages[2].role").
+std::string ParamFromMessage(std::string_view msg) {
+  static constexpr std::string_view kRoots[] = {
+      "messages", "tools", "tool_choice", "response_format", "reasoning_effort", "enable_thinking",
+      "chat_template_kwargs", "prompt", "max_tokens", "stop", "model"};
+  size_t start = 0;
+  while (start < msg.size()) {
+    const size_t colon = msg.find(": ", start);
+    if (colon == std::string_view::npos) break;
+    std::string_view piece = msg.substr(start, colon - start);
+    bool path = !piece.empty();
+    for (char c : piece) path = path && IsPathChar(c);
+    if (path) {
+      for (std::string_view root : kRoots) {
+        if (piece.substr(0, root.size()) == root &&
+            (piece.size() == root.size() || piece[root.size()] == '.' ||
+             piece[root.size()] == '[')) {
+          return std::string(piece);
+        }
+      }
+    }
+    start = colon + 2;
+  }
+  return "";
+}
+
+const Json* Find(const Json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// Reads an optional integer field within [lo, hi].
+bool OptInt(const Json& body, const char* key, int64_t lo, int64_t hi, int64_t* out,
+            ApiError* error) {
+  const Json* v = Find(body, key);
+  if (v == nullptr) return true;
+  if (!v->is_number_integer()) {
+    *error = BadField(key, std::string(key) + " must be an integer");
+    return false;
+  }
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) {
+    *error = BadField(key, std::string(key) + " must be between " + std::to_string(lo) + " and " +
+                               std::to_string(hi) + ", got " + std::to_string(x));
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+bool OptNumber(const Json& body, const char* key, double lo, double hi, double* out,
+               ApiError* error) {
+  const Json* v = Find(body, key);
+  if (v == nullptr) return true;
+  if (!v->is_number()) {
+    *error = BadField(key, std::string(key) + " must be a number");
+    return false;
+  }
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi)) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%s must be between %g and %g, got %g", key, lo, hi, x);
+    *error = BadField(key, buf);
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+bool OptBool(const Json& body, const char* key, bool* out, ApiError* error) {
+  const Json* v = Find(body, key);
+  if (v == nullptr) return true;
+  if (!v->is_boolean()) {
+    *error = BadField(key, std::string(key) + " must be a boolean");
+    return false;
+  }
+  *out = v->get<bool>();
+  return true;
+}
+
+// Fields this engine cannot honour: present with a non-neutral value -> 400 naming them.
+bool RefuseUnsupported(const Json& body, ApiError* error) {
+  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
+    const Json* v = Find(body, key);
+    if (v != nullptr && (!v->is_number() || v->get<double>() != 0.0)) {
+      *error = BadField(key, std::string(key) + " is not supported by this engine (use 0)");
+      return false;
+    }
+  }
+  if (const Json* v = Find(body, "repetition_penalty");
+      v != nullptr && (!v->is_number() || v->get<double>() != 1.0)) {
+    *error = BadField("repetition_penalty", "repetition_penalty is not supported (use 1)");
+    return false;
+  }
+  if (const Json* v = Find(body, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
+    *error = BadField("logit_bias", "logit_bias is not supported by this engine");
+    return false;
+  }
+  for (const char* key : {"modalities", "audio", "prediction", "web_search_options", "functions",
+                          "function_call", "suffix"}) {
+    if (Find(body, key) != nullptr) {
+      *error = BadField(key, std::string(key) + " is not supported by this engine");
+      return false;
+    }
+  }
+  if (const Json* v = Find(body, "best_of");
+      v != nullptr && !(v->is_number_integer() && v->get<int64_t>() == 1)) {
+    *error = BadField("best_of", "best_of is not supported (use 1)");
+    return false;
+  }
+  if (const Json* v = Find(body, "echo"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
+    *error = BadField("echo", "echo is not supported by this engine");
+    return false;
+  }
+  return true;
+}
+
+bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
+  if (const Json* m = Find(body, "model")) {
+    if (!m->is_string()) {
+      *error = BadField("model", "model must be a string");
+      return false;
+    }
+    f->model = m->get<std::string>();
+  }
+  if (!RefuseUnsupported(body, error)) return false;
+  if (!OptBool(body, "stream", &f->stream, error)) return false;
+  if (const Json* so = Find(body, "stream_options")) {
+    if (!so->is_object()) {
+      *error = BadField("stream_options", "stream_options must be an object");
+      return false;
+    }
+    if (!f->stream) {
+      *error = BadField("stream_options", "stream_options is only allowed when stream is true");
+      return false;
+    }
+    if (const Json* iu = Find(*so, "include_usage")) {
+      if (!iu->is_boolean()) {
+        *error = BadField("stream_options.include_usage", "include_usage must be a boolean");
+        return false;
+      }
+      f->include_usage = iu->get<bool>();
+    }
+  }
+  int64_t max_tokens = 0;
+  if (!OptInt(body, "max_tokens", 1, 1 << 30, &max_tokens, error)) return false;
+  if (!OptInt(body, "max_completion_tokens", 1, 1 << 30, &max_tokens, error)) return false;
+  f->max_tokens = static_cast<int32_t>(max_tokens);
+  double temperature = 1.0, top_p = 1.0;
+  if (!OptNumber(body, "temperature", 0.0, 2.0, &temperature, error)) return false;
+  if (!OptNumber(body, "top_p", 0.0, 1.0, &top_p, error)) return false;
+  if (top_p == 0.0) temperature = 0.0;  // nucleus of one token: greedy
+  f->temperature = static_cast<float>(temperature);
+  f->top_p = static_cast<float>(top_p);
+  if (const Json* s = Find(body, "seed")) {
+    if (!s->is_number_integer()) {
+      *error = BadField("seed", "seed must be an integer");
+      return false;
+    }
+    f->seed = s->is_number_unsigned() ? s->get<uint64_t>()
+                                      : static_cast<uint64_t>(s->get<int64_t>());
+    f->has_seed = true;
+  }
+  if (const Json* stop = Find(body, "stop")) {
+    std::vector<std::string> stops;
+    if (stop->is_string()) {
+      stops.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > 4) {
+        *error = BadField("stop", "stop takes at most 4 sequences, got " +
+                                      std::to_string(stop->size()));
+        return false;
+      }
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) {
+          *error = BadField("stop[" + std::to_string(i) + "]", "a stop sequence must be a string");
+          return false;
+        }
+        stops.push_back((*stop)[i].get<std::string>());
+      }
+    } else {
+      *error = BadField("stop", "stop must be a string or an array of strings");
+      return false;
+    }
+    for (const std::string& s : stops) {
+      if (s.empty()) {
+        *error = BadField("stop", "a stop sequence must not be empty");
+        return false;
+      }
+    }
+    f->stop = std::move(stops);
+  }
+  int64_t n = 1;
+  if (!OptInt(body, "n", 1, 16, &n, error)) return false;
+  f->n = static_cast<int>(n);
+  return true;
+}
+
+}  // namespace
+
+ApiError BadField(std::string param, std::string message) {
+  ApiError e;
+  e.http_status = 400;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  return e;
+}
+
+std::string ErrorBody(const ApiError& error) {
+  Json body;
+  body["error"]["message"] = error.message;
+  body["error"]["type"] = error.type;
+  body["error"]["param"] = error.param.empty() ? Json(nullptr) : Json(error.param);
+  body["error"]["code"] = error.code.empty() ? Json(nullptr) : Json(error.code);
+  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+ApiError FromHostStatus(const grpc::Status& status) {
+  ApiError e;
+  const std::string& msg = status.error_message();
+  e.message = msg.empty() ? "host error" : msg;
+  switch (status.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::UNIMPLEMENTED:
+      e.http_status = 400;
+      e.param = ParamFromMessage(msg);
+      if (msg.find("EMPTY_PROMPT") != std::string::npos && e.param.empty()) e.param = "messages";
+      return e;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      if (msg.find("CONTEXT_EXCEEDED") != std::string::npos ||
+          msg.find("context") != std::string::npos) {
+        e.http_status = 400;
+        e.code = "context_length_exceeded";
+        e.param = "messages";
+        e.message = "This model's maximum context length was exceeded: " + msg;
+        return e;
+      }
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      e.code = "queue_full";
+      return e;
+    case grpc::StatusCode::NOT_FOUND:
+      e.http_status = 404;
+      e.code = "model_not_found";
+      e.param = "model";
+      return e;
+    case grpc::StatusCode::UNAVAILABLE:
+      e.http_status = 503;
+      e.type = "server_error";
+      return e;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      e.http_status = 504;
+      e.type = "server_error";
+      return e;
+    case grpc::StatusCode::CANCELLED:
+      e.http_status = 499;
+      e.type = "cancelled";
+      return e;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      return e;
+  }
+}
+
+std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error) {
+  SamplingFields f;
+  const Json* messages = Find(body, "messages");
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    *error = BadField("messages", "messages must be a non-empty array");
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const Json& m = (*messages)[i];
+    const std::string path = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) {
+      *error = BadField(path, "a message must be an object");
+      return std::nullopt;
+    }
+    const Json* content = Find(m, "content");
+    if (content != nullptr && content->is_array()) {
+      for (size_t j = 0; j < content->size(); ++j) {
+        const Json& part = (*content)[j];
+        const Json* type = part.is_object() ? Find(part, "type") : nullptr;
+        if (type != nullptr && type->is_string() && type->get<std::string>() != "text") {
+          *error = BadField(path + ".content[" + std::to_string(j) + "]",
+                            "content part type '" + type->get<std::string>() +
+                                "' is unsupported: this engine reads text only");
+          return std::nullopt;
+        }
+      }
+    }
+  }
+  if (!ParseCommon(body, &f, error)) return std::nullopt;
+  bool logprobs = false;
+  if (!OptBool(body, "logprobs", &logprobs, error)) return std::nullopt;
+  int64_t top = -1;
+  if (!OptInt(body, "top_logprobs", 0, 20, &top, error)) return std::nullopt;
+  if (top >= 0 && !logprobs) {
+    *error = BadField("top_logprobs", "top_logprobs requires logprobs to be true");
+    return std::nullopt;
+  }
+  if (logprobs) f.top_logprobs = top < 0 ? 0 : static_cast<int>(top);
+  if (const Json* tools = Find(body, "tools")) {
+    if (!tools->is_array()) {
+      *error = BadField("tools", "tools must be an array");
+      return std::nullopt;
+    }
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      const std::string path = "tools[" + std::to_string(i) + "]";
+      const Json* type = t.is_object() ? Find(t, "type") : nullptr;
+      const Json* fn = t.is_object() ? Find(t, "function") : nullptr;
+      if (type == nullptr || *type != "function" || fn == nullptr || !fn->is_object() ||
+          Find(*fn, "name") == nullptr || !(*fn)["name"].is_string()) {
+        *error = BadField(path, "a tool must be {\"type\": \"function\", \"function\": "
+                                "{\"name\": ...}}");
+        return std::nullopt;
+      }
+    }
+  }
+  if (const Json* tc = Find(body, "tool_choice")) {
+    const bool ok_string = tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required");
+    const bool ok_object = tc->is_object() && Find(*tc, "function") != nullptr;
+    if (!ok_string && !ok_object) {
+      *error = BadField("tool_choice",
+                        "tool_choice must be none, auto, required or {\"type\": \"function\", ...}");
+      return std::nullopt;
+    }
+  }
+  if (const Json* p = Find(body, "parallel_tool_calls"); p != nullptr && !p->is_boolean()) {
+    *error = BadField("parallel_tool_calls", "parallel_tool_calls must be a boolean");
+    return std::nullopt;
+  }
+  return f;
+}
+
+std::optional<SamplingFields> ParseCompletionParams(const Json& body, std::string* prompt,
+                                                    ApiError* error) {
+  SamplingFields f;
+  const Json* p = Find(body, "prompt");
+  if (p != nullptr && p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
+  if (p == nullptr || !p->is_string()) {
+    *error = BadField("prompt", "prompt must be a string (or an array of one string)");
+    return std::nullopt;
+  }
+  *prompt = p->get<std::string>();
+  if (!ParseCommon(body, &f, error)) return std::nullopt;
+  int64_t logprobs = -1;
+  if (!OptInt(body, "logprobs", 0, 20, &logprobs, error)) return std::nullopt;
+  f.top_logprobs = static_cast<int>(logprobs);
+  if (Find(body, "max_tokens") == nullptr) f.max_tokens = 16;  // the legacy API's default
+  return f;
+}
+
+std::string StopFilter::Push(std::string_view text) {
+  if (stopped_) return "";
+  held_.append(text);
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Keep the longest tail that is a proper prefix of some stop sequence.
+  size_t keep = 0;
+  for (const std::string& s : stops_) {
+    for (size_t len = std::min(s.size() - 1, held_.size()); len > keep; --len) {
+      if (held_.compare(held_.size() - len, len, s, 0, len) == 0) {
+        keep = len;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopFilter::Flush() {
+  if (stopped_) return "";
+  std::string out;
+  out.swap(held_);
+  return out;
+}
+
+std::string NewId(std::string_view prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%016llx%08x", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned>(rng() & 0xffffffffu));
+  return std::string(prefix) + buf;
+}
+
+void AppendMetric(std::string* out, std::string_view name, std::string_view type,
+                  std::string_view help, double value, std::string_view labels) {
+  if (labels.empty() || out->find(std::string("# TYPE ") + std::string(name) + " ") ==
+                            std::string::npos) {
+    out->append("# HELP ").append(name).append(" ").append(help).append("\n");
+    out->append("# TYPE ").append(name).append(" ").append(type).append("\n");
+  }
+  out->append(name);
+  if (!labels.empty()) out->append("{").append(labels).append("}");
+  char buf[64];
+  if (std::isfinite(value) && value == std::floor(value) && std::fabs(value) < 1e15) {
+    std::snprintf(buf, sizeof(buf), " %.0f\n", value);
+  } else {
+    std::snprintf(buf, sizeof(buf), " %.9g\n", value);
+  }
+  out->append(buf);
+}
+
+}  // namespace coli::cli::serve

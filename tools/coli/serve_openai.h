@@ -1,0 +1,94 @@
+// tools/coli/serve_openai: the OpenAI-API half of `coli serve`, without networking — request
+// validation, the error shape, host-status mapping, stop sequences and response JSON.
+//
+//   ApiError error;
+//   std::optional<ChatParams> params = ParseChatParams(body, &error);
+//   if (!params) reply(error.http_status, ErrorBody(error));
+//
+// Every refusal names the offending field in `param` and uses OpenAI's error object:
+//   {"error": {"message": "...", "type": "invalid_request_error", "param": "n", "code": null}}
+#ifndef COLI_TOOLS_COLI_SERVE_OPENAI_H_
+#define COLI_TOOLS_COLI_SERVE_OPENAI_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "grpcpp/support/status.h"
+#include "nlohmann/json.hpp"
+
+namespace coli::cli::serve {
+
+using Json = nlohmann::ordered_json;
+
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+};
+
+ApiError BadField(std::string param, std::string message);
+std::string ErrorBody(const ApiError& error);
+
+// A host gRPC status as an API error: INVALID_ARGUMENT -> 400 naming the field the host's
+// message starts with; CONTEXT_EXCEEDED -> 400 context_length_exceeded; queue full -> 429;
+// NOT_FOUND -> 404 model_not_found; UNAVAILABLE -> 503; others 500.
+ApiError FromHostStatus(const grpc::Status& status);
+
+// Generation parameters shared by /v1/chat/completions and /v1/completions.
+struct SamplingFields {
+  std::string model;           // "" = the loaded model
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  int32_t max_tokens = 0;      // 0 = up to the context
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  bool has_seed = false;
+  std::vector<std::string> stop;  // <= 4, removed from the output
+  int n = 1;
+  int top_logprobs = -1;          // -1 = no logprobs; 0..20 with logprobs on
+};
+
+// Validates and reads the chat-completions fields the gateway handles itself (the chat fields —
+// messages, tools, tool_choice, response_format, reasoning_effort, enable_thinking,
+// chat_template_kwargs — are type-checked here and rendered by the model family).
+std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error);
+// The legacy completions fields (prompt is returned in *prompt).
+std::optional<SamplingFields> ParseCompletionParams(const Json& body, std::string* prompt,
+                                                    ApiError* error);
+
+// Holds back text that could be the start of a stop sequence and cuts at the first match.
+//
+//   StopFilter f({"\n\n"});
+//   out += f.Push("Hello\n");   // "Hello" (the "\n" may start "\n\n")
+//   out += f.Push("\nmore");    // "" and f.stopped() is true
+class StopFilter {
+ public:
+  explicit StopFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Returns the text that is safe to show; after a match returns "" forever.
+  std::string Push(std::string_view text);
+  // End of generation: the held-back tail (no stop can complete any more).
+  std::string Flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+// "chatcmpl-<24 hex>" style ids.
+std::string NewId(std::string_view prefix);
+
+// Prometheus text format helpers.
+void AppendMetric(std::string* out, std::string_view name, std::string_view type,
+                  std::string_view help, double value, std::string_view labels = "");
+
+}  // namespace coli::cli::serve
+
+#endif  // COLI_TOOLS_COLI_SERVE_OPENAI_H_
