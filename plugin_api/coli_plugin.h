@@ -410,8 +410,9 @@ typedef struct coli_plugin_api_t {
   coli_status_t (*session_reset)(coli_session_t* session, coli_error_t* error);
 
   /* v1.0 [per-session] Prefills a prompt (see coli_prefill_args_t for reuse). Computes the
-   * logits of the last prompt position. On CANCELLED (or any error) the partial state is
-   * dropped: the session is left reset or at its previous consistent record. */
+   * logits of the last prompt position. On CANCELLED (or any error) no half-computed state is
+   * kept: the session's record is consistent (reset, its previous record, or extended by the
+   * whole chunks that completed), and the next prefill reuses whatever prefix still matches. */
   coli_status_t (*prefill)(coli_session_t* session, const coli_prefill_args_t* args,
                            coli_prefill_result_t* result, coli_error_t* error);
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,42 +125,41 @@ inline void FillBytes(coli_byte_buffer_t* out, std::string_view bytes) {
   out->count = bytes.size();
 }
 
+namespace internal {
+template <typename Buffer, typename Container, typename Call>
+absl::StatusOr<Container> ReadGrowing(Call&& call, size_t first_capacity) {
+  Container values(first_capacity, typename Container::value_type());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto buffer = Init<Buffer>();
+    if constexpr (std::is_same_v<Buffer, coli_token_buffer_t>) {
+      buffer.ids = values.data();
+    } else {
+      buffer.data = values.data();
+    }
+    buffer.capacity = values.size();
+    absl::Status status = call(&buffer);
+    if (!status.ok()) return status;
+    const bool fits = buffer.count <= buffer.capacity;
+    values.resize(buffer.count);
+    if (fits) return values;
+  }
+  return absl::InternalError("plugin kept asking for a larger output buffer");
+}
+}  // namespace internal
+
 // Host side: calls `call(coli_token_buffer_t*)` (returning absl::Status) and grows the buffer
 // once when the plugin needed more room.
 template <typename Call>
 absl::StatusOr<std::vector<int32_t>> ReadTokens(Call&& call, size_t first_capacity = 256) {
-  std::vector<int32_t> ids(first_capacity);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto buffer = Init<coli_token_buffer_t>();
-    buffer.ids = ids.data();
-    buffer.capacity = ids.size();
-    absl::Status status = call(&buffer);
-    if (!status.ok()) return status;
-    if (buffer.count <= buffer.capacity) {
-      ids.resize(buffer.count);
-      return ids;
-    }
-    ids.resize(buffer.count);
-  }
-  return absl::InternalError("plugin kept asking for a larger token buffer");
+  return internal::ReadGrowing<coli_token_buffer_t, std::vector<int32_t>>(
+      std::forward<Call>(call), first_capacity);
 }
 
+// The same for bytes (`call(coli_byte_buffer_t*)`).
 template <typename Call>
 absl::StatusOr<std::string> ReadBytes(Call&& call, size_t first_capacity = 1024) {
-  std::string bytes(first_capacity, '\0');
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto buffer = Init<coli_byte_buffer_t>();
-    buffer.data = bytes.data();
-    buffer.capacity = bytes.size();
-    absl::Status status = call(&buffer);
-    if (!status.ok()) return status;
-    if (buffer.count <= buffer.capacity) {
-      bytes.resize(buffer.count);
-      return bytes;
-    }
-    bytes.resize(buffer.count);
-  }
-  return absl::InternalError("plugin kept asking for a larger byte buffer");
+  return internal::ReadGrowing<coli_byte_buffer_t, std::string>(std::forward<Call>(call),
+                                                                first_capacity);
 }
 
 }  // namespace coli::abi

@@ -5,8 +5,10 @@
 // on its own Engine in this process), alternating, R times each. Reported per mode (medians):
 // decode tokens/s measured at the consumer ((n-1) / (last token - first token)) and time to
 // first token (submit -> first token at the consumer). The baseline this benchmark compares
-// against is the machine's own in-process rate on the same model (goals: gRPC >= 0.98x of it,
-// added TTFT <= 5 ms). Default model: the embedded tiny Kimi K3 fixture.
+// against is the machine's own in-process rate on the same model, measured in the same run
+// (goals: gRPC >= 0.98x of it, added TTFT <= 5 ms). On a shared machine single runs are noisy,
+// so the ratio is the median of per-pair ratios (each gRPC run against the in-process run just
+// before it) and also best-of-N against best-of-N. Default model: the embedded tiny K3 fixture.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -106,7 +108,7 @@ int Fail(const absl::Status& s) {
 int RunBenchGrpc(int argc, char** argv) {
   bool json = false;
   std::string model_flag, prompt = "The quick brown fox jumps over the lazy dog.";
-  int ngen = 64, reps = 5;
+  int ngen = 64, reps = 9;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -122,6 +124,7 @@ int RunBenchGrpc(int argc, char** argv) {
       return 2;
     }
   }
+  if (reps < 1) reps = 1;
   const std::string model_dir = client::ResolveModelDir(model_flag);
   auto options = client::ModelOptionsFromEnv();
   if (!options.ok()) return Fail(options.status());
@@ -171,7 +174,18 @@ int RunBenchGrpc(int argc, char** argv) {
 
   const double tps_local = Median(tps[0]), tps_grpc = Median(tps[1]);
   const double ttft_local = Median(ttft[0]), ttft_grpc = Median(ttft[1]);
-  const double ratio = tps_local > 0 ? tps_grpc / tps_local : 0;
+  std::vector<double> pair_ratio, pair_added;
+  for (size_t i = 0; i < tps[0].size(); ++i) {
+    if (tps[0][i] > 0) pair_ratio.push_back(tps[1][i] / tps[0][i]);
+    pair_added.push_back(ttft[1][i] - ttft[0][i]);
+  }
+  const double ratio = Median(pair_ratio);
+  const double added_ttft = Median(pair_added);
+  const double best_local = *std::max_element(tps[0].begin(), tps[0].end());
+  const double best_grpc = *std::max_element(tps[1].begin(), tps[1].end());
+  const double best_ratio = best_local > 0 ? best_grpc / best_local : 0;
+  const double best_ttft_local = *std::min_element(ttft[0].begin(), ttft[0].end());
+  const double best_ttft_grpc = *std::min_element(ttft[1].begin(), ttft[1].end());
   if (json) {
     nlohmann::json out = {{"area", "grpc"},
                           {"model", model_dir},
@@ -181,9 +195,11 @@ int RunBenchGrpc(int argc, char** argv) {
                           {"inprocess_tokens_per_second", tps_local},
                           {"grpc_tokens_per_second", tps_grpc},
                           {"grpc_vs_inprocess", ratio},
+                          {"grpc_vs_inprocess_best", best_ratio},
                           {"inprocess_ttft_ms", ttft_local},
                           {"grpc_ttft_ms", ttft_grpc},
-                          {"added_ttft_ms", ttft_grpc - ttft_local},
+                          {"added_ttft_ms", added_ttft},
+                          {"added_ttft_ms_best", best_ttft_grpc - best_ttft_local},
                           {"goal_ratio", 0.98},
                           {"goal_added_ttft_ms", 5.0}};
     std::printf("%s\n", out.dump().c_str());
@@ -191,8 +207,10 @@ int RunBenchGrpc(int argc, char** argv) {
     std::printf("model %s, %zu tokens, median of %d runs\n", model_dir.c_str(), tokens, reps);
     std::printf("  in-process: %9.1f tok/s  TTFT %7.2f ms\n", tps_local, ttft_local);
     std::printf("  gRPC:       %9.1f tok/s  TTFT %7.2f ms\n", tps_grpc, ttft_grpc);
-    std::printf("  ratio %.3f (goal >= 0.98), added TTFT %.2f ms (goal <= 5), tokens %s\n",
-                ratio, ttft_grpc - ttft_local, identical ? "identical" : "DIFFER");
+    std::printf("  paired median: ratio %.3f (goal >= 0.98), added TTFT %.2f ms (goal <= 5)\n",
+                ratio, added_ttft);
+    std::printf("  best of %d:    ratio %.3f, added TTFT %.2f ms; tokens %s\n", reps, best_ratio,
+                best_ttft_grpc - best_ttft_local, identical ? "identical" : "DIFFER");
   }
   return identical ? 0 : 1;
 }

@@ -126,8 +126,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   args.SetMaxReceiveMessageSize(64 << 20);
   client->channel_ = grpc::CreateCustomChannel(client->address_,
                                                grpc::InsecureChannelCredentials(), args);
-  if (!client->channel_->WaitForConnected(std::chrono::system_clock::now() +
-                                          std::chrono::seconds(10))) {
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+  if (!client->channel_->WaitForConnected(deadline)) {
     return absl::UnavailableError(
         absl::StrCat("cannot reach coli-host at '", client->address_, "'"));
   }

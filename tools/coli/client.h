@@ -51,6 +51,8 @@ struct ConnectOptions {
   std::string host_binary;
   int workers = 1;
   int queue = 16;
+  // How long Connect waits for the host to accept the connection.
+  int connect_timeout_ms = 10000;
 };
 
 // Lets another thread cancel a streaming call (also safe before the call starts).

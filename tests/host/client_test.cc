@@ -1,0 +1,132 @@
+// The client core (tools/coli/client.h): a private coli-host started and stopped by the client,
+// streaming with cancel, typed options from the K3_* environment, model selection.
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tools/coli/client.h"
+
+namespace coli::client {
+namespace {
+
+using ::coli::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string EchoModel() {
+  const std::string dir = ::testing::TempDir() + "/client_echo_model";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  return dir;
+}
+
+TEST(Client, PrivateHostServesAndGoesAwayWithTheClient) {
+  std::string socket_path;
+  {
+    auto c = Client::Connect({.plugin_dir = COLI_ECHO_PLUGIN_DIR});
+    ASSERT_OK(c.status());
+    ASSERT_TRUE((*c)->has_private_host());
+    ASSERT_EQ((*c)->address().rfind("unix:", 0), 0u);
+    socket_path = (*c)->address().substr(5);
+    EXPECT_TRUE(std::filesystem::exists(socket_path));
+    int progress = 0;
+    v1::ModelOptions options;
+    (*options.mutable_extra())["delay_ms"] = "5";
+    auto info = (*c)->LoadModel(EchoModel(), options,
+                                [&](const v1::LoadProgress&) { ++progress; });
+    ASSERT_OK(info.status());
+    EXPECT_EQ(info->family(), "coli_echo");
+    EXPECT_GT(progress, 0);
+
+    v1::GenerateRequest r;
+    r.set_prompt("private host");
+    std::string text;
+    StreamCallbacks cb;
+    cb.on_token = [&](const v1::Token& t) { text += t.text(); };
+    auto finished = (*c)->Generate(r, cb);
+    ASSERT_OK(finished.status());
+    EXPECT_EQ(text, "private host");
+    EXPECT_EQ(finished->reason(), v1::FINISH_REASON_STOP);
+
+    // A CancelToken triggered from the token callback ends the stream with CANCELLED.
+    CancelToken cancel;
+    int tokens = 0;
+    cb.on_token = [&](const v1::Token&) {
+      if (++tokens == 2) cancel.Cancel();
+    };
+    r.set_prompt(std::string(100, 'c'));
+    EXPECT_THAT((*c)->Generate(r, cb, &cancel), StatusIs(absl::StatusCode::kCancelled));
+    EXPECT_LE(tokens, 100);
+
+    ASSERT_OK_AND_ASSIGN(auto ids, (*c)->Tokenize("", "ok"));
+    EXPECT_EQ(ids, std::vector<int32_t>({'o', 'k'}));
+    ASSERT_OK_AND_ASSIGN(std::string back, (*c)->Detokenize("", ids));
+    EXPECT_EQ(back, "ok");
+    ASSERT_OK_AND_ASSIGN(auto models, (*c)->ListModels());
+    EXPECT_EQ(models.size(), 1u);
+    EXPECT_THAT((*c)->UnloadModel("nope"), StatusIs(absl::StatusCode::kNotFound));
+  }
+  // The client removed its private directory (socket included) and stopped the host.
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(socket_path).parent_path()));
+}
+
+TEST(Client, UnreachableHostIsUnavailable) {
+  auto c =
+      Client::Connect({.host = "unix:/nonexistent/coli/host.sock", .connect_timeout_ms = 200});
+  EXPECT_THAT(c.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("/nonexistent")));
+}
+
+TEST(Client, MissingHostBinaryIsNamed) {
+  auto c = Client::Connect({.host_binary = "/nonexistent/coli-host"});
+  EXPECT_THAT(c.status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent")));
+}
+
+TEST(Client, ModelOptionsFromEnvironment) {
+  setenv("K3_BITS", "8", 1);
+  setenv("K3_IDOT", "0", 1);
+  setenv("K3_EXPERT_GB", "2.5", 1);
+  setenv("K3_MAXT", "4096", 1);
+  setenv("K3_DIRS", "/a:/b,/c", 1);
+  setenv("K3_TRACE", "/tmp/trace.f32", 1);
+  auto o = ModelOptionsFromEnv();
+  ASSERT_OK(o.status());
+  EXPECT_EQ(o->bits(), 8);
+  EXPECT_TRUE(o->has_idot());
+  EXPECT_FALSE(o->idot());
+  EXPECT_DOUBLE_EQ(o->expert_gb(), 2.5);
+  EXPECT_EQ(o->max_context(), 4096);
+  EXPECT_THAT(std::vector<std::string>(o->extra_dirs().begin(), o->extra_dirs().end()),
+              ::testing::ElementsAre("/a", "/b", "/c"));
+  EXPECT_EQ(o->trace_path(), "/tmp/trace.f32");
+  EXPECT_FALSE(o->has_chunk());  // unset stays unset: the plugin's default applies
+
+  setenv("K3_PIPE", "yes", 1);
+  EXPECT_THAT(ModelOptionsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("K3_PIPE='yes'")));
+  unsetenv("K3_PIPE");
+  setenv("K3_CHUNK", "many", 1);
+  EXPECT_THAT(ModelOptionsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("K3_CHUNK")));
+  for (const char* v : {"K3_BITS", "K3_IDOT", "K3_EXPERT_GB", "K3_MAXT", "K3_DIRS", "K3_TRACE",
+                        "K3_CHUNK"}) {
+    unsetenv(v);
+  }
+}
+
+TEST(Client, ModelChoiceFlagThenEnvironmentThenTinyModel) {
+  unsetenv("COLI_MODEL");
+  EXPECT_EQ(ResolveModelDir(""), COLI_CLIENT_TINY_MODEL);
+  setenv("COLI_MODEL", "/models/k3", 1);
+  EXPECT_EQ(ResolveModelDir(""), "/models/k3");
+  EXPECT_EQ(ResolveModelDir("/flag/model"), "/flag/model");
+  unsetenv("COLI_MODEL");
+}
+
+}  // namespace
+}  // namespace coli::client
