@@ -126,6 +126,15 @@ class Gateway {
   grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                          const v1::ChatEvent* first, const DeltaFn& on_delta);
   static std::string FinishReason(v1::FinishReason r, bool tool_calls, bool stopped);
+  // A stop sequence matched: STOP the host's request (it finishes normally, reason STOPPED).
+  void StopAtHost(const std::string& request_id) {
+    v1::CancelRequest c;
+    c.set_request_id(request_id);
+    c.set_stop(true);
+    v1::CancelResponse response;
+    grpc::ClientContext ctx;
+    stub_->Cancel(&ctx, c, &response);
+  }
 
   v1::Coli::Stub* stub_;  // the client's
   v1::ModelInfo info_;
@@ -309,12 +318,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           if (!visible.empty()) emit("content", visible);
           if (stop.stopped()) {
             stopped = true;
-            v1::CancelRequest c;
-            c.set_request_id(call.request_id);
-            c.set_stop(true);
-            v1::CancelResponse cr;
-            grpc::ClientContext cctx;
-            stub_->Cancel(&cctx, c, &cr);
+            StopAtHost(call.request_id);
           }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL) {
           tool_calls = true;
@@ -550,12 +554,7 @@ void Gateway::Completions(const Req& req, Res& res) {
         }
         if (stop.stopped()) {
           stopped = true;
-          v1::CancelRequest c;
-          c.set_request_id(request_id);
-          c.set_stop(true);
-          v1::CancelResponse cr;
-          grpc::ClientContext cctx;
-          stub_->Cancel(&cctx, c, &cr);
+          StopAtHost(request_id);
         }
       } else if (ev.has_finished()) {
         reason = ev.finished().reason();
