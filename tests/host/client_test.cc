@@ -1,7 +1,10 @@
 // The client core (tools/coli/client.h): a private coli-host started and stopped by the client,
 // streaming with cancel, typed options from the K3_* environment, model selection.
+#include "tools/coli/client.h"
+
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,7 +14,6 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/coli/client.h"
 
 namespace coli::client {
 namespace {
@@ -20,7 +22,7 @@ using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string EchoModel() {
-  const std::string dir = ::testing::TempDir() + "/client_echo_model";
+  const std::string dir = ::testing::TempDir() + "/client_echo_model_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
   return dir;
@@ -38,8 +40,7 @@ TEST(Client, PrivateHostServesAndGoesAwayWithTheClient) {
     int progress = 0;
     v1::ModelOptions options;
     (*options.mutable_extra())["delay_ms"] = "5";
-    auto info = (*c)->LoadModel(EchoModel(), options,
-                                [&](const v1::LoadProgress&) { ++progress; });
+    auto info = (*c)->LoadModel(EchoModel(), options, [&](const v1::LoadProgress&) { ++progress; });
     ASSERT_OK(info.status());
     EXPECT_EQ(info->family(), "coli_echo");
     EXPECT_GT(progress, 0);
@@ -77,8 +78,7 @@ TEST(Client, PrivateHostServesAndGoesAwayWithTheClient) {
 }
 
 TEST(Client, UnreachableHostIsUnavailable) {
-  auto c =
-      Client::Connect({.host = "unix:/nonexistent/coli/host.sock", .connect_timeout_ms = 200});
+  auto c = Client::Connect({.host = "unix:/nonexistent/coli/host.sock", .connect_timeout_ms = 200});
   EXPECT_THAT(c.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("/nonexistent")));
 }
 
@@ -113,8 +113,8 @@ TEST(Client, ModelOptionsFromEnvironment) {
   setenv("K3_CHUNK", "many", 1);
   EXPECT_THAT(ModelOptionsFromEnv(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("K3_CHUNK")));
-  for (const char* v : {"K3_BITS", "K3_IDOT", "K3_EXPERT_GB", "K3_MAXT", "K3_DIRS", "K3_TRACE",
-                        "K3_CHUNK"}) {
+  for (const char* v :
+       {"K3_BITS", "K3_IDOT", "K3_EXPERT_GB", "K3_MAXT", "K3_DIRS", "K3_TRACE", "K3_CHUNK"}) {
     unsetenv(v);
   }
 }

@@ -1,5 +1,7 @@
 // The host through gRPC, on the "coli_echo" test family (tests/host/echo_plugin.cc), whose
 // output is known independently: greedy generation echoes the prompt's bytes, then stops.
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -26,7 +28,7 @@ using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
 std::string MakeModelDir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name;
+  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
   return dir;
@@ -171,12 +173,13 @@ class HostTest : public ::testing::Test {
 
 TEST(ValidUtf8, ReplacesEachInvalidByteAndKeepsValidText) {
   EXPECT_EQ(ValidUtf8("plain"), "plain");
-  EXPECT_EQ(ValidUtf8("\xC3\xA9\xE4\xBD\xA0\xF0\x9F\x98\x80"), "\xC3\xA9\xE4\xBD\xA0\xF0\x9F\x98\x80");
+  EXPECT_EQ(ValidUtf8("\xC3\xA9\xE4\xBD\xA0\xF0\x9F\x98\x80"),
+            "\xC3\xA9\xE4\xBD\xA0\xF0\x9F\x98\x80");
   const std::string bad = "\xEF\xBF\xBD";
-  EXPECT_EQ(ValidUtf8("a\xC3"), "a" + bad);                  // truncated sequence
-  EXPECT_EQ(ValidUtf8("\x80x"), bad + "x");                   // stray continuation byte
-  EXPECT_EQ(ValidUtf8("\xC0\xAF"), bad + bad);               // overlong '/'
-  EXPECT_EQ(ValidUtf8("\xED\xA0\x80"), bad + bad + bad);     // UTF-16 surrogate
+  EXPECT_EQ(ValidUtf8("a\xC3"), "a" + bad);                         // truncated sequence
+  EXPECT_EQ(ValidUtf8("\x80x"), bad + "x");                         // stray continuation byte
+  EXPECT_EQ(ValidUtf8("\xC0\xAF"), bad + bad);                      // overlong '/'
+  EXPECT_EQ(ValidUtf8("\xED\xA0\x80"), bad + bad + bad);            // UTF-16 surrogate
   EXPECT_EQ(ValidUtf8("\xF4\x90\x80\x80"), bad + bad + bad + bad);  // past U+10FFFF
 }
 
@@ -352,7 +355,7 @@ TEST_F(HostTest, UnknownModelIsNotFound) {
 
 TEST_F(HostTest, UnservedDirectoryIsNotFoundAndNamed) {
   Start();
-  const std::string dir = ::testing::TempDir() + "/not_a_model";
+  const std::string dir = ::testing::TempDir() + "/not_a_model_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/config.json") << R"({"model_type": "something_else"})";
   grpc::ClientContext ctx;
@@ -401,7 +404,8 @@ TEST_F(HostTest, NamedErrorsAndContextClamp) {
   EXPECT_EQ(empty.status.error_message(), "EMPTY_PROMPT");
   Stream big = Generate(Request(std::string(40, 'q')));
   EXPECT_EQ(big.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(big.status.error_message(), HasSubstr("CONTEXT_EXCEEDED prompt_tokens=40 capacity=32"));
+  EXPECT_THAT(big.status.error_message(),
+              HasSubstr("CONTEXT_EXCEEDED prompt_tokens=40 capacity=32"));
   // 30 tokens of prompt leave 2 of context: max_tokens 100 is clamped.
   Stream clamped = Generate(Request(std::string(30, 'r'), 100));
   ASSERT_TRUE(clamped.status.ok()) << clamped.status.error_message();
@@ -511,8 +515,8 @@ TEST_F(HostTest, HealthListModelsAndMetrics) {
   grpc::Slice empty("");
   request = grpc::ByteBuffer(&empty, 1);
   std::promise<grpc::Status> done;
-  generic.UnaryCall(&c3, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status st) { done.set_value(st); });
+  generic.UnaryCall(&c3, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status st) { done.set_value(st); });
   ASSERT_TRUE(done.get_future().get().ok());
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(response.Dump(&slices).ok());
