@@ -87,7 +87,8 @@ std::string ValidUtf8(std::string_view in) {
     }
     if (ok && n > 1) {  // no overlong forms, surrogates or values past U+10FFFF
       uint32_t cp = b & (0xFF >> (n + 1));
-      for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(in[i + k]) & 0x3F);
+      for (size_t k = 1; k < n; ++k)
+        cp = (cp << 6) | (static_cast<unsigned char>(in[i + k]) & 0x3F);
       const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
       ok = cp >= min[n] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
     }
@@ -106,10 +107,14 @@ namespace {
 
 v1::Channel ToChannel(int32_t c) {
   switch (c) {
-    case COLI_CHANNEL_REASONING: return v1::CHANNEL_REASONING;
-    case COLI_CHANNEL_CONTENT: return v1::CHANNEL_CONTENT;
-    case COLI_CHANNEL_TOOL_CALL: return v1::CHANNEL_TOOL_CALL;
-    default: return v1::CHANNEL_NONE;
+    case COLI_CHANNEL_REASONING:
+      return v1::CHANNEL_REASONING;
+    case COLI_CHANNEL_CONTENT:
+      return v1::CHANNEL_CONTENT;
+    case COLI_CHANNEL_TOOL_CALL:
+      return v1::CHANNEL_TOOL_CALL;
+    default:
+      return v1::CHANNEL_NONE;
   }
 }
 
@@ -148,8 +153,7 @@ absl::Status Request::CancelStatus() const {
   return absl::OkStatus();
 }
 
-Engine::Engine(EngineOptions options)
-    : options_(std::move(options)), started_(Clock::now()) {
+Engine::Engine(EngineOptions options) : options_(std::move(options)), started_(Clock::now()) {
   plugins_ = PluginSet::LoadDir(options_.plugin_dir);
   const int n = std::max(1, options_.workers);
   for (int i = 0; i < n; ++i) workers_.emplace_back([this] { WorkerLoop(); });
@@ -199,8 +203,8 @@ absl::StatusOr<v1::ModelInfo> Engine::LoadModel(const v1::LoadModelRequest& requ
   const auto t0 = Clock::now();
   auto model = plugin->Open(dir, ToOptions(request.options()), progress);
   if (!model.ok()) {
-    return Annotate(model.status(), absl::StrCat("loading model '", dir, "' (plugin ",
-                                                 plugin->family(), ")"));
+    return Annotate(model.status(),
+                    absl::StrCat("loading model '", dir, "' (plugin ", plugin->family(), ")"));
   }
   auto loaded = std::make_shared<LoadedModel>();
   loaded->model = std::move(model).value();
@@ -220,8 +224,7 @@ absl::Status Engine::UnloadModel(const std::string& id) {
       return absl::NotFoundError(absl::StrCat("model '", id, "' is not loaded"));
     }
     if (it->second->active > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("model '", id, "' has requests running"));
+      return absl::FailedPreconditionError(absl::StrCat("model '", id, "' has requests running"));
     }
     doomed = std::move(it->second);
     models_.erase(it);
@@ -257,8 +260,7 @@ absl::StatusOr<std::shared_ptr<Engine::LoadedModel>> Engine::FindModel(
 }
 
 absl::StatusOr<std::vector<int32_t>> Engine::Tokenize(const std::string& model,
-                                                      const std::string& text,
-                                                      bool allow_special) {
+                                                      const std::string& text, bool allow_special) {
   COLI_ASSIGN_OR_RETURN(auto m, FindModel(model));
   return m->model->Tokenize(text, allow_special);
 }
@@ -288,9 +290,9 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
     if (input.session.empty()) input.session = "default";
     if (static_cast<int>(queue_.size()) >= options_.queue_capacity) {
       ++counters_.rejected;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "request queue is full (", queue_.size(), " waiting, capacity ",
-          options_.queue_capacity, ")"));
+      return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", queue_.size(),
+                                                       " waiting, capacity ",
+                                                       options_.queue_capacity, ")"));
     }
     std::string id = input.request_id;
     if (id.empty()) id = absl::StrCat("req-", next_id_++);
@@ -371,8 +373,7 @@ void Engine::Run(Job& job) {
   v1::Finished finished;
   absl::Status status = request.CancelStatus();
   if (status.ok() && job.slot == nullptr) {
-    status = absl::NotFoundError(
-        absl::StrCat("model '", request.input_.model, "' is not loaded"));
+    status = absl::NotFoundError(absl::StrCat("model '", request.input_.model, "' is not loaded"));
   }
   if (status.ok()) {
     finished.mutable_stats()->set_queue_seconds(Seconds(Clock::now() - request.accepted_));
@@ -404,8 +405,8 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   if (prompt.empty()) return absl::InvalidArgumentError("EMPTY_PROMPT");
   const int64_t capacity = model.info().context_capacity;
   if (capacity > 0 && static_cast<int64_t>(prompt.size()) >= capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "CONTEXT_EXCEEDED prompt_tokens=", prompt.size(), " capacity=", capacity));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CONTEXT_EXCEEDED prompt_tokens=", prompt.size(), " capacity=", capacity));
   }
 
   const auto t_prefill = Clock::now();
@@ -450,7 +451,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     }
     if (generated >= max_tokens) {
       reason = max_tokens < in.max_tokens || in.max_tokens <= 0 ? v1::FINISH_REASON_CONTEXT
-                                                                 : v1::FINISH_REASON_LENGTH;
+                                                                : v1::FINISH_REASON_LENGTH;
       break;
     }
     COLI_ASSIGN_OR_RETURN(StepResult step, session.Step(sampling));

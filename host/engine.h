@@ -74,8 +74,10 @@ class Request {
   const std::string& id() const { return id_; }
   // stop=true: STOP (finish normally, reason STOPPED); false: CANCEL (CANCELLED).
   void Cancel(bool stop) {
-    if (stop) stop_.store(true);
-    else cancel_.store(true);
+    if (stop)
+      stop_.store(true);
+    else
+      cancel_.store(true);
   }
   // The cancel status to end with, or OK to keep going.
   absl::Status CancelStatus() const;

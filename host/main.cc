@@ -41,7 +41,8 @@ std::string DefaultListen() {
 int main(int argc, char** argv) {
   coli::host::EngineOptions engine_options;
   engine_options.plugin_dir = COLI_PLUGIN_DIR;
-  if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir) engine_options.plugin_dir = dir;
+  if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir)
+    engine_options.plugin_dir = dir;
   coli::host::ServerOptions server_options;
   std::vector<std::string> models;
   int ready_fd = -1;
@@ -61,13 +62,20 @@ int main(int argc, char** argv) {
         std::exit(2);
       }
     };
-    if (arg == "--plugin-dir") engine_options.plugin_dir = value();
-    else if (arg == "--listen") server_options.listen = value();
-    else if (arg == "--allow-remote") server_options.allow_remote = true;
-    else if (arg == "--workers") number(&engine_options.workers);
-    else if (arg == "--queue") number(&engine_options.queue_capacity);
-    else if (arg == "--model") models.push_back(value());
-    else if (arg == "--ready-fd") number(&ready_fd);
+    if (arg == "--plugin-dir")
+      engine_options.plugin_dir = value();
+    else if (arg == "--listen")
+      server_options.listen = value();
+    else if (arg == "--allow-remote")
+      server_options.allow_remote = true;
+    else if (arg == "--workers")
+      number(&engine_options.workers);
+    else if (arg == "--queue")
+      number(&engine_options.queue_capacity);
+    else if (arg == "--model")
+      models.push_back(value());
+    else if (arg == "--ready-fd")
+      number(&ready_fd);
     else if (arg == "--help" || arg == "-h") {
       Usage();
       return 0;

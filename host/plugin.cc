@@ -22,9 +22,12 @@ using abi::View;
 
 void HostLog(void* /*host_data*/, int32_t level, const char* message, size_t length) {
   LogLevel l = LogLevel::kInfo;
-  if (level <= COLI_LOG_DEBUG) l = LogLevel::kDebug;
-  else if (level == COLI_LOG_WARNING) l = LogLevel::kWarning;
-  else if (level >= COLI_LOG_ERROR) l = LogLevel::kError;
+  if (level <= COLI_LOG_DEBUG)
+    l = LogLevel::kDebug;
+  else if (level == COLI_LOG_WARNING)
+    l = LogLevel::kWarning;
+  else if (level >= COLI_LOG_ERROR)
+    l = LogLevel::kError;
   LogMessage(l, std::string_view(message ? message : "", message ? length : 0));
 }
 
@@ -64,8 +67,7 @@ int32_t ProgressThunk(void* user, uint64_t done, uint64_t total, const char* sta
                       size_t stage_length) {
   const auto* fn = static_cast<const ProgressFn*>(user);
   if (fn == nullptr || !*fn) return 0;
-  return (*fn)(done, total, std::string_view(stage ? stage : "", stage ? stage_length : 0)) ? 0
-                                                                                            : 1;
+  return (*fn)(done, total, std::string_view(stage ? stage : "", stage ? stage_length : 0)) ? 0 : 1;
 }
 
 int32_t CancelThunk(void* user, uint64_t, uint64_t, const char*, size_t) {
@@ -116,8 +118,8 @@ absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
   auto entry = reinterpret_cast<coli_plugin_entry_fn>(dlsym(dl, COLI_PLUGIN_ENTRY_SYMBOL));
   if (entry == nullptr) {
     return refuse(absl::StatusCode::kFailedPrecondition,
-                  absl::StrCat("no exported symbol '", COLI_PLUGIN_ENTRY_SYMBOL,
-                               "' (host ABI ", host_version, ")"));
+                  absl::StrCat("no exported symbol '", COLI_PLUGIN_ENTRY_SYMBOL, "' (host ABI ",
+                               host_version, ")"));
   }
   auto version = Init<coli_abi_version_t>();
   version.major = COLI_ABI_VERSION_MAJOR;
@@ -126,9 +128,8 @@ absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
   try {
     api = entry(HostApi(), &version);
   } catch (const std::exception& e) {
-    return refuse(absl::StatusCode::kInternal,
-                  absl::StrCat("coli_plugin_entry threw: ", e.what(), " (host ABI ", host_version,
-                               ")"));
+    return refuse(absl::StatusCode::kInternal, absl::StrCat("coli_plugin_entry threw: ", e.what(),
+                                                            " (host ABI ", host_version, ")"));
   } catch (...) {
     return refuse(absl::StatusCode::kInternal,
                   absl::StrCat("coli_plugin_entry threw a non-standard exception (host ABI ",
@@ -150,10 +151,10 @@ absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
   const uint32_t minor = std::min<uint32_t>(version.minor, COLI_ABI_VERSION_MINOR);
   const size_t need = TableSizeFor(std::min<uint32_t>(version.minor, 1));
   if (api->struct_size < need) {
-    return refuse(absl::StatusCode::kFailedPrecondition,
-                  absl::StrCat("function table struct_size ", api->struct_size,
-                               " is smaller than ABI ", plugin_version, " needs (", need,
-                               " bytes; host ", host_version, ")"));
+    return refuse(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("function table struct_size ", api->struct_size, " is smaller than ABI ",
+                     plugin_version, " needs (", need, " bytes; host ", host_version, ")"));
   }
   if (absl::Status s = CheckEntries(*api, minor); !s.ok()) {
     return refuse(s.code(), absl::StrCat(s.message(), " (plugin ABI ", plugin_version, ", host ",
@@ -165,9 +166,9 @@ absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
   plugin->version_ = api->plugin_version ? api->plugin_version : "";
   if (plugin->family_.empty()) {
     plugin->api_ = nullptr;  // do not call shutdown of a refused table
-    return refuse(absl::StatusCode::kFailedPrecondition,
-                  absl::StrCat("function table has no family name (plugin ABI ", plugin_version,
-                               ")"));
+    return refuse(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("function table has no family name (plugin ABI ", plugin_version, ")"));
   }
   report->loaded = true;
   report->family = plugin->family_;
@@ -282,8 +283,8 @@ absl::StatusOr<RenderedChat> Model::RenderChat(std::string_view request_json,
     ErrorText err;
     COLI_RETURN_IF_ERROR(
         err.ToStatus(plugin_->api().render_chat(handle_, &args, &result, err.get())));
-    const bool fits = result.tokens.count <= result.tokens.capacity &&
-                      result.text.count <= result.text.capacity;
+    const bool fits =
+        result.tokens.count <= result.tokens.capacity && result.text.count <= result.text.capacity;
     out.tokens.resize(result.tokens.count);
     out.text.resize(result.text.count);
     out.chat_parse_mode = result.chat_parse_mode;
@@ -385,9 +386,8 @@ absl::StatusOr<std::map<std::string, double>> Session::Stats() {
 
 absl::StatusOr<std::vector<int32_t>> Session::Record() {
   if (plugin_->minor() < 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("plugin ", plugin_->family(), " speaks ABI 1.", plugin_->minor(),
-                     ": session_record needs 1.1"));
+    return absl::UnimplementedError(absl::StrCat("plugin ", plugin_->family(), " speaks ABI 1.",
+                                                 plugin_->minor(), ": session_record needs 1.1"));
   }
   return abi::ReadTokens([&](coli_token_buffer_t* out) {
     ErrorText err;

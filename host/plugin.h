@@ -3,8 +3,8 @@
 //
 //   PluginSet plugins = PluginSet::LoadDir("build/plugins");   // refusals are logged, not fatal
 //   COLI_ASSIGN_OR_RETURN(Plugin* plugin, plugins.ForModel("/models/k3"));
-//   COLI_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, plugin->Open("/models/k3", opts, progress));
-//   COLI_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, model->NewSession());
+//   COLI_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, plugin->Open("/models/k3", opts,
+//   progress)); COLI_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, model->NewSession());
 //
 // Thread rules follow the ABI's tags: Plugin/Model calls may come from any thread; one Session
 // must be used by one thread at a time (the engine guarantees it).
@@ -30,7 +30,7 @@ namespace coli::host {
 struct PluginReport {
   std::string file;
   bool loaded = false;
-  std::string error;  // why it was refused
+  std::string error;              // why it was refused
   uint32_t major = 0, minor = 0;  // as the plugin declared them (0.0 when it never answered)
   std::string family, version;
 };

@@ -160,8 +160,7 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine,
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 ColiService::~ColiService() {
@@ -202,9 +201,10 @@ grpc::ServerWriteReactor<v1::LoadModelEvent>* ColiService::LoadModel(
     int last_percent = -1;
     std::string last_stage;
     ProgressFn progress = [&](uint64_t done, uint64_t total, std::string_view stage) {
-      const int percent = total > 0 ? static_cast<int>(100.0 * static_cast<double>(done) /
-                                                       static_cast<double>(total))
-                                    : 0;
+      const int percent =
+          total > 0
+              ? static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total))
+              : 0;
       if (percent != last_percent || stage != last_stage) {
         last_percent = percent;
         last_stage = std::string(stage);
@@ -222,8 +222,8 @@ grpc::ServerWriteReactor<v1::LoadModelEvent>* ColiService::LoadModel(
       *e.mutable_loaded() = *info;
       reactor->Push(std::move(e));
     } else if (cancelled->load()) {
-      info = absl::CancelledError(absl::StrCat("loading '", req.model_dir(), "' cancelled: ",
-                                               info.status().message()));
+      info = absl::CancelledError(
+          absl::StrCat("loading '", req.model_dir(), "' cancelled: ", info.status().message()));
     }
     reactor->Done(ToGrpc(info.status()));
   });
@@ -307,15 +307,15 @@ bool IsLocalAddress(const std::string& address) {
   if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
     return true;
   }
-  for (const char* prefix : {"127.0.0.1:", "localhost:", "[::1]:", "ipv4:127.0.0.1:",
-                             "ipv6:[::1]:"}) {
+  for (const char* prefix :
+       {"127.0.0.1:", "localhost:", "[::1]:", "ipv4:127.0.0.1:", "ipv6:[::1]:"}) {
     if (absl::StartsWith(address, prefix)) return true;
   }
   return false;
 }
 
 absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(Engine* engine,
-                                                             const ServerOptions& options) {
+                                                              const ServerOptions& options) {
   if (options.listen.empty()) return absl::InvalidArgumentError("no listen address given");
   if (!options.allow_remote && !IsLocalAddress(options.listen)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -36,8 +36,7 @@ class ColiService final : public v1::Coli::CallbackService {
                                        v1::ListModelsResponse*) override;
   grpc::ServerWriteReactor<v1::LoadModelEvent>* LoadModel(grpc::CallbackServerContext*,
                                                           const v1::LoadModelRequest*) override;
-  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext*,
-                                        const v1::UnloadModelRequest*,
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext*, const v1::UnloadModelRequest*,
                                         v1::UnloadModelResponse*) override;
   grpc::ServerWriteReactor<v1::GenerateEvent>* Generate(grpc::CallbackServerContext*,
                                                         const v1::GenerateRequest*) override;
@@ -47,8 +46,7 @@ class ColiService final : public v1::Coli::CallbackService {
                                    v1::CancelResponse*) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext*, const v1::TokenizeRequest*,
                                      v1::TokenizeResponse*) override;
-  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext*,
-                                       const v1::DetokenizeRequest*,
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext*, const v1::DetokenizeRequest*,
                                        v1::DetokenizeResponse*) override;
   grpc::ServerUnaryReactor* ApplyTemplate(grpc::CallbackServerContext*,
                                           const v1::ApplyTemplateRequest*,
@@ -74,7 +72,7 @@ bool IsLocalAddress(const std::string& address);
 class HostServer {
  public:
   static absl::StatusOr<std::unique_ptr<HostServer>> Start(Engine* engine,
-                                                          const ServerOptions& options);
+                                                           const ServerOptions& options);
   ~HostServer();
   // The address clients dial (with the chosen port when PORT was 0).
   const std::string& address() const { return address_; }

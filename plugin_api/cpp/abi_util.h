@@ -68,7 +68,8 @@ inline void WriteError(coli_error_t* error, std::string_view message) {
 
 // Plugin side: a Status to a code plus the message in the caller's buffer.
 inline coli_status_t FromStatus(const absl::Status& status, coli_error_t* error) {
-  if (!status.ok()) WriteError(error, std::string_view(status.message().data(), status.message().size()));
+  if (!status.ok())
+    WriteError(error, std::string_view(status.message().data(), status.message().size()));
   return ToCode(status.code());
 }
 
@@ -151,8 +152,8 @@ absl::StatusOr<Container> ReadGrowing(Call&& call, size_t first_capacity) {
 // once when the plugin needed more room.
 template <typename Call>
 absl::StatusOr<std::vector<int32_t>> ReadTokens(Call&& call, size_t first_capacity = 256) {
-  return internal::ReadGrowing<coli_token_buffer_t, std::vector<int32_t>>(
-      std::forward<Call>(call), first_capacity);
+  return internal::ReadGrowing<coli_token_buffer_t, std::vector<int32_t>>(std::forward<Call>(call),
+                                                                          first_capacity);
 }
 
 // The same for bytes (`call(coli_byte_buffer_t*)`).

@@ -50,7 +50,6 @@ constexpr int64_t kDefaultContext = 8192;
 
 const coli_host_api_t* g_host = nullptr;
 
-
 struct K3Model {
   std::string dir;
   std::unique_ptr<Model> model;
@@ -195,8 +194,7 @@ absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
     if (!k->tokenizer->IsSpecial(id) || text.rfind("<|reserved_token_", 0) == 0) continue;
     k->special_texts.emplace_back(text);
   }
-  for (int32_t id = k->tokenizer->num_base_tokens(), i = 0; id < k->tokenizer->vocab_size();
-       ++id) {
+  for (int32_t id = k->tokenizer->num_base_tokens(), i = 0; id < k->tokenizer->vocab_size(); ++id) {
     std::string_view text = k->tokenizer->TokenBytes(id);
     if (!k->tokenizer->IsSpecial(id) || text.rfind("<|reserved_token_", 0) == 0) continue;
     k->specials.push_back({Str(k->special_texts[i++]), id, 0});
@@ -251,8 +249,8 @@ void TakeExpertStats(K3Session* s) {
 absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_result_t* r) {
   if (a->n_tokens == 0) return absl::InvalidArgumentError("EMPTY_PROMPT");
   if (static_cast<int64_t>(a->n_tokens) > s->capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "CONTEXT_EXCEEDED prompt_tokens=", a->n_tokens, " capacity=", s->capacity));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CONTEXT_EXCEEDED prompt_tokens=", a->n_tokens, " capacity=", s->capacity));
   }
   const int32_t vocab = static_cast<int32_t>(s->m->model->vocab_size());
   for (size_t i = 0; i < a->n_tokens; ++i) {
@@ -404,8 +402,8 @@ absl::Status Step(coli_decode_row_t* row) {
 }
 
 const char* const kStatNames[] = {
-    "prompt_tokens", "tokens_reused",  "tokens_computed", "tokens_generated", "compute_seconds",
-    "expert_hits",   "expert_misses",  "bytes_read",      "read_seconds",     "expert_wait_seconds",
+    "prompt_tokens", "tokens_reused", "tokens_computed", "tokens_generated", "compute_seconds",
+    "expert_hits",   "expert_misses", "bytes_read",      "read_seconds",     "expert_wait_seconds",
 };
 
 absl::Status Stats(K3Session* s, coli_stat_t* stats, size_t capacity, size_t* count) {
@@ -471,9 +469,8 @@ coli_plugin_api_t MakeApi() {
     });
   };
   api.render_chat = [](coli_model_t* m, const coli_chat_render_args_t* a,
-                       coli_chat_render_result_t* r, coli_error_t* e) {
-    return Guard(e, [&] { return Render(M(m), a, r); });
-  };
+                       coli_chat_render_result_t* r,
+                       coli_error_t* e) { return Guard(e, [&] { return Render(M(m), a, r); }); };
   api.session_create = [](coli_model_t* m, const coli_session_options_t* o, coli_session_t** out,
                           coli_error_t* e) {
     return Guard(e, [&] {

@@ -102,8 +102,10 @@ std::vector<int32_t> Encode(std::string_view text, bool allow_special) {
 std::string Decode(const int32_t* ids, size_t n) {
   std::string out;
   for (size_t i = 0; i < n; ++i) {
-    if (ids[i] >= 0 && ids[i] < 256) out.push_back(static_cast<char>(ids[i]));
-    else if (ids[i] >= 256 && ids[i] < kVocab) out += kSpecialText[ids[i] - 256];
+    if (ids[i] >= 0 && ids[i] < 256)
+      out.push_back(static_cast<char>(ids[i]));
+    else if (ids[i] >= 256 && ids[i] < kVocab)
+      out += kSpecialText[ids[i] - 256];
   }
   return out;
 }
@@ -144,8 +146,7 @@ absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
     }
   }
   for (int s = 0; s < 4; ++s) {
-    model->specials.push_back(
-        {coli::abi::Str(kSpecialText[s]), 256 + s, 0});
+    model->specials.push_back({coli::abi::Str(kSpecialText[s]), 256 + s, 0});
   }
   const uint64_t steps = 4;
   for (uint64_t i = 1; i <= steps; ++i) {
@@ -370,17 +371,16 @@ const coli_plugin_api_t kApi = [] {
     });
   };
   api.render_chat = [](coli_model_t*, const coli_chat_render_args_t* a,
-                       coli_chat_render_result_t* r, coli_error_t* e) {
-    return Guard(e, [&] { return Render(a, r); });
-  };
+                       coli_chat_render_result_t* r,
+                       coli_error_t* e) { return Guard(e, [&] { return Render(a, r); }); };
   api.session_create = [](coli_model_t* m, const coli_session_options_t* o, coli_session_t** s,
                           coli_error_t* e) {
     return Guard(e, [&] {
       auto session = new EchoSession();
       session->model = M(m);
-      session->capacity =
-          (o != nullptr && o->max_context > 0) ? std::min(o->max_context, M(m)->capacity)
-                                               : M(m)->capacity;
+      session->capacity = (o != nullptr && o->max_context > 0)
+                              ? std::min(o->max_context, M(m)->capacity)
+                              : M(m)->capacity;
       *s = reinterpret_cast<coli_session_t*>(session);
       return absl::OkStatus();
     });

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <filesystem>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 

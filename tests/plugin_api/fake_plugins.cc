@@ -16,16 +16,16 @@ coli_plugin_api_t MakeTable() {
     *serves = 0;
     return COLI_STATUS_OK;
   };
-  api.model_open = [](const coli_model_open_args_t*, coli_model_t**, coli_error_t*)
-      -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
+  api.model_open = [](const coli_model_open_args_t*, coli_model_t**,
+                      coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
   api.model_close = [](coli_model_t*) {};
   api.model_info = [](coli_model_t*, coli_model_info_t*, coli_error_t*) -> coli_status_t {
     return COLI_STATUS_UNIMPLEMENTED;
   };
-  api.tokenize = [](coli_model_t*, coli_string_t, int32_t, coli_token_buffer_t*, coli_error_t*)
-      -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
-  api.detokenize = [](coli_model_t*, const int32_t*, size_t, coli_byte_buffer_t*, coli_error_t*)
-      -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
+  api.tokenize = [](coli_model_t*, coli_string_t, int32_t, coli_token_buffer_t*,
+                    coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
+  api.detokenize = [](coli_model_t*, const int32_t*, size_t, coli_byte_buffer_t*,
+                      coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
   api.render_chat = [](coli_model_t*, const coli_chat_render_args_t*, coli_chat_render_result_t*,
                        coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
   api.session_create = [](coli_model_t*, const coli_session_options_t*, coli_session_t**,
@@ -39,10 +39,11 @@ coli_plugin_api_t MakeTable() {
   api.decode = [](const coli_decode_args_t*, coli_error_t*) -> coli_status_t {
     return COLI_STATUS_UNIMPLEMENTED;
   };
-  api.session_stats = [](coli_session_t*, coli_stat_t*, size_t, size_t*, coli_error_t*)
-      -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
-  api.session_record = [](coli_session_t*, coli_token_buffer_t*, coli_error_t*)
-      -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
+  api.session_stats = [](coli_session_t*, coli_stat_t*, size_t, size_t*,
+                         coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
+  api.session_record = [](coli_session_t*, coli_token_buffer_t*, coli_error_t*) -> coli_status_t {
+    return COLI_STATUS_UNIMPLEMENTED;
+  };
 #if defined(FAKE_SMALL_TABLE)
   api.struct_size = 3 * sizeof(void*);  // claims 1.1 but holds almost nothing
 #endif

@@ -9,13 +9,14 @@
 // (goals: gRPC >= 0.98x of it, added TTFT <= 5 ms). On a shared machine single runs are noisy,
 // so the ratio is the median of per-pair ratios (each gRPC run against the in-process run just
 // before it) and also best-of-N against best-of-N. Default model: the embedded tiny K3 fixture.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -47,8 +48,7 @@ Run Summarise(Clock::time_point submit, const std::vector<Clock::time_point>& at
   r.ids = std::move(ids);
   if (!at.empty()) r.ttft_ms = Ms(at.front() - submit);
   if (at.size() > 1) {
-    r.tokens_per_second =
-        static_cast<double>(at.size() - 1) / (Ms(at.back() - at.front()) / 1e3);
+    r.tokens_per_second = static_cast<double>(at.size() - 1) / (Ms(at.back() - at.front()) / 1e3);
   }
   return r;
 }
@@ -112,11 +112,16 @@ int RunBenchGrpc(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--json") json = true;
-    else if (arg == "--model") model_flag = next();
-    else if (arg == "--prompt") prompt = next();
-    else if (arg == "--ngen" && absl::SimpleAtoi(next(), &ngen)) continue;
-    else if (arg == "--reps" && absl::SimpleAtoi(next(), &reps)) continue;
+    if (arg == "--json")
+      json = true;
+    else if (arg == "--model")
+      model_flag = next();
+    else if (arg == "--prompt")
+      prompt = next();
+    else if (arg == "--ngen" && absl::SimpleAtoi(next(), &ngen))
+      continue;
+    else if (arg == "--reps" && absl::SimpleAtoi(next(), &reps))
+      continue;
     else {
       std::fprintf(stderr,
                    "usage: coli bench grpc [--json] [--model DIR] [--ngen N] [--prompt TEXT] "
@@ -128,8 +133,8 @@ int RunBenchGrpc(int argc, char** argv) {
   const std::string model_dir = client::ResolveModelDir(model_flag);
   auto options = client::ModelOptionsFromEnv();
   if (!options.ok()) return Fail(options.status());
-  std::string plugin_dir = std::getenv("COLI_PLUGIN_DIR") ? std::getenv("COLI_PLUGIN_DIR")
-                                                          : COLI_CLIENT_PLUGIN_DIR;
+  std::string plugin_dir =
+      std::getenv("COLI_PLUGIN_DIR") ? std::getenv("COLI_PLUGIN_DIR") : COLI_CLIENT_PLUGIN_DIR;
 
   // Two engines with the same model: one called directly, one behind the gRPC server.
   host::Engine local({.plugin_dir = plugin_dir});

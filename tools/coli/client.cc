@@ -85,8 +85,7 @@ absl::StatusOr<v1::Finished> Drain(grpc::ClientReader<Event>* reader, const Stre
 
 absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 // ---- CancelToken ----------------------------------------------------------------------------
@@ -124,8 +123,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  client->channel_ = grpc::CreateCustomChannel(client->address_,
-                                               grpc::InsecureChannelCredentials(), args);
+  client->channel_ =
+      grpc::CreateCustomChannel(client->address_, grpc::InsecureChannelCredentials(), args);
   const auto deadline =
       std::chrono::system_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
   if (!client->channel_->WaitForConnected(deadline)) {
@@ -164,9 +163,9 @@ absl::Status Client::StartPrivateHost(const ConnectOptions& options) {
   }
   const std::string workers = std::to_string(options.workers);
   const std::string queue = std::to_string(options.queue);
-  std::vector<std::string> argv_s = {binary,        "--listen",  address_,   "--plugin-dir",
-                                     plugin_dir,    "--workers", workers,    "--queue",
-                                     queue,         "--ready-fd", "3"};
+  std::vector<std::string> argv_s = {binary,     "--listen",   address_, "--plugin-dir",
+                                     plugin_dir, "--workers",  workers,  "--queue",
+                                     queue,      "--ready-fd", "3"};
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -215,8 +214,10 @@ void Client::StopPrivateHost() {
     int status = 0;
     bool reaped = false;
     for (int i = 0; i < 200 && !reaped; ++i) {  // up to 10 s for a clean shutdown
-      if (waitpid(child_, &status, WNOHANG) == child_) reaped = true;
-      else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (waitpid(child_, &status, WNOHANG) == child_)
+        reaped = true;
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (!reaped) {
       kill(child_, SIGKILL);
@@ -293,8 +294,7 @@ absl::StatusOr<bool> Client::Cancel(const std::string& request_id, bool stop) {
 }
 
 absl::StatusOr<std::vector<int32_t>> Client::Tokenize(const std::string& model,
-                                                      const std::string& text,
-                                                      bool allow_special) {
+                                                      const std::string& text, bool allow_special) {
   grpc::ClientContext context;
   v1::TokenizeRequest request;
   request.set_model(model);
@@ -317,8 +317,8 @@ absl::StatusOr<std::string> Client::Detokenize(const std::string& model,
 }
 
 absl::StatusOr<v1::ApplyTemplateResponse> Client::ApplyTemplate(const std::string& model,
-                                                               const std::string& request_json,
-                                                               bool add_generation_prompt) {
+                                                                const std::string& request_json,
+                                                                bool add_generation_prompt) {
   grpc::ClientContext context;
   v1::ApplyTemplateRequest request;
   request.set_model(model);
@@ -332,8 +332,7 @@ absl::StatusOr<v1::ApplyTemplateResponse> Client::ApplyTemplate(const std::strin
 absl::StatusOr<std::vector<v1::ModelInfo>> Client::ListModels() {
   grpc::ClientContext context;
   v1::ListModelsResponse response;
-  COLI_RETURN_IF_ERROR(
-      FromGrpc(stub_->ListModels(&context, v1::ListModelsRequest(), &response)));
+  COLI_RETURN_IF_ERROR(FromGrpc(stub_->ListModels(&context, v1::ListModelsRequest(), &response)));
   return std::vector<v1::ModelInfo>(response.models().begin(), response.models().end());
 }
 

@@ -104,8 +104,7 @@ class Client {
 
   absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& model, const std::string& text,
                                                 bool allow_special = false);
-  absl::StatusOr<std::string> Detokenize(const std::string& model,
-                                         const std::vector<int32_t>& ids);
+  absl::StatusOr<std::string> Detokenize(const std::string& model, const std::vector<int32_t>& ids);
   absl::StatusOr<v1::ApplyTemplateResponse> ApplyTemplate(const std::string& model,
                                                           const std::string& request_json,
                                                           bool add_generation_prompt = true);

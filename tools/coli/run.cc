@@ -82,14 +82,22 @@ int RunCommand(int argc, char** argv) {
         std::exit(2);
       }
     };
-    if (arg == "--model") model_flag = value();
-    else if (arg == "--host") host = value();
-    else if (arg == "--ngen") number(&ngen);
-    else if (arg == "--ids") ids_flag = value();
-    else if (arg == "--print-ids") print_ids = true;
-    else if (arg == "--chat") chat = true;
-    else if (arg == "--system") system = value();
-    else if (arg == "--no-think") think = false;
+    if (arg == "--model")
+      model_flag = value();
+    else if (arg == "--host")
+      host = value();
+    else if (arg == "--ngen")
+      number(&ngen);
+    else if (arg == "--ids")
+      ids_flag = value();
+    else if (arg == "--print-ids")
+      print_ids = true;
+    else if (arg == "--chat")
+      chat = true;
+    else if (arg == "--system")
+      system = value();
+    else if (arg == "--no-think")
+      think = false;
     else if (arg == "--temperature") {
       float t;
       number(&t);
@@ -218,8 +226,10 @@ int RunCommand(int argc, char** argv) {
   } else {
     v1::GenerateRequest r;
     r.set_model(model->id());
-    if (!ids.empty()) r.mutable_prompt_ids()->Add(ids.begin(), ids.end());
-    else r.set_prompt(prompt);
+    if (!ids.empty())
+      r.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+    else
+      r.set_prompt(prompt);
     r.set_max_tokens(ngen);
     *r.mutable_sampling() = sampling;
     finished = c.Generate(r, cb, &cancel);
