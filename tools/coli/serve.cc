@@ -34,6 +34,7 @@
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
 #include "tools/coli/serve_openai.h"
+#include "tools/web/web_assets.h"
 
 namespace coli::cli::serve {
 namespace {
@@ -66,8 +67,9 @@ struct ChoiceResult {
 
 class Gateway {
  public:
-  Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key)
-      : stub_(stub), info_(std::move(info)), api_key_(std::move(api_key)) {
+  Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key, bool serve_web_page)
+      : stub_(stub), info_(std::move(info)), api_key_(std::move(api_key)),
+        serve_web_page_(serve_web_page) {
     // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
     // where they start. None of them is answer text.
     first_special_ = info_.vocab_size();
@@ -139,6 +141,7 @@ class Gateway {
   v1::Coli::Stub* stub_;  // the client's
   v1::ModelInfo info_;
   std::string api_key_;
+  bool serve_web_page_ = false;  // `coli web`
   int32_t first_special_ = 0;
 
   std::mutex mu_;
@@ -775,6 +778,22 @@ void Gateway::Register(httplib::Server* server) {
   server->Post("/apply-template", bind(&Gateway::ApplyTemplate));
   server->Get("/health", bind(&Gateway::Health));
   server->Get("/metrics", bind(&Gateway::Metrics));
+  if (serve_web_page_) {
+    // `coli web`: the chat page (embedded Vite bundle) on the same origin as the API it uses.
+    server->Get(R"(/|/index\.html|/assets/.+)", [](const Req& req, Res& res) {
+      const web::WebAsset* asset = web::FindWebAsset(req.path);
+      if (asset == nullptr) {
+        res.status = 404;
+        return;
+      }
+      res.set_header("Cache-Control", req.path.rfind("/assets/", 0) == 0
+                                          ? "public, max-age=31536000, immutable"
+                                          : "no-cache");
+      res.set_header("Content-Security-Policy",
+                     "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:");
+      res.set_content(std::string(asset->bytes), std::string(asset->content_type));
+    });
+  }
   server->set_logger([this](const Req&, const Res& res) {
     std::lock_guard<std::mutex> lock(mu_);
     ++http_by_status_[res.status];
@@ -800,18 +819,23 @@ void Gateway::Register(httplib::Server* server) {
 
 std::atomic<httplib::Server*> g_server{nullptr};
 
-void Usage() {
+void Usage(bool web) {
   std::fprintf(stderr,
-               "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
-               "                  [--connect ADDR] [--model-id ID]\n"
+               web ? "usage: coli web [--model DIR] [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
+                     "                [--connect ADDR] [--model-id ID]\n"
+                     "  the chat page and the OpenAI API on one port; without --model (or\n"
+                     "  COLI_MODEL) the embedded tiny Kimi K3 fixture (random weights)\n"
+                   : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
+                     "                  [--connect ADDR] [--model-id ID]\n");
+  std::fprintf(stderr,
                "  --host ADDR    listen address; anything but loopback requires --api-key\n"
                "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
                "  --connect ADDR use a running coli-host instead of starting one\n");
 }
 
-}  // namespace
-
-int RunServe(int argc, char** argv) {
+// `coli serve` and `coli web` share everything but the page and the default model.
+int RunGateway(int argc, char** argv, bool web) {
+  const char* name = web ? "coli web" : "coli serve";
   std::string model_dir, host = "127.0.0.1", api_key, connect, model_id;
   int port = 8000;
   if (const char* k = std::getenv("COLI_API_KEY"); k && *k) api_key = k;
@@ -820,7 +844,7 @@ int RunServe(int argc, char** argv) {
     std::string arg = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) {
-        std::fprintf(stderr, "coli serve: %s needs a value\n", arg.c_str());
+        std::fprintf(stderr, "%s: %s needs a value\n", name, arg.c_str());
         std::exit(2);
       }
       return argv[++i];
@@ -835,29 +859,32 @@ int RunServe(int argc, char** argv) {
       char* end = nullptr;
       const long p = std::strtol(v.c_str(), &end, 10);
       if (end == v.c_str() || *end != '\0' || p < 0 || p > 65535) {
-        std::fprintf(stderr, "coli serve: --port '%s' is not a port number\n", v.c_str());
+        std::fprintf(stderr, "%s: --port '%s' is not a port number\n", name, v.c_str());
         return 2;
       }
       port = static_cast<int>(p);
     } else if (arg == "--help" || arg == "-h") {
-      Usage();
+      Usage(web);
       return 0;
     } else {
-      std::fprintf(stderr, "coli serve: unknown argument '%s'\n", arg.c_str());
-      Usage();
+      std::fprintf(stderr, "%s: unknown argument '%s'\n", name, arg.c_str());
+      Usage(web);
       return 2;
     }
   }
   if (model_dir.empty() && connect.empty()) {
-    std::fprintf(stderr, "coli serve: --model DIR is required (or COLI_MODEL)\n");
-    Usage();
-    return 2;
+    if (!web) {
+      std::fprintf(stderr, "coli serve: --model DIR is required (or COLI_MODEL)\n");
+      Usage(web);
+      return 2;
+    }
+    model_dir = client::ResolveModelDir("");  // the embedded tiny model
   }
   if (!IsLoopback(host) && api_key.empty()) {
     std::fprintf(stderr,
-                 "coli serve: --host %s is not a loopback address: refusing to serve without "
+                 "%s: --host %s is not a loopback address: refusing to serve without "
                  "--api-key\n",
-                 host.c_str());
+                 name, host.c_str());
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
@@ -873,14 +900,14 @@ int RunServe(int argc, char** argv) {
   connect_options.host = connect;  // empty: a private coli-host, stopped with `client`
   auto client = client::Client::Connect(connect_options);
   if (!client.ok()) {
-    std::fprintf(stderr, "coli serve: %s\n", std::string(client.status().message()).c_str());
+    std::fprintf(stderr, "%s: %s\n", name, std::string(client.status().message()).c_str());
     return 1;
   }
   v1::ModelInfo info;
   if (!model_dir.empty()) {
     auto options = client::ModelOptionsFromEnv();
     if (!options.ok()) {
-      std::fprintf(stderr, "coli serve: %s\n", std::string(options.status().message()).c_str());
+      std::fprintf(stderr, "%s: %s\n", name, std::string(options.status().message()).c_str());
       return 1;
     }
     client::ProgressDisplay bar(stderr);
@@ -888,14 +915,14 @@ int RunServe(int argc, char** argv) {
         model_dir, *options, [&bar](const v1::LoadProgress& p) { bar.Update(p); }, model_id);
     bar.Done();
     if (!loaded.ok()) {
-      std::fprintf(stderr, "coli serve: %s\n", std::string(loaded.status().message()).c_str());
+      std::fprintf(stderr, "%s: %s\n", name, std::string(loaded.status().message()).c_str());
       return 1;
     }
     info = *loaded;
   } else {
     auto models = (*client)->ListModels();
     if (!models.ok() || models->empty()) {
-      std::fprintf(stderr, "coli serve: the host at %s has no model loaded\n", connect.c_str());
+      std::fprintf(stderr, "%s: the host at %s has no model loaded\n", name, connect.c_str());
       return 1;
     }
     info = models->front();
@@ -905,7 +932,7 @@ int RunServe(int argc, char** argv) {
   }
 
   httplib::Server server;
-  Gateway gateway(&(*client)->stub(), info, api_key);
+  Gateway gateway(&(*client)->stub(), info, api_key, web);
   gateway.Register(&server);
   int bound = port;
   if (port == 0) {
@@ -914,13 +941,14 @@ int RunServe(int argc, char** argv) {
     bound = -1;
   }
   if (bound < 0) {
-    std::fprintf(stderr, "coli serve: cannot listen on %s:%d: %s\n", host.c_str(), port,
+    std::fprintf(stderr, "%s: cannot listen on %s:%d: %s\n", name, host.c_str(), port,
                  std::strerror(errno));
     return 1;
   }
   // One line on stdout that scripts and tests wait for.
-  std::printf("coli serve: listening on http://%s:%d (model %s)\n", host.c_str(), bound,
+  std::printf("%s: listening on http://%s:%d (model %s)\n", name, host.c_str(), bound,
               info.id().c_str());
+  if (web) std::printf("%s: open http://%s:%d/ in a browser\n", name, host.c_str(), bound);
   std::fflush(stdout);
 
   g_server = &server;
@@ -937,7 +965,14 @@ int RunServe(int argc, char** argv) {
 
 }
 
+}  // namespace
+
+int RunServe(int argc, char** argv) { return RunGateway(argc, argv, /*web=*/false); }
+int RunWeb(int argc, char** argv) { return RunGateway(argc, argv, /*web=*/true); }
+
 }  // namespace coli::cli::serve
 
 COLI_REGISTER_COMMAND(serve, "serve", "OpenAI-compatible HTTP API over the host (--model DIR)",
                       coli::cli::serve::RunServe);
+COLI_REGISTER_COMMAND(web, "web", "chat page + OpenAI API in the browser (tiny model by default)",
+                      coli::cli::serve::RunWeb);

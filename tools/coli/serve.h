@@ -8,6 +8,9 @@ namespace coli::cli::serve {
 // `coli serve --model DIR [--port N] [--host ADDR --api-key KEY] [--connect ADDR]`; argv[0] is
 // "serve". Returns the process exit code (2 for usage errors).
 int RunServe(int argc, char** argv);
+// `coli web [--model DIR] ...`: the same gateway plus the chat page at /, on the embedded tiny
+// model when no model is given.
+int RunWeb(int argc, char** argv);
 
 }  // namespace coli::cli::serve
 

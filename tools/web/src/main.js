@@ -142,25 +142,25 @@ let lastMetrics = null;
 async function refreshMetrics() {
   try {
     const m = await fetchMetrics();
-    const hits = m.coli_expert_hits_total, misses = m.coli_expert_misses_total;
-    if (m.coli_expert_hit_ratio !== undefined) {
-      els.hit.textContent = `hit ${(100 * m.coli_expert_hit_ratio).toFixed(1)}%`;
-    } else if (hits !== undefined && misses !== undefined && hits + misses > 0) {
-      els.hit.textContent = `hit ${(100 * hits / (hits + misses)).toFixed(1)}%`;
+    if (m.coli_expert_hit_rate !== undefined &&
+        (m.coli_expert_hits_total || 0) + (m.coli_expert_misses_total || 0) > 0) {
+      els.hit.textContent = `hit ${(100 * m.coli_expert_hit_rate).toFixed(1)}%`;
     }
-    const bytes = m.coli_expert_bytes_read_total, tokens = m.coli_tokens_processed_total
-      ?? ((m.coli_prompt_tokens_total || 0) + (m.coli_completion_tokens_total || 0));
-    if (lastMetrics && bytes !== undefined && tokens !== undefined) {
-      const dt = tokens - (lastMetrics.tokens || 0);
+    const bytes = m.coli_bytes_read_total;
+    const tokens = (m.coli_prompt_tokens_total || 0) + (m.coli_completion_tokens_total || 0);
+    if (lastMetrics && bytes !== undefined) {
+      const dt = tokens - lastMetrics.tokens;
       if (dt > 0) els.bytes.textContent = `${formatBytes((bytes - lastMetrics.bytes) / dt)}/tok`;
     }
-    lastMetrics = { bytes, tokens };
-    const total = m.coli_prefill_tokens_total_current, done = m.coli_prefill_tokens_done_current;
-    if (inflight && !inflight.firstTokenAt && total > 0) {
-      els.prefill.hidden = false;
-      els.prefill.textContent = `prefill ${Math.round(100 * done / total)}%`;
-    }
+    if (bytes !== undefined) lastMetrics = { bytes, tokens };
   } catch (_) { /* the status bar is best-effort */ }
+}
+
+// Until the first token arrives the model is reading the prompt (prefill): show for how long.
+function tickPrefill(started) {
+  if (!inflight || inflight.firstTokenAt) return;
+  els.prefill.hidden = false;
+  els.prefill.textContent = `prefill ${((performance.now() - started) / 1000).toFixed(1)} s`;
 }
 
 function formatBytes(n) {
@@ -183,6 +183,7 @@ async function generate() {
   const started = performance.now();
   inflight = { controller, turn, firstTokenAt: 0, pieces: 0 };
   inflight.metricsTimer = setInterval(refreshMetrics, 1000);
+  inflight.prefillTimer = setInterval(() => tickPrefill(started), 200);
   setBusy(true);
   render();
   const onPiece = () => {
@@ -224,6 +225,7 @@ async function generate() {
     }
   } finally {
     clearInterval(inflight.metricsTimer);
+    clearInterval(inflight.prefillTimer);
     inflight = null;
     turn.reasoningOpen = false;
     persist();
