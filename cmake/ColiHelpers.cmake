@@ -33,9 +33,12 @@ endfunction()
 # One GoogleTest binary per library; every TEST becomes its own ctest entry.
 function(coli_cc_test)
   cmake_parse_arguments(A "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
-  add_executable(${A_NAME} ${A_SRCS})
+  add_executable(${A_NAME} ${A_SRCS} ${PROJECT_SOURCE_DIR}/tests/support/test_env.cc)
   _coli_common_flags(${A_NAME})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gmock GTest::gtest_main)
+  # Tests find the source and build trees through COLI_SOURCE_DIR / COLI_BINARY_DIR.
+  target_compile_definitions(${A_NAME} PRIVATE COLI_TEST_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                                COLI_TEST_BINARY_DIR="${PROJECT_BINARY_DIR}")
   set(labels ${A_LABELS})
   if(NOT labels)
     set(labels unit)
@@ -43,7 +46,6 @@ function(coli_cc_test)
   gtest_discover_tests(${A_NAME}
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
     PROPERTIES LABELS "${labels}"
-    ENVIRONMENT "COLI_SOURCE_DIR=${PROJECT_SOURCE_DIR};COLI_BINARY_DIR=${PROJECT_BINARY_DIR}"
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
