@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
@@ -453,6 +454,18 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
       reason = max_tokens < in.max_tokens || in.max_tokens <= 0 ? v1::FINISH_REASON_CONTEXT
                                                                 : v1::FINISH_REASON_LENGTH;
       break;
+    }
+    if (options_.decode_delay_ms > 0) {
+      // Sleep in small slices so a cancel or stop still lands within one token.
+      const auto until = Clock::now() + std::chrono::milliseconds(options_.decode_delay_ms);
+      while (Clock::now() < until && request.CancelStatus().ok() && !request.stop_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5, options_.decode_delay_ms)));
+      }
+      COLI_RETURN_IF_ERROR(request.CancelStatus());
+      if (request.stop_.load()) {
+        reason = v1::FINISH_REASON_STOPPED;
+        break;
+      }
     }
     COLI_ASSIGN_OR_RETURN(StepResult step, session.Step(sampling));
     if (step.finish == COLI_FINISH_LENGTH && step.token < 0) {

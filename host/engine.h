@@ -44,6 +44,10 @@ struct EngineOptions {
   std::string plugin_dir;
   int workers = 1;          // generation threads (each runs one request at a time)
   int queue_capacity = 16;  // requests waiting for a thread; more -> RESOURCE_EXHAUSTED
+  // Paces decoding: waits this long before each generated token (0 = off). For demos and for the
+  // UI tests, where the tiny model would otherwise answer before a person (or a test) could press
+  // stop. Set by `coli-host --decode-delay-ms` or COLI_DECODE_DELAY_MS.
+  int decode_delay_ms = 0;
 };
 
 // One request's input, Generate or Chat.

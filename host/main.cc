@@ -2,6 +2,7 @@
 //
 //   coli-host [--plugin-dir DIR] [--listen unix:/path | 127.0.0.1:PORT] [--allow-remote]
 //             [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]
+//             [--decode-delay-ms N]   (pace decoding, for demos and UI tests)
 //
 // SIGINT/SIGTERM end it cleanly: requests in flight finish with UNAVAILABLE, then it exits 0.
 #include <signal.h>
@@ -24,6 +25,7 @@ void Usage() {
   std::fprintf(stderr,
                "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
                "                 [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]\n"
+               "                 [--decode-delay-ms N]\n"
                "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
                "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
                "        any other address needs --allow-remote\n");
@@ -43,6 +45,12 @@ int main(int argc, char** argv) {
   engine_options.plugin_dir = COLI_PLUGIN_DIR;
   if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir)
     engine_options.plugin_dir = dir;
+  // Private hosts inherit the client's environment: COLI_DECODE_DELAY_MS paces them too.
+  if (const char* delay = std::getenv("COLI_DECODE_DELAY_MS"); delay && *delay &&
+      !absl::SimpleAtoi(delay, &engine_options.decode_delay_ms)) {
+    std::fprintf(stderr, "coli-host: COLI_DECODE_DELAY_MS='%s' is not a number\n", delay);
+    return 2;
+  }
   coli::host::ServerOptions server_options;
   std::vector<std::string> models;
   int ready_fd = -1;
@@ -72,6 +80,8 @@ int main(int argc, char** argv) {
       number(&engine_options.workers);
     else if (arg == "--queue")
       number(&engine_options.queue_capacity);
+    else if (arg == "--decode-delay-ms")
+      number(&engine_options.decode_delay_ms);
     else if (arg == "--model")
       models.push_back(value());
     else if (arg == "--ready-fd")

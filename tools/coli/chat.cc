@@ -105,7 +105,8 @@ class ChatApp {
   int Loop() {
     LineReader reader(isatty(STDIN_FILENO) == 1);
     std::string line;
-    std::string prompt = style_.tty ? std::string("\x1b[1myou>\x1b[0m ") : "you> ";
+    // Plain prompt: libedit would count escape codes as visible columns.
+    const std::string prompt = "you> ";
     while (true) {
       std::fflush(stdout);
       if (!reader.Read(prompt.c_str(), &line)) break;

@@ -183,6 +183,9 @@ absl::Status Client::StartPrivateHost(const ConnectOptions& options) {
     // The host dies with its client, whatever happens to the client.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
+    // Its own process group: a Ctrl-C at the client's terminal stops the reply (the client
+    // cancels the request), not the host.
+    setpgid(0, 0);
     dup2(ready[1], 3);  // dup2 clears CLOEXEC on the copy
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
