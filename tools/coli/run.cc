@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -254,6 +255,25 @@ int RunCommand(int argc, char** argv) {
                static_cast<long long>(finished->usage().completion_tokens()),
                st.tokens_per_second(), st.ttft_seconds() * 1e3,
                v1::FinishReason_Name(finished->reason()).c_str());
+  // The family's own statistics (for K3: the expert store's reads and hits over this request).
+  const auto& p = st.plugin();
+  auto stat = [&p](const char* name) {
+    auto it = p.find(name);
+    return it == p.end() ? 0.0 : it->second;
+  };
+  const double hits = stat("expert_hits"), misses = stat("expert_misses");
+  if (hits + misses > 0) {
+    const double tokens = std::max(1.0, stat("tokens_computed") + stat("tokens_generated"));
+    const double read_s = stat("read_seconds"), compute_s = stat("compute_seconds");
+    std::fprintf(stderr,
+                 "coli run: experts %.0f hits / %.0f misses (hit rate %.1f%%), %.1f MB read "
+                 "(%.2f MB/token, %.2f GB/s while reading), read %.3f s, compute %.3f s, "
+                 "waited for reads %.3f s\n",
+                 hits, misses, 100.0 * hits / (hits + misses), stat("bytes_read") / 1e6,
+                 stat("bytes_read") / 1e6 / tokens,
+                 read_s > 0 ? stat("bytes_read") / 1e9 / read_s : 0.0, read_s, compute_s,
+                 stat("expert_wait_seconds"));
+  }
   return 0;
 }
 
