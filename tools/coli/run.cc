@@ -157,10 +157,21 @@ int RunCommand(int argc, char** argv) {
   if (!connected.ok()) return Fail(connected.status());
   client::Client& c = **connected;
   client::ProgressDisplay bar(stderr);
-  auto model = c.LoadModel(client::ResolveModelDir(model_flag), *options,
-                           [&](const v1::LoadProgress& p) { bar.Update(p); });
+  const std::string model_dir = client::ResolveModelDir(model_flag);
+  auto model = c.LoadModel(model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); });
   bar.Done();
   if (!model.ok()) return Fail(model.status());
+  // Test fixtures (tools/k3/make_fixture.py) mark themselves: say so, their text is noise.
+  if (std::FILE* f = std::fopen((model_dir + "/config.json").c_str(), "r")) {
+    nlohmann::json config = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    std::fclose(f);
+    if (config.is_object() && config.contains("coli_fixture")) {
+      std::fprintf(stderr,
+                   "coli run: %s is a test fixture with random weights (its output is noise); "
+                   "give --model DIR or COLI_MODEL for a real model\n",
+                   model_dir.c_str());
+    }
+  }
 
   // Ctrl-C cancels the request; a watcher thread turns the flag into a cancel.
   client::CancelToken cancel;
