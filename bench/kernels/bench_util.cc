@@ -90,24 +90,8 @@ BenchMatrices::BenchMatrices(kernels::WeightFormat format, int64_t rows, int64_t
                              uint64_t seed) {
   using kernels::WeightFormat;
   const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
-  size_t data_bytes = 0, scale_bytes = 0;
-  switch (format) {
-    case WeightFormat::kF32:
-      data_bytes = n * 4;
-      break;
-    case WeightFormat::kInt8Row:
-      data_bytes = n;
-      scale_bytes = rows * 4;
-      break;
-    case WeightFormat::kInt4G64:
-      data_bytes = n / 2;
-      scale_bytes = n / 64 * 4;
-      break;
-    case WeightFormat::kMxfp4:
-      data_bytes = n / 2;
-      scale_bytes = n / 32;
-      break;
-  }
+  const kernels::MatrixBytes bytes = kernels::FormatBytes(format, rows, cols);
+  const size_t data_bytes = bytes.data, scale_bytes = bytes.scales;
   for (int c = 0; c < copies; ++c) {
     auto data = std::make_unique<AlignedBytes>(data_bytes);
     auto scales = std::make_unique<AlignedBytes>(std::max<size_t>(scale_bytes, 1));

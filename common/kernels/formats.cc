@@ -104,20 +104,22 @@ absl::Status ValidateView(const MatrixView& w) {
   return absl::OkStatus();
 }
 
-size_t ViewBytes(const MatrixView& w) {
-  const size_t n = static_cast<size_t>(w.rows) * static_cast<size_t>(w.cols);
-  switch (w.format) {
+MatrixBytes FormatBytes(WeightFormat format, int64_t rows, int64_t cols) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  switch (format) {
     case WeightFormat::kF32:
-      return n * 4;
+      return {n * 4, 0};
     case WeightFormat::kInt8Row:
-      return n + static_cast<size_t>(w.rows) * 4;
+      return {n, static_cast<size_t>(rows) * 4};
     case WeightFormat::kInt4G64:
-      return n / 2 + n / 64 * 4;
+      return {n / 2, n / 64 * 4};
     case WeightFormat::kMxfp4:
-      return n / 2 + n / 32;
+      return {n / 2, n / 32};
   }
-  return 0;
+  return {};
 }
+
+size_t ViewBytes(const MatrixView& w) { return FormatBytes(w.format, w.rows, w.cols).total(); }
 
 absl::Status QuantizeRowInt8(std::span<const float> w, int8_t* q, float* scale) {
   float max_abs = 0.f;
@@ -329,25 +331,8 @@ absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromParts(WeightFormat format, 
                                                            int64_t cols, std::vector<uint8_t> data,
                                                            std::vector<uint8_t> scales) {
   if (absl::Status s = CheckShape(rows, cols, format); !s.ok()) return s;
-  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
-  size_t want_data = 0, want_scales = 0;
-  switch (format) {
-    case WeightFormat::kF32:
-      want_data = n * 4;
-      break;
-    case WeightFormat::kInt8Row:
-      want_data = n;
-      want_scales = rows * 4;
-      break;
-    case WeightFormat::kInt4G64:
-      want_data = n / 2;
-      want_scales = n / 64 * 4;
-      break;
-    case WeightFormat::kMxfp4:
-      want_data = n / 2;
-      want_scales = n / 32;
-      break;
-  }
+  const MatrixBytes want = FormatBytes(format, rows, cols);
+  const size_t want_data = want.data, want_scales = want.scales;
   if (data.size() != want_data || scales.size() != want_scales) {
     return absl::InvalidArgumentError(absl::StrCat(WeightFormatName(format), " [", rows, ", ", cols,
                                                    "]: expected ", want_data, " data bytes and ",

@@ -64,6 +64,15 @@ struct MatrixView {
 // the column constraint of the format (MXFP4: cols % 32 == 0, int4-g64: cols % 64 == 0).
 absl::Status ValidateView(const MatrixView& w);
 
+// The storage of a [rows, cols] matrix in `format`: data bytes and scale bytes (the layouts of
+// MatrixView above).
+struct MatrixBytes {
+  size_t data = 0;
+  size_t scales = 0;
+  size_t total() const { return data + scales; }
+};
+MatrixBytes FormatBytes(WeightFormat format, int64_t rows, int64_t cols);
+
 // Bytes of weight data plus scales that a kernel streams for one pass over the matrix.
 size_t ViewBytes(const MatrixView& w);
 
