@@ -172,32 +172,38 @@ class ChatApp {
     std::atomic<bool> done{false};
     std::atomic<bool> first_token{false};
     std::mutex print_mu;
-    int64_t prompt_tokens = 0;
+    // Set from the stream (Started arrives once the prompt has been prefilled).
+    std::atomic<int64_t> prompt_tokens{0};
     auto start = std::chrono::steady_clock::now();
     std::thread watcher([&] {
       while (!done.load()) {
         if (g_interrupt.exchange(false)) {
           (void)client_->Cancel(request.request_id(), /*stop=*/true);
-          stopped_ = true;
         }
-        // A terminal shows that the prompt is being prefilled until the first token.
-        if (style_.tty && !first_token.load() && prompt_tokens > 0) {
+        // A terminal shows that the prompt is being read until the first token arrives.
+        if (style_.tty && !first_token.load()) {
           std::lock_guard<std::mutex> lock(print_mu);
           if (!first_token.load()) {
-            double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-            std::printf("%s%sprefilling %lld tokens… %.1f s%s", style_.clear_line(), style_.dim(),
-                        static_cast<long long>(prompt_tokens), secs, style_.reset());
+            const double secs =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            const long long n = static_cast<long long>(prompt_tokens.load());
+            if (n > 0) {
+              std::printf("%s%sprompt read (%lld tokens), first token… %.1f s%s",
+                          style_.clear_line(), style_.dim(), n, secs, style_.reset());
+            } else {
+              std::printf("%s%sreading the prompt… %.1f s%s", style_.clear_line(), style_.dim(),
+                          secs, style_.reset());
+            }
             std::fflush(stdout);
           }
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
-    stopped_ = false;
     enum class Printing { kNothing, kReasoning, kContent } printing = Printing::kNothing;
     int reasoning_pieces = 0;
     client::StreamCallbacks cb;
-    cb.on_started = [&](const v1::Started& s) { prompt_tokens = s.tokens_computed(); };
+    cb.on_started = [&](const v1::Started& s) { prompt_tokens.store(s.tokens_computed()); };
     cb.on_delta = [&](const v1::ChatDelta& d) {
       std::lock_guard<std::mutex> lock(print_mu);
       if (!first_token.exchange(true) && style_.tty) std::printf("%s", style_.clear_line());
@@ -287,7 +293,6 @@ class ChatApp {
   Style style_;
   Conversation conversation_;
   bool show_reasoning_ = true;
-  bool stopped_ = false;
   std::string last_reasoning_;
   v1::Finished last_finished_;
 };
