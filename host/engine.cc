@@ -130,6 +130,7 @@ GenerationInput GenerationInput::From(const v1::GenerateRequest& r) {
   in.prompt_ids.assign(r.prompt_ids().begin(), r.prompt_ids().end());
   in.max_tokens = r.max_tokens();
   in.sampling = r.sampling();
+  in.report_progress = r.report_progress();
   return in;
 }
 
@@ -142,6 +143,7 @@ GenerationInput GenerationInput::From(const v1::ChatRequest& r) {
   in.request_json = r.request_json();
   in.max_tokens = r.max_tokens();
   in.sampling = r.sampling();
+  in.report_progress = r.report_progress();
   return in;
 }
 
@@ -412,7 +414,40 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
 
   const auto t_prefill = Clock::now();
   std::function<bool()> cancelled = [&request] { return !request.CancelStatus().ok(); };
-  auto prefill = session.Prefill(prompt, parse_mode, in.sampling.seed(), cancelled);
+  // The plugin reports tokens computed of the tail it computes (the reused prefix is in
+  // neither); the stream reports prompt tokens ready of all of them.
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  int64_t last_done = -1;
+  Clock::time_point last_sent{};
+  std::function<void(uint64_t, uint64_t)> on_progress = [&](uint64_t done, uint64_t total) {
+    if (total > static_cast<uint64_t>(n_prompt) || done > total) return;  // not a token count
+    const int64_t reused = n_prompt - static_cast<int64_t>(total);
+    const int64_t ready = reused + static_cast<int64_t>(done);
+    if (ready <= last_done) return;  // a repeated report (the plugin's cancel polls)
+    const bool first = last_done < 0;
+    last_done = ready;
+    const auto now = Clock::now();
+    if (in.report_progress && request.sink_.on_progress &&
+        (first || ready == n_prompt || now - last_sent >= std::chrono::milliseconds(100))) {
+      last_sent = now;
+      v1::PrefillProgress p;
+      p.set_done(ready);
+      p.set_total(n_prompt);
+      p.set_reused(reused);
+      p.set_elapsed_ms(
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - t_prefill).count());
+      request.sink_.on_progress(p);
+    }
+    if (options_.prefill_delay_ms > 0 && done > 0 && ready < n_prompt) {
+      // Sleep in small slices so a cancel still lands before the next chunk.
+      const auto until = Clock::now() + std::chrono::milliseconds(options_.prefill_delay_ms);
+      while (Clock::now() < until && request.CancelStatus().ok()) {
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::min(5, options_.prefill_delay_ms)));
+      }
+    }
+  };
+  auto prefill = session.Prefill(prompt, parse_mode, in.sampling.seed(), cancelled, on_progress);
   if (!prefill.ok()) {
     // A cancelled prefill reports the request's own reason (deadline, shutdown, cancel).
     absl::Status why = request.CancelStatus();

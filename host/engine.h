@@ -48,6 +48,10 @@ struct EngineOptions {
   // UI tests, where the tiny model would otherwise answer before a person (or a test) could press
   // stop. Set by `coli-host --decode-delay-ms` or COLI_DECODE_DELAY_MS.
   int decode_delay_ms = 0;
+  // Paces prefill the same way: waits this long after each computed chunk but the last (0 = off),
+  // so prefill progress on the tiny model lasts long enough to be seen. Set by
+  // `coli-host --prefill-delay-ms` or COLI_PREFILL_DELAY_MS.
+  int prefill_delay_ms = 0;
 };
 
 // One request's input, Generate or Chat.
@@ -59,6 +63,7 @@ struct GenerationInput {
   std::string request_json;         // Chat: the OpenAI request body
   int32_t max_tokens = 0;
   v1::SamplingParams sampling;
+  bool report_progress = false;  // on_progress events during prefill
   std::optional<std::chrono::steady_clock::time_point> deadline;
 
   static GenerationInput From(const v1::GenerateRequest& r);
@@ -66,6 +71,9 @@ struct GenerationInput {
 };
 
 struct EventSink {
+  // Prefill progress (only when the input asked for it): strictly growing `done`, the first
+  // report when prefill begins, then at most ~10 per second, always ending with done == total.
+  std::function<void(const v1::PrefillProgress&)> on_progress;
   std::function<void(const v1::Started&)> on_started;
   // events: the chat deltas of this token (empty for Generate).
   std::function<void(const v1::Token&, std::span<const v1::ChatDelta>)> on_token;

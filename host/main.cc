@@ -3,6 +3,7 @@
 //   coli-host [--plugin-dir DIR] [--listen unix:/path | 127.0.0.1:PORT] [--allow-remote]
 //             [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]
 //             [--decode-delay-ms N]   (pace decoding, for demos and UI tests)
+//             [--prefill-delay-ms N]  (pace prefill chunks, for the prefill-progress tests)
 //
 // SIGINT/SIGTERM end it cleanly: requests in flight finish with UNAVAILABLE, then it exits 0.
 #include <signal.h>
@@ -25,7 +26,7 @@ void Usage() {
   std::fprintf(stderr,
                "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
                "                 [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]\n"
-               "                 [--decode-delay-ms N]\n"
+               "                 [--decode-delay-ms N] [--prefill-delay-ms N]\n"
                "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
                "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
                "        any other address needs --allow-remote\n");
@@ -49,6 +50,11 @@ int main(int argc, char** argv) {
   if (const char* delay = std::getenv("COLI_DECODE_DELAY_MS"); delay && *delay &&
       !absl::SimpleAtoi(delay, &engine_options.decode_delay_ms)) {
     std::fprintf(stderr, "coli-host: COLI_DECODE_DELAY_MS='%s' is not a number\n", delay);
+    return 2;
+  }
+  if (const char* delay = std::getenv("COLI_PREFILL_DELAY_MS"); delay && *delay &&
+      !absl::SimpleAtoi(delay, &engine_options.prefill_delay_ms)) {
+    std::fprintf(stderr, "coli-host: COLI_PREFILL_DELAY_MS='%s' is not a number\n", delay);
     return 2;
   }
   coli::host::ServerOptions server_options;
@@ -82,6 +88,8 @@ int main(int argc, char** argv) {
       number(&engine_options.queue_capacity);
     else if (arg == "--decode-delay-ms")
       number(&engine_options.decode_delay_ms);
+    else if (arg == "--prefill-delay-ms")
+      number(&engine_options.prefill_delay_ms);
     else if (arg == "--model")
       models.push_back(value());
     else if (arg == "--ready-fd")

@@ -70,9 +70,17 @@ int32_t ProgressThunk(void* user, uint64_t done, uint64_t total, const char* sta
   return (*fn)(done, total, std::string_view(stage ? stage : "", stage ? stage_length : 0)) ? 0 : 1;
 }
 
-int32_t CancelThunk(void* user, uint64_t, uint64_t, const char*, size_t) {
-  const auto* fn = static_cast<const std::function<bool()>*>(user);
-  return (fn != nullptr && *fn && (*fn)()) ? 1 : 0;
+// What the prefill's progress callback reaches: the caller's progress view and cancel poll.
+struct PrefillHooks {
+  const std::function<bool()>* cancel;
+  const std::function<void(uint64_t, uint64_t)>* progress;
+};
+
+int32_t PrefillThunk(void* user, uint64_t done, uint64_t total, const char*, size_t) {
+  const auto* hooks = static_cast<const PrefillHooks*>(user);
+  if (hooks == nullptr) return 0;
+  if (*hooks->progress) (*hooks->progress)(done, total);
+  return (*hooks->cancel && (*hooks->cancel)()) ? 1 : 0;
 }
 
 }  // namespace
@@ -310,16 +318,18 @@ Session::~Session() {
   if (handle_ != nullptr) plugin_->api().session_destroy(handle_);
 }
 
-absl::StatusOr<PrefillResult> Session::Prefill(std::span<const int32_t> tokens,
-                                               int32_t chat_parse_mode, uint64_t seed,
-                                               const std::function<bool()>& cancel) {
+absl::StatusOr<PrefillResult> Session::Prefill(
+    std::span<const int32_t> tokens, int32_t chat_parse_mode, uint64_t seed,
+    const std::function<bool()>& cancel,
+    const std::function<void(uint64_t done, uint64_t total)>& progress) {
   auto args = Init<coli_prefill_args_t>();
   args.tokens = tokens.data();
   args.n_tokens = tokens.size();
   args.chat_parse_mode = chat_parse_mode;
   args.seed = seed;
-  args.progress = cancel ? &CancelThunk : nullptr;
-  args.progress_user = const_cast<std::function<bool()>*>(&cancel);
+  PrefillHooks hooks{&cancel, &progress};
+  args.progress = (cancel || progress) ? &PrefillThunk : nullptr;
+  args.progress_user = &hooks;
   auto result = Init<coli_prefill_result_t>();
   ErrorText err;
   COLI_RETURN_IF_ERROR(err.ToStatus(plugin_->api().prefill(handle_, &args, &result, err.get())));

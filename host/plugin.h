@@ -101,9 +101,13 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  // `cancel` is polled between prefill chunks; returning true cancels (CANCELLED).
-  absl::StatusOr<PrefillResult> Prefill(std::span<const int32_t> tokens, int32_t chat_parse_mode,
-                                        uint64_t seed, const std::function<bool()>& cancel);
+  // `cancel` is polled between prefill chunks; returning true cancels (CANCELLED). `progress`
+  // (may be empty) sees the plugin's reports as they come: `done` of `total` tokens computed
+  // for this prompt (the reused prefix is not part of either; a plugin may repeat a report).
+  absl::StatusOr<PrefillResult> Prefill(
+      std::span<const int32_t> tokens, int32_t chat_parse_mode, uint64_t seed,
+      const std::function<bool()>& cancel,
+      const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
   absl::StatusOr<StepResult> Step(const Sampling& sampling);
   absl::Status Reset();
   absl::StatusOr<std::map<std::string, double>> Stats();

@@ -108,6 +108,11 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine,
   auto* reactor = new StreamReactor<Event>();
   input.deadline = DeadlineOf(context);
   EventSink sink;
+  sink.on_progress = [reactor](const v1::PrefillProgress& progress) {
+    Event e;
+    *e.mutable_progress() = progress;
+    reactor->Push(std::move(e));
+  };
   sink.on_started = [reactor](const v1::Started& started) {
     Event e;
     *e.mutable_started() = started;

@@ -60,7 +60,9 @@ absl::StatusOr<v1::Finished> Drain(grpc::ClientReader<Event>* reader, const Stre
   v1::Finished finished;
   bool got_finished = false;
   while (reader->Read(&e)) {
-    if (e.has_started()) {
+    if (e.has_progress()) {
+      if (cb.on_progress) cb.on_progress(e.progress());
+    } else if (e.has_started()) {
       if (cb.on_started) cb.on_started(e.started());
     } else if (e.has_token()) {
       if constexpr (std::is_same_v<Event, v1::ChatEvent>) {

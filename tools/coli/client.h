@@ -71,6 +71,8 @@ class CancelToken {
 };
 
 struct StreamCallbacks {
+  // Prefill progress; the host sends it only when the request sets report_progress.
+  std::function<void(const v1::PrefillProgress&)> on_progress;
   std::function<void(const v1::Started&)> on_started;
   std::function<void(const v1::Token&)> on_token;
   std::function<void(const v1::ChatDelta&)> on_delta;  // Chat only, after on_token

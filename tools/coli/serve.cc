@@ -4,11 +4,15 @@
 //              [--connect ADDR] [--model-id ID]
 //
 // Without --connect it starts a private `coli-host` (tools/coli/client.h), loads DIR there (the
-// K3_* switches apply) and stops it on exit; with --connect it uses a running host. Endpoints: GET /v1/models[/ID], POST /v1/chat/completions (SSE
-// when stream=true), POST /v1/completions, POST /tokenize, /detokenize, /apply-template,
+// K3_* switches apply) and stops it on exit; with --connect it uses a running host. Endpoints:
+// GET /v1/models[/ID], POST /v1/chat/completions and POST /v1/completions (SSE when
+// stream=true), POST /tokenize, /detokenize, /apply-template,
 // GET /health, GET /metrics (Prometheus). Errors use OpenAI's error object and name the field.
 // Loopback only unless --host names another address, which then requires --api-key (bearer).
 // A client that goes away mid-stream cancels its generation at the host (within one token).
+// `"return_progress": true` (llama.cpp's field) adds prefill-progress chunks to a stream: an
+// empty assistant delta (chat) or empty text (completions) carrying
+// "prompt_progress": {"total", "cache", "processed", "time_ms"}.
 #include "tools/coli/serve.h"
 
 #include <signal.h>
@@ -52,6 +56,18 @@ bool IsLoopback(const std::string& host) {
 }
 
 // ---- the gateway ------------------------------------------------------------------------------
+
+// llama.cpp's `prompt_progress` object (its server answers `return_progress` with it): prompt
+// tokens in all, of them reused from the cache, ready so far (the cached ones included), and
+// milliseconds since the prompt began to be read.
+Json PromptProgress(const v1::PrefillProgress& p) {
+  Json j;
+  j["total"] = p.total();
+  j["cache"] = p.reused();
+  j["processed"] = p.done();
+  j["time_ms"] = p.elapsed_ms();
+  return j;
+}
 
 // Which visible channel the last delta of a choice went to (for logprobs of content tokens).
 enum class ChatChannel { kNone, kReasoning, kContent };
@@ -127,6 +143,23 @@ class Gateway {
   // (the client went away). `first` is an event already read, or nullptr.
   grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                          const v1::ChatEvent* first, const DeltaFn& on_delta);
+  // One host Generate call (one /v1/completions choice) and its result.
+  struct GenerateCall {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateEvent>> reader;
+    std::string request_id;
+  };
+  struct CompletionResult {
+    std::string text, finish_reason;
+    Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+  };
+  std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f, const std::string& prompt,
+                                              int choice);
+  // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON)
+  // and "text" ({"text", optional "logprobs"} per token) and returns false to cancel.
+  grpc::Status RunCompletion(const SamplingFields& f, GenerateCall& call, CompletionResult* out,
+                             const v1::GenerateEvent* first, const DeltaFn& on_piece);
   static std::string FinishReason(v1::FinishReason r, bool tool_calls, bool stopped);
   // A stop sequence matched: STOP the host's request (it finishes normally, reason STOPPED).
   void StopAtHost(const std::string& request_id) {
@@ -279,6 +312,7 @@ std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
   r.set_model(info_.id());
   r.set_request_json(request_json);
   r.set_max_tokens(f.max_tokens);
+  r.set_report_progress(f.stream && f.return_progress);
   FillSampling(f, choice, r.mutable_sampling());
   call->reader = stub_->Chat(&call->ctx, r);
   return call;
@@ -302,7 +336,9 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
   };
   while (have || call.reader->Read(&ev)) {
     have = false;
-    if (ev.has_started()) {
+    if (ev.has_progress()) {
+      emit("progress", PromptProgress(ev.progress()));
+    } else if (ev.has_started()) {
       call.request_id = ev.started().request_id();
       out->prompt_tokens = ev.started().prompt_tokens();
     } else if (ev.has_token()) {
@@ -365,6 +401,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   if (!ModelOk(f->model, res)) return;
   const std::string id = NewId("chatcmpl-");
   const int64_t created = NowSeconds();
+  body.erase("return_progress");  // the gateway's own field, not the template's
   const std::string request_json = Dump(body);
 
   if (!f->stream) {
@@ -458,6 +495,13 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
           grpc::Status s = RunChoice(*fields, *call, &r, i == 0 ? first.get() : nullptr,
                                [&](const char* kind, const Json& payload) {
                                  Json delta = Json::object(), lp = nullptr;
+                                 if (!std::strcmp(kind, "progress")) {
+                                   // llama.cpp's shape: an empty assistant delta + progress.
+                                   Json c = chunk(i, Json{{"role", "assistant"}, {"content", nullptr}},
+                                                  nullptr, nullptr);
+                                   c["prompt_progress"] = payload;
+                                   return send(c);
+                                 }
                                  if (!std::strcmp(kind, "reasoning")) {
                                    delta["reasoning_content"] = payload;
                                  } else if (!std::strcmp(kind, "content")) {
@@ -506,6 +550,87 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       });
 }
 
+std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFields& f,
+                                                              const std::string& prompt,
+                                                              int choice) {
+  auto call = std::make_unique<GenerateCall>();
+  v1::GenerateRequest r;
+  r.set_model(info_.id());
+  r.set_prompt(prompt);
+  r.set_max_tokens(f.max_tokens);
+  r.set_report_progress(f.stream && f.return_progress);
+  FillSampling(f, choice, r.mutable_sampling());
+  call->reader = stub_->Generate(&call->ctx, r);
+  return call;
+}
+
+grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
+                                    CompletionResult* out, const v1::GenerateEvent* first,
+                                    const DeltaFn& on_piece) {
+  StopFilter stop(f.stop);
+  bool stopped = false, cancelled = false;
+  v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  v1::GenerateEvent ev;
+  bool have = first != nullptr;
+  if (have) ev = *first;
+  auto emit = [&](const char* kind, const Json& payload) {
+    if (cancelled || !on_piece) return;
+    if (!on_piece(kind, payload)) {
+      cancelled = true;
+      call.ctx.TryCancel();
+    }
+  };
+  while (have || call.reader->Read(&ev)) {
+    have = false;
+    if (ev.has_progress()) {
+      emit("progress", PromptProgress(ev.progress()));
+    } else if (ev.has_started()) {
+      call.request_id = ev.started().request_id();
+      out->prompt_tokens = ev.started().prompt_tokens();
+    } else if (ev.has_token() && !stopped) {
+      ++out->completion_tokens;
+      const std::string visible = stop.Push(ev.token().text());
+      out->text += visible;
+      // One piece per token: its visible text and (with logprobs) the token's entry.
+      Json piece;
+      piece["text"] = visible;
+      if (f.top_logprobs >= 0) {
+        const auto& lp = ev.token().logprobs();
+        Json top = Json::object();
+        for (int k = 0; k < lp.top_size() && k < f.top_logprobs; ++k) {
+          top[lp.top(k).text()] = lp.top(k).logprob();
+        }
+        out->tokens.push_back(ev.token().text());
+        out->token_logprobs.push_back(lp.sampled().logprob());
+        out->top_logprobs.push_back(top);
+        piece["logprobs"] = Json{{"tokens", Json::array({ev.token().text()})},
+                                 {"token_logprobs", Json::array({lp.sampled().logprob()})},
+                                 {"top_logprobs", Json::array({top})}};
+      }
+      if (!visible.empty() || piece.contains("logprobs")) emit("text", piece);
+      if (stop.stopped()) {
+        stopped = true;
+        StopAtHost(call.request_id);
+      }
+    } else if (ev.has_finished()) {
+      reason = ev.finished().reason();
+      out->prompt_tokens = ev.finished().usage().prompt_tokens();
+      out->completion_tokens = ev.finished().usage().completion_tokens();
+    }
+  }
+  grpc::Status status = call.reader->Finish();
+  if (!stopped && !cancelled) {
+    const std::string tail = stop.Flush();
+    if (!tail.empty()) {
+      out->text += tail;
+      emit("text", Json{{"text", tail}});
+    }
+  }
+  out->finish_reason = FinishReason(reason, false, stopped);
+  if (cancelled) return grpc::Status(grpc::StatusCode::CANCELLED, "client disconnected");
+  return status;
+}
+
 void Gateway::Completions(const Req& req, Res& res) {
   if (!Authorized(req, res)) return;
   Json body;
@@ -514,75 +639,131 @@ void Gateway::Completions(const Req& req, Res& res) {
   std::string prompt;
   std::optional<SamplingFields> f = ParseCompletionParams(body, &prompt, &error);
   if (!f) return Fail(res, error);
-  if (f->stream) {
-    return Fail(res, BadField("stream", "streaming is supported on /v1/chat/completions only"));
-  }
   if (!ModelOk(f->model, res)) return;
-  Json out;
-  out["id"] = NewId("cmpl-");
-  out["object"] = "text_completion";
-  out["created"] = NowSeconds();
-  out["model"] = info_.id();
-  out["choices"] = Json::array();
-  int64_t prompt_tokens = 0, completion = 0;
-  for (int i = 0; i < f->n; ++i) {
-    grpc::ClientContext ctx;
-    v1::GenerateRequest r;
-    r.set_model(info_.id());
-    r.set_prompt(prompt);
-    r.set_max_tokens(f->max_tokens);
-    FillSampling(*f, i, r.mutable_sampling());
-    auto reader = stub_->Generate(&ctx, r);
-    StopFilter stop(f->stop);
-    std::string text;
-    Json tokens = Json::array(), token_logprobs = Json::array(), tops = Json::array();
-    bool stopped = false;
-    v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
-    std::string request_id;
-    v1::GenerateEvent ev;
-    while (reader->Read(&ev)) {
-      if (ev.has_started()) {
-        request_id = ev.started().request_id();
-      } else if (ev.has_token() && !stopped) {
-        text += stop.Push(ev.token().text());
-        if (f->top_logprobs >= 0) {
-          const auto& lp = ev.token().logprobs();
-          tokens.push_back(ev.token().text());
-          token_logprobs.push_back(lp.sampled().logprob());
-          Json top = Json::object();
-          for (int k = 0; k < lp.top_size() && k < f->top_logprobs; ++k) {
-            top[lp.top(k).text()] = lp.top(k).logprob();
-          }
-          tops.push_back(top);
-        }
-        if (stop.stopped()) {
-          stopped = true;
-          StopAtHost(request_id);
-        }
-      } else if (ev.has_finished()) {
-        reason = ev.finished().reason();
-        prompt_tokens = ev.finished().usage().prompt_tokens();
-        completion += ev.finished().usage().completion_tokens();
-      }
+  const std::string id = NewId("cmpl-");
+  const int64_t created = NowSeconds();
+
+  if (!f->stream) {
+    Json out;
+    out["id"] = id;
+    out["object"] = "text_completion";
+    out["created"] = created;
+    out["model"] = info_.id();
+    out["choices"] = Json::array();
+    int64_t prompt_tokens = 0, completion = 0;
+    for (int i = 0; i < f->n; ++i) {
+      auto call = StartGenerate(*f, prompt, i);
+      CompletionResult r;
+      grpc::Status s = RunCompletion(*f, *call, &r, nullptr, nullptr);
+      if (!s.ok()) return Fail(res, FromHostStatus(s));
+      Json choice;
+      choice["index"] = i;
+      choice["text"] = r.text;
+      choice["logprobs"] = f->top_logprobs >= 0
+                               ? Json{{"tokens", r.tokens},
+                                      {"token_logprobs", r.token_logprobs},
+                                      {"top_logprobs", r.top_logprobs}}
+                               : Json(nullptr);
+      choice["finish_reason"] = r.finish_reason;
+      out["choices"].push_back(choice);
+      prompt_tokens = r.prompt_tokens;
+      completion += r.completion_tokens;
     }
-    grpc::Status s = reader->Finish();
-    if (!s.ok()) return Fail(res, FromHostStatus(s));
-    if (!stopped) text += stop.Flush();
-    Json choice;
-    choice["index"] = i;
-    choice["text"] = text;
-    choice["logprobs"] = f->top_logprobs >= 0
-                             ? Json{{"tokens", tokens},
-                                    {"token_logprobs", token_logprobs},
-                                    {"top_logprobs", tops}}
-                             : Json(nullptr);
-    choice["finish_reason"] = FinishReason(reason, false, stopped);
-    out["choices"].push_back(choice);
+    out["usage"]["prompt_tokens"] = prompt_tokens;
+    out["usage"]["completion_tokens"] = completion;
+    out["usage"]["total_tokens"] = prompt_tokens + completion;
+    Reply(res, 200, out);
+    return;
   }
-  out["usage"]["prompt_tokens"] = prompt_tokens;
-  out["usage"]["completion_tokens"] = completion;
-  out["usage"]["total_tokens"] = prompt_tokens + completion;
-  Reply(res, 200, out);
+
+  // Streaming (OpenAI's legacy shape): read the first event before answering, so a refused
+  // request is a plain 400.
+  auto first_call = std::shared_ptr<GenerateCall>(StartGenerate(*f, prompt, 0));
+  auto first = std::make_shared<v1::GenerateEvent>();
+  if (!first_call->reader->Read(first.get())) {
+    grpc::Status s = first_call->reader->Finish();
+    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
+    return Fail(res, FromHostStatus(s));
+  }
+  auto fields = std::make_shared<SamplingFields>(*f);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, first_call, first, fields, id, created, prompt](size_t, httplib::DataSink& sink) {
+        ++streams_active_;
+        auto send = [&sink](const Json& j) {
+          const std::string frame = "data: " + Dump(j) + "\n\n";
+          return sink.is_writable() && sink.write(frame.data(), frame.size());
+        };
+        auto chunk = [&](int index, const std::string& text, const Json& logprobs,
+                         const Json& finish) {
+          Json c;
+          c["id"] = id;
+          c["object"] = "text_completion";
+          c["created"] = created;
+          c["model"] = info_.id();
+          Json choice;
+          choice["text"] = text;
+          choice["index"] = index;
+          choice["logprobs"] = logprobs;
+          choice["finish_reason"] = finish;
+          c["choices"] = Json::array({choice});
+          if (fields->include_usage) c["usage"] = nullptr;
+          return c;
+        };
+        int64_t prompt_tokens = 0, completion = 0;
+        bool gone = false;
+        for (int i = 0; i < fields->n && !gone; ++i) {
+          std::shared_ptr<GenerateCall> call =
+              i == 0 ? first_call : std::shared_ptr<GenerateCall>(StartGenerate(*fields, prompt, i));
+          CompletionResult r;
+          grpc::Status s = RunCompletion(
+              *fields, *call, &r, i == 0 ? first.get() : nullptr,
+              [&](const char* kind, const Json& payload) {
+                if (!std::strcmp(kind, "progress")) {
+                  Json c = chunk(i, "", nullptr, nullptr);
+                  c["prompt_progress"] = payload;
+                  return send(c);
+                }
+                return send(chunk(i, payload["text"].get<std::string>(),
+                                  payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr),
+                                  nullptr));
+              });
+          if (s.error_code() == grpc::StatusCode::CANCELLED) {
+            gone = true;
+            break;
+          }
+          if (!s.ok()) {
+            Json err = Json::parse(ErrorBody(FromHostStatus(s)));
+            if (!send(err)) gone = true;
+            break;
+          }
+          prompt_tokens = r.prompt_tokens;
+          completion += r.completion_tokens;
+          if (!send(chunk(i, "", nullptr, r.finish_reason))) gone = true;
+        }
+        if (gone) {
+          ++disconnects_;
+        } else {
+          if (fields->include_usage) {
+            Json u;
+            u["id"] = id;
+            u["object"] = "text_completion";
+            u["created"] = created;
+            u["model"] = info_.id();
+            u["choices"] = Json::array();
+            u["usage"]["prompt_tokens"] = prompt_tokens;
+            u["usage"]["completion_tokens"] = completion;
+            u["usage"]["total_tokens"] = prompt_tokens + completion;
+            send(u);
+          }
+          static const char kDone[] = "data: [DONE]\n\n";
+          if (sink.is_writable()) sink.write(kDone, sizeof(kDone) - 1);
+        }
+        --streams_active_;
+        sink.done();
+        return true;
+      });
 }
 
 void Gateway::Tokenize(const Req& req, Res& res) {

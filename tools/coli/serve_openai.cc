@@ -160,6 +160,7 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
       f->include_usage = iu->get<bool>();
     }
   }
+  if (!OptBool(body, "return_progress", &f->return_progress, error)) return false;
   int64_t max_tokens = 0;
   if (!OptInt(body, "max_tokens", 1, 1 << 30, &max_tokens, error)) return false;
   if (!OptInt(body, "max_completion_tokens", 1, 1 << 30, &max_tokens, error)) return false;

@@ -52,6 +52,9 @@ struct SamplingFields {
   std::vector<std::string> stop;  // <= 4, removed from the output
   int n = 1;
   int top_logprobs = -1;          // -1 = no logprobs; 0..20 with logprobs on
+  // llama.cpp's opt-in `return_progress`: stream chunks carrying `prompt_progress` while the
+  // prompt is read (stream only; without it the stream is plain OpenAI).
+  bool return_progress = false;
 };
 
 // Validates and reads the chat-completions fields the gateway handles itself (the chat fields —
