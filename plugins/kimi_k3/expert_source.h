@@ -51,6 +51,15 @@ class ExpertSource {
   virtual absl::Status ForEachExpert(
       int layer, std::span<const int32_t> experts,
       const std::function<absl::Status(int i, const ExpertWeights&)>& fn) = 0;
+  // Same, with `meanwhile` (work that does not need the experts, e.g. the shared expert) run on
+  // the calling thread before the first fn call. A source that loads in the background starts
+  // its loads first, so `meanwhile` hides the first reads; this default runs it, then the walk.
+  virtual absl::Status ForEachExpertOverlapped(
+      int layer, std::span<const int32_t> experts, const std::function<absl::Status()>& meanwhile,
+      const std::function<absl::Status(int i, const ExpertWeights&)>& fn) {
+    if (absl::Status s = meanwhile(); !s.ok()) return s;
+    return ForEachExpert(layer, experts, fn);
+  }
 };
 
 // The six checked tensors of one expert and, when they are back to back, their joint range.

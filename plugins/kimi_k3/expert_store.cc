@@ -39,6 +39,7 @@ double SecondsSince(Clock::time_point start) {
 }
 
 uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+uint64_t AlignDown(uint64_t x) { return x / io::kDirectAlignment * io::kDirectAlignment; }
 
 // The six tensors of one expert, in their on-disk order (spec §2.4).
 constexpr std::array<std::string_view, 6> kExpertTensors = {
@@ -309,13 +310,20 @@ struct Shard {
   struct stat identity {};
 };
 
+// One expert to read. Its read is `pieces` requests (see PlanReads), queued in order; the
+// loader that takes piece 0 gives the job its slot, the one that finishes the last piece hands
+// the job over.
 struct Job {
   int layer_index = 0;
   int32_t expert = 0;
   const ExpertLoc* loc = nullptr;
   Slot slot;
   absl::Status status;
-  int preads = 0;
+  int pieces = 1;
+  int pieces_left = 0;       // guarded by the store's mu_
+  uint64_t cover_start = 0;  // contiguous: first byte of the 4 KiB-aligned cover
+  uint64_t piece_bytes = 0;  // contiguous: bytes per piece (multiple of 4 KiB; last may be less)
+  uint64_t data_offset = 0;  // the expert's first byte inside the slot buffer
 };
 
 }  // namespace
@@ -346,7 +354,23 @@ class StreamingExpertStore::Impl {
 
   absl::Status Init();
   absl::Status ForEachExpert(int layer, std::span<const int32_t> experts,
+                             const std::function<absl::Status()>* meanwhile,
                              const std::function<absl::Status(int, const ExpertWeights&)>& fn);
+
+  void StartTrace() {
+    std::lock_guard<std::mutex> lock(mu_);
+    trace_.clear();
+    trace_epoch_ = Clock::now();
+    tracing_ = true;
+  }
+  std::vector<ExpertTraceEvent> TakeTrace() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(trace_, {});
+  }
+  void StopTrace() {
+    std::lock_guard<std::mutex> lock(mu_);
+    tracing_ = false;
+  }
 
   ExpertWeights Views(const uint8_t* data) const {
     const int64_t n = layout_.latent * layout_.inter;
@@ -427,8 +451,17 @@ class StreamingExpertStore::Impl {
   absl::Status LocateExperts();
   absl::Status OpenShards();
   absl::Status CheckShard(int shard) const;
-  absl::Status ReadExpert(Job* job) const;
-  void LoaderLoop();
+  // Splits job's read into pieces (read_pieces_ aligned pieces of the cover when contiguous,
+  // else one per tensor) and sets where the expert starts in its slot.
+  void PlanReads(Job* job) const;
+  absl::Status ReadPiece(const Job& job, int piece) const;
+  void LoaderLoop(int thread);
+  // Appends a trace event when tracing (takes mu_).
+  void Trace(ExpertTraceEvent::Kind kind, int layer_index, int32_t expert, int piece, bool hit,
+             Clock::time_point start, Clock::time_point end);
+  double TraceTime(Clock::time_point t) const {
+    return std::chrono::duration<double>(t - trace_epoch_).count();
+  }
   // Reads `jobs` (sorted by disk offset) and hands each to `consume` on this thread, in
   // completion order when pipelined, else batch by batch after each batch has arrived. Before
   // waiting for the first read, runs `meanwhile` (the cached experts' compute). Returns the
@@ -460,7 +493,7 @@ class StreamingExpertStore::Impl {
   std::mutex mu_;
   std::condition_variable work_cv_;  // loaders: queue or slots changed, or stop
   std::condition_variable done_cv_;  // caller: a job completed
-  std::deque<Job*> queue_;
+  std::deque<std::pair<Job*, int>> queue_;  // (job, piece) in read order
   std::deque<Job*> completed_;
   std::vector<Slot> free_slots_;
   int working_allocated_ = 0;  // working-set buffers in existence (free or in use)
@@ -471,6 +504,10 @@ class StreamingExpertStore::Impl {
   ExpertStoreStats token_stats_;
   ExpertStoreStats total_stats_;
   std::vector<std::thread> loaders_;
+  int read_pieces_ = 1;
+  bool tracing_ = false;
+  Clock::time_point trace_epoch_;
+  std::vector<ExpertTraceEvent> trace_;
 };
 
 absl::Status StreamingExpertStore::Impl::Init() {
@@ -484,6 +521,10 @@ absl::Status StreamingExpertStore::Impl::Init() {
   if (options_.load_threads < 1 || options_.load_threads > 16) {
     return absl::InvalidArgumentError(
         absl::StrCat("K3_LOAD_THREADS=", options_.load_threads, ": expected 1…16"));
+  }
+  if (options_.read_pieces < 0 || options_.read_pieces > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert store: read_pieces=", options_.read_pieces, ": expected 0 (auto) or 1…64"));
   }
   for (size_t i = 0; i < L.moe_layers.size(); ++i) {
     if (!layer_index_.emplace(L.moe_layers[i], static_cast<int>(i)).second) {
@@ -514,7 +555,10 @@ absl::Status StreamingExpertStore::Impl::Init() {
     }
   }
 
-  for (int i = 0; i < options_.load_threads; ++i) loaders_.emplace_back([this] { LoaderLoop(); });
+  read_pieces_ = options_.read_pieces > 0 ? options_.read_pieces : options_.load_threads;
+  for (int i = 0; i < options_.load_threads; ++i) {
+    loaders_.emplace_back([this, i] { LoaderLoop(i); });
+  }
 
   // Pin the hottest experts of every layer (read in one batch, in disk order).
   const int pins = options_.pin ? PinsPerLayer(plan_.slots_per_layer, usage_.total()) : 0;
@@ -526,6 +570,7 @@ absl::Status StreamingExpertStore::Impl::Init() {
         job.layer_index = static_cast<int>(li);
         job.expert = e;
         job.loc = &locs_[li * L.experts + e];
+        PlanReads(&job);
         jobs.push_back(std::move(job));
       }
     }
@@ -547,8 +592,8 @@ absl::Status StreamingExpertStore::Impl::Init() {
                   << " experts of " << L.ExpertBytes() << " B; " << plan_.Describe() << "; "
                   << (all_direct_ ? "O_DIRECT" : "buffered") << ", pipe "
                   << (options_.pipe ? "on" : "off") << ", " << options_.load_threads
-                  << " loaders; " << contiguous_ << "/" << locs_.size()
-                  << " experts contiguous; " << pins << " pinned/layer (history "
+                  << " loaders, " << read_pieces_ << " pieces/read; " << contiguous_ << "/"
+                  << locs_.size() << " experts contiguous; " << pins << " pinned/layer (history "
                   << usage_.total() << " selections)";
   return absl::OkStatus();
 }
@@ -641,72 +686,116 @@ absl::Status StreamingExpertStore::Impl::CheckShard(int s) const {
   return absl::OkStatus();
 }
 
-absl::Status StreamingExpertStore::Impl::ReadExpert(Job* job) const {
+void StreamingExpertStore::Impl::PlanReads(Job* job) const {
   const ExpertLoc& loc = *job->loc;
-  if (loc.pieces < 0) {
-    const Shard& shard = shards_.at(loc.shard);
-    COLI_ASSIGN_OR_RETURN(job->slot.data,
-                          shard.reader->ReadInto(loc.offset, loc.nbytes, job->slot.buffer.get()));
-    job->preads = 1;
-    return absl::OkStatus();
+  if (loc.pieces >= 0) {  // six tensors: one read each, to their places in the slot
+    job->pieces = 6;
+    job->data_offset = 0;
+    return;
   }
-  uint8_t* base = job->slot.buffer->data();
-  for (int k = 0; k < 6; ++k) {
-    const Piece& p = pieces_[loc.pieces + k];
-    COLI_RETURN_IF_ERROR(shards_.at(p.shard).reader->Read(p.offset, p.nbytes, base + p.dst));
-  }
-  job->slot.data = base;
-  job->preads = 6;
-  return absl::OkStatus();
+  constexpr uint64_t kA = io::kDirectAlignment;
+  job->cover_start = AlignDown(loc.offset);
+  const uint64_t cover = RoundUp(loc.offset + loc.nbytes, kA) - job->cover_start;
+  const uint64_t blocks = cover / kA;
+  const uint64_t want = std::clamp<uint64_t>(static_cast<uint64_t>(read_pieces_), 1, blocks);
+  job->piece_bytes = (blocks + want - 1) / want * kA;
+  job->pieces = static_cast<int>((cover + job->piece_bytes - 1) / job->piece_bytes);
+  job->data_offset = loc.offset - job->cover_start;
 }
 
-void StreamingExpertStore::Impl::LoaderLoop() {
+absl::Status StreamingExpertStore::Impl::ReadPiece(const Job& job, int piece) const {
+  const ExpertLoc& loc = *job.loc;
+  uint8_t* base = job.slot.buffer->data();
+  if (loc.pieces >= 0) {
+    const Piece& p = pieces_[loc.pieces + piece];
+    return shards_.at(p.shard).reader->Read(p.offset, p.nbytes, base + p.dst);
+  }
+  const io::DirectReader& reader = *shards_.at(loc.shard).reader;
+  const uint64_t end = loc.offset + loc.nbytes;
+  const uint64_t cover_end = RoundUp(end, io::kDirectAlignment);
+  uint64_t a = job.cover_start + static_cast<uint64_t>(piece) * job.piece_bytes;
+  uint64_t b = std::min(cover_end, a + job.piece_bytes);
+  if (!reader.is_direct()) {
+    // Buffered: only the expert's own bytes, to the same place in the slot.
+    a = std::max(a, loc.offset);
+    b = std::min(b, end);
+  } else if (b > reader.size()) {
+    // The aligned cover runs past the end of the file: the last piece ends at the expert's
+    // last byte (the reader bounces that unaligned request).
+    b = end;
+  }
+  // Aligned a, b and destination: straight O_DIRECT into the slot, no copy.
+  return reader.Read(a, b - a, base + (a - job.cover_start));
+}
+
+void StreamingExpertStore::Impl::Trace(ExpertTraceEvent::Kind kind, int layer_index,
+                                       int32_t expert, int piece, bool hit,
+                                       Clock::time_point start, Clock::time_point end) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!tracing_) return;
+  trace_.push_back(ExpertTraceEvent{kind, layout_.moe_layers[layer_index], expert, piece, -1, hit,
+                                    TraceTime(start), TraceTime(end)});
+}
+
+void StreamingExpertStore::Impl::LoaderLoop(int thread) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    // A job's first piece needs a slot; its other pieces go into the slot it already has.
     work_cv_.wait(lock, [this] {
-      return stop_ || (!queue_.empty() && (cancel_ || !free_slots_.empty() ||
+      return stop_ || (!queue_.empty() && (cancel_ || queue_.front().second > 0 ||
+                                           !free_slots_.empty() ||
                                            working_allocated_ < plan_.working_slots));
     });
     if (stop_) return;
-    Job* job = queue_.front();
+    const auto [job, piece] = queue_.front();
     queue_.pop_front();
+    absl::Status status;
     if (cancel_) {
-      job->status = absl::CancelledError("expert load cancelled after an earlier error");
-      completed_.push_back(job);
-      done_cv_.notify_all();
-      continue;
-    }
-    bool allocate = free_slots_.empty();
-    if (allocate) {
-      ++working_allocated_;
+      status = absl::CancelledError("expert load cancelled after an earlier error");
     } else {
-      job->slot = std::move(free_slots_.back());
-      free_slots_.pop_back();
-    }
-    if (active_reads_++ == 0) busy_since_ = Clock::now();
-    lock.unlock();
-
-    if (allocate) job->slot.buffer = std::make_unique<io::AlignedBuffer>(plan_.slot_bytes);
-    absl::Status status = ReadExpert(job);
-
-    lock.lock();
-    if (--active_reads_ == 0) {
-      const double busy = SecondsSince(busy_since_);
-      token_stats_.read_seconds += busy;
-      total_stats_.read_seconds += busy;
-    }
-    job->status = status.ok()
-                      ? status
-                      : Annotate(status, absl::StrCat("layer ", layout_.moe_layers[job->layer_index],
-                                                      " expert ", job->expert));
-    if (status.ok()) {
-      for (ExpertStoreStats* s : {&token_stats_, &total_stats_}) {
-        s->bytes_read += job->loc->nbytes;
-        s->preads += job->preads;
+      if (piece == 0) {
+        if (free_slots_.empty()) {
+          ++working_allocated_;
+          job->slot.buffer = std::make_unique<io::AlignedBuffer>(plan_.slot_bytes);
+        } else {
+          job->slot = std::move(free_slots_.back());
+          free_slots_.pop_back();
+        }
+        job->slot.data = job->slot.buffer->data() + job->data_offset;
+      }
+      if (active_reads_++ == 0) busy_since_ = Clock::now();
+      const Clock::time_point t0 = Clock::now();
+      lock.unlock();
+      status = ReadPiece(*job, piece);
+      lock.lock();
+      const Clock::time_point t1 = Clock::now();
+      if (--active_reads_ == 0) {
+        const double busy = std::chrono::duration<double>(t1 - busy_since_).count();
+        token_stats_.read_seconds += busy;
+        total_stats_.read_seconds += busy;
+      }
+      if (tracing_) {
+        trace_.push_back(ExpertTraceEvent{ExpertTraceEvent::Kind::kRead,
+                                          layout_.moe_layers[job->layer_index], job->expert,
+                                          piece, thread, false, TraceTime(t0), TraceTime(t1)});
+      }
+      if (status.ok()) {
+        token_stats_.preads += 1;
+        total_stats_.preads += 1;
+      } else {
+        status = Annotate(status, absl::StrCat("layer ", layout_.moe_layers[job->layer_index],
+                                               " expert ", job->expert));
       }
     }
-    completed_.push_back(job);
-    done_cv_.notify_all();
+    if (!status.ok() && job->status.ok()) job->status = std::move(status);
+    if (--job->pieces_left == 0) {
+      if (job->status.ok()) {
+        token_stats_.bytes_read += job->loc->nbytes;
+        total_stats_.bytes_read += job->loc->nbytes;
+      }
+      completed_.push_back(job);
+      done_cv_.notify_all();
+    }
   }
 }
 
@@ -782,7 +871,10 @@ absl::Status StreamingExpertStore::Impl::RunLoads(
   };
   auto enqueue = [&](size_t begin, size_t end) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = begin; i < end; ++i) queue_.push_back(&jobs[i]);
+    for (size_t i = begin; i < end; ++i) {
+      jobs[i].pieces_left = jobs[i].pieces;
+      for (int p = 0; p < jobs[i].pieces; ++p) queue_.emplace_back(&jobs[i], p);
+    }
     work_cv_.notify_all();
   };
 
@@ -816,7 +908,7 @@ absl::Status StreamingExpertStore::Impl::RunLoads(
 }
 
 absl::Status StreamingExpertStore::Impl::ForEachExpert(
-    int layer, std::span<const int32_t> experts,
+    int layer, std::span<const int32_t> experts, const std::function<absl::Status()>* meanwhile,
     const std::function<absl::Status(int, const ExpertWeights&)>& fn) {
   const Clock::time_point start = Clock::now();
   std::lock_guard<std::mutex> call_lock(call_mu_);
@@ -855,6 +947,7 @@ absl::Status StreamingExpertStore::Impl::ForEachExpert(
       job.layer_index = li;
       job.expert = e;
       job.loc = &locs_[static_cast<size_t>(li) * layout_.experts + e];
+      PlanReads(&job);
       shards.insert(job.loc->shard);
       if (job.loc->pieces >= 0) {
         for (int k = 0; k < 6; ++k) shards.insert(pieces_[job.loc->pieces + k].shard);
@@ -883,12 +976,14 @@ absl::Status StreamingExpertStore::Impl::ForEachExpert(
   }
 
   double compute = 0;
-  auto apply = [&](int32_t e, const uint8_t* data) -> absl::Status {
+  auto apply = [&](int32_t e, const uint8_t* data, bool hit) -> absl::Status {
     const ExpertWeights weights = Views(data);
     for (int i : wanted[e]) {
       const Clock::time_point t = Clock::now();
       absl::Status s = fn(i, weights);
-      compute += SecondsSince(t);
+      const Clock::time_point t1 = Clock::now();
+      compute += std::chrono::duration<double>(t1 - t).count();
+      Trace(ExpertTraceEvent::Kind::kCompute, li, e, i, hit, t, t1);
       COLI_RETURN_IF_ERROR(s);
     }
     return absl::OkStatus();
@@ -896,15 +991,26 @@ absl::Status StreamingExpertStore::Impl::ForEachExpert(
   absl::Status status = RunLoads(
       jobs, options_.pipe,
       [&]() -> absl::Status {
-        for (const auto& [slot, e] : hits) COLI_RETURN_IF_ERROR(apply(e, slot->data));
+        // The caller's independent work first (it hides the first reads), then the hits.
+        if (meanwhile != nullptr && *meanwhile) {
+          const Clock::time_point t = Clock::now();
+          absl::Status s = (*meanwhile)();
+          const Clock::time_point t1 = Clock::now();
+          compute += std::chrono::duration<double>(t1 - t).count();
+          Trace(ExpertTraceEvent::Kind::kMeanwhile, li, -1, 0, false, t, t1);
+          COLI_RETURN_IF_ERROR(s);
+        }
+        for (const auto& [slot, e] : hits) COLI_RETURN_IF_ERROR(apply(e, slot->data, true));
         return absl::OkStatus();
       },
       [&](Job& job) -> absl::Status {
-        COLI_RETURN_IF_ERROR(apply(job.expert, job.slot.data));
+        COLI_RETURN_IF_ERROR(apply(job.expert, job.slot.data, false));
         InsertIntoCache(li, job.expert, &job.slot);
         return absl::OkStatus();
       });
 
+  Trace(ExpertTraceEvent::Kind::kCall, li, -1, static_cast<int>(jobs.size()), false, start,
+        Clock::now());
   std::lock_guard<std::mutex> lock(mu_);
   for (ExpertStoreStats* s : {&token_stats_, &total_stats_}) {
     s->calls += 1;
@@ -933,8 +1039,18 @@ absl::StatusOr<std::unique_ptr<StreamingExpertStore>> StreamingExpertStore::Open
 absl::Status StreamingExpertStore::ForEachExpert(
     int layer, std::span<const int32_t> experts,
     const std::function<absl::Status(int i, const ExpertWeights&)>& fn) {
-  return impl_->ForEachExpert(layer, experts, fn);
+  return impl_->ForEachExpert(layer, experts, nullptr, fn);
 }
+
+absl::Status StreamingExpertStore::ForEachExpertOverlapped(
+    int layer, std::span<const int32_t> experts, const std::function<absl::Status()>& meanwhile,
+    const std::function<absl::Status(int i, const ExpertWeights&)>& fn) {
+  return impl_->ForEachExpert(layer, experts, &meanwhile, fn);
+}
+
+void StreamingExpertStore::StartTrace() { impl_->StartTrace(); }
+std::vector<ExpertTraceEvent> StreamingExpertStore::TakeTrace() { return impl_->TakeTrace(); }
+void StreamingExpertStore::StopTrace() { impl_->StopTrace(); }
 
 ExpertStoreStats StreamingExpertStore::TakeStats() { return impl_->TakeStats(); }
 ExpertStoreStats StreamingExpertStore::TotalStats() const { return impl_->TotalStats(); }

@@ -20,13 +20,22 @@
 //   expert has been computed its working slot is swapped (pointer swap, no copy) with the layer's
 //   least-recently-used unpinned slot, which joins the working set.
 // * Reads. When the six tensors of an expert (w1 packed/scale, w2 …, w3 …) are back to back in
-//   one shard (checked for every expert at Open via Snapshot::ContiguousRange) the expert is one
-//   pread; otherwise six reads into the same slot layout. A call's misses are sorted by
-//   (shard, file offset) and read by `load_threads` loader threads in that order, O_DIRECT by
-//   default (buffered + POSIX_FADV_WILLNEED for the whole miss list when direct = false).
-// * Pipelining. The loaders start before the callbacks: cached experts are computed first while
-//   the misses load, then each miss is handed to fn as soon as it has arrived (pipe = true). With
-//   pipe = false the misses are read (in parallel) batch by batch and computed after each batch.
+//   one shard (checked for every expert at Open via Snapshot::ContiguousRange) the expert's
+//   4 KiB-aligned cover is read in `read_pieces` aligned pieces (default: one per loader thread;
+//   1 = one pread per expert); otherwise six reads (one per tensor) into the same slot layout.
+//   A call's misses are sorted by (shard, file offset) and their pieces queued in that order;
+//   the `load_threads` loader threads take pieces from the front, so they cooperate on expert j
+//   before j+1 and experts arrive one by one in disk order (with whole-expert reads, T loaders
+//   each read a different expert at 1/T of the bandwidth and T experts arrive together, late).
+//   O_DIRECT by default (buffered + POSIX_FADV_WILLNEED for the whole miss list when
+//   direct = false).
+// * Pipelining. The loaders start before the callbacks: `meanwhile` (the caller's work that does
+//   not need the experts, ForEachExpertOverlapped) runs first, then the cached experts are
+//   computed while the misses load, then each miss is handed to fn as soon as it has arrived
+//   (pipe = true). With pipe = false the misses are read (in parallel) batch by batch and
+//   computed after each batch.
+// * Trace. StartTrace() records when every piece read and every callback starts and ends
+//   (TakeTrace()), for the benchmark's per-layer timelines.
 // * Pinning. With at least kUsageMinHistory recorded selections in the usage history, the
 //   PinsPerLayer() most-used experts of each layer are read at Open and never evicted.
 // * Failures. A read error, a shard that was truncated or replaced since Open (its size, inode
@@ -80,6 +89,8 @@ struct ExpertStoreOptions {
   bool pipe = true;        // K3_PIPE
   int load_threads = 4;    // K3_LOAD_THREADS, 1…16
   int working_slots = 0;   // fresh-read slots shared by all layers; 0 = max(16, 2·load_threads)
+  // Aligned pieces per contiguous expert read (each ≥ 4 KiB), 0 = load_threads, 1 = whole.
+  int read_pieces = 0;
   // Usage history file ("" = none). Read at Open for pinning; Record* add to it in RAM.
   std::string usage_path;
   bool record_usage = true;  // count every selection
@@ -129,9 +140,9 @@ struct ExpertStoreStats {
   uint64_t hits = 0;         // distinct experts served from RAM
   uint64_t misses = 0;       // distinct experts read from disk
   uint64_t bytes_read = 0;   // expert bytes read (misses · expert_bytes)
-  uint64_t preads = 0;       // read calls issued (1 per contiguous expert, 6 otherwise)
+  uint64_t preads = 0;       // read requests issued (pieces per contiguous expert, 6 otherwise)
   double read_seconds = 0;      // wall time with at least one expert read in flight
-  double compute_seconds = 0;   // time spent inside the callbacks
+  double compute_seconds = 0;   // time spent inside the callbacks and `meanwhile`
   double wait_seconds = 0;      // time the caller waited for a read (not hidden by compute)
   double wall_seconds = 0;      // time inside ForEachExpert
 
@@ -141,6 +152,19 @@ struct ExpertStoreStats {
   double read_gbs() const;   // bytes_read / read_seconds / 1e9
   void Add(const ExpertStoreStats& other);
   std::string Describe() const;  // one human-readable line
+};
+
+// One event of the optional timeline (StartTrace / TakeTrace); times in seconds since
+// StartTrace().
+struct ExpertTraceEvent {
+  enum class Kind { kCall, kRead, kCompute, kMeanwhile };
+  Kind kind = Kind::kCall;
+  int layer = 0;        // decoder-layer id
+  int32_t expert = -1;  // kRead / kCompute
+  int piece = 0;        // kRead: piece index; kCompute: list entry i
+  int thread = -1;      // kRead: loader index
+  bool hit = false;     // kCompute: the expert came from RAM
+  double start = 0, end = 0;
 };
 
 class StreamingExpertStore final : public ExpertSource {
@@ -160,6 +184,17 @@ class StreamingExpertStore final : public ExpertSource {
   absl::Status ForEachExpert(
       int layer, std::span<const int32_t> experts,
       const std::function<absl::Status(int i, const ExpertWeights&)>& fn) override;
+
+  // Starts the loads, runs `meanwhile` on this thread while they run, then as ForEachExpert.
+  absl::Status ForEachExpertOverlapped(
+      int layer, std::span<const int32_t> experts, const std::function<absl::Status()>& meanwhile,
+      const std::function<absl::Status(int i, const ExpertWeights&)>& fn) override;
+
+  // Timeline recording: StartTrace() clears and starts it, TakeTrace() returns the events so
+  // far (and keeps recording until StopTrace()).
+  void StartTrace();
+  std::vector<ExpertTraceEvent> TakeTrace();
+  void StopTrace();
 
   ExpertStoreStats TakeStats();          // returns and resets the per-token counters
   ExpertStoreStats TotalStats() const;   // since Open

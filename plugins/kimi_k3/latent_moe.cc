@@ -67,9 +67,6 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
   for (int r = 0; r < n; ++r)
     routes[r] = Route(moe, std::span<const float>(logits.data() + int64_t{r} * E, E),
                       w.correction_bias, topp);
-  // 4. Latent down-projection.
-  std::vector<float> z(int64_t{n} * lat);
-  COLI_RETURN_IF_ERROR(MatMul(c, w.latent_down, x, n, z.data()));
   // 5. Unique experts of the batch (ascending id) and the (row, k) slots that chose each.
   std::map<int32_t, std::vector<std::pair<int, int>>> users;
   int max_k = 0;
@@ -86,8 +83,22 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
   }
   std::vector<float> slot_out(int64_t{n} * max_k * lat, 0.0f);
   std::vector<char> done(unique.size(), 0);
-  COLI_RETURN_IF_ERROR(experts.ForEachExpert(
-      layer, unique, [&](int i, const ExpertWeights& ew) -> absl::Status {
+  // The routed experts' loads start now; meanwhile (before any expert is applied) this thread
+  // computes what does not need them: 4. the latent down-projection and 7. the shared experts
+  // on the full-width input. Same operations and order as without the overlap.
+  std::vector<float> z(int64_t{n} * lat);
+  std::vector<float> sh;
+  auto meanwhile = [&]() -> absl::Status {
+    COLI_RETURN_IF_ERROR(MatMul(c, w.latent_down, x, n, z.data()));
+    if (w.has_shared) {
+      sh.resize(int64_t{n} * D);
+      COLI_RETURN_IF_ERROR(
+          SituGluBlock(cfg, w.shared_gate, w.shared_up, w.shared_down, c, x, n, sh.data()));
+    }
+    return absl::OkStatus();
+  };
+  COLI_RETURN_IF_ERROR(experts.ForEachExpertOverlapped(
+      layer, unique, meanwhile, [&](int i, const ExpertWeights& ew) -> absl::Status {
         if (i < 0 || i >= static_cast<int>(unique.size()) || done[i])
           return absl::InternalError(absl::StrCat("expert source delivered entry ", i, " twice"));
         done[i] = 1;
@@ -119,14 +130,9 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
       ops::Axpy(routes[r].weights[k], slot_out.data() + (int64_t{r} * max_k + k) * lat, lat, ur);
     if (moe.latent_norm) ops::RmsNorm(ur, w.latent_norm.data(), lat, cfg.rms_norm_eps, ur);
   }
-  // 6. Latent up-projection; 7. shared experts on the full-width input; 8. sum.
+  // 6. Latent up-projection; 8. sum with the shared experts' output (computed above).
   COLI_RETURN_IF_ERROR(MatMul(c, w.latent_up, u.data(), n, out));
-  if (w.has_shared) {
-    std::vector<float> sh(int64_t{n} * D);
-    COLI_RETURN_IF_ERROR(
-        SituGluBlock(cfg, w.shared_gate, w.shared_up, w.shared_down, c, x, n, sh.data()));
-    ops::Add(sh.data(), int64_t{n} * D, out);
-  }
+  if (w.has_shared) ops::Add(sh.data(), int64_t{n} * D, out);
   if (stats) {
     stats->rows += n;
     stats->expert_calls += static_cast<int64_t>(unique.size());

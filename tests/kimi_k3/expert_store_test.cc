@@ -76,7 +76,8 @@ enum class Arrangement { kContiguous, kSplit };
 
 // Writes the snapshot into `dir` (shard of layer 3 into `dir2` when given) and returns the
 // path to open.
-void WriteSnapshot(const std::string& dir, Arrangement arrangement, const std::string& dir2 = "") {
+void WriteSnapshot(const std::string& dir, Arrangement arrangement, const std::string& dir2 = "",
+                   int odd_bytes = 4099) {
   fs::create_directories(dir);
   std::map<std::string, std::string> weight_map;
   uint64_t total = 0;
@@ -86,7 +87,7 @@ void WriteSnapshot(const std::string& dir, Arrangement arrangement, const std::s
     st::Writer writer;
     // An odd-sized tensor first, so the experts are not 4 KiB-aligned in the file.
     const std::string norm = absl::StrCat("language_model.model.layers.", layer, ".odd");
-    ASSERT_OK(writer.Add(norm, st::DType::kU8, {4099}, std::string(4099, '\x5a')));
+    ASSERT_OK(writer.Add(norm, st::DType::kU8, {odd_bytes}, std::string(odd_bytes, '\x5a')));
     weight_map[norm] = shard;
     std::vector<int> order(kExperts);
     for (int e = 0; e < kExperts; ++e) order[e] = (e * 5 + 3) % kExperts;  // shuffled
@@ -175,6 +176,16 @@ absl::Status CheckedCall(StreamingExpertStore* store, int layer, std::vector<int
   return status;
 }
 
+// Read requests for one contiguous expert split into `pieces` (the store's documented split):
+// its 4 KiB-aligned cover in min(pieces, blocks) pieces of ceil(blocks / that) blocks.
+uint64_t ExpectedPieces(const StreamingExpertStore::Extent& e, int pieces) {
+  const uint64_t first = e.offset / 4096, end = (e.offset + e.nbytes + 4095) / 4096;
+  const uint64_t blocks = end - first;
+  const uint64_t want = std::min<uint64_t>(static_cast<uint64_t>(pieces), blocks);
+  const uint64_t per = (blocks + want - 1) / want;
+  return (blocks + per - 1) / per;
+}
+
 TEST_F(ExpertStoreTest, DiscoversTheLayout) {
   WriteSnapshot(dir_, Arrangement::kContiguous);
   ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(dir_));
@@ -226,13 +237,22 @@ TEST_F(ExpertStoreTest, BytesMatchTheFileForEverySetting) {
                 for (int j = 0; j < n; ++j) experts.push_back(static_cast<int32_t>(rng() % kExperts));
                 if (round == 0) experts = {0, 1, 2, 3, 4, 5, 2};  // every expert, one duplicate
                 for (int32_t e : experts) seen.insert({layer, e});
+                const std::set<int32_t> distinct(experts.begin(), experts.end());
+                // Requests the misses need: pieces (default: one per loader) or six tensors.
+                const std::vector<int32_t> cached = store->CachedExperts(layer);
+                uint64_t requests = 0;
+                for (int32_t e : distinct) {
+                  if (std::find(cached.begin(), cached.end(), e) != cached.end()) continue;
+                  ASSERT_OK_AND_ASSIGN(auto extent, store->ExpertExtent(layer, e));
+                  requests += arrangement == Arrangement::kContiguous
+                                  ? ExpectedPieces(extent, threads)
+                                  : 6;
+                }
                 ASSERT_OK(CheckedCall(store.get(), layer, experts));
                 const ExpertStoreStats stats = store->TakeStats();
-                const std::set<int32_t> distinct(experts.begin(), experts.end());
                 EXPECT_EQ(stats.hits + stats.misses, distinct.size());
                 EXPECT_EQ(stats.bytes_read, stats.misses * kExpertBytes);
-                EXPECT_EQ(stats.preads,
-                          stats.misses * (arrangement == Arrangement::kContiguous ? 1 : 6));
+                EXPECT_EQ(stats.preads, requests);
                 EXPECT_LE(store->CachedExperts(layer).size(), static_cast<size_t>(cap));
               }
             }
@@ -246,6 +266,190 @@ TEST_F(ExpertStoreTest, BytesMatchTheFileForEverySetting) {
         }
       }
     }
+  }
+}
+
+// Split reads: every piece count (1 = whole expert, up to more pieces than the expert has
+// blocks), with heads at several offsets inside a 4 KiB block and the shard's last expert
+// ending at an unaligned end of file (its aligned cover runs past EOF): the bytes are exact,
+// and each expert is read in exactly the documented pieces, each piece once.
+TEST_F(ExpertStoreTest, SplitReadsDeliverExactBytesForAnyPieceCount) {
+  bool unaligned_eof = false;
+  for (int odd : {4099, 1, 8190}) {
+    const std::string dir = absl::StrCat(dir_, "/odd", odd);
+    WriteSnapshot(dir, Arrangement::kContiguous, "", odd);
+    ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(dir));
+    for (int pieces : {1, 2, 3, 5, 64}) {
+      for (bool direct : {true, false}) {
+        for (int threads : {1, 4}) {
+          SCOPED_TRACE(absl::StrCat("odd=", odd, " pieces=", pieces, " direct=", direct,
+                                    " threads=", threads));
+          ExpertStoreOptions options = WithCap(kExperts);
+          options.direct = direct;
+          options.load_threads = threads;
+          options.read_pieces = pieces;
+          options.working_slots = 2;
+          ASSERT_OK_AND_ASSIGN(auto store,
+                               StreamingExpertStore::Open(snapshot.get(), Layout(), options));
+          store->StartTrace();
+          for (int layer : kMoeLayers) {
+            uint64_t requests = 0;
+            std::map<int32_t, uint64_t> expected;
+            for (int e = 0; e < kExperts; ++e) {
+              ASSERT_OK_AND_ASSIGN(auto extent, store->ExpertExtent(layer, e));
+              expected[e] = ExpectedPieces(extent, pieces);
+              requests += expected[e];
+              const uint64_t size = fs::file_size(extent.path);
+              if (extent.offset + extent.nbytes == size && size % 4096 != 0) unaligned_eof = true;
+            }
+            ASSERT_OK(CheckedCall(store.get(), layer, {3, 0, 5, 1, 4, 2}));
+            EXPECT_EQ(store->TakeStats().preads, requests);
+            std::map<int32_t, std::set<int>> seen;
+            for (const ExpertTraceEvent& ev : store->TakeTrace()) {
+              if (ev.kind != ExpertTraceEvent::Kind::kRead) continue;
+              EXPECT_EQ(ev.layer, layer);
+              EXPECT_TRUE(seen[ev.expert].insert(ev.piece).second)
+                  << "expert " << ev.expert << " piece " << ev.piece << " read twice";
+              EXPECT_GE(ev.thread, 0);
+              EXPECT_LT(ev.thread, threads);
+            }
+            for (int e = 0; e < kExperts; ++e) {
+              EXPECT_EQ(seen[e].size(), expected[e]) << "expert " << e;
+              if (!seen[e].empty()) {
+                EXPECT_EQ(*seen[e].rbegin(), static_cast<int>(expected[e]) - 1);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(unaligned_eof) << "no snapshot put an expert at an unaligned end of file";
+}
+
+// Cached experts are computed first (while the misses load); the misses' pieces are read in
+// disk order, piece after piece (one loader makes the order exact), and each miss is computed
+// only after its last piece has arrived, in the order they arrived.
+TEST_F(ExpertStoreTest, HitsFirstThenMissesInDiskOrder) {
+  WriteSnapshot(dir_, Arrangement::kContiguous);
+  ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(dir_));
+  ExpertStoreOptions options = WithCap(kExperts);
+  options.load_threads = 1;
+  options.read_pieces = 3;
+  ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), Layout(), options));
+  ASSERT_OK(CheckedCall(store.get(), 1, {0, 1, 2}));
+  store->StartTrace();
+  ASSERT_OK(CheckedCall(store.get(), 1, {5, 4, 3, 2, 1, 0}));
+  const std::vector<ExpertTraceEvent> trace = store->TakeTrace();
+  // The misses 3, 4, 5 in file order.
+  std::vector<std::pair<uint64_t, int32_t>> by_offset;
+  std::map<int32_t, int> pieces;
+  for (int32_t e : {3, 4, 5}) {
+    ASSERT_OK_AND_ASSIGN(auto extent, store->ExpertExtent(1, e));
+    by_offset.push_back({extent.offset, e});
+    pieces[e] = static_cast<int>(ExpectedPieces(extent, 3));
+  }
+  std::sort(by_offset.begin(), by_offset.end());
+  std::vector<int32_t> disk_order;
+  for (const auto& [offset, e] : by_offset) disk_order.push_back(e);
+
+  std::vector<std::pair<int32_t, int>> reads;
+  std::vector<int32_t> computed;
+  std::map<int32_t, double> arrived;
+  double last_read_end = 0;
+  int calls = 0;
+  for (const ExpertTraceEvent& ev : trace) {
+    switch (ev.kind) {
+      case ExpertTraceEvent::Kind::kRead:
+        EXPECT_GE(ev.start, last_read_end);  // one loader: strictly one after the other
+        last_read_end = ev.end;
+        reads.push_back({ev.expert, ev.piece});
+        arrived[ev.expert] = ev.end;
+        break;
+      case ExpertTraceEvent::Kind::kCompute:
+        EXPECT_LE(ev.start, ev.end);
+        EXPECT_EQ(ev.hit, ev.expert <= 2) << "expert " << ev.expert;
+        if (!ev.hit) {
+          ASSERT_TRUE(arrived.count(ev.expert)) << "expert " << ev.expert << " computed unread";
+          EXPECT_GE(ev.start, arrived[ev.expert]);
+        }
+        computed.push_back(ev.expert);
+        break;
+      case ExpertTraceEvent::Kind::kCall:
+        ++calls;
+        EXPECT_EQ(ev.piece, 3);  // misses
+        break;
+      case ExpertTraceEvent::Kind::kMeanwhile:
+        ADD_FAILURE() << "no meanwhile was given";
+        break;
+    }
+  }
+  EXPECT_EQ(calls, 1);
+  std::vector<std::pair<int32_t, int>> expected_reads;
+  for (int32_t e : disk_order) {
+    for (int p = 0; p < pieces[e]; ++p) expected_reads.push_back({e, p});
+  }
+  EXPECT_EQ(reads, expected_reads);
+  ASSERT_EQ(computed.size(), 6u);
+  std::vector<int32_t> hits(computed.begin(), computed.begin() + 3);
+  std::sort(hits.begin(), hits.end());
+  EXPECT_THAT(hits, ElementsAre(0, 1, 2));
+  EXPECT_EQ(std::vector<int32_t>(computed.begin() + 3, computed.end()), disk_order);
+  store->StopTrace();
+  ASSERT_OK(CheckedCall(store.get(), 3, {0}));
+  EXPECT_TRUE(store->TakeTrace().empty());
+}
+
+// ForEachExpertOverlapped: `meanwhile` runs once, before every callback, while the misses are
+// already loading (it waits for a piece to arrive; without the overlap it would wait in vain);
+// its error ends the call before any callback and the store stays usable.
+TEST_F(ExpertStoreTest, MeanwhileRunsWhileTheMissesLoad) {
+  WriteSnapshot(dir_, Arrangement::kContiguous);
+  ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(dir_));
+  for (bool pipe : {true, false}) {
+    SCOPED_TRACE(absl::StrCat("pipe=", pipe));
+    ExpertStoreOptions options = WithCap(2);
+    options.pipe = pipe;
+    ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), Layout(), options));
+    int meanwhile_calls = 0, callbacks = 0;
+    bool saw_a_read = false;
+    const std::vector<int32_t> experts = {4, 0, 2};
+    ASSERT_OK(store->ForEachExpertOverlapped(
+        3, experts,
+        [&]() -> absl::Status {
+          ++meanwhile_calls;
+          EXPECT_EQ(callbacks, 0);
+          if (pipe) {
+            // Generous bound so a loaded machine cannot fail it; normally microseconds.
+            for (int i = 0; i < 20000 && !saw_a_read; ++i) {
+              saw_a_read = store->TotalStats().preads > 0;
+              if (!saw_a_read) ::usleep(1000);
+            }
+          }
+          return absl::OkStatus();
+        },
+        [&](int i, const ExpertWeights& w) -> absl::Status {
+          EXPECT_EQ(meanwhile_calls, 1);
+          ++callbacks;
+          ExpectExpertBytes(w, 3, experts[i]);
+          return absl::OkStatus();
+        }));
+    EXPECT_EQ(meanwhile_calls, 1);
+    EXPECT_EQ(callbacks, 3);
+    if (pipe) {
+      EXPECT_TRUE(saw_a_read);
+    }
+    callbacks = 0;
+    EXPECT_THAT(store->ForEachExpertOverlapped(
+                    1, std::vector<int32_t>{1, 2, 3},
+                    [] { return absl::InternalError("shared expert failed"); },
+                    [&](int, const ExpertWeights&) {
+                      ++callbacks;
+                      return absl::OkStatus();
+                    }),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr("shared expert failed")));
+    EXPECT_EQ(callbacks, 0);
+    ASSERT_OK(CheckedCall(store.get(), 1, {3, 2, 1, 0}));
   }
 }
 
@@ -552,6 +756,10 @@ TEST_F(ExpertStoreTest, RefusesBadArguments) {
   options.load_threads = 0;
   EXPECT_THAT(StreamingExpertStore::Open(snapshot.get(), Layout(), options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("K3_LOAD_THREADS")));
+  options = WithCap(2);
+  options.read_pieces = -1;
+  EXPECT_THAT(StreamingExpertStore::Open(snapshot.get(), Layout(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("read_pieces")));
   ExpertStoreLayout wrong = Layout();
   wrong.inter = 96;  // the file says 64
   EXPECT_THAT(StreamingExpertStore::Open(snapshot.get(), wrong, WithCap(2)),

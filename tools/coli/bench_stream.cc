@@ -1,10 +1,12 @@
 // `coli bench stream --model DIR [--json] [--budget-gb X] ...`: how close expert streaming gets
 // to the disk, in one run on the same shard files (issue 6).
 //
-//   (a) ceiling: O_DIRECT reads of randomly chosen experts of the same files, with the expert's
-//       request size and the store's parallelism (load threads), back to back — measured
-//       before and after the decode, the ratio taken against their mean; and once more in
-//       per-layer batches (a decode's misses of one layer, then a barrier) to price the tail;
+//   (a) ceiling: O_DIRECT reads of randomly chosen experts of the same files with the store's
+//       parallelism (load threads), back to back, twice: whole-expert requests, and the
+//       store's request size (each expert's aligned cover in --read-pieces pieces, the threads
+//       taking pieces in order) — both measured before and after the decode; the ratio is
+//       taken against the better of the two means, so splitting cannot flatter it; and once
+//       more in per-layer batches (a decode's misses of one layer, then a barrier);
 //   (b) cold decode: the streaming store (budget smaller than the expert set, page cache
 //       dropped) serving top-k selections per MoE layer per token, each expert computed with
 //       the real MXFP4 matmuls of common/kernels (gate, up, SiTU-GLU, down): expert GB/s while
@@ -12,7 +14,13 @@
 //       the same with the pipeline off, and with the callbacks doing nothing (the streaming
 //       path's own read rate), for comparison;
 //   (c) prefill: bytes read per token at chunk C=1 vs C (default 32) on the same selections,
-//       the chunk loading each distinct expert once.
+//       the chunk loading each distinct expert once; compared with the routing's bound and
+//       with the chunks' expert unions (what C must read at least).
+//
+// The pipelined decode is traced (StreamingExpertStore::StartTrace): per MoE-layer call, when
+// the first read starts, when the first expert has arrived, when its compute starts, how long
+// the disk idles after the last read of the call (the tail) and between calls. `--trace FILE`
+// writes the raw events (one JSON object per line).
 //
 // The selections are synthetic: for every token and layer, top-k distinct experts drawn
 // uniformly (K3's router is trained for flat usage, spec §3.6), with random positive weights.
@@ -20,6 +28,8 @@
 // expert tier's alone.
 #include <fcntl.h>
 #include <unistd.h>
+
+#include <fstream>
 
 #include <algorithm>
 #include <atomic>
@@ -68,6 +78,8 @@ struct Args {
   int chunk = 32;
   int top_k = 16;
   int load_threads = 4;
+  int read_pieces = 0;  // 0 = load_threads
+  std::string trace_path;
   double ceiling_gb = 2;
   bool direct = true;
   bool prefill_compute = false;
@@ -77,7 +89,8 @@ struct Args {
 const char kUsage[] =
     "usage: coli bench stream --model DIR [--json] [--budget-gb X] [--tokens N]\n"
     "         [--prefill-tokens N] [--chunk C] [--top-k K] [--load-threads N]\n"
-    "         [--ceiling-gb X] [--buffered] [--prefill-compute] [--dirs D1:D2] [--seed N]\n";
+    "         [--ceiling-gb X] [--buffered] [--prefill-compute] [--dirs D1:D2] [--seed N]\n"
+    "         [--read-pieces N (0 = load threads, 1 = whole experts)] [--trace FILE]\n";
 
 bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
   for (int i = 1; i < argc; ++i) {
@@ -98,7 +111,8 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       args->prefill_compute = true;
     } else if (a == "--model" || a == "--budget-gb" || a == "--tokens" ||
                a == "--prefill-tokens" || a == "--chunk" || a == "--top-k" ||
-               a == "--load-threads" || a == "--ceiling-gb" || a == "--dirs" || a == "--seed") {
+               a == "--load-threads" || a == "--ceiling-gb" || a == "--dirs" || a == "--seed" ||
+               a == "--read-pieces" || a == "--trace") {
       if ((v = value(a.c_str())) == nullptr) return false;
       if (a == "--model") args->model = v;
       if (a == "--dirs") args->dirs = absl::StrSplit(v, ':', absl::SkipEmpty());
@@ -110,6 +124,8 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       if (a == "--top-k") args->top_k = std::atoi(v);
       if (a == "--load-threads") args->load_threads = std::atoi(v);
       if (a == "--seed") args->seed = static_cast<uint32_t>(std::atoi(v));
+      if (a == "--read-pieces") args->read_pieces = std::atoi(v);
+      if (a == "--trace") args->trace_path = v;
     } else {
       *error = absl::StrCat("unknown argument '", a, "'");
       return false;
@@ -122,6 +138,10 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
   if (args->tokens < 1 || args->prefill_tokens < 1 || args->chunk < 1 || args->top_k < 1 ||
       args->ceiling_gb <= 0) {
     *error = "--tokens, --prefill-tokens, --chunk, --top-k and --ceiling-gb must be positive";
+    return false;
+  }
+  if (args->read_pieces < 0 || args->read_pieces > 64) {
+    *error = "--read-pieces must be 0…64";
     return false;
   }
   return true;
@@ -264,8 +284,10 @@ struct Ceiling {
   double seconds = 0;
   bool direct = true;
 };
+// `pieces` > 1: each expert's 4 KiB-aligned cover is read in that many aligned pieces (the
+// store's split), the threads taking pieces in order.
 absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, int threads,
-                                       uint32_t seed, int batch = 0) {
+                                       uint32_t seed, int batch = 0, int pieces = 1) {
   const k3::ExpertStoreLayout& layout = store->layout();
   std::mt19937 rng(seed ^ 0x5eed);
   const int n = std::max<int>(threads, static_cast<int>(std::ceil(
@@ -285,7 +307,23 @@ absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, i
       COLI_ASSIGN_OR_RETURN(reader, io::DirectReader::Open(e.path, true));
       if (!reader->is_direct()) c.direct = false;
     }
-    reqs.push_back({reader.get(), e.offset, e.nbytes});
+    if (pieces <= 1) {
+      reqs.push_back({reader.get(), e.offset, e.nbytes});
+      return absl::OkStatus();
+    }
+    // The store's split (StreamingExpertStore PlanReads): aligned cover, equal aligned pieces;
+    // the first and last piece trimmed to the expert (ReadInto reads their aligned cover).
+    constexpr uint64_t kA = io::kDirectAlignment;
+    const uint64_t cover_start = e.offset / kA * kA;
+    const uint64_t cover_end = (e.offset + e.nbytes + kA - 1) / kA * kA;
+    const uint64_t blocks = (cover_end - cover_start) / kA;
+    const uint64_t want = std::min<uint64_t>(static_cast<uint64_t>(pieces), blocks);
+    const uint64_t piece_bytes = (blocks + want - 1) / want * kA;
+    for (uint64_t a = cover_start; a < cover_end; a += piece_bytes) {
+      const uint64_t lo = std::max(a, e.offset);
+      const uint64_t hi = std::min(a + piece_bytes, e.offset + e.nbytes);
+      reqs.push_back({reader.get(), lo, hi - lo});
+    }
     return absl::OkStatus();
   };
   if (batch <= 0) {
@@ -298,14 +336,14 @@ absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, i
     // Like a decode step: `batch` distinct experts of one layer, in file-offset order, then a
     // barrier (the next layer's routing is not known before this layer is done).
     batch = std::min(batch, layout.experts);
-    while (static_cast<int>(reqs.size()) < n) {
+    for (int added = 0; added < n; added += batch) {
       const int layer = layout.moe_layers[rng() % layout.moe_layers.size()];
       std::set<int> picked;
       while (static_cast<int>(picked.size()) < batch) picked.insert(rng() % layout.experts);
       const size_t begin = reqs.size();
       for (int e : picked) COLI_RETURN_IF_ERROR(add(layer, e));
-      std::sort(reqs.begin() + begin, reqs.end(),
-                [](const Req& a, const Req& b) { return a.offset < b.offset; });
+      std::stable_sort(reqs.begin() + begin, reqs.end(),
+                       [](const Req& a, const Req& b) { return a.offset < b.offset; });
       group_ends.push_back(reqs.size());
     }
   }
@@ -339,6 +377,121 @@ absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, i
   return c;
 }
 
+// Where the disk idles during a traced decode: every second of the phase is either a second
+// with a read in flight or one of the idle kinds below (their sum is the phase's wall time).
+struct TraceSummary {
+  int calls = 0;
+  double misses_per_call = 0;
+  double wall = 0;             // first call's start → last call's end
+  double disk_busy = 0;        // at least one read in flight
+  double idle_head = 0;        // call start → its first read (includes waiting for a slot)
+  double idle_inside = 0;      // holes between the first read start and the last read end
+  double idle_tail = 0;        // last read end → call end (compute of the last arrivals)
+  double idle_between = 0;     // one call's end → the next call's start (caller's own work)
+  double idle_no_reads = 0;    // calls served entirely from RAM
+  double first_arrival = 0;    // mean: call start → first missed expert fully read
+  double first_compute = 0;    // mean: call start → compute of the first missed expert starts
+  double expert_read = 0;      // mean disk-busy time per missed expert in a call
+  double in_order = 0;         // fraction of a call's misses that arrive in disk order
+  double last_gap = 0;         // mean: arrival of the second-to-last → last expert of a call
+};
+
+TraceSummary SummarizeTrace(const std::vector<k3::ExpertTraceEvent>& events) {
+  using Kind = k3::ExpertTraceEvent::Kind;
+  TraceSummary t;
+  std::vector<const k3::ExpertTraceEvent*> calls;
+  for (const auto& e : events) {
+    if (e.kind == Kind::kCall) calls.push_back(&e);
+  }
+  std::sort(calls.begin(), calls.end(), [](auto* a, auto* b) { return a->start < b->start; });
+  if (calls.empty()) return t;
+  t.calls = static_cast<int>(calls.size());
+  t.wall = calls.back()->end - calls.front()->start;
+  int with_reads = 0;
+  double misses = 0, pairs = 0, ordered = 0;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const auto& call = *calls[c];
+    if (c + 1 < calls.size()) t.idle_between += calls[c + 1]->start - call.end;
+    // Calls are serialised, so the call's reads and computes are the events inside its span.
+    std::vector<std::pair<double, double>> reads;
+    std::map<int32_t, double> arrival;  // expert -> last piece's end
+    std::map<int32_t, double> first_read;
+    double miss_compute = 1e30;
+    for (const auto& e : events) {
+      if (e.layer != call.layer || e.start < call.start || e.end > call.end) continue;
+      if (e.kind == Kind::kRead) {
+        reads.push_back({e.start, e.end});
+        arrival[e.expert] = std::max(arrival[e.expert], e.end);
+        auto [it, fresh] = first_read.emplace(e.expert, e.start);
+        if (!fresh) it->second = std::min(it->second, e.start);
+      } else if (e.kind == Kind::kCompute && !e.hit) {
+        miss_compute = std::min(miss_compute, e.start);
+      }
+    }
+    if (reads.empty()) {
+      t.idle_no_reads += call.end - call.start;
+      continue;
+    }
+    ++with_reads;
+    misses += static_cast<double>(arrival.size());
+    std::sort(reads.begin(), reads.end());
+    double busy = 0, cur_lo = reads[0].first, cur_hi = reads[0].second, holes = 0;
+    for (size_t i = 1; i < reads.size(); ++i) {
+      if (reads[i].first > cur_hi) {
+        busy += cur_hi - cur_lo;
+        holes += reads[i].first - cur_hi;
+        cur_lo = reads[i].first;
+      }
+      cur_hi = std::max(cur_hi, reads[i].second);
+    }
+    busy += cur_hi - cur_lo;
+    t.disk_busy += busy;
+    t.idle_head += reads[0].first - call.start;
+    t.idle_inside += holes;
+    t.idle_tail += call.end - cur_hi;
+    t.expert_read += busy / static_cast<double>(arrival.size());
+    std::vector<double> arrivals;  // in disk (expert) order: experts were queued in that order
+    std::vector<std::pair<double, int32_t>> by_start;
+    for (const auto& [e, start] : first_read) by_start.push_back({start, e});
+    std::sort(by_start.begin(), by_start.end());
+    for (const auto& [start, e] : by_start) arrivals.push_back(arrival[e]);
+    for (size_t i = 1; i < arrivals.size(); ++i) {
+      pairs += 1;
+      ordered += arrivals[i] >= arrivals[i - 1] ? 1 : 0;
+    }
+    std::vector<double> sorted = arrivals;
+    std::sort(sorted.begin(), sorted.end());
+    t.first_arrival += sorted.front() - call.start;
+    if (sorted.size() >= 2) t.last_gap += sorted.back() - sorted[sorted.size() - 2];
+    if (miss_compute < 1e30) t.first_compute += miss_compute - call.start;
+  }
+  if (with_reads > 0) {
+    t.misses_per_call = misses / with_reads;
+    t.first_arrival /= with_reads;
+    t.first_compute /= with_reads;
+    t.expert_read /= with_reads;
+    t.last_gap /= with_reads;
+  }
+  t.in_order = pairs > 0 ? ordered / pairs : 1;
+  return t;
+}
+
+absl::Status WriteTrace(const std::string& path, const std::vector<k3::ExpertTraceEvent>& events) {
+  std::ofstream out(path);
+  if (!out) return absl::NotFoundError(absl::StrCat("--trace '", path, "': cannot create"));
+  static const char* kKinds[] = {"call", "read", "compute", "meanwhile"};
+  for (const auto& e : events) {
+    out << absl::StrFormat(
+        "{\"kind\": \"%s\", \"layer\": %d, \"expert\": %d, \"piece\": %d, \"thread\": %d, "
+        "\"hit\": %s, \"start\": %.6f, \"end\": %.6f}\n",
+        kKinds[static_cast<int>(e.kind)], e.layer, e.expert, e.piece, e.thread,
+        e.hit ? "true" : "false", e.start, e.end);
+  }
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat("--trace '", path, "': write failed"));
+  return absl::OkStatus();
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "coli bench stream: %s\n", std::string(s.message()).c_str());
   return 1;
@@ -366,6 +519,7 @@ int RunBenchStream(int argc, char** argv) {
   options.expert_gb = args.budget_gb;
   options.direct = args.direct;
   options.load_threads = args.load_threads;
+  options.read_pieces = args.read_pieces;
   options.record_usage = false;
   options.pin = false;
   auto open = [&](bool pipe) {
@@ -383,29 +537,60 @@ int RunBenchStream(int argc, char** argv) {
 
   std::string drop_note;
   bool dropped = DropPageCache(&drop_note);
-  // The ceiling is measured right before and right after the decode (the disk may be shared);
-  // the ratio uses their mean.
-  absl::StatusOr<Ceiling> ceiling =
-      MeasureCeiling(store->get(), args.ceiling_gb, args.load_threads, args.seed);
-  if (!ceiling.ok()) return Fail(ceiling.status());
-  COLI_LOG(kInfo) << absl::StrFormat("(a) ceiling: %.2f GB in %.2f s = %.3f GB/s (%s)",
-                                     ceiling->bytes / 1e9, ceiling->seconds, ceiling->gbs,
-                                     ceiling->direct ? "O_DIRECT" : "buffered: O_DIRECT refused");
+  // The ceiling is measured right before and right after the decode (the disk may be shared),
+  // with whole-expert requests and with the store's pieces; the ratio uses the better mean.
+  const int pieces = args.read_pieces > 0 ? args.read_pieces : args.load_threads;
+  auto measure_ceilings = [&](uint32_t seed, Ceiling* whole, Ceiling* split) -> absl::Status {
+    COLI_ASSIGN_OR_RETURN(*whole,
+                          MeasureCeiling(store->get(), args.ceiling_gb, args.load_threads, seed));
+    COLI_ASSIGN_OR_RETURN(*split, MeasureCeiling(store->get(), args.ceiling_gb, args.load_threads,
+                                                 seed + 7, 0, pieces));
+    COLI_LOG(kInfo) << absl::StrFormat(
+        "(a) ceiling: whole experts %.3f GB/s, in %d pieces %.3f GB/s (%s)", whole->gbs, pieces,
+        split->gbs, whole->direct ? "O_DIRECT" : "buffered: O_DIRECT refused");
+    return absl::OkStatus();
+  };
+  Ceiling whole_before, split_before, whole_after, split_after;
+  if (absl::Status s = measure_ceilings(args.seed, &whole_before, &split_before); !s.ok()) {
+    return Fail(s);
+  }
 
-  // (b) cold decode, pipelined, then the same selections with the pipeline off.
+  // (b) cold decode, pipelined (traced), then the same selections with the pipeline off.
   const auto decode_routing =
       MakeRouting(args.tokens, layers, layout->experts, args.top_k, args.seed);
   dropped = DropPageCache(&drop_note) && dropped;
+  (*store)->StartTrace();
   absl::StatusOr<PhaseResult> decode = RunTokens(store->get(), decode_routing, 1);
   if (!decode.ok()) return Fail(decode.status());
-  absl::StatusOr<Ceiling> ceiling_after =
-      MeasureCeiling(store->get(), args.ceiling_gb, args.load_threads, args.seed + 2);
-  if (!ceiling_after.ok()) return Fail(ceiling_after.status());
-  const double ceiling_before_gbs = ceiling->gbs, ceiling_after_gbs = ceiling_after->gbs;
-  ceiling->gbs = (ceiling_before_gbs + ceiling_after_gbs) / 2;
-  ceiling->direct = ceiling->direct && ceiling_after->direct;
-  COLI_LOG(kInfo) << absl::StrFormat("(a) ceiling after decode: %.3f GB/s; mean %.3f GB/s",
-                                     ceiling_after_gbs, ceiling->gbs);
+  const std::vector<k3::ExpertTraceEvent> trace = (*store)->TakeTrace();
+  (*store)->StopTrace();
+  const TraceSummary ts = SummarizeTrace(trace);
+  if (!args.trace_path.empty()) {
+    if (absl::Status s = WriteTrace(args.trace_path, trace); !s.ok()) return Fail(s);
+  }
+  if (absl::Status s = measure_ceilings(args.seed + 2, &whole_after, &split_after); !s.ok()) {
+    return Fail(s);
+  }
+  const double whole_gbs = (whole_before.gbs + whole_after.gbs) / 2;
+  const double split_gbs = (split_before.gbs + split_after.gbs) / 2;
+  Ceiling ceiling_mean;
+  ceiling_mean.gbs = std::max(whole_gbs, split_gbs);
+  ceiling_mean.direct = whole_before.direct && whole_after.direct;
+  const Ceiling* ceiling = &ceiling_mean;
+  const double ceiling_before_gbs = std::max(whole_before.gbs, split_before.gbs);
+  const double ceiling_after_gbs = std::max(whole_after.gbs, split_after.gbs);
+  COLI_LOG(kInfo) << absl::StrFormat(
+      "(a) ceiling means: whole %.3f GB/s, %d pieces %.3f GB/s; ratios use %.3f GB/s", whole_gbs,
+      pieces, split_gbs, ceiling->gbs);
+  COLI_LOG(kInfo) << absl::StrFormat(
+      "(b) trace: %d calls, %.1f misses/call; wall %.3f s = disk busy %.3f + idle: head %.3f, "
+      "inside %.3f, tail %.3f, between calls %.3f, no-read calls %.3f; per call: first expert "
+      "arrives %.1f ms (%.2f expert reads), its compute starts %.1f ms, last two arrivals %.1f "
+      "ms apart; %.0f%% arrive in disk order",
+      ts.calls, ts.misses_per_call, ts.wall, ts.disk_busy, ts.idle_head, ts.idle_inside,
+      ts.idle_tail, ts.idle_between, ts.idle_no_reads, 1e3 * ts.first_arrival,
+      ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0, 1e3 * ts.first_compute,
+      1e3 * ts.last_gap, 100 * ts.in_order);
   store->reset();
   absl::StatusOr<std::unique_ptr<StreamingExpertStore>> nopipe_store = open(false);
   if (!nopipe_store.ok()) return Fail(nopipe_store.status());
@@ -428,7 +613,7 @@ int RunBenchStream(int argc, char** argv) {
       static_cast<double>(decode->stats.misses) / std::max<uint64_t>(1, decode->stats.calls)));
   dropped = DropPageCache(&drop_note) && dropped;
   absl::StatusOr<Ceiling> batched = MeasureCeiling(readonly_store->get(), args.ceiling_gb,
-                                                   args.load_threads, args.seed + 3, batch);
+                                                   args.load_threads, args.seed + 3, batch, pieces);
   if (!batched.ok()) return Fail(batched.status());
   COLI_LOG(kInfo) << absl::StrFormat(
       "(a) ceiling in per-layer batches of %d: %.3f GB/s; read-only decode = %.1f%% of it",
@@ -455,7 +640,7 @@ int RunBenchStream(int argc, char** argv) {
   // store.
   const auto prefill_routing = MakeRouting(args.prefill_tokens, layers, layout->experts,
                                            args.top_k, args.seed + 1);
-  double bytes_per_token[2] = {0, 0}, prefill_s[2] = {0, 0};
+  double bytes_per_token[2] = {0, 0}, prefill_s[2] = {0, 0}, prefill_hits[2] = {0, 0};
   const int chunks[2] = {1, args.chunk};
   for (int c = 0; c < 2; ++c) {
     absl::StatusOr<std::unique_ptr<StreamingExpertStore>> s = open(true);
@@ -466,6 +651,7 @@ int RunBenchStream(int argc, char** argv) {
     if (!r.ok()) return Fail(r.status());
     bytes_per_token[c] = static_cast<double>(r->stats.bytes_read) / r->tokens;
     prefill_s[c] = r->wall / r->tokens;
+    prefill_hits[c] = r->stats.hit_rate();
   }
   // What the routing allows: selections per distinct expert of a chunk.
   uint64_t selections = 0, distinct = 0;
@@ -480,11 +666,20 @@ int RunBenchStream(int argc, char** argv) {
     }
   }
   const double dedup = static_cast<double>(selections) / static_cast<double>(distinct);
+  // The least a chunked prefill can read: every chunk's union once. C=1's LRU hits (experts
+  // chosen again by a recent token) make C=1 read less than one expert per selection, which is
+  // the whole difference between the measured ratio and `dedup` when C reads its union once.
+  const double union_bytes_per_token = static_cast<double>(distinct) *
+                                       static_cast<double>(layout->ExpertBytes()) /
+                                       args.prefill_tokens;
+  const double c_vs_union = bytes_per_token[1] / union_bytes_per_token;
   COLI_LOG(kInfo) << absl::StrFormat(
-      "(c) prefill: %.1f MB/token at C=1, %.1f MB/token at C=%d (%.2fx fewer; the routing "
-      "allows %.2fx); %.3f vs %.3f s/token",
-      bytes_per_token[0] / 1e6, bytes_per_token[1] / 1e6, args.chunk,
-      bytes_per_token[0] / bytes_per_token[1], dedup, prefill_s[0], prefill_s[1]);
+      "(c) prefill: %.1f MB/token at C=1 (hit rate %.1f%%), %.1f MB/token at C=%d (%.2fx fewer; "
+      "the routing allows %.2fx without C=1 hits, %.2fx with them); C=%d reads %.3fx its "
+      "chunks' expert unions; %.3f vs %.3f s/token",
+      bytes_per_token[0] / 1e6, 100 * prefill_hits[0], bytes_per_token[1] / 1e6, args.chunk,
+      bytes_per_token[0] / bytes_per_token[1], dedup, dedup * (1 - prefill_hits[0]), args.chunk,
+      c_vs_union, prefill_s[0], prefill_s[1]);
   if (!dropped) {
     COLI_LOG(kWarning) << "page cache NOT dropped between phases: " << drop_note;
   }
@@ -493,6 +688,21 @@ int RunBenchStream(int argc, char** argv) {
       "synthetic uniform top-k routing; real MXFP4 expert matmuls in decode",
       args.prefill_compute ? " and prefill" : " (prefill: reads only)",
       "; no attention/dense work");
+  const std::string extra = absl::StrFormat(
+      "\"read_pieces\": %d, \"ceiling_whole_gbs\": %.4f, \"ceiling_pieces_gbs\": %.4f, "
+      "\"trace_calls\": %d, \"trace_misses_per_call\": %.2f, \"trace_wall_s\": %.4f, "
+      "\"trace_disk_busy_s\": %.4f, \"trace_idle_head_s\": %.4f, \"trace_idle_inside_s\": %.4f, "
+      "\"trace_idle_tail_s\": %.4f, \"trace_idle_between_s\": %.4f, "
+      "\"trace_idle_no_reads_s\": %.4f, \"trace_first_arrival_ms\": %.2f, "
+      "\"trace_first_arrival_reads\": %.3f, \"trace_first_compute_ms\": %.2f, "
+      "\"trace_last_gap_ms\": %.2f, \"trace_expert_read_ms\": %.2f, \"trace_in_order\": %.3f, "
+      "\"prefill_hit_rate_c1\": %.4f, \"prefill_union_bytes_per_token\": %.0f, "
+      "\"prefill_c32_vs_union\": %.4f, \"prefill_routing_with_c1_hits\": %.4f",
+      pieces, whole_gbs, split_gbs, ts.calls, ts.misses_per_call, ts.wall, ts.disk_busy,
+      ts.idle_head, ts.idle_inside, ts.idle_tail, ts.idle_between, ts.idle_no_reads,
+      1e3 * ts.first_arrival, ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0,
+      1e3 * ts.first_compute, 1e3 * ts.last_gap, 1e3 * ts.expert_read, ts.in_order,
+      prefill_hits[0], union_bytes_per_token, c_vs_union, dedup * (1 - prefill_hits[0]));
   if (args.json) {
     std::printf(
         "{\"ceiling_gbs\": %.4f, \"decode_read_gbs\": %.4f, \"read_ratio\": %.4f, "
@@ -508,7 +718,7 @@ int RunBenchStream(int argc, char** argv) {
         "\"budget_gb\": %.4f, \"slots_per_layer\": %d, \"expert_set_gb\": %.4f, "
         "\"moe_layers\": %d, \"experts\": %d, \"top_k\": %d, \"tokens\": %d, "
         "\"load_threads\": %d, \"direct\": %s, \"ceiling_direct\": %s, "
-        "\"page_cache_dropped\": %s, \"routing\": \"%s\"}\n",
+        "\"page_cache_dropped\": %s, \"routing\": \"%s\", %s}\n",
         ceiling->gbs, decode_gbs, decode_gbs / ceiling->gbs, s_per_token, read_s, compute_s,
         overlap_ratio, nopipe->wall / T, d.hit_rate(), ceiling_before_gbs, ceiling_after_gbs,
         args.prefill_compute ? "true" : "false", readonly_gbs, readonly_gbs / ceiling->gbs,
@@ -516,7 +726,8 @@ int RunBenchStream(int argc, char** argv) {
         bytes_per_token[0] / bytes_per_token[1], dedup, args.chunk, prefill_s[0], prefill_s[1],
         args.budget_gb, plan.slots_per_layer, set_gb, layers, layout->experts, args.top_k,
         args.tokens, args.load_threads, args.direct ? "true" : "false",
-        ceiling->direct ? "true" : "false", dropped ? "true" : "false", routing_note.c_str());
+        ceiling->direct ? "true" : "false", dropped ? "true" : "false", routing_note.c_str(),
+        extra.c_str());
   } else {
     std::printf("expert streaming benchmark (%s)\n", routing_note.c_str());
     std::printf("  model            %s: %d MoE layers x %d experts of %llu B (%.2f GB)\n",
@@ -526,14 +737,20 @@ int RunBenchStream(int argc, char** argv) {
                 args.budget_gb, plan.slots_per_layer, args.top_k, args.load_threads,
                 args.direct ? "O_DIRECT" : "buffered");
     std::printf("  (a) ceiling      %.3f GB/s (O_DIRECT random expert reads; %.3f before, %.3f "
-                "after the decode)\n",
-                ceiling->gbs, ceiling_before_gbs, ceiling_after_gbs);
+                "after the decode; whole experts %.3f, in %d pieces %.3f)\n",
+                ceiling->gbs, ceiling_before_gbs, ceiling_after_gbs, whole_gbs, pieces,
+                split_gbs);
     std::printf("  (b) decode       %.3f GB/s while reading = %.1f%% of the ceiling\n",
                 decode_gbs, 100 * decode_gbs / ceiling->gbs);
     std::printf("                   %.3f s/token: read %.3f, compute %.3f, ratio %.3f "
                 "(pipeline off: %.3f s/token); hit rate %.1f%%\n",
                 s_per_token, read_s, compute_s, overlap_ratio, nopipe->wall / T,
                 100 * d.hit_rate());
+    std::printf("                   disk idle %.3f of %.3f s: head %.3f, inside %.3f, tail "
+                "%.3f, between calls %.3f; first expert after %.1f ms (%.2f expert reads)\n",
+                ts.wall - ts.disk_busy, ts.wall, ts.idle_head, ts.idle_inside, ts.idle_tail,
+                ts.idle_between, 1e3 * ts.first_arrival,
+                ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0);
     std::printf("                   without compute: %.3f GB/s while reading = %.1f%% of the "
                 "ceiling, %.3f s/token\n",
                 readonly_gbs, 100 * readonly_gbs / ceiling->gbs, readonly->wall / T);
@@ -541,9 +758,11 @@ int RunBenchStream(int argc, char** argv) {
                 "decode = %.1f%% of it)\n",
                 batch, batched->gbs, 100 * readonly_gbs / batched->gbs);
     std::printf("  (c) prefill      %.1f MB/token at C=1, %.1f MB/token at C=%d: %.2fx fewer "
-                "(routing allows %.2fx)\n",
+                "(routing allows %.2fx; %.2fx given C=1's %.1f%% LRU hits); C=%d reads %.3fx "
+                "its chunks' unions\n",
                 bytes_per_token[0] / 1e6, bytes_per_token[1] / 1e6, args.chunk,
-                bytes_per_token[0] / bytes_per_token[1], dedup);
+                bytes_per_token[0] / bytes_per_token[1], dedup, dedup * (1 - prefill_hits[0]),
+                100 * prefill_hits[0], args.chunk, c_vs_union);
     std::printf("  page cache       %s\n",
                 dropped ? "dropped between phases" : ("NOT dropped: " + drop_note).c_str());
   }
