@@ -188,6 +188,110 @@ TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
   EXPECT_LE(generated, static_cast<double>(a.ids.size() + 3 + 3));
 }
 
+// A long prompt prefilled in small chunks (K3_CHUNK=8 as a load option) reports its progress:
+// strictly growing, at least the first and the final report, ending at done == total == the
+// prompt's token count as the tokenizer counts it. Without report_progress nothing is sent, and
+// a follow-up that reuses the session's prefix starts its reports at the reused count.
+TEST_F(K3HostTest, LongPromptReportsMonotonePrefillProgress) {
+  {
+    grpc::ClientContext ctx;
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id("k3c8");
+    load.mutable_options()->set_chunk(8);
+    auto reader = stub_->LoadModel(&ctx, load);
+    v1::LoadModelEvent e;
+    while (reader->Read(&e)) {
+    }
+    grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += std::string(kPrompt) + " ";
+  auto tokenizer = tok::Tokenizer::LoadDir(COLI_K3_TINY_DIR);
+  ASSERT_OK(tokenizer.status());
+  const std::vector<int32_t> ids = (*tokenizer)->Encode(text, /*allow_special=*/false);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  ASSERT_GE(n, 200) << "the prompt must span many chunks of 8";
+
+  struct Run {
+    grpc::Status status;
+    std::vector<v1::PrefillProgress> progress;
+    v1::Started started;
+    bool progress_after_started = false;
+    std::vector<int32_t> tokens;
+  };
+  auto run = [&](v1::GenerateRequest r) {
+    r.set_model("k3c8");
+    r.set_session("progress");
+    grpc::ClientContext ctx;
+    Run out;
+    bool started = false;
+    auto reader = stub_->Generate(&ctx, r);
+    v1::GenerateEvent e;
+    while (reader->Read(&e)) {
+      if (e.has_progress()) {
+        out.progress.push_back(e.progress());
+        if (started) out.progress_after_started = true;
+      }
+      if (e.has_started()) {
+        started = true;
+        out.started = e.started();
+      }
+      if (e.has_token()) out.tokens.push_back(e.token().id());
+    }
+    out.status = reader->Finish();
+    return out;
+  };
+
+  v1::GenerateRequest quiet;
+  quiet.set_prompt(text);
+  quiet.set_max_tokens(1);
+  quiet.set_session("quiet");
+  Run q = run(quiet);
+  ASSERT_TRUE(q.status.ok()) << q.status.error_message();
+  EXPECT_TRUE(q.progress.empty()) << "progress was not asked for";
+
+  v1::GenerateRequest r;
+  r.set_prompt(text);
+  r.set_max_tokens(3);
+  r.set_report_progress(true);
+  Run a = run(r);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  EXPECT_EQ(a.started.prompt_tokens(), n);
+  ASSERT_GE(a.progress.size(), 2u);
+  EXPECT_FALSE(a.progress_after_started);
+  for (size_t i = 0; i < a.progress.size(); ++i) {
+    EXPECT_EQ(a.progress[i].total(), n);
+    EXPECT_EQ(a.progress[i].reused(), 0);
+    EXPECT_GE(a.progress[i].elapsed_ms(), 0);
+    if (i > 0) {
+      EXPECT_GT(a.progress[i].done(), a.progress[i - 1].done()) << "report " << i;
+      EXPECT_GE(a.progress[i].elapsed_ms(), a.progress[i - 1].elapsed_ms());
+    }
+  }
+  EXPECT_EQ(a.progress.front().done(), 0);
+  EXPECT_EQ(a.progress.back().done(), n);
+
+  // Follow-up: the prompt, the reply but its last token (never fed), and one more token.
+  std::vector<int32_t> follow = ids;
+  follow.insert(follow.end(), a.tokens.begin(), a.tokens.end() - 1);
+  const int64_t kept = static_cast<int64_t>(follow.size());
+  follow.push_back(ids.front());
+  v1::GenerateRequest f;
+  f.mutable_prompt_ids()->Add(follow.begin(), follow.end());
+  f.set_max_tokens(1);
+  f.set_report_progress(true);
+  Run b = run(f);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(b.started.tokens_reused(), kept);
+  ASSERT_GE(b.progress.size(), 2u);
+  EXPECT_EQ(b.progress.front().done(), kept);
+  EXPECT_EQ(b.progress.front().reused(), kept);
+  EXPECT_EQ(b.progress.back().done(), static_cast<int64_t>(follow.size()));
+  EXPECT_EQ(b.progress.back().total(), static_cast<int64_t>(follow.size()));
+}
+
 TEST_F(K3HostTest, ChatUsesTheXtmlRendererAndParser) {
   const std::string body = R"({"messages": [{"role": "user", "content": "Hi"}]})";
   grpc::ClientContext ctx;

@@ -139,7 +139,8 @@ class Gateway {
   std::unique_ptr<Call> StartChat(const SamplingFields& f, const std::string& request_json,
                                   int choice);
   // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
-  // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON) and returns false to cancel
+  // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON, "progress" prompt_progress
+  // JSON, "tick" after a token that showed nothing) and returns false to cancel
   // (the client went away). `first` is an event already read, or nullptr.
   grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                          const v1::ChatEvent* first, const DeltaFn& on_delta);
@@ -156,8 +157,9 @@ class Gateway {
   };
   std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f, const std::string& prompt,
                                               int choice);
-  // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON)
-  // and "text" ({"text", optional "logprobs"} per token) and returns false to cancel.
+  // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON),
+  // "text" ({"text", optional "logprobs"} per token) and "tick" (a token that showed nothing)
+  // and returns false to cancel.
   grpc::Status RunCompletion(const SamplingFields& f, GenerateCall& call, CompletionResult* out,
                              const v1::GenerateEvent* first, const DeltaFn& on_piece);
   static std::string FinishReason(v1::FinishReason r, bool tool_calls, bool stopped);
@@ -327,7 +329,9 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   bool have = first != nullptr;
   if (have) ev = *first;
+  int64_t emitted = 0;  // tells whether a token showed anything
   auto emit = [&](const char* kind, const Json& payload) {
+    ++emitted;
     if (cancelled) return;
     if (on_delta && !on_delta(kind, payload)) {
       cancelled = true;
@@ -344,6 +348,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     } else if (ev.has_token()) {
       const v1::ChatToken& t = ev.token();
       ++out->completion_tokens;
+      const int64_t emitted_before = emitted;
       for (const v1::ChatDelta& d : t.deltas()) {
         if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
           last = ChatChannel::kReasoning;
@@ -372,6 +377,8 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
         out->logprobs.push_back(entry);
         emit("logprob", entry);
       }
+      // A token that showed nothing still lets a stream check that its client is there.
+      if (emitted == emitted_before) emit("tick", nullptr);
     } else if (ev.has_finished()) {
       reason = ev.finished().reason();
       out->prompt_tokens = ev.finished().usage().prompt_tokens();
@@ -495,6 +502,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
           grpc::Status s = RunChoice(*fields, *call, &r, i == 0 ? first.get() : nullptr,
                                [&](const char* kind, const Json& payload) {
                                  Json delta = Json::object(), lp = nullptr;
+                                 if (!std::strcmp(kind, "tick")) return sink.is_writable();
                                  if (!std::strcmp(kind, "progress")) {
                                    // llama.cpp's shape: an empty assistant delta + progress.
                                    Json c = chunk(i, Json{{"role", "assistant"}, {"content", nullptr}},
@@ -607,7 +615,8 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
                                  {"token_logprobs", Json::array({lp.sampled().logprob()})},
                                  {"top_logprobs", Json::array({top})}};
       }
-      if (!visible.empty() || piece.contains("logprobs")) emit("text", piece);
+      // A token that shows nothing still lets a stream check that its client is there.
+      emit(!visible.empty() || piece.contains("logprobs") ? "text" : "tick", piece);
       if (stop.stopped()) {
         stopped = true;
         StopAtHost(call.request_id);
@@ -720,6 +729,7 @@ void Gateway::Completions(const Req& req, Res& res) {
           grpc::Status s = RunCompletion(
               *fields, *call, &r, i == 0 ? first.get() : nullptr,
               [&](const char* kind, const Json& payload) {
+                if (!std::strcmp(kind, "tick")) return sink.is_writable();
                 if (!std::strcmp(kind, "progress")) {
                   Json c = chunk(i, "", nullptr, nullptr);
                   c["prompt_progress"] = payload;

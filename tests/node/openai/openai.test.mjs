@@ -54,21 +54,26 @@ function stopServer(server) {
   });
 }
 
-let tiny, scripted, client, toolClient, modelId;
+let tiny, tiny8, scripted, client, client8, toolClient, modelId;
 
 before(async () => {
-  [tiny, scripted] = await Promise.all([
+  // tiny8: the tiny model prefilled in chunks of 8 tokens, so a few hundred prompt tokens give
+  // many prefill-progress reports; decoding paced at 5 ms a token, so a client that hangs up
+  // after a few chunks certainly does so mid-generation.
+  [tiny, tiny8, scripted] = await Promise.all([
     startServer(TINY),
+    startServer(TINY, { K3_CHUNK: '8', COLI_DECODE_DELAY_MS: '5' }),
     startServer(SCRIPTED, { COLI_PLUGIN_DIR: SCRIPTED_PLUGINS }),
   ]);
   client = new OpenAI({ baseURL: `${tiny.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  client8 = new OpenAI({ baseURL: `${tiny8.base}/v1`, apiKey: 'unused', maxRetries: 0 });
   toolClient = new OpenAI({ baseURL: `${scripted.base}/v1`, apiKey: 'unused', maxRetries: 0 });
   const models = await client.models.list();
   modelId = models.data[0].id;
 });
 
 after(async () => {
-  await Promise.all([stopServer(tiny), stopServer(scripted)]);
+  await Promise.all([stopServer(tiny), stopServer(tiny8), stopServer(scripted)]);
 });
 
 const hello = [{ role: 'user', content: 'Hello, who are you?' }];
@@ -321,6 +326,170 @@ test('a client that disconnects mid-stream frees its session', async () => {
   // And the next request is served.
   const ok = await client.chat.completions.create({ model: modelId, messages: hello, max_tokens: 2 });
   assert.equal(ok.choices.length, 1);
+});
+
+// Reads a raw SSE body into its `data:` payloads (JSON, or the string '[DONE]').
+async function sse(base, path, body) {
+  const r = await fetch(`${base}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const text = await r.text();
+  const frames = text.split('\n\n').filter((f) => f.length > 0).map((f) => {
+    assert.ok(f.startsWith('data: '), `not an SSE data frame: ${f}`);
+    const data = f.slice(6);
+    return data === '[DONE]' ? data : JSON.parse(data);
+  });
+  return { status: r.status, text, frames };
+}
+
+// Checks a run of prompt_progress objects: at least two, `processed` strictly growing, ending at
+// processed == total == the prompt's token count.
+function checkProgress(progress, promptTokens) {
+  assert.ok(progress.length >= 2, `only ${progress.length} progress reports`);
+  for (let i = 0; i < progress.length; i++) {
+    const p = progress[i];
+    assert.deepEqual(Object.keys(p).sort(), ['cache', 'processed', 'time_ms', 'total']);
+    assert.equal(p.total, promptTokens);
+    assert.equal(p.cache, 0);
+    if (i > 0) {
+      assert.ok(p.processed > progress[i - 1].processed, JSON.stringify(progress));
+      assert.ok(p.time_ms >= progress[i - 1].time_ms);
+    }
+  }
+  assert.equal(progress.at(-1).processed, promptTokens);
+}
+
+const longChat = [{
+  role: 'user',
+  content: 'The quick brown fox jumps over the lazy dog. '.repeat(12),
+}];
+
+test('return_progress: llama.cpp prompt_progress chunks through the openai SDK; none without it', async () => {
+  const count = (await post(tiny8.base, '/tokenize', { messages: longChat })).json.count;
+  assert.ok(count >= 200, `prompt of ${count} tokens`);
+  const stream = await client8.chat.completions.create({
+    model: modelId, messages: longChat, max_tokens: 3, temperature: 0, stream: true,
+    stream_options: { include_usage: true }, return_progress: true,
+  });
+  const progress = [];
+  let sawText = false, usage = null;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.prompt_progress) {
+      assert.ok(!sawText, 'progress after the first token');
+      // llama.cpp's shape: one choice with an empty assistant delta.
+      assert.equal(chunk.choices.length, 1);
+      assert.equal(chunk.choices[0].delta.role, 'assistant');
+      assert.equal(chunk.choices[0].delta.content, null);
+      assert.equal(chunk.choices[0].finish_reason, null);
+      progress.push(chunk.prompt_progress);
+    } else if (chunk.choices[0]?.delta?.content || chunk.choices[0]?.delta?.reasoning_content) {
+      sawText = true;
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  checkProgress(progress, count);
+  assert.equal(usage.prompt_tokens, count);
+
+  // Without the flag the stream carries no trace of it (plain OpenAI).
+  const plain = await sse(tiny8.base, '/v1/chat/completions', {
+    model: modelId, messages: longChat, max_tokens: 3, temperature: 0, stream: true,
+  });
+  assert.equal(plain.status, 200);
+  assert.ok(!plain.text.includes('prompt_progress'));
+  assert.equal(plain.frames.at(-1), '[DONE]');
+  // A non-boolean flag is refused, naming it.
+  const bad = await post(tiny8.base, '/v1/chat/completions',
+    { model: modelId, messages: longChat, stream: true, return_progress: 'yes' });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'return_progress');
+
+  // Legacy completions: the same reports on text_completion chunks with empty text.
+  const prompt = longChat[0].content;
+  const ids = (await post(tiny8.base, '/tokenize', { prompt })).json.count;
+  const raw = await sse(tiny8.base, '/v1/completions', {
+    model: modelId, prompt, max_tokens: 2, stream: true, return_progress: true,
+  });
+  const reports = raw.frames.filter((f) => f.prompt_progress);
+  for (const f of reports) {
+    assert.equal(f.object, 'text_completion');
+    assert.equal(f.choices[0].text, '');
+  }
+  checkProgress(reports.map((f) => f.prompt_progress), ids);
+});
+
+test('legacy completions stream (openai SDK): text_completion chunks, include_usage, [DONE]', async () => {
+  const body = { model: modelId, prompt: 'The capital of France is', max_tokens: 8, temperature: 0 };
+  const whole = await client.completions.create(body);
+  const stream = await client.completions.create({
+    ...body, stream: true, stream_options: { include_usage: true },
+  });
+  let text = '', finish = null, usage = null, pieces = 0;
+  for await (const chunk of stream) {
+    assert.equal(chunk.object, 'text_completion');
+    assert.equal(chunk.model, modelId);
+    if (chunk.choices.length === 0) {
+      usage = chunk.usage;
+      continue;
+    }
+    assert.equal(chunk.usage, null);
+    const c = chunk.choices[0];
+    assert.equal(c.index, 0);
+    text += c.text;
+    if (c.text) pieces++;
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(text, whole.choices[0].text);
+  assert.ok(pieces >= 2, `text arrived in ${pieces} pieces`);
+  assert.equal(finish, 'length');
+  assert.deepEqual(usage, whole.usage);
+  const raw = await sse(tiny.base, '/v1/completions', { ...body, stream: true, logprobs: 2 });
+  assert.equal(raw.frames.at(-1), '[DONE]');
+  const withText = raw.frames.filter((f) => f !== '[DONE]' && f.choices[0].logprobs);
+  assert.equal(withText.length, 8);  // one chunk per token with its logprobs
+  for (const f of withText) assert.equal(f.choices[0].logprobs.tokens.length, 1);
+  // A refused request is a plain 400 before any stream starts.
+  const empty = await post(tiny.base, '/v1/completions', { model: modelId, prompt: '', stream: true });
+  assert.equal(empty.status, 400);
+});
+
+test('a completions stream whose client disconnects stops generating', async () => {
+  const before = await metrics(tiny8.base);
+  const cancelledBefore = before.value('coli_requests_cancelled_total');
+  const disconnectsBefore = before.value('coli_http_client_disconnects_total');
+  const controller = new AbortController();
+  const stream = await client8.completions.create({
+    // seed 1 samples hundreds of tokens before any stop token
+    model: modelId, prompt: 'Once upon a time', max_tokens: 100000, temperature: 1, seed: 1,
+    stream: true,
+  }, { signal: controller.signal });
+  let chunks = 0;
+  try {
+    for await (const chunk of stream) {
+      chunks += chunk.choices.length;
+      if (chunks >= 3) controller.abort();
+    }
+  } catch (e) {
+    assert.equal(e.name, 'AbortError');
+  }
+  assert.ok(chunks >= 3);
+  let after;
+  for (let i = 0; i < 100; i++) {
+    after = await metrics(tiny8.base);
+    if (after.value('coli_requests_active') === 0 &&
+        after.value('coli_http_client_disconnects_total') > disconnectsBefore) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(after.value('coli_requests_active'), 0, after.text);
+  assert.equal(after.value('coli_http_streams_active'), 0, after.text);
+  assert.ok(after.value('coli_http_client_disconnects_total') > disconnectsBefore, after.text);
+  assert.ok(after.value('coli_requests_cancelled_total') > cancelledBefore, after.text);
+  // Generation really ended: the token counter stands still.
+  const tokens = after.value('coli_completion_tokens_total');
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal((await metrics(tiny8.base)).value('coli_completion_tokens_total'), tokens);
 });
 
 const tools = [{
