@@ -30,7 +30,9 @@ async function* sseEvents(body) {
   }
 }
 
-// Streams one chat completion. `on` receives {reasoning, content, toolCalls, usage, finish}.
+// Streams one chat completion. `on` receives {progress, reasoning, content, toolCalls, usage,
+// finish}. `progress` gets the gateway's prefill reports ({total, cache, processed, time_ms},
+// llama.cpp's `prompt_progress`, asked for with `return_progress`).
 export async function streamChat({ model, messages, thinking, signal, on }) {
   const res = await fetch('/v1/chat/completions', {
     method: 'POST',
@@ -40,6 +42,7 @@ export async function streamChat({ model, messages, thinking, signal, on }) {
       messages,
       stream: true,
       stream_options: { include_usage: true },
+      return_progress: true,
       chat_template_kwargs: { thinking },
     }),
     signal,
@@ -56,6 +59,10 @@ export async function streamChat({ model, messages, thinking, signal, on }) {
     if (data === '[DONE]') break;
     const chunk = JSON.parse(data);
     if (chunk.error) throw new Error(chunk.error.message || 'server error');
+    if (chunk.prompt_progress) {
+      on.progress?.(chunk.prompt_progress);
+      continue;  // a progress chunk carries an empty assistant delta
+    }
     if (chunk.usage) on.usage?.(chunk.usage);
     for (const choice of chunk.choices || []) {
       const delta = choice.delta || {};

@@ -21,10 +21,15 @@ export function toMessages(state) {
   for (const turn of state.turns) {
     if (turn.role === 'user') {
       messages.push({ role: 'user', content: turn.content });
+    } else if (turn.role === 'tool') {
+      messages.push({ role: 'tool', tool_call_id: turn.toolCallId, content: turn.content });
     } else if (turn.role === 'assistant' && !turn.error) {
       const m = { role: 'assistant', content: turn.content || '' };
       if (turn.reasoning) m.reasoning_content = turn.reasoning;
-      if (turn.toolCalls && turn.toolCalls.length) m.tool_calls = turn.toolCalls;
+      if (turn.toolCalls && turn.toolCalls.length) {
+        m.tool_calls = turn.toolCalls;
+        if (!turn.content) m.content = null;  // OpenAI's shape for a reply that only calls
+      }
       messages.push(m);
     }
   }

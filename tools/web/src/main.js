@@ -38,6 +38,12 @@ function turnElement(turn, index) {
     body.className = 'body';
     body.textContent = turn.content;
     div.append(body);
+  } else if (turn.role === 'tool') {
+    div.dataset.testid = 'tool-result';
+    const body = document.createElement('div');
+    body.className = 'body tool-result';
+    body.textContent = `result of ${turn.name || 'tool'}: ${turn.content}`;
+    div.append(body);
   } else {
     if (turn.reasoning) {
       const details = document.createElement('details');
@@ -61,7 +67,10 @@ function turnElement(turn, index) {
       box.className = 'tool-call';
       box.dataset.testid = 'tool-call';
       const fn = call.function || {};
-      box.textContent = `tool call: ${fn.name || '?'}(${fn.arguments || ''})`;
+      const head = document.createElement('div');
+      head.textContent = `tool call: ${fn.name || '?'}(${fn.arguments || ''})`;
+      box.append(head);
+      if (awaitsResult(turn, index, call)) box.append(toolResultForm(call));
       div.append(box);
     }
     if (turn.error) {
@@ -78,6 +87,41 @@ function turnElement(turn, index) {
     }
   }
   return div;
+}
+
+// The page runs no tools: a person pastes a call's result, which goes back to the model as an
+// OpenAI `tool` message. Only the calls of the last assistant turn that have no result yet ask.
+function awaitsResult(turn, index, call) {
+  if (inflight || !call.id) return false;
+  const after = state.turns.slice(index + 1);
+  if (after.some((t) => t.role !== 'tool')) return false;
+  return !after.some((t) => t.toolCallId === call.id);
+}
+
+function toolResultForm(call) {
+  const form = document.createElement('form');
+  form.className = 'tool-result-form';
+  const input = document.createElement('textarea');
+  input.rows = 1;
+  input.placeholder = 'paste the tool\'s result';
+  input.dataset.testid = 'tool-result-input';
+  const send = document.createElement('button');
+  send.type = 'submit';
+  send.textContent = 'send result';
+  send.dataset.testid = 'tool-result-send';
+  form.append(input, send);
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    if (inflight) return;
+    state.turns.push({ role: 'tool', toolCallId: call.id, name: call.function?.name || '',
+      content: input.value });
+    persist();
+    // Answer once every call of that turn has its result.
+    const owner = state.turns.findLast((t) => t.role === 'assistant');
+    const answered = new Set(state.turns.filter((t) => t.role === 'tool').map((t) => t.toolCallId));
+    if ((owner?.toolCalls || []).every((c) => answered.has(c.id))) generate(); else render();
+  });
+  return form;
 }
 
 function addTurnActions() {
@@ -156,11 +200,22 @@ async function refreshMetrics() {
   } catch (_) { /* the status bar is best-effort */ }
 }
 
-// Until the first token arrives the model is reading the prompt (prefill): show for how long.
+// Until the first token arrives the model is reading the prompt (prefill): show how far it got
+// (the gateway's progress reports), or for how long until the first report.
 function tickPrefill(started) {
   if (!inflight || inflight.firstTokenAt) return;
   els.prefill.hidden = false;
-  els.prefill.textContent = `prefill ${((performance.now() - started) / 1000).toFixed(1)} s`;
+  const p = inflight.progress;
+  if (p && p.total > 0) {
+    const pct = Math.floor((100 * p.processed) / p.total);
+    els.prefill.textContent = `prefill ${pct} %`;
+    els.prefill.title = `${p.processed} of ${p.total} prompt tokens read` +
+      (p.cache > 0 ? ` (${p.cache} kept from before)` : '') +
+      ` in ${(p.time_ms / 1000).toFixed(1)} s`;
+  } else {
+    els.prefill.textContent = `prefill ${((performance.now() - started) / 1000).toFixed(1)} s`;
+    els.prefill.title = 'reading the prompt';
+  }
 }
 
 function formatBytes(n) {
@@ -204,6 +259,7 @@ async function generate() {
       thinking: state.thinking,
       signal: controller.signal,
       on: {
+        progress: (p) => { inflight.progress = p; tickPrefill(started); },
         reasoning: (t) => { turn.reasoning += t; onPiece(); renderTurn(turn); },
         content: (t) => { turn.content += t; onPiece(); renderTurn(turn); },
         toolCalls: (calls) => { mergeToolCalls(turn, calls); onPiece(); renderTurn(turn); },
