@@ -523,8 +523,9 @@ absl::Status StreamingExpertStore::Impl::Init() {
         absl::StrCat("K3_LOAD_THREADS=", options_.load_threads, ": expected 1…16"));
   }
   if (options_.read_pieces < 0 || options_.read_pieces > 64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert store: read_pieces=", options_.read_pieces, ": expected 0 (auto) or 1…64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert store: read_pieces=", options_.read_pieces,
+                     ": expected 1…64 (0 = one per loader thread)"));
   }
   for (size_t i = 0; i < L.moe_layers.size(); ++i) {
     if (!layer_index_.emplace(L.moe_layers[i], static_cast<int>(i)).second) {

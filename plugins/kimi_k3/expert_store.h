@@ -21,12 +21,11 @@
 //   least-recently-used unpinned slot, which joins the working set.
 // * Reads. When the six tensors of an expert (w1 packed/scale, w2 …, w3 …) are back to back in
 //   one shard (checked for every expert at Open via Snapshot::ContiguousRange) the expert's
-//   4 KiB-aligned cover is read in `read_pieces` aligned pieces (default: one per loader thread;
-//   1 = one pread per expert); otherwise six reads (one per tensor) into the same slot layout.
-//   A call's misses are sorted by (shard, file offset) and their pieces queued in that order;
-//   the `load_threads` loader threads take pieces from the front, so they cooperate on expert j
-//   before j+1 and experts arrive one by one in disk order (with whole-expert reads, T loaders
-//   each read a different expert at 1/T of the bandwidth and T experts arrive together, late).
+//   4 KiB-aligned cover is one pread (or, with read_pieces > 1, that many aligned pieces);
+//   otherwise six reads (one per tensor) into the same slot layout. A call's misses are sorted
+//   by (shard, file offset) and their requests queued in that order; the `load_threads` loader
+//   threads take requests from the front (with pieces they cooperate on expert j before j+1,
+//   so experts arrive one by one in disk order).
 //   O_DIRECT by default (buffered + POSIX_FADV_WILLNEED for the whole miss list when
 //   direct = false).
 // * Pipelining. The loaders start before the callbacks: `meanwhile` (the caller's work that does
@@ -89,8 +88,11 @@ struct ExpertStoreOptions {
   bool pipe = true;        // K3_PIPE
   int load_threads = 4;    // K3_LOAD_THREADS, 1…16
   int working_slots = 0;   // fresh-read slots shared by all layers; 0 = max(16, 2·load_threads)
-  // Aligned pieces per contiguous expert read (each ≥ 4 KiB), 0 = load_threads, 1 = whole.
-  int read_pieces = 0;
+  // Requests per contiguous expert read: 1 = the whole aligned cover in one pread (default);
+  // N > 1 = N aligned pieces (each ≥ 4 KiB) that the loaders take in order, so experts arrive
+  // one by one in disk order; 0 = one piece per loader thread. Measured on the shared virtio
+  // disk: no end-to-end gain and ~7% less bandwidth (docs/status/issue-6.md), hence off.
+  int read_pieces = 1;
   // Usage history file ("" = none). Read at Open for pinning; Record* add to it in RAM.
   std::string usage_path;
   bool record_usage = true;  // count every selection

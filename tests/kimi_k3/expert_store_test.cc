@@ -223,6 +223,7 @@ TEST_F(ExpertStoreTest, BytesMatchTheFileForEverySetting) {
             options.pipe = pipe;
             options.load_threads = threads;
             options.working_slots = 3;  // fewer than some calls' misses: batches and waits
+            options.read_pieces = 0;    // one piece per loader: 1 or 3
             ASSERT_OK_AND_ASSIGN(auto store,
                                  StreamingExpertStore::Open(snapshot.get(), Layout(), options));
             EXPECT_EQ(store->plan().slots_per_layer, cap);
@@ -716,6 +717,9 @@ TEST_F(ExpertStoreTest, ShardsSplitAcrossTwoDirectories) {
                        st::Snapshot::Open(dir_ + "/drive1", st::SnapshotOptions{{second}}));
   ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), Layout(), WithCap(2)));
   for (int layer : kMoeLayers) ASSERT_OK(CheckedCall(store.get(), layer, {5, 4, 3, 2, 1, 0}));
+  const ExpertStoreStats stats = store->TakeStats();
+  EXPECT_EQ(stats.misses, 2u * kExperts);
+  EXPECT_EQ(stats.preads, stats.misses);  // default: one read per contiguous expert
 }
 
 TEST_F(ExpertStoreTest, CallbackErrorEndsTheCallAndTheStoreStaysUsable) {

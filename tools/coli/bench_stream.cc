@@ -78,11 +78,14 @@ struct Args {
   int chunk = 32;
   int top_k = 16;
   int load_threads = 4;
-  int read_pieces = 0;  // 0 = load_threads
+  int read_pieces = 1;  // the store's default: whole experts
   std::string trace_path;
   double ceiling_gb = 2;
   bool direct = true;
   bool prefill_compute = false;
+  bool prefill = true;          // --no-prefill skips (c)
+  double sleep_compute_ms = 0;  // > 0: each expert "computed" by sleeping this long
+
   uint32_t seed = 1;
 };
 
@@ -90,7 +93,10 @@ const char kUsage[] =
     "usage: coli bench stream --model DIR [--json] [--budget-gb X] [--tokens N]\n"
     "         [--prefill-tokens N] [--chunk C] [--top-k K] [--load-threads N]\n"
     "         [--ceiling-gb X] [--buffered] [--prefill-compute] [--dirs D1:D2] [--seed N]\n"
-    "         [--read-pieces N (0 = load threads, 1 = whole experts)] [--trace FILE]\n";
+    "         [--read-pieces N (1 = whole experts, the default; 0 = one per load thread)]\n"
+    "         [--trace FILE]\n"
+    "         [--no-prefill] [--sleep-compute-ms X (decode experts sleep X ms instead of\n"
+    "         computing: the pipeline's structure without CPU contention)]\n";
 
 bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
   for (int i = 1; i < argc; ++i) {
@@ -109,10 +115,12 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       args->direct = false;
     } else if (a == "--prefill-compute") {
       args->prefill_compute = true;
+    } else if (a == "--no-prefill") {
+      args->prefill = false;
     } else if (a == "--model" || a == "--budget-gb" || a == "--tokens" ||
                a == "--prefill-tokens" || a == "--chunk" || a == "--top-k" ||
                a == "--load-threads" || a == "--ceiling-gb" || a == "--dirs" || a == "--seed" ||
-               a == "--read-pieces" || a == "--trace") {
+               a == "--read-pieces" || a == "--trace" || a == "--sleep-compute-ms") {
       if ((v = value(a.c_str())) == nullptr) return false;
       if (a == "--model") args->model = v;
       if (a == "--dirs") args->dirs = absl::StrSplit(v, ':', absl::SkipEmpty());
@@ -126,6 +134,7 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       if (a == "--seed") args->seed = static_cast<uint32_t>(std::atoi(v));
       if (a == "--read-pieces") args->read_pieces = std::atoi(v);
       if (a == "--trace") args->trace_path = v;
+      if (a == "--sleep-compute-ms") args->sleep_compute_ms = std::atof(v);
     } else {
       *error = absl::StrCat("unknown argument '", a, "'");
       return false;
@@ -226,7 +235,8 @@ struct PhaseResult {
 // layer, the chunk's distinct experts in one call, each applied to the rows that chose it.
 absl::StatusOr<PhaseResult> RunTokens(StreamingExpertStore* store,
                                       const std::vector<std::vector<Selection>>& routing,
-                                      int chunk, bool compute_experts = true) {
+                                      int chunk, bool compute_experts = true,
+                                      double sleep_ms = 0) {
   const k3::ExpertStoreLayout& layout = store->layout();
   ExpertCompute compute(layout.latent, layout.inter);
   const int tokens = static_cast<int>(routing.size());
@@ -252,6 +262,10 @@ absl::StatusOr<PhaseResult> RunTokens(StreamingExpertStore* store,
       COLI_RETURN_IF_ERROR(store->ForEachExpert(
           layout.moe_layers[li], list, [&](int i, const ExpertWeights& w) -> absl::Status {
             if (!compute_experts) return absl::OkStatus();
+            if (sleep_ms > 0) {
+              std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(sleep_ms));
+              return absl::OkStatus();
+            }
             const auto& u = users[list[i]];
             std::vector<float> weight;
             for (size_t j = 0; j < u.size(); ++j) {
@@ -394,6 +408,11 @@ struct TraceSummary {
   double expert_read = 0;      // mean disk-busy time per missed expert in a call
   double in_order = 0;         // fraction of a call's misses that arrive in disk order
   double last_gap = 0;         // mean: arrival of the second-to-last → last expert of a call
+  // Σ over calls of max(disk busy, compute busy) of that call: what a perfect pipeline needs
+  // when the load changes during the run (the totals' max(read, compute) is then too low: one
+  // call may wait for the disk and the next for the CPU).
+  double per_call_bound = 0;
+  double compute_busy = 0;
 };
 
 TraceSummary SummarizeTrace(const std::vector<k3::ExpertTraceEvent>& events) {
@@ -416,7 +435,7 @@ TraceSummary SummarizeTrace(const std::vector<k3::ExpertTraceEvent>& events) {
     std::vector<std::pair<double, double>> reads;
     std::map<int32_t, double> arrival;  // expert -> last piece's end
     std::map<int32_t, double> first_read;
-    double miss_compute = 1e30;
+    double miss_compute = 1e30, compute_busy = 0;
     for (const auto& e : events) {
       if (e.layer != call.layer || e.start < call.start || e.end > call.end) continue;
       if (e.kind == Kind::kRead) {
@@ -424,12 +443,15 @@ TraceSummary SummarizeTrace(const std::vector<k3::ExpertTraceEvent>& events) {
         arrival[e.expert] = std::max(arrival[e.expert], e.end);
         auto [it, fresh] = first_read.emplace(e.expert, e.start);
         if (!fresh) it->second = std::min(it->second, e.start);
-      } else if (e.kind == Kind::kCompute && !e.hit) {
-        miss_compute = std::min(miss_compute, e.start);
+      } else if (e.kind == Kind::kCompute || e.kind == Kind::kMeanwhile) {
+        compute_busy += e.end - e.start;
+        if (e.kind == Kind::kCompute && !e.hit) miss_compute = std::min(miss_compute, e.start);
       }
     }
+    t.compute_busy += compute_busy;
     if (reads.empty()) {
       t.idle_no_reads += call.end - call.start;
+      t.per_call_bound += compute_busy;
       continue;
     }
     ++with_reads;
@@ -446,6 +468,7 @@ TraceSummary SummarizeTrace(const std::vector<k3::ExpertTraceEvent>& events) {
     }
     busy += cur_hi - cur_lo;
     t.disk_busy += busy;
+    t.per_call_bound += std::max(busy, compute_busy);
     t.idle_head += reads[0].first - call.start;
     t.idle_inside += holes;
     t.idle_tail += call.end - cur_hi;
@@ -540,18 +563,26 @@ int RunBenchStream(int argc, char** argv) {
   // The ceiling is measured right before and right after the decode (the disk may be shared),
   // with whole-expert requests and with the store's pieces; the ratio uses the better mean.
   const int pieces = args.read_pieces > 0 ? args.read_pieces : args.load_threads;
-  auto measure_ceilings = [&](uint32_t seed, Ceiling* whole, Ceiling* split) -> absl::Status {
-    COLI_ASSIGN_OR_RETURN(*whole,
-                          MeasureCeiling(store->get(), args.ceiling_gb, args.load_threads, seed));
-    COLI_ASSIGN_OR_RETURN(*split, MeasureCeiling(store->get(), args.ceiling_gb, args.load_threads,
-                                                 seed + 7, 0, pieces));
+  // Each measurement reads different random experts; the order alternates (whole first before
+  // the decode, pieces first after it) so neither request size always gets the first slot.
+  auto measure_ceilings = [&](uint32_t seed, bool split_first, Ceiling* whole,
+                              Ceiling* split) -> absl::Status {
+    for (int k = 0; k < 2; ++k) {
+      if ((k == 0) != split_first) {
+        COLI_ASSIGN_OR_RETURN(*whole, MeasureCeiling(store->get(), args.ceiling_gb,
+                                                     args.load_threads, seed + k));
+      } else {
+        COLI_ASSIGN_OR_RETURN(*split, MeasureCeiling(store->get(), args.ceiling_gb,
+                                                     args.load_threads, seed + k, 0, pieces));
+      }
+    }
     COLI_LOG(kInfo) << absl::StrFormat(
         "(a) ceiling: whole experts %.3f GB/s, in %d pieces %.3f GB/s (%s)", whole->gbs, pieces,
         split->gbs, whole->direct ? "O_DIRECT" : "buffered: O_DIRECT refused");
     return absl::OkStatus();
   };
   Ceiling whole_before, split_before, whole_after, split_after;
-  if (absl::Status s = measure_ceilings(args.seed, &whole_before, &split_before); !s.ok()) {
+  if (absl::Status s = measure_ceilings(args.seed, false, &whole_before, &split_before); !s.ok()) {
     return Fail(s);
   }
 
@@ -560,7 +591,7 @@ int RunBenchStream(int argc, char** argv) {
       MakeRouting(args.tokens, layers, layout->experts, args.top_k, args.seed);
   dropped = DropPageCache(&drop_note) && dropped;
   (*store)->StartTrace();
-  absl::StatusOr<PhaseResult> decode = RunTokens(store->get(), decode_routing, 1);
+  absl::StatusOr<PhaseResult> decode = RunTokens(store->get(), decode_routing, 1, true, args.sleep_compute_ms);
   if (!decode.ok()) return Fail(decode.status());
   const std::vector<k3::ExpertTraceEvent> trace = (*store)->TakeTrace();
   (*store)->StopTrace();
@@ -568,7 +599,7 @@ int RunBenchStream(int argc, char** argv) {
   if (!args.trace_path.empty()) {
     if (absl::Status s = WriteTrace(args.trace_path, trace); !s.ok()) return Fail(s);
   }
-  if (absl::Status s = measure_ceilings(args.seed + 2, &whole_after, &split_after); !s.ok()) {
+  if (absl::Status s = measure_ceilings(args.seed + 20, true, &whole_after, &split_after); !s.ok()) {
     return Fail(s);
   }
   const double whole_gbs = (whole_before.gbs + whole_after.gbs) / 2;
@@ -586,16 +617,18 @@ int RunBenchStream(int argc, char** argv) {
       "(b) trace: %d calls, %.1f misses/call; wall %.3f s = disk busy %.3f + idle: head %.3f, "
       "inside %.3f, tail %.3f, between calls %.3f, no-read calls %.3f; per call: first expert "
       "arrives %.1f ms (%.2f expert reads), its compute starts %.1f ms, last two arrivals %.1f "
-      "ms apart; %.0f%% arrive in disk order",
+      "ms apart; %.0f%% arrive in disk order; wall / sum of per-call max(disk busy, compute) = "
+      "%.3f",
       ts.calls, ts.misses_per_call, ts.wall, ts.disk_busy, ts.idle_head, ts.idle_inside,
       ts.idle_tail, ts.idle_between, ts.idle_no_reads, 1e3 * ts.first_arrival,
       ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0, 1e3 * ts.first_compute,
-      1e3 * ts.last_gap, 100 * ts.in_order);
+      1e3 * ts.last_gap, 100 * ts.in_order,
+      ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0);
   store->reset();
   absl::StatusOr<std::unique_ptr<StreamingExpertStore>> nopipe_store = open(false);
   if (!nopipe_store.ok()) return Fail(nopipe_store.status());
   dropped = DropPageCache(&drop_note) && dropped;
-  absl::StatusOr<PhaseResult> nopipe = RunTokens(nopipe_store->get(), decode_routing, 1);
+  absl::StatusOr<PhaseResult> nopipe = RunTokens(nopipe_store->get(), decode_routing, 1, true, args.sleep_compute_ms);
   if (!nopipe.ok()) return Fail(nopipe.status());
   nopipe_store->reset();
   // The same decode with the callbacks doing nothing: the streaming path's own read rate,
@@ -642,7 +675,7 @@ int RunBenchStream(int argc, char** argv) {
                                            args.top_k, args.seed + 1);
   double bytes_per_token[2] = {0, 0}, prefill_s[2] = {0, 0}, prefill_hits[2] = {0, 0};
   const int chunks[2] = {1, args.chunk};
-  for (int c = 0; c < 2; ++c) {
+  for (int c = 0; c < 2 && args.prefill; ++c) {
     absl::StatusOr<std::unique_ptr<StreamingExpertStore>> s = open(true);
     if (!s.ok()) return Fail(s.status());
     dropped = DropPageCache(&drop_note) && dropped;
@@ -673,19 +706,24 @@ int RunBenchStream(int argc, char** argv) {
                                        static_cast<double>(layout->ExpertBytes()) /
                                        args.prefill_tokens;
   const double c_vs_union = bytes_per_token[1] / union_bytes_per_token;
+  const double prefill_ratio =
+      bytes_per_token[1] > 0 ? bytes_per_token[0] / bytes_per_token[1] : 0;  // 0: --no-prefill
   COLI_LOG(kInfo) << absl::StrFormat(
       "(c) prefill: %.1f MB/token at C=1 (hit rate %.1f%%), %.1f MB/token at C=%d (%.2fx fewer; "
       "the routing allows %.2fx without C=1 hits, %.2fx with them); C=%d reads %.3fx its "
       "chunks' expert unions; %.3f vs %.3f s/token",
       bytes_per_token[0] / 1e6, 100 * prefill_hits[0], bytes_per_token[1] / 1e6, args.chunk,
-      bytes_per_token[0] / bytes_per_token[1], dedup, dedup * (1 - prefill_hits[0]), args.chunk,
+      prefill_ratio, dedup, dedup * (1 - prefill_hits[0]), args.chunk,
       c_vs_union, prefill_s[0], prefill_s[1]);
   if (!dropped) {
     COLI_LOG(kWarning) << "page cache NOT dropped between phases: " << drop_note;
   }
 
   const std::string routing_note = absl::StrCat(
-      "synthetic uniform top-k routing; real MXFP4 expert matmuls in decode",
+      "synthetic uniform top-k routing; ",
+      args.sleep_compute_ms > 0
+          ? absl::StrFormat("decode experts SLEEP %.2f ms instead of computing", args.sleep_compute_ms)
+          : std::string("real MXFP4 expert matmuls in decode"),
       args.prefill_compute ? " and prefill" : " (prefill: reads only)",
       "; no attention/dense work");
   const std::string extra = absl::StrFormat(
@@ -696,12 +734,16 @@ int RunBenchStream(int argc, char** argv) {
       "\"trace_idle_no_reads_s\": %.4f, \"trace_first_arrival_ms\": %.2f, "
       "\"trace_first_arrival_reads\": %.3f, \"trace_first_compute_ms\": %.2f, "
       "\"trace_last_gap_ms\": %.2f, \"trace_expert_read_ms\": %.2f, \"trace_in_order\": %.3f, "
+      "\"trace_compute_busy_s\": %.4f, \"trace_per_call_bound_s\": %.4f, "
+      "\"trace_overlap_ratio_per_call\": %.4f, "
       "\"prefill_hit_rate_c1\": %.4f, \"prefill_union_bytes_per_token\": %.0f, "
       "\"prefill_c32_vs_union\": %.4f, \"prefill_routing_with_c1_hits\": %.4f",
       pieces, whole_gbs, split_gbs, ts.calls, ts.misses_per_call, ts.wall, ts.disk_busy,
       ts.idle_head, ts.idle_inside, ts.idle_tail, ts.idle_between, ts.idle_no_reads,
       1e3 * ts.first_arrival, ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0,
       1e3 * ts.first_compute, 1e3 * ts.last_gap, 1e3 * ts.expert_read, ts.in_order,
+      ts.compute_busy, ts.per_call_bound,
+      ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0,
       prefill_hits[0], union_bytes_per_token, c_vs_union, dedup * (1 - prefill_hits[0]));
   if (args.json) {
     std::printf(
@@ -723,7 +765,7 @@ int RunBenchStream(int argc, char** argv) {
         overlap_ratio, nopipe->wall / T, d.hit_rate(), ceiling_before_gbs, ceiling_after_gbs,
         args.prefill_compute ? "true" : "false", readonly_gbs, readonly_gbs / ceiling->gbs,
         readonly->wall / T, batched->gbs, batch, readonly_gbs / batched->gbs, bytes_per_token[0], bytes_per_token[1],
-        bytes_per_token[0] / bytes_per_token[1], dedup, args.chunk, prefill_s[0], prefill_s[1],
+        prefill_ratio, dedup, args.chunk, prefill_s[0], prefill_s[1],
         args.budget_gb, plan.slots_per_layer, set_gb, layers, layout->experts, args.top_k,
         args.tokens, args.load_threads, args.direct ? "true" : "false",
         ceiling->direct ? "true" : "false", dropped ? "true" : "false", routing_note.c_str(),
@@ -751,6 +793,9 @@ int RunBenchStream(int argc, char** argv) {
                 ts.wall - ts.disk_busy, ts.wall, ts.idle_head, ts.idle_inside, ts.idle_tail,
                 ts.idle_between, 1e3 * ts.first_arrival,
                 ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0);
+    std::printf("                   traced wall / sum of per-call max(disk busy, compute) = "
+                "%.3f\n",
+                ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0);
     std::printf("                   without compute: %.3f GB/s while reading = %.1f%% of the "
                 "ceiling, %.3f s/token\n",
                 readonly_gbs, 100 * readonly_gbs / ceiling->gbs, readonly->wall / T);
@@ -761,7 +806,7 @@ int RunBenchStream(int argc, char** argv) {
                 "(routing allows %.2fx; %.2fx given C=1's %.1f%% LRU hits); C=%d reads %.3fx "
                 "its chunks' unions\n",
                 bytes_per_token[0] / 1e6, bytes_per_token[1] / 1e6, args.chunk,
-                bytes_per_token[0] / bytes_per_token[1], dedup, dedup * (1 - prefill_hits[0]),
+                prefill_ratio, dedup, dedup * (1 - prefill_hits[0]),
                 100 * prefill_hits[0], args.chunk, c_vs_union);
     std::printf("  page cache       %s\n",
                 dropped ? "dropped between phases" : ("NOT dropped: " + drop_note).c_str());
