@@ -55,6 +55,9 @@ inline constexpr int kInt8ActGroup = 64;
 //           paths read biased unsigned weights (MXFP4 +12, int4 +8, int8 +128 (AVX-512 only)).
 //   xs    + (b*nblocks + k)*16: f32 activation scale of the lane's group (MXFP4: ·0.5).
 //   qx / qs: the same quantized activations in natural order and per-group scales (scalar path).
+//   xg    + b*xg_stride: f32 activation scale per group in natural order (MXFP4: ·0.5), zero-padded
+//           to a multiple of 16 groups (AVX-512 only: its batch-1 kernels multiply 16 weight scales
+//           by 16 activation scales at once instead of one block's lanes at a time).
 // Float paths:
 //   xf    + b*xf_stride: f32 activations; MXFP4 float: per group [16 even cols][16 odd cols].
 struct Prepared {
@@ -64,6 +67,8 @@ struct Prepared {
   const int8_t* xq = nullptr;
   const int32_t* corr = nullptr;
   const float* xs = nullptr;
+  const float* xg = nullptr;
+  int64_t xg_stride = 0;
   const int8_t* qx = nullptr;  // [batch, cols]
   const float* qs = nullptr;   // [batch, groups]
   int64_t qs_stride = 0;       // groups per batch row
@@ -90,10 +95,10 @@ const KernelSet& Avx2Kernels();
 const KernelSet& Avx512Kernels();
 
 // AVX-512 preparation of one batch row for the integer paths, straight into the block layout
-// (xq, corr, xs as in Prepared; buffers zeroed beforehand). Same values as the scalar quantizer
-// plus BuildBlocks. False when the row holds a non-finite value.
+// (xq, corr, xs, xg as in Prepared; buffers zeroed beforehand). Same values as the scalar
+// quantizer plus BuildBlocks. False when the row holds a non-finite value.
 bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const float* x, int64_t nblocks,
-                          int8_t* xq, int32_t* corr, float* xs);
+                          int8_t* xq, int32_t* corr, float* xs, float* xg);
 
 // COLI_ISA handling: `env` (may be null) lowers `detected` to scalar|avx2|avx512; an unknown
 // value or one above `detected` is ignored with a warning on stderr.

@@ -46,7 +46,7 @@ const internal::KernelSet& KernelsFor(Isa isa) {
 
 // Per-calling-thread scratch, so concurrent Matmul calls never share buffers.
 struct Buffers {
-  Scratch qx, qs, xq, corr, xs, xf;
+  Scratch qx, qs, xq, corr, xs, xg, xf;
 };
 
 int ActGroup(WeightFormat f) { return f == WeightFormat::kMxfp4 ? internal::kMxfp4Group : 64; }
@@ -156,6 +156,13 @@ absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch
     p->corr = corr;
     p->xs = xs;
   }
+  float* xg = nullptr;
+  const int64_t xg_stride = (groups + 15) / 16 * 16;
+  if (isa == Isa::kAvx512) {
+    xg = static_cast<float*>(buf.xg.Zeroed(batch * xg_stride * sizeof(float)));
+    p->xg = xg;
+    p->xg_stride = xg_stride;
+  }
   int64_t bad_row = -1;
   absl::Status bad;
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, batch)));
@@ -164,7 +171,8 @@ absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch
     const float* xb = x + b * cols;
     if (isa == Isa::kAvx512 &&
         internal::PrepareIdotRowAvx512(w.format, cols, xb, nblocks, xq + b * nblocks * block_cols,
-                                       corr + b * nblocks * 16, xs + b * nblocks * 16)) {
+                                       corr + b * nblocks * 16, xs + b * nblocks * 16,
+                                       xg + b * xg_stride)) {
       continue;
     }
     // Scalar quantizer (also names the bad value when the AVX-512 one refused the row).

@@ -428,11 +428,15 @@ struct Shape {
 std::vector<Shape> ShapesFor(WeightFormat f) {
   switch (f) {
     case WeightFormat::kMxfp4:
-      return {{1, 32}, {3, 64}, {5, 96}, {4, 128}, {7, 160}, {9, 224}, {13, 512}, {2, 32 * 13}};
+      // The last two reach the batch-1 kernels' main loops (16 groups at a time) and their tails.
+      return {{1, 32},  {3, 64},   {5, 96},      {4, 128},     {7, 160},
+              {9, 224}, {13, 512}, {2, 32 * 13}, {3, 32 * 71}, {2, 1024}};
     case WeightFormat::kInt4G64:
-      return {{1, 64}, {3, 128}, {5, 192}, {6, 320}, {11, 512}, {2, 64 * 9}};
+      return {{1, 64},   {3, 128},    {5, 192},     {6, 320},
+              {11, 512}, {2, 64 * 9}, {3, 64 * 35}, {2, 2048}};
     default:
-      return {{1, 1}, {2, 5}, {3, 16}, {5, 63}, {4, 64}, {7, 65}, {9, 130}, {6, 200}, {10, 513}};
+      return {{1, 1},   {2, 5},   {3, 16},   {5, 63},   {4, 64},         {7, 65},
+              {9, 130}, {6, 200}, {10, 513}, {2, 1024}, {3, 64 * 33 + 5}};
   }
 }
 
@@ -516,16 +520,19 @@ TEST(KernelMatmul, BatchRowsEqualSingleRowCalls) {
   std::normal_distribution<float> normal(0.f, 1.f);
   for (WeightFormat f :
        {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64, WeightFormat::kMxfp4}) {
-    TestMatrix m = MakeMatrix(f, 21, 256, rng);
+    // 2176 columns: 17 blocks of 128 (MXFP4, int4) or 34 of 64 (int8), so the batch-1 kernels run
+    // their main loops and a tail.
+    constexpr int64_t kCols = 2176;
+    TestMatrix m = MakeMatrix(f, 21, kCols, rng);
     const int64_t batch = 11;
-    std::vector<float> x(batch * 256);
+    std::vector<float> x(batch * kCols);
     for (float& v : x) v = normal(rng);
     for (bool idot : {false, true}) {
       std::vector<float> all(batch * 21);
       ASSERT_TRUE(Matmul(m.view(), x.data(), batch, all.data(), {idot, 2}).ok());
       for (int64_t b = 0; b < batch; ++b) {
         std::vector<float> one(21);
-        ASSERT_TRUE(Matmul(m.view(), x.data() + b * 256, 1, one.data(), {idot, 1}).ok());
+        ASSERT_TRUE(Matmul(m.view(), x.data() + b * kCols, 1, one.data(), {idot, 1}).ok());
         for (int r = 0; r < 21; ++r) {
           EXPECT_EQ(Bits(one[r]), Bits(all[b * 21 + r])) << WeightFormatName(f) << " b " << b;
         }
