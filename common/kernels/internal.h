@@ -62,6 +62,7 @@ inline constexpr int kInt8ActGroup = 64;
 //   xf    + b*xf_stride: f32 activations; MXFP4 float: per group [16 even cols][16 odd cols].
 struct Prepared {
   const float* x = nullptr;  // the caller's activations [batch, cols]
+  bool idot = false;         // integer paths (quantized activations) vs float paths
   int64_t nblocks = 0;
   int64_t block_bytes = 0;
   const int8_t* xq = nullptr;

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,29 +106,33 @@ void BuildBlocks(WeightFormat f, int64_t cols, const int8_t* qx, const float* qs
   }
 }
 
-absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch, bool idot,
-                     int threads, Buffers& buf, Prepared* p) {
+// The writable side of a call's Prepared: the buffers PrepareRow fills (null where unused).
+struct Layout {
+  int8_t* qx = nullptr;
+  float* qs = nullptr;
+  int8_t* xq = nullptr;
+  int32_t* corr = nullptr;
+  float* xs = nullptr;
+  float* xg = nullptr;
+  float* xf = nullptr;  // MXFP4 float: reordered activations
+};
+
+// Lays out the prepared-activation buffers of one call (internal.h, Prepared); PrepareRow writes
+// the values, batch row by batch row.
+Layout PrepareLayout(Isa isa, const MatrixView& w, const float* x, int64_t batch, bool idot,
+                     Buffers& buf, Prepared* p) {
   const int64_t cols = w.cols;
+  Layout l;
   p->x = x;
   p->xf = x;
   p->xf_stride = cols;
-  if (!idot || w.format == WeightFormat::kF32) {
+  p->idot = idot && w.format != WeightFormat::kF32;
+  if (!p->idot) {
     if (w.format == WeightFormat::kMxfp4 && isa != Isa::kScalar) {
-      // Even / odd columns of each 32-group side by side, as the decoded nibbles come out.
-      float* xf = static_cast<float*>(buf.xf.Zeroed(batch * cols * sizeof(float)));
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t g = 0; g < cols / 32; ++g) {
-          const float* src = x + b * cols + g * 32;
-          float* dst = xf + b * cols + g * 32;
-          for (int t = 0; t < 16; ++t) {
-            dst[t] = src[2 * t];
-            dst[16 + t] = src[2 * t + 1];
-          }
-        }
-      }
-      p->xf = xf;
+      l.xf = static_cast<float*>(buf.xf.Zeroed(batch * cols * sizeof(float)));
+      p->xf = l.xf;
     }
-    return absl::OkStatus();
+    return l;
   }
   const int group = ActGroup(w.format);
   const int64_t groups = (cols + group - 1) / group;
@@ -134,76 +140,78 @@ absl::Status Prepare(Isa isa, const MatrixView& w, const float* x, int64_t batch
   const int64_t nblocks = (cols + block_cols - 1) / block_cols;
   p->nblocks = nblocks;
   p->block_bytes = block_cols;
-  int8_t* qx = nullptr;
-  float* qs = nullptr;
   // The scalar kernels read natural-order codes; AVX2 rearranges them into blocks; AVX-512
   // quantizes straight into blocks.
   if (isa != Isa::kAvx512) {
-    qx = static_cast<int8_t*>(buf.qx.Zeroed(batch * cols));
-    qs = static_cast<float*>(buf.qs.Zeroed(batch * groups * sizeof(float)));
-    p->qx = qx;
-    p->qs = qs;
+    l.qx = static_cast<int8_t*>(buf.qx.Zeroed(batch * cols));
+    l.qs = static_cast<float*>(buf.qs.Zeroed(batch * groups * sizeof(float)));
+    p->qx = l.qx;
+    p->qs = l.qs;
     p->qs_stride = groups;
   }
-  int8_t* xq = nullptr;
-  int32_t* corr = nullptr;
-  float* xs = nullptr;
   if (isa != Isa::kScalar) {
-    xq = static_cast<int8_t*>(buf.xq.Zeroed(batch * nblocks * block_cols));
-    corr = static_cast<int32_t*>(buf.corr.Zeroed(batch * nblocks * 16 * sizeof(int32_t)));
-    xs = static_cast<float*>(buf.xs.Zeroed(batch * nblocks * 16 * sizeof(float)));
-    p->xq = xq;
-    p->corr = corr;
-    p->xs = xs;
+    l.xq = static_cast<int8_t*>(buf.xq.Zeroed(batch * nblocks * block_cols));
+    l.corr = static_cast<int32_t*>(buf.corr.Zeroed(batch * nblocks * 16 * sizeof(int32_t)));
+    l.xs = static_cast<float*>(buf.xs.Zeroed(batch * nblocks * 16 * sizeof(float)));
+    p->xq = l.xq;
+    p->corr = l.corr;
+    p->xs = l.xs;
   }
-  float* xg = nullptr;
-  const int64_t xg_stride = (groups + 15) / 16 * 16;
   if (isa == Isa::kAvx512) {
-    xg = static_cast<float*>(buf.xg.Zeroed(batch * xg_stride * sizeof(float)));
-    p->xg = xg;
-    p->xg_stride = xg_stride;
+    p->xg_stride = (groups + 15) / 16 * 16;
+    l.xg = static_cast<float*>(buf.xg.Zeroed(batch * p->xg_stride * sizeof(float)));
+    p->xg = l.xg;
   }
-  int64_t bad_row = -1;
-  absl::Status bad;
-  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, batch)));
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t b = 0; b < batch; ++b) {
-    const float* xb = x + b * cols;
-    if (isa == Isa::kAvx512 &&
-        internal::PrepareIdotRowAvx512(w.format, cols, xb, nblocks, xq + b * nblocks * block_cols,
-                                       corr + b * nblocks * 16, xs + b * nblocks * 16,
-                                       xg + b * xg_stride)) {
-      continue;
-    }
-    // Scalar quantizer (also names the bad value when the AVX-512 one refused the row).
-    std::vector<int8_t> tmp_q;
-    std::vector<float> tmp_s;
-    int8_t* qb = qx != nullptr ? qx + b * cols : nullptr;
-    float* sb = qs != nullptr ? qs + b * groups : nullptr;
-    if (qb == nullptr) {
-      tmp_q.resize(cols);
-      tmp_s.resize(groups);
-      qb = tmp_q.data();
-      sb = tmp_s.data();
-    }
-    absl::Status s = QuantizeActivationsInt8Groups(std::span<const float>(xb, cols), group, qb, sb);
-    if (!s.ok()) {
-#pragma omp critical(coli_kernels_prepare)
-      if (bad_row < 0 || b < bad_row) {
-        bad_row = b;
-        bad = s;
+  return l;
+}
+
+// Prepares batch row b: writes only row b's part of the layout's buffers.
+absl::Status PrepareRow(Isa isa, const MatrixView& w, const Prepared& p, const Layout& l,
+                        int64_t b) {
+  const int64_t cols = w.cols;
+  const float* xb = p.x + b * cols;
+  if (!p.idot) {
+    if (l.xf != nullptr) {
+      // MXFP4 float: even / odd columns of each 32-group side by side, as the decoded nibbles
+      // come out.
+      float* dst = l.xf + b * cols;
+      for (int64_t g = 0; g < cols / 32; ++g) {
+        for (int t = 0; t < 16; ++t) {
+          dst[g * 32 + t] = xb[g * 32 + 2 * t];
+          dst[g * 32 + 16 + t] = xb[g * 32 + 2 * t + 1];
+        }
       }
-      continue;
     }
-    if (xq != nullptr) {
-      BuildBlocks(w.format, cols, qb, sb, nblocks, xq + b * nblocks * block_cols,
-                  corr + b * nblocks * 16, xs + b * nblocks * 16);
-    }
+    return absl::OkStatus();
   }
-  if (bad_row >= 0) {
+  const int64_t nblocks = p.nblocks, block_cols = p.block_bytes;
+  int8_t* xq = l.xq != nullptr ? l.xq + b * nblocks * block_cols : nullptr;
+  int32_t* corr = l.corr != nullptr ? l.corr + b * nblocks * 16 : nullptr;
+  float* xs = l.xs != nullptr ? l.xs + b * nblocks * 16 : nullptr;
+  if (isa == Isa::kAvx512 && internal::PrepareIdotRowAvx512(w.format, cols, xb, nblocks, xq, corr,
+                                                            xs, l.xg + b * p.xg_stride)) {
+    return absl::OkStatus();
+  }
+  // Scalar quantizer (also names the bad value when the AVX-512 one refused the row).
+  const int group = ActGroup(w.format);
+  const int64_t groups = (cols + group - 1) / group;
+  std::vector<int8_t> tmp_q;
+  std::vector<float> tmp_s;
+  int8_t* qb = l.qx != nullptr ? l.qx + b * cols : nullptr;
+  float* sb = l.qs != nullptr ? l.qs + b * groups : nullptr;
+  if (qb == nullptr) {
+    tmp_q.resize(cols);
+    tmp_s.resize(groups);
+    qb = tmp_q.data();
+    sb = tmp_s.data();
+  }
+  if (absl::Status s =
+          QuantizeActivationsInt8Groups(std::span<const float>(xb, cols), group, qb, sb);
+      !s.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("activations, batch row ", bad_row, ": ", bad.message()));
+        absl::StrCat("activations, batch row ", b, ": ", s.message()));
   }
+  if (xq != nullptr) BuildBlocks(w.format, cols, qb, sb, nblocks, xq, corr, xs);
   return absl::OkStatus();
 }
 
@@ -287,26 +295,43 @@ absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   thread_local Buffers buffers;
   Prepared prepared;
-  if (absl::Status s = Prepare(isa, w, x, batch, options.idot, threads, buffers, &prepared);
-      !s.ok()) {
-    return s;
-  }
+  const Layout layout = PrepareLayout(isa, w, x, batch, options.idot, buffers, &prepared);
   const KernelFn fn = PickKernel(KernelsFor(isa), w.format, options.idot);
   // Contiguous slices of whole 4-row tiles per thread: each thread streams its own weight range.
   const int64_t tiles = (w.rows + 3) / 4;
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));
   if (nt == 1) {
+    for (int64_t b = 0; b < batch; ++b) {
+      if (absl::Status s = PrepareRow(isa, w, prepared, layout, b); !s.ok()) return s;
+    }
     fn(w, prepared, batch, y, 0, w.rows);
     return absl::OkStatus();
   }
+  // One parallel region per call: the batch rows' activations are prepared (split over the
+  // threads), then, after the loop's barrier, each thread computes its rows.
+  int64_t bad_row = -1;
+  absl::Status bad;
 #pragma omp parallel num_threads(nt)
   {
-    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-    const int64_t rb = std::min(w.rows, tiles * t / n * 4);
-    const int64_t re = std::min(w.rows, tiles * (t + 1) / n * 4);
-    if (rb < re) fn(w, prepared, batch, y, rb, re);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < batch; ++b) {
+      absl::Status s = PrepareRow(isa, w, prepared, layout, b);
+      if (!s.ok()) {
+#pragma omp critical(coli_kernels_prepare)
+        if (bad_row < 0 || b < bad_row) {
+          bad_row = b;
+          bad = std::move(s);
+        }
+      }
+    }
+    if (bad_row < 0) {
+      const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+      const int64_t rb = std::min(w.rows, tiles * t / n * 4);
+      const int64_t re = std::min(w.rows, tiles * (t + 1) / n * 4);
+      if (rb < re) fn(w, prepared, batch, y, rb, re);
+    }
   }
-  return absl::OkStatus();
+  return bad_row >= 0 ? bad : absl::OkStatus();
 }
 
 }  // namespace internal

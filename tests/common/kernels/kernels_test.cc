@@ -606,6 +606,17 @@ TEST(KernelMatmul, RefusesBadInput) {
   st = Matmul(ok, x2.data(), 2, y.data(), {true, 1});
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("batch row 1"));
+  // Two threads (batch rows prepared in parallel, then rows split): the lowest bad row is named.
+  std::vector<int8_t> q8(8 * 32, 1);
+  std::vector<float> s8(8, 1.f), x3(3 * 32, 1.f), y3(3 * 8);
+  x3[32 + 5] = std::numeric_limits<float>::infinity();
+  x3[64 + 7] = std::numeric_limits<float>::quiet_NaN();
+  const MatrixView eight{WeightFormat::kInt8Row, 8, 32, q8.data(), s8.data()};
+  for (Isa isa : SupportedIsas()) {
+    st = internal::MatmulWithIsa(isa, eight, x3.data(), 3, y3.data(), {true, 2});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << IsaName(isa);
+    EXPECT_THAT(std::string(st.message()), HasSubstr("batch row 1")) << IsaName(isa);
+  }
 }
 
 TEST(KernelIsa, OverrideAndDetection) {
