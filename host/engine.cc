@@ -413,7 +413,11 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   }
 
   const auto t_prefill = Clock::now();
-  std::function<bool()> cancelled = [&request] { return !request.CancelStatus().ok(); };
+  // A STOP while the prompt is read ends the prefill too: on a big model a person may wait
+  // minutes for it, and stopping means now.
+  std::function<bool()> cancelled = [&request] {
+    return !request.CancelStatus().ok() || request.stop_.load();
+  };
   // The plugin reports tokens computed of the tail it computes (the reused prefix is in
   // neither); the stream reports prompt tokens ready of all of them.
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
@@ -451,7 +455,20 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   if (!prefill.ok()) {
     // A cancelled prefill reports the request's own reason (deadline, shutdown, cancel).
     absl::Status why = request.CancelStatus();
-    return why.ok() ? prefill.status() : why;
+    if (!why.ok()) return why;
+    if (request.stop_.load() && absl::IsCancelled(prefill.status())) {
+      // Stopped before the first token: a normal end with nothing generated (the session keeps
+      // the chunks that completed).
+      v1::Started started;
+      started.set_request_id(request.id_);
+      started.set_prompt_tokens(n_prompt);
+      if (request.sink_.on_started) request.sink_.on_started(started);
+      finished->set_reason(v1::FINISH_REASON_STOPPED);
+      finished->mutable_usage()->set_prompt_tokens(n_prompt);
+      finished->mutable_stats()->set_prefill_seconds(Seconds(Clock::now() - t_prefill));
+      return absl::OkStatus();
+    }
+    return prefill.status();
   }
   const auto t_decode = Clock::now();
 

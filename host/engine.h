@@ -84,7 +84,8 @@ struct EventSink {
 class Request {
  public:
   const std::string& id() const { return id_; }
-  // stop=true: STOP (finish normally, reason STOPPED); false: CANCEL (CANCELLED).
+  // stop=true: STOP (finish normally, reason STOPPED; during prefill it ends the prefill and
+  // the request finishes with no tokens); false: CANCEL (CANCELLED).
   void Cancel(bool stop) {
     if (stop)
       stop_.store(true);

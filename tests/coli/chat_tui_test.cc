@@ -69,5 +69,14 @@ TEST(Conversation, SaveWritesValidJsonAtomically) {
   std::remove(path.c_str());
 }
 
+TEST(PrefillBar, ShowsTokensReadOfThePrompt) {
+  EXPECT_EQ(PrefillBar(120, 300, 2.06),
+            "reading the prompt [########------------]  40% 120/300 tokens 2.1 s");
+  EXPECT_EQ(PrefillBar(0, 300, 0), "reading the prompt [--------------------]   0% 0/300 tokens 0.0 s");
+  EXPECT_EQ(PrefillBar(300, 300, 1, 4), "reading the prompt [####] 100% 300/300 tokens 1.0 s");
+  EXPECT_EQ(PrefillBar(500, 300, 1, 4), "reading the prompt [####] 100% 300/300 tokens 1.0 s");
+  EXPECT_EQ(PrefillBar(5, 0, 1, 4), "reading the prompt [----]   0% 0/0 tokens 1.0 s");
+}
+
 }  // namespace
 }  // namespace coli::cli

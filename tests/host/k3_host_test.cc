@@ -292,6 +292,69 @@ TEST_F(K3HostTest, LongPromptReportsMonotonePrefillProgress) {
   EXPECT_EQ(b.progress.back().total(), static_cast<int64_t>(follow.size()));
 }
 
+// STOP while a long prompt is read ends the request normally (STOPPED) with no token, whether
+// it lands during the prefill (which it then ends) or just after it.
+TEST_F(K3HostTest, StopDuringPrefillEndsWithoutTokens) {
+  {
+    grpc::ClientContext ctx;
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id("k3c8");
+    load.mutable_options()->set_chunk(8);
+    auto reader = stub_->LoadModel(&ctx, load);
+    v1::LoadModelEvent e;
+    while (reader->Read(&e)) {
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += std::string(kPrompt) + " ";
+  v1::GenerateRequest r;
+  r.set_model("k3c8");
+  r.set_session("stop");
+  r.set_request_id("stop-in-prefill");
+  r.set_prompt(text);
+  r.set_max_tokens(8);
+  r.set_report_progress(true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, r);
+  v1::GenerateEvent e;
+  bool stopped = false, finished = false;
+  int tokens = 0;
+  while (reader->Read(&e)) {
+    if (e.has_progress() && !stopped) {
+      stopped = true;
+      grpc::ClientContext cancel_ctx;
+      v1::CancelRequest c;
+      c.set_request_id("stop-in-prefill");
+      c.set_stop(true);
+      v1::CancelResponse response;
+      EXPECT_TRUE(stub_->Cancel(&cancel_ctx, c, &response).ok());
+      EXPECT_TRUE(response.found());
+    }
+    if (e.has_token()) ++tokens;
+    if (e.has_finished()) {
+      finished = true;
+      EXPECT_EQ(e.finished().reason(), v1::FINISH_REASON_STOPPED);
+      EXPECT_EQ(e.finished().usage().completion_tokens(), 0);
+    }
+  }
+  grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(stopped);
+  EXPECT_TRUE(finished);
+  EXPECT_EQ(tokens, 0);
+  // The session still serves.
+  v1::GenerateRequest next;
+  next.set_model("k3c8");
+  next.set_session("stop");
+  next.set_prompt("Hello");
+  next.set_max_tokens(2);
+  Out out = Generate(next);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_EQ(out.ids.size(), 2u);
+}
+
 TEST_F(K3HostTest, ChatUsesTheXtmlRendererAndParser) {
   const std::string body = R"({"messages": [{"role": "user", "content": "Hi"}]})";
   grpc::ClientContext ctx;

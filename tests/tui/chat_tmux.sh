@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `coli chat` in a real terminal (tmux): two turns, /think off, Ctrl-C mid-reply followed by
-# another turn, /save producing valid JSON in the OpenAI message shape, Ctrl-D exits.
+# another turn, /save producing valid JSON in the OpenAI message shape, a long prompt's prefill
+# progress bar, Ctrl-D exits.
 # Usage: chat_tmux.sh COLI_BIN MODEL_DIR ARTIFACT_DIR
 set -euo pipefail
 coli=$1 model=$2 artifacts=${3:-/tmp}
@@ -25,15 +26,38 @@ wait_for() {
   return 1
 }
 count() { screen | grep -Ec -- "$1" || true; }
+# wait_more REGEX N SECONDS: until at least N screen lines match.
+wait_more() {
+  local deadline=$((SECONDS + $3))
+  while (( $(count "$1") < $2 )) && ((SECONDS < deadline)); do sleep 0.2; done
+  (( $(count "$1") >= $2 )) && return 0
+  echo "FAIL: fewer than $2 lines matched /$1/ within $3 s; screen was:" >&2
+  screen >&2
+  return 1
+}
 
-# A slow, long reply so Ctrl-C lands mid-reply: 40 ms per token, up to 400 tokens.
+# A slow, long reply so Ctrl-C lands mid-reply: 40 ms per token, up to 400 tokens. Prefill in
+# chunks of 8 tokens, 60 ms apart, so a long prompt's progress bar stays on screen a while.
 tmux_ new-session -d -s "$session" -x 120 -y 40 \
-  "HOME=$work COLI_DECODE_DELAY_MS=40 $coli chat --model $model --max-tokens 400 --temperature 0.8 --seed 7; echo CHAT-EXITED-\$?; sleep 30"
+  "HOME=$work COLI_DECODE_DELAY_MS=40 K3_CHUNK=8 COLI_PREFILL_DELAY_MS=60 $coli chat --model $model --max-tokens 400 --temperature 0.8 --seed 7; echo CHAT-EXITED-\$?; sleep 30"
 wait_for 'coli chat —' 120
+
+# A long prompt first (an empty conversation, so all of it is read): the bar shows tokens read
+# of the prompt while it prefills. Ctrl-C then stops the reply; /clear starts afresh.
+tmux_ send-keys -t "$session" "$(printf 'The quick brown fox jumps over the lazy dog. %.0s' {1..12})" Enter
+wait_for 'reading the prompt \[#*-+\] +[0-9]+% [0-9]+/[0-9]+ tokens' 60
+bar=$(screen | grep -Eo 'reading the prompt \[[#-]+\] +[0-9]+% [0-9]+/[0-9]+ tokens' | tail -1)
+echo "prefill bar seen: $bar"
+read -r done_tokens total_tokens < <(echo "$bar" | sed -E 's|.* ([0-9]+)/([0-9]+) tokens|\1 \2|')
+(( total_tokens >= 200 && done_tokens < total_tokens )) || { echo "FAIL: bar '$bar'" >&2; exit 1; }
+tmux_ send-keys -t "$session" C-c
+wait_for 'stopped\]' 60
+tmux_ send-keys -t "$session" '/clear' Enter
+wait_for '\(new conversation\)' 20
 
 # Turn 1 (thinking on by default): reasoning streams, then the stats line closes the reply.
 tmux_ send-keys -t "$session" 'hello there' Enter
-wait_for '\[[0-9]+ tokens, .* tok/s' 120
+wait_more '\[[0-9]+ tokens, .* tok/s' 2 120
 
 # Turn 2 with /think off.
 tmux_ send-keys -t "$session" '/think off' Enter
@@ -43,7 +67,7 @@ tmux_ send-keys -t "$session" 'second question' Enter
 # Ctrl-C mid-reply: wait until tokens are streaming, then interrupt.
 sleep 1.5
 tmux_ send-keys -t "$session" C-c
-wait_for 'stopped\]' 30
+wait_more 'stopped\]' 2 30
 screen | grep -q 'CHAT-EXITED' && { echo "FAIL: Ctrl-C ended the program" >&2; exit 1; }
 
 # Another turn after the interrupt works.
@@ -66,6 +90,7 @@ assert doc["messages"][0] == {"role": "user", "content": "hello there"} , doc["m
 assert doc["thinking"] is False
 print("saved conversation OK:", roles)
 PY
+
 screen > "$artifacts/chat-tmux.txt"
 
 # Ctrl-D exits cleanly.

@@ -167,6 +167,7 @@ class ChatApp {
     request.set_request_json(conversation_.Request().dump());
     request.set_max_tokens(flags_.max_tokens);
     *request.mutable_sampling() = flags_.sampling;
+    request.set_report_progress(style_.tty);  // the bar below is drawn on a terminal only
 
     // Ctrl-C during a reply: STOP the request (the partial reply is kept), keep the program.
     std::atomic<bool> done{false};
@@ -174,6 +175,8 @@ class ChatApp {
     std::mutex print_mu;
     // Set from the stream (Started arrives once the prompt has been prefilled).
     std::atomic<int64_t> prompt_tokens{0};
+    // The host's prefill reports: prompt tokens read of all of them.
+    std::atomic<int64_t> prefill_done{0}, prefill_total{0};
     auto start = std::chrono::steady_clock::now();
     std::thread watcher([&] {
       while (!done.load()) {
@@ -187,7 +190,12 @@ class ChatApp {
             const double secs =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             const long long n = static_cast<long long>(prompt_tokens.load());
-            if (n > 0) {
+            const int64_t total = prefill_total.load(), done_tokens = prefill_done.load();
+            if (n == 0 && total > 0) {
+              std::printf("%s%s%s", style_.clear_line(), style_.dim(),
+                          PrefillBar(done_tokens, total, secs).c_str());
+              std::printf("%s", style_.reset());
+            } else if (n > 0) {
               std::printf("%s%sprompt read (%lld tokens), first token… %.1f s%s",
                           style_.clear_line(), style_.dim(), n, secs, style_.reset());
             } else {
@@ -203,6 +211,10 @@ class ChatApp {
     enum class Printing { kNothing, kReasoning, kContent } printing = Printing::kNothing;
     int reasoning_pieces = 0;
     client::StreamCallbacks cb;
+    cb.on_progress = [&](const v1::PrefillProgress& p) {
+      prefill_total.store(p.total());
+      prefill_done.store(p.done());
+    };
     cb.on_started = [&](const v1::Started& s) { prompt_tokens.store(s.tokens_computed()); };
     cb.on_delta = [&](const v1::ChatDelta& d) {
       std::lock_guard<std::mutex> lock(print_mu);

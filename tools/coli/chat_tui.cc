@@ -1,6 +1,9 @@
 #include "tools/coli/chat_tui.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "common/io/io.h"
@@ -80,6 +83,15 @@ ChatInput ParseChatInput(const std::string& raw) {
     in.error = "unknown command " + command + " (/help lists them)";
   }
   return in;
+}
+
+std::string PrefillBar(int64_t done, int64_t total, double seconds, int width) {
+  const int64_t d = total > 0 ? std::clamp<int64_t>(done, 0, total) : 0;
+  const int filled = total > 0 ? static_cast<int>(d * width / total) : 0;
+  const int percent = total > 0 ? static_cast<int>(d * 100 / total) : 0;
+  return absl::StrFormat("reading the prompt [%s%s] %3d%% %d/%d tokens %.1f s",
+                         std::string(filled, '#'), std::string(width - filled, '-'), percent, d,
+                         std::max<int64_t>(total, 0), seconds);
 }
 
 }  // namespace coli::cli

@@ -4,6 +4,7 @@
 #ifndef COLI_TOOLS_COLI_CHAT_TUI_H_
 #define COLI_TOOLS_COLI_CHAT_TUI_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,11 @@ struct ChatInput {
 };
 
 ChatInput ParseChatInput(const std::string& line);
+
+// The prefill progress line of a terminal (no escape codes; the caller dims it):
+//   "reading the prompt [########------------]  40% 120/300 tokens 2.1 s"
+// done is clamped to [0, total]; total <= 0 gives an empty bar at 0%.
+std::string PrefillBar(int64_t done, int64_t total, double seconds, int width = 20);
 
 }  // namespace coli::cli
 
