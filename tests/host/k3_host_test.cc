@@ -58,6 +58,21 @@ class K3HostTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
+  // The tiny model again as "k3c8", prefilled in chunks of 8 tokens (K3_CHUNK=8).
+  void LoadChunk8() {
+    grpc::ClientContext ctx;
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id("k3c8");
+    load.mutable_options()->set_chunk(8);
+    auto reader = stub_->LoadModel(&ctx, load);
+    v1::LoadModelEvent e;
+    while (reader->Read(&e)) {
+    }
+    grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
   struct Out {
     grpc::Status status;
     v1::Started started;
@@ -193,19 +208,7 @@ TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
 // prompt's token count as the tokenizer counts it. Without report_progress nothing is sent, and
 // a follow-up that reuses the session's prefix starts its reports at the reused count.
 TEST_F(K3HostTest, LongPromptReportsMonotonePrefillProgress) {
-  {
-    grpc::ClientContext ctx;
-    v1::LoadModelRequest load;
-    load.set_model_dir(COLI_K3_TINY_DIR);
-    load.set_id("k3c8");
-    load.mutable_options()->set_chunk(8);
-    auto reader = stub_->LoadModel(&ctx, load);
-    v1::LoadModelEvent e;
-    while (reader->Read(&e)) {
-    }
-    grpc::Status status = reader->Finish();
-    ASSERT_TRUE(status.ok()) << status.error_message();
-  }
+  LoadChunk8();
   std::string text;
   for (int i = 0; i < 12; ++i) text += std::string(kPrompt) + " ";
   auto tokenizer = tok::Tokenizer::LoadDir(COLI_K3_TINY_DIR);
@@ -295,18 +298,7 @@ TEST_F(K3HostTest, LongPromptReportsMonotonePrefillProgress) {
 // STOP while a long prompt is read ends the request normally (STOPPED) with no token, whether
 // it lands during the prefill (which it then ends) or just after it.
 TEST_F(K3HostTest, StopDuringPrefillEndsWithoutTokens) {
-  {
-    grpc::ClientContext ctx;
-    v1::LoadModelRequest load;
-    load.set_model_dir(COLI_K3_TINY_DIR);
-    load.set_id("k3c8");
-    load.mutable_options()->set_chunk(8);
-    auto reader = stub_->LoadModel(&ctx, load);
-    v1::LoadModelEvent e;
-    while (reader->Read(&e)) {
-    }
-    ASSERT_TRUE(reader->Finish().ok());
-  }
+  LoadChunk8();
   std::string text;
   for (int i = 0; i < 12; ++i) text += std::string(kPrompt) + " ";
   v1::GenerateRequest r;

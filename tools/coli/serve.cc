@@ -144,6 +144,50 @@ class Gateway {
   // (the client went away). `first` is an event already read, or nullptr.
   grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                          const v1::ChatEvent* first, const DeltaFn& on_delta);
+  // A streamed response as its body sees it (see StreamSse).
+  struct SseSink {
+    Json header;  // id, object, created, model: what every frame starts with
+    bool include_usage = false;
+    std::function<bool(const Json&)> send;  // one `data:` frame; false once the client is gone
+    std::function<bool()> alive;            // the client still reads (checked without writing)
+    // A frame with one choice ("usage": null too when the request asked for the usage frame).
+    Json Frame(Json choice) const {
+      Json c = header;
+      c["choices"] = Json::array({std::move(choice)});
+      if (include_usage) c["usage"] = nullptr;
+      return c;
+    }
+  };
+  struct StreamEnd {
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    bool gone = false;  // the client went away
+  };
+  // Answers with an SSE stream: `body` sends the choices' frames and says how it ended; then,
+  // unless the client went away, the usage frame (include_usage) and `data: [DONE]`.
+  void StreamSse(Res& res, Json header, bool include_usage,
+                 std::function<StreamEnd(const SseSink&)> body);
+  // After a streamed choice ended with `s`: false ends the stream (the client went away, or the
+  // host's error went out as an error frame).
+  static bool ChoiceOk(const grpc::Status& s, const SseSink& sse, StreamEnd* end) {
+    if (s.error_code() == grpc::StatusCode::CANCELLED) {
+      end->gone = true;
+      return false;
+    }
+    if (!s.ok()) {
+      if (!sse.send(Json::parse(ErrorBody(FromHostStatus(s))))) end->gone = true;
+      return false;
+    }
+    return true;
+  }
+  Json Header(const std::string& id, const char* object, int64_t created) const {
+    Json h;
+    h["id"] = id;
+    h["object"] = object;
+    h["created"] = created;
+    h["model"] = info_.id();
+    return h;
+  }
+
   // One host Generate call (one /v1/completions choice) and its result.
   struct GenerateCall {
     grpc::ClientContext ctx;
@@ -462,92 +506,85 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
     return Fail(res, FromHostStatus(s));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, first_call, first, fields, id, created, request_json](size_t,
-                                                                   httplib::DataSink& sink) {
-        ++streams_active_;
-        auto send = [&sink](const Json& j) {
-          const std::string frame = "data: " + Dump(j) + "\n\n";
-          return sink.is_writable() && sink.write(frame.data(), frame.size());
-        };
+  StreamSse(
+      res, Header(id, "chat.completion.chunk", created), f->include_usage,
+      [this, first_call, first, fields, request_json](const SseSink& sse) {
         auto chunk = [&](int index, const Json& delta, const Json& finish, const Json& logprobs) {
-          Json c;
-          c["id"] = id;
-          c["object"] = "chat.completion.chunk";
-          c["created"] = created;
-          c["model"] = info_.id();
-          Json choice;
-          choice["index"] = index;
-          choice["delta"] = delta;
-          choice["logprobs"] = logprobs;
-          choice["finish_reason"] = finish;
-          c["choices"] = Json::array({choice});
-          if (fields->include_usage) c["usage"] = nullptr;
-          return c;
+          return sse.Frame(Json{{"index", index},
+                                {"delta", delta},
+                                {"logprobs", logprobs},
+                                {"finish_reason", finish}});
         };
-        int64_t prompt_tokens = 0, completion = 0;
-        bool gone = false;
-        for (int i = 0; i < fields->n && !gone; ++i) {
+        StreamEnd end;
+        for (int i = 0; i < fields->n && !end.gone; ++i) {
           std::shared_ptr<Call> call =
               i == 0 ? first_call : std::shared_ptr<Call>(StartChat(*fields, request_json, i));
-          if (!send(chunk(i, Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) {
-            gone = true;
+          if (!sse.send(chunk(i, Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) {
+            end.gone = true;
             call->ctx.TryCancel();
             call->reader->Finish();
             break;
           }
           ChoiceResult r;
-          grpc::Status s = RunChoice(*fields, *call, &r, i == 0 ? first.get() : nullptr,
-                               [&](const char* kind, const Json& payload) {
-                                 Json delta = Json::object(), lp = nullptr;
-                                 if (!std::strcmp(kind, "tick")) return sink.is_writable();
-                                 if (!std::strcmp(kind, "progress")) {
-                                   // llama.cpp's shape: an empty assistant delta + progress.
-                                   Json c = chunk(i, Json{{"role", "assistant"}, {"content", nullptr}},
-                                                  nullptr, nullptr);
-                                   c["prompt_progress"] = payload;
-                                   return send(c);
-                                 }
-                                 if (!std::strcmp(kind, "reasoning")) {
-                                   delta["reasoning_content"] = payload;
-                                 } else if (!std::strcmp(kind, "content")) {
-                                   delta["content"] = payload;
-                                 } else if (!std::strcmp(kind, "tool_call")) {
-                                   delta["tool_calls"] = Json::array({payload});
-                                 } else {
-                                   lp = Json{{"content", Json::array({payload})}};
-                                 }
-                                 return send(chunk(i, delta, nullptr, lp));
-                               });
-          if (s.error_code() == grpc::StatusCode::CANCELLED) {
-            gone = true;
-            break;
-          }
-          if (!s.ok()) {
-            Json err = Json::parse(ErrorBody(FromHostStatus(s)));
-            if (!send(err)) gone = true;
-            break;
-          }
-          prompt_tokens = r.prompt_tokens;
-          completion += r.completion_tokens;
-          if (!send(chunk(i, Json::object(), r.finish_reason, nullptr))) gone = true;
+          grpc::Status s = RunChoice(
+              *fields, *call, &r, i == 0 ? first.get() : nullptr,
+              [&](const char* kind, const Json& payload) {
+                Json delta = Json::object(), lp = nullptr;
+                if (!std::strcmp(kind, "tick")) return sse.alive();
+                if (!std::strcmp(kind, "progress")) {
+                  // llama.cpp's shape: an empty assistant delta + progress.
+                  Json c = chunk(i, Json{{"role", "assistant"}, {"content", nullptr}}, nullptr,
+                                 nullptr);
+                  c["prompt_progress"] = payload;
+                  return sse.send(c);
+                }
+                if (!std::strcmp(kind, "reasoning")) {
+                  delta["reasoning_content"] = payload;
+                } else if (!std::strcmp(kind, "content")) {
+                  delta["content"] = payload;
+                } else if (!std::strcmp(kind, "tool_call")) {
+                  delta["tool_calls"] = Json::array({payload});
+                } else {
+                  lp = Json{{"content", Json::array({payload})}};
+                }
+                return sse.send(chunk(i, delta, nullptr, lp));
+              });
+          if (!ChoiceOk(s, sse, &end)) break;
+          end.prompt_tokens = r.prompt_tokens;
+          end.completion_tokens += r.completion_tokens;
+          if (!sse.send(chunk(i, Json::object(), r.finish_reason, nullptr))) end.gone = true;
         }
-        if (gone) {
+        return end;
+      });
+}
+
+void Gateway::StreamSse(Res& res, Json header, bool include_usage,
+                        std::function<StreamEnd(const SseSink&)> body) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, header = std::move(header), include_usage, body = std::move(body)](
+          size_t, httplib::DataSink& sink) {
+        ++streams_active_;
+        SseSink sse;
+        sse.header = header;
+        sse.include_usage = include_usage;
+        sse.send = [&sink](const Json& j) {
+          const std::string frame = "data: " + Dump(j) + "\n\n";
+          return sink.is_writable() && sink.write(frame.data(), frame.size());
+        };
+        sse.alive = [&sink] { return sink.is_writable(); };
+        const StreamEnd end = body(sse);
+        if (end.gone) {
           ++disconnects_;
         } else {
-          if (fields->include_usage) {
-            Json u;
-            u["id"] = id;
-            u["object"] = "chat.completion.chunk";
-            u["created"] = created;
-            u["model"] = info_.id();
+          if (include_usage) {
+            Json u = header;
             u["choices"] = Json::array();
-            u["usage"]["prompt_tokens"] = prompt_tokens;
-            u["usage"]["completion_tokens"] = completion;
-            u["usage"]["total_tokens"] = prompt_tokens + completion;
-            send(u);
+            u["usage"]["prompt_tokens"] = end.prompt_tokens;
+            u["usage"]["completion_tokens"] = end.completion_tokens;
+            u["usage"]["total_tokens"] = end.prompt_tokens + end.completion_tokens;
+            sse.send(u);
           }
           static const char kDone[] = "data: [DONE]\n\n";
           if (sink.is_writable()) sink.write(kDone, sizeof(kDone) - 1);
@@ -695,84 +732,42 @@ void Gateway::Completions(const Req& req, Res& res) {
     return Fail(res, FromHostStatus(s));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, first_call, first, fields, id, created, prompt](size_t, httplib::DataSink& sink) {
-        ++streams_active_;
-        auto send = [&sink](const Json& j) {
-          const std::string frame = "data: " + Dump(j) + "\n\n";
-          return sink.is_writable() && sink.write(frame.data(), frame.size());
-        };
+  StreamSse(
+      res, Header(id, "text_completion", created), f->include_usage,
+      [this, first_call, first, fields, prompt](const SseSink& sse) {
         auto chunk = [&](int index, const std::string& text, const Json& logprobs,
                          const Json& finish) {
-          Json c;
-          c["id"] = id;
-          c["object"] = "text_completion";
-          c["created"] = created;
-          c["model"] = info_.id();
-          Json choice;
-          choice["text"] = text;
-          choice["index"] = index;
-          choice["logprobs"] = logprobs;
-          choice["finish_reason"] = finish;
-          c["choices"] = Json::array({choice});
-          if (fields->include_usage) c["usage"] = nullptr;
-          return c;
+          return sse.Frame(Json{{"text", text},
+                                {"index", index},
+                                {"logprobs", logprobs},
+                                {"finish_reason", finish}});
         };
-        int64_t prompt_tokens = 0, completion = 0;
-        bool gone = false;
-        for (int i = 0; i < fields->n && !gone; ++i) {
+        StreamEnd end;
+        for (int i = 0; i < fields->n && !end.gone; ++i) {
           std::shared_ptr<GenerateCall> call =
-              i == 0 ? first_call : std::shared_ptr<GenerateCall>(StartGenerate(*fields, prompt, i));
+              i == 0 ? first_call
+                     : std::shared_ptr<GenerateCall>(StartGenerate(*fields, prompt, i));
           CompletionResult r;
           grpc::Status s = RunCompletion(
               *fields, *call, &r, i == 0 ? first.get() : nullptr,
               [&](const char* kind, const Json& payload) {
-                if (!std::strcmp(kind, "tick")) return sink.is_writable();
+                if (!std::strcmp(kind, "tick")) return sse.alive();
                 if (!std::strcmp(kind, "progress")) {
                   Json c = chunk(i, "", nullptr, nullptr);
                   c["prompt_progress"] = payload;
-                  return send(c);
+                  return sse.send(c);
                 }
-                return send(chunk(i, payload["text"].get<std::string>(),
-                                  payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr),
-                                  nullptr));
+                return sse.send(chunk(i, payload["text"].get<std::string>(),
+                                      payload.contains("logprobs") ? payload["logprobs"]
+                                                                   : Json(nullptr),
+                                      nullptr));
               });
-          if (s.error_code() == grpc::StatusCode::CANCELLED) {
-            gone = true;
-            break;
-          }
-          if (!s.ok()) {
-            Json err = Json::parse(ErrorBody(FromHostStatus(s)));
-            if (!send(err)) gone = true;
-            break;
-          }
-          prompt_tokens = r.prompt_tokens;
-          completion += r.completion_tokens;
-          if (!send(chunk(i, "", nullptr, r.finish_reason))) gone = true;
+          if (!ChoiceOk(s, sse, &end)) break;
+          end.prompt_tokens = r.prompt_tokens;
+          end.completion_tokens += r.completion_tokens;
+          if (!sse.send(chunk(i, "", nullptr, r.finish_reason))) end.gone = true;
         }
-        if (gone) {
-          ++disconnects_;
-        } else {
-          if (fields->include_usage) {
-            Json u;
-            u["id"] = id;
-            u["object"] = "text_completion";
-            u["created"] = created;
-            u["model"] = info_.id();
-            u["choices"] = Json::array();
-            u["usage"]["prompt_tokens"] = prompt_tokens;
-            u["usage"]["completion_tokens"] = completion;
-            u["usage"]["total_tokens"] = prompt_tokens + completion;
-            send(u);
-          }
-          static const char kDone[] = "data: [DONE]\n\n";
-          if (sink.is_writable()) sink.write(kDone, sizeof(kDone) - 1);
-        }
-        --streams_active_;
-        sink.done();
-        return true;
+        return end;
       });
 }
 
