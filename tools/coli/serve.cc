@@ -57,6 +57,22 @@ bool IsLoopback(const std::string& host) {
 
 // ---- the gateway ------------------------------------------------------------------------------
 
+Json UsageJson(int64_t prompt_tokens, int64_t completion_tokens) {
+  return Json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+// A stream's first event, read before answering so that a request the host refuses is a plain
+// error response: false with the host's status in *why otherwise.
+template <typename Event>
+bool ReadFirstEvent(grpc::ClientReader<Event>& reader, Event* first, grpc::Status* why) {
+  if (reader.Read(first)) return true;
+  *why = reader.Finish();
+  if (why->ok()) *why = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
+  return false;
+}
+
 // llama.cpp's `prompt_progress` object (its server answers `return_progress` with it): prompt
 // tokens in all, of them reused from the cache, ready so far (the cached ones included), and
 // milliseconds since the prompt began to be read.
@@ -490,9 +506,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       out["choices"].push_back(choice);
       completion += r.completion_tokens;
     }
-    out["usage"]["prompt_tokens"] = results[0].prompt_tokens;
-    out["usage"]["completion_tokens"] = completion;
-    out["usage"]["total_tokens"] = results[0].prompt_tokens + completion;
+    out["usage"] = UsageJson(results[0].prompt_tokens, completion);
     Reply(res, 200, out);
     return;
   }
@@ -500,10 +514,8 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   // Streaming: read the first event before answering, so a refused request is a plain 400.
   auto first_call = std::shared_ptr<Call>(StartChat(*f, request_json, 0));
   auto first = std::make_shared<v1::ChatEvent>();
-  if (!first_call->reader->Read(first.get())) {
-    grpc::Status s = first_call->reader->Finish();
-    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
-    return Fail(res, FromHostStatus(s));
+  if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
+    return Fail(res, FromHostStatus(why));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
   StreamSse(
@@ -581,9 +593,7 @@ void Gateway::StreamSse(Res& res, Json header, bool include_usage,
           if (include_usage) {
             Json u = header;
             u["choices"] = Json::array();
-            u["usage"]["prompt_tokens"] = end.prompt_tokens;
-            u["usage"]["completion_tokens"] = end.completion_tokens;
-            u["usage"]["total_tokens"] = end.prompt_tokens + end.completion_tokens;
+            u["usage"] = UsageJson(end.prompt_tokens, end.completion_tokens);
             sse.send(u);
           }
           static const char kDone[] = "data: [DONE]\n\n";
@@ -715,9 +725,7 @@ void Gateway::Completions(const Req& req, Res& res) {
       prompt_tokens = r.prompt_tokens;
       completion += r.completion_tokens;
     }
-    out["usage"]["prompt_tokens"] = prompt_tokens;
-    out["usage"]["completion_tokens"] = completion;
-    out["usage"]["total_tokens"] = prompt_tokens + completion;
+    out["usage"] = UsageJson(prompt_tokens, completion);
     Reply(res, 200, out);
     return;
   }
@@ -726,10 +734,8 @@ void Gateway::Completions(const Req& req, Res& res) {
   // request is a plain 400.
   auto first_call = std::shared_ptr<GenerateCall>(StartGenerate(*f, prompt, 0));
   auto first = std::make_shared<v1::GenerateEvent>();
-  if (!first_call->reader->Read(first.get())) {
-    grpc::Status s = first_call->reader->Finish();
-    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
-    return Fail(res, FromHostStatus(s));
+  if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
+    return Fail(res, FromHostStatus(why));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
   StreamSse(
