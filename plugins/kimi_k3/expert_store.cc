@@ -1,17 +1,18 @@
 #include "plugins/kimi_k3/expert_store.h"
 
 #include <fcntl.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <list>
@@ -42,9 +43,9 @@ uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 uint64_t AlignDown(uint64_t x) { return x / io::kDirectAlignment * io::kDirectAlignment; }
 
 // The six tensors of one expert, in their on-disk order (spec §2.4).
-constexpr std::array<std::string_view, 6> kExpertTensors = {
-    "w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
-    "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
+constexpr std::array<std::string_view, 6> kExpertTensors = {"w1.weight_packed", "w1.weight_scale",
+                                                            "w2.weight_packed", "w2.weight_scale",
+                                                            "w3.weight_packed", "w3.weight_scale"};
 
 // Parses a run of decimal digits at text[*pos]; advances *pos.
 bool ParseInt(std::string_view text, size_t* pos, int* value) {
@@ -56,7 +57,9 @@ bool ParseInt(std::string_view text, size_t* pos, int* value) {
   return true;
 }
 
-std::string Gb(uint64_t bytes) { return absl::StrFormat("%.2f GB", static_cast<double>(bytes) / 1e9); }
+std::string Gb(uint64_t bytes) {
+  return absl::StrFormat("%.2f GB", static_cast<double>(bytes) / 1e9);
+}
 
 }  // namespace
 
@@ -206,10 +209,10 @@ absl::StatusOr<ExpertMemoryPlan> PlanExpertMemory(double expert_gb, int layers, 
                                                   uint64_t expert_bytes, int working_slots,
                                                   uint64_t mem_available, uint64_t reserve_bytes) {
   if (!(expert_gb >= 0) || layers <= 0 || experts <= 0 || expert_bytes == 0 || working_slots < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert memory plan: bad arguments (K3_EXPERT_GB=", expert_gb, ", layers=", layers,
-        ", experts=", experts, ", expert bytes=", expert_bytes, ", working slots=", working_slots,
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert memory plan: bad arguments (K3_EXPERT_GB=", expert_gb,
+                     ", layers=", layers, ", experts=", experts, ", expert bytes=", expert_bytes,
+                     ", working slots=", working_slots, ")"));
   }
   ExpertMemoryPlan plan;
   const double per_layer = expert_gb * 1e9 / (static_cast<double>(expert_bytes) * layers);
@@ -491,8 +494,8 @@ class StreamingExpertStore::Impl {
 
   // Loader state, guarded by mu_.
   std::mutex mu_;
-  std::condition_variable work_cv_;  // loaders: queue or slots changed, or stop
-  std::condition_variable done_cv_;  // caller: a job completed
+  std::condition_variable work_cv_;         // loaders: queue or slots changed, or stop
+  std::condition_variable done_cv_;         // caller: a job completed
   std::deque<std::pair<Job*, int>> queue_;  // (job, piece) in read order
   std::deque<Job*> completed_;
   std::vector<Slot> free_slots_;
@@ -505,7 +508,7 @@ class StreamingExpertStore::Impl {
   ExpertStoreStats total_stats_;
   std::vector<std::thread> loaders_;
   int read_pieces_ = 1;
-  bool tracing_ = false;
+  std::atomic<bool> tracing_{false};  // written under mu_; read without it to skip the lock
   Clock::time_point trace_epoch_;
   std::vector<ExpertTraceEvent> trace_;
 };
@@ -540,9 +543,8 @@ absl::Status StreamingExpertStore::Impl::Init() {
   working = std::max(working, options_.load_threads);
   COLI_ASSIGN_OR_RETURN(uint64_t available, ReadMemAvailable(options_.meminfo_path));
   COLI_ASSIGN_OR_RETURN(
-      plan_, PlanExpertMemory(options_.expert_gb, static_cast<int>(L.moe_layers.size()),
-                              L.experts, L.ExpertBytes(), working, available,
-                              options_.reserve_bytes));
+      plan_, PlanExpertMemory(options_.expert_gb, static_cast<int>(L.moe_layers.size()), L.experts,
+                              L.ExpertBytes(), working, available, options_.reserve_bytes));
   COLI_RETURN_IF_ERROR(OpenShards());
   caches_.resize(L.moe_layers.size());
 
@@ -578,24 +580,25 @@ absl::Status StreamingExpertStore::Impl::Init() {
     std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
       return std::tie(a.loc->shard, a.loc->offset) < std::tie(b.loc->shard, b.loc->offset);
     });
-    COLI_RETURN_IF_ERROR(Annotate(
-        RunLoads(jobs, /*pipelined=*/true, [] { return absl::OkStatus(); },
-                 [this](Job& job) {
-                   caches_[job.layer_index].pinned[job.expert] = std::move(job.slot);
-                   job.slot = Slot();
-                   GiveSlotToCache();
-                   return absl::OkStatus();
-                 }),
-        "pinning hot experts"));
+    COLI_RETURN_IF_ERROR(Annotate(RunLoads(
+                                      jobs, /*pipelined=*/true, [] { return absl::OkStatus(); },
+                                      [this](Job& job) {
+                                        caches_[job.layer_index].pinned[job.expert] =
+                                            std::move(job.slot);
+                                        job.slot = Slot();
+                                        GiveSlotToCache();
+                                        return absl::OkStatus();
+                                      }),
+                                  "pinning hot experts"));
     TakeStats();  // the preload is not a token
   }
   COLI_LOG(kInfo) << "expert store: " << L.moe_layers.size() << " MoE layers x " << L.experts
                   << " experts of " << L.ExpertBytes() << " B; " << plan_.Describe() << "; "
                   << (all_direct_ ? "O_DIRECT" : "buffered") << ", pipe "
-                  << (options_.pipe ? "on" : "off") << ", " << options_.load_threads
-                  << " loaders, " << read_pieces_ << " pieces/read; " << contiguous_ << "/"
-                  << locs_.size() << " experts contiguous; " << pins << " pinned/layer (history "
-                  << usage_.total() << " selections)";
+                  << (options_.pipe ? "on" : "off") << ", " << options_.load_threads << " loaders, "
+                  << read_pieces_ << " pieces/read; " << contiguous_ << "/" << locs_.size()
+                  << " experts contiguous; " << pins << " pinned/layer (history " << usage_.total()
+                  << " selections)";
   return absl::OkStatus();
 }
 
@@ -729,9 +732,10 @@ absl::Status StreamingExpertStore::Impl::ReadPiece(const Job& job, int piece) co
   return reader.Read(a, b - a, base + (a - job.cover_start));
 }
 
-void StreamingExpertStore::Impl::Trace(ExpertTraceEvent::Kind kind, int layer_index,
-                                       int32_t expert, int piece, bool hit,
-                                       Clock::time_point start, Clock::time_point end) {
+void StreamingExpertStore::Impl::Trace(ExpertTraceEvent::Kind kind, int layer_index, int32_t expert,
+                                       int piece, bool hit, Clock::time_point start,
+                                       Clock::time_point end) {
+  if (!tracing_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!tracing_) return;
   trace_.push_back(ExpertTraceEvent{kind, layout_.moe_layers[layer_index], expert, piece, -1, hit,
@@ -743,9 +747,9 @@ void StreamingExpertStore::Impl::LoaderLoop(int thread) {
   for (;;) {
     // A job's first piece needs a slot; its other pieces go into the slot it already has.
     work_cv_.wait(lock, [this] {
-      return stop_ || (!queue_.empty() && (cancel_ || queue_.front().second > 0 ||
-                                           !free_slots_.empty() ||
-                                           working_allocated_ < plan_.working_slots));
+      return stop_ ||
+             (!queue_.empty() && (cancel_ || queue_.front().second > 0 || !free_slots_.empty() ||
+                                  working_allocated_ < plan_.working_slots));
     });
     if (stop_) return;
     const auto [job, piece] = queue_.front();
@@ -777,8 +781,8 @@ void StreamingExpertStore::Impl::LoaderLoop(int thread) {
       }
       if (tracing_) {
         trace_.push_back(ExpertTraceEvent{ExpertTraceEvent::Kind::kRead,
-                                          layout_.moe_layers[job->layer_index], job->expert,
-                                          piece, thread, false, TraceTime(t0), TraceTime(t1)});
+                                          layout_.moe_layers[job->layer_index], job->expert, piece,
+                                          thread, false, TraceTime(t0), TraceTime(t1)});
       }
       if (status.ok()) {
         token_stats_.preads += 1;
@@ -1064,7 +1068,7 @@ std::vector<int32_t> StreamingExpertStore::PinnedExperts(int layer) const {
   return impl_->PinnedExperts(layer);
 }
 absl::StatusOr<StreamingExpertStore::Extent> StreamingExpertStore::ExpertExtent(int layer,
-                                                                               int expert) const {
+                                                                                int expert) const {
   return impl_->ExpertExtent(layer, expert);
 }
 int64_t StreamingExpertStore::contiguous_experts() const { return impl_->contiguous_; }

@@ -79,15 +79,14 @@ struct ExpertStoreLayout {
 // Finds the MoE layers, expert count, widths and name prefix from the snapshot's tensor names
 // and the shape of layer L's experts.0.w1.weight_packed. With num_layers >= 0 only decoder
 // layers below it count (K3_LAYERS truncation). NOT_FOUND when there are no experts.
-absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot,
-                                                       int num_layers = -1);
+absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot, int num_layers = -1);
 
 struct ExpertStoreOptions {
-  double expert_gb = 8;    // K3_EXPERT_GB: LRU budget in GB (1e9 B), split over the MoE layers
-  bool direct = true;      // K3_DIRECT
-  bool pipe = true;        // K3_PIPE
-  int load_threads = 4;    // K3_LOAD_THREADS, 1…16
-  int working_slots = 0;   // fresh-read slots shared by all layers; 0 = max(16, 2·load_threads)
+  double expert_gb = 8;   // K3_EXPERT_GB: LRU budget in GB (1e9 B), split over the MoE layers
+  bool direct = true;     // K3_DIRECT
+  bool pipe = true;       // K3_PIPE
+  int load_threads = 4;   // K3_LOAD_THREADS, 1…16
+  int working_slots = 0;  // fresh-read slots shared by all layers; 0 = max(16, 2·load_threads)
   // Requests per contiguous expert read: 1 = the whole aligned cover in one pread (default);
   // N > 1 = N aligned pieces (each ≥ 4 KiB) that the loaders take in order, so experts arrive
   // one by one in disk order; 0 = one piece per loader thread. Measured on the shared virtio
@@ -115,15 +114,15 @@ std::string DefaultUsagePath(const std::string& model_dir);
 
 // How the expert budget maps onto RAM (see PlanExpertMemory).
 struct ExpertMemoryPlan {
-  int slots_per_layer = 0;         // cap
+  int slots_per_layer = 0;  // cap
   int layers = 0;
   int working_slots = 0;
   uint64_t expert_bytes = 0;
-  uint64_t slot_bytes = 0;         // allocation per slot (aligned cover + one block)
-  uint64_t total_bytes = 0;        // (cap·layers + working) · slot_bytes
-  uint64_t mem_available = 0;      // from /proc/meminfo
+  uint64_t slot_bytes = 0;     // allocation per slot (aligned cover + one block)
+  uint64_t total_bytes = 0;    // (cap·layers + working) · slot_bytes
+  uint64_t mem_available = 0;  // from /proc/meminfo
   uint64_t reserve_bytes = 0;
-  std::string Describe() const;    // one line with the numbers
+  std::string Describe() const;  // one line with the numbers
 };
 
 // MemAvailable of `meminfo_path` in bytes. NOT_FOUND/DATA_LOSS naming the file.
@@ -137,21 +136,21 @@ absl::StatusOr<ExpertMemoryPlan> PlanExpertMemory(double expert_gb, int layers, 
 
 // Statistics since the last TakeStats() (or since Open).
 struct ExpertStoreStats {
-  uint64_t calls = 0;        // ForEachExpert calls
-  uint64_t selections = 0;   // list entries passed in
-  uint64_t hits = 0;         // distinct experts served from RAM
-  uint64_t misses = 0;       // distinct experts read from disk
-  uint64_t bytes_read = 0;   // expert bytes read (misses · expert_bytes)
-  uint64_t preads = 0;       // read requests issued (pieces per contiguous expert, 6 otherwise)
-  double read_seconds = 0;      // wall time with at least one expert read in flight
-  double compute_seconds = 0;   // time spent inside the callbacks and `meanwhile`
-  double wait_seconds = 0;      // time the caller waited for a read (not hidden by compute)
-  double wall_seconds = 0;      // time inside ForEachExpert
+  uint64_t calls = 0;          // ForEachExpert calls
+  uint64_t selections = 0;     // list entries passed in
+  uint64_t hits = 0;           // distinct experts served from RAM
+  uint64_t misses = 0;         // distinct experts read from disk
+  uint64_t bytes_read = 0;     // expert bytes read (misses · expert_bytes)
+  uint64_t preads = 0;         // read requests issued (pieces per contiguous expert, 6 otherwise)
+  double read_seconds = 0;     // wall time with at least one expert read in flight
+  double compute_seconds = 0;  // time spent inside the callbacks and `meanwhile`
+  double wait_seconds = 0;     // time the caller waited for a read (not hidden by compute)
+  double wall_seconds = 0;     // time inside ForEachExpert
 
   double hit_rate() const;
   // Time read and compute ran at the same time: read + compute − wall (≥ 0).
   double overlap_seconds() const;
-  double read_gbs() const;   // bytes_read / read_seconds / 1e9
+  double read_gbs() const;  // bytes_read / read_seconds / 1e9
   void Add(const ExpertStoreStats& other);
   std::string Describe() const;  // one human-readable line
 };
@@ -198,8 +197,8 @@ class StreamingExpertStore final : public ExpertSource {
   std::vector<ExpertTraceEvent> TakeTrace();
   void StopTrace();
 
-  ExpertStoreStats TakeStats();          // returns and resets the per-token counters
-  ExpertStoreStats TotalStats() const;   // since Open
+  ExpertStoreStats TakeStats();         // returns and resets the per-token counters
+  ExpertStoreStats TotalStats() const;  // since Open
 
   const ExpertMemoryPlan& plan() const;
   const ExpertStoreLayout& layout() const;

@@ -98,13 +98,13 @@ TEST_F(ExpertStoreModelTest, LogitsBitIdenticalToPreadForEverySetting) {
       for (bool pipe : {true, false}) {
         // 0 GB = 1 slot per layer; 3 slots; every expert.
         for (double gb : {0.0, 3.5 * 9792 * 12 / 1e9, 1.0}) {
-          SCOPED_TRACE(absl::StrCat("chunk=", chunk, " direct=", direct, " pipe=", pipe,
-                                    " gb=", gb));
+          SCOPED_TRACE(
+              absl::StrCat("chunk=", chunk, " direct=", direct, " pipe=", pipe, " gb=", gb));
           StreamingExpertStore* store = nullptr;
           ASSERT_OK_AND_ASSIGN(
-              auto model, Model::Load(FixtureDir(), options, nullptr,
-                                      StreamingExpertSourceFactory(StoreOptions(gb, direct, pipe),
-                                                                   &store)));
+              auto model,
+              Model::Load(FixtureDir(), options, nullptr,
+                          StreamingExpertSourceFactory(StoreOptions(gb, direct, pipe), &store)));
           ASSERT_NE(store, nullptr);
           ASSERT_OK_AND_ASSIGN(auto logits, RunLogits(*model));
           ExpectBitIdentical(logits, reference);
@@ -139,16 +139,16 @@ TEST_F(ExpertStoreModelTest, SplitReadsGiveIdenticalLogits) {
     int pieces, threads;
     bool direct;
   };
-  for (const Setting& t : {Setting{1, 4, true}, Setting{2, 1, true}, Setting{64, 4, true},
-                           Setting{64, 4, false}}) {
+  for (const Setting& t :
+       {Setting{1, 4, true}, Setting{2, 1, true}, Setting{64, 4, true}, Setting{64, 4, false}}) {
     SCOPED_TRACE(absl::StrCat("pieces=", t.pieces, " threads=", t.threads, " direct=", t.direct));
     ExpertStoreOptions store_options = StoreOptions(0, t.direct, true);
     store_options.read_pieces = t.pieces;
     store_options.load_threads = t.threads;
     StreamingExpertStore* store = nullptr;
-    ASSERT_OK_AND_ASSIGN(
-        auto model, Model::Load(FixtureDir(), options, nullptr,
-                                StreamingExpertSourceFactory(store_options, &store)));
+    ASSERT_OK_AND_ASSIGN(auto model,
+                         Model::Load(FixtureDir(), options, nullptr,
+                                     StreamingExpertSourceFactory(store_options, &store)));
     ASSERT_OK_AND_ASSIGN(auto logits, RunLogits(*model));
     ExpectBitIdentical(logits, reference);
     const ExpertStoreStats total = store->TotalStats();
@@ -177,9 +177,9 @@ TEST_F(ExpertStoreModelTest, ShardsInTwoDirectoriesGiveIdenticalLogits) {
   ASSERT_OK_AND_ASSIGN(auto reference_model, Model::Load(FixtureDir(), options));
   ASSERT_OK_AND_ASSIGN(auto reference, RunLogits(*reference_model));
   options.extra_dirs = {second};
-  ASSERT_OK_AND_ASSIGN(
-      auto model, Model::Load(main_dir, options, nullptr,
-                              StreamingExpertSourceFactory(StoreOptions(0, true, true))));
+  ASSERT_OK_AND_ASSIGN(auto model,
+                       Model::Load(main_dir, options, nullptr,
+                                   StreamingExpertSourceFactory(StoreOptions(0, true, true))));
   ASSERT_OK_AND_ASSIGN(auto logits, RunLogits(*model));
   ExpectBitIdentical(logits, reference);
 }
@@ -203,8 +203,7 @@ TEST_F(ExpertStoreModelTest, TruncatedShardFailsTheRequestNotTheProcess) {
   ASSERT_FALSE(shard.empty());
   fs::resize_file(shard, fs::file_size(shard) - 100000);
   std::unique_ptr<Session> session = model->NewSession();
-  EXPECT_THAT(session->Prefill(kPrompt),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(shard)));
+  EXPECT_THAT(session->Prefill(kPrompt), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(shard)));
   // The process and the store live on: the store still serves another layer's experts.
   ASSERT_OK(store->ForEachExpert(1, std::vector<int32_t>{0, 1, 2},
                                  [](int, const ExpertWeights&) { return absl::OkStatus(); }));

@@ -40,7 +40,7 @@ constexpr int kInter = 64;
 constexpr int kExperts = 6;
 const std::vector<int> kMoeLayers = {1, 3};
 constexpr uint64_t kExpertBytes = 3 * (kLatent * kInter / 2 + kLatent * kInter / 32);  // 13056
-constexpr const char* kTensors[6] = {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
+constexpr const char* kTensors[6] = {"w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
                                      "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
 
 std::vector<int64_t> TensorShape(int k) {
@@ -235,7 +235,8 @@ TEST_F(ExpertStoreTest, BytesMatchTheFileForEverySetting) {
               for (int layer : kMoeLayers) {
                 std::vector<int32_t> experts;
                 const int n = 1 + static_cast<int>(rng() % 5);
-                for (int j = 0; j < n; ++j) experts.push_back(static_cast<int32_t>(rng() % kExperts));
+                for (int j = 0; j < n; ++j)
+                  experts.push_back(static_cast<int32_t>(rng() % kExperts));
                 if (round == 0) experts = {0, 1, 2, 3, 4, 5, 2};  // every expert, one duplicate
                 for (int32_t e : experts) seen.insert({layer, e});
                 const std::set<int32_t> distinct(experts.begin(), experts.end());
@@ -245,9 +246,8 @@ TEST_F(ExpertStoreTest, BytesMatchTheFileForEverySetting) {
                 for (int32_t e : distinct) {
                   if (std::find(cached.begin(), cached.end(), e) != cached.end()) continue;
                   ASSERT_OK_AND_ASSIGN(auto extent, store->ExpertExtent(layer, e));
-                  requests += arrangement == Arrangement::kContiguous
-                                  ? ExpectedPieces(extent, threads)
-                                  : 6;
+                  requests +=
+                      arrangement == Arrangement::kContiguous ? ExpectedPieces(extent, threads) : 6;
                 }
                 ASSERT_OK(CheckedCall(store.get(), layer, experts));
                 const ExpertStoreStats stats = store->TakeStats();
@@ -469,7 +469,8 @@ TEST_F(ExpertStoreTest, BytesMatchWhenTheFilesystemRefusesODirect) {
 TEST_F(ExpertStoreTest, LruOrderAndBudgetAreHonoured) {
   WriteSnapshot(dir_, Arrangement::kContiguous);
   ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(dir_));
-  ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), Layout(), WithCap(3)));
+  ASSERT_OK_AND_ASSIGN(auto store,
+                       StreamingExpertStore::Open(snapshot.get(), Layout(), WithCap(3)));
   ASSERT_EQ(store->plan().slots_per_layer, 3);
   auto call = [&](int32_t e) {
     EXPECT_OK(CheckedCall(store.get(), 1, {e}));
@@ -523,10 +524,11 @@ TEST(ExpertMemoryPlan, MatchesTheSpecFormulaForK3) {
 TEST(ExpertMemoryPlan, RefusesABudgetTheMachineCannotHold) {
   absl::StatusOr<ExpertMemoryPlan> plan =
       PlanExpertMemory(8, 92, 896, 17547264, 16, uint64_t{4} << 30, 0);
-  EXPECT_THAT(plan, StatusIs(absl::StatusCode::kResourceExhausted,
-                             ::testing::AllOf(HasSubstr("K3_EXPERT_GB=8"), HasSubstr("4 slots/layer"),
-                                              HasSubstr("MemAvailable is 4.29 GB"),
-                                              HasSubstr("lower K3_EXPERT_GB"))));
+  EXPECT_THAT(plan,
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       ::testing::AllOf(HasSubstr("K3_EXPERT_GB=8"), HasSubstr("4 slots/layer"),
+                                        HasSubstr("MemAvailable is 4.29 GB"),
+                                        HasSubstr("lower K3_EXPERT_GB"))));
   plan = PlanExpertMemory(0, 92, 896, 17547264, 16, uint64_t{1} << 30, 0);
   EXPECT_THAT(plan, StatusIs(absl::StatusCode::kResourceExhausted,
                              HasSubstr("even 1 slot per layer needs")));
@@ -571,9 +573,9 @@ TEST_F(ExpertStoreTest, OptionsComeFromTheModelSwitches) {
 
 TEST(UsageHistory, PinsPerLayerFollowsTheSpec) {
   EXPECT_EQ(PinsPerLayer(8, 4999), 0);
-  EXPECT_EQ(PinsPerLayer(8, 5000), 0);     // 4 · 0.025 = 0.1
-  EXPECT_EQ(PinsPerLayer(8, 50000), 1);    // 4 · 0.25
-  EXPECT_EQ(PinsPerLayer(8, 100000), 2);   // 4 · 0.5
+  EXPECT_EQ(PinsPerLayer(8, 5000), 0);    // 4 · 0.025 = 0.1
+  EXPECT_EQ(PinsPerLayer(8, 50000), 1);   // 4 · 0.25
+  EXPECT_EQ(PinsPerLayer(8, 100000), 2);  // 4 · 0.5
   EXPECT_EQ(PinsPerLayer(8, 200000), 4);
   EXPECT_EQ(PinsPerLayer(9, 10000000), 4);  // cap/2 rounds down
   EXPECT_EQ(PinsPerLayer(1, 10000000), 0);
@@ -679,7 +681,8 @@ TEST_F(ExpertStoreTest, PinnedExpertsAreNeverEvicted) {
   UsageHistory small(kMoeLayers, kExperts);
   small.Record(0, 4, 4999);
   ASSERT_OK(small.Save(path));
-  ASSERT_OK_AND_ASSIGN(auto unpinned, StreamingExpertStore::Open(snapshot.get(), Layout(), options));
+  ASSERT_OK_AND_ASSIGN(auto unpinned,
+                       StreamingExpertStore::Open(snapshot.get(), Layout(), options));
   EXPECT_TRUE(unpinned->PinnedExperts(1).empty());
 }
 
@@ -715,7 +718,8 @@ TEST_F(ExpertStoreTest, ShardsSplitAcrossTwoDirectories) {
   ASSERT_FALSE(fs::exists(dir_ + "/drive1/model-00002-of-000002.safetensors"));
   ASSERT_OK_AND_ASSIGN(auto snapshot,
                        st::Snapshot::Open(dir_ + "/drive1", st::SnapshotOptions{{second}}));
-  ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), Layout(), WithCap(2)));
+  ASSERT_OK_AND_ASSIGN(auto store,
+                       StreamingExpertStore::Open(snapshot.get(), Layout(), WithCap(2)));
   for (int layer : kMoeLayers) ASSERT_OK(CheckedCall(store.get(), layer, {5, 4, 3, 2, 1, 0}));
   const ExpertStoreStats stats = store->TakeStats();
   EXPECT_EQ(stats.misses, 2u * kExperts);
@@ -747,7 +751,8 @@ TEST_F(ExpertStoreTest, CallbackErrorEndsTheCallAndTheStoreStaysUsable) {
 TEST_F(ExpertStoreTest, RefusesBadArguments) {
   WriteSnapshot(dir_, Arrangement::kContiguous);
   ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(dir_));
-  ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), Layout(), WithCap(2)));
+  ASSERT_OK_AND_ASSIGN(auto store,
+                       StreamingExpertStore::Open(snapshot.get(), Layout(), WithCap(2)));
   auto noop = [](int, const ExpertWeights&) { return absl::OkStatus(); };
   EXPECT_THAT(store->ForEachExpert(2, std::vector<int32_t>{0}, noop),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 2")));

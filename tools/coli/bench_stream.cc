@@ -29,8 +29,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <fstream>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -38,6 +36,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -66,7 +65,9 @@ using k3::ExpertStoreStats;
 using k3::ExpertWeights;
 using k3::StreamingExpertStore;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 struct Args {
   std::string model;
@@ -117,10 +118,10 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       args->prefill_compute = true;
     } else if (a == "--no-prefill") {
       args->prefill = false;
-    } else if (a == "--model" || a == "--budget-gb" || a == "--tokens" ||
-               a == "--prefill-tokens" || a == "--chunk" || a == "--top-k" ||
-               a == "--load-threads" || a == "--ceiling-gb" || a == "--dirs" || a == "--seed" ||
-               a == "--read-pieces" || a == "--trace" || a == "--sleep-compute-ms") {
+    } else if (a == "--model" || a == "--budget-gb" || a == "--tokens" || a == "--prefill-tokens" ||
+               a == "--chunk" || a == "--top-k" || a == "--load-threads" || a == "--ceiling-gb" ||
+               a == "--dirs" || a == "--seed" || a == "--read-pieces" || a == "--trace" ||
+               a == "--sleep-compute-ms") {
       if ((v = value(a.c_str())) == nullptr) return false;
       if (a == "--model") args->model = v;
       if (a == "--dirs") args->dirs = absl::StrSplit(v, ':', absl::SkipEmpty());
@@ -234,9 +235,8 @@ struct PhaseResult {
 // Runs `tokens` tokens through `store` in chunks of `chunk` (1 = decode/C=1 prefill): per
 // layer, the chunk's distinct experts in one call, each applied to the rows that chose it.
 absl::StatusOr<PhaseResult> RunTokens(StreamingExpertStore* store,
-                                      const std::vector<std::vector<Selection>>& routing,
-                                      int chunk, bool compute_experts = true,
-                                      double sleep_ms = 0) {
+                                      const std::vector<std::vector<Selection>>& routing, int chunk,
+                                      bool compute_experts = true, double sleep_ms = 0) {
   const k3::ExpertStoreLayout& layout = store->layout();
   ExpertCompute compute(layout.latent, layout.inter);
   const int tokens = static_cast<int>(routing.size());
@@ -254,7 +254,8 @@ absl::StatusOr<PhaseResult> RunTokens(StreamingExpertStore* store,
       std::map<int32_t, std::vector<std::pair<int, float>>> users;
       for (int r = 0; r < rows; ++r) {
         const Selection& s = routing[t0 + r][li];
-        for (size_t k = 0; k < s.experts.size(); ++k) users[s.experts[k]].push_back({r, s.weights[k]});
+        for (size_t k = 0; k < s.experts.size(); ++k)
+          users[s.experts[k]].push_back({r, s.weights[k]});
       }
       std::vector<int32_t> list;
       for (const auto& [e, u] : users) list.push_back(e);
@@ -304,8 +305,8 @@ absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, i
                                        uint32_t seed, int batch = 0, int pieces = 1) {
   const k3::ExpertStoreLayout& layout = store->layout();
   std::mt19937 rng(seed ^ 0x5eed);
-  const int n = std::max<int>(threads, static_cast<int>(std::ceil(
-                                           gb * 1e9 / static_cast<double>(layout.ExpertBytes()))));
+  const int n = std::max<int>(
+      threads, static_cast<int>(std::ceil(gb * 1e9 / static_cast<double>(layout.ExpertBytes()))));
   std::map<std::string, std::unique_ptr<io::DirectReader>> readers;
   struct Req {
     const io::DirectReader* reader;
@@ -396,18 +397,18 @@ absl::StatusOr<Ceiling> MeasureCeiling(StreamingExpertStore* store, double gb, i
 struct TraceSummary {
   int calls = 0;
   double misses_per_call = 0;
-  double wall = 0;             // first call's start → last call's end
-  double disk_busy = 0;        // at least one read in flight
-  double idle_head = 0;        // call start → its first read (includes waiting for a slot)
-  double idle_inside = 0;      // holes between the first read start and the last read end
-  double idle_tail = 0;        // last read end → call end (compute of the last arrivals)
-  double idle_between = 0;     // one call's end → the next call's start (caller's own work)
-  double idle_no_reads = 0;    // calls served entirely from RAM
-  double first_arrival = 0;    // mean: call start → first missed expert fully read
-  double first_compute = 0;    // mean: call start → compute of the first missed expert starts
-  double expert_read = 0;      // mean disk-busy time per missed expert in a call
-  double in_order = 0;         // fraction of a call's misses that arrive in disk order
-  double last_gap = 0;         // mean: arrival of the second-to-last → last expert of a call
+  double wall = 0;           // first call's start → last call's end
+  double disk_busy = 0;      // at least one read in flight
+  double idle_head = 0;      // call start → its first read (includes waiting for a slot)
+  double idle_inside = 0;    // holes between the first read start and the last read end
+  double idle_tail = 0;      // last read end → call end (compute of the last arrivals)
+  double idle_between = 0;   // one call's end → the next call's start (caller's own work)
+  double idle_no_reads = 0;  // calls served entirely from RAM
+  double first_arrival = 0;  // mean: call start → first missed expert fully read
+  double first_compute = 0;  // mean: call start → compute of the first missed expert starts
+  double expert_read = 0;    // mean disk-busy time per missed expert in a call
+  double in_order = 0;       // fraction of a call's misses that arrive in disk order
+  double last_gap = 0;       // mean: arrival of the second-to-last → last expert of a call
   // Σ over calls of max(disk busy, compute busy) of that call: what a perfect pipeline needs
   // when the load changes during the run (the totals' max(read, compute) is then too low: one
   // call may wait for the disk and the next for the CPU).
@@ -533,8 +534,7 @@ int RunBenchStream(int argc, char** argv) {
   absl::StatusOr<k3::ExpertStoreLayout> layout = k3::DiscoverExpertLayout(snapshot->get());
   if (!layout.ok()) return Fail(layout.status());
   const int layers = static_cast<int>(layout->moe_layers.size());
-  const double set_gb =
-      static_cast<double>(layout->ExpertBytes()) * layers * layout->experts / 1e9;
+  const double set_gb = static_cast<double>(layout->ExpertBytes()) * layers * layout->experts / 1e9;
   if (args.budget_gb < 0) args.budget_gb = std::min(8.0, set_gb / 4);
   if (args.top_k > layout->experts) args.top_k = layout->experts;
 
@@ -569,8 +569,8 @@ int RunBenchStream(int argc, char** argv) {
                               Ceiling* split) -> absl::Status {
     for (int k = 0; k < 2; ++k) {
       if ((k == 0) != split_first) {
-        COLI_ASSIGN_OR_RETURN(*whole, MeasureCeiling(store->get(), args.ceiling_gb,
-                                                     args.load_threads, seed + k));
+        COLI_ASSIGN_OR_RETURN(
+            *whole, MeasureCeiling(store->get(), args.ceiling_gb, args.load_threads, seed + k));
       } else {
         COLI_ASSIGN_OR_RETURN(*split, MeasureCeiling(store->get(), args.ceiling_gb,
                                                      args.load_threads, seed + k, 0, pieces));
@@ -591,7 +591,8 @@ int RunBenchStream(int argc, char** argv) {
       MakeRouting(args.tokens, layers, layout->experts, args.top_k, args.seed);
   dropped = DropPageCache(&drop_note) && dropped;
   (*store)->StartTrace();
-  absl::StatusOr<PhaseResult> decode = RunTokens(store->get(), decode_routing, 1, true, args.sleep_compute_ms);
+  absl::StatusOr<PhaseResult> decode =
+      RunTokens(store->get(), decode_routing, 1, true, args.sleep_compute_ms);
   if (!decode.ok()) return Fail(decode.status());
   const std::vector<k3::ExpertTraceEvent> trace = (*store)->TakeTrace();
   (*store)->StopTrace();
@@ -599,7 +600,8 @@ int RunBenchStream(int argc, char** argv) {
   if (!args.trace_path.empty()) {
     if (absl::Status s = WriteTrace(args.trace_path, trace); !s.ok()) return Fail(s);
   }
-  if (absl::Status s = measure_ceilings(args.seed + 20, true, &whole_after, &split_after); !s.ok()) {
+  if (absl::Status s = measure_ceilings(args.seed + 20, true, &whole_after, &split_after);
+      !s.ok()) {
     return Fail(s);
   }
   const double whole_gbs = (whole_before.gbs + whole_after.gbs) / 2;
@@ -628,7 +630,8 @@ int RunBenchStream(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<StreamingExpertStore>> nopipe_store = open(false);
   if (!nopipe_store.ok()) return Fail(nopipe_store.status());
   dropped = DropPageCache(&drop_note) && dropped;
-  absl::StatusOr<PhaseResult> nopipe = RunTokens(nopipe_store->get(), decode_routing, 1, true, args.sleep_compute_ms);
+  absl::StatusOr<PhaseResult> nopipe =
+      RunTokens(nopipe_store->get(), decode_routing, 1, true, args.sleep_compute_ms);
   if (!nopipe.ok()) return Fail(nopipe.status());
   nopipe_store->reset();
   // The same decode with the callbacks doing nothing: the streaming path's own read rate,
@@ -642,15 +645,15 @@ int RunBenchStream(int argc, char** argv) {
   const double readonly_gbs = readonly->stats.read_gbs();
   // The ceiling again, in per-layer batches of the decode's mean misses per layer with a
   // barrier between them: prices the end-of-layer tail that a decode cannot avoid.
-  const int batch = static_cast<int>(std::lround(
-      static_cast<double>(decode->stats.misses) / std::max<uint64_t>(1, decode->stats.calls)));
+  const int batch = static_cast<int>(std::lround(static_cast<double>(decode->stats.misses) /
+                                                 std::max<uint64_t>(1, decode->stats.calls)));
   dropped = DropPageCache(&drop_note) && dropped;
   absl::StatusOr<Ceiling> batched = MeasureCeiling(readonly_store->get(), args.ceiling_gb,
                                                    args.load_threads, args.seed + 3, batch, pieces);
   if (!batched.ok()) return Fail(batched.status());
   COLI_LOG(kInfo) << absl::StrFormat(
-      "(a) ceiling in per-layer batches of %d: %.3f GB/s; read-only decode = %.1f%% of it",
-      batch, batched->gbs, 100 * readonly_gbs / batched->gbs);
+      "(a) ceiling in per-layer batches of %d: %.3f GB/s; read-only decode = %.1f%% of it", batch,
+      batched->gbs, 100 * readonly_gbs / batched->gbs);
   readonly_store->reset();
 
   const ExpertStoreStats& d = decode->stats;
@@ -671,8 +674,8 @@ int RunBenchStream(int argc, char** argv) {
 
   // (c) prefill bytes per token at C=1 and C=chunk on the same selections, each from a cold
   // store.
-  const auto prefill_routing = MakeRouting(args.prefill_tokens, layers, layout->experts,
-                                           args.top_k, args.seed + 1);
+  const auto prefill_routing =
+      MakeRouting(args.prefill_tokens, layers, layout->experts, args.top_k, args.seed + 1);
   double bytes_per_token[2] = {0, 0}, prefill_s[2] = {0, 0}, prefill_hits[2] = {0, 0};
   const int chunks[2] = {1, args.chunk};
   for (int c = 0; c < 2 && args.prefill; ++c) {
@@ -708,24 +711,27 @@ int RunBenchStream(int argc, char** argv) {
   const double c_vs_union = bytes_per_token[1] / union_bytes_per_token;
   const double prefill_ratio =
       bytes_per_token[1] > 0 ? bytes_per_token[0] / bytes_per_token[1] : 0;  // 0: --no-prefill
-  COLI_LOG(kInfo) << absl::StrFormat(
-      "(c) prefill: %.1f MB/token at C=1 (hit rate %.1f%%), %.1f MB/token at C=%d (%.2fx fewer; "
-      "the routing allows %.2fx without C=1 hits, %.2fx with them); C=%d reads %.3fx its "
-      "chunks' expert unions; %.3f vs %.3f s/token",
-      bytes_per_token[0] / 1e6, 100 * prefill_hits[0], bytes_per_token[1] / 1e6, args.chunk,
-      prefill_ratio, dedup, dedup * (1 - prefill_hits[0]), args.chunk,
-      c_vs_union, prefill_s[0], prefill_s[1]);
+  if (args.prefill) {
+    COLI_LOG(kInfo) << absl::StrFormat(
+        "(c) prefill: %.1f MB/token at C=1 (hit rate %.1f%%), %.1f MB/token at C=%d (%.2fx fewer; "
+        "the routing allows %.2fx without C=1 hits, %.2fx with them); C=%d reads %.3fx its "
+        "chunks' expert unions; %.3f vs %.3f s/token",
+        bytes_per_token[0] / 1e6, 100 * prefill_hits[0], bytes_per_token[1] / 1e6, args.chunk,
+        prefill_ratio, dedup, dedup * (1 - prefill_hits[0]), args.chunk, c_vs_union, prefill_s[0],
+        prefill_s[1]);
+  }
   if (!dropped) {
     COLI_LOG(kWarning) << "page cache NOT dropped between phases: " << drop_note;
   }
 
-  const std::string routing_note = absl::StrCat(
-      "synthetic uniform top-k routing; ",
-      args.sleep_compute_ms > 0
-          ? absl::StrFormat("decode experts SLEEP %.2f ms instead of computing", args.sleep_compute_ms)
-          : std::string("real MXFP4 expert matmuls in decode"),
-      args.prefill_compute ? " and prefill" : " (prefill: reads only)",
-      "; no attention/dense work");
+  const std::string routing_note =
+      absl::StrCat("synthetic uniform top-k routing; ",
+                   args.sleep_compute_ms > 0
+                       ? absl::StrFormat("decode experts SLEEP %.2f ms instead of computing",
+                                         args.sleep_compute_ms)
+                       : std::string("real MXFP4 expert matmuls in decode"),
+                   args.prefill_compute ? " and prefill" : " (prefill: reads only)",
+                   "; no attention/dense work");
   const std::string extra = absl::StrFormat(
       "\"read_pieces\": %d, \"ceiling_whole_gbs\": %.4f, \"ceiling_pieces_gbs\": %.4f, "
       "\"trace_calls\": %d, \"trace_misses_per_call\": %.2f, \"trace_wall_s\": %.4f, "
@@ -741,10 +747,9 @@ int RunBenchStream(int argc, char** argv) {
       pieces, whole_gbs, split_gbs, ts.calls, ts.misses_per_call, ts.wall, ts.disk_busy,
       ts.idle_head, ts.idle_inside, ts.idle_tail, ts.idle_between, ts.idle_no_reads,
       1e3 * ts.first_arrival, ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0,
-      1e3 * ts.first_compute, 1e3 * ts.last_gap, 1e3 * ts.expert_read, ts.in_order,
-      ts.compute_busy, ts.per_call_bound,
-      ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0,
-      prefill_hits[0], union_bytes_per_token, c_vs_union, dedup * (1 - prefill_hits[0]));
+      1e3 * ts.first_compute, 1e3 * ts.last_gap, 1e3 * ts.expert_read, ts.in_order, ts.compute_busy,
+      ts.per_call_bound, ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0, prefill_hits[0],
+      union_bytes_per_token, c_vs_union, dedup * (1 - prefill_hits[0]));
   if (args.json) {
     std::printf(
         "{\"ceiling_gbs\": %.4f, \"decode_read_gbs\": %.4f, \"read_ratio\": %.4f, "
@@ -764,8 +769,8 @@ int RunBenchStream(int argc, char** argv) {
         ceiling->gbs, decode_gbs, decode_gbs / ceiling->gbs, s_per_token, read_s, compute_s,
         overlap_ratio, nopipe->wall / T, d.hit_rate(), ceiling_before_gbs, ceiling_after_gbs,
         args.prefill_compute ? "true" : "false", readonly_gbs, readonly_gbs / ceiling->gbs,
-        readonly->wall / T, batched->gbs, batch, readonly_gbs / batched->gbs, bytes_per_token[0], bytes_per_token[1],
-        prefill_ratio, dedup, args.chunk, prefill_s[0], prefill_s[1],
+        readonly->wall / T, batched->gbs, batch, readonly_gbs / batched->gbs, bytes_per_token[0],
+        bytes_per_token[1], prefill_ratio, dedup, args.chunk, prefill_s[0], prefill_s[1],
         args.budget_gb, plan.slots_per_layer, set_gb, layers, layout->experts, args.top_k,
         args.tokens, args.load_threads, args.direct ? "true" : "false",
         ceiling->direct ? "true" : "false", dropped ? "true" : "false", routing_note.c_str(),
@@ -778,36 +783,44 @@ int RunBenchStream(int argc, char** argv) {
     std::printf("  budget           %.2f GB = %d slots/layer; top-%d; %d load threads; %s\n",
                 args.budget_gb, plan.slots_per_layer, args.top_k, args.load_threads,
                 args.direct ? "O_DIRECT" : "buffered");
-    std::printf("  (a) ceiling      %.3f GB/s (O_DIRECT random expert reads; %.3f before, %.3f "
-                "after the decode; whole experts %.3f, in %d pieces %.3f)\n",
-                ceiling->gbs, ceiling_before_gbs, ceiling_after_gbs, whole_gbs, pieces,
-                split_gbs);
-    std::printf("  (b) decode       %.3f GB/s while reading = %.1f%% of the ceiling\n",
-                decode_gbs, 100 * decode_gbs / ceiling->gbs);
-    std::printf("                   %.3f s/token: read %.3f, compute %.3f, ratio %.3f "
-                "(pipeline off: %.3f s/token); hit rate %.1f%%\n",
-                s_per_token, read_s, compute_s, overlap_ratio, nopipe->wall / T,
-                100 * d.hit_rate());
-    std::printf("                   disk idle %.3f of %.3f s: head %.3f, inside %.3f, tail "
-                "%.3f, between calls %.3f; first expert after %.1f ms (%.2f expert reads)\n",
-                ts.wall - ts.disk_busy, ts.wall, ts.idle_head, ts.idle_inside, ts.idle_tail,
-                ts.idle_between, 1e3 * ts.first_arrival,
-                ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0);
-    std::printf("                   traced wall / sum of per-call max(disk busy, compute) = "
-                "%.3f\n",
-                ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0);
-    std::printf("                   without compute: %.3f GB/s while reading = %.1f%% of the "
-                "ceiling, %.3f s/token\n",
-                readonly_gbs, 100 * readonly_gbs / ceiling->gbs, readonly->wall / T);
-    std::printf("                   ceiling in per-layer batches of %d: %.3f GB/s (read-only "
-                "decode = %.1f%% of it)\n",
-                batch, batched->gbs, 100 * readonly_gbs / batched->gbs);
-    std::printf("  (c) prefill      %.1f MB/token at C=1, %.1f MB/token at C=%d: %.2fx fewer "
-                "(routing allows %.2fx; %.2fx given C=1's %.1f%% LRU hits); C=%d reads %.3fx "
-                "its chunks' unions\n",
-                bytes_per_token[0] / 1e6, bytes_per_token[1] / 1e6, args.chunk,
-                prefill_ratio, dedup, dedup * (1 - prefill_hits[0]),
-                100 * prefill_hits[0], args.chunk, c_vs_union);
+    std::printf(
+        "  (a) ceiling      %.3f GB/s (O_DIRECT random expert reads; %.3f before, %.3f "
+        "after the decode; whole experts %.3f, in %d pieces %.3f)\n",
+        ceiling->gbs, ceiling_before_gbs, ceiling_after_gbs, whole_gbs, pieces, split_gbs);
+    std::printf("  (b) decode       %.3f GB/s while reading = %.1f%% of the ceiling\n", decode_gbs,
+                100 * decode_gbs / ceiling->gbs);
+    std::printf(
+        "                   %.3f s/token: read %.3f, compute %.3f, ratio %.3f "
+        "(pipeline off: %.3f s/token); hit rate %.1f%%\n",
+        s_per_token, read_s, compute_s, overlap_ratio, nopipe->wall / T, 100 * d.hit_rate());
+    std::printf(
+        "                   disk idle %.3f of %.3f s: head %.3f, inside %.3f, tail "
+        "%.3f, between calls %.3f; first expert after %.1f ms (%.2f expert reads)\n",
+        ts.wall - ts.disk_busy, ts.wall, ts.idle_head, ts.idle_inside, ts.idle_tail,
+        ts.idle_between, 1e3 * ts.first_arrival,
+        ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0);
+    std::printf(
+        "                   traced wall / sum of per-call max(disk busy, compute) = "
+        "%.3f\n",
+        ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0);
+    std::printf(
+        "                   without compute: %.3f GB/s while reading = %.1f%% of the "
+        "ceiling, %.3f s/token\n",
+        readonly_gbs, 100 * readonly_gbs / ceiling->gbs, readonly->wall / T);
+    std::printf(
+        "                   ceiling in per-layer batches of %d: %.3f GB/s (read-only "
+        "decode = %.1f%% of it)\n",
+        batch, batched->gbs, 100 * readonly_gbs / batched->gbs);
+    if (!args.prefill) {
+      std::printf("  (c) prefill      skipped (--no-prefill)\n");
+    } else {
+      std::printf(
+          "  (c) prefill      %.1f MB/token at C=1, %.1f MB/token at C=%d: %.2fx fewer "
+          "(routing allows %.2fx; %.2fx given C=1's %.1f%% LRU hits); C=%d reads %.3fx "
+          "its chunks' unions\n",
+          bytes_per_token[0] / 1e6, bytes_per_token[1] / 1e6, args.chunk, prefill_ratio, dedup,
+          dedup * (1 - prefill_hits[0]), 100 * prefill_hits[0], args.chunk, c_vs_union);
+    }
     std::printf("  page cache       %s\n",
                 dropped ? "dropped between phases" : ("NOT dropped: " + drop_note).c_str());
   }
