@@ -2,9 +2,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -215,6 +217,35 @@ absl::Status PrepareRow(Isa isa, const MatrixView& w, const Prepared& p, const L
   return absl::OkStatus();
 }
 
+// The rows of one call in chunks of whole 4-row tiles. Thread t owns a contiguous run of chunks
+// and takes them in order from the front (one linear weight stream, as a static split); a thread
+// that has finished its run takes chunks from the back of the others'. On a quiet machine that is
+// the static split; on a shared one a thread the OS deschedules delays the call by at most the
+// chunk it holds, instead of its whole half of the matrix.
+class ChunkRun {
+ public:
+  void Init(int64_t begin, int64_t end) { run_.store(Pack(begin, end), std::memory_order_relaxed); }
+  // Next chunk from the front (owner) or the back (others); false when the run is empty.
+  bool Take(bool front, int64_t* chunk) {
+    uint64_t v = run_.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t b = static_cast<int64_t>(v & 0xFFFFFFFFu), e = static_cast<int64_t>(v >> 32);
+      if (b >= e) return false;
+      const uint64_t next = front ? Pack(b + 1, e) : Pack(b, e - 1);
+      if (run_.compare_exchange_weak(v, next, std::memory_order_acq_rel)) {
+        *chunk = front ? b : e - 1;
+        return true;
+      }
+    }
+  }
+
+ private:
+  static uint64_t Pack(int64_t b, int64_t e) {
+    return static_cast<uint64_t>(b) | (static_cast<uint64_t>(e) << 32);
+  }
+  alignas(64) std::atomic<uint64_t> run_{0};
+};
+
 internal::KernelFn PickKernel(const internal::KernelSet& set, WeightFormat f, bool idot) {
   switch (f) {
     case WeightFormat::kF32:
@@ -297,7 +328,6 @@ absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t
   Prepared prepared;
   const Layout layout = PrepareLayout(isa, w, x, batch, options.idot, buffers, &prepared);
   const KernelFn fn = PickKernel(KernelsFor(isa), w.format, options.idot);
-  // Contiguous slices of whole 4-row tiles per thread: each thread streams its own weight range.
   const int64_t tiles = (w.rows + 3) / 4;
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));
   if (nt == 1) {
@@ -308,11 +338,16 @@ absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t
     return absl::OkStatus();
   }
   // One parallel region per call: the batch rows' activations are prepared (split over the
-  // threads), then, after the loop's barrier, each thread computes its rows.
+  // threads), then, after the loop's barrier, the threads compute the rows chunk by chunk.
+  const int64_t chunk_tiles = std::max<int64_t>(1, tiles / (8 * nt));
+  const int64_t chunks = (tiles + chunk_tiles - 1) / chunk_tiles;  // about 8·nt: fits ChunkRun
+  std::unique_ptr<ChunkRun[]> runs(new ChunkRun[nt]);
   int64_t bad_row = -1;
   absl::Status bad;
 #pragma omp parallel num_threads(nt)
   {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    runs[t].Init(chunks * t / n, chunks * (t + 1) / n);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < batch; ++b) {
       absl::Status s = PrepareRow(isa, w, prepared, layout, b);
@@ -325,10 +360,14 @@ absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t
       }
     }
     if (bad_row < 0) {
-      const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-      const int64_t rb = std::min(w.rows, tiles * t / n * 4);
-      const int64_t re = std::min(w.rows, tiles * (t + 1) / n * 4);
-      if (rb < re) fn(w, prepared, batch, y, rb, re);
+      int64_t c;
+      for (int i = 0; i < n; ++i) {
+        ChunkRun& run = runs[(t + i) % n];
+        while (run.Take(i == 0, &c)) {
+          fn(w, prepared, batch, y, std::min(w.rows, c * chunk_tiles * 4),
+             std::min(w.rows, (c + 1) * chunk_tiles * 4));
+        }
+      }
     }
   }
   return bad_row >= 0 ? bad : absl::OkStatus();
