@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <list>
@@ -508,6 +509,7 @@ class StreamingExpertStore::Impl {
   ExpertStoreStats total_stats_;
   std::vector<std::thread> loaders_;
   int read_pieces_ = 1;
+  std::vector<std::unique_ptr<io::AlignedBuffer>> spare_;  // guarded by mu_
   std::atomic<bool> tracing_{false};  // written under mu_; read without it to skip the lock
   Clock::time_point trace_epoch_;
   std::vector<ExpertTraceEvent> trace_;
@@ -547,6 +549,18 @@ absl::Status StreamingExpertStore::Impl::Init() {
                               L.ExpertBytes(), working, available, options_.reserve_bytes));
   COLI_RETURN_IF_ERROR(OpenShards());
   caches_.resize(L.moe_layers.size());
+  if (options_.prefault) {
+    // Every planned slot now, each page written once, so the first token's reads do not pay
+    // for faulting fresh buffers in.
+    const uint64_t slots =
+        static_cast<uint64_t>(plan_.slots_per_layer) * L.moe_layers.size() + plan_.working_slots;
+    spare_.reserve(slots);
+    for (uint64_t i = 0; i < slots; ++i) {
+      auto buffer = std::make_unique<io::AlignedBuffer>(plan_.slot_bytes);
+      std::memset(buffer->data(), 0, buffer->capacity());
+      spare_.push_back(std::move(buffer));
+    }
+  }
 
   if (!options_.usage_path.empty()) {
     absl::StatusOr<UsageHistory> loaded =
@@ -761,7 +775,12 @@ void StreamingExpertStore::Impl::LoaderLoop(int thread) {
       if (piece == 0) {
         if (free_slots_.empty()) {
           ++working_allocated_;
-          job->slot.buffer = std::make_unique<io::AlignedBuffer>(plan_.slot_bytes);
+          if (!spare_.empty()) {  // pre-faulted at Open (options.prefault)
+            job->slot.buffer = std::move(spare_.back());
+            spare_.pop_back();
+          } else {
+            job->slot.buffer = std::make_unique<io::AlignedBuffer>(plan_.slot_bytes);
+          }
         } else {
           job->slot = std::move(free_slots_.back());
           free_slots_.pop_back();

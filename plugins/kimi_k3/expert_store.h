@@ -92,6 +92,9 @@ struct ExpertStoreOptions {
   // one by one in disk order; 0 = one piece per loader thread. Measured on the shared virtio
   // disk: no end-to-end gain and ~7% less bandwidth (docs/status/issue-6.md), hence off.
   int read_pieces = 1;
+  // Allocate and touch every planned slot at Open (the whole budget at once) instead of on
+  // first use, so the first token's reads do not also fault fresh buffers in. Off by default.
+  bool prefault = false;
   // Usage history file ("" = none). Read at Open for pinning; Record* add to it in RAM.
   std::string usage_path;
   bool record_usage = true;  // count every selection
@@ -162,7 +165,7 @@ struct ExpertTraceEvent {
   Kind kind = Kind::kCall;
   int layer = 0;        // decoder-layer id
   int32_t expert = -1;  // kRead / kCompute
-  int piece = 0;        // kRead: piece index; kCompute: list entry i
+  int piece = 0;        // kRead: piece index; kCompute: list entry i; kCall: misses
   int thread = -1;      // kRead: loader index
   bool hit = false;     // kCompute: the expert came from RAM
   double start = 0, end = 0;

@@ -13,7 +13,9 @@
 // Chunked rows: each unique expert of the batch is fetched once (ExpertSource) and applied to
 // all rows that chose it; its outputs land in per-(row, k) slots and are summed afterwards in
 // the fixed k order, so results are bit-identical whatever order experts arrive in and however
-// rows are batched. Optional K3_TOPP pruning (engine-only, off by default; changes results):
+// rows are batched. The routed loads start right after routing (ExpertSource::
+// ForEachExpertOverlapped); the latent down-projection and the shared experts are computed while
+// the first misses load. Optional K3_TOPP pruning (engine-only, off by default; changes results):
 // the k weights sorted descending, the smallest prefix reaching p kept and renormalised.
 #ifndef COLI_PLUGINS_KIMI_K3_LATENT_MOE_H_
 #define COLI_PLUGINS_KIMI_K3_LATENT_MOE_H_

@@ -86,6 +86,7 @@ struct Args {
   bool prefill_compute = false;
   bool prefill = true;          // --no-prefill skips (c)
   double sleep_compute_ms = 0;  // > 0: each expert "computed" by sleeping this long
+  bool prefault = false;        // --prefault: the store touches every slot at Open
 
   uint32_t seed = 1;
 };
@@ -95,9 +96,9 @@ const char kUsage[] =
     "         [--prefill-tokens N] [--chunk C] [--top-k K] [--load-threads N]\n"
     "         [--ceiling-gb X] [--buffered] [--prefill-compute] [--dirs D1:D2] [--seed N]\n"
     "         [--read-pieces N (1 = whole experts, the default; 0 = one per load thread)]\n"
-    "         [--trace FILE]\n"
-    "         [--no-prefill] [--sleep-compute-ms X (decode experts sleep X ms instead of\n"
-    "         computing: the pipeline's structure without CPU contention)]\n";
+    "         [--trace FILE] [--no-prefill] [--prefault (store touches every slot at Open)]\n"
+    "         [--sleep-compute-ms X (decode experts sleep X ms instead of computing: the\n"
+    "         pipeline's structure without CPU contention)]\n";
 
 bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
   for (int i = 1; i < argc; ++i) {
@@ -118,6 +119,8 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       args->prefill_compute = true;
     } else if (a == "--no-prefill") {
       args->prefill = false;
+    } else if (a == "--prefault") {
+      args->prefault = true;
     } else if (a == "--model" || a == "--budget-gb" || a == "--tokens" || a == "--prefill-tokens" ||
                a == "--chunk" || a == "--top-k" || a == "--load-threads" || a == "--ceiling-gb" ||
                a == "--dirs" || a == "--seed" || a == "--read-pieces" || a == "--trace" ||
@@ -543,6 +546,7 @@ int RunBenchStream(int argc, char** argv) {
   options.direct = args.direct;
   options.load_threads = args.load_threads;
   options.read_pieces = args.read_pieces;
+  options.prefault = args.prefault;
   options.record_usage = false;
   options.pin = false;
   auto open = [&](bool pipe) {
@@ -733,7 +737,8 @@ int RunBenchStream(int argc, char** argv) {
                    args.prefill_compute ? " and prefill" : " (prefill: reads only)",
                    "; no attention/dense work");
   const std::string extra = absl::StrFormat(
-      "\"read_pieces\": %d, \"ceiling_whole_gbs\": %.4f, \"ceiling_pieces_gbs\": %.4f, "
+      "\"prefault\": %s, \"read_pieces\": %d, \"ceiling_whole_gbs\": %.4f, \"ceiling_pieces_gbs\": "
+      "%.4f, "
       "\"trace_calls\": %d, \"trace_misses_per_call\": %.2f, \"trace_wall_s\": %.4f, "
       "\"trace_disk_busy_s\": %.4f, \"trace_idle_head_s\": %.4f, \"trace_idle_inside_s\": %.4f, "
       "\"trace_idle_tail_s\": %.4f, \"trace_idle_between_s\": %.4f, "
@@ -744,11 +749,12 @@ int RunBenchStream(int argc, char** argv) {
       "\"trace_overlap_ratio_per_call\": %.4f, "
       "\"prefill_hit_rate_c1\": %.4f, \"prefill_union_bytes_per_token\": %.0f, "
       "\"prefill_c32_vs_union\": %.4f, \"prefill_routing_with_c1_hits\": %.4f",
-      pieces, whole_gbs, split_gbs, ts.calls, ts.misses_per_call, ts.wall, ts.disk_busy,
-      ts.idle_head, ts.idle_inside, ts.idle_tail, ts.idle_between, ts.idle_no_reads,
-      1e3 * ts.first_arrival, ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0,
-      1e3 * ts.first_compute, 1e3 * ts.last_gap, 1e3 * ts.expert_read, ts.in_order, ts.compute_busy,
-      ts.per_call_bound, ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0, prefill_hits[0],
+      args.prefault ? "true" : "false", pieces, whole_gbs, split_gbs, ts.calls, ts.misses_per_call,
+      ts.wall, ts.disk_busy, ts.idle_head, ts.idle_inside, ts.idle_tail, ts.idle_between,
+      ts.idle_no_reads, 1e3 * ts.first_arrival,
+      ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0, 1e3 * ts.first_compute,
+      1e3 * ts.last_gap, 1e3 * ts.expert_read, ts.in_order, ts.compute_busy, ts.per_call_bound,
+      ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0, prefill_hits[0],
       union_bytes_per_token, c_vs_union, dedup * (1 - prefill_hits[0]));
   if (args.json) {
     std::printf(
