@@ -1,4 +1,6 @@
 // Weight formats of spec §4: quantizers, decoders, QuantizedMatrix, view validation.
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,12 +26,13 @@ float FlooredScale(float max_abs, float divisor) {
   return s < kScaleFloor ? kScaleFloor : s;
 }
 
-// rint() in the default rounding mode (round half to even), then clamp.
+// rint() in the default rounding mode (round half to even), then clamp. Clamping first in float
+// gives the same result (lo and hi are integers), and cvtss2si rounds like rint in the current
+// mode; std::nearbyint was an out-of-line libm call per value (most of a call's activation
+// quantization on the scalar and AVX2 paths).
 int32_t RoundClamp(float v, int32_t lo, int32_t hi) {
-  float r = std::nearbyint(v);
-  if (r < static_cast<float>(lo)) return lo;
-  if (r > static_cast<float>(hi)) return hi;
-  return static_cast<int32_t>(r);
+  v = std::min(std::max(v, static_cast<float>(lo)), static_cast<float>(hi));
+  return _mm_cvtss_si32(_mm_set_ss(v));
 }
 
 // Quantizes `n` values with `scale`'s reciprocal to [lo, hi].

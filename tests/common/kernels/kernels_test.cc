@@ -395,6 +395,24 @@ TEST(KernelFormats, FromPartsChecksSizes) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("expected 64 data bytes and 8"));
 }
 
+// Rounding of the quantizers on every half-integer tie and on random values: with a group whose
+// max|x| is 127 the scale is 1, so each code must be nearbyint(x) (half to even).
+TEST(KernelFormats, ActivationRoundingMatchesNearbyint) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-127.f, 127.f);
+  std::vector<float> x;
+  for (int t = -254; t <= 254; ++t) x.push_back(0.5f * static_cast<float>(t));  // every tie
+  while (x.size() % 64 != 0 || x.size() < 4096) x.push_back(uni(rng));
+  for (size_t g = 0; g < x.size(); g += 64) x[g] = 127.f;  // scale exactly 1 in every group
+  std::vector<int8_t> q(x.size());
+  std::vector<float> s(x.size() / 64);
+  ASSERT_TRUE(QuantizeActivationsInt8Groups(x, 64, q.data(), s.data()).ok());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(s[i / 64], 1.f);
+    EXPECT_EQ(q[i], static_cast<int8_t>(std::nearbyint(x[i]))) << "x = " << x[i];
+  }
+}
+
 TEST(KernelFormats, ActivationQuantizationHandComputed) {
   // Group of 4: max 12.7 -> s = 0.1; values 0.05/0.1 = 0.5 -> 0 (even), 0.15 -> 1.5 -> 2,
   // -12.7 -> -127. Second group (short tail of 2): all zeros -> s = 1e-20.
