@@ -92,9 +92,11 @@ struct ExpertStoreOptions {
   // one by one in disk order; 0 = one piece per loader thread. Measured on the shared virtio
   // disk: no end-to-end gain and ~7% less bandwidth (docs/status/issue-6.md), hence off.
   int read_pieces = 1;
-  // Allocate and touch every planned slot at Open (the whole budget at once) instead of on
-  // first use, so the first token's reads do not also fault fresh buffers in. Off by default.
-  bool prefault = false;
+  // Allocate and touch every planned slot (cap·layers + working) at Open instead of on first
+  // use: without it the first tokens' reads also fault fresh buffers in (measured 13–32 %
+  // slower reads in token 1, lower read rates over 8 cold tokens; docs/status/issue-6.md).
+  // Costs a memset of the whole plan at Open.
+  bool prefault = true;
   // Usage history file ("" = none). Read at Open for pinning; Record* add to it in RAM.
   std::string usage_path;
   bool record_usage = true;  // count every selection

@@ -125,7 +125,8 @@ TEST_F(ExpertStoreModelTest, LogitsBitIdenticalToPreadForEverySetting) {
 }
 
 // Split reads (whole experts, 2 pieces, more pieces than an expert has 4 KiB blocks) with one
-// or four loaders, O_DIRECT or buffered, 1 slot per layer so every step reads: the logits do
+// or four loaders, O_DIRECT or buffered, slots prefaulted at Open or allocated on first use,
+// 1 slot per layer so every step reads: the logits do
 // not depend on how an expert's bytes arrive. The model computes its latent down-projection and
 // shared experts while the first misses load (ForEachExpertOverlapped); the plain pread source
 // runs the same work before its walk, so equality also covers that overlap.
@@ -137,13 +138,15 @@ TEST_F(ExpertStoreModelTest, SplitReadsGiveIdenticalLogits) {
   reference_model.reset();
   struct Setting {
     int pieces, threads;
-    bool direct;
+    bool direct, prefault;
   };
-  for (const Setting& t :
-       {Setting{1, 4, true}, Setting{2, 1, true}, Setting{64, 4, true}, Setting{64, 4, false}}) {
-    SCOPED_TRACE(absl::StrCat("pieces=", t.pieces, " threads=", t.threads, " direct=", t.direct));
+  for (const Setting& t : {Setting{1, 4, true, false}, Setting{2, 1, true, true},
+                           Setting{64, 4, true, true}, Setting{64, 4, false, false}}) {
+    SCOPED_TRACE(absl::StrCat("pieces=", t.pieces, " threads=", t.threads, " direct=", t.direct,
+                              " prefault=", t.prefault));
     ExpertStoreOptions store_options = StoreOptions(0, t.direct, true);
     store_options.read_pieces = t.pieces;
+    store_options.prefault = t.prefault;
     store_options.load_threads = t.threads;
     StreamingExpertStore* store = nullptr;
     ASSERT_OK_AND_ASSIGN(auto model,

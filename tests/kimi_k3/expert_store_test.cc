@@ -222,8 +222,9 @@ TEST_F(ExpertStoreTest, BytesMatchTheFileForEverySetting) {
             options.direct = direct;
             options.pipe = pipe;
             options.load_threads = threads;
-            options.working_slots = 3;  // fewer than some calls' misses: batches and waits
-            options.read_pieces = 0;    // one piece per loader: 1 or 3
+            options.working_slots = 3;        // fewer than some calls' misses: batches and waits
+            options.read_pieces = 0;          // one piece per loader: 1 or 3
+            options.prefault = threads == 3;  // slots at Open, or on first use
             ASSERT_OK_AND_ASSIGN(auto store,
                                  StreamingExpertStore::Open(snapshot.get(), Layout(), options));
             EXPECT_EQ(store->plan().slots_per_layer, cap);
@@ -454,28 +455,31 @@ TEST_F(ExpertStoreTest, MeanwhileRunsWhileTheMissesLoad) {
   }
 }
 
-// prefault: every planned slot is allocated and touched at Open; the store then serves the
-// same bytes, keeps the budget and never needs more buffers than planned.
-TEST_F(ExpertStoreTest, PrefaultedSlotsServeTheSameBytes) {
+// prefault (default): every planned slot is allocated and touched at Open; either way the
+// store serves the same bytes, keeps the budget and hits what it cached.
+TEST_F(ExpertStoreTest, PrefaultedOrLazySlotsServeTheSameBytes) {
   WriteSnapshot(dir_, Arrangement::kContiguous);
   ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(dir_));
-  for (bool pipe : {true, false}) {
-    SCOPED_TRACE(absl::StrCat("pipe=", pipe));
-    ExpertStoreOptions options = WithCap(2);
-    options.prefault = true;
-    options.pipe = pipe;
-    options.working_slots = 3;
-    ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snapshot.get(), Layout(), options));
-    for (int round = 0; round < 3; ++round) {
-      for (int layer : kMoeLayers) {
-        ASSERT_OK(CheckedCall(store.get(), layer, {5, 0, 3, 1, 4, 2}));
-        const std::vector<int32_t> cached = store->CachedExperts(layer);
-        ASSERT_EQ(cached.size(), 2u);
-        store->TakeStats();
-        ASSERT_OK(CheckedCall(store.get(), layer, cached));
-        const ExpertStoreStats again = store->TakeStats();
-        EXPECT_EQ(again.hits, 2u);
-        EXPECT_EQ(again.misses, 0u);
+  for (bool prefault : {true, false}) {
+    for (bool pipe : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("prefault=", prefault, " pipe=", pipe));
+      ExpertStoreOptions options = WithCap(2);
+      options.prefault = prefault;
+      options.pipe = pipe;
+      options.working_slots = 3;
+      ASSERT_OK_AND_ASSIGN(auto store,
+                           StreamingExpertStore::Open(snapshot.get(), Layout(), options));
+      for (int round = 0; round < 3; ++round) {
+        for (int layer : kMoeLayers) {
+          ASSERT_OK(CheckedCall(store.get(), layer, {5, 0, 3, 1, 4, 2}));
+          const std::vector<int32_t> cached = store->CachedExperts(layer);
+          ASSERT_EQ(cached.size(), 2u);
+          store->TakeStats();
+          ASSERT_OK(CheckedCall(store.get(), layer, cached));
+          const ExpertStoreStats again = store->TakeStats();
+          EXPECT_EQ(again.hits, 2u);
+          EXPECT_EQ(again.misses, 0u);
+        }
       }
     }
   }

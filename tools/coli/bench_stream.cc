@@ -86,7 +86,7 @@ struct Args {
   bool prefill_compute = false;
   bool prefill = true;          // --no-prefill skips (c)
   double sleep_compute_ms = 0;  // > 0: each expert "computed" by sleeping this long
-  bool prefault = false;        // --prefault: the store touches every slot at Open
+  bool prefault = true;         // --no-prefault: slots allocated on first use
 
   uint32_t seed = 1;
 };
@@ -96,7 +96,7 @@ const char kUsage[] =
     "         [--prefill-tokens N] [--chunk C] [--top-k K] [--load-threads N]\n"
     "         [--ceiling-gb X] [--buffered] [--prefill-compute] [--dirs D1:D2] [--seed N]\n"
     "         [--read-pieces N (1 = whole experts, the default; 0 = one per load thread)]\n"
-    "         [--trace FILE] [--no-prefill] [--prefault (store touches every slot at Open)]\n"
+    "         [--trace FILE] [--no-prefill] [--no-prefault (slots on first use)]\n"
     "         [--sleep-compute-ms X (decode experts sleep X ms instead of computing: the\n"
     "         pipeline's structure without CPU contention)]\n";
 
@@ -121,6 +121,8 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       args->prefill = false;
     } else if (a == "--prefault") {
       args->prefault = true;
+    } else if (a == "--no-prefault") {
+      args->prefault = false;
     } else if (a == "--model" || a == "--budget-gb" || a == "--tokens" || a == "--prefill-tokens" ||
                a == "--chunk" || a == "--top-k" || a == "--load-threads" || a == "--ceiling-gb" ||
                a == "--dirs" || a == "--seed" || a == "--read-pieces" || a == "--trace" ||
