@@ -83,17 +83,21 @@ struct Mxfp4Idot {
     wl = _mm512_permutexvar_epi8(v, tbl);
     wh = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), tbl);
   }
+  // For the batch-1 row kernel (IdotRow): scales of 16 groups as f32, and the permute index
+  // that gives lane 4j+i of a block group j's scale.
+  using Scale = uint8_t;
+  static constexpr int kGroupCols = 32, kGroupsPerBlock = 4;
+  COLI_AVX512 static __m512 Scales16(const uint8_t* s) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))), 23));
+  }
+  COLI_AVX512 static __m512i ScalePick() {
+    return _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  }
 
   template <int R, int B>
   COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
-                               int64_t b0) {
-    __m512 acc[R][B];
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
-    Blocks<R, B>(w, p, r0, b0, 0, acc);
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) y[(b0 + b) * w.rows + r0 + i] = Reduce16(acc[i][b]);
-  }
+                               int64_t b0);
   // Blocks [k0, end) of rows r0.. and batch rows b0.. into acc.
   template <int R, int B>
   COLI_AVX512 __attribute__((always_inline)) static void Blocks(const MatrixView& w,
@@ -117,9 +121,7 @@ struct Mxfp4Idot {
       for (int i = 0; i < R; ++i) {
         _mm_prefetch(reinterpret_cast<const char*>(sp[i] + 4 * k) + kPrefetchBytes / 16,
                      _MM_HINT_T0);
-        s16[i] = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp[i] + 4 * k))),
-            23));
+        s16[i] = Scales16(sp[i] + 4 * k);
       }
       for (int q = 0; q < 4; ++q) {
         const __m512i pick = _mm512_set_epi32(4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 3, 4 * q + 2,
@@ -162,16 +164,23 @@ struct Mxfp4Idot {
 struct Int4Idot {
   static constexpr int kBatchTile = 4;
   static constexpr int kRowTile = 4;
+  // The nibbles as stored are the unsigned operand (biased by 8).
+  COLI_AVX512 static __m512i Table() { return _mm512_set1_epi8(0x0F); }
+  COLI_AVX512 __attribute__((always_inline)) static void Decode(__m512i v, __m512i low4,
+                                                                __m512i& wl, __m512i& wh) {
+    wl = _mm512_and_si512(v, low4);
+    wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+  // For IdotRow, as in Mxfp4Idot: lane 8j+i of a block takes group j's scale.
+  using Scale = float;
+  static constexpr int kGroupCols = 64, kGroupsPerBlock = 2;
+  COLI_AVX512 static __m512 Scales16(const float* s) { return _mm512_loadu_ps(s); }
+  COLI_AVX512 static __m512i ScalePick() {
+    return _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  }
   template <int R, int B>
   COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
-                               int64_t b0) {
-    __m512 acc[R][B];
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
-    Blocks<R, B>(w, p, r0, b0, 0, acc);
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) y[(b0 + b) * w.rows + r0 + i] = Reduce16(acc[i][b]);
-  }
+                               int64_t b0);
   template <int R, int B>
   COLI_AVX512 __attribute__((always_inline)) static void Blocks(const MatrixView& w,
                                                                 const Prepared& p, int64_t r0,
@@ -185,8 +194,7 @@ struct Int4Idot {
       wp[i] = static_cast<const uint8_t*>(w.data) + (r0 + i) * (cols / 2);
       sp[i] = static_cast<const float*>(w.scales) + (r0 + i) * groups;
     }
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i low4 = Table(), spread = ScalePick();
     for (int64_t k = k0; k < nblk; ++k) {
       __m512i lo[R], hi[R];
       __m512 ws[R];
@@ -203,8 +211,7 @@ struct Int4Idot {
           v = _mm512_inserti64x4(v, _mm256_setzero_si256(), 1);
           s2 = _mm_load_ss(sp[i] + 2 * k);
         }
-        lo[i] = _mm512_and_si512(v, low4);
-        hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        Decode(v, low4, lo[i], hi[i]);
         ws[i] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s2));
       }
       DotTwoHalves<R, B>(p, b0, k, lo, hi, ws, acc);
@@ -218,15 +225,7 @@ struct Int8Idot {
   static constexpr int kRowTile = 4;
   template <int R, int B>
   COLI_AVX512 static void Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
-                               int64_t b0) {
-    __m512 acc[R][B];
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
-    Blocks<R, B>(w, p, r0, b0, 0, acc);
-    const float* s = static_cast<const float*>(w.scales);
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) y[(b0 + b) * w.rows + r0 + i] = s[r0 + i] * Reduce16(acc[i][b]);
-  }
+                               int64_t b0);
   template <int R, int B>
   COLI_AVX512 __attribute__((always_inline)) static void Blocks(const MatrixView& w,
                                                                 const Prepared& p, int64_t r0,
@@ -260,6 +259,39 @@ struct Int8Idot {
     }
   }
 };
+
+// A tile of the integer paths: K::Blocks over whole rows, then the fixed tree (times the row scale
+// for int8).
+template <class K, int R, int B>
+COLI_AVX512 void IdotTile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                          int64_t b0) {
+  __m512 acc[R][B];
+  for (int i = 0; i < R; ++i)
+    for (int b = 0; b < B; ++b) acc[i][b] = _mm512_setzero_ps();
+  K::template Blocks<R, B>(w, p, r0, b0, 0, acc);
+  const float* s = static_cast<const float*>(w.scales);
+  for (int i = 0; i < R; ++i) {
+    for (int b = 0; b < B; ++b) {
+      const float v = Reduce16(acc[i][b]);
+      y[(b0 + b) * w.rows + r0 + i] = w.format == WeightFormat::kInt8Row ? s[r0 + i] * v : v;
+    }
+  }
+}
+template <int R, int B>
+COLI_AVX512 void Mxfp4Idot::Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                                 int64_t b0) {
+  IdotTile<Mxfp4Idot, R, B>(w, p, y, r0, b0);
+}
+template <int R, int B>
+COLI_AVX512 void Int4Idot::Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                                int64_t b0) {
+  IdotTile<Int4Idot, R, B>(w, p, y, r0, b0);
+}
+template <int R, int B>
+COLI_AVX512 void Int8Idot::Tile(const MatrixView& w, const Prepared& p, float* y, int64_t r0,
+                                int64_t b0) {
+  IdotTile<Int8Idot, R, B>(w, p, y, r0, b0);
+}
 
 // ---------------------------------------------------------------- float paths
 // f32 / int8 / int4 weights against f32 activations; lane l <- columns ≡ l (mod 16).
@@ -375,77 +407,42 @@ struct Mxfp4Float {
 // loading the weights a second time as the memory operand of the shift, in every block).
 #define COLI_IN_REG(v) asm("" : "+v"(v))
 
-COLI_AVX512 void Mxfp4IdotRow(const MatrixView& w, const Prepared& p, float* y, int64_t r) {
-  const int64_t cols = w.cols, groups = cols / 32;
-  const int64_t nfull = groups / 4;
+// MXFP4 and int4-g64 (F = Mxfp4Idot or Int4Idot): chunks of blocks holding 16 groups each.
+template <class F>
+COLI_AVX512 void IdotRow(const MatrixView& w, const Prepared& p, float* y, int64_t r) {
+  constexpr int kGroups = F::kGroupsPerBlock, kChunk = 16 / kGroups;  // blocks per 16 groups
+  const int64_t cols = w.cols, groups = cols / F::kGroupCols, nfull = groups / kGroups;
   const uint8_t* wp = static_cast<const uint8_t*>(w.data) + r * (cols / 2);
-  const uint8_t* sp = static_cast<const uint8_t*>(w.scales) + r * groups;
-  const __m512i tbl = Mxfp4Idot::Table();
-  const __m512i pick0 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __m512i four = _mm512_set1_epi32(4);
+  const typename F::Scale* sp = static_cast<const typename F::Scale*>(w.scales) + r * groups;
+  // The scale stream runs at sizeof(Scale) bytes per kGroupCols / 2 weight bytes.
+  constexpr int64_t kScaleAhead =
+      kRowPrefetchBytes * sizeof(typename F::Scale) / (F::kGroupCols / 2);
+  const __m512i tbl = F::Table(), pick0 = F::ScalePick(), step = _mm512_set1_epi32(kGroups);
   __m512 acc[1][1] = {{_mm512_setzero_ps()}};
   int64_t k = 0;
-  for (; k + 4 <= nfull; k += 4) {
-    _mm_prefetch(reinterpret_cast<const char*>(sp + 4 * k + kRowPrefetchBytes / 16), _MM_HINT_T0);
-    const __m512 sc = _mm512_mul_ps(
-        _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 4 * k))),
-            23)),
-        _mm512_load_ps(p.xg + 4 * k));
+  for (; k + kChunk <= nfull; k += kChunk) {
+    _mm_prefetch(reinterpret_cast<const char*>(sp + kGroups * k) + kScaleAhead, _MM_HINT_T0);
+    const __m512 sc =
+        _mm512_mul_ps(F::Scales16(sp + kGroups * k), _mm512_load_ps(p.xg + kGroups * k));
     __m512i pick = pick0;
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kChunk; ++q) {
       COLI_IN_REG(pick);
       const uint8_t* src = wp + 64 * (k + q);
       _mm_prefetch(reinterpret_cast<const char*>(src + kRowPrefetchBytes), _MM_HINT_T0);
       __m512i v = _mm512_loadu_si512(src);
       COLI_IN_REG(v);
-      const __m512i wl = _mm512_permutexvar_epi8(v, tbl);
-      const __m512i wh = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), tbl);
+      __m512i wl, wh;
+      F::Decode(v, tbl, wl, wh);
       const int64_t off = k + q;
       __m512i d = _mm512_dpbusd_epi32(_mm512_load_si512(p.corr + off * 16), wl,
                                       _mm512_load_si512(p.xq + off * 128));
       d = _mm512_dpbusd_epi32(d, wh, _mm512_load_si512(p.xq + off * 128 + 64));
       acc[0][0] =
           _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(pick, sc), acc[0][0]);
-      pick = _mm512_add_epi32(pick, four);
+      pick = _mm512_add_epi32(pick, step);
     }
   }
-  Mxfp4Idot::Blocks<1, 1>(w, p, r, 0, k, acc);
-  y[r] = Reduce16(acc[0][0]);
-}
-
-COLI_AVX512 void Int4IdotRow(const MatrixView& w, const Prepared& p, float* y, int64_t r) {
-  const int64_t cols = w.cols, groups = cols / 64;
-  const int64_t nfull = groups / 2;
-  const uint8_t* wp = static_cast<const uint8_t*>(w.data) + r * (cols / 2);
-  const float* sp = static_cast<const float*>(w.scales) + r * groups;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i pick0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m512i two = _mm512_set1_epi32(2);
-  __m512 acc[1][1] = {{_mm512_setzero_ps()}};
-  int64_t k = 0;
-  for (; k + 8 <= nfull; k += 8) {
-    _mm_prefetch(reinterpret_cast<const char*>(sp + 2 * k + kRowPrefetchBytes / 8), _MM_HINT_T0);
-    const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(sp + 2 * k), _mm512_load_ps(p.xg + 2 * k));
-    __m512i pick = pick0;
-    for (int q = 0; q < 8; ++q) {
-      COLI_IN_REG(pick);
-      const uint8_t* src = wp + 64 * (k + q);
-      _mm_prefetch(reinterpret_cast<const char*>(src + kRowPrefetchBytes), _MM_HINT_T0);
-      __m512i v = _mm512_loadu_si512(src);
-      COLI_IN_REG(v);
-      const __m512i lo = _mm512_and_si512(v, low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      const int64_t off = k + q;
-      __m512i d = _mm512_dpbusd_epi32(_mm512_load_si512(p.corr + off * 16), lo,
-                                      _mm512_load_si512(p.xq + off * 128));
-      d = _mm512_dpbusd_epi32(d, hi, _mm512_load_si512(p.xq + off * 128 + 64));
-      acc[0][0] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(pick, sc), acc[0][0]);
-      pick = _mm512_add_epi32(pick, two);
-    }
-  }
-  Int4Idot::Blocks<1, 1>(w, p, r, 0, k, acc);
+  F::template Blocks<1, 1>(w, p, r, 0, k, acc);
   y[r] = Reduce16(acc[0][0]);
 }
 
@@ -638,11 +635,11 @@ namespace {}  // namespace
 const KernelSet& Avx512Kernels() {
   static const KernelSet set = {Drive<FloatWeights<WeightFormat::kF32>>,
                                 Drive<Mxfp4Float>,
-                                Drive<Mxfp4Idot, Mxfp4IdotRow>,
+                                Drive<Mxfp4Idot, IdotRow<Mxfp4Idot>>,
                                 Drive<FloatWeights<WeightFormat::kInt8Row>>,
                                 Drive<Int8Idot, Int8IdotRow>,
                                 Drive<FloatWeights<WeightFormat::kInt4G64>>,
-                                Drive<Int4Idot, Int4IdotRow>};
+                                Drive<Int4Idot, IdotRow<Int4Idot>>};
   return set;
 }
 
