@@ -17,8 +17,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,7 @@
 #include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
+#include "plugin_api/cpp/plugin_table.h"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
 #include "plugins/kimi_k3/expert_store.h"
@@ -40,7 +43,6 @@ namespace {
 
 using abi::FillBytes;
 using abi::FillTokens;
-using abi::Guard;
 using abi::Str;
 using abi::View;
 using Clock = std::chrono::steady_clock;
@@ -86,9 +88,6 @@ struct K3Session {
   double compute_seconds = 0;
   ExpertStoreStats experts;
 };
-
-K3Model* M(coli_model_t* m) { return reinterpret_cast<K3Model*>(m); }
-K3Session* S(coli_session_t* s) { return reinterpret_cast<K3Session*>(s); }
 
 // ---- probe and open -----------------------------------------------------------------------
 
@@ -144,10 +143,10 @@ absl::StatusOr<ModelOptions> ToOptions(const coli_model_options_t* o) {
   return out;
 }
 
-absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
+absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args) {
   auto k = std::make_unique<K3Model>();
-  k->dir = std::string(View(args->model_dir));
-  COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args->options));
+  k->dir = std::string(View(args.model_dir));
+  COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args.options));
   COLI_ASSIGN_OR_RETURN(k->tokenizer, tok::Tokenizer::LoadDir(k->dir));
   // Routed experts come from the streaming LRU store, sized by K3_EXPERT_GB & co.
   ExpertStoreOptions store_options;
@@ -167,8 +166,8 @@ absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
   };
   bool cancelled = false;
   Model::Progress progress = [&](int done, int total) {
-    if (args->progress != nullptr && !cancelled &&
-        args->progress(args->progress_user, static_cast<uint64_t>(done),
+    if (args.progress != nullptr && !cancelled &&
+        args.progress(args.progress_user, static_cast<uint64_t>(done),
                        static_cast<uint64_t>(total), "tensors", 7) != 0) {
       cancelled = true;
     }
@@ -205,8 +204,7 @@ absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
   }
   COLI_LOG(kInfo) << "kimi_k3: " << k->dir << ": " << k->model->num_layers() << " layers, vocab "
                   << k->model->vocab_size() << ", context " << k->capacity;
-  *out = reinterpret_cast<coli_model_t*>(k.release());
-  return absl::OkStatus();
+  return k;
 }
 
 absl::Status Info(K3Model* k, coli_model_info_t* info) {
@@ -331,8 +329,7 @@ void AddEvents(K3Session* s, std::vector<ChatEvent> events) {
   }
 }
 
-absl::Status Step(coli_decode_row_t* row) {
-  K3Session* s = S(row->session);
+absl::Status Step(K3Session* s, coli_decode_row_t* row) {
   s->text.clear();
   s->top.clear();
   s->event_texts.clear();
@@ -406,21 +403,18 @@ const char* const kStatNames[] = {
     "expert_hits",   "expert_misses", "bytes_read",      "read_seconds",     "expert_wait_seconds",
 };
 
-absl::Status Stats(K3Session* s, coli_stat_t* stats, size_t capacity, size_t* count) {
-  const double values[] = {s->prompt_tokens,
-                           s->reused,
-                           s->computed,
-                           s->generated,
-                           s->compute_seconds,
-                           static_cast<double>(s->experts.hits),
-                           static_cast<double>(s->experts.misses),
-                           static_cast<double>(s->experts.bytes_read),
-                           s->experts.read_seconds,
-                           s->experts.wait_seconds};
-  constexpr size_t n = std::size(kStatNames);
-  *count = n;
-  for (size_t i = 0; i < std::min(capacity, n); ++i) stats[i] = {kStatNames[i], values[i]};
-  return absl::OkStatus();
+std::vector<coli_stat_t> Stats(const K3Session& s) {
+  const double values[] = {s.prompt_tokens,
+                           s.reused,
+                           s.computed,
+                           s.generated,
+                           s.compute_seconds,
+                           static_cast<double>(s.experts.hits),
+                           static_cast<double>(s.experts.misses),
+                           static_cast<double>(s.experts.bytes_read),
+                           s.experts.read_seconds,
+                           s.experts.wait_seconds};
+  return abi::NamedStats(kStatNames, values);
 }
 
 void ResetSession(K3Session* s) {
@@ -434,86 +428,59 @@ void ResetSession(K3Session* s) {
   s->capacity = capacity;
 }
 
-coli_plugin_api_t MakeApi() {
-  auto api = abi::Init<coli_plugin_api_t>();
-  api.family = "kimi_k3";
-  api.plugin_version = "0.1.0";
-  api.shutdown = [] {
+// The family's entries for the plugin table (plugin_api/cpp/plugin_table.h).
+struct K3Family {
+  using Model = K3Model;
+  using Session = K3Session;
+  static constexpr const char* kFamily = "kimi_k3";
+  static constexpr const char* kVersion = "0.1.0";
+  static void Shutdown() {
     SetLogSink(nullptr);
     g_host = nullptr;
-  };
-  api.probe = [](coli_string_t dir, int32_t* serves, coli_error_t* e) {
-    return Guard(e, [&] { return Probe(std::string(View(dir)), serves); });
-  };
-  api.model_open = [](const coli_model_open_args_t* a, coli_model_t** m, coli_error_t* e) {
-    return Guard(e, [&] { return Open(a, m); });
-  };
-  api.model_close = [](coli_model_t* m) { delete M(m); };
-  api.model_info = [](coli_model_t* m, coli_model_info_t* info, coli_error_t* e) {
-    return Guard(e, [&] { return Info(M(m), info); });
-  };
-  api.tokenize = [](coli_model_t* m, coli_string_t text, int32_t allow_special,
-                    coli_token_buffer_t* out, coli_error_t* e) {
-    return Guard(e, [&] {
-      FillTokens(out, M(m)->tokenizer->Encode(View(text), allow_special != 0));
-      return absl::OkStatus();
-    });
-  };
-  api.detokenize = [](coli_model_t* m, const int32_t* ids, size_t n, coli_byte_buffer_t* out,
-                      coli_error_t* e) {
-    return Guard(e, [&]() -> absl::Status {
-      COLI_ASSIGN_OR_RETURN(std::string bytes,
-                            M(m)->tokenizer->Decode(std::span<const int32_t>(ids, n)));
-      FillBytes(out, bytes);
-      return absl::OkStatus();
-    });
-  };
-  api.render_chat = [](coli_model_t* m, const coli_chat_render_args_t* a,
-                       coli_chat_render_result_t* r,
-                       coli_error_t* e) { return Guard(e, [&] { return Render(M(m), a, r); }); };
-  api.session_create = [](coli_model_t* m, const coli_session_options_t* o, coli_session_t** out,
-                          coli_error_t* e) {
-    return Guard(e, [&] {
-      auto s = std::make_unique<K3Session>();
-      s->m = M(m);
-      s->session = M(m)->model->NewSession();
-      s->capacity = (o != nullptr && o->max_context > 0) ? std::min(o->max_context, M(m)->capacity)
-                                                         : M(m)->capacity;
-      *out = reinterpret_cast<coli_session_t*>(s.release());
-      return absl::OkStatus();
-    });
-  };
-  api.session_destroy = [](coli_session_t* s) { delete S(s); };
-  api.session_reset = [](coli_session_t* s, coli_error_t* e) {
-    return Guard(e, [&] {
-      ResetSession(S(s));
-      return absl::OkStatus();
-    });
-  };
-  api.prefill = [](coli_session_t* s, const coli_prefill_args_t* a, coli_prefill_result_t* r,
-                   coli_error_t* e) { return Guard(e, [&] { return Prefill(S(s), a, r); }); };
-  api.decode = [](const coli_decode_args_t* a, coli_error_t* e) {
-    return Guard(e, [&] {
-      // Rows run one after another; batching rows of several sessions into one forward pass
-      // (Model::Forward takes rows of many sequences) is the next step.
-      for (size_t i = 0; i < a->n_rows; ++i) COLI_RETURN_IF_ERROR(Step(&a->rows[i]));
-      return absl::OkStatus();
-    });
-  };
-  api.session_stats = [](coli_session_t* s, coli_stat_t* stats, size_t capacity, size_t* count,
-                         coli_error_t* e) {
-    return Guard(e, [&] { return Stats(S(s), stats, capacity, count); });
-  };
-  api.session_record = [](coli_session_t* s, coli_token_buffer_t* out, coli_error_t* e) {
-    return Guard(e, [&] {
-      FillTokens(out, S(s)->session->tokens());
-      return absl::OkStatus();
-    });
-  };
-  return api;
-}
+  }
+  static absl::Status Probe(std::string_view dir, int32_t* serves) {
+    return k3::Probe(std::string(dir), serves);
+  }
+  static absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args) {
+    return k3::Open(args);
+  }
+  static absl::Status Info(K3Model& m, coli_model_info_t* info) { return k3::Info(&m, info); }
+  static absl::StatusOr<std::vector<int32_t>> Tokenize(K3Model& m, std::string_view text,
+                                                       bool allow_special) {
+    return m.tokenizer->Encode(text, allow_special);
+  }
+  static absl::StatusOr<std::string> Detokenize(K3Model& m, std::span<const int32_t> ids) {
+    return m.tokenizer->Decode(ids);
+  }
+  static absl::Status Render(K3Model& m, const coli_chat_render_args_t& args,
+                             coli_chat_render_result_t* result) {
+    return k3::Render(&m, &args, result);
+  }
+  static absl::StatusOr<std::unique_ptr<K3Session>> NewSession(K3Model& m,
+                                                               const coli_session_options_t* o) {
+    auto s = std::make_unique<K3Session>();
+    s->m = &m;
+    s->session = m.model->NewSession();
+    s->capacity =
+        (o != nullptr && o->max_context > 0) ? std::min(o->max_context, m.capacity) : m.capacity;
+    return s;
+  }
+  static absl::Status Reset(K3Session& s) {
+    ResetSession(&s);
+    return absl::OkStatus();
+  }
+  static absl::Status Prefill(K3Session& s, const coli_prefill_args_t& args,
+                              coli_prefill_result_t* result) {
+    return k3::Prefill(&s, &args, result);
+  }
+  // Rows run one after another; batching rows of several sessions into one forward pass
+  // (Model::Forward takes rows of many sequences) is the next step: a Decode(rows) here.
+  static absl::Status Step(K3Session& s, coli_decode_row_t* row) { return k3::Step(&s, row); }
+  static std::vector<coli_stat_t> Stats(const K3Session& s) { return k3::Stats(s); }
+  static std::span<const int32_t> Record(const K3Session& s) { return s.session->tokens(); }
+};
 
-const coli_plugin_api_t kApi = MakeApi();
+const coli_plugin_api_t kApi = abi::MakePluginTable<K3Family>();
 
 }  // namespace
 }  // namespace coli::k3

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,12 +25,12 @@
 #include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
+#include "plugin_api/cpp/plugin_table.h"
 
 namespace {
 
 using coli::abi::FillBytes;
 using coli::abi::FillTokens;
-using coli::abi::Guard;
 using coli::abi::View;
 
 constexpr int32_t kBos = 256, kEos = 257, kUser = 258, kAssistant = 259;
@@ -70,9 +71,6 @@ struct EchoSession {
   // statistics
   double prompt_tokens = 0, reused = 0, computed = 0, generated = 0;
 };
-
-EchoModel* M(coli_model_t* m) { return reinterpret_cast<EchoModel*>(m); }
-EchoSession* S(coli_session_t* s) { return reinterpret_cast<EchoSession*>(s); }
 
 void Sleep(int ms) {
   if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
@@ -121,15 +119,15 @@ absl::Status Probe(std::string_view dir, int32_t* serves) {
   return absl::OkStatus();
 }
 
-absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
+absl::StatusOr<std::unique_ptr<EchoModel>> Open(const coli_model_open_args_t& args) {
   auto model = std::make_unique<EchoModel>();
-  model->dir = std::string(View(args->model_dir));
+  model->dir = std::string(View(args.model_dir));
   int32_t serves = 0;
   if (absl::Status s = Probe(model->dir, &serves); !s.ok()) return s;
   if (!serves) {
     return absl::InvalidArgumentError(absl::StrCat("'", model->dir, "' is not a coli_echo model"));
   }
-  if (const coli_model_options_t* o = args->options) {
+  if (const coli_model_options_t* o = args.options) {
     if (o->max_context > 0) model->capacity = o->max_context;
     if (o->chunk > 0) model->chunk = o->chunk;
     for (size_t i = 0; i < o->n_extra; ++i) {
@@ -150,14 +148,13 @@ absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
   }
   const uint64_t steps = 4;
   for (uint64_t i = 1; i <= steps; ++i) {
-    if (args->progress != nullptr &&
-        args->progress(args->progress_user, i, steps, "weights", 7) != 0) {
+    if (args.progress != nullptr &&
+        args.progress(args.progress_user, i, steps, "weights", 7) != 0) {
       return absl::CancelledError("load cancelled");
     }
   }
   Log(COLI_LOG_INFO, "echo: opened " + model->dir);
-  *out = reinterpret_cast<coli_model_t*>(model.release());
-  return absl::OkStatus();
+  return model;
 }
 
 absl::Status Info(EchoModel* m, coli_model_info_t* info) {
@@ -271,8 +268,7 @@ int32_t Target(const EchoSession* s) {
   return kEos;
 }
 
-absl::Status Step(coli_decode_row_t* row) {
-  EchoSession* s = S(row->session);
+absl::Status Step(EchoSession* s, coli_decode_row_t* row) {
   s->text.clear();
   s->top.clear();
   s->events.clear();
@@ -341,93 +337,61 @@ absl::Status Step(coli_decode_row_t* row) {
 const char* const kStatNames[] = {"prompt_tokens", "tokens_reused", "tokens_computed",
                                   "tokens_generated"};
 
+struct EchoFamily {
+  using Model = EchoModel;
+  using Session = EchoSession;
+  static constexpr const char* kFamily = "coli_echo";
+  static constexpr const char* kVersion = "test";
+  static void Shutdown() { g_host = nullptr; }
+  static absl::Status Probe(std::string_view dir, int32_t* serves) { return ::Probe(dir, serves); }
+  static absl::StatusOr<std::unique_ptr<EchoModel>> Open(const coli_model_open_args_t& args) {
+    return ::Open(args);
+  }
+  static absl::Status Info(EchoModel& m, coli_model_info_t* info) { return ::Info(&m, info); }
+  static absl::StatusOr<std::vector<int32_t>> Tokenize(EchoModel&, std::string_view text,
+                                                       bool allow_special) {
+    return Encode(text, allow_special);
+  }
+  static absl::StatusOr<std::string> Detokenize(EchoModel&, std::span<const int32_t> ids) {
+    return Decode(ids.data(), ids.size());
+  }
+  static absl::Status Render(EchoModel&, const coli_chat_render_args_t& args,
+                             coli_chat_render_result_t* result) {
+    return ::Render(&args, result);
+  }
+  static absl::StatusOr<std::unique_ptr<EchoSession>> NewSession(EchoModel& m,
+                                                                 const coli_session_options_t* o) {
+    auto session = std::make_unique<EchoSession>();
+    session->model = &m;
+    session->capacity =
+        (o != nullptr && o->max_context > 0) ? std::min(o->max_context, m.capacity) : m.capacity;
+    return session;
+  }
+  static absl::Status Reset(EchoSession& s) {
+    EchoModel* model = s.model;
+    const int64_t capacity = s.capacity;
+    s = EchoSession();
+    s.model = model;
+    s.capacity = capacity;
+    return absl::OkStatus();
+  }
+  static absl::Status Prefill(EchoSession& s, const coli_prefill_args_t& args,
+                              coli_prefill_result_t* result) {
+    return ::Prefill(&s, &args, result);
+  }
+  static absl::Status Step(EchoSession& s, coli_decode_row_t* row) { return ::Step(&s, row); }
+  static std::vector<coli_stat_t> Stats(const EchoSession& s) {
+    const double values[] = {s.prompt_tokens, s.reused, s.computed, s.generated};
+    return coli::abi::NamedStats(kStatNames, values);
+  }
+  static std::span<const int32_t> Record(const EchoSession& s) { return s.record; }
+};
+
 const coli_plugin_api_t kApi = [] {
-  auto api = coli::abi::Init<coli_plugin_api_t>();
-  api.family = "coli_echo";
-  api.plugin_version = "test";
-  api.shutdown = [] { g_host = nullptr; };
-  api.probe = [](coli_string_t dir, int32_t* serves, coli_error_t* e) {
-    return Guard(e, [&] { return Probe(View(dir), serves); });
-  };
-  api.model_open = [](const coli_model_open_args_t* a, coli_model_t** m, coli_error_t* e) {
-    return Guard(e, [&] { return Open(a, m); });
-  };
-  api.model_close = [](coli_model_t* m) { delete M(m); };
-  api.model_info = [](coli_model_t* m, coli_model_info_t* info, coli_error_t* e) {
-    return Guard(e, [&] { return Info(M(m), info); });
-  };
-  api.tokenize = [](coli_model_t*, coli_string_t text, int32_t allow_special,
-                    coli_token_buffer_t* out, coli_error_t* e) {
-    return Guard(e, [&] {
-      FillTokens(out, Encode(View(text), allow_special != 0));
-      return absl::OkStatus();
-    });
-  };
-  api.detokenize = [](coli_model_t*, const int32_t* ids, size_t n, coli_byte_buffer_t* out,
-                      coli_error_t* e) {
-    return Guard(e, [&] {
-      FillBytes(out, Decode(ids, n));
-      return absl::OkStatus();
-    });
-  };
-  api.render_chat = [](coli_model_t*, const coli_chat_render_args_t* a,
-                       coli_chat_render_result_t* r,
-                       coli_error_t* e) { return Guard(e, [&] { return Render(a, r); }); };
-  api.session_create = [](coli_model_t* m, const coli_session_options_t* o, coli_session_t** s,
-                          coli_error_t* e) {
-    return Guard(e, [&] {
-      auto session = new EchoSession();
-      session->model = M(m);
-      session->capacity = (o != nullptr && o->max_context > 0)
-                              ? std::min(o->max_context, M(m)->capacity)
-                              : M(m)->capacity;
-      *s = reinterpret_cast<coli_session_t*>(session);
-      return absl::OkStatus();
-    });
-  };
-  api.session_destroy = [](coli_session_t* s) { delete S(s); };
-  api.session_reset = [](coli_session_t* s, coli_error_t* e) {
-    return Guard(e, [&] {
-      EchoSession* es = S(s);
-      EchoModel* model = es->model;
-      const int64_t capacity = es->capacity;
-      *es = EchoSession();
-      es->model = model;
-      es->capacity = capacity;
-      return absl::OkStatus();
-    });
-  };
-  api.prefill = [](coli_session_t* s, const coli_prefill_args_t* a, coli_prefill_result_t* r,
-                   coli_error_t* e) { return Guard(e, [&] { return Prefill(S(s), a, r); }); };
-  api.decode = [](const coli_decode_args_t* a, coli_error_t* e) {
-    return Guard(e, [&] {
-      for (size_t i = 0; i < a->n_rows; ++i) {
-        if (absl::Status st = Step(&a->rows[i]); !st.ok()) return st;
-      }
-      return absl::OkStatus();
-    });
-  };
-  api.session_stats = [](coli_session_t* s, coli_stat_t* stats, size_t capacity, size_t* count,
-                         coli_error_t* e) {
-    return Guard(e, [&] {
-      const EchoSession* es = S(s);
-      const double values[] = {es->prompt_tokens, es->reused, es->computed, es->generated};
-      *count = 4;
-      for (size_t i = 0; i < std::min<size_t>(capacity, 4); ++i) {
-        stats[i] = coli_stat_t{kStatNames[i], values[i]};
-      }
-      return absl::OkStatus();
-    });
-  };
+  coli_plugin_api_t api = coli::abi::MakePluginTable<EchoFamily>();
 #if defined(ECHO_ABI_MINOR) && ECHO_ABI_MINOR == 0
   api.struct_size = COLI_PLUGIN_API_SIZE_V1_0;  // a 1.0 table ends at session_stats
-#else
-  api.session_record = [](coli_session_t* s, coli_token_buffer_t* out, coli_error_t* e) {
-    return Guard(e, [&] {
-      FillTokens(out, S(s)->record);
-      return absl::OkStatus();
-    });
-  };
+  api.session_record = nullptr;
 #endif
   return api;
 }();

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
+#include "plugin_api/cpp/plugin_table.h"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
 
@@ -30,7 +32,6 @@ namespace {
 
 using coli::abi::FillBytes;
 using coli::abi::FillTokens;
-using coli::abi::Guard;
 using coli::abi::View;
 
 struct Rule {
@@ -62,9 +63,6 @@ struct ScriptedSession {
   std::vector<coli_chat_event_t> events;
   double prompt_tokens = 0, generated = 0;
 };
-
-ScriptedModel* M(coli_model_t* m) { return reinterpret_cast<ScriptedModel*>(m); }
-ScriptedSession* S(coli_session_t* s) { return reinterpret_cast<ScriptedSession*>(s); }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -110,9 +108,9 @@ std::vector<int32_t> EncodeScript(const coli::tok::Tokenizer& tok, std::string_v
   return ids;
 }
 
-absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
+absl::StatusOr<std::unique_ptr<ScriptedModel>> Open(const coli_model_open_args_t& args) {
   auto model = std::make_unique<ScriptedModel>();
-  model->dir = std::string(View(args->model_dir));
+  model->dir = std::string(View(args.model_dir));
   auto tokenizer = coli::tok::Tokenizer::LoadDir(model->dir);
   if (!tokenizer.ok()) return tokenizer.status();
   model->tokenizer = std::move(*tokenizer);
@@ -142,11 +140,10 @@ absl::Status Open(const coli_model_open_args_t* args, coli_model_t** out) {
   auto eom = model->tokenizer->TokenId(coli::k3::kEndOfMsgToken);
   if (!eom) return absl::InvalidArgumentError("tokenizer has no <|end_of_msg|>");
   model->stop_ids[0] = *eom;
-  if (args->options != nullptr && args->options->max_context > 0) {
-    model->capacity = args->options->max_context;
+  if (args.options != nullptr && args.options->max_context > 0) {
+    model->capacity = args.options->max_context;
   }
-  *out = reinterpret_cast<coli_model_t*>(model.release());
-  return absl::OkStatus();
+  return model;
 }
 
 absl::Status Info(ScriptedModel* m, coli_model_info_t* info) {
@@ -219,8 +216,7 @@ absl::Status Prefill(ScriptedSession* s, const coli_prefill_args_t* a, coli_pref
   return absl::OkStatus();
 }
 
-absl::Status Step(coli_decode_row_t* row) {
-  ScriptedSession* s = S(row->session);
+absl::Status Step(ScriptedSession* s, coli_decode_row_t* row) {
   const coli::tok::Tokenizer& tok = *s->model->tokenizer;
   s->text.clear();
   s->top.clear();
@@ -268,90 +264,53 @@ absl::Status Step(coli_decode_row_t* row) {
 
 const char* const kStatNames[] = {"prompt_tokens", "tokens_generated"};
 
-const coli_plugin_api_t kApi = [] {
-  auto api = coli::abi::Init<coli_plugin_api_t>();
-  api.family = "k3_scripted";
-  api.plugin_version = "test";
-  api.probe = [](coli_string_t dir, int32_t* serves, coli_error_t* e) {
-    return Guard(e, [&] { return Probe(View(dir), serves); });
-  };
-  api.model_open = [](const coli_model_open_args_t* a, coli_model_t** m, coli_error_t* e) {
-    return Guard(e, [&] { return Open(a, m); });
-  };
-  api.model_close = [](coli_model_t* m) { delete M(m); };
-  api.model_info = [](coli_model_t* m, coli_model_info_t* info, coli_error_t* e) {
-    return Guard(e, [&] { return Info(M(m), info); });
-  };
-  api.tokenize = [](coli_model_t* m, coli_string_t text, int32_t allow_special,
-                    coli_token_buffer_t* out, coli_error_t* e) {
-    return Guard(e, [&] {
-      FillTokens(out, M(m)->tokenizer->Encode(View(text), allow_special != 0));
-      return absl::OkStatus();
-    });
-  };
-  api.detokenize = [](coli_model_t* m, const int32_t* ids, size_t n, coli_byte_buffer_t* out,
-                      coli_error_t* e) {
-    return Guard(e, [&]() -> absl::Status {
-      auto text = M(m)->tokenizer->Decode(std::span<const int32_t>(ids, n));
-      if (!text.ok()) return text.status();
-      FillBytes(out, *text);
-      return absl::OkStatus();
-    });
-  };
-  api.render_chat = [](coli_model_t* m, const coli_chat_render_args_t* a,
-                       coli_chat_render_result_t* r, coli_error_t* e) {
-    return Guard(e, [&] { return Render(M(m), a, r); });
-  };
-  api.session_create = [](coli_model_t* m, const coli_session_options_t*, coli_session_t** s,
-                          coli_error_t* e) {
-    return Guard(e, [&] {
-      auto session = new ScriptedSession();
-      session->model = M(m);
-      *s = reinterpret_cast<coli_session_t*>(session);
-      return absl::OkStatus();
-    });
-  };
-  api.session_destroy = [](coli_session_t* s) { delete S(s); };
-  api.session_reset = [](coli_session_t* s, coli_error_t* e) {
-    return Guard(e, [&] {
-      ScriptedSession* ss = S(s);
-      ss->record.clear();
-      ss->reply.clear();
-      ss->next = 0;
-      ss->parser.reset();
-      return absl::OkStatus();
-    });
-  };
-  api.prefill = [](coli_session_t* s, const coli_prefill_args_t* a, coli_prefill_result_t* r,
-                   coli_error_t* e) { return Guard(e, [&] { return Prefill(S(s), a, r); }); };
-  api.decode = [](const coli_decode_args_t* a, coli_error_t* e) {
-    return Guard(e, [&] {
-      for (size_t i = 0; i < a->n_rows; ++i) {
-        if (absl::Status st = Step(&a->rows[i]); !st.ok()) return st;
-      }
-      return absl::OkStatus();
-    });
-  };
-  api.session_stats = [](coli_session_t* s, coli_stat_t* stats, size_t capacity, size_t* count,
-                         coli_error_t* e) {
-    return Guard(e, [&] {
-      const ScriptedSession* ss = S(s);
-      const double values[] = {ss->prompt_tokens, ss->generated};
-      *count = 2;
-      for (size_t i = 0; i < std::min<size_t>(capacity, 2); ++i) {
-        stats[i] = coli_stat_t{kStatNames[i], values[i]};
-      }
-      return absl::OkStatus();
-    });
-  };
-  api.session_record = [](coli_session_t* s, coli_token_buffer_t* out, coli_error_t* e) {
-    return Guard(e, [&] {
-      FillTokens(out, S(s)->record);
-      return absl::OkStatus();
-    });
-  };
-  return api;
-}();
+struct ScriptedFamily {
+  using Model = ScriptedModel;
+  using Session = ScriptedSession;
+  static constexpr const char* kFamily = "k3_scripted";
+  static constexpr const char* kVersion = "test";
+  static absl::Status Probe(std::string_view dir, int32_t* serves) { return ::Probe(dir, serves); }
+  static absl::StatusOr<std::unique_ptr<ScriptedModel>> Open(const coli_model_open_args_t& args) {
+    return ::Open(args);
+  }
+  static absl::Status Info(ScriptedModel& m, coli_model_info_t* info) { return ::Info(&m, info); }
+  static absl::StatusOr<std::vector<int32_t>> Tokenize(ScriptedModel& m, std::string_view text,
+                                                       bool allow_special) {
+    return m.tokenizer->Encode(text, allow_special);
+  }
+  static absl::StatusOr<std::string> Detokenize(ScriptedModel& m, std::span<const int32_t> ids) {
+    return m.tokenizer->Decode(ids);
+  }
+  static absl::Status Render(ScriptedModel& m, const coli_chat_render_args_t& args,
+                             coli_chat_render_result_t* result) {
+    return ::Render(&m, &args, result);
+  }
+  static absl::StatusOr<std::unique_ptr<ScriptedSession>> NewSession(
+      ScriptedModel& m, const coli_session_options_t*) {
+    auto session = std::make_unique<ScriptedSession>();
+    session->model = &m;
+    return session;
+  }
+  static absl::Status Reset(ScriptedSession& s) {
+    s.record.clear();
+    s.reply.clear();
+    s.next = 0;
+    s.parser.reset();
+    return absl::OkStatus();
+  }
+  static absl::Status Prefill(ScriptedSession& s, const coli_prefill_args_t& args,
+                              coli_prefill_result_t* result) {
+    return ::Prefill(&s, &args, result);
+  }
+  static absl::Status Step(ScriptedSession& s, coli_decode_row_t* row) { return ::Step(&s, row); }
+  static std::vector<coli_stat_t> Stats(const ScriptedSession& s) {
+    const double values[] = {s.prompt_tokens, s.generated};
+    return coli::abi::NamedStats(kStatNames, values);
+  }
+  static std::span<const int32_t> Record(const ScriptedSession& s) { return s.record; }
+};
+
+const coli_plugin_api_t kApi = coli::abi::MakePluginTable<ScriptedFamily>();
 
 }  // namespace
 
