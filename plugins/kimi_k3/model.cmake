@@ -12,6 +12,7 @@ coli_cc_library(NAME kimi_k3_core
     ${CMAKE_CURRENT_LIST_DIR}/latent_moe.cc
     ${CMAKE_CURRENT_LIST_DIR}/model.cc
     ${CMAKE_CURRENT_LIST_DIR}/session.cc
+    ${CMAKE_CURRENT_LIST_DIR}/checkpoints.cc
   HDRS
     ${CMAKE_CURRENT_LIST_DIR}/config.h
     ${CMAKE_CURRENT_LIST_DIR}/options.h
@@ -25,6 +26,7 @@ coli_cc_library(NAME kimi_k3_core
     ${CMAKE_CURRENT_LIST_DIR}/latent_moe.h
     ${CMAKE_CURRENT_LIST_DIR}/model.h
     ${CMAKE_CURRENT_LIST_DIR}/session.h
+    ${CMAKE_CURRENT_LIST_DIR}/checkpoints.h
   PUBLIC_DEPS coli_status coli_log coli_json coli_safetensors coli_kernels coli_ops
               absl::status absl::statusor absl::strings)
 

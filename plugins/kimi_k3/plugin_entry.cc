@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/sampling/sampling.h"
@@ -34,6 +35,7 @@
 #include "plugin_api/cpp/plugin_table.h"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
+#include "plugins/kimi_k3/checkpoints.h"
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
@@ -63,6 +65,8 @@ struct K3Model {
   std::vector<coli_special_token_t> specials;
   std::vector<int32_t> stop_ids;
   int32_t bos = -1, eos = -1;
+  int32_t end_of_msg = -1;   // XTML message end (checkpoint placement); -1 if absent
+  int checkpoint_slots = 0;  // COLI_K3_CKPT: per session
   uint32_t capabilities = 0;
   std::mutex forward_mu;
 };
@@ -70,6 +74,7 @@ struct K3Model {
 struct K3Session {
   K3Model* m = nullptr;
   std::unique_ptr<Session> session;
+  std::unique_ptr<CheckpointCache> checkpoints;
   int64_t capacity = 0;
   std::vector<float> logits;  // after the last fed position; empty before the first prefill
   int32_t pending = -1;
@@ -86,6 +91,7 @@ struct K3Session {
   // Statistics since creation or reset.
   double prompt_tokens = 0, reused = 0, computed = 0, generated = 0;
   double compute_seconds = 0;
+  double checkpoint_restores = 0, checkpoint_tokens = 0;
   ExpertStoreStats experts;
 };
 
@@ -132,10 +138,6 @@ absl::StatusOr<ModelOptions> ToOptions(const coli_model_options_t* o) {
   out.trace_path = std::string(View(o->trace_path));
   out.x0_path = std::string(View(o->x0_path));
   out.logits_path = std::string(View(o->logits_path));
-  if (o->n_extra > 0) {  // kimi_k3 has no family-only options yet
-    return absl::InvalidArgumentError(
-        absl::StrCat("kimi_k3: unknown option '", std::string(View(o->extra[0].key)), "'"));
-  }
   if (!out.x0_path.empty()) {
     return absl::UnimplementedError(
         "kimi_k3: K3_X0 (injected input rows) is a k3-run validation mode, not served");
@@ -143,10 +145,29 @@ absl::StatusOr<ModelOptions> ToOptions(const coli_model_options_t* o) {
   return out;
 }
 
+// The family's own options (coli_model_options_t::extra): "ckpt" = checkpoint slots per
+// session (COLI_K3_CKPT).
+absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
+  for (size_t i = 0; o != nullptr && i < o->n_extra; ++i) {
+    const std::string key(View(o->extra[i].key)), value(View(o->extra[i].value));
+    if (key == "ckpt") {
+      if (!absl::SimpleAtoi(value, &k->checkpoint_slots) || k->checkpoint_slots < 0 ||
+          k->checkpoint_slots > 1024) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option ckpt (COLI_K3_CKPT) = '", value, "' is not a slot count in 0…1024"));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("kimi_k3: unknown option '", key, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args) {
   auto k = std::make_unique<K3Model>();
   k->dir = std::string(View(args.model_dir));
   COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args.options));
+  COLI_RETURN_IF_ERROR(ReadExtraOptions(args.options, k.get()));
   COLI_ASSIGN_OR_RETURN(k->tokenizer, tok::Tokenizer::LoadDir(k->dir));
   // Routed experts come from the streaming LRU store, sized by K3_EXPERT_GB & co.
   ExpertStoreOptions store_options;
@@ -184,6 +205,7 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   for (int64_t id : cfg.eos_token_ids) k->stop_ids.push_back(static_cast<int32_t>(id));
   if (!cfg.eos_token_ids.empty()) k->eos = static_cast<int32_t>(cfg.eos_token_ids.front());
   if (auto eom = k->tokenizer->TokenId(kEndOfMsgToken)) {
+    k->end_of_msg = *eom;
     if (std::find(k->stop_ids.begin(), k->stop_ids.end(), *eom) == k->stop_ids.end()) {
       k->stop_ids.push_back(*eom);
     }
@@ -260,8 +282,16 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   std::span<const int32_t> prompt(a->tokens, a->n_tokens);
   const std::vector<int32_t>& record = s->session->tokens();
   size_t keep = 0;
+  absl::StatusOr<std::vector<float>> logits;  // set here only when a checkpoint covers it all
   if (record.size() < prompt.size() && std::equal(record.begin(), record.end(), prompt.begin())) {
     keep = record.size();
+  } else if (const Checkpoint* c =
+                 s->checkpoints ? s->checkpoints->Deepest(prompt, record) : nullptr) {
+    COLI_RETURN_IF_ERROR(s->session->Restore(*c));
+    keep = c->tokens.size();
+    if (keep == prompt.size()) logits = c->logits;
+    s->checkpoint_restores += 1;
+    s->checkpoint_tokens += static_cast<double>(keep);
   } else {
     s->session->Reset();
   }
@@ -280,19 +310,34 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       cancelled = true;
     }
   };
-  Session::Progress progress = [&](int64_t done, int64_t) {
-    last_done = done;
-    ask(done);
-  };
   Session::Cancel cancel = [&]() {
     ask(last_done);
     return cancelled;
   };
-  absl::StatusOr<std::vector<float>> logits;
+  // With checkpoints on, the tail runs in two parts split where the last message starts, so
+  // that an edit of that message can return there (the split does not change results: chunked
+  // prefill is bit-identical to token at a time).
+  std::vector<size_t> ends;
+  if (s->checkpoints != nullptr && s->m->end_of_msg >= 0) {
+    const int64_t split = LastMessageStart(prompt, s->m->end_of_msg);
+    if (split > static_cast<int64_t>(keep) && split < static_cast<int64_t>(prompt.size())) {
+      ends.push_back(static_cast<size_t>(split));
+    }
+  }
+  ends.push_back(prompt.size());
   {
     std::lock_guard<std::mutex> lock(s->m->forward_mu);
     const auto t0 = Clock::now();
-    logits = s->session->Prefill(prompt.subspan(keep), progress, cancel);
+    for (size_t from = keep, i = 0; from < prompt.size() && i < ends.size(); from = ends[i++]) {
+      const int64_t offset = static_cast<int64_t>(from - keep);
+      Session::Progress progress = [&](int64_t done, int64_t) {
+        last_done = offset + done;
+        ask(last_done);
+      };
+      logits = s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel);
+      if (!logits.ok()) break;
+      if (s->checkpoints != nullptr) s->checkpoints->Put(s->session->TakeCheckpoint(*logits));
+    }
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     TakeExpertStats(s);
   }
@@ -401,6 +446,7 @@ absl::Status Step(K3Session* s, coli_decode_row_t* row) {
 const char* const kStatNames[] = {
     "prompt_tokens", "tokens_reused", "tokens_computed", "tokens_generated", "compute_seconds",
     "expert_hits",   "expert_misses", "bytes_read",      "read_seconds",     "expert_wait_seconds",
+    "checkpoint_restores", "checkpoint_tokens_restored", "checkpoint_bytes",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -413,7 +459,10 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            static_cast<double>(s.experts.misses),
                            static_cast<double>(s.experts.bytes_read),
                            s.experts.read_seconds,
-                           s.experts.wait_seconds};
+                           s.experts.wait_seconds,
+                           s.checkpoint_restores,
+                           s.checkpoint_tokens,
+                           s.checkpoints ? static_cast<double>(s.checkpoints->bytes()) : 0.0};
   return abi::NamedStats(kStatNames, values);
 }
 
@@ -421,10 +470,13 @@ void ResetSession(K3Session* s) {
   s->session->Reset();
   K3Model* m = s->m;
   std::unique_ptr<Session> session = std::move(s->session);
+  std::unique_ptr<CheckpointCache> checkpoints = std::move(s->checkpoints);
+  if (checkpoints != nullptr) checkpoints->Clear();
   const int64_t capacity = s->capacity;
   *s = K3Session();
   s->m = m;
   s->session = std::move(session);
+  s->checkpoints = std::move(checkpoints);
   s->capacity = capacity;
 }
 
@@ -461,6 +513,9 @@ struct K3Family {
     auto s = std::make_unique<K3Session>();
     s->m = &m;
     s->session = m.model->NewSession();
+    if (m.checkpoint_slots > 0) {
+      s->checkpoints = std::make_unique<CheckpointCache>(m.checkpoint_slots);
+    }
     s->capacity =
         (o != nullptr && o->max_context > 0) ? std::min(o->max_context, m.capacity) : m.capacity;
     return s;

@@ -51,6 +51,34 @@ void Session::Reset() {
   broken_ = false;
 }
 
+size_t Checkpoint::bytes() const {
+  size_t n = tokens.size() * sizeof(int32_t) + logits.size() * sizeof(float);
+  for (const KdaState& k : kda) {
+    n += (k.S.size() + k.q_win.size() + k.k_win.size() + k.v_win.size()) * sizeof(float);
+  }
+  return n;
+}
+
+Checkpoint Session::TakeCheckpoint(std::vector<float> logits) const {
+  return Checkpoint{tokens_, state_.kda, std::move(logits)};
+}
+
+absl::Status Session::Restore(const Checkpoint& c) {
+  const size_t p = c.tokens.size();
+  if (p > tokens_.size() || !std::equal(c.tokens.begin(), c.tokens.end(), tokens_.begin())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint at position ", p, " is not on this session's record"));
+  }
+  if (c.kda.size() != state_.kda.size()) {
+    return absl::FailedPreconditionError("checkpoint was taken on another model");
+  }
+  state_.kda = c.kda;
+  for (MlaCache& m : state_.mla) m.length = std::min<int64_t>(m.length, static_cast<int64_t>(p));
+  tokens_.resize(p);
+  broken_ = false;  // a failed pass only wrote at positions past the record
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const int32_t> ids,
                                                 bool prefill) {
   const int n = static_cast<int>(ids.size());

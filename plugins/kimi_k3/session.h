@@ -36,6 +36,16 @@
 
 namespace coli::k3 {
 
+// The recurrent part of a sequence's state at one position, with the logits after it: enough to
+// return to that position later, since the MLA latent caches only grow (returning truncates
+// them) and AttnRes carries nothing across positions.
+struct Checkpoint {
+  std::vector<int32_t> tokens;  // the record up to the position (position = tokens.size())
+  std::vector<KdaState> kda;    // per layer, as SequenceState::kda
+  std::vector<float> logits;    // after tokens.back() ([V])
+  size_t bytes() const;
+};
+
 class Session {
  public:
   // Tokens done so far / total of this call.
@@ -61,6 +71,11 @@ class Session {
   absl::StatusOr<std::vector<float>> Step(int32_t token);
   // Forgets everything (state zeroed, record cleared); keeps the timings.
   void Reset();
+  // The state at the current position; `logits` are the ones after the last token.
+  Checkpoint TakeCheckpoint(std::vector<float> logits) const;
+  // Returns to `c`'s position: its tokens must be a prefix of the record (the MLA rows before
+  // it are then the ones it was taken with), else FAILED_PRECONDITION and nothing changes.
+  absl::Status Restore(const Checkpoint& c);
 
   int64_t position() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<int32_t>& tokens() const { return tokens_; }

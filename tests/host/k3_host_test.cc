@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "host/engine.h"
 #include "host/service.h"
+#include "nlohmann/json.hpp"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
@@ -345,6 +346,106 @@ TEST_F(K3HostTest, StopDuringPrefillEndsWithoutTokens) {
   Out out = Generate(next);
   ASSERT_TRUE(out.status.ok()) << out.status.error_message();
   EXPECT_EQ(out.ids.size(), 2u);
+}
+
+// Recurrent-state checkpoints (COLI_K3_CKPT as the load option extra["ckpt"]): a regenerated
+// reply (the same prompt after a reply) and an edited last user message restore a checkpoint
+// instead of prefilling from the first token, and the tokens are still the core library's
+// own greedy continuation of the new prompt from a fresh session.
+TEST_F(K3HostTest, CheckpointsServeRegenerateAndAnEditedLastMessage) {
+  {
+    grpc::ClientContext ctx;
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id("k3ckpt");
+    load.mutable_options()->set_chunk(8);
+    (*load.mutable_options()->mutable_extra())["ckpt"] = "4";
+    auto reader = stub_->LoadModel(&ctx, load);
+    v1::LoadModelEvent e;
+    while (reader->Read(&e)) {
+    }
+    grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  const nlohmann::json history = {
+      {{"role", "system"}, {"content", "You are a terse assistant."}},
+      {{"role", "user"}, {"content", "Hi there, who are you?"}},
+      {{"role", "assistant"}, {"content", "A small test model."}}};
+  auto render = [&](const std::string& last_user, bool add_generation_prompt = true) {
+    nlohmann::json body = {{"messages", history}};
+    if (!last_user.empty()) {
+      body["messages"].push_back({{"role", "user"}, {"content", last_user}});
+    }
+    grpc::ClientContext ctx;
+    v1::ApplyTemplateRequest apply;
+    apply.set_model("k3ckpt");
+    apply.set_request_json(body.dump());
+    apply.set_add_generation_prompt(add_generation_prompt);
+    v1::ApplyTemplateResponse rendered;
+    EXPECT_TRUE(stub_->ApplyTemplate(&ctx, apply, &rendered).ok());
+    return std::vector<int32_t>(rendered.ids().begin(), rendered.ids().end());
+  };
+  const std::vector<int32_t> first = render("Tell me about foxes, please.");
+  const std::vector<int32_t> edited = render("Tell me about dogs instead.");
+  const size_t common =
+      std::mismatch(first.begin(), first.end(), edited.begin(), edited.end()).first -
+      first.begin();
+  ASSERT_GT(common, 16u) << "the two prompts must share their history";
+  const std::vector<int32_t> stops(info_.stop_ids().begin(), info_.stop_ids().end());
+  auto run = [&](const std::string& model, const std::vector<int32_t>& prompt) {
+    v1::GenerateRequest r;
+    r.set_model(model);
+    r.set_session("ckpt-" + model);
+    r.mutable_prompt_ids()->Add(prompt.begin(), prompt.end());
+    r.set_max_tokens(6);
+    Out out = Generate(r);
+    EXPECT_TRUE(out.status.ok()) << out.status.error_message();
+    return out;
+  };
+  const Out a = run("k3ckpt", first);
+  EXPECT_EQ(a.started.tokens_reused(), 0);
+  EXPECT_EQ(a.ids, DirectGreedy(first, 6, stops));
+
+  // Regenerate: the same prompt again, after the reply went into the record.
+  const Out again = run("k3ckpt", first);
+  EXPECT_EQ(again.started.tokens_reused(), static_cast<int64_t>(first.size()));
+  EXPECT_EQ(again.started.tokens_computed(), 0);
+  EXPECT_EQ(again.ids, a.ids);
+  EXPECT_EQ(again.finished.stats().plugin().at("checkpoint_restores"), 1);
+  EXPECT_GT(again.finished.stats().plugin().at("checkpoint_bytes"), 0);
+
+  // Edit the last user message: back to where that message starts, inside the shared history.
+  const Out edit = run("k3ckpt", edited);
+  // The history alone, rendered without a generation prompt, ends where the last message starts.
+  const std::vector<int32_t> history_ids = render("", /*add_generation_prompt=*/false);
+  EXPECT_EQ(edit.started.tokens_reused(), static_cast<int64_t>(history_ids.size()));
+  EXPECT_LE(edit.started.tokens_reused(), static_cast<int64_t>(common));
+  EXPECT_EQ(edit.started.tokens_reused() + edit.started.tokens_computed(),
+            static_cast<int64_t>(edited.size()));
+  EXPECT_EQ(edit.ids, DirectGreedy(edited, 6, stops));
+  EXPECT_EQ(edit.finished.stats().plugin().at("checkpoint_restores"), 2);
+
+  // Without checkpoints the same two requests prefill from the first token.
+  run("k3", first);
+  EXPECT_EQ(run("k3", first).started.tokens_reused(), 0);
+  const Out plain_edit = run("k3", edited);
+  EXPECT_EQ(plain_edit.started.tokens_reused(), 0);
+  EXPECT_EQ(plain_edit.ids, edit.ids);
+}
+
+TEST_F(K3HostTest, CheckpointSlotCountIsChecked) {
+  grpc::ClientContext ctx;
+  v1::LoadModelRequest load;
+  load.set_model_dir(COLI_K3_TINY_DIR);
+  load.set_id("k3bad");
+  (*load.mutable_options()->mutable_extra())["ckpt"] = "many";
+  auto reader = stub_->LoadModel(&ctx, load);
+  v1::LoadModelEvent e;
+  while (reader->Read(&e)) {
+  }
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("COLI_K3_CKPT"));
 }
 
 TEST_F(K3HostTest, ChatUsesTheXtmlRendererAndParser) {

@@ -435,6 +435,13 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
       o.add_extra_dirs(std::string(dir));
     }
   }
+  // Family-only switches travel by name in `extra`; only set ones are sent (other families
+  // refuse names they do not know).
+  if (std::string s = Env("COLI_K3_CKPT"); !s.empty()) {
+    int32_t value = 0;
+    if (!absl::SimpleAtoi(s, &value) || value < 0) return bad("COLI_K3_CKPT", s);
+    (*o.mutable_extra())["ckpt"] = s;
+  }
   o.set_trace_path(Env("K3_TRACE"));
   o.set_x0_path(Env("K3_X0"));
   o.set_logits_path(Env("K3_LOGITS"));

@@ -139,6 +139,7 @@ std::string ResolveModelDir(const std::string& flag);
 //   K3_EXPERT_GB expert_gb | K3_TOPP topp | K3_MAXT max_context | K3_LAYERS layers
 //   K3_DIRS extra_dirs (':' or ',' separated) | K3_TRACE trace_path | K3_X0 x0_path
 //   K3_LOGITS logits_path | K3_MLA_NORM_EPS mla_norm_eps | COLI_THREADS threads
+//   COLI_K3_CKPT extra["ckpt"] (kimi_k3 recurrent-state checkpoint slots per session)
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
 
 // Load progress: a bar redrawn in place on a terminal, one plain line per stage/10% otherwise.

@@ -1,0 +1,151 @@
+// Checkpoints of a session's recurrent state: restoring one and continuing must give the logits
+// of a fresh session run on the same tokens, bit for bit (the reference is a second session
+// that never restored anything); the cache picks the deepest checkpoint both sequences begin
+// with and drops the least recently used.
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plugins/kimi_k3/checkpoints.h"
+#include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/session.h"
+
+namespace coli::k3 {
+namespace {
+
+using ::coli::testing::StatusIs;
+
+std::vector<int32_t> Ids(int n, int seed) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = (seed * 7919 + i * 104729) % 250 + 3;
+  return ids;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class CheckpointSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ModelOptions o;
+    o.chunk = 5;  // chunk borders away from the checkpoint positions
+    auto model = Model::Load(K3_TEST_TINY, o);
+    ASSERT_OK(model.status());
+    model_ = std::move(model).value();
+  }
+  std::vector<float> Fresh(const std::vector<int32_t>& tokens) {
+    auto s = model_->NewSession();
+    auto logits = s->Prefill(tokens);
+    EXPECT_OK(logits.status());
+    return logits.ok() ? *logits : std::vector<float>();
+  }
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(CheckpointSessionTest, RestoreThenContinueEqualsAFreshSession) {
+  const std::vector<int32_t> a = Ids(23, 1), b = Ids(17, 2), c = Ids(12, 3);
+  auto s = model_->NewSession();
+  auto la = s->Prefill(a);
+  ASSERT_OK(la.status());
+  const Checkpoint at_a = s->TakeCheckpoint(*la);
+  EXPECT_EQ(at_a.tokens, a);
+  EXPECT_GT(at_a.bytes(), a.size() * sizeof(int32_t));
+  ASSERT_OK(s->Prefill(b).status());
+  ASSERT_OK(s->Step(5).status());  // decode past the checkpoint too
+  ASSERT_OK(s->Restore(at_a));
+  EXPECT_EQ(s->tokens(), a);
+  auto lc = s->Prefill(c);
+  ASSERT_OK(lc.status());
+  EXPECT_TRUE(SameBits(*lc, Fresh(Concat(a, c))));
+  // A step after the restored prefill also matches.
+  auto step = s->Step(9);
+  ASSERT_OK(step.status());
+  auto ref = model_->NewSession();
+  ASSERT_OK(ref->Prefill(Concat(a, c)).status());
+  auto ref_step = ref->Step(9);
+  ASSERT_OK(ref_step.status());
+  EXPECT_TRUE(SameBits(*step, *ref_step));
+}
+
+TEST_F(CheckpointSessionTest, RestoreRefusesACheckpointOffTheRecord) {
+  auto s = model_->NewSession();
+  auto la = s->Prefill(Ids(10, 4));
+  ASSERT_OK(la.status());
+  const Checkpoint ck = s->TakeCheckpoint(*la);
+  s->Reset();
+  ASSERT_OK(s->Prefill(Ids(12, 5)).status());
+  EXPECT_THAT(s->Restore(ck), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                       ::testing::HasSubstr("not on this session's record")));
+  EXPECT_EQ(s->tokens(), Ids(12, 5));  // nothing changed
+}
+
+Checkpoint At(std::vector<int32_t> tokens, bool logits) {
+  Checkpoint c;
+  c.tokens = std::move(tokens);
+  if (logits) c.logits = {1.0f};
+  return c;
+}
+
+TEST(CheckpointCache, DeepestCommonPrefixOfPromptAndRecord) {
+  CheckpointCache cache(4);
+  const std::vector<int32_t> record = {1, 2, 3, 4, 5, 6};
+  cache.Put(At({1, 2}, true));
+  cache.Put(At({1, 2, 3, 4}, true));
+  cache.Put(At({1, 2, 3, 4, 5, 6}, false));
+  cache.Put(At({9, 9, 9}, true));  // on another record
+  // Prompt diverges at index 4: the checkpoint at 4 is the deepest valid one.
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 7, 8};
+  const Checkpoint* c = cache.Deepest(prompt, record);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->tokens.size(), 4u);
+  // A prompt equal to a checkpoint's tokens needs that checkpoint's logits.
+  const std::vector<int32_t> whole = {1, 2, 3, 4, 5, 6};
+  c = cache.Deepest(whole, record);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->tokens.size(), 4u);
+  const std::vector<int32_t> four = {1, 2, 3, 4};
+  c = cache.Deepest(four, record);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->tokens.size(), 4u);
+  // Not on the record: never chosen.
+  const std::vector<int32_t> other = {9, 9, 9, 1};
+  EXPECT_EQ(cache.Deepest(other, record), nullptr);
+}
+
+TEST(CheckpointCache, LeastRecentlyUsedIsDroppedAndSameTokensReplace) {
+  CheckpointCache cache(2);
+  const std::vector<int32_t> record = {1, 2, 3, 4};
+  cache.Put(At({1}, true));
+  cache.Put(At({1, 2}, true));
+  ASSERT_NE(cache.Deepest(std::vector<int32_t>{1, 5}, record), nullptr);  // uses {1}
+  cache.Put(At({1, 2, 3}, true));                                         // drops {1, 2}
+  EXPECT_EQ(cache.size(), 2u);
+  const Checkpoint* c = cache.Deepest(std::vector<int32_t>{1, 2, 9}, record);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->tokens.size(), 1u);
+  cache.Put(At({1, 2, 3}, true));  // same tokens: replaced, not added
+  EXPECT_EQ(cache.size(), 2u);
+  CheckpointCache off(0);
+  off.Put(At({1}, true));
+  EXPECT_EQ(off.size(), 0u);
+}
+
+TEST(CheckpointCache, LastMessageStartIsAfterTheSecondToLastEnd) {
+  const int32_t e = 99;
+  EXPECT_EQ(LastMessageStart(std::vector<int32_t>{5, e, 6, 7, e, 8}, e), 2);
+  EXPECT_EQ(LastMessageStart(std::vector<int32_t>{5, e, 6, e, 7, e, 8}, e), 4);
+  EXPECT_EQ(LastMessageStart(std::vector<int32_t>{5, 6, e, 8}, e), -1);
+  EXPECT_EQ(LastMessageStart(std::vector<int32_t>{}, e), -1);
+}
+
+}  // namespace
+}  // namespace coli::k3
