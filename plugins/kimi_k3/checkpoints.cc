@@ -1,42 +1,198 @@
 #include "plugins/kimi_k3/checkpoints.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "common/io/io.h"
+#include "common/log/log.h"
+#include "common/status/status.h"
 
 namespace coli::k3 {
 namespace {
+
+constexpr char kMagic[8] = {'C', 'O', 'L', 'I', 'K', '3', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
 
 bool Begins(std::span<const int32_t> seq, const std::vector<int32_t>& prefix) {
   return prefix.size() <= seq.size() && std::equal(prefix.begin(), prefix.end(), seq.begin());
 }
 
+// A fast 64-bit checksum over whole words (the tail bytes folded in last).
+uint64_t Checksum(std::string_view bytes) {
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes.size();
+  size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes.data() + i, 8);
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+  }
+  for (; i < bytes.size(); ++i) h = (h ^ static_cast<unsigned char>(bytes[i])) * 0x100000001B3ull;
+  return h;
+}
+
+template <typename T>
+void PutValue(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+void PutArray(std::string* out, const std::vector<T>& v) {
+  PutValue<uint64_t>(out, v.size());
+  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
+  template <typename T>
+  bool Value(T* v) {
+    if (bytes_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, bytes_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  template <typename T>
+  bool Array(std::vector<T>* v) {
+    uint64_t n = 0;
+    if (!Value(&n) || n > (bytes_.size() - pos_) / sizeof(T)) return false;
+    v->resize(n);
+    std::memcpy(v->data(), bytes_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
+    return true;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  std::string_view bytes_;
+  size_t pos_ = 0;
+};
+
 }  // namespace
+
+std::string SerializeCheckpoint(const Checkpoint& c) {
+  std::string out;
+  out.reserve(c.bytes() + 64 + c.kda.size() * 32);
+  out.append(kMagic, sizeof(kMagic));
+  PutValue<uint32_t>(&out, kVersion);
+  PutArray(&out, c.tokens);
+  PutValue<uint64_t>(&out, c.kda.size());
+  for (const KdaState& k : c.kda) {
+    PutArray(&out, k.S);
+    PutArray(&out, k.q_win);
+    PutArray(&out, k.k_win);
+    PutArray(&out, k.v_win);
+  }
+  PutArray(&out, c.logits);
+  PutValue<uint64_t>(&out, Checksum(out));
+  return out;
+}
+
+absl::StatusOr<Checkpoint> ParseCheckpoint(std::string_view bytes) {
+  auto bad = [](const char* what) {
+    return absl::DataLossError(absl::StrCat("checkpoint file: ", what));
+  };
+  if (bytes.size() < sizeof(kMagic) + 4 + 8 || std::memcmp(bytes.data(), kMagic, 8) != 0) {
+    return bad("not a coli K3 checkpoint");
+  }
+  const std::string_view body = bytes.substr(0, bytes.size() - 8);
+  uint64_t sum = 0;
+  std::memcpy(&sum, bytes.data() + body.size(), 8);
+  if (sum != Checksum(body)) return bad("checksum mismatch (damaged or truncated)");
+  Reader r(body.substr(sizeof(kMagic)));
+  uint32_t version = 0;
+  if (!r.Value(&version) || version != kVersion) return bad("unknown version");
+  Checkpoint c;
+  uint64_t layers = 0;
+  if (!r.Array(&c.tokens) || !r.Value(&layers) || layers > body.size()) return bad("header");
+  c.kda.resize(layers);
+  for (KdaState& k : c.kda) {
+    if (!r.Array(&k.S) || !r.Array(&k.q_win) || !r.Array(&k.k_win) || !r.Array(&k.v_win)) {
+      return bad("layer state");
+    }
+  }
+  if (!r.Array(&c.logits)) return bad("logits");
+  if (r.pos() != body.size() - sizeof(kMagic)) return bad("trailing bytes");
+  return c;
+}
+
+CheckpointCache::CheckpointCache(int slots, std::string dir)
+    : slots_(slots), dir_(std::move(dir)) {}
+
+CheckpointCache::~CheckpointCache() { Clear(); }
 
 size_t CheckpointCache::bytes() const {
   size_t n = 0;
-  for (const Checkpoint& c : entries_) n += c.bytes();
+  for (const Entry& e : entries_) n += e.bytes;
   return n;
 }
 
-void CheckpointCache::Put(Checkpoint c) {
-  if (slots_ <= 0) return;
-  entries_.remove_if([&](const Checkpoint& e) { return e.tokens == c.tokens; });
-  entries_.push_front(std::move(c));
-  while (entries_.size() > static_cast<size_t>(slots_)) entries_.pop_back();
+void CheckpointCache::Drop(std::list<Entry>::iterator it) {
+  if (!it->path.empty()) std::remove(it->path.c_str());
+  entries_.erase(it);
+}
+
+void CheckpointCache::Clear() {
+  while (!entries_.empty()) Drop(entries_.begin());
+  loaded_ = Checkpoint();
+}
+
+absl::Status CheckpointCache::Put(Checkpoint c) {
+  if (slots_ <= 0) return absl::OkStatus();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->tokens == c.tokens) {
+      Drop(it);
+      break;
+    }
+  }
+  Entry e;
+  e.tokens = c.tokens;
+  e.has_logits = !c.logits.empty();
+  e.bytes = c.bytes();
+  if (dir_.empty()) {
+    e.ram = std::move(c);
+  } else {
+    // One name per cache and checkpoint: several sessions and processes may share the folder.
+    e.path = absl::StrCat(dir_, "/coli-k3-ckpt-", getpid(), "-", reinterpret_cast<uintptr_t>(this),
+                          "-", next_file_++, ".bin");
+    COLI_RETURN_IF_ERROR(io::WriteFileAtomic(e.path, SerializeCheckpoint(c)));
+  }
+  entries_.push_front(std::move(e));
+  while (entries_.size() > static_cast<size_t>(slots_)) Drop(std::prev(entries_.end()));
+  return absl::OkStatus();
 }
 
 const Checkpoint* CheckpointCache::Deepest(std::span<const int32_t> prompt,
                                            std::span<const int32_t> record) {
-  auto best = entries_.end();
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    const size_t p = it->tokens.size();
-    if (p == 0 || (p == prompt.size() && it->logits.empty())) continue;
-    if (!Begins(prompt, it->tokens) || !Begins(record, it->tokens)) continue;
-    if (best == entries_.end() || p > best->tokens.size()) best = it;
+  while (true) {
+    auto best = entries_.end();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      const size_t p = it->tokens.size();
+      if (p == 0 || (p == prompt.size() && !it->has_logits)) continue;
+      if (!Begins(prompt, it->tokens) || !Begins(record, it->tokens)) continue;
+      if (best == entries_.end() || p > best->tokens.size()) best = it;
+    }
+    if (best == entries_.end()) return nullptr;
+    entries_.splice(entries_.begin(), entries_, best);
+    Entry& e = entries_.front();
+    if (e.ram) return &*e.ram;
+    absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(e.path);
+    absl::StatusOr<Checkpoint> c =
+        file.ok() ? ParseCheckpoint(std::string_view(reinterpret_cast<const char*>((*file)->data()),
+                                                     (*file)->size()))
+                  : absl::StatusOr<Checkpoint>(file.status());
+    if (c.ok() && c->tokens == e.tokens) {
+      loaded_ = std::move(c).value();
+      return &loaded_;
+    }
+    COLI_LOG(kWarning) << "kimi_k3: parked checkpoint " << e.path
+                       << " dropped: " << (c.ok() ? "its tokens changed" : c.status().ToString());
+    Drop(entries_.begin());  // and look for the next deepest
   }
-  if (best == entries_.end()) return nullptr;
-  entries_.splice(entries_.begin(), entries_, best);
-  return &entries_.front();
 }
 
 int64_t LastMessageStart(std::span<const int32_t> prompt, int32_t end_of_msg) {

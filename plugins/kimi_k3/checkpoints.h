@@ -8,38 +8,72 @@
 // with, so only the tail is prefilled again. Checkpoints hold copies of the KDA states (MLA
 // caches only grow; restoring truncates them), so their size is the model's recurrent state
 // (Checkpoint::bytes). Least recently used ones are dropped first.
+//
+// With a folder (COLI_K3_CKPT_DIR) the checkpoints are parked there instead of in RAM: each is
+// one file (written atomically, checked by size and checksum when read back), only its tokens
+// stay in memory, and a restore reads it back. The cache deletes its files when it drops them
+// and when it is destroyed. A file that went missing or is damaged is dropped with a warning;
+// the prompt is then prefilled from further back, never from wrong state.
 #ifndef COLI_PLUGINS_KIMI_K3_CHECKPOINTS_H_
 #define COLI_PLUGINS_KIMI_K3_CHECKPOINTS_H_
 
 #include <cstdint>
 #include <list>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "plugins/kimi_k3/session.h"
 
 namespace coli::k3 {
 
 class CheckpointCache {
  public:
-  explicit CheckpointCache(int slots) : slots_(slots) {}
+  // `slots` checkpoints at most; `dir` empty keeps them in RAM, else parks them there.
+  explicit CheckpointCache(int slots, std::string dir = "");
+  ~CheckpointCache();
+  CheckpointCache(const CheckpointCache&) = delete;
+  CheckpointCache& operator=(const CheckpointCache&) = delete;
 
   int slots() const { return slots_; }
   size_t size() const { return entries_.size(); }
+  // Bytes held: in RAM, or in the folder when parked.
   size_t bytes() const;
 
   // Keeps `c` (replacing one with the same tokens), dropping the least recently used beyond
-  // the slot count.
-  void Put(Checkpoint c);
+  // the slot count. A parked checkpoint that cannot be written is an error (nothing kept).
+  absl::Status Put(Checkpoint c);
   // The deepest checkpoint whose tokens begin both `prompt` and `record`, at most at
   // prompt.size() (there only with logits, which then stand for the whole prompt); marks it
-  // used. nullptr when none.
+  // used. nullptr when none. Valid until the next call on the cache.
   const Checkpoint* Deepest(std::span<const int32_t> prompt, std::span<const int32_t> record);
-  void Clear() { entries_.clear(); }
+  void Clear();
 
  private:
+  struct Entry {
+    std::vector<int32_t> tokens;
+    bool has_logits = false;
+    size_t bytes = 0;
+    std::optional<Checkpoint> ram;  // when not parked
+    std::string path;               // when parked
+  };
+  void Drop(std::list<Entry>::iterator it);
+
   int slots_;
-  std::list<Checkpoint> entries_;  // most recently used first
+  std::string dir_;
+  uint64_t next_file_ = 0;
+  std::list<Entry> entries_;  // most recently used first
+  Checkpoint loaded_;         // the last parked checkpoint read back
 };
+
+// The parked form: a little-endian header, the tokens, each layer's four KDA arrays, the
+// logits and a checksum of everything before it.
+std::string SerializeCheckpoint(const Checkpoint& c);
+absl::StatusOr<Checkpoint> ParseCheckpoint(std::string_view bytes);
 
 // Where a prompt's last message starts: just after the last end-of-message token that has
 // another one after it (the one closing the message before the last), or -1.

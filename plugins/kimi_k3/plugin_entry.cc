@@ -11,8 +11,11 @@
 // of a model's sessions takes that model's forward lock (the host may run sessions of one
 // model on several threads). Expert statistics are taken right after each pass under the same
 // lock, so they are attributed to the session that caused them.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -67,6 +70,7 @@ struct K3Model {
   int32_t bos = -1, eos = -1;
   int32_t end_of_msg = -1;   // XTML message end (checkpoint placement); -1 if absent
   int checkpoint_slots = 0;  // COLI_K3_CKPT: per session
+  std::string checkpoint_dir;  // COLI_K3_CKPT_DIR: parked there instead of in RAM
   uint32_t capabilities = 0;
   std::mutex forward_mu;
 };
@@ -156,6 +160,14 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
         return absl::InvalidArgumentError(absl::StrCat(
             "kimi_k3: option ckpt (COLI_K3_CKPT) = '", value, "' is not a slot count in 0…1024"));
       }
+    } else if (key == "ckpt_dir") {
+      std::error_code ec;
+      if (!std::filesystem::is_directory(value, ec) || access(value.c_str(), W_OK) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option ckpt_dir (COLI_K3_CKPT_DIR) = '", value,
+            "' is not a writable folder"));
+      }
+      k->checkpoint_dir = value;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("kimi_k3: unknown option '", key, "'"));
     }
@@ -336,7 +348,13 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       };
       logits = s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel);
       if (!logits.ok()) break;
-      if (s->checkpoints != nullptr) s->checkpoints->Put(s->session->TakeCheckpoint(*logits));
+      if (s->checkpoints != nullptr) {
+        // A checkpoint that cannot be parked costs only a longer prefill later.
+        if (absl::Status put = s->checkpoints->Put(s->session->TakeCheckpoint(*logits));
+            !put.ok()) {
+          COLI_LOG(kWarning) << "kimi_k3: checkpoint not kept: " << put;
+        }
+      }
     }
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     TakeExpertStats(s);
@@ -514,7 +532,7 @@ struct K3Family {
     s->m = &m;
     s->session = m.model->NewSession();
     if (m.checkpoint_slots > 0) {
-      s->checkpoints = std::make_unique<CheckpointCache>(m.checkpoint_slots);
+      s->checkpoints = std::make_unique<CheckpointCache>(m.checkpoint_slots, m.checkpoint_dir);
     }
     s->capacity =
         (o != nullptr && o->max_context > 0) ? std::min(o->max_context, m.capacity) : m.capacity;

@@ -2,14 +2,18 @@
 // of a fresh session run on the same tokens, bit for bit (the reference is a second session
 // that never restored anything); the cache picks the deepest checkpoint both sequences begin
 // with and drops the least recently used.
+#include "plugins/kimi_k3/checkpoints.h"
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <vector>
 
+#include "common/io/io.h"
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "plugins/kimi_k3/checkpoints.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
 
@@ -31,6 +35,13 @@ std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+Checkpoint At(std::vector<int32_t> tokens, bool logits) {
+  Checkpoint c;
+  c.tokens = std::move(tokens);
+  if (logits) c.logits = {1.0f};
+  return c;
 }
 
 class CheckpointSessionTest : public ::testing::Test {
@@ -88,20 +99,90 @@ TEST_F(CheckpointSessionTest, RestoreRefusesACheckpointOffTheRecord) {
   EXPECT_EQ(s->tokens(), Ids(12, 5));  // nothing changed
 }
 
-Checkpoint At(std::vector<int32_t> tokens, bool logits) {
+// Parked in a folder: the same restore, read back from its file; the file goes when the cache
+// drops it; a damaged file is never restored.
+TEST_F(CheckpointSessionTest, ParkedCheckpointsRestoreFromTheirFiles) {
+  const std::string dir = ::testing::TempDir() + "/k3_ckpt_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  auto files = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir),
+                         std::filesystem::directory_iterator());
+  };
+  const std::vector<int32_t> a = Ids(19, 6), b = Ids(9, 7), c = Ids(14, 8);
+  {
+    CheckpointCache cache(2, dir);
+    auto s = model_->NewSession();
+    auto la = s->Prefill(a);
+    ASSERT_OK(la.status());
+    ASSERT_OK(cache.Put(s->TakeCheckpoint(*la)));
+    EXPECT_EQ(files(), 1);
+    EXPECT_GT(cache.bytes(), 0u);
+    ASSERT_OK(s->Prefill(b).status());
+    const std::vector<int32_t> prompt = Concat(a, c);
+    const Checkpoint* ck = cache.Deepest(prompt, s->tokens());
+    ASSERT_NE(ck, nullptr);
+    ASSERT_OK(s->Restore(*ck));
+    auto lc = s->Prefill(c);
+    ASSERT_OK(lc.status());
+    EXPECT_TRUE(SameBits(*lc, Fresh(prompt)));
+    // The prompt `a` alone is covered by the parked logits.
+    ck = cache.Deepest(a, s->tokens());
+    ASSERT_NE(ck, nullptr);
+    EXPECT_TRUE(SameBits(ck->logits, *la));
+
+    // Damage the file: the checkpoint is dropped (with its file), nothing is restored.
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(40);
+      io.put('\x7f');
+    }
+    EXPECT_EQ(cache.Deepest(prompt, s->tokens()), nullptr);
+    EXPECT_EQ(cache.size(), 0u);
+    EXPECT_EQ(files(), 0);
+    // Two slots: the third Put drops the least recently used file.
+    for (int i = 1; i <= 3; ++i) {
+      ASSERT_OK(cache.Put(At(Ids(i, 9), true)));
+    }
+    EXPECT_EQ(files(), 2);
+  }
+  EXPECT_EQ(files(), 0) << "the cache removes its files when it goes";
+}
+
+TEST(CheckpointFile, RoundTripAndRefusals) {
   Checkpoint c;
-  c.tokens = std::move(tokens);
-  if (logits) c.logits = {1.0f};
-  return c;
+  c.tokens = {4, 5, 6};
+  c.kda.resize(3);
+  c.kda[0].S = {1.5f, -2.0f};
+  c.kda[0].q_win = {3.0f};
+  c.kda[2].v_win = {7.0f, 8.0f, 9.0f};
+  c.logits = {0.25f, 0.5f};
+  const std::string bytes = SerializeCheckpoint(c);
+  auto back = ParseCheckpoint(bytes);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back->tokens, c.tokens);
+  EXPECT_EQ(back->kda.size(), 3u);
+  EXPECT_EQ(back->kda[0].S, c.kda[0].S);
+  EXPECT_EQ(back->kda[0].q_win, c.kda[0].q_win);
+  EXPECT_EQ(back->kda[2].v_win, c.kda[2].v_win);
+  EXPECT_TRUE(back->kda[1].S.empty());
+  EXPECT_EQ(back->logits, c.logits);
+  EXPECT_THAT(ParseCheckpoint(bytes.substr(0, bytes.size() - 3)),
+              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(ParseCheckpoint("not a checkpoint at all, really"),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("not a coli")));
+  std::string flipped = bytes;
+  flipped[20] ^= 1;
+  EXPECT_THAT(ParseCheckpoint(flipped),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("checksum")));
 }
 
 TEST(CheckpointCache, DeepestCommonPrefixOfPromptAndRecord) {
   CheckpointCache cache(4);
   const std::vector<int32_t> record = {1, 2, 3, 4, 5, 6};
-  cache.Put(At({1, 2}, true));
-  cache.Put(At({1, 2, 3, 4}, true));
-  cache.Put(At({1, 2, 3, 4, 5, 6}, false));
-  cache.Put(At({9, 9, 9}, true));  // on another record
+  ASSERT_OK(cache.Put(At({1, 2}, true)));
+  ASSERT_OK(cache.Put(At({1, 2, 3, 4}, true)));
+  ASSERT_OK(cache.Put(At({1, 2, 3, 4, 5, 6}, false)));
+  ASSERT_OK(cache.Put(At({9, 9, 9}, true)));  // on another record
   // Prompt diverges at index 4: the checkpoint at 4 is the deepest valid one.
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 7, 8};
   const Checkpoint* c = cache.Deepest(prompt, record);
@@ -124,18 +205,18 @@ TEST(CheckpointCache, DeepestCommonPrefixOfPromptAndRecord) {
 TEST(CheckpointCache, LeastRecentlyUsedIsDroppedAndSameTokensReplace) {
   CheckpointCache cache(2);
   const std::vector<int32_t> record = {1, 2, 3, 4};
-  cache.Put(At({1}, true));
-  cache.Put(At({1, 2}, true));
+  ASSERT_OK(cache.Put(At({1}, true)));
+  ASSERT_OK(cache.Put(At({1, 2}, true)));
   ASSERT_NE(cache.Deepest(std::vector<int32_t>{1, 5}, record), nullptr);  // uses {1}
-  cache.Put(At({1, 2, 3}, true));                                         // drops {1, 2}
+  ASSERT_OK(cache.Put(At({1, 2, 3}, true)));                              // drops {1, 2}
   EXPECT_EQ(cache.size(), 2u);
   const Checkpoint* c = cache.Deepest(std::vector<int32_t>{1, 2, 9}, record);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->tokens.size(), 1u);
-  cache.Put(At({1, 2, 3}, true));  // same tokens: replaced, not added
+  ASSERT_OK(cache.Put(At({1, 2, 3}, true)));  // same tokens: replaced, not added
   EXPECT_EQ(cache.size(), 2u);
   CheckpointCache off(0);
-  off.Put(At({1}, true));
+  ASSERT_OK(off.Put(At({1}, true)));
   EXPECT_EQ(off.size(), 0u);
 }
 

@@ -442,6 +442,7 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
     if (!absl::SimpleAtoi(s, &value) || value < 0) return bad("COLI_K3_CKPT", s);
     (*o.mutable_extra())["ckpt"] = s;
   }
+  if (std::string s = Env("COLI_K3_CKPT_DIR"); !s.empty()) (*o.mutable_extra())["ckpt_dir"] = s;
   o.set_trace_path(Env("K3_TRACE"));
   o.set_x0_path(Env("K3_X0"));
   o.set_logits_path(Env("K3_LOGITS"));
