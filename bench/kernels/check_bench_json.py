@@ -12,8 +12,10 @@ def main() -> int:
     out = subprocess.run([coli, "bench", "kernels", "--quick", "--json", "--threads", "2"],
                          check=True, stdout=subprocess.PIPE).stdout.decode()
     doc = json.loads(out)  # exactly one object: json.loads refuses trailing text
-    assert set(doc) == {"read_bw_gbs", "results"}, doc.keys()
+    assert set(doc) == {"read_bw_gbs", "read_bw_start_gbs", "read_bw_end_gbs", "results"}, doc.keys()
     assert doc["read_bw_gbs"] > 0, doc["read_bw_gbs"]
+    # The ratios use the better of the probes run before and after the kernels.
+    assert doc["read_bw_gbs"] == max(doc["read_bw_start_gbs"], doc["read_bw_end_gbs"]), doc
     seen = set()
     for r in doc["results"]:
         assert set(r) == {"format", "rows", "cols", "batch", "gflops", "weight_gbs", "bw_ratio"}, r
