@@ -1,0 +1,524 @@
+// common/vulkan: the compute context (instance, device, queue, one pipeline) and the MXFP4
+// matmul dispatch. Device-level calls go through a per-context VolkDeviceTable, so two contexts
+// on different devices never share function pointers.
+#include "common/vulkan/vulkan_context.h"
+
+#include <volk.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/status/status.h"
+#include "shaders/shaders.h"
+
+namespace coli::vulkan {
+namespace {
+
+constexpr uint32_t kWorkgroupsPerDim = 65535;  // the minimum maxComputeWorkGroupCount[0] allows
+constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
+constexpr int kBindings = 4;  // weights, scales, x, y
+
+struct PushConstants {
+  uint32_t rows;
+  uint32_t cols;
+  uint32_t batch;
+};
+
+absl::Status VkError(VkResult result, absl::string_view call) {
+  if (result == VK_SUCCESS) return absl::OkStatus();
+  const std::string text = absl::StrCat("Vulkan: ", call, " failed: ", VkResultName(result));
+  switch (result) {
+    case VK_ERROR_OUT_OF_HOST_MEMORY:
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY:
+      return absl::ResourceExhaustedError(text);
+    case VK_TIMEOUT:
+      return absl::DeadlineExceededError(text);
+    default:
+      return absl::InternalError(text);
+  }
+}
+
+#define COLI_VK_RETURN_IF_ERROR(call) COLI_RETURN_IF_ERROR(VkError((call), #call))
+
+// volkInitialize() once per process; its result is remembered.
+VkResult InitializeLoader() {
+  static const VkResult result = volkInitialize();
+  return result;
+}
+
+int DeviceTypeRank(VkPhysicalDeviceType type) {
+  switch (type) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return 3;
+    default:
+      return 4;
+  }
+}
+
+// The first queue family with compute, or -1.
+int ComputeQueueFamily(VkPhysicalDevice device) {
+  uint32_t n = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &n, nullptr);
+  std::vector<VkQueueFamilyProperties> families(n);
+  vkGetPhysicalDeviceQueueFamilyProperties(device, &n, families.data());
+  for (uint32_t i = 0; i < n; ++i) {
+    if ((families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && families[i].queueCount > 0) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+// A host-visible, host-coherent storage buffer, mapped for its whole life.
+struct Buffer {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  void* mapped = nullptr;
+  VkDeviceSize size = 0;
+};
+
+struct VulkanContext::State {
+  VkInstance instance = VK_NULL_HANDLE;
+  VkPhysicalDevice physical = VK_NULL_HANDLE;
+  VkDevice device = VK_NULL_HANDLE;
+  VolkDeviceTable vk{};
+  VkQueue queue = VK_NULL_HANDLE;
+  uint32_t queue_family = 0;
+  VkPhysicalDeviceProperties properties{};
+  VkPhysicalDeviceMemoryProperties memory_properties{};
+  int device_index = -1;
+  std::string device_name;
+
+  VkCommandPool command_pool = VK_NULL_HANDLE;
+  VkCommandBuffer command_buffer = VK_NULL_HANDLE;
+  VkFence fence = VK_NULL_HANDLE;
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout pipeline_layout = VK_NULL_HANDLE;
+  VkShaderModule shader = VK_NULL_HANDLE;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  VkDescriptorPool descriptor_pool = VK_NULL_HANDLE;
+  VkDescriptorSet descriptor_set = VK_NULL_HANDLE;
+
+  absl::Mutex mu;  // serialises Mxfp4Matmul: one command buffer, one descriptor set
+
+  ~State() {
+    if (device != VK_NULL_HANDLE) {
+      vk.vkDeviceWaitIdle(device);
+      if (descriptor_pool) vk.vkDestroyDescriptorPool(device, descriptor_pool, nullptr);
+      if (pipeline) vk.vkDestroyPipeline(device, pipeline, nullptr);
+      if (shader) vk.vkDestroyShaderModule(device, shader, nullptr);
+      if (pipeline_layout) vk.vkDestroyPipelineLayout(device, pipeline_layout, nullptr);
+      if (set_layout) vk.vkDestroyDescriptorSetLayout(device, set_layout, nullptr);
+      if (fence) vk.vkDestroyFence(device, fence, nullptr);
+      if (command_pool) vk.vkDestroyCommandPool(device, command_pool, nullptr);
+      vk.vkDestroyDevice(device, nullptr);
+    }
+    if (instance != VK_NULL_HANDLE) vkDestroyInstance(instance, nullptr);
+  }
+
+  void Free(Buffer& b) {
+    if (b.mapped) vk.vkUnmapMemory(device, b.memory);
+    if (b.buffer) vk.vkDestroyBuffer(device, b.buffer, nullptr);
+    if (b.memory) vk.vkFreeMemory(device, b.memory, nullptr);
+    b = Buffer{};
+  }
+
+  absl::Status Allocate(VkDeviceSize size, absl::string_view what, Buffer& b) {
+    if (size > properties.limits.maxStorageBufferRange) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Vulkan: ", what, " buffer of ", size,
+                       " bytes exceeds the device's maxStorageBufferRange (",
+                       properties.limits.maxStorageBufferRange, ") on ", device_name));
+    }
+    b.size = size;
+    VkBufferCreateInfo info{};
+    info.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    info.size = size;
+    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    COLI_RETURN_IF_ERROR(Annotate(
+        VkError(vk.vkCreateBuffer(device, &info, nullptr, &b.buffer), "vkCreateBuffer"), what));
+    VkMemoryRequirements req;
+    vk.vkGetBufferMemoryRequirements(device, b.buffer, &req);
+    const VkMemoryPropertyFlags want =
+        VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    uint32_t type = UINT32_MAX;
+    for (uint32_t i = 0; i < memory_properties.memoryTypeCount; ++i) {
+      if ((req.memoryTypeBits & (1u << i)) &&
+          (memory_properties.memoryTypes[i].propertyFlags & want) == want) {
+        type = i;
+        break;
+      }
+    }
+    if (type == UINT32_MAX) {
+      return absl::UnavailableError(
+          absl::StrCat("Vulkan: ", device_name,
+                       " has no host-visible coherent memory type for the ", what, " buffer"));
+    }
+    VkMemoryAllocateInfo alloc{};
+    alloc.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
+    alloc.allocationSize = req.size;
+    alloc.memoryTypeIndex = type;
+    COLI_RETURN_IF_ERROR(Annotate(
+        VkError(vk.vkAllocateMemory(device, &alloc, nullptr, &b.memory), "vkAllocateMemory"),
+        what));
+    COLI_RETURN_IF_ERROR(Annotate(
+        VkError(vk.vkBindBufferMemory(device, b.buffer, b.memory, 0), "vkBindBufferMemory"), what));
+    COLI_RETURN_IF_ERROR(Annotate(
+        VkError(vk.vkMapMemory(device, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory"),
+        what));
+    return absl::OkStatus();
+  }
+
+  absl::Status PickDevice() {
+    uint32_t n = 0;
+    COLI_VK_RETURN_IF_ERROR(vkEnumeratePhysicalDevices(instance, &n, nullptr));
+    if (n == 0) {
+      return absl::UnavailableError(
+          "Vulkan: no physical device (install a driver, e.g. mesa-vulkan-drivers for lavapipe)");
+    }
+    std::vector<VkPhysicalDevice> devices(n);
+    COLI_VK_RETURN_IF_ERROR(vkEnumeratePhysicalDevices(instance, &n, devices.data()));
+    devices.resize(n);
+
+    int chosen = -1;
+    if (const char* env = std::getenv("COLI_VK_DEVICE"); env != nullptr && *env != '\0') {
+      int index = -1;
+      if (!absl::SimpleAtoi(env, &index) || index < 0 || index >= static_cast<int>(n)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("COLI_VK_DEVICE='", env, "': expected a device index in [0, ", n, ")"));
+      }
+      if (ComputeQueueFamily(devices[index]) < 0) {
+        return absl::UnavailableError(
+            absl::StrCat("Vulkan: COLI_VK_DEVICE=", index, " has no compute queue"));
+      }
+      chosen = index;
+    } else {
+      int best_rank = std::numeric_limits<int>::max();
+      for (uint32_t i = 0; i < n; ++i) {
+        if (ComputeQueueFamily(devices[i]) < 0) continue;
+        VkPhysicalDeviceProperties p;
+        vkGetPhysicalDeviceProperties(devices[i], &p);
+        if (DeviceTypeRank(p.deviceType) < best_rank) {
+          best_rank = DeviceTypeRank(p.deviceType);
+          chosen = static_cast<int>(i);
+        }
+      }
+      if (chosen < 0) {
+        return absl::UnavailableError(
+            absl::StrCat("Vulkan: none of the ", n, " physical devices has a compute queue"));
+      }
+    }
+    physical = devices[chosen];
+    device_index = chosen;
+    queue_family = static_cast<uint32_t>(ComputeQueueFamily(physical));
+    vkGetPhysicalDeviceProperties(physical, &properties);
+    vkGetPhysicalDeviceMemoryProperties(physical, &memory_properties);
+    device_name = properties.deviceName;
+    return absl::OkStatus();
+  }
+
+  absl::Status CreateDevice() {
+    const float priority = 1.0f;
+    VkDeviceQueueCreateInfo queue_info{};
+    queue_info.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    queue_info.queueFamilyIndex = queue_family;
+    queue_info.queueCount = 1;
+    queue_info.pQueuePriorities = &priority;
+    VkDeviceCreateInfo info{};
+    info.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
+    info.queueCreateInfoCount = 1;
+    info.pQueueCreateInfos = &queue_info;
+    COLI_VK_RETURN_IF_ERROR(vkCreateDevice(physical, &info, nullptr, &device));
+    volkLoadDeviceTable(&vk, device);
+    vk.vkGetDeviceQueue(device, queue_family, 0, &queue);
+
+    VkCommandPoolCreateInfo pool_info{};
+    pool_info.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+    pool_info.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+    pool_info.queueFamilyIndex = queue_family;
+    COLI_VK_RETURN_IF_ERROR(vk.vkCreateCommandPool(device, &pool_info, nullptr, &command_pool));
+    VkCommandBufferAllocateInfo cb_info{};
+    cb_info.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+    cb_info.commandPool = command_pool;
+    cb_info.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    cb_info.commandBufferCount = 1;
+    COLI_VK_RETURN_IF_ERROR(vk.vkAllocateCommandBuffers(device, &cb_info, &command_buffer));
+    VkFenceCreateInfo fence_info{};
+    fence_info.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+    COLI_VK_RETURN_IF_ERROR(vk.vkCreateFence(device, &fence_info, nullptr, &fence));
+    return absl::OkStatus();
+  }
+
+  absl::Status CreatePipeline() {
+    VkDescriptorSetLayoutBinding bindings[kBindings]{};
+    for (int i = 0; i < kBindings; ++i) {
+      bindings[i].binding = static_cast<uint32_t>(i);
+      bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+      bindings[i].descriptorCount = 1;
+      bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    }
+    VkDescriptorSetLayoutCreateInfo set_info{};
+    set_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
+    set_info.bindingCount = kBindings;
+    set_info.pBindings = bindings;
+    COLI_VK_RETURN_IF_ERROR(
+        vk.vkCreateDescriptorSetLayout(device, &set_info, nullptr, &set_layout));
+
+    VkPushConstantRange push{};
+    push.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+    push.size = sizeof(PushConstants);
+    VkPipelineLayoutCreateInfo layout_info{};
+    layout_info.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
+    layout_info.setLayoutCount = 1;
+    layout_info.pSetLayouts = &set_layout;
+    layout_info.pushConstantRangeCount = 1;
+    layout_info.pPushConstantRanges = &push;
+    COLI_VK_RETURN_IF_ERROR(
+        vk.vkCreatePipelineLayout(device, &layout_info, nullptr, &pipeline_layout));
+
+    const std::span<const uint32_t> code = shaders::Mxfp4MatmulSpirv();
+    VkShaderModuleCreateInfo module_info{};
+    module_info.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
+    module_info.codeSize = code.size_bytes();
+    module_info.pCode = code.data();
+    COLI_RETURN_IF_ERROR(
+        Annotate(VkError(vk.vkCreateShaderModule(device, &module_info, nullptr, &shader),
+                         "vkCreateShaderModule"),
+                 "shader mxfp4_matmul"));
+
+    VkComputePipelineCreateInfo pipe_info{};
+    pipe_info.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
+    pipe_info.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+    pipe_info.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    pipe_info.stage.module = shader;
+    pipe_info.stage.pName = "main";
+    pipe_info.layout = pipeline_layout;
+    COLI_RETURN_IF_ERROR(Annotate(
+        VkError(
+            vk.vkCreateComputePipelines(device, VK_NULL_HANDLE, 1, &pipe_info, nullptr, &pipeline),
+            "vkCreateComputePipelines"),
+        "shader mxfp4_matmul"));
+
+    VkDescriptorPoolSize pool_size{};
+    pool_size.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    pool_size.descriptorCount = kBindings;
+    VkDescriptorPoolCreateInfo pool_info{};
+    pool_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+    pool_info.maxSets = 1;
+    pool_info.poolSizeCount = 1;
+    pool_info.pPoolSizes = &pool_size;
+    COLI_VK_RETURN_IF_ERROR(
+        vk.vkCreateDescriptorPool(device, &pool_info, nullptr, &descriptor_pool));
+    VkDescriptorSetAllocateInfo ds_info{};
+    ds_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
+    ds_info.descriptorPool = descriptor_pool;
+    ds_info.descriptorSetCount = 1;
+    ds_info.pSetLayouts = &set_layout;
+    COLI_VK_RETURN_IF_ERROR(vk.vkAllocateDescriptorSets(device, &ds_info, &descriptor_set));
+    return absl::OkStatus();
+  }
+
+  // Records the dispatch over `buffers`, submits it and waits for the fence.
+  absl::Status Run(const Buffer (&buffers)[kBindings], const PushConstants& pc) {
+    VkDescriptorBufferInfo infos[kBindings]{};
+    VkWriteDescriptorSet writes[kBindings]{};
+    for (int i = 0; i < kBindings; ++i) {
+      infos[i].buffer = buffers[i].buffer;
+      infos[i].offset = 0;
+      infos[i].range = buffers[i].size;
+      writes[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+      writes[i].dstSet = descriptor_set;
+      writes[i].dstBinding = static_cast<uint32_t>(i);
+      writes[i].descriptorCount = 1;
+      writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+      writes[i].pBufferInfo = &infos[i];
+    }
+    vk.vkUpdateDescriptorSets(device, kBindings, writes, 0, nullptr);
+
+    const uint32_t groups_x = pc.rows < kWorkgroupsPerDim ? pc.rows : kWorkgroupsPerDim;
+    const uint32_t groups_y = (pc.rows + groups_x - 1) / groups_x;
+    if (groups_y > properties.limits.maxComputeWorkGroupCount[1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Vulkan: ", pc.rows, " rows need ", groups_y,
+                       " workgroup rows, more than the device's maxComputeWorkGroupCount[1]"));
+    }
+
+    COLI_VK_RETURN_IF_ERROR(vk.vkResetCommandBuffer(command_buffer, 0));
+    VkCommandBufferBeginInfo begin{};
+    begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    COLI_VK_RETURN_IF_ERROR(vk.vkBeginCommandBuffer(command_buffer, &begin));
+    vk.vkCmdBindPipeline(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
+    vk.vkCmdBindDescriptorSets(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout, 0,
+                               1, &descriptor_set, 0, nullptr);
+    vk.vkCmdPushConstants(command_buffer, pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                          sizeof(pc), &pc);
+    vk.vkCmdDispatch(command_buffer, groups_x, groups_y, 1);
+    // Make the shader's writes visible to the host's reads after the fence.
+    VkMemoryBarrier barrier{};
+    barrier.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+    barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    vk.vkCmdPipelineBarrier(command_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                            VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, nullptr, 0, nullptr);
+    COLI_VK_RETURN_IF_ERROR(vk.vkEndCommandBuffer(command_buffer));
+
+    VkSubmitInfo submit{};
+    submit.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    submit.commandBufferCount = 1;
+    submit.pCommandBuffers = &command_buffer;
+    COLI_VK_RETURN_IF_ERROR(vk.vkQueueSubmit(queue, 1, &submit, fence));
+    const VkResult waited = vk.vkWaitForFences(device, 1, &fence, VK_TRUE, kFenceTimeoutNs);
+    const VkResult reset = vk.vkResetFences(device, 1, &fence);
+    COLI_RETURN_IF_ERROR(VkError(waited, "vkWaitForFences (mxfp4_matmul dispatch)"));
+    COLI_VK_RETURN_IF_ERROR(reset);
+    return absl::OkStatus();
+  }
+};
+
+VulkanContext::VulkanContext(std::unique_ptr<State> state) : state_(std::move(state)) {}
+VulkanContext::~VulkanContext() = default;
+
+const std::string& VulkanContext::device_name() const { return state_->device_name; }
+int VulkanContext::device_index() const { return state_->device_index; }
+
+absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create() {
+  if (const VkResult r = InitializeLoader(); r != VK_SUCCESS) {
+    return absl::UnavailableError(
+        absl::StrCat("Vulkan: no loader (libvulkan.so.1 could not be loaded: ", VkResultName(r),
+                     "); install libvulkan1 and a driver, e.g. mesa-vulkan-drivers"));
+  }
+  auto state = std::make_unique<State>();
+  VkApplicationInfo app{};
+  app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
+  app.pApplicationName = "coli";
+  app.pEngineName = "coli";
+  app.apiVersion = VK_API_VERSION_1_0;
+  VkInstanceCreateInfo info{};
+  info.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
+  info.pApplicationInfo = &app;
+  if (const VkResult r = vkCreateInstance(&info, nullptr, &state->instance); r != VK_SUCCESS) {
+    state->instance = VK_NULL_HANDLE;
+    if (r == VK_ERROR_INCOMPATIBLE_DRIVER) {
+      return absl::UnavailableError(
+          "Vulkan: vkCreateInstance found no driver (VK_ERROR_INCOMPATIBLE_DRIVER); install one, "
+          "e.g. mesa-vulkan-drivers for lavapipe");
+    }
+    return VkError(r, "vkCreateInstance");
+  }
+  volkLoadInstanceOnly(state->instance);
+  COLI_RETURN_IF_ERROR(state->PickDevice());
+  COLI_RETURN_IF_ERROR(Annotate(state->CreateDevice(), state->device_name));
+  COLI_RETURN_IF_ERROR(Annotate(state->CreatePipeline(), state->device_name));
+  return std::unique_ptr<VulkanContext>(new VulkanContext(std::move(state)));
+}
+
+absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch,
+                                        float* y) {
+  if (w.format != kernels::WeightFormat::kMxfp4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Vulkan Mxfp4Matmul: expected an mxfp4 matrix, got ", kernels::WeightFormatName(w.format)));
+  }
+  COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(w), "Vulkan Mxfp4Matmul"));
+  if (batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: negative batch ", batch));
+  }
+  if (batch == 0 || w.rows == 0) return absl::OkStatus();
+  if (x == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("Vulkan Mxfp4Matmul: null activation or output pointer");
+  }
+  // The shader indexes with 32-bit uints: words (rows*cols/8), x vec4s (batch*cols/4), y
+  // (batch*rows) and the loop bounds must fit.
+  const uint64_t rows = static_cast<uint64_t>(w.rows);
+  const uint64_t cols = static_cast<uint64_t>(w.cols);
+  const uint64_t b = static_cast<uint64_t>(batch);
+  constexpr uint64_t kMax = std::numeric_limits<uint32_t>::max();
+  if (rows > kMax || cols > kMax || b > kMax || rows * cols / 8 > kMax || b * cols / 4 > kMax ||
+      b * rows > kMax) {
+    return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: shape [", rows, ", ", cols,
+                                                   "] x batch ", b,
+                                                   " exceeds the shader's 32-bit indices"));
+  }
+
+  State& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
+  Buffer buffers[kBindings];
+  auto release = [&] {
+    for (Buffer& buf : buffers) s.Free(buf);
+  };
+  absl::Status status = s.Allocate(bytes.data, "mxfp4 weights", buffers[0]);
+  if (status.ok()) status = s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", buffers[1]);
+  if (status.ok()) status = s.Allocate(b * cols * sizeof(float), "activations", buffers[2]);
+  if (status.ok()) status = s.Allocate(b * rows * sizeof(float), "outputs", buffers[3]);
+  if (!status.ok()) {
+    release();
+    return status;
+  }
+  // The e2m1 bytes as they are; the E8M0 exponents widened to f32, exactly as the CPU decodes.
+  std::memcpy(buffers[0].mapped, w.data, bytes.data);
+  const uint8_t* e8m0 = static_cast<const uint8_t*>(w.scales);
+  float* scales = static_cast<float*>(buffers[1].mapped);
+  for (size_t i = 0; i < bytes.scales; ++i) scales[i] = kernels::E8m0ToF32(e8m0[i]);
+  std::memcpy(buffers[2].mapped, x, b * cols * sizeof(float));
+
+  const PushConstants pc{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols),
+                         static_cast<uint32_t>(b)};
+  status = Annotate(s.Run(buffers, pc), s.device_name);
+  if (status.ok()) std::memcpy(y, buffers[3].mapped, b * rows * sizeof(float));
+  release();
+  return status;
+}
+
+std::string VkResultName(int32_t result) {
+  switch (static_cast<VkResult>(result)) {
+#define COLI_VK_CASE(code) \
+  case code:               \
+    return #code;
+    COLI_VK_CASE(VK_SUCCESS)
+    COLI_VK_CASE(VK_NOT_READY)
+    COLI_VK_CASE(VK_TIMEOUT)
+    COLI_VK_CASE(VK_EVENT_SET)
+    COLI_VK_CASE(VK_EVENT_RESET)
+    COLI_VK_CASE(VK_INCOMPLETE)
+    COLI_VK_CASE(VK_ERROR_OUT_OF_HOST_MEMORY)
+    COLI_VK_CASE(VK_ERROR_OUT_OF_DEVICE_MEMORY)
+    COLI_VK_CASE(VK_ERROR_INITIALIZATION_FAILED)
+    COLI_VK_CASE(VK_ERROR_DEVICE_LOST)
+    COLI_VK_CASE(VK_ERROR_MEMORY_MAP_FAILED)
+    COLI_VK_CASE(VK_ERROR_LAYER_NOT_PRESENT)
+    COLI_VK_CASE(VK_ERROR_EXTENSION_NOT_PRESENT)
+    COLI_VK_CASE(VK_ERROR_FEATURE_NOT_PRESENT)
+    COLI_VK_CASE(VK_ERROR_INCOMPATIBLE_DRIVER)
+    COLI_VK_CASE(VK_ERROR_TOO_MANY_OBJECTS)
+    COLI_VK_CASE(VK_ERROR_FORMAT_NOT_SUPPORTED)
+    COLI_VK_CASE(VK_ERROR_FRAGMENTED_POOL)
+    COLI_VK_CASE(VK_ERROR_UNKNOWN)
+    COLI_VK_CASE(VK_ERROR_OUT_OF_POOL_MEMORY)
+    COLI_VK_CASE(VK_ERROR_INVALID_EXTERNAL_HANDLE)
+    COLI_VK_CASE(VK_ERROR_FRAGMENTATION)
+    COLI_VK_CASE(VK_ERROR_INVALID_OPAQUE_CAPTURE_ADDRESS)
+    COLI_VK_CASE(VK_ERROR_INVALID_SHADER_NV)
+#undef COLI_VK_CASE
+    default:
+      return absl::StrCat("VkResult(", result, ")");
+  }
+}
+
+}  // namespace coli::vulkan

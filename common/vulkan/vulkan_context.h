@@ -1,0 +1,65 @@
+// common/vulkan: a small Vulkan compute context (volk, no layers) and the MXFP4 matmul on it,
+// the foundation of the Vulkan expert tier.
+//
+//   COLI_ASSIGN_OR_RETURN(std::unique_ptr<VulkanContext> vk, VulkanContext::Create());
+//   std::vector<float> y(batch * w.rows);
+//   COLI_RETURN_IF_ERROR(vk->Mxfp4Matmul(w, x, batch, y.data()));  // w: MatrixView, kMxfp4
+//
+// The MXFP4 bytes go to the device as they sit in RAM (e2m1 nibbles, low nibble = even column);
+// only the UE8M0 group exponents are widened on upload to the f32 scales the shader reads
+// (kernels::E8m0ToF32: float bits s << 23). Activations stay f32, so the result is the CPU's
+// exact-float MXFP4 kernel (MatmulOptions{.idot = false}) up to summation order.
+//
+// Device choice: the first physical device with a compute queue, discrete GPUs before
+// integrated, virtual and CPU (lavapipe) ones; COLI_VK_DEVICE=N takes device N of the
+// enumeration instead. Errors are absl::Status naming the call and its VkResult; nothing aborts.
+#ifndef COLI_COMMON_VULKAN_VULKAN_CONTEXT_H_
+#define COLI_COMMON_VULKAN_VULKAN_CONTEXT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/kernels/kernels.h"
+
+namespace coli::vulkan {
+
+class VulkanContext {
+ public:
+  // Loads the Vulkan loader, creates an instance (no layers), picks a device with a compute
+  // queue and builds the MXFP4 matmul pipeline from the embedded SPIR-V. UNAVAILABLE when there
+  // is no loader or no device with a compute queue; INVALID_ARGUMENT for a bad COLI_VK_DEVICE;
+  // INTERNAL (with the VkResult) when a Vulkan call fails.
+  static absl::StatusOr<std::unique_ptr<VulkanContext>> Create();
+  ~VulkanContext();
+  VulkanContext(const VulkanContext&) = delete;
+  VulkanContext& operator=(const VulkanContext&) = delete;
+
+  // The device's name as the driver reports it, e.g. "llvmpipe (LLVM 15.0.6, 256 bits)".
+  const std::string& device_name() const;
+  // Its index in the instance's physical-device enumeration (what COLI_VK_DEVICE selects).
+  int device_index() const;
+
+  // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b in [0, batch), on the device, for an
+  // MXFP4 view (kernels.h layout; cols % 32 == 0). Blocks until the result is in y. Refuses
+  // another format, a malformed view, a negative batch, null x / y, or a shape whose indices
+  // exceed 32 bits (INVALID_ARGUMENT); RESOURCE_EXHAUSTED when a buffer exceeds the device's
+  // storage-buffer range or memory. batch == 0 or rows == 0 does nothing. Thread-safe (calls
+  // are serialised).
+  absl::Status Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch, float* y);
+
+ private:
+  struct State;
+  explicit VulkanContext(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// The name of a VkResult code ("VK_ERROR_DEVICE_LOST"), or "VkResult(<n>)" for an unknown one.
+// Takes the raw int so this header needs no Vulkan include.
+std::string VkResultName(int32_t result);
+
+}  // namespace coli::vulkan
+
+#endif  // COLI_COMMON_VULKAN_VULKAN_CONTEXT_H_

@@ -1,0 +1,21 @@
+// shaders: SPIR-V modules of the compute shaders in this folder, compiled by glslangValidator at
+// build time and embedded in the binary (never read from disk at run time).
+//
+//   std::span<const uint32_t> code = coli::shaders::Mxfp4MatmulSpirv();
+//   VkShaderModuleCreateInfo info{..., .codeSize = code.size_bytes(), .pCode = code.data()};
+#ifndef COLI_SHADERS_SHADERS_H_
+#define COLI_SHADERS_SHADERS_H_
+
+#include <cstdint>
+#include <span>
+
+namespace coli::shaders {
+
+// mxfp4_matmul.comp: y[b, r] = sum_c W[r, c] * x[b, c], MXFP4 W with f32 group scales, f32 x.
+// Bindings 0 weights (uint), 1 scales (f32), 2 x (f32), 3 y (f32); push constants
+// {uint rows, cols, batch}; workgroup size 64, one workgroup per output row.
+std::span<const uint32_t> Mxfp4MatmulSpirv();
+
+}  // namespace coli::shaders
+
+#endif  // COLI_SHADERS_SHADERS_H_

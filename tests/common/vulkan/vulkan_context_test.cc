@@ -1,0 +1,271 @@
+// Tests for common/vulkan: the MXFP4 matmul shader on a real Vulkan device (lavapipe in CI)
+// against the CPU's exact-float MXFP4 kernel (kernels::Matmul with idot off), plus refusals.
+//
+// Tolerance: the device dequantizes exactly as the CPU does (e2m1 * 2^(s-127), exact in f32)
+// and multiplies by the same f32 activations; only the summation order differs (64 strided
+// partials and a shared-memory tree against the CPU's 16 lanes). So we assert, per element, the
+// rigorous rounding bound of two f32 sums of the same terms (CompareWithCpu), and rel-L2 <= 1e-6
+// per output vector of >= 32 rows (a 1- or 3-row vector's norm can be a single cancelling
+// element: measured up to 2.7e-6 there, while its elements stay far inside the bound). The
+// tests print the measured maxima.
+#include "common/vulkan/vulkan_context.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/kernels/kernels.h"
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace coli::vulkan {
+namespace {
+
+using ::coli::testing::IsOk;
+using ::coli::testing::StatusIs;
+using kernels::MatrixView;
+using kernels::WeightFormat;
+using ::testing::HasSubstr;
+
+constexpr double kRelL2Tolerance = 1e-6;
+constexpr int64_t kRelL2MinRows = 32;
+
+// Creates the context, or skips the test when this machine has no Vulkan loader or device at
+// all (UNAVAILABLE). Any other failure is a test failure.
+#define COLI_VK_CONTEXT_OR_SKIP(ctx)                                                  \
+  std::unique_ptr<VulkanContext> ctx;                                                 \
+  {                                                                                   \
+    absl::StatusOr<std::unique_ptr<VulkanContext>> created = VulkanContext::Create(); \
+    if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) { \
+      GTEST_SKIP() << "no Vulkan device: " << created.status();                       \
+    }                                                                                 \
+    ASSERT_THAT(created, IsOk());                                                     \
+    ctx = std::move(created).value();                                                 \
+  }
+
+struct Mxfp4Matrix {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<uint8_t> data;    // rows*cols/2 e2m1 bytes, low nibble = even column
+  std::vector<uint8_t> scales;  // rows*cols/32 E8M0 exponents
+  MatrixView view() const {
+    return MatrixView{WeightFormat::kMxfp4, rows, cols, data.data(), scales.data()};
+  }
+};
+
+// Random nibbles (every e2m1 code, both signs) and exponents in 118..134 (2^-9 .. 2^7).
+Mxfp4Matrix RandomMxfp4(int64_t rows, int64_t cols, std::mt19937& rng) {
+  Mxfp4Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data.resize(static_cast<size_t>(rows * cols / 2));
+  m.scales.resize(static_cast<size_t>(rows * cols / 32));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_int_distribution<int> exponent(118, 134);
+  for (uint8_t& b : m.data) b = static_cast<uint8_t>(byte(rng));
+  for (uint8_t& s : m.scales) s = static_cast<uint8_t>(exponent(rng));
+  return m;
+}
+
+std::vector<float> RandomActivations(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+// ||a - b|| / ||b|| over one output vector (b the reference); 0 when both are exactly zero.
+double RelL2(const float* a, const float* b, int64_t n) {
+  double diff = 0.0, ref = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    ref += static_cast<double>(b[i]) * b[i];
+  }
+  if (ref == 0.0) return diff == 0.0 ? 0.0 : INFINITY;
+  return std::sqrt(diff / ref);
+}
+
+struct Agreement {
+  double max_rel_l2 = 0.0;       // worst per-output-vector rel-L2 (every vector)
+  double max_bound_ratio = 0.0;  // worst |gpu - cpu| / (u * sum_c |W[r,c] x[c]|)
+  void Merge(const Agreement& o) {
+    max_rel_l2 = std::max(max_rel_l2, o.max_rel_l2);
+    max_bound_ratio = std::max(max_bound_ratio, o.max_bound_ratio);
+  }
+};
+
+// Runs one shape on the device and on the CPU float kernel and checks, per element, the
+// order-independent rounding bound |gpu - cpu| <= (cols/16 + 16) * u * sum_c |W[r,c] x[c]|
+// (u = 2^-24: both sides sum the same exact products, in at most cols/16 + 4 and cols/64 + 6
+// sequential f32 additions), and rel-L2 <= kRelL2Tolerance per output vector of at least
+// kRelL2MinRows rows (a shorter vector's norm can be one cancelling element).
+Agreement CompareWithCpu(VulkanContext& vk, const Mxfp4Matrix& m, int64_t batch,
+                         std::mt19937& rng) {
+  const std::vector<float> x = RandomActivations(batch * m.cols, rng);
+  std::vector<float> y_gpu(static_cast<size_t>(batch * m.rows), NAN);
+  std::vector<float> y_cpu(static_cast<size_t>(batch * m.rows), NAN);
+  EXPECT_THAT(vk.Mxfp4Matmul(m.view(), x.data(), batch, y_gpu.data()), IsOk());
+  EXPECT_THAT(kernels::Matmul(m.view(), x.data(), batch, y_cpu.data(),
+                              kernels::MatmulOptions{.idot = false}),
+              IsOk());
+  const double u = std::ldexp(1.0, -24);
+  const double steps = static_cast<double>(m.cols) / 16 + 16;
+  Agreement agreement;
+  std::vector<float> w_row(static_cast<size_t>(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    kernels::DequantizeRow(m.view(), r, w_row.data());
+    for (int64_t b = 0; b < batch; ++b) {
+      double magnitude = 0.0;
+      for (int64_t c = 0; c < m.cols; ++c) {
+        magnitude += std::fabs(static_cast<double>(w_row[c]) * x[b * m.cols + c]);
+      }
+      const double diff =
+          std::fabs(static_cast<double>(y_gpu[b * m.rows + r]) - y_cpu[b * m.rows + r]);
+      EXPECT_LE(diff, steps * u * magnitude)
+          << "rows " << m.rows << " cols " << m.cols << " batch " << batch << " at [" << b << ", "
+          << r << "]: gpu " << y_gpu[b * m.rows + r] << " cpu " << y_cpu[b * m.rows + r];
+      if (magnitude > 0) {
+        agreement.max_bound_ratio = std::max(agreement.max_bound_ratio, diff / (u * magnitude));
+      }
+    }
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    const double e = RelL2(y_gpu.data() + b * m.rows, y_cpu.data() + b * m.rows, m.rows);
+    if (m.rows >= kRelL2MinRows) {
+      EXPECT_LE(e, kRelL2Tolerance)
+          << "rows " << m.rows << " cols " << m.cols << " batch " << batch << " batch row " << b;
+    }
+    agreement.max_rel_l2 = std::max(agreement.max_rel_l2, e);
+  }
+  return agreement;
+}
+
+TEST(VulkanMxfp4Matmul, MatchesCpuFloatKernelOnOddShapes) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  std::mt19937 rng(20261129);
+  Agreement worst, worst_long;  // worst_long: vectors of >= kRelL2MinRows rows
+  // Batch 11 crosses the shader's batch tile of 8.
+  for (int64_t rows : {1, 3, 37}) {
+    for (int64_t cols : {32, 96, 3584}) {
+      const Mxfp4Matrix m = RandomMxfp4(rows, cols, rng);
+      for (int64_t batch : {1, 3, 8, 11}) {
+        const Agreement a = CompareWithCpu(*vk, m, batch, rng);
+        worst.Merge(a);
+        if (rows >= kRelL2MinRows) worst_long.Merge(a);
+      }
+    }
+  }
+  std::printf(
+      "device %s, odd shapes vs CPU float kernel: max rel-L2 %.3g over vectors of >= %d rows "
+      "(tolerance %.0g), %.3g over all; max |gpu-cpu| / (u*sum|w*x|) %.3g (bound cols/16+16)\n",
+      vk->device_name().c_str(), worst_long.max_rel_l2, static_cast<int>(kRelL2MinRows),
+      kRelL2Tolerance, worst.max_rel_l2, worst.max_bound_ratio);
+  ::testing::Test::RecordProperty("max_rel_l2", std::to_string(worst_long.max_rel_l2));
+}
+
+TEST(VulkanMxfp4Matmul, MatchesCpuFloatKernelOnExpertShape) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  std::mt19937 rng(3072);
+  // A routed expert's matrix in the latent space: moe_inter 3072 rows x latent 3584 columns.
+  const Mxfp4Matrix m = RandomMxfp4(3072, 3584, rng);
+  const Agreement a = CompareWithCpu(*vk, m, 1, rng);
+  std::printf(
+      "device %s: 3072 x 3584 batch 1 vs CPU float kernel: rel-L2 %.3g (tolerance %.0g), max "
+      "|gpu-cpu| / (u*sum|w*x|) %.3g\n",
+      vk->device_name().c_str(), a.max_rel_l2, kRelL2Tolerance, a.max_bound_ratio);
+  ::testing::Test::RecordProperty("rel_l2", std::to_string(a.max_rel_l2));
+}
+
+TEST(VulkanMxfp4Matmul, RowsBeyondOneDispatchDimension) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  // 65537 rows need a second workgroup dimension (65535 per dimension).
+  std::mt19937 rng(65537);
+  const Mxfp4Matrix m = RandomMxfp4(65537, 32, rng);
+  EXPECT_LE(CompareWithCpu(*vk, m, 1, rng).max_rel_l2, kRelL2Tolerance);
+}
+
+TEST(VulkanMxfp4Matmul, SpecialExponentsDecodeLikeCpu) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  // Row 0: exponent 0 -> scale +0, so the row is exactly 0. Row 1: exponent 255 -> inf, and a
+  // zero nibble times inf is NaN on both sides. Row 2: exponent 1 (2^-126, its products
+  // subnormal and negligible) beside exponent 130, finite on both sides.
+  Mxfp4Matrix m;
+  m.rows = 3;
+  m.cols = 64;
+  m.data.assign(3 * 32, 0x71);  // codes 1 (0.5) and 7 (6.0)
+  m.data[32] = 0x10;            // row 1, column 0: code 0
+  m.scales = {0, 0, 255, 255, 1, 130};
+  const std::vector<float> x(64, 1.0f);
+  std::vector<float> y_gpu(3), y_cpu(3);
+  ASSERT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 1, y_gpu.data()), IsOk());
+  ASSERT_THAT(kernels::Matmul(m.view(), x.data(), 1, y_cpu.data(), {.idot = false}), IsOk());
+  EXPECT_EQ(y_gpu[0], 0.0f);
+  EXPECT_EQ(y_cpu[0], 0.0f);
+  EXPECT_TRUE(std::isnan(y_gpu[1])) << y_gpu[1];
+  EXPECT_TRUE(std::isnan(y_cpu[1])) << y_cpu[1];
+  EXPECT_TRUE(std::isfinite(y_gpu[2])) << y_gpu[2];
+  EXPECT_NEAR(y_gpu[2], y_cpu[2], 1e-6 * std::fabs(y_cpu[2]));
+}
+
+TEST(VulkanMxfp4Matmul, RefusesBadInput) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  std::mt19937 rng(7);
+  const Mxfp4Matrix m = RandomMxfp4(4, 64, rng);
+  const std::vector<float> x(3 * 64, 1.0f);
+  std::vector<float> y(3 * 4, 0.0f);
+
+  MatrixView bad_cols = m.view();
+  bad_cols.cols = 48;  // not a multiple of 32
+  EXPECT_THAT(vk->Mxfp4Matmul(bad_cols, x.data(), 1, y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("48")));
+
+  MatrixView int8 = m.view();
+  int8.format = WeightFormat::kInt8Row;
+  EXPECT_THAT(vk->Mxfp4Matmul(int8, x.data(), 1, y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int8")));
+
+  MatrixView no_scales = m.view();
+  no_scales.scales = nullptr;
+  EXPECT_THAT(vk->Mxfp4Matmul(no_scales, x.data(), 1, y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("scales")));
+
+  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), -1, y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch")));
+  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), nullptr, 1, y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null")));
+  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 1, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("null")));
+
+  // A batch of 0 does nothing and leaves y alone.
+  y.assign(y.size(), 42.0f);
+  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 0, y.data()), IsOk());
+  EXPECT_EQ(y[0], 42.0f);
+
+  // The context stays usable after refusals.
+  CompareWithCpu(*vk, m, 3, rng);  // asserts the per-element bound
+}
+
+TEST(VulkanMxfp4Matmul, BadDeviceIndexIsRefused) {
+  setenv("COLI_VK_DEVICE", "999", 1);
+  absl::StatusOr<std::unique_ptr<VulkanContext>> created = VulkanContext::Create();
+  unsetenv("COLI_VK_DEVICE");
+  if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) {
+    GTEST_SKIP() << "no Vulkan device: " << created.status();
+  }
+  EXPECT_THAT(created, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DEVICE")));
+}
+
+TEST(VkResultName, NamesKnownAndUnknownCodes) {
+  EXPECT_EQ(VkResultName(-4), "VK_ERROR_DEVICE_LOST");
+  EXPECT_EQ(VkResultName(0), "VK_SUCCESS");
+  EXPECT_EQ(VkResultName(-123456), "VkResult(-123456)");
+}
+
+}  // namespace
+}  // namespace coli::vulkan
