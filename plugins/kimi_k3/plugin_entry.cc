@@ -7,10 +7,12 @@
 // fed by the next decode step), the logits of the last position, a seeded sampler, the streaming
 // UTF-8 decoder and, for chat sessions, the XTML output parser.
 //
-// Threads: the model's expert source serves one forward pass at a time, so every Prefill/Step
-// of a model's sessions takes that model's forward lock (the host may run sessions of one
-// model on several threads). Expert statistics are taken right after each pass under the same
-// lock, so they are attributed to the session that caused them.
+// Threads: the model's expert source serves one forward pass at a time, so every prefill and
+// decode pass of a model's sessions takes that model's forward lock (the host may run sessions
+// of one model on several threads). Expert statistics are taken right after each pass under the
+// same lock, so they are attributed to the session(s) that caused them.
+// Decode batches: one decode call's rows (distinct sessions) are fed in one forward pass per
+// model (Session::StepBatch), then each row samples from its own logits (Decode, Feed).
 #include <unistd.h>
 
 #include <algorithm>
@@ -96,6 +98,9 @@ struct K3Session {
   double prompt_tokens = 0, reused = 0, computed = 0, generated = 0;
   double compute_seconds = 0;
   double checkpoint_restores = 0, checkpoint_tokens = 0;
+  // Decode steps whose forward pass held more than one row, and those passes' rows summed
+  // (mean batch = batched_rows / batched_steps); Feed() tells how a pass's costs are shared.
+  double batched_steps = 0, batched_rows = 0;
   ExpertStoreStats experts;
 };
 
@@ -392,7 +397,8 @@ void AddEvents(K3Session* s, std::vector<ChatEvent> events) {
   }
 }
 
-absl::Status Step(K3Session* s, coli_decode_row_t* row) {
+// Clears the row's outputs and the session's outputs of its previous step.
+void ClearOutputs(K3Session* s, coli_decode_row_t* row) {
   s->text.clear();
   s->top.clear();
   s->event_texts.clear();
@@ -402,26 +408,66 @@ absl::Status Step(K3Session* s, coli_decode_row_t* row) {
   row->text = Str("");
   row->n_top_logprobs = 0;
   row->n_events = 0;
-  if (s->logits.empty()) {
-    return absl::FailedPreconditionError("kimi_k3: decode before a successful prefill");
+}
+
+// Feeds the pending tokens of `group` (distinct sessions of one model) in one forward pass under
+// that model's lock. Statistics: the pass's wall time and expert-store counts are split evenly
+// over the sessions (integer counts: the remainder to the first rows), so each is summed exactly
+// once over all sessions; a pass of more than one row also counts in batched_steps (+1) and
+// batched_rows (+rows) of each of its sessions. On failure every session of the group is
+// unusable until its next prefill (its logits are dropped, as on the single-row path).
+absl::Status Feed(std::span<K3Session* const> group) {
+  K3Model* m = group[0]->m;
+  const size_t n = group.size();
+  std::vector<Session*> sessions;
+  std::vector<int32_t> tokens;
+  for (K3Session* s : group) {
+    sessions.push_back(s->session.get());
+    tokens.push_back(s->pending);
   }
-  if (s->pending >= 0) {
-    if (s->session->position() >= s->capacity) {
-      row->finish = COLI_FINISH_LENGTH;
-      return absl::OkStatus();
-    }
-    std::lock_guard<std::mutex> lock(s->m->forward_mu);
+  absl::StatusOr<std::vector<std::vector<float>>> logits;
+  {
+    std::lock_guard<std::mutex> lock(m->forward_mu);
     const auto t0 = Clock::now();
-    auto logits = s->session->Step(s->pending);
-    s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    TakeExpertStats(s);
-    if (!logits.ok()) {
-      s->logits.clear();
-      return logits.status();
+    logits = Session::StepBatch(sessions, tokens);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    ExpertStoreStats taken;
+    if (m->store != nullptr) taken = m->store->TakeStats();
+    for (size_t i = 0; i < n; ++i) {
+      K3Session* s = group[i];
+      s->compute_seconds += seconds / static_cast<double>(n);
+      auto share = [&](uint64_t v) { return v / n + (i < v % n ? 1 : 0); };
+      ExpertStoreStats part;
+      part.calls = share(taken.calls);
+      part.selections = share(taken.selections);
+      part.hits = share(taken.hits);
+      part.misses = share(taken.misses);
+      part.bytes_read = share(taken.bytes_read);
+      part.preads = share(taken.preads);
+      part.read_seconds = taken.read_seconds / static_cast<double>(n);
+      part.compute_seconds = taken.compute_seconds / static_cast<double>(n);
+      part.wait_seconds = taken.wait_seconds / static_cast<double>(n);
+      part.wall_seconds = taken.wall_seconds / static_cast<double>(n);
+      s->experts.Add(part);
+      if (n > 1) {
+        s->batched_steps += 1;
+        s->batched_rows += static_cast<double>(n);
+      }
     }
-    s->logits = std::move(logits).value();
-    s->pending = -1;
   }
+  if (!logits.ok()) {
+    for (K3Session* s : group) s->logits.clear();
+    return logits.status();
+  }
+  for (size_t i = 0; i < n; ++i) {
+    group[i]->logits = std::move((*logits)[i]);
+    group[i]->pending = -1;
+  }
+  return absl::OkStatus();
+}
+
+// Samples the row's token from its session's logits (after the pending token was fed).
+void Sample(K3Session* s, coli_decode_row_t* row) {
   sampling::SamplerOptions want;
   want.temperature = row->temperature;
   want.top_p = (row->top_p <= 0.0f || row->top_p > 1.0f) ? 1.0f : row->top_p;
@@ -458,6 +504,60 @@ absl::Status Step(K3Session* s, coli_decode_row_t* row) {
   row->n_top_logprobs = s->top.size();
   row->events = s->events.data();
   row->n_events = s->events.size();
+}
+
+// One decode step for every row (continuous batching). Every row is checked first and a
+// refusal changes no session: INVALID_ARGUMENT (a row without a session, a session named twice),
+// FAILED_PRECONDITION (a session without a successful prefill), each naming the row. Then the
+// pending tokens of all rows that have one are fed — one forward pass per model, all its rows
+// together (Feed) — except rows whose session's context is full, which finish with
+// COLI_FINISH_LENGTH (token -1) while the others go on. A failed pass fails the call before
+// any row samples: the sessions of that pass need a new prefill, those of passes already run
+// keep their fed token (the next step samples from its logits), the rest are untouched. Then
+// each row samples from its own logits with its own knobs, exactly as a one-row call.
+absl::Status Decode(std::span<coli_decode_row_t> rows) {
+  std::vector<K3Session*> sessions(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].session == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("kimi_k3: decode row ", i, " has no session"));
+    }
+    sessions[i] = reinterpret_cast<K3Session*>(rows[i].session);
+    for (size_t j = 0; j < i; ++j) {
+      if (sessions[j] == sessions[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: decode rows ", j, " and ", i, " name the same session"));
+      }
+    }
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (sessions[i]->logits.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("kimi_k3: decode row ", i, ": decode before a successful prefill"));
+    }
+  }
+  std::vector<bool> full(rows.size(), false);
+  std::vector<std::vector<K3Session*>> groups;  // per model, in the order of first appearance
+  for (size_t i = 0; i < rows.size(); ++i) {
+    K3Session* s = sessions[i];
+    ClearOutputs(s, &rows[i]);
+    if (s->pending < 0) continue;
+    if (s->session->position() >= s->capacity) {
+      full[i] = true;
+      rows[i].finish = COLI_FINISH_LENGTH;
+      continue;
+    }
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const std::vector<K3Session*>& g) { return g[0]->m == s->m; });
+    if (g == groups.end()) {
+      groups.push_back({s});
+    } else {
+      g->push_back(s);
+    }
+  }
+  for (const std::vector<K3Session*>& group : groups) COLI_RETURN_IF_ERROR(Feed(group));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!full[i]) Sample(sessions[i], &rows[i]);
+  }
   return absl::OkStatus();
 }
 
@@ -465,6 +565,7 @@ const char* const kStatNames[] = {
     "prompt_tokens", "tokens_reused", "tokens_computed", "tokens_generated", "compute_seconds",
     "expert_hits",   "expert_misses", "bytes_read",      "read_seconds",     "expert_wait_seconds",
     "checkpoint_restores", "checkpoint_tokens_restored", "checkpoint_bytes",
+    "batched_steps", "batched_rows",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -480,7 +581,9 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.experts.wait_seconds,
                            s.checkpoint_restores,
                            s.checkpoint_tokens,
-                           s.checkpoints ? static_cast<double>(s.checkpoints->bytes()) : 0.0};
+                           s.checkpoints ? static_cast<double>(s.checkpoints->bytes()) : 0.0,
+                           s.batched_steps,
+                           s.batched_rows};
   return abi::NamedStats(kStatNames, values);
 }
 
@@ -546,9 +649,9 @@ struct K3Family {
                               coli_prefill_result_t* result) {
     return k3::Prefill(&s, &args, result);
   }
-  // Rows run one after another; batching rows of several sessions into one forward pass
-  // (Model::Forward takes rows of many sequences) is the next step: a Decode(rows) here.
-  static absl::Status Step(K3Session& s, coli_decode_row_t* row) { return k3::Step(&s, row); }
+  // Rows of several sessions run in one forward pass per model (plugin_table.h prefers Decode
+  // over a Step loop).
+  static absl::Status Decode(std::span<coli_decode_row_t> rows) { return k3::Decode(rows); }
   static std::vector<coli_stat_t> Stats(const K3Session& s) { return k3::Stats(s); }
   static std::span<const int32_t> Record(const K3Session& s) { return s.session->tokens(); }
 };

@@ -22,6 +22,20 @@ absl::Status WriteAll(FILE* f, const float* data, size_t count, const std::strin
   return absl::OkStatus();
 }
 
+// Adds `t` / n to `out`, the `i`-th of n shares (integer counts: the remainder goes to the
+// first shares, so the n shares sum to `t`).
+void AddShare(const Timings& t, int i, int n, Timings* out) {
+  out->attention += t.attention / n;
+  out->moe += t.moe / n;
+  out->head += t.head / n;
+  out->mix += t.mix / n;
+  out->embed += t.embed / n;
+  auto share = [&](int64_t v) { return v / n + (i < v % n ? 1 : 0); };
+  out->moe_stats.rows += share(t.moe_stats.rows);
+  out->moe_stats.expert_calls += share(t.moe_stats.expert_calls);
+  out->moe_stats.expert_rows += share(t.moe_stats.expert_rows);
+}
+
 }  // namespace
 
 Session::Session(const Model& model) : model_(model), state_(model.NewState()) {
@@ -181,6 +195,68 @@ absl::StatusOr<std::vector<float>> Session::Step(int32_t token) {
   COLI_RETURN_IF_ERROR(model_.Embed(ids, x.data()));
   timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Run(x.data(), ids, /*prefill=*/false);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Session::StepBatch(
+    std::span<Session* const> sessions, std::span<const int32_t> tokens) {
+  if (sessions.empty()) return absl::InvalidArgumentError("StepBatch: no sessions");
+  if (sessions.size() != tokens.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("StepBatch: ", sessions.size(),
+                                                   " sessions but ", tokens.size(), " tokens"));
+  }
+  const Model& model = sessions[0]->model_;
+  const int n = static_cast<int>(sessions.size());
+  const int64_t max_ctx = model.options().max_context;
+  for (int i = 0; i < n; ++i) {
+    Session* s = sessions[i];
+    if (&s->model_ != &model) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepBatch: row ", i, " is a session of another model than row 0"));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (sessions[j] == s) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("StepBatch: rows ", j, " and ", i, " name the same session"));
+      }
+    }
+    if (absl::Status usable = s->CheckUsable(); !usable.ok()) {
+      return absl::Status(usable.code(), absl::StrCat("StepBatch row ", i, ": ", usable.message()));
+    }
+    if (max_ctx > 0 && s->position() + 1 > max_ctx) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "StepBatch row ", i, ": context capacity ", max_ctx, " tokens exceeded (K3_MAXT)"));
+    }
+  }
+  std::vector<std::vector<float>> out;
+  out.reserve(n);
+  if (sessions[0]->trace_file_ != nullptr || n == 1) {
+    // K3_TRACE writes each session's rows to its own file: one pass per session.
+    for (Session* s : sessions) {
+      COLI_ASSIGN_OR_RETURN(std::vector<float> logits, s->Step(tokens[out.size()]));
+      out.push_back(std::move(logits));
+    }
+    return out;
+  }
+  const int64_t D = model.hidden_size(), V = model.vocab_size();
+  std::vector<float> x(static_cast<size_t>(n) * D);
+  Timings t;
+  const auto t0 = std::chrono::steady_clock::now();
+  COLI_RETURN_IF_ERROR(model.Embed(tokens, x.data()));
+  t.embed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<Model::Row> rows(n);
+  for (int i = 0; i < n; ++i) rows[i] = {&sessions[i]->state_, sessions[i]->position(), true};
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  absl::Status s = model.Forward(rows, x.data(), logits.data(), nullptr, &t);
+  for (int i = 0; i < n; ++i) AddShare(t, i, n, &sessions[i]->timings_);
+  if (!s.ok()) {
+    for (Session* session : sessions) session->broken_ = true;
+    return s;
+  }
+  for (int i = 0; i < n; ++i) {
+    sessions[i]->tokens_.push_back(tokens[i]);
+    out.emplace_back(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+  }
+  return out;
 }
 
 }  // namespace coli::k3

@@ -69,6 +69,18 @@ class Session {
                                                  const Cancel& cancel = nullptr);
   // One decode step: runs `token`, returns the logits [V] after it.
   absl::StatusOr<std::vector<float>> Step(int32_t token);
+  // One decode step of several sessions of ONE model in one forward pass (continuous
+  // batching): sessions[i] runs tokens[i] at its own position; returns each one's logits [V]
+  // in order, bit-identical to sessions[i]->Step(tokens[i]) (every kernel is row-independent).
+  // Dense matmuls run once for all rows and each routed expert is read once for the union of
+  // the rows' selections. Checked before anything runs, nothing changed on refusal:
+  // INVALID_ARGUMENT (sizes differ, none given, a session twice, sessions of different models),
+  // FAILED_PRECONDITION / PERMISSION_DENIED (a session unusable, as Step), RESOURCE_EXHAUSTED
+  // (a session at K3_MAXT); the message names the row. A failed pass marks every session of the
+  // batch broken. The Forward timings are split evenly over the sessions. When a trace is
+  // written (K3_TRACE) the sessions run one at a time (Step), so the trace stays per session.
+  static absl::StatusOr<std::vector<std::vector<float>>> StepBatch(
+      std::span<Session* const> sessions, std::span<const int32_t> tokens);
   // Forgets everything (state zeroed, record cleared); keeps the timings.
   void Reset();
   // The state at the current position; `logits` are the ones after the last token.
