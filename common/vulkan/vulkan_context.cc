@@ -92,7 +92,7 @@ struct Buffer {
   VkDeviceSize size = 0;
 };
 
-struct VulkanContext::State {
+struct internal::VulkanState {
   VkInstance instance = VK_NULL_HANDLE;
   VkPhysicalDevice physical = VK_NULL_HANDLE;
   VkDevice device = VK_NULL_HANDLE;
@@ -116,7 +116,7 @@ struct VulkanContext::State {
 
   absl::Mutex mu;  // serialises Mxfp4Matmul: one command buffer, one descriptor set
 
-  ~State() {
+  ~VulkanState() {
     if (device != VK_NULL_HANDLE) {
       vk.vkDeviceWaitIdle(device);
       if (descriptor_pool) vk.vkDestroyDescriptorPool(device, descriptor_pool, nullptr);
@@ -157,12 +157,15 @@ struct VulkanContext::State {
     vk.vkGetBufferMemoryRequirements(device, b.buffer, &req);
     const VkMemoryPropertyFlags want =
         VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    // Device-local and host-visible where the device has it (integrated GPUs, lavapipe,
+    // resizable BAR), else any host-visible coherent type.
     uint32_t type = UINT32_MAX;
-    for (uint32_t i = 0; i < memory_properties.memoryTypeCount; ++i) {
-      if ((req.memoryTypeBits & (1u << i)) &&
-          (memory_properties.memoryTypes[i].propertyFlags & want) == want) {
-        type = i;
-        break;
+    for (const VkMemoryPropertyFlags flags : {want | VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, want}) {
+      for (uint32_t i = 0; i < memory_properties.memoryTypeCount && type == UINT32_MAX; ++i) {
+        if ((req.memoryTypeBits & (1u << i)) &&
+            (memory_properties.memoryTypes[i].propertyFlags & flags) == flags) {
+          type = i;
+        }
       }
     }
     if (type == UINT32_MAX) {
@@ -392,7 +395,8 @@ struct VulkanContext::State {
   }
 };
 
-VulkanContext::VulkanContext(std::unique_ptr<State> state) : state_(std::move(state)) {}
+VulkanContext::VulkanContext(std::unique_ptr<internal::VulkanState> state)
+    : state_(std::move(state)) {}
 VulkanContext::~VulkanContext() = default;
 
 const std::string& VulkanContext::device_name() const { return state_->device_name; }
@@ -404,7 +408,7 @@ absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create() {
         absl::StrCat("Vulkan: no loader (libvulkan.so.1 could not be loaded: ", VkResultName(r),
                      "); install libvulkan1 and a driver, e.g. mesa-vulkan-drivers"));
   }
-  auto state = std::make_unique<State>();
+  auto state = std::make_unique<internal::VulkanState>();
   VkApplicationInfo app{};
   app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
   app.pApplicationName = "coli";
@@ -429,59 +433,122 @@ absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create() {
   return std::unique_ptr<VulkanContext>(new VulkanContext(std::move(state)));
 }
 
-absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch,
-                                        float* y) {
+struct DeviceMxfp4Matrix::Impl {
+  internal::VulkanState* state = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Buffer weights;
+  Buffer scales;
+  ~Impl() {
+    state->Free(weights);
+    state->Free(scales);
+  }
+};
+
+DeviceMxfp4Matrix::DeviceMxfp4Matrix(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeviceMxfp4Matrix::~DeviceMxfp4Matrix() = default;
+int64_t DeviceMxfp4Matrix::rows() const { return impl_->rows; }
+int64_t DeviceMxfp4Matrix::cols() const { return impl_->cols; }
+size_t DeviceMxfp4Matrix::device_bytes() const { return impl_->weights.size + impl_->scales.size; }
+
+namespace {
+
+constexpr uint64_t kMaxIndex = std::numeric_limits<uint32_t>::max();
+
+absl::Status CheckMxfp4View(const kernels::MatrixView& w) {
   if (w.format != kernels::WeightFormat::kMxfp4) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Vulkan Mxfp4Matmul: expected an mxfp4 matrix, got ", kernels::WeightFormatName(w.format)));
   }
   COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(w), "Vulkan Mxfp4Matmul"));
+  // The shader indexes weight words (rows*cols/8) with 32-bit uints.
+  const uint64_t rows = static_cast<uint64_t>(w.rows);
+  const uint64_t cols = static_cast<uint64_t>(w.cols);
+  if (rows > kMaxIndex || cols > kMaxIndex || rows * cols / 8 > kMaxIndex) {
+    return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: matrix [", rows, ", ", cols,
+                                                   "] exceeds the shader's 32-bit indices"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceMxfp4Matrix>> VulkanContext::UploadMxfp4(
+    const kernels::MatrixView& w) {
+  COLI_RETURN_IF_ERROR(CheckMxfp4View(w));
+  internal::VulkanState& s = *state_;
+  auto impl = std::make_unique<DeviceMxfp4Matrix::Impl>();
+  impl->state = &s;
+  impl->rows = w.rows;
+  impl->cols = w.cols;
+  if (w.rows == 0)
+    return std::unique_ptr<DeviceMxfp4Matrix>(new DeviceMxfp4Matrix(std::move(impl)));
+  const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
+  COLI_RETURN_IF_ERROR(s.Allocate(bytes.data, "mxfp4 weights", impl->weights));
+  COLI_RETURN_IF_ERROR(s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", impl->scales));
+  // The e2m1 bytes as they are; the E8M0 exponents widened to f32, exactly as the CPU decodes.
+  std::memcpy(impl->weights.mapped, w.data, bytes.data);
+  const uint8_t* e8m0 = static_cast<const uint8_t*>(w.scales);
+  float* scales = static_cast<float*>(impl->scales.mapped);
+  for (size_t i = 0; i < bytes.scales; ++i) scales[i] = kernels::E8m0ToF32(e8m0[i]);
+  return std::unique_ptr<DeviceMxfp4Matrix>(new DeviceMxfp4Matrix(std::move(impl)));
+}
+
+absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch,
+                                        float* y) {
+  COLI_RETURN_IF_ERROR(CheckMxfp4View(w));
+  if (batch <= 0 || w.rows == 0) {
+    // Nothing to upload; the resident overload gives the batch checks their one wording.
+    if (batch < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: negative batch ", batch));
+    }
+    return absl::OkStatus();
+  }
+  COLI_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMxfp4Matrix> resident, UploadMxfp4(w));
+  return Mxfp4Matmul(*resident, x, batch, y);
+}
+
+absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch,
+                                        float* y) {
+  if (w.impl_->state != state_.get()) {
+    return absl::InvalidArgumentError(
+        "Vulkan Mxfp4Matmul: the matrix was uploaded by another VulkanContext");
+  }
   if (batch < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: negative batch ", batch));
   }
-  if (batch == 0 || w.rows == 0) return absl::OkStatus();
+  if (batch == 0 || w.rows() == 0) return absl::OkStatus();
   if (x == nullptr || y == nullptr) {
     return absl::InvalidArgumentError("Vulkan Mxfp4Matmul: null activation or output pointer");
   }
-  // The shader indexes with 32-bit uints: words (rows*cols/8), x vec4s (batch*cols/4), y
-  // (batch*rows) and the loop bounds must fit.
-  const uint64_t rows = static_cast<uint64_t>(w.rows);
-  const uint64_t cols = static_cast<uint64_t>(w.cols);
+  // The shader indexes x vec4s (batch*cols/4) and y (batch*rows) with 32-bit uints.
+  const uint64_t rows = static_cast<uint64_t>(w.rows());
+  const uint64_t cols = static_cast<uint64_t>(w.cols());
   const uint64_t b = static_cast<uint64_t>(batch);
-  constexpr uint64_t kMax = std::numeric_limits<uint32_t>::max();
-  if (rows > kMax || cols > kMax || b > kMax || rows * cols / 8 > kMax || b * cols / 4 > kMax ||
-      b * rows > kMax) {
+  if (b > kMaxIndex || b * cols / 4 > kMaxIndex || b * rows > kMaxIndex) {
     return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: shape [", rows, ", ", cols,
                                                    "] x batch ", b,
                                                    " exceeds the shader's 32-bit indices"));
   }
 
-  State& s = *state_;
+  internal::VulkanState& s = *state_;
   absl::MutexLock lock(&s.mu);
-  const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
-  Buffer buffers[kBindings];
+  Buffer io[2];  // activations, outputs
   auto release = [&] {
-    for (Buffer& buf : buffers) s.Free(buf);
+    for (Buffer& buf : io) s.Free(buf);
   };
-  absl::Status status = s.Allocate(bytes.data, "mxfp4 weights", buffers[0]);
-  if (status.ok()) status = s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", buffers[1]);
-  if (status.ok()) status = s.Allocate(b * cols * sizeof(float), "activations", buffers[2]);
-  if (status.ok()) status = s.Allocate(b * rows * sizeof(float), "outputs", buffers[3]);
+  absl::Status status = s.Allocate(b * cols * sizeof(float), "activations", io[0]);
+  if (status.ok()) status = s.Allocate(b * rows * sizeof(float), "outputs", io[1]);
   if (!status.ok()) {
     release();
     return status;
   }
-  // The e2m1 bytes as they are; the E8M0 exponents widened to f32, exactly as the CPU decodes.
-  std::memcpy(buffers[0].mapped, w.data, bytes.data);
-  const uint8_t* e8m0 = static_cast<const uint8_t*>(w.scales);
-  float* scales = static_cast<float*>(buffers[1].mapped);
-  for (size_t i = 0; i < bytes.scales; ++i) scales[i] = kernels::E8m0ToF32(e8m0[i]);
-  std::memcpy(buffers[2].mapped, x, b * cols * sizeof(float));
-
+  std::memcpy(io[0].mapped, x, b * cols * sizeof(float));
+  const Buffer buffers[kBindings] = {w.impl_->weights, w.impl_->scales, io[0], io[1]};
   const PushConstants pc{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols),
                          static_cast<uint32_t>(b)};
   status = Annotate(s.Run(buffers, pc), s.device_name);
-  if (status.ok()) std::memcpy(y, buffers[3].mapped, b * rows * sizeof(float));
+  if (status.ok()) std::memcpy(y, io[1].mapped, b * rows * sizeof(float));
   release();
   return status;
 }

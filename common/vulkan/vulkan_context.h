@@ -5,6 +5,10 @@
 //   std::vector<float> y(batch * w.rows);
 //   COLI_RETURN_IF_ERROR(vk->Mxfp4Matmul(w, x, batch, y.data()));  // w: MatrixView, kMxfp4
 //
+//   // Resident weights: upload once, dispatch many times.
+//   COLI_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMxfp4Matrix> dw, vk->UploadMxfp4(w));
+//   COLI_RETURN_IF_ERROR(vk->Mxfp4Matmul(*dw, x, batch, y.data()));
+//
 // The MXFP4 bytes go to the device as they sit in RAM (e2m1 nibbles, low nibble = even column);
 // only the UE8M0 group exponents are widened on upload to the f32 scales the shader reads
 // (kernels::E8m0ToF32: float bits s << 23). Activations stay f32, so the result is the CPU's
@@ -25,6 +29,32 @@
 #include "common/kernels/kernels.h"
 
 namespace coli::vulkan {
+
+class VulkanContext;
+namespace internal {
+struct VulkanState;  // instance, device, pipeline (vulkan_context.cc)
+}  // namespace internal
+
+// An MXFP4 matrix resident in device memory (made by VulkanContext::UploadMxfp4): the e2m1 bytes
+// as they were, the E8M0 exponents widened to f32. Must be destroyed before its context; usable
+// only with that context.
+class DeviceMxfp4Matrix {
+ public:
+  ~DeviceMxfp4Matrix();
+  DeviceMxfp4Matrix(const DeviceMxfp4Matrix&) = delete;
+  DeviceMxfp4Matrix& operator=(const DeviceMxfp4Matrix&) = delete;
+
+  int64_t rows() const;
+  int64_t cols() const;
+  // Device bytes held: rows*cols/2 weight bytes plus 4 bytes per 32-column group.
+  size_t device_bytes() const;
+
+ private:
+  friend class VulkanContext;
+  struct Impl;
+  explicit DeviceMxfp4Matrix(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 class VulkanContext {
  public:
@@ -50,10 +80,17 @@ class VulkanContext {
   // are serialised).
   absl::Status Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch, float* y);
 
+  // Copies an MXFP4 view to the device (same refusals as Mxfp4Matmul for the view; rows may be
+  // 0). Prefers memory that is both device-local and host-visible, else host-visible.
+  absl::StatusOr<std::unique_ptr<DeviceMxfp4Matrix>> UploadMxfp4(const kernels::MatrixView& w);
+
+  // As Mxfp4Matmul above on a resident matrix; INVALID_ARGUMENT for a matrix uploaded by
+  // another context.
+  absl::Status Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch, float* y);
+
  private:
-  struct State;
-  explicit VulkanContext(std::unique_ptr<State> state);
-  std::unique_ptr<State> state_;
+  explicit VulkanContext(std::unique_ptr<internal::VulkanState> state);
+  std::unique_ptr<internal::VulkanState> state_;
 };
 
 // The name of a VkResult code ("VK_ERROR_DEVICE_LOST"), or "VkResult(<n>)" for an unknown one.

@@ -190,6 +190,45 @@ TEST(VulkanMxfp4Matmul, RowsBeyondOneDispatchDimension) {
   EXPECT_LE(CompareWithCpu(*vk, m, 1, rng).max_rel_l2, kRelL2Tolerance);
 }
 
+TEST(VulkanMxfp4Matmul, ResidentMatrixServesManyCalls) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  std::mt19937 rng(96);
+  const Mxfp4Matrix m = RandomMxfp4(37, 96, rng);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceMxfp4Matrix> resident, vk->UploadMxfp4(m.view()));
+  EXPECT_EQ(resident->rows(), 37);
+  EXPECT_EQ(resident->cols(), 96);
+  EXPECT_EQ(resident->device_bytes(), 37u * 96 / 2 + 37u * 96 / 32 * sizeof(float));
+  // Several calls with different activations and batch sizes on the one upload.
+  for (int64_t batch : {1, 3, 9}) {
+    const std::vector<float> x = RandomActivations(batch * m.cols, rng);
+    std::vector<float> y_gpu(static_cast<size_t>(batch * m.rows), NAN);
+    std::vector<float> y_cpu(static_cast<size_t>(batch * m.rows), NAN);
+    ASSERT_THAT(vk->Mxfp4Matmul(*resident, x.data(), batch, y_gpu.data()), IsOk());
+    ASSERT_THAT(kernels::Matmul(m.view(), x.data(), batch, y_cpu.data(), {.idot = false}), IsOk());
+    for (int64_t b = 0; b < batch; ++b) {
+      EXPECT_LE(RelL2(y_gpu.data() + b * m.rows, y_cpu.data() + b * m.rows, m.rows),
+                kRelL2Tolerance)
+          << "batch " << batch << " row " << b;
+    }
+  }
+}
+
+TEST(VulkanMxfp4Matmul, MatrixFromAnotherContextIsRefused) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  COLI_VK_CONTEXT_OR_SKIP(other);
+  std::mt19937 rng(2);
+  const Mxfp4Matrix m = RandomMxfp4(2, 32, rng);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceMxfp4Matrix> resident, other->UploadMxfp4(m.view()));
+  const std::vector<float> x(32, 1.0f);
+  std::vector<float> y(2);
+  EXPECT_THAT(vk->Mxfp4Matmul(*resident, x.data(), 1, y.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("another VulkanContext")));
+  MatrixView int4 = m.view();
+  int4.format = WeightFormat::kInt4G64;
+  EXPECT_THAT(vk->UploadMxfp4(int4),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("int4")));
+}
+
 TEST(VulkanMxfp4Matmul, SpecialExponentsDecodeLikeCpu) {
   COLI_VK_CONTEXT_OR_SKIP(vk);
   // Row 0: exponent 0 -> scale +0, so the row is exactly 0. Row 1: exponent 255 -> inf, and a
