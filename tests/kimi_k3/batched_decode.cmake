@@ -13,3 +13,14 @@ if(TARGET kimi_k3)
     add_dependencies(k3_batched_decode_test k3_tiny_fixture)
   endif()
 endif()
+
+# Session::StepBatch itself (kimi_k3_core): logits bit-identical to Session::Step, refusals,
+# a failed pass.
+coli_cc_test(NAME k3_batched_decode_session_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/batched_decode_session_test.cc
+  DEPS kimi_k3_core coli_sampling)
+target_compile_definitions(k3_batched_decode_session_test PRIVATE
+  K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny")
+if(TARGET k3_tiny_fixture)
+  add_dependencies(k3_batched_decode_session_test k3_tiny_fixture)
+endif()
