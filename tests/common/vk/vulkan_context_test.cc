@@ -1,4 +1,4 @@
-// Tests for common/vulkan: the MXFP4 matmul shader on a real Vulkan device (lavapipe in CI)
+// Tests for common/vk: the MXFP4 matmul shader on a real Vulkan device (lavapipe in CI)
 // against the CPU's exact-float MXFP4 kernel (kernels::Matmul with idot off), plus refusals.
 //
 // Tolerance: the device dequantizes exactly as the CPU does (e2m1 * 2^(s-127), exact in f32)
@@ -8,7 +8,7 @@
 // per output vector of >= 32 rows (a 1- or 3-row vector's norm can be a single cancelling
 // element: measured up to 2.7e-6 there, while its elements stay far inside the bound). The
 // tests print the measured maxima.
-#include "common/vulkan/vulkan_context.h"
+#include "common/vk/vulkan_context.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// common/vulkan: a small Vulkan compute context (volk, no layers) and the MXFP4 matmul on it,
+// common/vk: a small Vulkan compute context (volk, no layers) and the MXFP4 matmul on it,
 // the foundation of the Vulkan expert tier.
 //
 //   COLI_ASSIGN_OR_RETURN(std::unique_ptr<VulkanContext> vk, VulkanContext::Create());

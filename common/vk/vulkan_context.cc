@@ -1,7 +1,7 @@
-// common/vulkan: the compute context (instance, device, queue, one pipeline) and the MXFP4
+// common/vk: the compute context (instance, device, queue, one pipeline) and the MXFP4
 // matmul dispatch. Device-level calls go through a per-context VolkDeviceTable, so two contexts
 // on different devices never share function pointers.
-#include "common/vulkan/vulkan_context.h"
+#include "common/vk/vulkan_context.h"
 
 #include <volk.h>
 
