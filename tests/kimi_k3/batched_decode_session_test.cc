@@ -15,6 +15,7 @@
 #include "plugins/kimi_k3/expert_source.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
+#include "tests/kimi_k3/batched_decode_util.h"
 
 namespace coli::k3 {
 namespace {
@@ -22,11 +23,7 @@ namespace {
 using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::vector<int32_t> Ids(int n, int seed) {
-  std::vector<int32_t> ids(n);
-  for (int i = 0; i < n; ++i) ids[i] = (seed * 7919 + i * 104729) % 250 + 3;
-  return ids;
-}
+using ::coli::k3::batched_test::Ids;
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

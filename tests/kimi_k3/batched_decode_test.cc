@@ -20,6 +20,7 @@
 #include "host/plugin.h"
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
+#include "tests/kimi_k3/batched_decode_util.h"
 
 namespace coli {
 namespace {
@@ -27,12 +28,7 @@ namespace {
 using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 
-// Prompt ids (inside the tiny vocabulary of 768, away from its specials at 512+).
-std::vector<int32_t> Ids(int n, int seed) {
-  std::vector<int32_t> ids(n);
-  for (int i = 0; i < n; ++i) ids[i] = (seed * 7919 + i * 104729) % 250 + 3;
-  return ids;
-}
+using ::coli::k3::batched_test::Ids;
 
 // One row's settings for a whole generation.
 struct Spec {
