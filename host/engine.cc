@@ -519,7 +519,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
         break;
       }
     }
-    COLI_ASSIGN_OR_RETURN(StepResult step, session.Step(sampling));
+    COLI_ASSIGN_OR_RETURN(StepResult step, DecodeStep(loaded, session, sampling));
     if (step.finish == COLI_FINISH_LENGTH && step.token < 0) {
       reason = v1::FINISH_REASON_CONTEXT;
       break;
@@ -591,6 +591,74 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     slot.last_stats = *plugin_stats;
   }
   return absl::OkStatus();
+}
+
+// Runs one gathered batch. When a call of several rows fails, the rows the plugin finished
+// before failing keep their outputs and every other row is retried alone, so one bad row fails
+// only its own request. (A refusal changes no session; a kimi_k3 pass that failed breaks all its
+// sessions, whose lone retries then fail too, naming the batched error.)
+void Engine::RunDecodeBatch(std::span<DecodeRow* const> batch) {
+  if (batch.size() == 1) {
+    batch[0]->result = batch[0]->session->Step(batch[0]->sampling);
+    return;
+  }
+  std::vector<Session*> sessions;
+  std::vector<Sampling> sampling;
+  for (auto* row : batch) {
+    sessions.push_back(row->session);
+    sampling.push_back(row->sampling);
+  }
+  std::vector<std::optional<StepResult>> completed;
+  auto out = Session::StepBatch(sessions, sampling, &completed);
+  if (out.ok()) {
+    for (size_t i = 0; i < batch.size(); ++i) batch[i]->result = std::move((*out)[i]);
+    return;
+  }
+  COLI_LOG(kDebug) << "batched decode of " << batch.size()
+                   << " rows failed, retrying unfinished rows alone: " << out.status().ToString();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    DecodeRow* row = batch[i];
+    if (i < completed.size() && completed[i].has_value()) {
+      row->result = std::move(*completed[i]);
+      continue;
+    }
+    row->result = row->session->Step(row->sampling);
+    if (!row->result.ok()) {
+      const absl::Status& s = row->result.status();
+      row->result = absl::Status(s.code(), absl::StrCat(s.message(), " (the batched decode of ",
+                                                         batch.size(), " rows failed first: ",
+                                                         out.status().message(), ")"));
+    }
+  }
+}
+
+absl::StatusOr<StepResult> Engine::DecodeStep(LoadedModel& model, Session& session,
+                                              const Sampling& sampling) {
+  if (options_.max_batch <= 1) return session.Step(sampling);
+  DecodeBatcher& b = model.batcher;
+  DecodeRow mine;
+  mine.session = &session;
+  mine.sampling = sampling;
+  std::unique_lock<std::mutex> lock(b.mu);
+  b.waiting.push_back(&mine);
+  while (!mine.done) {
+    if (b.running) {
+      b.cv.wait(lock);
+      continue;
+    }
+    // Leader: take the rows waiting now (no added wait) and make one call.
+    b.running = true;
+    const size_t n = std::min(b.waiting.size(), static_cast<size_t>(options_.max_batch));
+    std::vector<DecodeRow*> batch(b.waiting.begin(), b.waiting.begin() + static_cast<long>(n));
+    b.waiting.erase(b.waiting.begin(), b.waiting.begin() + static_cast<long>(n));
+    lock.unlock();
+    RunDecodeBatch(batch);
+    lock.lock();
+    for (auto* row : batch) row->done = true;
+    b.running = false;
+    b.cv.notify_all();
+  }
+  return std::move(mine.result);
 }
 
 void Engine::Finish(Request& request, const absl::Status& status, const v1::Finished& finished) {

@@ -52,6 +52,10 @@ struct EngineOptions {
   // so prefill progress on the tiny model lasts long enough to be seen. Set by
   // `coli-host --prefill-delay-ms` or COLI_PREFILL_DELAY_MS.
   int prefill_delay_ms = 0;
+  // Continuous batching: the decode steps of requests of one model that wait at the same moment
+  // go to the plugin as ONE decode call of up to this many rows (1 = off: each request calls
+  // decode alone). Needs workers > 1 to have concurrent requests. `coli-host --max-batch`.
+  int max_batch = 8;
 };
 
 // One request's input, Generate or Chat.
@@ -151,8 +155,25 @@ class Engine {
     bool busy = false;
     std::map<std::string, double> last_stats;
   };
+  // One request's decode step, waiting in its model's DecodeBatcher.
+  struct DecodeRow {
+    Session* session = nullptr;
+    Sampling sampling;
+    absl::StatusOr<StepResult> result = absl::UnknownError("decode row never ran");
+    bool done = false;
+  };
+  // Per model: the rows waiting for a decode call. Whichever request thread finds no call
+  // running becomes the leader: it takes the rows waiting at that moment (up to max_batch, in
+  // arrival order), makes one decode call, hands each row its result and wakes the others.
+  struct DecodeBatcher {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<DecodeRow*> waiting;
+    bool running = false;
+  };
   struct LoadedModel {
     v1::ModelInfo info;
+    DecodeBatcher batcher;
     std::unique_ptr<Model> model;
     std::map<std::string, SessionSlot> sessions;
     int active = 0;  // requests running on it
@@ -172,6 +193,11 @@ class Engine {
   void Run(Job& job);
   absl::Status Generate(Request& request, LoadedModel& model, SessionSlot& slot,
                         v1::Finished* finished);
+  // The request's next decode step, batched with other requests of the model when
+  // options_.max_batch > 1.
+  absl::StatusOr<StepResult> DecodeStep(LoadedModel& model, Session& session,
+                                        const Sampling& sampling);
+  static void RunDecodeBatch(std::span<DecodeRow* const> batch);
   void Finish(Request& request, const absl::Status& status, const v1::Finished& finished);
 
   EngineOptions options_;

@@ -4,6 +4,7 @@
 //             [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]
 //             [--decode-delay-ms N]   (pace decoding, for demos and UI tests)
 //             [--prefill-delay-ms N]  (pace prefill chunks, for the prefill-progress tests)
+//             [--max-batch N]         (decode rows of one model per decode call; 1 = off)
 //
 // SIGINT/SIGTERM end it cleanly: requests in flight finish with UNAVAILABLE, then it exits 0.
 #include <signal.h>
@@ -26,7 +27,7 @@ void Usage() {
   std::fprintf(stderr,
                "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
                "                 [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]\n"
-               "                 [--decode-delay-ms N] [--prefill-delay-ms N]\n"
+               "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
                "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
                "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
                "        any other address needs --allow-remote\n");
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
       number(&engine_options.decode_delay_ms);
     else if (arg == "--prefill-delay-ms")
       number(&engine_options.prefill_delay_ms);
+    else if (arg == "--max-batch")
+      number(&engine_options.max_batch);
     else if (arg == "--model")
       models.push_back(value());
     else if (arg == "--ready-fd")

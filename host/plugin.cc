@@ -337,19 +337,20 @@ absl::StatusOr<PrefillResult> Session::Prefill(
                        result.context_capacity};
 }
 
-absl::StatusOr<StepResult> Session::Step(const Sampling& sampling) {
+namespace {
+
+coli_decode_row_t ToRow(coli_session_t* handle, const Sampling& sampling) {
   auto row = Init<coli_decode_row_t>();
-  row.session = handle_;
+  row.session = handle;
   row.temperature = sampling.temperature;
   row.top_p = sampling.top_p;
   row.top_k = sampling.top_k;
   row.logprobs_top_k = sampling.logprobs;
   row.token = -1;
-  auto args = Init<coli_decode_args_t>();
-  args.rows = &row;
-  args.n_rows = 1;
-  ErrorText err;
-  COLI_RETURN_IF_ERROR(err.ToStatus(plugin_->api().decode(&args, err.get())));
+  return row;
+}
+
+absl::StatusOr<StepResult> FromRow(const coli_decode_row_t& row) {
   StepResult out;
   out.token = row.token;
   out.finish = row.finish;
@@ -368,6 +369,62 @@ absl::StatusOr<StepResult> Session::Step(const Sampling& sampling) {
     }
     const auto* e = reinterpret_cast<const coli_chat_event_t*>(base + i * stride);
     out.events.push_back({e->channel, e->end_of_message != 0, std::string(View(e->text))});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StepResult> Session::Step(const Sampling& sampling) {
+  coli_decode_row_t row = ToRow(handle_, sampling);
+  auto args = Init<coli_decode_args_t>();
+  args.rows = &row;
+  args.n_rows = 1;
+  ErrorText err;
+  COLI_RETURN_IF_ERROR(err.ToStatus(plugin_->api().decode(&args, err.get())));
+  return FromRow(row);
+}
+
+absl::StatusOr<std::vector<StepResult>> Session::StepBatch(
+    std::span<Session* const> sessions, std::span<const Sampling> sampling,
+    std::vector<std::optional<StepResult>>* completed) {
+  if (sessions.empty()) return absl::InvalidArgumentError("StepBatch: no sessions");
+  if (sessions.size() != sampling.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("StepBatch: ", sessions.size(),
+                                                   " sessions but ", sampling.size(),
+                                                   " sampling settings"));
+  }
+  const Plugin* plugin = sessions[0]->plugin_;
+  std::vector<coli_decode_row_t> rows;
+  rows.reserve(sessions.size());
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    if (sessions[i]->plugin_ != plugin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StepBatch: session ", i, " belongs to plugin ", sessions[i]->plugin_->family(),
+          ", session 0 to ", plugin->family()));
+    }
+    rows.push_back(ToRow(sessions[i]->handle_, sampling[i]));
+  }
+  auto args = Init<coli_decode_args_t>();
+  args.rows = rows.data();
+  args.n_rows = rows.size();
+  ErrorText err;
+  if (absl::Status s = err.ToStatus(plugin->api().decode(&args, err.get())); !s.ok()) {
+    if (completed != nullptr) {
+      completed->assign(rows.size(), std::nullopt);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i].token < 0) continue;
+        auto r = FromRow(rows[i]);
+        if (r.ok()) (*completed)[i] = std::move(*r);
+      }
+    }
+    return s;
+  }
+  std::vector<StepResult> out;
+  out.reserve(rows.size());
+  for (const auto& row : rows) {
+    COLI_ASSIGN_OR_RETURN(StepResult r, FromRow(row));
+    out.push_back(std::move(r));
   }
   return out;
 }

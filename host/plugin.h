@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -109,6 +110,15 @@ class Session {
       const std::function<bool()>& cancel,
       const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
   absl::StatusOr<StepResult> Step(const Sampling& sampling);
+  // One decode step for each of `sessions` (distinct, all of one plugin, none used by another
+  // thread during the call) in ONE decode call, so a plugin that batches rows runs them in one
+  // forward pass; results in the order of `sessions`. The plugin's rule holds: a failing row
+  // fails the whole call. Then `completed` (when given) gets one entry per row: the outputs of
+  // a row the plugin finished before it failed (it wrote a token: a row-by-row plugin steps
+  // rows in order), nullopt for a row it left unstepped (retry those alone with Step).
+  static absl::StatusOr<std::vector<StepResult>> StepBatch(
+      std::span<Session* const> sessions, std::span<const Sampling> sampling,
+      std::vector<std::optional<StepResult>>* completed = nullptr);
   absl::Status Reset();
   absl::StatusOr<std::map<std::string, double>> Stats();
   // UNIMPLEMENTED when the negotiated minor predates session_record (1.0).

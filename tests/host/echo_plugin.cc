@@ -2,7 +2,8 @@
 // "model_type": "coli_echo". Its tokens are bytes (id = byte value) plus four specials; its
 // "model" echoes the prompt of the current generation byte by byte, then samples <eos>. It is
 // small enough to predict exactly and exercises every ABI path the host uses: options (extra
-// "delay_ms" slows each prefill chunk and decode step, "fail_open" makes model_open fail),
+// "delay_ms" slows each prefill chunk and decode step, "fail_open" makes model_open fail,
+// "fail_feed" (a byte) makes a decode step fail, changing nothing, when it would feed that byte),
 // progress/cancel, prefix reuse, sampling with a seed, logprobs, chat rendering and events,
 // statistics and the session record. Built with ECHO_ABI_MINOR=0 it is a plugin written for ABI
 // 1.0: a shorter table without session_record (tests/plugin_api loads it as "older minor").
@@ -50,6 +51,7 @@ struct EchoModel {
   int64_t capacity = 256;
   int chunk = 32;
   int delay_ms = 0;
+  int32_t fail_feed = -1;
   std::vector<coli_special_token_t> specials;
   int32_t stop_ids[1] = {kEos};
 };
@@ -136,6 +138,8 @@ absl::StatusOr<std::unique_ptr<EchoModel>> Open(const coli_model_open_args_t& ar
         if (!absl::SimpleAtoi(absl::string_view(value.data(), value.size()), &model->delay_ms)) {
           return absl::InvalidArgumentError("option 'delay_ms' is not an integer");
         }
+      } else if (key == "fail_feed" && value.size() == 1) {
+        model->fail_feed = static_cast<unsigned char>(value[0]);
       } else if (key == "fail_open") {
         return absl::DataLossError(absl::StrCat("fail_open: ", std::string(value)));
       } else {
@@ -269,6 +273,9 @@ int32_t Target(const EchoSession* s) {
 }
 
 absl::Status Step(EchoSession* s, coli_decode_row_t* row) {
+  if (s->pending >= 0 && s->pending == s->model->fail_feed) {
+    return absl::DataLossError(absl::StrCat("fail_feed: refusing to feed byte ", s->pending));
+  }
   s->text.clear();
   s->top.clear();
   s->events.clear();

@@ -1,0 +1,276 @@
+// Continuous batching in the host (EngineOptions::max_batch): concurrent requests of one model
+// share decode calls, on the kimi_k3 plugin and the tiny fixture. The reference for every
+// request is the same request run alone on an engine that never batches (max_batch 1, one
+// worker); the plugin guarantees batched rows are bit-identical to lone rows, so the tokens must
+// be equal. That batching really happened is read from the plugin's per-session stats
+// (batched_steps: steps that ran in a pass of more than one row; batched_rows: those passes'
+// rows summed).
+#include <algorithm>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "host/engine.h"
+#include "host/plugin.h"
+
+namespace coli::host {
+namespace {
+
+struct Spec {
+  std::string id, session, prompt;
+  float temperature = 0, top_p = 0;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+  int32_t max_tokens = 32;
+};
+
+struct Out {
+  absl::Status status = absl::UnknownError("no on_done");
+  v1::Finished finished;
+  std::vector<int32_t> ids;
+  bool done = false;
+};
+
+double Stat(const v1::Finished& f, const std::string& key) {
+  auto it = f.stats().plugin().find(key);
+  return it == f.stats().plugin().end() ? 0.0 : it->second;
+}
+
+std::vector<Spec> Specs() {
+  return {
+      {"a", "sa", "The quick brown fox jumps over the lazy dog."},
+      {"b", "sb", "Once upon a time, in a land far away,", 0.8f, 0.9f, 0, 7},
+      {"c", "sc", "1, 2, 3, 4, 5,"},
+      {"d", "sd", "Hello world! Hello world! Hello", 1.0f, 0.0f, 20, 11},
+  };
+}
+
+class HostBatchedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(std::filesystem::exists(std::string(COLI_K3_TINY_DIR) + "/config.json"))
+        << "tiny fixture missing: build target k3_tiny_fixture";
+  }
+
+  static std::unique_ptr<Engine> MakeEngine(int workers, int max_batch, int decode_delay_ms) {
+    auto engine = std::make_unique<Engine>(EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST,
+                                                         .workers = workers,
+                                                         .decode_delay_ms = decode_delay_ms,
+                                                         .max_batch = max_batch});
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id("k3");
+    auto info = engine->LoadModel(load, nullptr);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return engine;
+  }
+
+  // Submits every spec at once and waits for all; on_token of spec `i` calls hook(i, count).
+  static std::vector<Out> RunAll(Engine& engine, const std::vector<Spec>& specs,
+                                 const std::function<void(size_t, size_t)>& hook = nullptr) {
+    std::vector<Out> outs(specs.size());
+    std::mutex mu;
+    std::condition_variable cv;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      GenerationInput in;
+      in.model = "k3";
+      in.request_id = specs[i].id;
+      in.session = specs[i].session;
+      in.prompt = specs[i].prompt;
+      in.max_tokens = specs[i].max_tokens;
+      in.sampling.set_temperature(specs[i].temperature);
+      in.sampling.set_top_p(specs[i].top_p);
+      in.sampling.set_top_k(specs[i].top_k);
+      in.sampling.set_seed(specs[i].seed);
+      EventSink sink;
+      sink.on_token = [&, i](const v1::Token& t, std::span<const v1::ChatDelta>) {
+        size_t n;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          outs[i].ids.push_back(t.id());
+          n = outs[i].ids.size();
+        }
+        if (hook) hook(i, n);
+      };
+      sink.on_done = [&, i](const absl::Status& s, const v1::Finished& f) {
+        std::lock_guard<std::mutex> lock(mu);
+        outs[i].status = s;
+        outs[i].finished = f;
+        outs[i].done = true;
+        cv.notify_all();
+      };
+      auto request = engine.Submit(std::move(in), std::move(sink));
+      EXPECT_TRUE(request.ok()) << request.status();
+      if (!request.ok()) outs[i].done = true;
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] {
+      return std::all_of(outs.begin(), outs.end(), [](const Out& o) { return o.done; });
+    });
+    return outs;
+  }
+
+  // Each spec alone on a fresh engine that never batches.
+  static std::vector<Out> Reference(const std::vector<Spec>& specs) {
+    std::vector<Out> outs;
+    for (const Spec& s : specs) {
+      auto engine = MakeEngine(/*workers=*/1, /*max_batch=*/1, /*decode_delay_ms=*/0);
+      outs.push_back(std::move(RunAll(*engine, {s})[0]));
+      EXPECT_OK(outs.back().status);
+      EXPECT_EQ(Stat(outs.back().finished, "batched_steps"), 0) << s.id;
+    }
+    return outs;
+  }
+};
+
+TEST_F(HostBatchedTest, ConcurrentRequestsShareDecodeCallsAndMatchLoneRuns) {
+  const std::vector<Spec> specs = Specs();
+  const std::vector<Out> ref = Reference(specs);
+  // Four workers, all four requests decoding at once; a 1 ms pace keeps them overlapping.
+  auto engine = MakeEngine(/*workers=*/4, /*max_batch=*/8, /*decode_delay_ms=*/1);
+  const std::vector<Out> outs = RunAll(*engine, specs);
+  double batched_steps = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_OK(outs[i].status) << specs[i].id;
+    EXPECT_EQ(outs[i].ids, ref[i].ids) << specs[i].id;
+    EXPECT_EQ(outs[i].finished.reason(), ref[i].finished.reason()) << specs[i].id;
+    const double steps = Stat(outs[i].finished, "batched_steps");
+    const double rows = Stat(outs[i].finished, "batched_rows");
+    // A batched pass holds 2..4 rows here (four requests).
+    EXPECT_GE(rows, 2 * steps) << specs[i].id;
+    EXPECT_LE(rows, 4 * steps) << specs[i].id;
+    batched_steps += steps;
+  }
+  EXPECT_GT(batched_steps, 0) << "no decode call carried more than one row";
+  // The engine's metrics sum the sessions' stats.
+  EXPECT_EQ(engine->Metrics().plugin().at("batched_steps"), batched_steps);
+}
+
+TEST_F(HostBatchedTest, MaxBatchOneNeverBatches) {
+  const std::vector<Spec> specs = Specs();
+  auto engine = MakeEngine(/*workers=*/4, /*max_batch=*/1, /*decode_delay_ms=*/0);
+  const std::vector<Out> outs = RunAll(*engine, specs);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_OK(outs[i].status) << specs[i].id;
+    EXPECT_EQ(outs[i].ids.size(), 32u) << specs[i].id;
+    EXPECT_EQ(Stat(outs[i].finished, "batched_steps"), 0) << specs[i].id;
+  }
+}
+
+TEST_F(HostBatchedTest, CancelOneOfSeveralEndsItWithinOneTokenOthersFinish) {
+  std::vector<Spec> specs = Specs();
+  for (Spec& s : specs) s.max_tokens = 24;
+  const std::vector<Out> ref = Reference(specs);
+  auto engine = MakeEngine(/*workers=*/4, /*max_batch=*/8, /*decode_delay_ms=*/2);
+  // Request "b" is cancelled as its 5th token arrives: it must end with exactly those 5 tokens
+  // (the cancel lands before its next step), while the others continue in the batches.
+  const std::vector<Out> outs = RunAll(*engine, specs, [&](size_t i, size_t n) {
+    if (i == 1 && n == 5) {
+      EXPECT_TRUE(engine->Cancel("b", /*stop=*/false));
+    }
+  });
+  EXPECT_EQ(outs[1].status.code(), absl::StatusCode::kCancelled) << outs[1].status;
+  ASSERT_EQ(outs[1].ids.size(), 5u);
+  EXPECT_EQ(outs[1].ids, std::vector<int32_t>(ref[1].ids.begin(), ref[1].ids.begin() + 5));
+  for (size_t i : {0u, 2u, 3u}) {
+    ASSERT_OK(outs[i].status) << specs[i].id;
+    EXPECT_EQ(outs[i].ids, ref[i].ids) << specs[i].id;
+  }
+}
+
+// Session::StepBatch directly: one decode call for several sessions equals each session's lone
+// steps; a session named twice is refused, naming the rows, and changes nothing.
+TEST_F(HostBatchedTest, SessionStepBatchMatchesLoneStepsAndRefusesDuplicates) {
+  PluginSet plugins = PluginSet::LoadDir(COLI_PLUGIN_DIR_FOR_TEST);
+  ASSERT_OK_AND_ASSIGN(const Plugin* plugin, plugins.ForModel(COLI_K3_TINY_DIR));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> model,
+                       plugin->Open(COLI_K3_TINY_DIR, ModelOptions(), nullptr));
+  const std::vector<Spec> specs = Specs();
+  std::vector<std::unique_ptr<Session>> batched, alone;
+  std::vector<Sampling> sampling;
+  for (const Spec& s : specs) {
+    ASSERT_OK_AND_ASSIGN(std::vector<int32_t> ids, model->Tokenize(s.prompt, false));
+    for (auto* list : {&batched, &alone}) {
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<Session> session, model->NewSession());
+      ASSERT_OK(session->Prefill(ids, 0, s.seed, nullptr).status());
+      list->push_back(std::move(session));
+    }
+    sampling.push_back({s.temperature, s.top_p, s.top_k, /*logprobs=*/2});
+  }
+  std::vector<Session*> rows;
+  for (auto& s : batched) rows.push_back(s.get());
+  std::vector<Session*> twice = {rows[0], rows[1], rows[0]};
+  std::vector<Sampling> three(sampling.begin(), sampling.begin() + 3);
+  auto refused = Session::StepBatch(twice, three);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(Session::StepBatch(rows, three).status().code(), absl::StatusCode::kInvalidArgument);
+  for (int step = 0; step < 12; ++step) {
+    ASSERT_OK_AND_ASSIGN(std::vector<StepResult> got, Session::StepBatch(rows, sampling));
+    ASSERT_EQ(got.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ASSERT_OK_AND_ASSIGN(StepResult want, alone[i]->Step(sampling[i]));
+      EXPECT_EQ(got[i].token, want.token) << specs[i].id << " step " << step;
+      EXPECT_EQ(got[i].finish, want.finish);
+      EXPECT_EQ(got[i].text, want.text);
+      EXPECT_EQ(got[i].logprob, want.logprob);
+      ASSERT_EQ(got[i].top_logprobs.size(), want.top_logprobs.size());
+      for (size_t k = 0; k < want.top_logprobs.size(); ++k) {
+        EXPECT_EQ(got[i].top_logprobs[k].id, want.top_logprobs[k].id);
+        EXPECT_EQ(got[i].top_logprobs[k].logprob, want.top_logprobs[k].logprob);
+      }
+    }
+  }
+  // The first step after prefill only samples (nothing to feed): 11 forward passes of 4 rows.
+  ASSERT_OK_AND_ASSIGN(auto stats, batched[0]->Stats());
+  EXPECT_EQ(stats.at("batched_steps"), 11);
+  EXPECT_EQ(stats.at("batched_rows"), 44);
+}
+
+// The echo test family (row by row behind the table adapter) with "fail_feed": the request
+// whose prompt holds '!' fails when its step would feed it. With the rows of three requests
+// gathered into shared calls, that failure fails the call; the host keeps the rows the plugin
+// had finished, retries the others alone, so only that request fails and the others echo their
+// prompts exactly as when run alone.
+TEST_F(HostBatchedTest, EchoFailingRowFailsOnlyItsRequest) {
+  const std::string dir = ::testing::TempDir() + "/batched_echo_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  auto run = [&](int workers, int max_batch) {
+    Engine engine(EngineOptions{
+        .plugin_dir = COLI_ECHO_PLUGIN_DIR, .workers = workers, .max_batch = max_batch});
+    v1::LoadModelRequest load;
+    load.set_model_dir(dir);
+    load.set_id("k3");  // the name RunAll submits to
+    (*load.mutable_options()->mutable_extra())["delay_ms"] = "2";
+    (*load.mutable_options()->mutable_extra())["fail_feed"] = "!";
+    EXPECT_TRUE(engine.LoadModel(load, nullptr).ok());
+    std::vector<Spec> specs = {{"a", "sa", "abcdefghijkl"},
+                               {"b", "sb", "xyz!uvw"},
+                               {"c", "sc", "0123456789"}};
+    return RunAll(engine, specs);
+  };
+  std::vector<Out> ref;
+  for (int i = 0; i < 3; ++i) ref.push_back(run(1, 1)[i]);
+  const std::vector<Out> outs = run(3, 8);
+  for (size_t i : {0u, 2u}) {
+    ASSERT_OK(outs[i].status);
+    ASSERT_OK(ref[i].status);
+    EXPECT_EQ(outs[i].ids, ref[i].ids);
+  }
+  // Echoes "abcdefghijkl" then <eos>.
+  EXPECT_EQ(outs[0].ids.size(), 13u);
+  EXPECT_EQ(outs[1].status.code(), absl::StatusCode::kDataLoss) << outs[1].status;
+  EXPECT_THAT(outs[1].status.message(), ::testing::HasSubstr("fail_feed"));
+  EXPECT_EQ(outs[1].ids, (std::vector<int32_t>{'x', 'y', 'z', '!'}));
+}
+
+}  // namespace
+}  // namespace coli::host
