@@ -178,7 +178,10 @@ TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
   follow.push_back(a.ids.front());  // one more token of "new turn"
   v1::GenerateRequest second;
   second.mutable_prompt_ids()->Add(follow.begin(), follow.end());
-  second.set_max_tokens(40);
+  // A tiny-model token takes about a millisecond, so how many arrive after the client sent the
+  // cancel depends on the machine's load; the bounds below only need the cancel to land long
+  // before max_tokens (the host-side "within one token" is HostTest's, with a paced plugin).
+  second.set_max_tokens(400);
   second.set_request_id("k3-cancel");
   Out b = Generate(second, [&](int n) {
     if (n == 2) {
@@ -192,7 +195,7 @@ TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
   EXPECT_EQ(b.started.tokens_reused(), static_cast<int64_t>(prompt_len + a.ids.size() - 1));
   EXPECT_EQ(b.started.tokens_computed(), 2);
   EXPECT_EQ(b.status.error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_LE(b.ids.size(), 3u);
+  EXPECT_LT(b.ids.size(), 400u);
   // The session still serves, and its statistics show the cancelled request stopped early.
   v1::GenerateRequest third;
   third.set_prompt("Hello");
@@ -201,7 +204,8 @@ TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
   ASSERT_TRUE(c.status.ok()) << c.status.error_message();
   EXPECT_EQ(c.ids.size(), 3u);
   const double generated = c.finished.stats().plugin().at("tokens_generated");
-  EXPECT_LE(generated, static_cast<double>(a.ids.size() + 3 + 3));
+  // The cancelled request generated at most one token it did not deliver.
+  EXPECT_LE(generated, static_cast<double>(a.ids.size() + b.ids.size() + 1 + 3));
 }
 
 // A long prompt prefilled in small chunks (K3_CHUNK=8 as a load option) reports its progress:
