@@ -42,7 +42,9 @@ namespace coli::host {
 
 struct EngineOptions {
   std::string plugin_dir;
-  int workers = 1;          // generation threads (each runs one request at a time)
+  // Generation threads (each runs one request at a time). Several, so concurrent requests of a
+  // model share decode passes (max_batch); one model's passes still run one at a time.
+  int workers = 4;
   int queue_capacity = 16;  // requests waiting for a thread; more -> RESOURCE_EXHAUSTED
   // Paces decoding: waits this long before each generated token (0 = off). For demos and for the
   // UI tests, where the tiny model would otherwise answer before a person (or a test) could press

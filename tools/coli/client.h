@@ -49,7 +49,7 @@ struct ConnectOptions {
   // plugins folder) and binary (default: coli-host next to this executable, else the build's).
   std::string plugin_dir;
   std::string host_binary;
-  int workers = 1;
+  int workers = 4;  // concurrent requests, batched into shared decode passes by the host
   int queue = 16;
   // How long Connect waits for the host to accept the connection.
   int connect_timeout_ms = 10000;
