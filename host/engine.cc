@@ -290,7 +290,8 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
     if (shutting_down_) return absl::UnavailableError("host shutting down");
     COLI_ASSIGN_OR_RETURN(auto model, FindModelLocked(input.model));
     input.model = model->info.id();
-    if (input.session.empty()) input.session = "default";
+    // No session named: the request takes a free slot of the model's pool when it runs
+    // (PopRunnableLocked), so concurrent unnamed requests run (and batch) side by side.
     if (static_cast<int>(queue_.size()) >= options_.queue_capacity) {
       ++counters_.rejected;
       return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", queue_.size(),
@@ -336,6 +337,19 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
     if (!model.ok()) {
       queue_.erase(it);
       return job;  // unloaded since Submit: Run reports it
+    }
+    if (request->input_.session.empty()) {
+      // The pool of unnamed requests: "default", then "default#1" … one per worker. The first
+      // free one, so a lone conversation keeps its slot (and its prefix reuse) turn after turn.
+      for (int i = 0; i < std::max(1, options_.workers); ++i) {
+        const std::string name = i == 0 ? "default" : absl::StrCat("default#", i);
+        auto found = (*model)->sessions.find(name);
+        if (found == (*model)->sessions.end() || !found->second.busy) {
+          request->input_.session = name;
+          break;
+        }
+      }
+      if (request->input_.session.empty()) continue;  // every pooled slot is busy
     }
     SessionSlot& slot = (*model)->sessions[request->input_.session];
     if (slot.busy) continue;  // that session is serving another request

@@ -941,6 +941,14 @@ void Gateway::Metrics(const Req& req, Res& res) {
   };
   std::string out;
   for (const Row& row : rows) AppendMetric(&out, row.name, row.type, row.help, row.value);
+  // The model family's own statistics summed over sessions (kimi_k3: batched_steps /
+  // batched_rows of shared decode passes, checkpoint_restores, …), by name.
+  std::map<std::string, double> plugin(m.plugin().begin(), m.plugin().end());
+  for (const auto& [name, value] : plugin) {
+    AppendMetric(&out, "coli_plugin_stat", "gauge",
+                 "the model family's statistics, summed over sessions", value,
+                 "name=\"" + name + "\"");
+  }
   AppendMetric(&out, "coli_http_streams_active", "gauge", "SSE streams open now",
                streams_active_.load());
   AppendMetric(&out, "coli_http_client_disconnects_total", "counter",

@@ -486,6 +486,32 @@ const tools = [{
   },
 }];
 
+// Concurrent unnamed requests take free session slots of the host's pool, and their decode steps
+// go to the model as shared passes (continuous batching): the answers are the ones each request
+// gets alone, and the family's batched_steps statistic (on /metrics) grows.
+test('concurrent requests share decode passes and answer as they would alone', async () => {
+  const prompts = ['Tell me about foxes.', 'What is two plus two?', 'Name a colour.',
+    'Write a short poem.'];
+  const ask = (content) => client8.chat.completions.create({
+    model: modelId, messages: [{ role: 'user', content }], max_tokens: 24, temperature: 0,
+  });
+  const answer = (r) => JSON.stringify([r.choices[0].message.reasoning_content ?? null,
+    r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens]);
+  const stat = async (name) => {
+    const text = await (await fetch(`${tiny8.base}/metrics`)).text();
+    const m = text.match(new RegExp(`^coli_plugin_stat\\{name="${name}"\\} (\\S+)$`, 'm'));
+    return m ? Number(m[1]) : 0;
+  };
+  const alone = [];
+  for (const p of prompts) alone.push(answer(await ask(p)));
+  const stepsBefore = await stat('batched_steps');
+  const together = await Promise.all(prompts.map(ask));
+  assert.deepEqual(together.map(answer), alone);
+  const steps = await stat('batched_steps');
+  assert.ok(steps > stepsBefore, `no decode pass was shared (batched_steps ${stepsBefore} -> ${steps})`);
+  assert.ok(await stat('batched_rows') >= 2 * steps, 'a shared pass has at least two rows');
+});
+
 test('tool call round trip (scripted K3 model): declare, parse, render the result', async () => {
   const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
   // The declaration reaches the prompt (key-sorted compact JSON in a tool-declare message).
