@@ -42,10 +42,15 @@ class BenchMatrices {
 std::vector<float> RandomActivations(int64_t n, uint64_t seed);
 
 // Streaming read bandwidth in GB/s (1e9 bytes/s): `bytes` (>= 1 GiB for the report) read with
-// `threads` OpenMP threads over contiguous slices, best of `reps` (alternately without and with
+// `threads` OpenMP threads over contiguous slices, `reps` passes (alternately without and with
 // software prefetch on AVX-512); timed with the process CPU clock instead of the wall clock when
-// `cpu_time` (single-thread use on a shared machine).
-double MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time = false);
+// `cpu_time` (single-thread use on a shared machine). `best` is the fastest pass (the STREAM
+// convention); `mean` is bytes over time of all passes of the better variant (plain or prefetch),
+// the sustained rate.
+struct ReadBandwidth {
+  double best = 0, mean = 0;
+};
+ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time = false);
 
 }  // namespace coli::bench
 

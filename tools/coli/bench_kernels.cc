@@ -1,14 +1,17 @@
 // `coli bench kernels [--json] [--threads N] [--quick]`: the quantized matmul kernels against
 // this machine's memory read bandwidth.
 //
-// First a streaming read of 1 GiB with the same threads gives read_bw_gbs. Then, for each format
-// and shape of issue 3 (4096x14336, the K3 expert matrices 3072x3584 and 3584x3072, the KDA
-// projection 12288x7168, the int8 lm_head 163840x7168) and batch 1, 8, 32, it times Matmul and
-// prints GFLOPS (2·rows·cols·batch per call), weight GB/s (data + scale bytes per call) and
-// bw_ratio = weight GB/s / read_bw_gbs. Calls rotate over enough copies of the matrix (>= 512 MB
-// in total) that weights come from DRAM, as streamed experts and resident dense matrices do.
-// Formats: mxfp4 (exact float, idot off), mxfp4_idot, int8 and int4g64 (both with the default
-// integer dots), f32.
+// First a streaming read of 1 GiB with the same threads, 6 passes (3 with --quick), gives
+// read_bw_gbs (the best pass, as STREAM reports) and read_bw_mean_gbs (the sustained rate). Then,
+// for each format and shape of issue 3 (4096x14336, the K3 expert matrices 3072x3584 and
+// 3584x3072, the KDA projection 12288x7168, the int8 lm_head 163840x7168) and batch 1, 8, 32, it
+// times Matmul in as many windows of 1 GiB of weights (or 80 ms) and prints GFLOPS (2·rows·cols·
+// batch per call), weight GB/s (data + scale bytes per call) of the best window and bw_ratio =
+// weight GB/s / read_bw_gbs, and the same over all windows against the sustained probe
+// (weight_gbs_mean, bw_ratio_mean): best against best and mean against mean, since on a shared
+// machine a best pass and a mean differ by 10–25 %. Calls rotate over >= 512 MB of matrix copies
+// so weights come from DRAM, as streamed experts and resident dense matrices do. Formats: mxfp4
+// (exact float, idot off), mxfp4_idot, int8 and int4g64 (both with the default integer dots), f32.
 //
 // --cpu-time times with the process CPU clock instead of the wall clock (read probe included).
 // Only meaningful with --threads 1: it is for shared machines, where other processes' load
@@ -44,10 +47,12 @@ struct Shape {
   bool int8_only;  // the lm_head runs only as int8
 };
 
+// gflops, weight_gbs: the best window (as read_bw_gbs is the best probe pass); *_mean: all
+// windows together against the probe's sustained rate.
 struct Result {
   std::string format;
   int64_t rows, cols, batch;
-  double gflops, weight_gbs, bw_ratio;
+  double gflops, weight_gbs, bw_ratio, weight_gbs_mean, bw_ratio_mean;
 };
 
 int Usage() {
@@ -102,16 +107,23 @@ int RunBenchKernels(int argc, char** argv) {
     shapes = {{4096, 14336, false}};
     batches = {1, 32};
   }
-  const double min_seconds = quick ? 0.04 : 0.25;
-  const size_t rotate_bytes = quick ? (size_t{96} << 20) : (size_t{512} << 20);
+  // Weights rotate over >= 512 MB of copies: less (96 MB was tried) is partly served from this
+  // VM host's caches and inflates the rates by up to 40 %.
+  const size_t rotate_bytes = size_t{512} << 20;
+  // Each kernel is timed in `reps` windows, as the probe is timed in `reps` passes; a window
+  // ends after 1 GiB of weights (the probe's pass size) or `window_seconds`, whichever is first.
+  const int reps = quick ? 3 : 6;
+  const double window_bytes = static_cast<double>(size_t{1} << 30);
+  const double window_seconds = quick ? 0.03 : 0.08;
 
   std::fprintf(stderr, "[bench kernels] isa %s, %d threads; measuring read bandwidth (1 GiB)\n",
                kernels::IsaName(kernels::ActiveIsa()), threads);
   // The probe runs before and after the kernels and the better one is the limit: on a shared
   // machine a neighbour can hold the memory bus during one of them.
-  const double read_bw_start =
-      bench::MeasureReadBandwidth(size_t{1} << 30, threads, quick ? 3 : 6, cpu_time);
-  std::fprintf(stderr, "[bench kernels] read bandwidth %.1f GB/s\n", read_bw_start);
+  const bench::ReadBandwidth read_start =
+      bench::MeasureReadBandwidth(size_t{1} << 30, threads, reps, cpu_time);
+  std::fprintf(stderr, "[bench kernels] read bandwidth %.1f GB/s (best pass), %.1f sustained\n",
+               read_start.best, read_start.mean);
 
   std::vector<Result> results;
   for (const Shape& shape : shapes) {
@@ -132,66 +144,94 @@ int RunBenchKernels(int argc, char** argv) {
         }
         // The clock is read every `step` calls, about every millisecond: reading the process CPU
         // clock is a system call (~1 µs here), as long as a small expert matmul's prologue.
-        int64_t calls = 0, step = 1;
-        double elapsed = 0;
-        const double t0 = Now(cpu_time);
-        while (elapsed < min_seconds || calls < 3) {
-          for (int64_t i = 0; i < step; ++i, ++calls) {
-            (void)kernels::Matmul(mats.view(static_cast<int>(calls % mats.copies())), x.data(),
-                                  batch, y.data(), opt);
+        int64_t calls = 0, step = 1, total_calls = 0;
+        double best_per_call = 0, total_seconds = 0;
+        for (int rep = 0; rep < reps; ++rep) {
+          int64_t window_calls = 0;
+          double elapsed = 0;
+          const double t0 = Now(cpu_time);
+          while (window_calls == 0 || (static_cast<double>(window_calls * one) < window_bytes &&
+                                       elapsed < window_seconds)) {
+            for (int64_t i = 0; i < step; ++i, ++calls, ++window_calls) {
+              (void)kernels::Matmul(mats.view(static_cast<int>(calls % mats.copies())), x.data(),
+                                    batch, y.data(), opt);
+            }
+            elapsed = Now(cpu_time) - t0;
+            step =
+                std::clamp<int64_t>(static_cast<int64_t>(1e-3 * static_cast<double>(window_calls) /
+                                                         std::max(elapsed, 1e-9)),
+                                    1, 256);
           }
-          elapsed = Now(cpu_time) - t0;
-          step = std::clamp<int64_t>(
-              static_cast<int64_t>(1e-3 * static_cast<double>(calls) / std::max(elapsed, 1e-9)), 1,
-              256);
+          const double per_call = elapsed / static_cast<double>(window_calls);
+          if (rep == 0 || per_call < best_per_call) best_per_call = per_call;
+          total_calls += window_calls;
+          total_seconds += elapsed;
         }
-        const double per_call = elapsed / static_cast<double>(calls);
-        Result r{cfg.name, shape.rows, shape.cols, batch, 0, 0, 0};
-        r.gflops = 2.0 * static_cast<double>(shape.rows * shape.cols * batch) / per_call / 1e9;
-        r.weight_gbs = static_cast<double>(one) / per_call / 1e9;
+        const double mean_per_call = total_seconds / static_cast<double>(total_calls);
+        Result r{cfg.name, shape.rows, shape.cols, batch, 0, 0, 0, 0, 0};
+        const double flops = 2.0 * static_cast<double>(shape.rows * shape.cols * batch);
+        r.gflops = flops / best_per_call / 1e9;
+        r.weight_gbs = static_cast<double>(one) / best_per_call / 1e9;
+        r.weight_gbs_mean = static_cast<double>(one) / mean_per_call / 1e9;
         results.push_back(r);
-        std::fprintf(
-            stderr,
-            "[bench kernels] %-10s %6lldx%-6lld batch %2lld: %8.1f GFLOPS %6.1f GB/s %.2f\n",
-            r.format.c_str(), static_cast<long long>(r.rows), static_cast<long long>(r.cols),
-            static_cast<long long>(r.batch), r.gflops, r.weight_gbs, r.weight_gbs / read_bw_start);
+        std::fprintf(stderr,
+                     "[bench kernels] %-10s %6lldx%-6lld batch %2lld: %8.1f GFLOPS %6.1f GB/s "
+                     "%.2f (sustained %.1f GB/s %.2f)\n",
+                     r.format.c_str(), static_cast<long long>(r.rows),
+                     static_cast<long long>(r.cols), static_cast<long long>(r.batch), r.gflops,
+                     r.weight_gbs, r.weight_gbs / read_start.best, r.weight_gbs_mean,
+                     r.weight_gbs_mean / read_start.mean);
       }
     }
   }
 
-  const double read_bw_end =
-      bench::MeasureReadBandwidth(size_t{1} << 30, threads, quick ? 3 : 6, cpu_time);
-  const double read_bw = std::max(read_bw_start, read_bw_end);
-  std::fprintf(stderr, "[bench kernels] read bandwidth after: %.1f GB/s; ratios use %.1f\n",
-               read_bw_end, read_bw);
-  for (Result& r : results) r.bw_ratio = r.weight_gbs / read_bw;
+  const bench::ReadBandwidth read_end =
+      bench::MeasureReadBandwidth(size_t{1} << 30, threads, reps, cpu_time);
+  const double read_bw = std::max(read_start.best, read_end.best);
+  const double read_bw_mean = std::max(read_start.mean, read_end.mean);
+  std::fprintf(stderr,
+               "[bench kernels] read bandwidth after: %.1f GB/s (best pass), %.1f sustained; "
+               "ratios use %.1f and %.1f\n",
+               read_end.best, read_end.mean, read_bw, read_bw_mean);
+  for (Result& r : results) {
+    r.bw_ratio = r.weight_gbs / read_bw;
+    r.bw_ratio_mean = r.weight_gbs_mean / read_bw_mean;
+  }
 
   if (json) {
     std::printf(
         "{\"read_bw_gbs\": %.3f, \"read_bw_start_gbs\": %.3f, \"read_bw_end_gbs\": %.3f, "
-        "\"results\": [",
-        read_bw, read_bw_start, read_bw_end);
+        "\"read_bw_mean_gbs\": %.3f, \"results\": [",
+        read_bw, read_start.best, read_end.best, read_bw_mean);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::printf(
           "%s{\"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"batch\": %lld, "
-          "\"gflops\": %.3f, \"weight_gbs\": %.3f, \"bw_ratio\": %.4f}",
+          "\"gflops\": %.3f, \"weight_gbs\": %.3f, \"bw_ratio\": %.4f, "
+          "\"weight_gbs_mean\": %.3f, \"bw_ratio_mean\": %.4f}",
           i ? ", " : "", r.format.c_str(), static_cast<long long>(r.rows),
           static_cast<long long>(r.cols), static_cast<long long>(r.batch), r.gflops, r.weight_gbs,
-          r.bw_ratio);
+          r.bw_ratio, r.weight_gbs_mean, r.bw_ratio_mean);
     }
     std::printf("]}\n");
   } else {
-    std::printf("read bandwidth: %.1f GB/s (%d threads, isa %s, %s)\n\n", read_bw, threads,
-                kernels::IsaName(kernels::ActiveIsa()), cpu_time ? "CPU time" : "wall clock");
-    std::printf("| format     | rows x cols    | batch | GFLOPS  | weight GB/s | bw_ratio |\n");
-    std::printf("|------------|----------------|-------|---------|-------------|----------|\n");
+    std::printf(
+        "read bandwidth: %.1f GB/s best pass, %.1f GB/s sustained (%d threads, isa %s, %s)\n\n",
+        read_bw, read_bw_mean, threads, kernels::IsaName(kernels::ActiveIsa()),
+        cpu_time ? "CPU time" : "wall clock");
+    std::printf(
+        "| format     | rows x cols    | batch | GFLOPS  | weight GB/s | bw_ratio | sustained "
+        "GB/s | ratio |\n");
+    std::printf(
+        "|------------|----------------|-------|---------|-------------|----------|-----------"
+        "-----|-------|\n");
     for (const Result& r : results) {
       char shape[32];
       std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(r.rows),
                     static_cast<long long>(r.cols));
-      std::printf("| %-10s | %-14s | %5lld | %7.1f | %11.1f | %8.2f |\n", r.format.c_str(), shape,
-                  static_cast<long long>(r.batch), r.gflops, r.weight_gbs, r.bw_ratio);
+      std::printf("| %-10s | %-14s | %5lld | %7.1f | %11.1f | %8.2f | %14.1f | %5.2f |\n",
+                  r.format.c_str(), shape, static_cast<long long>(r.batch), r.gflops, r.weight_gbs,
+                  r.bw_ratio, r.weight_gbs_mean, r.bw_ratio_mean);
     }
   }
   return 0;
