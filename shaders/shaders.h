@@ -16,6 +16,11 @@ namespace coli::shaders {
 // {uint rows, cols, batch}; workgroup size 64, one workgroup per output row.
 std::span<const uint32_t> Mxfp4MatmulSpirv();
 
+// situ_glu.comp: out[i] = β1·tanh(g[i]/β1)·σ(g[i]) · β2·tanh(u[i]/β2) (Kimi K3 SiTU-GLU, f32).
+// Bindings 0 g, 1 u (f32), 2 out (f32); push constants {uint n; float beta1, beta2};
+// workgroup size 64, grid-stride over n.
+std::span<const uint32_t> SituGluSpirv();
+
 }  // namespace coli::shaders
 
 #endif  // COLI_SHADERS_SHADERS_H_

@@ -5,7 +5,9 @@
 
 #include <volk.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -29,6 +31,13 @@ struct PushConstants {
   uint32_t rows;
   uint32_t cols;
   uint32_t batch;
+};
+
+constexpr int kSituBindings = 3;  // g, u, out
+struct SituPushConstants {
+  uint32_t n;
+  float beta1;
+  float beta2;
 };
 
 absl::Status VkError(VkResult result, absl::string_view call) {
@@ -113,13 +122,23 @@ struct internal::VulkanState {
   VkPipeline pipeline = VK_NULL_HANDLE;
   VkDescriptorPool descriptor_pool = VK_NULL_HANDLE;
   VkDescriptorSet descriptor_set = VK_NULL_HANDLE;
+  // The SiTU-GLU pipeline (shaders/situ_glu.comp): bindings g, u, out.
+  VkDescriptorSetLayout situ_set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout situ_pipeline_layout = VK_NULL_HANDLE;
+  VkShaderModule situ_shader = VK_NULL_HANDLE;
+  VkPipeline situ_pipeline = VK_NULL_HANDLE;
+  std::atomic<uint64_t> matmuls{0};  // matmul dispatches completed (VulkanContext::matmuls)
 
-  absl::Mutex mu;  // serialises Mxfp4Matmul: one command buffer, one descriptor set
+  absl::Mutex mu;  // serialises submissions: one command buffer, one descriptor set
 
   ~VulkanState() {
     if (device != VK_NULL_HANDLE) {
       vk.vkDeviceWaitIdle(device);
       if (descriptor_pool) vk.vkDestroyDescriptorPool(device, descriptor_pool, nullptr);
+      if (situ_pipeline) vk.vkDestroyPipeline(device, situ_pipeline, nullptr);
+      if (situ_shader) vk.vkDestroyShaderModule(device, situ_shader, nullptr);
+      if (situ_pipeline_layout) vk.vkDestroyPipelineLayout(device, situ_pipeline_layout, nullptr);
+      if (situ_set_layout) vk.vkDestroyDescriptorSetLayout(device, situ_set_layout, nullptr);
       if (pipeline) vk.vkDestroyPipeline(device, pipeline, nullptr);
       if (shader) vk.vkDestroyShaderModule(device, shader, nullptr);
       if (pipeline_layout) vk.vkDestroyPipelineLayout(device, pipeline_layout, nullptr);
@@ -138,8 +157,10 @@ struct internal::VulkanState {
     b = Buffer{};
   }
 
-  absl::Status Allocate(VkDeviceSize size, absl::string_view what, Buffer& b) {
-    if (size > properties.limits.maxStorageBufferRange) {
+  // check_range = false for buffers bound only in pieces (each piece checked by the caller).
+  absl::Status Allocate(VkDeviceSize size, absl::string_view what, Buffer& b,
+                        bool check_range = true) {
+    if (check_range && size > properties.limits.maxStorageBufferRange) {
       return absl::ResourceExhaustedError(
           absl::StrCat("Vulkan: ", what, " buffer of ", size,
                        " bytes exceeds the device's maxStorageBufferRange (",
@@ -268,9 +289,15 @@ struct internal::VulkanState {
     return absl::OkStatus();
   }
 
-  absl::Status CreatePipeline() {
-    VkDescriptorSetLayoutBinding bindings[kBindings]{};
-    for (int i = 0; i < kBindings; ++i) {
+  // A compute pipeline over `bindings` storage buffers with `push_bytes` of push constants.
+  absl::Status CreateComputePipeline(int bindings_count, uint32_t push_bytes,
+                                     std::span<const uint32_t> code, absl::string_view name,
+                                     VkDescriptorSetLayout* set_layout_out,
+                                     VkPipelineLayout* layout_out, VkShaderModule* shader_out,
+                                     VkPipeline* pipeline_out) {
+    std::vector<VkDescriptorSetLayoutBinding> bindings(bindings_count);
+    for (int i = 0; i < bindings_count; ++i) {
+      bindings[i] = VkDescriptorSetLayoutBinding{};
       bindings[i].binding = static_cast<uint32_t>(i);
       bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
       bindings[i].descriptorCount = 1;
@@ -278,45 +305,53 @@ struct internal::VulkanState {
     }
     VkDescriptorSetLayoutCreateInfo set_info{};
     set_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
-    set_info.bindingCount = kBindings;
-    set_info.pBindings = bindings;
+    set_info.bindingCount = static_cast<uint32_t>(bindings_count);
+    set_info.pBindings = bindings.data();
     COLI_VK_RETURN_IF_ERROR(
-        vk.vkCreateDescriptorSetLayout(device, &set_info, nullptr, &set_layout));
+        vk.vkCreateDescriptorSetLayout(device, &set_info, nullptr, set_layout_out));
 
     VkPushConstantRange push{};
     push.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
-    push.size = sizeof(PushConstants);
+    push.size = push_bytes;
     VkPipelineLayoutCreateInfo layout_info{};
     layout_info.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO;
     layout_info.setLayoutCount = 1;
-    layout_info.pSetLayouts = &set_layout;
+    layout_info.pSetLayouts = set_layout_out;
     layout_info.pushConstantRangeCount = 1;
     layout_info.pPushConstantRanges = &push;
     COLI_VK_RETURN_IF_ERROR(
-        vk.vkCreatePipelineLayout(device, &layout_info, nullptr, &pipeline_layout));
+        vk.vkCreatePipelineLayout(device, &layout_info, nullptr, layout_out));
 
-    const std::span<const uint32_t> code = shaders::Mxfp4MatmulSpirv();
     VkShaderModuleCreateInfo module_info{};
     module_info.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
     module_info.codeSize = code.size_bytes();
     module_info.pCode = code.data();
     COLI_RETURN_IF_ERROR(
-        Annotate(VkError(vk.vkCreateShaderModule(device, &module_info, nullptr, &shader),
+        Annotate(VkError(vk.vkCreateShaderModule(device, &module_info, nullptr, shader_out),
                          "vkCreateShaderModule"),
-                 "shader mxfp4_matmul"));
+                 absl::StrCat("shader ", name)));
 
     VkComputePipelineCreateInfo pipe_info{};
     pipe_info.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
     pipe_info.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
     pipe_info.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
-    pipe_info.stage.module = shader;
+    pipe_info.stage.module = *shader_out;
     pipe_info.stage.pName = "main";
-    pipe_info.layout = pipeline_layout;
-    COLI_RETURN_IF_ERROR(Annotate(
-        VkError(
-            vk.vkCreateComputePipelines(device, VK_NULL_HANDLE, 1, &pipe_info, nullptr, &pipeline),
-            "vkCreateComputePipelines"),
-        "shader mxfp4_matmul"));
+    pipe_info.layout = *layout_out;
+    return Annotate(VkError(vk.vkCreateComputePipelines(device, VK_NULL_HANDLE, 1, &pipe_info,
+                                                        nullptr, pipeline_out),
+                            "vkCreateComputePipelines"),
+                    absl::StrCat("shader ", name));
+  }
+
+  absl::Status CreatePipeline() {
+    COLI_RETURN_IF_ERROR(CreateComputePipeline(kBindings, sizeof(PushConstants),
+                                               shaders::Mxfp4MatmulSpirv(), "mxfp4_matmul",
+                                               &set_layout, &pipeline_layout, &shader, &pipeline));
+    COLI_RETURN_IF_ERROR(CreateComputePipeline(kSituBindings, sizeof(SituPushConstants),
+                                               shaders::SituGluSpirv(), "situ_glu",
+                                               &situ_set_layout, &situ_pipeline_layout,
+                                               &situ_shader, &situ_pipeline));
 
     VkDescriptorPoolSize pool_size{};
     pool_size.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
@@ -391,6 +426,122 @@ struct internal::VulkanState {
     const VkResult reset = vk.vkResetFences(device, 1, &fence);
     COLI_RETURN_IF_ERROR(VkError(waited, "vkWaitForFences (mxfp4_matmul dispatch)"));
     COLI_VK_RETURN_IF_ERROR(reset);
+    return absl::OkStatus();
+  }
+
+  // One dispatch of a recorded chain: a pipeline, its buffers (bound at an offset) and push
+  // constants. Dispatches of one `phase` run without barriers between them; a barrier (shader
+  // write -> shader read) separates consecutive phases.
+  struct Segment {
+    VkBuffer buffer;
+    VkDeviceSize offset;
+    VkDeviceSize range;
+  };
+  struct Dispatch {
+    bool situ = false;  // situ_glu pipeline, else mxfp4_matmul
+    int phase = 0;
+    Segment segments[kBindings]{};
+    uint32_t push[3]{};
+    uint32_t groups_x = 1, groups_y = 1;
+    bool is_matmul() const { return !situ; }
+  };
+
+  // Records every dispatch in one command buffer, submits it once and waits for the fence.
+  // Caller holds `mu`.
+  absl::Status RunDispatches(std::span<const Dispatch> dispatches, absl::string_view what) {
+    if (dispatches.empty()) return absl::OkStatus();
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    VkDescriptorPoolSize pool_size{};
+    pool_size.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    pool_size.descriptorCount = static_cast<uint32_t>(dispatches.size() * kBindings);
+    VkDescriptorPoolCreateInfo pool_info{};
+    pool_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+    pool_info.maxSets = static_cast<uint32_t>(dispatches.size());
+    pool_info.poolSizeCount = 1;
+    pool_info.pPoolSizes = &pool_size;
+    COLI_VK_RETURN_IF_ERROR(vk.vkCreateDescriptorPool(device, &pool_info, nullptr, &pool));
+    absl::Status status = RecordAndSubmit(pool, dispatches, what);
+    vk.vkDestroyDescriptorPool(device, pool, nullptr);
+    return status;
+  }
+
+  absl::Status RecordAndSubmit(VkDescriptorPool pool, std::span<const Dispatch> dispatches,
+                               absl::string_view what) {
+    std::vector<VkDescriptorSetLayout> layouts(dispatches.size());
+    for (size_t i = 0; i < dispatches.size(); ++i)
+      layouts[i] = dispatches[i].situ ? situ_set_layout : set_layout;
+    std::vector<VkDescriptorSet> sets(dispatches.size());
+    VkDescriptorSetAllocateInfo ds_info{};
+    ds_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
+    ds_info.descriptorPool = pool;
+    ds_info.descriptorSetCount = static_cast<uint32_t>(sets.size());
+    ds_info.pSetLayouts = layouts.data();
+    COLI_VK_RETURN_IF_ERROR(vk.vkAllocateDescriptorSets(device, &ds_info, sets.data()));
+    std::vector<VkDescriptorBufferInfo> infos;
+    std::vector<VkWriteDescriptorSet> writes;
+    infos.reserve(dispatches.size() * kBindings);
+    for (size_t i = 0; i < dispatches.size(); ++i) {
+      const int n = dispatches[i].situ ? kSituBindings : kBindings;
+      for (int b = 0; b < n; ++b) {
+        const Segment& seg = dispatches[i].segments[b];
+        infos.push_back(VkDescriptorBufferInfo{seg.buffer, seg.offset, seg.range});
+        VkWriteDescriptorSet w{};
+        w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+        w.dstSet = sets[i];
+        w.dstBinding = static_cast<uint32_t>(b);
+        w.descriptorCount = 1;
+        w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        w.pBufferInfo = &infos.back();
+        writes.push_back(w);
+      }
+    }
+    vk.vkUpdateDescriptorSets(device, static_cast<uint32_t>(writes.size()), writes.data(), 0,
+                              nullptr);
+
+    COLI_VK_RETURN_IF_ERROR(vk.vkResetCommandBuffer(command_buffer, 0));
+    VkCommandBufferBeginInfo begin{};
+    begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    COLI_VK_RETURN_IF_ERROR(vk.vkBeginCommandBuffer(command_buffer, &begin));
+    VkMemoryBarrier between{};
+    between.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    between.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+    between.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+    for (size_t i = 0; i < dispatches.size(); ++i) {
+      const Dispatch& d = dispatches[i];
+      if (i > 0 && d.phase != dispatches[i - 1].phase) {
+        vk.vkCmdPipelineBarrier(command_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &between, 0, nullptr,
+                                0, nullptr);
+      }
+      const VkPipelineLayout layout = d.situ ? situ_pipeline_layout : pipeline_layout;
+      vk.vkCmdBindPipeline(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE,
+                           d.situ ? situ_pipeline : pipeline);
+      vk.vkCmdBindDescriptorSets(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE, layout, 0, 1,
+                                 &sets[i], 0, nullptr);
+      vk.vkCmdPushConstants(command_buffer, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(d.push),
+                            d.push);
+      vk.vkCmdDispatch(command_buffer, d.groups_x, d.groups_y, 1);
+    }
+    VkMemoryBarrier to_host{};
+    to_host.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    to_host.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+    to_host.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    vk.vkCmdPipelineBarrier(command_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                            VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &to_host, 0, nullptr, 0, nullptr);
+    COLI_VK_RETURN_IF_ERROR(vk.vkEndCommandBuffer(command_buffer));
+    VkSubmitInfo submit{};
+    submit.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    submit.commandBufferCount = 1;
+    submit.pCommandBuffers = &command_buffer;
+    COLI_VK_RETURN_IF_ERROR(vk.vkQueueSubmit(queue, 1, &submit, fence));
+    const VkResult waited = vk.vkWaitForFences(device, 1, &fence, VK_TRUE, kFenceTimeoutNs);
+    const VkResult reset = vk.vkResetFences(device, 1, &fence);
+    COLI_RETURN_IF_ERROR(VkError(waited, absl::StrCat("vkWaitForFences (", what, ")")));
+    COLI_VK_RETURN_IF_ERROR(reset);
+    uint64_t n_matmuls = 0;
+    for (const Dispatch& d : dispatches) n_matmuls += d.is_matmul() ? 1 : 0;
+    matmuls.fetch_add(n_matmuls, std::memory_order_relaxed);
     return absl::OkStatus();
   }
 };
@@ -548,7 +699,217 @@ absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float*
   const PushConstants pc{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols),
                          static_cast<uint32_t>(b)};
   status = Annotate(s.Run(buffers, pc), s.device_name);
-  if (status.ok()) std::memcpy(y, io[1].mapped, b * rows * sizeof(float));
+  if (status.ok()) {
+    std::memcpy(y, io[1].mapped, b * rows * sizeof(float));
+    s.matmuls.fetch_add(1, std::memory_order_relaxed);
+  }
+  release();
+  return status;
+}
+
+uint64_t VulkanContext::matmuls() const {
+  return state_->matmuls.load(std::memory_order_relaxed);
+}
+
+namespace {
+
+// Workgroups for `rows` matmul rows (one workgroup per row, spilling into y past 65535).
+void MatmulGroups(uint32_t rows, uint32_t* x, uint32_t* y) {
+  *x = rows < kWorkgroupsPerDim ? rows : kWorkgroupsPerDim;
+  *y = (rows + *x - 1) / *x;
+}
+
+uint32_t SituGroups(uint64_t n) {
+  const uint64_t groups = (n + 63) / 64;
+  return static_cast<uint32_t>(groups < kWorkgroupsPerDim ? groups : kWorkgroupsPerDim);
+}
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+}  // namespace
+
+absl::Status VulkanContext::SituGlu(const float* g, const float* u, int64_t n, float beta1,
+                                    float beta2, float* out) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("Vulkan SituGlu: negative n ", n));
+  if (n == 0) return absl::OkStatus();
+  if (g == nullptr || u == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("Vulkan SituGlu: null input or output pointer");
+  }
+  if (static_cast<uint64_t>(n) > kMaxIndex) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Vulkan SituGlu: n = ", n, " exceeds the shader's 32-bit indices"));
+  }
+  internal::VulkanState& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  const VkDeviceSize bytes = static_cast<VkDeviceSize>(n) * sizeof(float);
+  Buffer io[3];
+  auto release = [&] {
+    for (Buffer& buf : io) s.Free(buf);
+  };
+  absl::Status status;
+  const char* names[3] = {"situ gate", "situ up", "situ output"};
+  for (int i = 0; i < 3 && status.ok(); ++i) status = s.Allocate(bytes, names[i], io[i]);
+  if (!status.ok()) {
+    release();
+    return status;
+  }
+  std::memcpy(io[0].mapped, g, bytes);
+  std::memcpy(io[1].mapped, u, bytes);
+  internal::VulkanState::Dispatch d;
+  d.situ = true;
+  for (int i = 0; i < 3; ++i) d.segments[i] = {io[i].buffer, 0, bytes};
+  d.push[0] = static_cast<uint32_t>(n);
+  d.push[1] = FloatBits(beta1);
+  d.push[2] = FloatBits(beta2);
+  d.groups_x = SituGroups(static_cast<uint64_t>(n));
+  status = Annotate(s.RunDispatches(std::span(&d, 1), "situ_glu dispatch"), s.device_name);
+  if (status.ok()) std::memcpy(out, io[2].mapped, bytes);
+  release();
+  return status;
+}
+
+absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, float beta1,
+                                        float beta2) {
+  internal::VulkanState& s = *state_;
+  // Checks, and the byte layout of the shared activation buffers: each job's segment starts at
+  // a multiple of the device's storage-buffer offset alignment.
+  const VkDeviceSize align =
+      std::max<VkDeviceSize>(16, s.properties.limits.minStorageBufferOffsetAlignment);
+  auto round_up = [&](VkDeviceSize v) { return (v + align - 1) / align * align; };
+  struct Layout {
+    VkDeviceSize x = 0, inner = 0, y = 0;  // offsets in the x / g,u,h / y buffers
+    VkDeviceSize x_bytes = 0, inner_bytes = 0;
+  };
+  std::vector<Layout> layout(jobs.size());
+  VkDeviceSize x_total = 0, inner_total = 0;
+  bool any = false;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const ExpertChainJob& job = jobs[j];
+    const std::string which = absl::StrCat("Vulkan ExpertChain job ", j);
+    if (job.gate == nullptr || job.up == nullptr || job.down == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(which, ": null matrix"));
+    }
+    for (const DeviceMxfp4Matrix* m : {job.gate, job.up, job.down}) {
+      if (m->impl_->state != &s) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(which, ": a matrix was uploaded by another VulkanContext"));
+      }
+    }
+    const int64_t inter = job.gate->rows(), hidden = job.gate->cols();
+    if (job.up->rows() != inter || job.up->cols() != hidden || job.down->rows() != hidden ||
+        job.down->cols() != inter) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          which, ": shapes gate [", inter, ", ", hidden, "], up [", job.up->rows(), ", ",
+          job.up->cols(), "], down [", job.down->rows(), ", ", job.down->cols(),
+          "] do not form a GLU block (expected up [I, H] and down [H, I])"));
+    }
+    if (job.rows < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(which, ": negative rows ", job.rows));
+    }
+    if (job.rows == 0 || inter == 0 || hidden == 0) continue;
+    if (job.x == nullptr || job.y == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(which, ": null activation or output"));
+    }
+    const uint64_t r = static_cast<uint64_t>(job.rows);
+    if (r * static_cast<uint64_t>(inter) > kMaxIndex ||
+        r * static_cast<uint64_t>(hidden) > kMaxIndex) {
+      return absl::InvalidArgumentError(absl::StrCat(which, ": ", r, " rows of [", inter, ", ",
+                                                     hidden, "] exceed the shaders' 32-bit indices"));
+    }
+    layout[j].x_bytes = r * static_cast<uint64_t>(hidden) * sizeof(float);
+    layout[j].inner_bytes = r * static_cast<uint64_t>(inter) * sizeof(float);
+    layout[j].x = x_total;
+    layout[j].y = x_total;
+    layout[j].inner = inner_total;
+    x_total += round_up(layout[j].x_bytes);
+    inner_total += round_up(layout[j].inner_bytes);
+    for (VkDeviceSize seg : {layout[j].x_bytes, layout[j].inner_bytes}) {
+      if (seg > s.properties.limits.maxStorageBufferRange) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(which, ": a segment of ", seg,
+                         " bytes exceeds the device's maxStorageBufferRange (",
+                         s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
+      }
+    }
+    any = true;
+  }
+  if (!any) return absl::OkStatus();
+
+  absl::MutexLock lock(&s.mu);
+  Buffer x, g, u, h, y;
+  Buffer* all[] = {&x, &g, &u, &h, &y};
+  auto release = [&] {
+    for (Buffer* buf : all) s.Free(*buf);
+  };
+  absl::Status status = s.Allocate(x_total, "chain activations", x, /*check_range=*/false);
+  if (status.ok()) status = s.Allocate(inner_total, "chain gate", g, false);
+  if (status.ok()) status = s.Allocate(inner_total, "chain up", u, false);
+  if (status.ok()) status = s.Allocate(inner_total, "chain hidden", h, false);
+  if (status.ok()) status = s.Allocate(x_total, "chain outputs", y, false);
+  if (!status.ok()) {
+    release();
+    return status;
+  }
+  using Dispatch = internal::VulkanState::Dispatch;
+  std::vector<Dispatch> dispatches;
+  dispatches.reserve(jobs.size() * 4);
+  auto matmul = [&](const DeviceMxfp4Matrix& w, int phase, const Buffer& in, VkDeviceSize in_off,
+                    VkDeviceSize in_bytes, const Buffer& out, VkDeviceSize out_off,
+                    VkDeviceSize out_bytes, int64_t rows) {
+    Dispatch d;
+    d.phase = phase;
+    d.segments[0] = {w.impl_->weights.buffer, 0, w.impl_->weights.size};
+    d.segments[1] = {w.impl_->scales.buffer, 0, w.impl_->scales.size};
+    d.segments[2] = {in.buffer, in_off, in_bytes};
+    d.segments[3] = {out.buffer, out_off, out_bytes};
+    d.push[0] = static_cast<uint32_t>(w.rows());
+    d.push[1] = static_cast<uint32_t>(w.cols());
+    d.push[2] = static_cast<uint32_t>(rows);
+    MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
+    dispatches.push_back(d);
+  };
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const ExpertChainJob& job = jobs[j];
+    const Layout& l = layout[j];
+    if (l.x_bytes == 0) continue;
+    std::memcpy(static_cast<uint8_t*>(x.mapped) + l.x, job.x, l.x_bytes);
+    matmul(*job.gate, 0, x, l.x, l.x_bytes, g, l.inner, l.inner_bytes, job.rows);
+    matmul(*job.up, 0, x, l.x, l.x_bytes, u, l.inner, l.inner_bytes, job.rows);
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const Layout& l = layout[j];
+    if (l.x_bytes == 0) continue;
+    Dispatch d;
+    d.situ = true;
+    d.phase = 1;
+    d.segments[0] = {g.buffer, l.inner, l.inner_bytes};
+    d.segments[1] = {u.buffer, l.inner, l.inner_bytes};
+    d.segments[2] = {h.buffer, l.inner, l.inner_bytes};
+    const uint64_t n = l.inner_bytes / sizeof(float);
+    d.push[0] = static_cast<uint32_t>(n);
+    d.push[1] = FloatBits(beta1);
+    d.push[2] = FloatBits(beta2);
+    d.groups_x = SituGroups(n);
+    dispatches.push_back(d);
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const ExpertChainJob& job = jobs[j];
+    const Layout& l = layout[j];
+    if (l.x_bytes == 0) continue;
+    matmul(*job.down, 2, h, l.inner, l.inner_bytes, y, l.y, l.x_bytes, job.rows);
+  }
+  status = Annotate(s.RunDispatches(dispatches, "expert chain"), s.device_name);
+  if (status.ok()) {
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (layout[j].x_bytes == 0) continue;
+      std::memcpy(jobs[j].y, static_cast<const uint8_t*>(y.mapped) + layout[j].y,
+                  layout[j].x_bytes);
+    }
+  }
   release();
   return status;
 }

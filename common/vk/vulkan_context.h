@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -56,6 +57,19 @@ class DeviceMxfp4Matrix {
   std::unique_ptr<Impl> impl_;
 };
 
+// One expert of a batched expert chain (VulkanContext::ExpertChain): a SiTU-GLU block
+//   y[r, :] = down · SiTU(gate · x[r, :], up · x[r, :])   for r < rows
+// with resident MXFP4 matrices gate, up [inter, hidden] and down [hidden, inter]; x and y are
+// host f32 [rows, hidden] (borrowed for the call).
+struct ExpertChainJob {
+  const DeviceMxfp4Matrix* gate = nullptr;
+  const DeviceMxfp4Matrix* up = nullptr;
+  const DeviceMxfp4Matrix* down = nullptr;
+  const float* x = nullptr;
+  int64_t rows = 0;
+  float* y = nullptr;
+};
+
 class VulkanContext {
  public:
   // Loads the Vulkan loader, creates an instance (no layers), picks a device with a compute
@@ -87,6 +101,24 @@ class VulkanContext {
   // As Mxfp4Matmul above on a resident matrix; INVALID_ARGUMENT for a matrix uploaded by
   // another context.
   absl::Status Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch, float* y);
+
+  // out[i] = β1·tanh(g[i]/β1)·σ(g[i]) · β2·tanh(u[i]/β2) for i < n on the device
+  // (shaders/situ_glu.comp; the chain's activation, exposed for its test). out may alias g or u.
+  // INVALID_ARGUMENT for n < 0, null pointers (n > 0) or n over 32 bits; n == 0 does nothing.
+  absl::Status SituGlu(const float* g, const float* u, int64_t n, float beta1, float beta2,
+                       float* out);
+
+  // Every job's gate and up matmuls, SiTU-GLU (β1, β2) and down matmul as ONE submission (one
+  // command buffer, one fence; barriers only between the three phases), then each job's y read
+  // back. Activations stay f32 throughout (the CPU's K3_IDOT=0 math up to summation order).
+  // INVALID_ARGUMENT for a matrix of another context, mismatched shapes (gate/up [I, H], down
+  // [H, I]), negative rows, null pointers or indices over 32 bits; jobs with rows == 0 are
+  // skipped. Thread-safe (serialised with the other calls).
+  absl::Status ExpertChain(std::span<const ExpertChainJob> jobs, float beta1, float beta2);
+
+  // Matmul dispatches completed on this context so far (3 per ExpertChain job, 1 per
+  // Mxfp4Matmul call with work). Any thread.
+  uint64_t matmuls() const;
 
  private:
   explicit VulkanContext(std::unique_ptr<internal::VulkanState> state);

@@ -29,6 +29,7 @@
 #include "common/status/status.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
+#include "plugins/kimi_k3/vk_tier.h"
 #ifdef COLI_K3_HAVE_TOKENIZER
 #include "common/tokenizer/tokenizer.h"
 #endif
@@ -87,6 +88,8 @@ absl::StatusOr<ModelOptions> OptionsFromEnv() {
   o.trace_path = EnvString("K3_TRACE");
   o.x0_path = EnvString("K3_X0");
   o.logits_path = EnvString("K3_LOGITS");
+  // COLI_VULKAN / K3_VK, COLI_VK_TIER_GB / K3_VK_GB, COLI_VK_TIER_RATE / K3_VK_UP (vk_tier.h).
+  COLI_RETURN_IF_ERROR(VkSwitches::FromEnv([](const char* n) { return std::getenv(n); }).Resolve(&o));
   return o;
 }
 
@@ -173,13 +176,14 @@ absl::Status Main(int argc, char** argv) {
   COLI_ASSIGN_OR_RETURN(ModelOptions opt, OptionsFromEnv());
   const double t0 = Seconds();
   int last_pct = -1;
+  VkExpertTier* vk_tier = nullptr;  // owned by the model; only with COLI_VULKAN=1 / K3_VK=1
   COLI_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
       Model::Load(model_dir, opt, [&](int done, int total) {
         const int pct = 100 * done / total;
         if (pct / 10 != last_pct / 10) std::cerr << "\r[k3-run] loading " << pct << "%" << std::flush;
         last_pct = pct;
-      }));
+      }, ExpertSourceFactoryFor(opt, model_dir, nullptr, &vk_tier)));
   const double t_load = Seconds() - t0;
   std::cerr << "\r[k3-run] loaded " << model->num_layers() << " layers in " << t_load << " s ("
             << model->weights().resident_bytes / 1e6 << " MB resident; bits " << opt.bits << "/"
@@ -272,6 +276,7 @@ absl::Status Main(int argc, char** argv) {
   std::fprintf(stderr, "[k3-run] experts: %lld unique expert computations for %lld (row, expert) pairs\n",
                static_cast<long long>(t.moe_stats.expert_calls),
                static_cast<long long>(t.moe_stats.expert_rows));
+  if (vk_tier != nullptr) std::cerr << VkTierReport(vk_tier->Stats());
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/ops/ops.h"
@@ -10,6 +11,8 @@
 #include "plugins/kimi_k3/dense_mlp.h"
 
 namespace coli::k3 {
+
+DeviceExperts::~DeviceExperts() = default;
 
 Routing Route(const MoeConfig& moe, std::span<const float> logits,
               std::span<const float> bias, double topp) {
@@ -82,14 +85,59 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
     slots_of.push_back(&slots);
   }
   std::vector<float> slot_out(int64_t{n} * max_k * lat, 0.0f);
+  // A device tier (vk_tier.h) takes the resident experts; the CPU walks the rest (`cpu`, entries
+  // of `unique` in its ascending order). Without a tier, or with nothing claimed, the CPU walks
+  // exactly `unique` as before.
+  DeviceExperts* device = dynamic_cast<DeviceExperts*>(&experts);
+  std::vector<int> claimed;
+  if (device != nullptr) claimed = device->Claim(layer, unique);
+  std::vector<char> on_device(unique.size(), 0);
+  for (int i : claimed) {
+    if (i < 0 || i >= static_cast<int>(unique.size()) || on_device[i])
+      return absl::InternalError(absl::StrCat("device tier claimed entry ", i, " twice"));
+    on_device[i] = 1;
+  }
+  std::vector<int32_t> cpu_experts;
+  std::vector<int> cpu_entry;  // cpu list index → entry of `unique`
+  for (size_t i = 0; i < unique.size(); ++i) {
+    if (on_device[i]) continue;
+    cpu_experts.push_back(unique[i]);
+    cpu_entry.push_back(static_cast<int>(i));
+  }
   std::vector<char> done(unique.size(), 0);
-  // The routed experts' loads start now; meanwhile (before any expert is applied) this thread
+  // The routed loads start now; meanwhile (before any expert is applied) this thread
   // computes what does not need them: 4. the latent down-projection and 7. the shared experts
-  // on the full-width input. Same operations and order as without the overlap.
+  // on the full-width input. Same operations and order as without the overlap. With claimed
+  // experts, their device chain starts right after z and runs on its own thread.
   std::vector<float> z(int64_t{n} * lat);
   std::vector<float> sh;
+  std::vector<std::vector<float>> dev_in(claimed.size()), dev_out(claimed.size());
+  absl::Status device_status;
+  std::thread device_thread;
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      if (t.joinable()) t.join();
+    }
+  } joiner{device_thread};
   auto meanwhile = [&]() -> absl::Status {
     COLI_RETURN_IF_ERROR(MatMul(c, w.latent_down, x, n, z.data()));
+    if (!claimed.empty()) {
+      std::vector<DeviceExpertJob> jobs(claimed.size());
+      for (size_t j = 0; j < claimed.size(); ++j) {
+        const auto& slots = *slots_of[claimed[j]];
+        const int m = static_cast<int>(slots.size());
+        dev_in[j].resize(int64_t{m} * lat);
+        dev_out[j].resize(int64_t{m} * lat);
+        for (int r = 0; r < m; ++r)
+          std::copy_n(z.data() + int64_t{slots[r].first} * lat, lat,
+                      dev_in[j].data() + int64_t{r} * lat);
+        jobs[j] = {claimed[j], dev_in[j].data(), m, dev_out[j].data()};
+      }
+      device_thread = std::thread([&device_status, device, jobs = std::move(jobs)] {
+        device_status = device->Compute(jobs);
+      });
+    }
     if (w.has_shared) {
       sh.resize(int64_t{n} * D);
       COLI_RETURN_IF_ERROR(
@@ -98,9 +146,10 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
     return absl::OkStatus();
   };
   COLI_RETURN_IF_ERROR(experts.ForEachExpertOverlapped(
-      layer, unique, meanwhile, [&](int i, const ExpertWeights& ew) -> absl::Status {
-        if (i < 0 || i >= static_cast<int>(unique.size()) || done[i])
-          return absl::InternalError(absl::StrCat("expert source delivered entry ", i, " twice"));
+      layer, cpu_experts, meanwhile, [&](int ci, const ExpertWeights& ew) -> absl::Status {
+        if (ci < 0 || ci >= static_cast<int>(cpu_entry.size()) || done[cpu_entry[ci]])
+          return absl::InternalError(absl::StrCat("expert source delivered entry ", ci, " twice"));
+        const int i = cpu_entry[ci];
         done[i] = 1;
         const auto& slots = *slots_of[i];
         const int m = static_cast<int>(slots.size());
@@ -116,8 +165,20 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
         for (int j = 0; j < m; ++j)
           std::copy_n(y.data() + int64_t{j} * lat, lat,
                       slot_out.data() + (int64_t{slots[j].first} * max_k + slots[j].second) * lat);
+        if (device != nullptr) device->Offer(layer, unique[i], ew);
         return absl::OkStatus();
       }));
+  if (device_thread.joinable()) device_thread.join();
+  COLI_RETURN_IF_ERROR(device_status);
+  for (size_t j = 0; j < claimed.size(); ++j) {
+    const auto& slots = *slots_of[claimed[j]];
+    if (dev_out[j].empty() && !slots.empty())
+      return absl::InternalError(absl::StrCat("device tier did not run for layer ", layer));
+    for (size_t r = 0; r < slots.size(); ++r)
+      std::copy_n(dev_out[j].data() + int64_t(r) * lat, lat,
+                  slot_out.data() + (int64_t{slots[r].first} * max_k + slots[r].second) * lat);
+    done[claimed[j]] = 1;
+  }
   for (size_t i = 0; i < done.size(); ++i)
     if (!done[i])
       return absl::InternalError(absl::StrCat("expert source skipped expert ", unique[i],

@@ -41,6 +41,32 @@ struct Routing {
 Routing Route(const MoeConfig& moe, std::span<const float> router_logits,
               std::span<const float> correction_bias, double topp);
 
+// A device that computes some routed experts itself (the Vulkan tier, vk_tier.h). When the
+// ExpertSource passed to LatentMoeForward also implements this interface (found by
+// dynamic_cast, so the model and the ExpertSource seam stay as they are), each call:
+//   1. Claim(layer, unique): the entries of the call's unique experts the device computes;
+//   2. Compute(jobs) for those, on a thread of LatentMoeForward's, while the CPU computes the
+//      others through ForEachExpertOverlapped (claimed experts are never passed to it);
+//   3. Offer(layer, e, w) for every expert the CPU computed, from inside the CPU walk.
+// Outputs land in the same per-(row, k) slots as the CPU's and are summed in the same order.
+struct DeviceExpertJob {
+  int entry = 0;         // index into the last Claim's `experts` (one of those it returned)
+  const float* x = nullptr;  // [rows, latent] inputs z of the rows that chose the expert
+  int64_t rows = 0;
+  float* y = nullptr;    // [rows, latent] outputs E_e(z)
+};
+class DeviceExperts {
+ public:
+  virtual ~DeviceExperts();
+  // Entries i of `experts` (unique ids of MoE layer `layer`) the device will compute; the
+  // experts stay usable for the following Compute even if evicted meanwhile.
+  virtual std::vector<int> Claim(int layer, std::span<const int32_t> experts) = 0;
+  // All jobs as one device submission; blocks until the outputs are in place.
+  virtual absl::Status Compute(std::span<const DeviceExpertJob> jobs) = 0;
+  // An expert the CPU just computed (weights valid for the call only): a promotion candidate.
+  virtual void Offer(int layer, int32_t expert, const ExpertWeights& weights) = 0;
+};
+
 struct MoeStats {
   int64_t rows = 0;            // rows through the MoE
   int64_t expert_calls = 0;    // unique experts computed (summed over calls)

@@ -20,6 +20,9 @@
 // | logits_path         | K3_LOGITS       | —       | f32 LE logits of every prefill position [T, V] |
 // | mla_latent_norm_eps | —               | 1e-6    | ε of q_a_layernorm / kv_a_layernorm (vendor; production engines use 1e-5) |
 // | threads             | —               | 0       | compute threads (0 = OpenMP default)           |
+// | vulkan              | COLI_VULKAN (K3_VK) | 0   | open the Vulkan device, routed experts on its tier (vk_tier.h) |
+// | vk_tier_gb          | COLI_VK_TIER_GB (K3_VK_GB) | 2 | tier budget in GB of device memory        |
+// | vk_tier_rate        | COLI_VK_TIER_RATE (numeric K3_VK_UP) | 4 | tier promotions per token (forward pass) |
 // expert_gb, direct, pipe are for the streaming expert store (expert_store.h).
 #ifndef COLI_PLUGINS_KIMI_K3_OPTIONS_H_
 #define COLI_PLUGINS_KIMI_K3_OPTIONS_H_
@@ -47,6 +50,10 @@ struct ModelOptions {
   // The vendor value is the default; set 1e-5 to match those engines.
   float mla_latent_norm_eps = 1e-6f;
   int threads = 0;
+  // The Vulkan expert tier (vk_tier.h); read at the edge by VkSwitches::Resolve.
+  bool vulkan = false;
+  double vk_tier_gb = 2;
+  int vk_tier_rate = 4;
   std::string trace_path, x0_path, logits_path;
 };
 

@@ -1,0 +1,412 @@
+#include "plugins/kimi_k3/vk_tier.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log/log.h"
+#include "common/status/status.h"
+#include "plugins/kimi_k3/expert_store.h"
+#include "plugins/kimi_k3/expert_store_usage.h"
+
+namespace coli::k3 {
+
+// ---- switches ------------------------------------------------------------------------------
+
+VkTierOptions VkTierOptionsFrom(const ModelOptions& options, const std::string& model_dir) {
+  VkTierOptions o;
+  o.budget_gb = options.vk_tier_gb;
+  o.rate = options.vk_tier_rate;
+  o.usage_path = DefaultUsagePath(model_dir);
+  return o;
+}
+
+VkSwitches VkSwitches::FromEnv(const std::function<const char*(const char*)>& getenv) {
+  auto get = [&](const char* name) {
+    const char* v = getenv(name);
+    return std::string(v != nullptr ? v : "");
+  };
+  VkSwitches s;
+  s.coli_vulkan = get("COLI_VULKAN");
+  s.k3_vk = get("K3_VK");
+  s.tier_gb = get("COLI_VK_TIER_GB");
+  s.k3_vk_gb = get("K3_VK_GB");
+  s.tier_rate = get("COLI_VK_TIER_RATE");
+  s.k3_vk_up = get("K3_VK_UP");
+  return s;
+}
+
+absl::Status VkSwitches::Resolve(ModelOptions* options) const {
+  auto flag = [](const char* name, const std::string& v, bool* out) -> absl::Status {
+    if (v == "1") *out = true;
+    else if (v == "0") *out = false;
+    else return absl::InvalidArgumentError(absl::StrCat(name, "='", v, "': expected 0 or 1"));
+    return absl::OkStatus();
+  };
+  if (!coli_vulkan.empty()) {
+    COLI_RETURN_IF_ERROR(flag("COLI_VULKAN", coli_vulkan, &options->vulkan));
+  } else if (!k3_vk.empty()) {
+    COLI_RETURN_IF_ERROR(flag("K3_VK", k3_vk, &options->vulkan));
+  }
+  const char* gb_name = !tier_gb.empty() ? "COLI_VK_TIER_GB" : "K3_VK_GB";
+  const std::string& gb = !tier_gb.empty() ? tier_gb : k3_vk_gb;
+  if (!gb.empty()) {
+    double v = 0;
+    if (!absl::SimpleAtod(gb, &v) || !(v >= 0) || v > 1e6) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(gb_name, "='", gb, "': expected a budget in GB, 0 or more"));
+    }
+    options->vk_tier_gb = v;
+  }
+  std::string rate_name = "COLI_VK_TIER_RATE";
+  std::string rate = tier_rate;
+  if (rate.empty() && !k3_vk_up.empty() && k3_vk_up != "auto") {
+    rate_name = "K3_VK_UP";
+    rate = k3_vk_up;
+  }
+  if (!rate.empty()) {
+    int v = 0;
+    if (!absl::SimpleAtoi(rate, &v) || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          rate_name, "='", rate, "': expected promotions per token, 0 or more"));
+    }
+    options->vk_tier_rate = v;
+  }
+  return absl::OkStatus();
+}
+
+std::string VkTierStats::Describe() const {
+  return absl::StrFormat(
+      "%d/%d experts resident (%.1f MB), %d hits, %d promotions, %d evictions, %d warm",
+      resident, slots, bytes / 1e6, hits, promotions, evictions, warm);
+}
+
+// ---- the tier ------------------------------------------------------------------------------
+
+struct VkExpertTier::Resident {
+  int index = 0;
+  std::unique_ptr<vulkan::DeviceMxfp4Matrix> w1, w2, w3;
+};
+
+// An accepted promotion: the expert's bytes copied out of the CPU's view (valid only during
+// the Offer call), laid out as ExpertViews expects.
+struct VkExpertTier::Upload {
+  int index = 0;
+  std::vector<uint8_t> bytes;
+  std::array<size_t, 6> offsets{};
+};
+
+VkExpertTier::~VkExpertTier() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (uploader_.joinable()) uploader_.join();
+  // Device matrices go before the context that owns their memory.
+  claimed_.clear();
+  resident_.clear();
+}
+
+int VkExpertTier::Index(int layer, int32_t expert) const {
+  auto it = layer_index_.find(layer);
+  if (it == layer_index_.end() || expert < 0 || expert >= experts_) return -1;
+  return it->second * experts_ + expert;
+}
+
+absl::StatusOr<std::shared_ptr<VkExpertTier::Resident>> VkExpertTier::UploadViews(
+    int index, const ExpertWeights& w) {
+  auto r = std::make_shared<Resident>();
+  r->index = index;
+  COLI_ASSIGN_OR_RETURN(r->w1, vk_->UploadMxfp4(w.w1));
+  COLI_ASSIGN_OR_RETURN(r->w2, vk_->UploadMxfp4(w.w2));
+  COLI_ASSIGN_OR_RETURN(r->w3, vk_->UploadMxfp4(w.w3));
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
+    std::unique_ptr<vulkan::VulkanContext> vk, std::unique_ptr<ExpertSource> inner,
+    st::Snapshot& snapshot, const Config& cfg, const std::string& prefix, int num_layers,
+    const VkTierOptions& options) {
+  if (vk == nullptr || inner == nullptr)
+    return absl::InvalidArgumentError("Vulkan tier: no device context or no expert source");
+  if (!(options.budget_gb >= 0))
+    return absl::InvalidArgumentError(
+        absl::StrCat("COLI_VK_TIER_GB=", options.budget_gb, ": expected 0 or more"));
+  if (options.rate < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("COLI_VK_TIER_RATE=", options.rate, ": expected 0 or more"));
+  auto tier = std::unique_ptr<VkExpertTier>(new VkExpertTier());
+  tier->vk_ = std::move(vk);
+  tier->inner_ = std::move(inner);
+  tier->cfg_ = cfg;
+  tier->experts_ = cfg.moe.num_experts;
+  tier->rate_ = options.rate;
+  for (int i = 0; i < num_layers; ++i) {
+    if (cfg.is_dense(i)) continue;
+    tier->layer_index_[i] = static_cast<int>(tier->moe_layers_.size());
+    tier->moe_layers_.push_back(i);
+  }
+  const uint64_t I = static_cast<uint64_t>(cfg.moe.intermediate);
+  const uint64_t H = static_cast<uint64_t>(cfg.moe.latent);
+  tier->expert_bytes_ = 3 * (I * H / 2 + I * H / 32 * sizeof(float));
+  const uint64_t total = static_cast<uint64_t>(tier->moe_layers_.size()) * tier->experts_;
+  tier->slots_ = tier->expert_bytes_ == 0
+                     ? 0
+                     : std::min<uint64_t>(total, static_cast<uint64_t>(options.budget_gb * 1e9) /
+                                                     tier->expert_bytes_);
+  tier->stats_.slots = tier->slots_;
+  tier->heat_.assign(total, 0);
+
+  // Warm start from the history: the hottest experts over all layers, read and uploaded now.
+  if (!options.usage_path.empty() && !tier->moe_layers_.empty()) {
+    absl::StatusOr<UsageHistory> history =
+        UsageHistory::Load(options.usage_path, tier->moe_layers_, tier->experts_);
+    if (!history.ok()) {
+      COLI_LOG(kWarning) << "Vulkan tier: expert history not used: " << history.status();
+    } else {
+      for (size_t l = 0; l < tier->moe_layers_.size(); ++l)
+        for (int e = 0; e < tier->experts_; ++e)
+          tier->heat_[l * tier->experts_ + e] = history->count(static_cast<int>(l), e);
+    }
+  }
+  std::vector<int> order(total);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return tier->heat_[a] > tier->heat_[b]; });
+  std::vector<uint8_t> buffer;
+  for (uint64_t k = 0; k < tier->slots_ && k < order.size(); ++k) {
+    const int index = order[k];
+    if (tier->heat_[index] == 0) break;
+    const int layer = tier->moe_layers_[index / tier->experts_];
+    const int expert = index % tier->experts_;
+    // The expert's six tensors as the checkpoint stores them (no conversion).
+    const auto names = ExpertTensorNames(prefix, layer, expert);
+    std::array<const st::TensorInfo*, 6> infos{};
+    uint64_t bytes = 0;
+    for (int t = 0; t < 6; ++t) {
+      COLI_ASSIGN_OR_RETURN(infos[t], snapshot.Get(names[t]));
+      bytes += infos[t]->nbytes;
+    }
+    buffer.resize(bytes);
+    std::array<const uint8_t*, 6> parts{};
+    uint64_t offset = 0;
+    for (int t = 0; t < 6; ++t) {
+      COLI_RETURN_IF_ERROR(snapshot.Read(*infos[t], buffer.data() + offset));
+      parts[t] = buffer.data() + offset;
+      offset += infos[t]->nbytes;
+    }
+    const ExpertWeights w = ExpertViews(cfg, parts);
+    for (const kernels::MatrixView* m : {&w.w1, &w.w2, &w.w3})
+      COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(*m), names[0]));
+    COLI_ASSIGN_OR_RETURN(std::shared_ptr<Resident> r, tier->UploadViews(index, w));
+    tier->resident_[index] = std::move(r);
+    tier->stats_.warm += 1;
+  }
+  tier->uploader_ = std::thread([t = tier.get()] { t->UploadLoop(); });
+  COLI_LOG(kInfo) << "Vulkan tier on " << tier->vk_->device_name() << ": " << tier->slots_
+                  << " expert slots of " << tier->expert_bytes_ << " B (" << options.budget_gb
+                  << " GB), " << tier->stats_.warm << " warm from the history, rate "
+                  << tier->rate_ << " per pass";
+  return tier;
+}
+
+absl::Status VkExpertTier::ForEachExpert(
+    int layer, std::span<const int32_t> experts,
+    const std::function<absl::Status(int i, const ExpertWeights&)>& fn) {
+  return inner_->ForEachExpert(layer, experts, fn);
+}
+
+absl::Status VkExpertTier::ForEachExpertOverlapped(
+    int layer, std::span<const int32_t> experts, const std::function<absl::Status()>& meanwhile,
+    const std::function<absl::Status(int i, const ExpertWeights&)>& fn) {
+  return inner_->ForEachExpertOverlapped(layer, experts, meanwhile, fn);
+}
+
+std::vector<int> VkExpertTier::Claim(int layer, std::span<const int32_t> experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (layer <= last_layer_) started_this_pass_ = 0;  // a new forward pass
+  last_layer_ = layer;
+  claimed_.clear();
+  claimed_entries_.clear();
+  std::vector<int> entries;
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const int index = Index(layer, experts[i]);
+    if (index < 0) continue;
+    heat_[index] += 1;
+    auto it = resident_.find(index);
+    if (it == resident_.end()) continue;
+    entries.push_back(static_cast<int>(i));
+    claimed_.push_back(it->second);
+    claimed_entries_.push_back(static_cast<int>(i));
+  }
+  return entries;
+}
+
+absl::Status VkExpertTier::Compute(std::span<const DeviceExpertJob> jobs) {
+  std::vector<std::shared_ptr<Resident>> refs;
+  std::vector<int> entries;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refs = claimed_;
+    entries = claimed_entries_;
+  }
+  std::vector<vulkan::ExpertChainJob> chain;
+  chain.reserve(jobs.size());
+  for (const DeviceExpertJob& job : jobs) {
+    const auto it = std::find(entries.begin(), entries.end(), job.entry);
+    if (it == entries.end()) {
+      return absl::InternalError(
+          absl::StrCat("Vulkan tier: entry ", job.entry, " was not claimed by the last Claim"));
+    }
+    const Resident& r = *refs[it - entries.begin()];
+    chain.push_back({r.w1.get(), r.w3.get(), r.w2.get(), job.x, job.rows, job.y});
+  }
+  COLI_RETURN_IF_ERROR(Annotate(
+      vk_->ExpertChain(chain, cfg_.situ_beta, cfg_.situ_linear_beta), "Vulkan expert tier"));
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.hits += jobs.size();
+  return absl::OkStatus();
+}
+
+void VkExpertTier::Offer(int layer, int32_t expert, const ExpertWeights& w) {
+  const int index = Index(layer, expert);
+  if (index < 0) return;
+  std::unique_ptr<Upload> up;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (slots_ == 0 || started_this_pass_ >= rate_) return;
+    if (resident_.count(index) || pending_.count(index)) return;
+    if (resident_.size() + pending_.size() >= slots_) {
+      // The coldest resident (lowest heat; ties → the highest index, the least preferred at
+      // warm start) goes if the candidate is strictly hotter.
+      auto coldest = resident_.end();
+      for (auto it = resident_.begin(); it != resident_.end(); ++it) {
+        if (coldest == resident_.end() || heat_[it->first] <= heat_[coldest->first]) coldest = it;
+      }
+      if (coldest == resident_.end() || heat_[coldest->first] >= heat_[index]) return;
+      resident_.erase(coldest);
+      stats_.evictions += 1;
+    }
+    pending_[index] = 1;
+    started_this_pass_ += 1;
+  }
+  // Copy the bytes now: the view is valid only for this call.
+  up = std::make_unique<Upload>();
+  up->index = index;
+  const kernels::MatrixView* views[3] = {&w.w1, &w.w2, &w.w3};
+  size_t total = 0;
+  std::array<size_t, 6> sizes{};
+  for (int m = 0; m < 3; ++m) {
+    const kernels::MatrixBytes b = kernels::FormatBytes(views[m]->format, views[m]->rows,
+                                                        views[m]->cols);
+    sizes[2 * m] = b.data;
+    sizes[2 * m + 1] = b.scales;
+    total += b.data + b.scales;
+  }
+  up->bytes.resize(total);
+  size_t offset = 0;
+  for (int m = 0; m < 3; ++m) {
+    up->offsets[2 * m] = offset;
+    std::memcpy(up->bytes.data() + offset, views[m]->data, sizes[2 * m]);
+    offset += sizes[2 * m];
+    up->offsets[2 * m + 1] = offset;
+    std::memcpy(up->bytes.data() + offset, views[m]->scales, sizes[2 * m + 1]);
+    offset += sizes[2 * m + 1];
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(up));
+  }
+  cv_.notify_all();
+}
+
+void VkExpertTier::UploadLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ with nothing left
+    std::unique_ptr<Upload> up = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    std::array<const uint8_t*, 6> parts{};
+    for (int t = 0; t < 6; ++t) parts[t] = up->bytes.data() + up->offsets[t];
+    absl::StatusOr<std::shared_ptr<Resident>> r = UploadViews(up->index, ExpertViews(cfg_, parts));
+    lock.lock();
+    pending_.erase(up->index);
+    if (r.ok()) {
+      resident_[up->index] = std::move(r).value();
+      stats_.promotions += 1;
+    } else {
+      COLI_LOG(kWarning) << "Vulkan tier: upload of expert " << up->index % experts_
+                         << " of layer " << moe_layers_[up->index / experts_]
+                         << " failed: " << r.status();
+    }
+    cv_.notify_all();
+  }
+}
+
+void VkExpertTier::WaitForUploads() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && pending_.empty(); });
+}
+
+VkTierStats VkExpertTier::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  VkTierStats s = stats_;
+  s.matmuls = vk_->matmuls();
+  s.resident = resident_.size();
+  s.bytes = resident_.size() * expert_bytes_;
+  return s;
+}
+
+std::vector<int32_t> VkExpertTier::ResidentExperts(int layer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int32_t> out;
+  auto it = layer_index_.find(layer);
+  if (it == layer_index_.end()) return out;
+  for (const auto& [index, r] : resident_)
+    if (index / experts_ == it->second) out.push_back(index % experts_);
+  return out;
+}
+
+Model::ExpertSourceFactory VkTierFactory(VkTierOptions options, Model::ExpertSourceFactory inner,
+                                         VkExpertTier** tier_out) {
+  return [options, inner, tier_out](st::Snapshot& snapshot, const Config& cfg,
+                                    const std::string& prefix,
+                                    int num_layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    std::unique_ptr<ExpertSource> source;
+    if (inner) {
+      COLI_ASSIGN_OR_RETURN(source, inner(snapshot, cfg, prefix, num_layers));
+    } else {
+      COLI_ASSIGN_OR_RETURN(source, PreadExpertSource::Create(snapshot, cfg, prefix, num_layers));
+    }
+    COLI_ASSIGN_OR_RETURN(std::unique_ptr<vulkan::VulkanContext> vk,
+                          vulkan::VulkanContext::Create());
+    COLI_ASSIGN_OR_RETURN(std::unique_ptr<VkExpertTier> tier,
+                          VkExpertTier::Create(std::move(vk), std::move(source), snapshot, cfg,
+                                               prefix, num_layers, options));
+    if (tier_out != nullptr) *tier_out = tier.get();
+    return std::unique_ptr<ExpertSource>(std::move(tier));
+  };
+}
+
+Model::ExpertSourceFactory ExpertSourceFactoryFor(const ModelOptions& options,
+                                                  const std::string& model_dir,
+                                                  Model::ExpertSourceFactory inner,
+                                                  VkExpertTier** tier_out) {
+  if (tier_out != nullptr) *tier_out = nullptr;
+  if (!options.vulkan) return inner;
+  return VkTierFactory(VkTierOptionsFrom(options, model_dir), std::move(inner), tier_out);
+}
+
+std::string VkTierReport(const VkTierStats& stats) {
+  return absl::StrCat("[VK] kimi_k3: ", stats.matmuls, " matmuls on the GPU\n",
+                      "[VK] tier kimi_k3 ", stats.Describe(), "\n");
+}
+
+}  // namespace coli::k3

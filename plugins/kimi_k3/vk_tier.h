@@ -1,0 +1,186 @@
+// plugins/kimi_k3/vk_tier: the Vulkan expert tier of Kimi K3 (seed "Vulkan (make VK=1
+// kimi_k3)"): hot routed experts resident on a Vulkan device, computed there while the CPU
+// computes the rest of the MoE step.
+//
+//   ModelOptions opt;                       // opt.vulkan, vk_tier_gb, vk_tier_rate (the edge)
+//   VkExpertTier* tier = nullptr;
+//   Model::Load(dir, opt, progress, VkTierFactory(VkTierOptionsFrom(opt, dir), inner, &tier));
+//   ... forward passes ...
+//   VkTierStats s = tier->Stats();          // vk_matmuls, resident, hits, promotions, …
+//
+// Design.
+// * The tier is an ExpertSource wrapping the CPU's source (the streaming store or plain pread)
+//   and implements DeviceExperts (latent_moe.h): each LatentMoE call Claims the resident experts
+//   among its unique experts; LatentMoeForward computes those on the device — gate, up,
+//   SiTU-GLU, down for all their (row, k) pairs as ONE submission (common/vk ExpertChain) — on a
+//   thread of its own while the CPU walks the other experts through the wrapped source. Claimed
+//   experts are never passed to the wrapped source, so they are not read from disk. The outputs
+//   land in the same per-(row, k) slots as CPU outputs and are summed in the fixed k order, so
+//   which experts are resident never changes the order and CPU experts keep their bits.
+// * Bytes. Each resident expert is its three MXFP4 matrices as they sit in RAM (e2m1 nibbles;
+//   UE8M0 exponents widened to f32 on upload by common/vk; never re-encoded): device bytes per
+//   expert = 3·(I·H/2 + I·H/32·4). Slots = floor(budget_gb·1e9 / that).
+// * Heat. One count per (MoE layer, expert): the usage history (.coli_usage, expert_store_usage.h)
+//   at start-up, then +1 each time a LatentMoE call selects the expert (the history's own unit).
+// * Warm start. At Create the slots are filled with the history's hottest experts over all
+//   layers (count > 0; ties → lower layer, then lower expert), read from the shards and uploaded
+//   before the first step.
+// * Promotion. Every expert the CPU computes is Offered; it is promoted when fewer than `rate`
+//   promotions were started in this forward pass (one decode token or one prefill chunk; a pass
+//   starts when a call's layer is not above the previous call's) and either a slot is free or it
+//   is strictly hotter than the coldest resident, which is evicted at once (a step already
+//   using it keeps it alive until its submission ends). The accepted expert's bytes are copied
+//   and uploaded on the tier's own thread; it serves steps from the moment its upload ends, so a
+//   step never waits for an upload.
+//
+// Threading: Claim / Offer / the device chain are called by the serialised MoE calls (Offer
+// from the CPU walk while the chain runs on its thread); Stats and WaitForUploads from any thread.
+#ifndef COLI_PLUGINS_KIMI_K3_VK_TIER_H_
+#define COLI_PLUGINS_KIMI_K3_VK_TIER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/safetensors/safetensors.h"
+#include "common/vk/vulkan_context.h"
+#include "plugins/kimi_k3/config.h"
+#include "plugins/kimi_k3/expert_source.h"
+#include "plugins/kimi_k3/latent_moe.h"
+#include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/options.h"
+
+namespace coli::k3 {
+
+struct VkTierOptions {
+  double budget_gb = 2;    // COLI_VK_TIER_GB (old K3_VK_GB); 0 = nothing resident
+  int rate = 4;            // COLI_VK_TIER_RATE (old numeric K3_VK_UP): promotions per pass
+  std::string usage_path;  // the expert history for the warm start ("" = none)
+};
+
+// The tier's options from the model's typed switches, history at DefaultUsagePath(model_dir).
+VkTierOptions VkTierOptionsFrom(const ModelOptions& options, const std::string& model_dir);
+
+// The Vulkan switches as the environment (or the client's extra options) spell them, each
+// null/empty when unset. Resolve() applies the seed's rules into `options`: COLI_VULKAN wins over
+// K3_VK (1 = open the device, 0 = never), COLI_VK_TIER_GB over K3_VK_GB, COLI_VK_TIER_RATE over a
+// numeric K3_VK_UP (K3_VK_UP=auto does nothing; K3_VK_FILL_FRAC is not read at all).
+// INVALID_ARGUMENT naming the variable for a malformed value.
+struct VkSwitches {
+  std::string coli_vulkan, k3_vk, tier_gb, k3_vk_gb, tier_rate, k3_vk_up;
+  // From a getenv-like lookup.
+  static VkSwitches FromEnv(const std::function<const char*(const char*)>& getenv);
+  absl::Status Resolve(ModelOptions* options) const;
+};
+
+struct VkTierStats {
+  uint64_t matmuls = 0;     // matmul dispatches on the device (3 per expert computed there)
+  uint64_t resident = 0;    // experts resident now
+  uint64_t bytes = 0;       // their device bytes
+  uint64_t hits = 0;        // expert computations served by the device (one per expert per call)
+  uint64_t promotions = 0;  // uploads completed after start-up
+  uint64_t evictions = 0;   // residents displaced by hotter experts
+  uint64_t warm = 0;        // experts uploaded at start-up from the history
+  uint64_t slots = 0;       // capacity in experts
+  std::string Describe() const;  // one line for "[VK] tier kimi_k3 …"
+};
+
+class VkExpertTier final : public ExpertSource, public DeviceExperts {
+ public:
+  // Opens the tier over `inner` for the MoE layers below `num_layers`: locates every expert,
+  // sizes the slots, uploads the warm set. `snapshot` must outlive the tier. Errors from the
+  // device (UNAVAILABLE / INVALID_ARGUMENT from VulkanContext::Create by the caller), reads
+  // (naming the tensor) or uploads are returned.
+  static absl::StatusOr<std::unique_ptr<VkExpertTier>> Create(
+      std::unique_ptr<vulkan::VulkanContext> vk, std::unique_ptr<ExpertSource> inner,
+      st::Snapshot& snapshot, const Config& cfg, const std::string& prefix, int num_layers,
+      const VkTierOptions& options);
+  ~VkExpertTier() override;
+
+  // ExpertSource: everything the device does not take goes to the wrapped source.
+  absl::Status ForEachExpert(
+      int layer, std::span<const int32_t> experts,
+      const std::function<absl::Status(int i, const ExpertWeights&)>& fn) override;
+  absl::Status ForEachExpertOverlapped(
+      int layer, std::span<const int32_t> experts, const std::function<absl::Status()>& meanwhile,
+      const std::function<absl::Status(int i, const ExpertWeights&)>& fn) override;
+
+  // DeviceExperts (latent_moe.h).
+  std::vector<int> Claim(int layer, std::span<const int32_t> experts) override;
+  absl::Status Compute(std::span<const DeviceExpertJob> jobs) override;
+  void Offer(int layer, int32_t expert, const ExpertWeights& weights) override;
+
+  VkTierStats Stats() const;
+  // Blocks until every accepted upload has finished (tests; shutdown).
+  void WaitForUploads();
+  // Resident experts of decoder layer `layer`, ascending.
+  std::vector<int32_t> ResidentExperts(int layer) const;
+  ExpertSource& inner() { return *inner_; }
+  vulkan::VulkanContext& context() { return *vk_; }
+  uint64_t expert_device_bytes() const { return expert_bytes_; }
+
+ private:
+  struct Resident;
+  struct Upload;
+  VkExpertTier() = default;
+  int Index(int layer, int32_t expert) const;  // -1 when not a MoE layer / expert
+  absl::StatusOr<std::shared_ptr<Resident>> UploadViews(int index, const ExpertWeights& w);
+  void UploadLoop();
+
+  std::unique_ptr<vulkan::VulkanContext> vk_;
+  std::unique_ptr<ExpertSource> inner_;
+  Config cfg_;
+  std::vector<int> moe_layers_;             // decoder-layer ids, ascending
+  std::map<int, int> layer_index_;          // decoder-layer id → position in moe_layers_
+  int experts_ = 0;
+  uint64_t expert_bytes_ = 0;
+  uint64_t slots_ = 0;
+  int rate_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint64_t> heat_;                          // [index]
+  std::map<int, std::shared_ptr<Resident>> resident_;  // index → resident expert
+  std::map<int, char> pending_;                         // indices being uploaded
+  std::deque<std::unique_ptr<Upload>> queue_;
+  std::vector<std::shared_ptr<Resident>> claimed_;      // the last Claim's, in its order
+  std::vector<int> claimed_entries_;                   // their entries in the Claim
+  int last_layer_ = -1;
+  int started_this_pass_ = 0;
+  bool stop_ = false;
+  VkTierStats stats_;
+  std::thread uploader_;
+};
+
+// A Model::ExpertSourceFactory that makes the CPU's source with `inner` (PreadExpertSource when
+// null), opens the Vulkan device (VulkanContext::Create: COLI_VK_DEVICE picks it; UNAVAILABLE
+// without one) and wraps the source in a VkExpertTier. `tier_out`, when given, receives the
+// tier (owned by the model).
+Model::ExpertSourceFactory VkTierFactory(VkTierOptions options, Model::ExpertSourceFactory inner,
+                                         VkExpertTier** tier_out = nullptr);
+
+// The factory the edges (k3-run, the plugin) use: `inner` as it is (null = PreadExpertSource)
+// unless options.vulkan, then VkTierFactory(VkTierOptionsFrom(options, model_dir), inner). With
+// vulkan off the device is never opened (COLI_VK_DEVICE is not even looked at).
+Model::ExpertSourceFactory ExpertSourceFactoryFor(const ModelOptions& options,
+                                                  const std::string& model_dir,
+                                                  Model::ExpertSourceFactory inner,
+                                                  VkExpertTier** tier_out);
+
+// The end-of-turn lines (seed): "[VK] kimi_k3: N matmuls on the GPU" and
+// "[VK] tier kimi_k3 <Describe()>", each ending in a newline.
+std::string VkTierReport(const VkTierStats& stats);
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_VK_TIER_H_
