@@ -33,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -190,6 +191,81 @@ class Writer {
   };
   std::map<std::string, std::string> metadata_;
   std::vector<Entry> entries_;
+};
+
+// A header entry of a file being written.
+struct PlannedTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+// The header JSON of a file whose tensors lie back to back in `tensors` order, padded with
+// spaces so 8 + its length is a multiple of 8, and each tensor's byte range inside the data
+// region. INVALID_ARGUMENT for an empty, reserved or repeated name or an invalid shape.
+struct PlannedHeader {
+  std::string json;                                   // padded
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) in the data region
+  uint64_t data_bytes = 0;
+};
+absl::StatusOr<PlannedHeader> PlanHeader(std::span<const PlannedTensor> tensors,
+                                         const std::map<std::string, std::string>& metadata);
+
+// Writes a spec-valid file whose header is fixed up front and whose tensor bytes arrive in any
+// order (a converter that reads its source in one sequential pass and writes each tensor where
+// the header puts it). The file at `path` is created or truncated; nothing is renamed: the
+// caller writes to a temporary name and renames after Finish. Not thread-safe.
+//
+//   COLI_ASSIGN_OR_RETURN(auto w, PlannedWriter::Create(tmp, tensors, {}));
+//   COLI_RETURN_IF_ERROR(w->WriteAt(0, 0, bytes));  // tensor 0, from its first byte
+//   COLI_RETURN_IF_ERROR(w->Finish());              // every byte written? fsync, close
+class PlannedWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<PlannedWriter>> Create(
+      const std::string& path, std::vector<PlannedTensor> tensors,
+      const std::map<std::string, std::string>& metadata = {});
+  ~PlannedWriter();
+  PlannedWriter(const PlannedWriter&) = delete;
+  PlannedWriter& operator=(const PlannedWriter&) = delete;
+
+  // Writes `bytes` at byte `offset` of tensor `index`'s range (INVALID_ARGUMENT outside it).
+  absl::Status WriteAt(size_t index, uint64_t offset, std::string_view bytes);
+  // FAILED_PRECONDITION naming the first tensor whose byte count written differs from its
+  // size (a hole); otherwise fsyncs and closes the file.
+  absl::Status Finish();
+
+  size_t num_tensors() const { return tensors_.size(); }
+  const PlannedTensor& tensor(size_t index) const { return tensors_[index]; }
+  uint64_t tensor_bytes(size_t index) const;
+  uint64_t data_bytes() const { return header_.data_bytes; }
+
+ private:
+  PlannedWriter() = default;
+  std::string path_;
+  int fd_ = -1;
+  std::vector<PlannedTensor> tensors_;
+  PlannedHeader header_;
+  std::vector<uint64_t> written_;
+};
+
+// A read-only shared mapping of a whole file (MAP_SHARED, PROT_READ): its pages stay clean,
+// file-backed and reclaimable (K3_MMAP). An empty file maps to data() == nullptr.
+class SharedMapping {
+ public:
+  static absl::StatusOr<std::unique_ptr<SharedMapping>> Map(const std::string& path);
+  ~SharedMapping();
+  SharedMapping(const SharedMapping&) = delete;
+  SharedMapping& operator=(const SharedMapping&) = delete;
+  const std::string& path() const { return path_; }
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  SharedMapping(std::string path, const uint8_t* data, uint64_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const uint8_t* data_;
+  uint64_t size_;
 };
 
 // Writes a model.safetensors.index.json (atomically) for the given weight map.

@@ -1,5 +1,7 @@
 // Writer and WriteIndex: spec-valid safetensors files and index files, written atomically.
 #include <exception>
+#include <set>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,29 +45,51 @@ absl::Status Writer::Add(std::string name, DType dtype, std::vector<int64_t> sha
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Writer::Serialize() const {
-  std::string header_json;
-  uint64_t data_bytes = 0;
+absl::StatusOr<PlannedHeader> PlanHeader(std::span<const PlannedTensor> tensors,
+                                         const std::map<std::string, std::string>& metadata) {
+  PlannedHeader out;
+  std::set<std::string_view> names;
   try {
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    if (!metadata_.empty()) header["__metadata__"] = metadata_;
-    for (const Entry& e : entries_) {
-      header[e.name] = {{"dtype", std::string(DTypeName(e.dtype))},
-                        {"shape", e.shape},
-                        {"data_offsets", {data_bytes, data_bytes + e.bytes.size()}}};
-      data_bytes += e.bytes.size();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    for (const PlannedTensor& t : tensors) {
+      if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
+        return absl::InvalidArgumentError(
+            Cat("tensor name '", t.name, "' is empty, reserved or repeated"));
+      }
+      uint64_t bytes = DTypeSize(t.dtype);
+      for (int64_t d : t.shape) {
+        if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+          return absl::InvalidArgumentError(
+              Cat("tensor '", t.name, "': shape ", DescribeTensor(t.dtype, t.shape), " is invalid"));
+        }
+      }
+      header[t.name] = {{"dtype", std::string(DTypeName(t.dtype))},
+                        {"shape", t.shape},
+                        {"data_offsets", {out.data_bytes, out.data_bytes + bytes}}};
+      out.ranges.emplace_back(out.data_bytes, out.data_bytes + bytes);
+      out.data_bytes += bytes;
     }
-    header_json = header.dump();
+    out.json = header.dump();
   } catch (const std::exception& e) {  // e.g. a name that is not valid UTF-8
-    return absl::InvalidArgumentError(Cat("Writer: cannot encode the header: ", e.what()));
+    return absl::InvalidArgumentError(Cat("cannot encode the header: ", e.what()));
   }
   // The data region starts 8-byte aligned: pad the header with spaces (spec-valid JSON).
-  header_json.append((8 - header_json.size() % 8) % 8, ' ');
+  out.json.append((8 - out.json.size() % 8) % 8, ' ');
+  return out;
+}
+
+absl::StatusOr<std::string> Writer::Serialize() const {
+  std::vector<PlannedTensor> planned;
+  planned.reserve(entries_.size());
+  for (const Entry& e : entries_) planned.push_back({e.name, e.dtype, e.shape});
+  absl::StatusOr<PlannedHeader> header = PlanHeader(planned, metadata_);
+  if (!header.ok()) return absl::InvalidArgumentError(Cat("Writer: ", header.status().message()));
   std::string out;
-  out.reserve(8 + header_json.size() + data_bytes);
-  uint64_t n = header_json.size();
+  out.reserve(8 + header->json.size() + header->data_bytes);
+  uint64_t n = header->json.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out += header_json;
+  out += header->json;
   for (const Entry& e : entries_) out += e.bytes;
   return out;
 }

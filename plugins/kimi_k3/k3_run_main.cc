@@ -75,6 +75,13 @@ absl::StatusOr<ModelOptions> OptionsFromEnv() {
   COLI_RETURN_IF_ERROR(EnvInt("K3_BITS", &o.bits));
   COLI_RETURN_IF_ERROR(EnvInt("K3_MLA_BITS", &o.mla_bits));
   COLI_RETURN_IF_ERROR(EnvInt("K3_HEAD_BITS", &o.head_bits));
+  // Set = explicit: a repacked container keeps its own format when they are unset (weights.h).
+  o.bits_set = !EnvString("K3_BITS").empty();
+  o.mla_bits_set = !EnvString("K3_MLA_BITS").empty();
+  o.head_bits_set = !EnvString("K3_HEAD_BITS").empty();
+  int mmap = 0;
+  COLI_RETURN_IF_ERROR(EnvInt("K3_MMAP", &mmap));
+  o.mmap = mmap != 0;
   COLI_RETURN_IF_ERROR(EnvInt("K3_IDOT", &idot));
   o.idot = idot != 0;
   COLI_RETURN_IF_ERROR(EnvInt("K3_CHUNK", &o.chunk));
@@ -108,7 +115,7 @@ absl::StatusOr<std::vector<float>> ReadF32File(const std::string& path) {
 int Usage() {
   std::cerr << "usage: k3-run [<model_dir>] [\"prompt\"] [--ids 1,2,3] [--ngen N] [--print-ids]\n"
                "              [--temp T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]\n"
-               "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
+               "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_MMAP K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
                "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n";
   return 2;
 }

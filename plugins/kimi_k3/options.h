@@ -23,6 +23,10 @@
 // | vulkan              | COLI_VULKAN (K3_VK) | 0   | open the Vulkan device, routed experts on its tier (vk_tier.h) |
 // | vk_tier_gb          | COLI_VK_TIER_GB (K3_VK_GB) | 2 | tier budget in GB of device memory        |
 // | vk_tier_rate        | COLI_VK_TIER_RATE (numeric K3_VK_UP) | 4 | tier promotions per token (forward pass) |
+// | mmap                | K3_MMAP         | 0       | map a repacked container's U8 matrices and F32 .qs read-only (no fallback) |
+// bits_set / mla_bits_set / head_bits_set say the switch was given explicitly: on a repacked
+// container (container.h) an unset switch keeps the container's format, an explicit one must
+// match it (or be 4 on int8: downcast to int4-g64 at load).
 // expert_gb, direct, pipe are for the streaming expert store (expert_store.h).
 #ifndef COLI_PLUGINS_KIMI_K3_OPTIONS_H_
 #define COLI_PLUGINS_KIMI_K3_OPTIONS_H_
@@ -50,6 +54,8 @@ struct ModelOptions {
   // The vendor value is the default; set 1e-5 to match those engines.
   float mla_latent_norm_eps = 1e-6f;
   int threads = 0;
+  bool bits_set = false, mla_bits_set = false, head_bits_set = false;
+  bool mmap = false;
   // The Vulkan expert tier (vk_tier.h); read at the edge by VkSwitches::Resolve.
   bool vulkan = false;
   double vk_tier_gb = 2;

@@ -73,6 +73,7 @@ struct K3Model {
   int32_t end_of_msg = -1;   // XTML message end (checkpoint placement); -1 if absent
   int checkpoint_slots = 0;  // COLI_K3_CKPT: per session
   std::string checkpoint_dir;  // COLI_K3_CKPT_DIR: parked there instead of in RAM
+  bool mmap = false;           // K3_MMAP: map a repacked container's matrices (weights.h)
   uint32_t capabilities = 0;
   std::mutex forward_mu;
 };
@@ -127,9 +128,10 @@ absl::Status Probe(const std::string& dir, int32_t* serves) {
 absl::StatusOr<ModelOptions> ToOptions(const coli_model_options_t* o) {
   ModelOptions out;
   if (o == nullptr) return out;
-  if (o->bits != 0) out.bits = o->bits;
-  if (o->mla_bits != 0) out.mla_bits = o->mla_bits;
-  if (o->head_bits != 0) out.head_bits = o->head_bits;
+  // 0 = unset: a repacked container then keeps its own format (weights.h).
+  if (o->bits != 0) out.bits = o->bits, out.bits_set = true;
+  if (o->mla_bits != 0) out.mla_bits = o->mla_bits, out.mla_bits_set = true;
+  if (o->head_bits != 0) out.head_bits = o->head_bits, out.head_bits_set = true;
   out.idot = o->idot != 0;
   if (o->chunk > 0) out.chunk = o->chunk;
   out.direct = o->direct != 0;
@@ -165,6 +167,12 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
         return absl::InvalidArgumentError(absl::StrCat(
             "kimi_k3: option ckpt (COLI_K3_CKPT) = '", value, "' is not a slot count in 0…1024"));
       }
+    } else if (key == "mmap") {
+      if (value != "0" && value != "1") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kimi_k3: option mmap (K3_MMAP) = '", value, "' is not 0 or 1"));
+      }
+      k->mmap = value == "1";
     } else if (key == "ckpt_dir") {
       std::error_code ec;
       if (!std::filesystem::is_directory(value, ec) || access(value.c_str(), W_OK) != 0) {
@@ -185,6 +193,7 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   k->dir = std::string(View(args.model_dir));
   COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args.options));
   COLI_RETURN_IF_ERROR(ReadExtraOptions(args.options, k.get()));
+  options.mmap = k->mmap;
   COLI_ASSIGN_OR_RETURN(k->tokenizer, tok::Tokenizer::LoadDir(k->dir));
   // Routed experts come from the streaming LRU store, sized by K3_EXPERT_GB & co.
   ExpertStoreOptions store_options;

@@ -2,12 +2,15 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/status/status.h"
+#include "plugins/kimi_k3/container.h"
 
 namespace coli::k3 {
 namespace {
@@ -19,13 +22,133 @@ using st::DType;
 // Loads one tensor family into its destination; jobs touch disjoint fields.
 using Job = std::function<absl::Status()>;
 
+// Which format a matrix should have: `bits` of switch `what` (set = given explicitly).
+// always_f32: one of the small matrices kept in f32 whatever the switches say.
+struct Want {
+  int bits;
+  bool set;
+  const char* what;
+  bool always_f32 = false;
+};
+
+// The stored bytes of a repacked container's matrix (container.h): in heap buffers, or
+// pointers into a read-only shard mapping (K3_MMAP).
+struct Parts {
+  WeightFormat format;
+  int64_t rows, cols;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  std::vector<uint8_t> data_buf, scales_buf;
+
+  kernels::MatrixView view() const { return RowsView(0, rows); }
+  // Rows [r0, r0 + n): both formats keep whole rows (and their scales) back to back.
+  kernels::MatrixView RowsView(int64_t r0, int64_t n) const {
+    const kernels::MatrixBytes per_row = kernels::FormatBytes(format, 1, cols);
+    return {format, n, cols, data + r0 * per_row.data, scales + r0 * per_row.scales};
+  }
+};
+
+// An owned copy of a view's bytes.
+absl::StatusOr<QuantizedMatrix> CopyView(const kernels::MatrixView& v) {
+  const kernels::MatrixBytes b = kernels::FormatBytes(v.format, v.rows, v.cols);
+  const auto* d = static_cast<const uint8_t*>(v.data);
+  const auto* sc = static_cast<const uint8_t*>(v.scales);
+  return QuantizedMatrix::FromParts(v.format, v.rows, v.cols, std::vector<uint8_t>(d, d + b.data),
+                                    std::vector<uint8_t>(sc, sc + b.scales));
+}
+
 class Loader {
  public:
-  explicit Loader(st::Snapshot& snap) : snap_(snap) {}
+  Loader(st::Snapshot& snap, bool mmap) : snap_(snap), mmap_(mmap) {}
+
+  bool mmap() const { return mmap_; }
+
+  // The container parts of matrix `name` [rows, cols], or std::nullopt when it has no
+  // `.qs` sidecar (a source BF16 matrix).
+  absl::StatusOr<std::optional<Parts>> ContainerParts(const std::string& name, int64_t rows,
+                                                      int64_t cols) {
+    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* qs, snap_.Find(ScaleSidecarName(name)));
+    if (qs == nullptr) return std::optional<Parts>();
+    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap_.Get(name));
+    COLI_ASSIGN_OR_RETURN(WeightFormat f, ContainerFormat(*t, *qs, rows, cols));
+    Parts p{f, rows, cols};
+    if (mmap_) {
+      if (qs->file_offset % alignof(float) != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "K3_MMAP=1: scale sidecar '", qs->name, "' starts at file offset ", qs->file_offset,
+            ", not 4-byte aligned, so it cannot be used as F32 in place (unset K3_MMAP)"));
+      }
+      COLI_ASSIGN_OR_RETURN(const uint8_t* base_t, MappedShard(t->shard));
+      COLI_ASSIGN_OR_RETURN(const uint8_t* base_q, MappedShard(qs->shard));
+      p.data = base_t + t->file_offset;
+      p.scales = base_q + qs->file_offset;
+      return std::optional<Parts>(std::move(p));
+    }
+    p.data_buf.resize(t->nbytes);
+    p.scales_buf.resize(qs->nbytes);
+    COLI_RETURN_IF_ERROR(snap_.Read(*t, p.data_buf.data()));
+    COLI_RETURN_IF_ERROR(snap_.Read(*qs, p.scales_buf.data()));
+    p.data = p.data_buf.data();
+    p.scales = p.scales_buf.data();
+    return std::optional<Parts>(std::move(p));
+  }
+
+  // The format a container matrix is used in: its own unless the switch is set; an explicit
+  // switch must name the same format, or 4 on int8 (downcast to int4-g64, spec §4.3).
+  absl::StatusOr<WeightFormat> Resolve(const std::string& name, const Parts& p, const Want& want) {
+    if (!want.set) return p.format;
+    COLI_ASSIGN_OR_RETURN(WeightFormat f, FormatForBits(want.bits, p.cols, want.what));
+    if (f == p.format) return f;
+    if (f == WeightFormat::kInt4G64 && p.format == WeightFormat::kInt8Row && !want.always_f32) {
+      if (mmap_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "K3_MMAP=1: tensor '", name, "' is int8 in the container and ", want.what,
+            "=4 needs a load-time downcast; K3_MMAP has no conversion fallback (unset ",
+            want.what, " or K3_MMAP)"));
+      }
+      return f;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "': the repacked container holds ", kernels::WeightFormatName(p.format),
+        ", but ", want.what, "=", want.bits, " asks for ", kernels::WeightFormatName(f),
+        "; refused rather than running a different model (unset ", want.what,
+        " to use the container's format; only 4 on an int8 container downcasts)"));
+  }
+
+  // A resident matrix [rows, cols]: a container's pre-quantized bytes, or BF16 quantized now.
+  absl::Status Matrix(const std::string& name, int64_t rows, int64_t cols, const Want& want,
+                      Linear* out) {
+    COLI_ASSIGN_OR_RETURN(std::optional<Parts> parts, ContainerParts(name, rows, cols));
+    if (!parts) {
+      if (mmap_ && !want.always_f32) return NeedsConversion(name);
+      COLI_ASSIGN_OR_RETURN(WeightFormat f, FormatForBits(want.bits, cols, want.what));
+      return Bf16Matrix(name, rows, cols, f, out);
+    }
+    COLI_ASSIGN_OR_RETURN(WeightFormat f, Resolve(name, *parts, want));
+    absl::StatusOr<QuantizedMatrix> q;
+    if (f != parts->format) {
+      q = QuantizedMatrix::DowncastInt8ToInt4(parts->view());
+    } else if (mmap_) {
+      out->mapped = parts->view();
+      return absl::OkStatus();
+    } else {
+      q = QuantizedMatrix::FromParts(f, rows, cols, std::move(parts->data_buf),
+                                     std::move(parts->scales_buf));
+    }
+    if (!q.ok()) return Annotate(q.status(), absl::StrCat("tensor '", name, "'"));
+    out->m = std::move(q).value();
+    return absl::OkStatus();
+  }
+
+  static absl::Status NeedsConversion(const std::string& name) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "K3_MMAP=1: tensor '", name, "' is a BF16 matrix that needs load-time quantization; ",
+        "K3_MMAP maps only a repacked container's U8 matrices (run k3-repack, or unset K3_MMAP)"));
+  }
 
   // BF16 [rows, cols] → a resident matrix in `format`.
-  absl::Status Matrix(const std::string& name, int64_t rows, int64_t cols, WeightFormat format,
-                      Linear* out) {
+  absl::Status Bf16Matrix(const std::string& name, int64_t rows, int64_t cols, WeightFormat format,
+                          Linear* out) {
     const int64_t shape[] = {rows, cols};
     COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap_.Expect(name, DType::kBF16, shape));
     std::vector<uint16_t> raw(t->numel());
@@ -34,6 +157,22 @@ class Loader {
     if (!q.ok()) return Annotate(q.status(), absl::StrCat("tensor '", name, "'"));
     out->m = std::move(q).value();
     return absl::OkStatus();
+  }
+
+  // BF16 [rows, cols] as f32 values.
+  absl::StatusOr<std::vector<float>> ReadBf16AsF32(const std::string& name, int64_t rows,
+                                                   int64_t cols) {
+    const int64_t shape[] = {rows, cols};
+    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap_.Expect(name, DType::kBF16, shape));
+    return snap_.ReadAsF32(*t);
+  }
+
+  // The shard mappings made so far (K3_MMAP); the weights keep them alive.
+  std::vector<std::shared_ptr<const st::SharedMapping>> Mappings() {
+    std::lock_guard<std::mutex> lock(map_mu_);
+    std::vector<std::shared_ptr<const st::SharedMapping>> out;
+    for (auto& [shard, m] : mappings_) out.push_back(m);
+    return out;
   }
 
   // Any tensor of `dtype` and `shape` as f32 values.
@@ -59,7 +198,21 @@ class Loader {
   }
 
  private:
+  absl::StatusOr<const uint8_t*> MappedShard(int shard) {
+    std::lock_guard<std::mutex> lock(map_mu_);
+    auto it = mappings_.find(shard);
+    if (it == mappings_.end()) {
+      COLI_ASSIGN_OR_RETURN(std::unique_ptr<st::SharedMapping> m,
+                            st::SharedMapping::Map(snap_.ShardPath(shard)));
+      it = mappings_.emplace(shard, std::shared_ptr<const st::SharedMapping>(std::move(m))).first;
+    }
+    return it->second->data();
+  }
+
   st::Snapshot& snap_;
+  const bool mmap_;
+  std::mutex map_mu_;
+  std::map<int, std::shared_ptr<const st::SharedMapping>> mappings_;
 };
 
 absl::Status RunJobs(std::vector<Job>& jobs, int threads, const Weights::Progress& progress) {
@@ -119,6 +272,10 @@ std::string Weights::LayerPrefix(int layer) const {
 absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const Config& cfg,
                                                        const ModelOptions& opt,
                                                        const Progress& progress) {
+  if (opt.mmap && opt.vulkan) {
+    return absl::FailedPreconditionError(
+        "K3_MMAP=1 is CPU-only: refused with COLI_VULKAN=1 (or K3_VK=1); unset one of them");
+  }
   auto w = std::unique_ptr<Weights>(new Weights());
   COLI_ASSIGN_OR_RETURN(w->prefix_, DetectPrefix(snap));
   w->snapshot_ = &snap;
@@ -128,12 +285,18 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
   w->vocab_ = V;
   const int L = opt.layers >= 0 ? std::min(opt.layers, cfg.num_layers) : cfg.num_layers;
   w->layers.resize(L);
-  Loader ld(snap);
+  Loader ld(snap, opt.mmap);
   std::vector<Job> jobs;
-  auto matrix = [&](std::string name, int64_t rows, int64_t cols, int bits, const char* what,
+  const Want kBits{opt.bits, opt.bits_set, "K3_BITS"};
+  const Want kMlaBits{opt.mla_bits, opt.mla_bits_set, "K3_MLA_BITS"};
+  const Want kHeadBits{opt.head_bits, opt.head_bits_set, "K3_HEAD_BITS"};
+  const Want kF32{32, true, "f32", /*always_f32=*/true};
+  auto matrix = [&](std::string name, int64_t rows, int64_t cols, const Want& want,
                     Linear* dst) -> absl::Status {
-    COLI_ASSIGN_OR_RETURN(WeightFormat f, FormatForBits(bits, cols, what));
-    jobs.push_back([&ld, name, rows, cols, f, dst] { return ld.Matrix(name, rows, cols, f, dst); });
+    COLI_RETURN_IF_ERROR(FormatForBits(want.bits, cols, want.what).status());
+    jobs.push_back([&ld, name, rows, cols, want, dst] {
+      return ld.Matrix(name, rows, cols, want, dst);
+    });
     return absl::OkStatus();
   };
   auto vec = [&](std::string name, DType dtype, std::vector<int64_t> shape, std::vector<float>* dst) {
@@ -159,14 +322,14 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
       const int H = cfg.kda.num_heads, d = cfg.kda.head_dim, taps = cfg.kda.conv_size;
       const int64_t C = cfg.kda.channels();
       KdaWeights& k = lw.kda_w;
-      COLI_RETURN_IF_ERROR(matrix(A + "q_proj.weight", C, D, opt.bits, "K3_BITS", &k.q_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "k_proj.weight", C, D, opt.bits, "K3_BITS", &k.k_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "v_proj.weight", C, D, opt.bits, "K3_BITS", &k.v_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "g_proj.weight", C, D, opt.bits, "K3_BITS", &k.g_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "o_proj.weight", D, C, opt.bits, "K3_BITS", &k.o_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "f_a_proj.weight", d, D, 32, "f32", &k.f_a_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "f_b_proj.weight", C, d, 32, "f32", &k.f_b_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "b_proj.weight", H, D, 32, "f32", &k.b_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "q_proj.weight", C, D, kBits, &k.q_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "k_proj.weight", C, D, kBits, &k.k_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "v_proj.weight", C, D, kBits, &k.v_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "g_proj.weight", C, D, kBits, &k.g_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "o_proj.weight", D, C, kBits, &k.o_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "f_a_proj.weight", d, D, kF32, &k.f_a_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "f_b_proj.weight", C, d, kF32, &k.f_b_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "b_proj.weight", H, D, kF32, &k.b_proj));
       vec(A + "q_conv1d.weight", DType::kF32, {C, 1, taps}, &k.q_conv);
       vec(A + "k_conv1d.weight", DType::kF32, {C, 1, taps}, &k.k_conv);
       vec(A + "v_conv1d.weight", DType::kF32, {C, 1, taps}, &k.v_conv);
@@ -203,37 +366,61 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
       const int H = m.num_heads, nope = m.qk_nope_head_dim, extra = m.qk_rope_head_dim,
                 vd = m.v_head_dim, lat = m.kv_lora_rank, ql = m.q_lora_rank;
       MlaWeights& a = lw.mla_w;
-      COLI_RETURN_IF_ERROR(matrix(A + "q_a_proj.weight", ql, D, opt.mla_bits, "K3_MLA_BITS", &a.q_a_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "q_a_proj.weight", ql, D, kMlaBits, &a.q_a_proj));
       vec(A + "q_a_layernorm.weight", DType::kBF16, {ql}, &a.q_a_norm);
       COLI_RETURN_IF_ERROR(matrix(A + "q_b_proj.weight", int64_t{H} * (nope + extra), ql,
-                                  opt.mla_bits, "K3_MLA_BITS", &a.q_b_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "kv_a_proj_with_mqa.weight", lat + extra, D, opt.mla_bits,
-                                  "K3_MLA_BITS", &a.kv_a_proj));
+                                  kMlaBits, &a.q_b_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "kv_a_proj_with_mqa.weight", lat + extra, D, kMlaBits, &a.kv_a_proj));
       vec(A + "kv_a_layernorm.weight", DType::kBF16, {lat}, &a.kv_a_norm);
-      COLI_RETURN_IF_ERROR(matrix(A + "g_proj.weight", int64_t{H} * vd, D, opt.mla_bits,
-                                  "K3_MLA_BITS", &a.g_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "o_proj.weight", D, int64_t{H} * vd, opt.mla_bits,
-                                  "K3_MLA_BITS", &a.o_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "g_proj.weight", int64_t{H} * vd, D, kMlaBits, &a.g_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "o_proj.weight", D, int64_t{H} * vd, kMlaBits, &a.o_proj));
       // Both halves of kv_b are quantized per STORED row ([nope|vd, lat], spec §4.2/§4.3), the
       // layout a repacked container holds. The absorbed form needs K_hᵀ, so the K half is kept as
       // the exact dequantized values of that row quantization, transposed, in f32 (about 4x the
       // int8 bytes of the K half: ~0.6 GB on the full model, <2% of the resident set).
-      COLI_ASSIGN_OR_RETURN(WeightFormat f_k, FormatForBits(opt.mla_bits, lat, "K3_MLA_BITS"));
-      COLI_ASSIGN_OR_RETURN(WeightFormat f_v, FormatForBits(opt.mla_bits, lat, "K3_MLA_BITS"));
-      jobs.push_back([&snap, &a, name = A + "kv_b_proj.weight", H, nope, vd, lat, f_k, f_v] {
-        // kv_b rows per head: nope rows of K_h, then vd rows of V_h (spec §2.3).
-        const int64_t shape[] = {int64_t{H} * (nope + vd), lat};
-        COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap.Expect(name, DType::kBF16, shape));
-        COLI_ASSIGN_OR_RETURN(std::vector<float> kv, snap.ReadAsF32(*t));
+      COLI_ASSIGN_OR_RETURN(WeightFormat f_kv, FormatForBits(opt.mla_bits, lat, "K3_MLA_BITS"));
+      jobs.push_back([&ld, &a, name = A + "kv_b_proj.weight", H, nope, vd, lat, f_kv, kMlaBits] {
+        // kv_b rows per head: nope rows of K_h, then vd rows of V_h (spec §2.3). Both formats
+        // quantize per stored row, so a head's rows of the whole-matrix quantization (a
+        // container's) are exactly the quantization of that head's rows alone (the BF16 path).
+        const int64_t rows = int64_t{H} * (nope + vd);
+        COLI_ASSIGN_OR_RETURN(std::optional<Parts> parts, ld.ContainerParts(name, rows, lat));
+        std::vector<float> kv;
+        WeightFormat f = f_kv;
+        if (parts) {
+          COLI_ASSIGN_OR_RETURN(f, ld.Resolve(name, *parts, kMlaBits));
+        } else {
+          if (ld.mmap()) return Loader::NeedsConversion(name);
+          COLI_ASSIGN_OR_RETURN(kv, ld.ReadBf16AsF32(name, rows, lat));
+        }
+        // Row block [r0, r0 + n) in the format f: quantized now, copied, downcast or mapped.
+        auto block = [&](int64_t r0, int64_t n, Linear* out) -> absl::Status {
+          absl::StatusOr<QuantizedMatrix> q;
+          if (!parts) {
+            q = QuantizedMatrix::FromF32(kv.data() + r0 * lat, n, lat, f);
+          } else if (f != parts->format) {
+            q = QuantizedMatrix::DowncastInt8ToInt4(parts->RowsView(r0, n));
+          } else if (ld.mmap()) {
+            out->mapped = parts->RowsView(r0, n);
+            return absl::OkStatus();
+          } else {
+            q = CopyView(parts->RowsView(r0, n));
+          }
+          if (!q.ok()) return Annotate(q.status(), absl::StrCat("tensor '", name, "'"));
+          out->m = std::move(q).value();
+          return absl::OkStatus();
+        };
         a.k_absorb.resize(H);
         a.v_up.resize(H);
         std::vector<float> kt(static_cast<size_t>(lat) * nope);
         std::vector<float> row(static_cast<size_t>(lat));
         for (int h = 0; h < H; ++h) {
-          const float* K = kv.data() + static_cast<int64_t>(h) * (nope + vd) * lat;
-          auto kq = QuantizedMatrix::FromF32(K, nope, lat, f_k);
-          if (!kq.ok()) return Annotate(kq.status(), absl::StrCat("tensor '", name, "'"));
-          const kernels::MatrixView kview = kq->view();
+          const int64_t r0 = static_cast<int64_t>(h) * (nope + vd);
+          // The absorbed form needs K_hᵀ: the exact dequantized K rows, transposed, in f32 (a
+          // derived copy even under K3_MMAP; ~2% of the resident set on the full model).
+          Linear k_rows;
+          COLI_RETURN_IF_ERROR(block(r0, nope, &k_rows));
+          const kernels::MatrixView kview = k_rows.view();
           for (int r = 0; r < nope; ++r) {
             kernels::DequantizeRow(kview, r, row.data());
             for (int c = 0; c < lat; ++c) kt[static_cast<int64_t>(c) * nope + r] = row[c];
@@ -241,9 +428,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
           auto kt_f32 = QuantizedMatrix::FromF32(kt.data(), lat, nope, WeightFormat::kF32);
           if (!kt_f32.ok()) return Annotate(kt_f32.status(), absl::StrCat("tensor '", name, "'"));
           a.k_absorb[h].m = std::move(kt_f32).value();
-          auto vq = QuantizedMatrix::FromF32(K + int64_t{nope} * lat, vd, lat, f_v);
-          if (!vq.ok()) return Annotate(vq.status(), absl::StrCat("tensor '", name, "'"));
-          a.v_up[h].m = std::move(vq).value();
+          COLI_RETURN_IF_ERROR(block(r0 + nope, vd, &a.v_up[h]));
         }
         return absl::OkStatus();
       });
@@ -252,28 +437,26 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
     if (lw.dense) {
       DenseMlpWeights& d = lw.dense_w;
       const int64_t I = cfg.intermediate_size;
-      COLI_RETURN_IF_ERROR(matrix(F + "gate_proj.weight", I, D, opt.bits, "K3_BITS", &d.gate_proj));
-      COLI_RETURN_IF_ERROR(matrix(F + "up_proj.weight", I, D, opt.bits, "K3_BITS", &d.up_proj));
-      COLI_RETURN_IF_ERROR(matrix(F + "down_proj.weight", D, I, opt.bits, "K3_BITS", &d.down_proj));
+      COLI_RETURN_IF_ERROR(matrix(F + "gate_proj.weight", I, D, kBits, &d.gate_proj));
+      COLI_RETURN_IF_ERROR(matrix(F + "up_proj.weight", I, D, kBits, &d.up_proj));
+      COLI_RETURN_IF_ERROR(matrix(F + "down_proj.weight", D, I, kBits, &d.down_proj));
     } else {
       const std::string M = P + "block_sparse_moe.";
       const MoeConfig& mc = cfg.moe;
       MoeWeights& e = lw.moe_w;
-      COLI_RETURN_IF_ERROR(matrix(M + "gate.weight", mc.num_experts, D, 32, "f32", &e.router));
+      COLI_RETURN_IF_ERROR(matrix(M + "gate.weight", mc.num_experts, D, kF32, &e.router));
       vec(M + "gate.e_score_correction_bias", DType::kF32, {mc.num_experts}, &e.correction_bias);
-      COLI_RETURN_IF_ERROR(matrix(M + "routed_expert_down_proj.weight", mc.latent, D, opt.bits,
-                                  "K3_BITS", &e.latent_down));
+      COLI_RETURN_IF_ERROR(matrix(M + "routed_expert_down_proj.weight", mc.latent, D, kBits, &e.latent_down));
       if (mc.latent_norm)
         vec(M + "routed_expert_norm.weight", DType::kBF16, {mc.latent}, &e.latent_norm);
-      COLI_RETURN_IF_ERROR(matrix(M + "routed_expert_up_proj.weight", D, mc.latent, opt.bits,
-                                  "K3_BITS", &e.latent_up));
+      COLI_RETURN_IF_ERROR(matrix(M + "routed_expert_up_proj.weight", D, mc.latent, kBits, &e.latent_up));
       e.has_shared = mc.num_shared_experts > 0;
       if (e.has_shared) {
         const int64_t S = mc.shared_intermediate();
         const std::string SE = M + "shared_experts.";
-        COLI_RETURN_IF_ERROR(matrix(SE + "gate_proj.weight", S, D, opt.bits, "K3_BITS", &e.shared_gate));
-        COLI_RETURN_IF_ERROR(matrix(SE + "up_proj.weight", S, D, opt.bits, "K3_BITS", &e.shared_up));
-        COLI_RETURN_IF_ERROR(matrix(SE + "down_proj.weight", D, S, opt.bits, "K3_BITS", &e.shared_down));
+        COLI_RETURN_IF_ERROR(matrix(SE + "gate_proj.weight", S, D, kBits, &e.shared_gate));
+        COLI_RETURN_IF_ERROR(matrix(SE + "up_proj.weight", S, D, kBits, &e.shared_up));
+        COLI_RETURN_IF_ERROR(matrix(SE + "down_proj.weight", D, S, kBits, &e.shared_down));
       }
     }
   }
@@ -286,8 +469,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
     return ld.ResScore(G + "output_attn_res_norm.weight", G + "output_attn_res_proj.weight", D,
                        &W->output_res_score);
   });
-  COLI_RETURN_IF_ERROR(matrix(w->prefix_ + "lm_head.weight", V, D, opt.head_bits, "K3_HEAD_BITS",
-                              &w->lm_head));
+  COLI_RETURN_IF_ERROR(matrix(w->prefix_ + "lm_head.weight", V, D, kHeadBits, &w->lm_head));
   {
     const int64_t shape[] = {V, D};
     COLI_ASSIGN_OR_RETURN(w->embed_, snap.Expect(G + "embed_tokens.weight", DType::kBF16, shape));
@@ -295,7 +477,8 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
   }
   COLI_RETURN_IF_ERROR(RunJobs(jobs, opt.load_threads, progress));
 
-  size_t bytes = w->lm_head.m.bytes();
+  w->mappings_ = ld.Mappings();
+  size_t bytes = w->lm_head.m.bytes(), mapped = w->lm_head.mapped_bytes();
   for (const LayerWeights& lw : w->layers) {
     for (const Linear* l : {&lw.kda_w.q_proj, &lw.kda_w.k_proj, &lw.kda_w.v_proj, &lw.kda_w.g_proj,
                             &lw.kda_w.o_proj, &lw.kda_w.f_a_proj, &lw.kda_w.f_b_proj,
@@ -304,11 +487,18 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
                             &lw.dense_w.gate_proj, &lw.dense_w.up_proj, &lw.dense_w.down_proj,
                             &lw.moe_w.router, &lw.moe_w.latent_down, &lw.moe_w.latent_up,
                             &lw.moe_w.shared_gate, &lw.moe_w.shared_up, &lw.moe_w.shared_down})
+    {
       bytes += l->m.bytes();
+      mapped += l->mapped_bytes();
+    }
     for (const auto& l : lw.mla_w.k_absorb) bytes += l.m.bytes();
-    for (const auto& l : lw.mla_w.v_up) bytes += l.m.bytes();
+    for (const auto& l : lw.mla_w.v_up) {
+      bytes += l.m.bytes();
+      mapped += l.mapped_bytes();
+    }
   }
   w->resident_bytes = bytes;
+  w->mapped_bytes = mapped;
   return w;
 }
 

@@ -18,12 +18,22 @@
 // and its bias, conv taps, dt_bias, A_log, o_norm, f_a/f_b, b_proj, AttnRes vectors. The
 // embedding is not held: EmbedRow() preads one row per token. Routed experts are not loaded
 // here (expert_source.h). Loading runs `options.load_threads` jobs in parallel.
+//
+// Repacked containers (container.h, spec §4.4): a matrix with a `<name>.qs` sidecar is used as
+// stored (int8 or int4-g64), bit-identical to quantizing the source at load. An unset bits
+// switch keeps the container's format; an explicit one must match it, except 4 on int8, which
+// downcasts to int4-g64 here (kernels::QuantizedMatrix::DowncastInt8ToInt4); anything else is
+// INVALID_ARGUMENT naming the tensor. options.mmap (K3_MMAP) maps those U8 matrices and their
+// F32 sidecars read-only instead of copying them (Linear::mapped) and refuses, naming the
+// tensor, whatever would need conversion (a BF16 matrix, a downcast, a misaligned sidecar);
+// small f32 matrices (f_a/f_b, b_proj, router) and MLA's transposed K_hᵀ are still copies.
 #ifndef COLI_PLUGINS_KIMI_K3_WEIGHTS_H_
 #define COLI_PLUGINS_KIMI_K3_WEIGHTS_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,12 +45,15 @@
 
 namespace coli::k3 {
 
-// A resident weight matrix [rows, cols] (y = W·x) in its load-time format.
+// A resident weight matrix [rows, cols] (y = W·x) in its load-time format: owned (m), or with
+// K3_MMAP a view into a read-only mapping of a container shard that Weights keeps alive.
 struct Linear {
   kernels::QuantizedMatrix m;
-  kernels::MatrixView view() const { return m.view(); }
-  int64_t rows() const { return m.rows(); }
-  int64_t cols() const { return m.cols(); }
+  std::optional<kernels::MatrixView> mapped;
+  kernels::MatrixView view() const { return mapped ? *mapped : m.view(); }
+  int64_t rows() const { return mapped ? mapped->rows : m.rows(); }
+  int64_t cols() const { return mapped ? mapped->cols : m.cols(); }
+  size_t mapped_bytes() const { return mapped ? kernels::ViewBytes(*mapped) : 0; }
 };
 
 struct KdaWeights {
@@ -123,10 +136,12 @@ class Weights {
   std::vector<float> final_norm;       // model.norm [D]
   std::vector<float> output_res_score; // output_attn_res_norm ⊙ output_attn_res_proj [D]
   Linear lm_head;                      // [V, D]
-  size_t resident_bytes = 0;
+  size_t resident_bytes = 0;           // heap bytes of the matrices
+  size_t mapped_bytes = 0;             // K3_MMAP: matrix bytes used in place from the shards
 
  private:
   std::string prefix_;
+  std::vector<std::shared_ptr<const st::SharedMapping>> mappings_;  // K3_MMAP
   st::Snapshot* snapshot_ = nullptr;
   const st::TensorInfo* embed_ = nullptr;
   const io::File* embed_file_ = nullptr;

@@ -443,6 +443,7 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
     (*o.mutable_extra())["ckpt"] = s;
   }
   if (std::string s = Env("COLI_K3_CKPT_DIR"); !s.empty()) (*o.mutable_extra())["ckpt_dir"] = s;
+  if (std::string s = Env("K3_MMAP"); !s.empty()) (*o.mutable_extra())["mmap"] = s;
   o.set_trace_path(Env("K3_TRACE"));
   o.set_x0_path(Env("K3_X0"));
   o.set_logits_path(Env("K3_LOGITS"));

@@ -141,6 +141,7 @@ std::string ResolveModelDir(const std::string& flag);
 //   K3_LOGITS logits_path | K3_MLA_NORM_EPS mla_norm_eps | COLI_THREADS threads
 //   COLI_K3_CKPT extra["ckpt"] (kimi_k3 recurrent-state checkpoint slots per session)
 //   COLI_K3_CKPT_DIR extra["ckpt_dir"] (park those checkpoints in this folder, not in RAM)
+//   K3_MMAP extra["mmap"] (0/1: map a repacked container's matrices read-only)
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
 
 // Load progress: a bar redrawn in place on a terminal, one plain line per stage/10% otherwise.

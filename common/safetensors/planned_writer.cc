@@ -1,0 +1,134 @@
+// PlannedWriter (a file whose header is fixed first and whose bytes arrive in any order) and
+// SharedMapping (a read-only MAP_SHARED view of a whole file).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "common/io/cat.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/status.h"
+
+namespace coli::st {
+
+using ::coli::internal_cat::Cat;
+
+namespace {
+
+absl::Status Errno(int err, std::string_view what, std::string_view path) {
+  return absl::InternalError(Cat("file '", path, "': ", what, ": ", std::strerror(err)));
+}
+
+absl::Status PwriteAll(int fd, const char* data, uint64_t size, uint64_t offset,
+                       std::string_view path) {
+  while (size > 0) {
+    const size_t piece = static_cast<size_t>(std::min<uint64_t>(size, uint64_t{1} << 30));
+    const ssize_t n = ::pwrite(fd, data, piece, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno(errno, Cat("cannot write at offset ", offset), path);
+    }
+    data += n;
+    size -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PlannedWriter>> PlannedWriter::Create(
+    const std::string& path, std::vector<PlannedTensor> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  auto w = std::unique_ptr<PlannedWriter>(new PlannedWriter());
+  absl::StatusOr<PlannedHeader> header = PlanHeader(tensors, metadata);
+  if (!header.ok()) {
+    return absl::InvalidArgumentError(Cat("file '", path, "': ", header.status().message()));
+  }
+  w->path_ = path;
+  w->header_ = std::move(header).value();
+  w->tensors_ = std::move(tensors);
+  w->written_.assign(w->tensors_.size(), 0);
+  w->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w->fd_ < 0) return Errno(errno, "cannot create", path);
+  std::string prefix(8, '\0');
+  const uint64_t n = w->header_.json.size();
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  prefix += w->header_.json;
+  COLI_RETURN_IF_ERROR(PwriteAll(w->fd_, prefix.data(), prefix.size(), 0, path));
+  return w;
+}
+
+PlannedWriter::~PlannedWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t PlannedWriter::tensor_bytes(size_t index) const {
+  return header_.ranges[index].second - header_.ranges[index].first;
+}
+
+absl::Status PlannedWriter::WriteAt(size_t index, uint64_t offset, std::string_view bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(Cat("file '", path_, "': already finished"));
+  if (index >= tensors_.size() || offset > tensor_bytes(index) ||
+      bytes.size() > tensor_bytes(index) - offset) {
+    return absl::InvalidArgumentError(
+        Cat("file '", path_, "': write of ", bytes.size(), " bytes at offset ", offset,
+            " is outside tensor ", index < tensors_.size() ? tensors_[index].name : "?"));
+  }
+  const uint64_t at = 8 + header_.json.size() + header_.ranges[index].first + offset;
+  COLI_RETURN_IF_ERROR(PwriteAll(fd_, bytes.data(), bytes.size(), at, path_));
+  written_[index] += bytes.size();
+  return absl::OkStatus();
+}
+
+absl::Status PlannedWriter::Finish() {
+  if (fd_ < 0) return absl::FailedPreconditionError(Cat("file '", path_, "': already finished"));
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (written_[i] != tensor_bytes(i)) {
+      return absl::FailedPreconditionError(Cat("file '", path_, "': tensor '", tensors_[i].name,
+                                               "' got ", written_[i], " of ", tensor_bytes(i),
+                                               " bytes"));
+    }
+  }
+  const int fd = std::exchange(fd_, -1);
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Errno(err, "cannot fsync", path_);
+  }
+  if (::close(fd) != 0) return Errno(errno, "cannot close", path_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Map(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(Cat("file '", path, "': cannot open: ", std::strerror(errno)));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(Cat("file '", path, "': not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint8_t* data = nullptr;
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return Errno(err, "cannot mmap", path);
+    }
+    data = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping stays valid without the descriptor
+  return std::unique_ptr<SharedMapping>(new SharedMapping(path, data, size));
+}
+
+SharedMapping::~SharedMapping() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace coli::st

@@ -1,0 +1,47 @@
+// plugins/kimi_k3/container: the repacked container's matrix format (spec §4.4), shared by the
+// engine's loader (weights.cc) and the converter k3-repack (repack.h).
+//
+//   A pre-quantized matrix W [O, I] is stored as a U8 tensor under W's own name plus an F32
+//   sidecar `<name>.qs`:
+//     int8 per row:  U8 [O, I]    + F32 [O]        (spec §4.2)
+//     int4-g64:      U8 [O, I/2]  + F32 [O, I/64]  (spec §4.3)
+//   Detection is by byte and element counts only (the U8 shape is not trusted): anything else
+//   is refused naming the tensor. Everything else in a container is a source tensor as it was.
+//
+//   COLI_ASSIGN_OR_RETURN(kernels::WeightFormat f, ContainerFormat(*data, *qs, rows, cols));
+#ifndef COLI_PLUGINS_KIMI_K3_CONTAINER_H_
+#define COLI_PLUGINS_KIMI_K3_CONTAINER_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/kernels/kernels.h"
+#include "common/safetensors/safetensors.h"
+
+namespace coli::k3 {
+
+// The sidecar suffix: "<name>.qs" holds the F32 scales of the U8 matrix "<name>".
+inline constexpr std::string_view kScaleSidecarSuffix = ".qs";
+inline std::string ScaleSidecarName(std::string_view name) {
+  return std::string(name) + std::string(kScaleSidecarSuffix);
+}
+
+// The stored format of container matrix `data` (logical [rows, cols]) with sidecar `qs`:
+// kInt8Row or kInt4G64. DATA_LOSS naming the tensor when data is not U8, the sidecar not F32,
+// or the byte / element counts fit neither format.
+absl::StatusOr<kernels::WeightFormat> ContainerFormat(const st::TensorInfo& data,
+                                                      const st::TensorInfo& qs, int64_t rows,
+                                                      int64_t cols);
+
+// The tensors a quantized matrix becomes in a container: the U8 data (shape [O, I] for int8,
+// [O, I/2] for int4-g64) and the F32 sidecar. INVALID_ARGUMENT for any other format.
+absl::StatusOr<std::vector<st::PlannedTensor>> ContainerTensors(const std::string& name,
+                                                                kernels::WeightFormat format,
+                                                                int64_t rows, int64_t cols);
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_CONTAINER_H_

@@ -1,0 +1,477 @@
+#include "plugins/kimi_k3/repack.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <tuple>
+
+#include "common/io/cat.h"
+#include "common/io/io.h"
+#include "common/kernels/kernels.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/status.h"
+#include "plugins/kimi_k3/config.h"
+#include "plugins/kimi_k3/container.h"
+#include "plugins/kimi_k3/weights.h"
+
+namespace coli::k3 {
+namespace {
+
+namespace fs = std::filesystem;
+using ::coli::internal_cat::Cat;
+using kernels::QuantizedMatrix;
+using kernels::WeightFormat;
+using st::DType;
+
+// Bytes moved per read while copying or quantizing (bounded memory on 17 GB shards).
+constexpr uint64_t kChunkBytes = uint64_t{64} << 20;
+
+constexpr std::string_view kCopiedFiles[] = {"config.json", "generation_config.json",
+                                             "tokenizer.json", "tokenizer_config.json",
+                                             "tiktoken.model"};
+
+std::string Join(const std::string& dir, std::string_view name) {
+  return (fs::path(dir) / std::string(name)).string();
+}
+
+// An opened shard with its validated header.
+struct ShardFile {
+  std::unique_ptr<io::File> file;
+  st::Header header;
+};
+
+absl::StatusOr<ShardFile> OpenShard(const std::string& path) {
+  ShardFile s;
+  COLI_ASSIGN_OR_RETURN(s.file, io::File::Open(path));
+  if (s.file->size() < 8) {
+    return absl::DataLossError(Cat("file '", path, "': ", s.file->size(),
+                                            " bytes, too short for a safetensors header"));
+  }
+  std::string prefix(8, '\0');
+  COLI_RETURN_IF_ERROR(s.file->ReadAt(0, 8, prefix.data()));
+  COLI_ASSIGN_OR_RETURN(uint64_t n, st::ParseHeaderLength(prefix, s.file->size(), path));
+  std::string json(n, '\0');
+  COLI_RETURN_IF_ERROR(s.file->ReadAt(8, n, json.data()));
+  COLI_ASSIGN_OR_RETURN(s.header, st::ParseHeader(json, s.file->size(), path));
+  return s;
+}
+
+bool IsVision(std::string_view name) {
+  return name.starts_with("vision_tower.") || name.starts_with("mm_projector.");
+}
+
+// What becomes of one source tensor.
+struct Role {
+  enum Kind { kPass, kQuantize, kExpert, kDrop } kind = kPass;
+  int bits = 0;                  // kQuantize
+  const char* flag = "";         // kQuantize: the option that chose bits
+  std::tuple<int, int, int, int> expert_key;  // kExpert: (layer, id, w, packed 0 / scale 1)
+};
+
+// Parses a non-negative decimal at name[*pos], advancing *pos.
+bool ParseNumber(std::string_view name, size_t* pos, int* out) {
+  size_t end = *pos;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == *pos || end - *pos > 9) return false;
+  *out = 0;
+  for (size_t i = *pos; i < end; ++i) *out = *out * 10 + (name[i] - '0');
+  *pos = end;
+  return true;
+}
+
+struct Bits {
+  int bits, mla_bits, head_bits;
+};
+
+absl::StatusOr<Role> Classify(std::string_view name, const Config& cfg, const Bits& b) {
+  Role r;
+  if (IsVision(name)) {
+    r.kind = Role::kDrop;
+    return r;
+  }
+  std::string_view rest = name;
+  if (rest.starts_with("language_model.")) rest.remove_prefix(15);
+  if (rest == "lm_head.weight") {
+    r.kind = Role::kQuantize;
+    r.bits = b.head_bits;
+    r.flag = "--head-bits";
+    return r;
+  }
+  constexpr std::string_view kLayers = "model.layers.";
+  if (!rest.starts_with(kLayers)) return r;
+  size_t pos = kLayers.size();
+  int layer = 0;
+  if (!ParseNumber(rest, &pos, &layer) || pos >= rest.size() || rest[pos] != '.') return r;
+  if (layer >= cfg.num_layers) {
+    return absl::InvalidArgumentError(Cat("tensor '", name, "': layer ", layer,
+                                                   " but config.json has ", cfg.num_layers,
+                                                   " layers"));
+  }
+  const std::string_view t = rest.substr(pos + 1);
+  auto quantize = [&](int bits, const char* flag) {
+    r.kind = Role::kQuantize;
+    r.bits = bits;
+    r.flag = flag;
+    return r;
+  };
+  const bool kda = cfg.is_kda[layer];
+  for (std::string_view m : {"q_proj", "k_proj", "v_proj", "o_proj", "g_proj"}) {
+    if (kda && t == Cat("self_attn.", m, ".weight")) return quantize(b.bits, "--bits");
+  }
+  for (std::string_view m : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+                             "g_proj"}) {
+    if (!kda && t == Cat("self_attn.", m, ".weight"))
+      return quantize(b.mla_bits, "--mla-bits");
+  }
+  for (std::string_view m :
+       {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "block_sparse_moe.routed_expert_down_proj",
+        "block_sparse_moe.routed_expert_up_proj", "block_sparse_moe.shared_experts.gate_proj",
+        "block_sparse_moe.shared_experts.up_proj", "block_sparse_moe.shared_experts.down_proj"}) {
+    if (t == Cat(m, ".weight")) return quantize(b.bits, "--bits");
+  }
+  constexpr std::string_view kExperts = "block_sparse_moe.experts.";
+  if (t.starts_with(kExperts)) {
+    size_t p = kExperts.size();
+    int id = 0;
+    if (!ParseNumber(t, &p, &id)) return r;
+    static constexpr std::string_view kTails[] = {".w1.weight_packed", ".w1.weight_scale",
+                                                  ".w2.weight_packed", ".w2.weight_scale",
+                                                  ".w3.weight_packed", ".w3.weight_scale"};
+    for (int k = 0; k < 6; ++k) {
+      if (t.substr(p) == kTails[k]) {
+        r.kind = Role::kExpert;
+        r.expert_key = {layer, id, k / 2, k % 2};
+        return r;
+      }
+    }
+  }
+  return r;
+}
+
+// One output tensor and where its bytes come from.
+struct OutTensor {
+  st::PlannedTensor planned;
+  size_t source = 0;  // index into the source header's tensors
+  enum Part { kCopy, kData, kScales } part = kCopy;
+  bool expert = false;
+  std::tuple<int, int, int, int> expert_key;
+};
+
+absl::Status CopyTensor(const ShardFile& src, const st::TensorInfo& t, st::PlannedWriter& w,
+                        size_t out) {
+  std::string buf;
+  for (uint64_t off = 0; off < t.nbytes; off += kChunkBytes) {
+    const uint64_t n = std::min(kChunkBytes, t.nbytes - off);
+    buf.resize(n);
+    COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + off, n, buf.data()));
+    COLI_RETURN_IF_ERROR(w.WriteAt(out, off, buf));
+  }
+  return absl::OkStatus();
+}
+
+// Quantizes BF16 [rows, cols] in blocks of rows (both formats are per row) into the outputs
+// `data` and `scales`, with exactly the engine's QuantizedMatrix::FromBf16.
+absl::Status QuantizeTensor(const ShardFile& src, const st::TensorInfo& t, WeightFormat f,
+                            st::PlannedWriter& w, size_t data, size_t scales) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const kernels::MatrixBytes per_row = kernels::FormatBytes(f, 1, cols);
+  const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / (2 * cols)));
+  std::vector<uint16_t> raw;
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t n = std::min(block, rows - r0);
+    raw.resize(static_cast<size_t>(n * cols));
+    COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + r0 * cols * 2, n * cols * 2, raw.data()));
+    absl::StatusOr<QuantizedMatrix> q = QuantizedMatrix::FromBf16(raw.data(), n, cols, f);
+    if (!q.ok()) {
+      return Annotate(q.status(), Cat("tensor '", t.name, "' (rows ", r0, "…", r0 + n,
+                                               ") in '", src.file->path(), "'"));
+    }
+    const auto& d = q->data();
+    const auto& s = q->scales();
+    COLI_RETURN_IF_ERROR(w.WriteAt(data, r0 * per_row.data,
+                                   std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
+    COLI_RETURN_IF_ERROR(w.WriteAt(scales, r0 * per_row.scales,
+                                   std::string_view(reinterpret_cast<const char*>(s.data()), s.size())));
+  }
+  return absl::OkStatus();
+}
+
+void FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);  // best effort: makes the rename durable
+    ::close(fd);
+  }
+}
+
+// Converts one source shard into dst_path (via dst_path.tmp). false when it holds only vision
+// tensors (no output).
+absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string& dst_path,
+                                  const Config& cfg, const Bits& bits) {
+  COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
+  const std::vector<st::TensorInfo>& in = src.header.tensors;  // file-offset order
+  std::vector<OutTensor> plain, experts;
+  std::vector<std::optional<WeightFormat>> formats(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const st::TensorInfo& t = in[i];
+    COLI_ASSIGN_OR_RETURN(Role role, Classify(t.name, cfg, bits));
+    switch (role.kind) {
+      case Role::kDrop:
+        break;
+      case Role::kPass:
+        plain.push_back({{t.name, t.dtype, t.shape}, i});
+        break;
+      case Role::kExpert:
+        if (t.dtype != DType::kU8 || t.shape.size() != 2) {
+          return absl::InvalidArgumentError(Cat(
+              "tensor '", t.name, "' in '", src_path, "': expected a U8 MXFP4 matrix, got ",
+              st::DescribeTensor(t.dtype, t.shape)));
+        }
+        experts.push_back({{t.name, t.dtype, t.shape}, i, OutTensor::kCopy, true, role.expert_key});
+        break;
+      case Role::kQuantize: {
+        if (t.dtype != DType::kBF16 || t.shape.size() != 2 || t.shape[0] <= 0 || t.shape[1] <= 0) {
+          return absl::InvalidArgumentError(Cat(
+              "tensor '", t.name, "' in '", src_path, "': expected a BF16 matrix to quantize (",
+              role.flag, " ", role.bits, "), got ", st::DescribeTensor(t.dtype, t.shape)));
+        }
+        COLI_ASSIGN_OR_RETURN(WeightFormat f, FormatForBits(role.bits, t.shape[1], role.flag));
+        COLI_ASSIGN_OR_RETURN(std::vector<st::PlannedTensor> parts,
+                              ContainerTensors(t.name, f, t.shape[0], t.shape[1]));
+        formats[i] = f;
+        plain.push_back({parts[0], i, OutTensor::kData});
+        plain.push_back({parts[1], i, OutTensor::kScales});
+        break;
+      }
+    }
+  }
+  if (plain.empty() && experts.empty()) return false;
+  // Widest dtype first keeps every tensor aligned to its element size (the data region starts
+  // 8-byte aligned and each size is a multiple of its element size); then by name.
+  std::sort(plain.begin(), plain.end(), [](const OutTensor& a, const OutTensor& b) {
+    const size_t sa = st::DTypeSize(a.planned.dtype), sb = st::DTypeSize(b.planned.dtype);
+    return sa != sb ? sa > sb : a.planned.name < b.planned.name;
+  });
+  std::sort(experts.begin(), experts.end(),
+            [](const OutTensor& a, const OutTensor& b) { return a.expert_key < b.expert_key; });
+  for (size_t i = 1; i < experts.size(); ++i) {
+    if (experts[i].expert_key == experts[i - 1].expert_key) {
+      return absl::DataLossError(Cat("'", src_path, "': tensors '",
+                                              experts[i - 1].planned.name, "' and '",
+                                              experts[i].planned.name, "' name the same expert part"));
+    }
+  }
+  std::vector<OutTensor> out = std::move(plain);
+  out.insert(out.end(), experts.begin(), experts.end());
+  std::vector<st::PlannedTensor> planned;
+  // Where each source tensor's outputs went: [copy or data, scales].
+  std::vector<std::array<size_t, 2>> where(in.size(), {SIZE_MAX, SIZE_MAX});
+  for (size_t j = 0; j < out.size(); ++j) {
+    planned.push_back(out[j].planned);
+    where[out[j].source][out[j].part == OutTensor::kScales ? 1 : 0] = j;
+  }
+  const std::string tmp = dst_path + ".tmp";
+  COLI_ASSIGN_OR_RETURN(std::unique_ptr<st::PlannedWriter> w,
+                        st::PlannedWriter::Create(tmp, std::move(planned), {{"format", "pt"}}));
+  // One pass over the source in file order; each tensor lands where the header puts it.
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (where[i][0] == SIZE_MAX) continue;  // dropped
+    absl::Status s = formats[i] ? QuantizeTensor(src, in[i], *formats[i], *w, where[i][0], where[i][1])
+                                : CopyTensor(src, in[i], *w, where[i][0]);
+    if (!s.ok()) {
+      w.reset();
+      ::unlink(tmp.c_str());
+      return s;
+    }
+  }
+  COLI_RETURN_IF_ERROR(w->Finish());
+  if (::rename(tmp.c_str(), dst_path.c_str()) != 0) {
+    return absl::InternalError(Cat("cannot rename '", tmp, "' to '", dst_path, "'"));
+  }
+  FsyncDir(fs::path(dst_path).parent_path().string());
+  return true;
+}
+
+// "model-00003-of-000096.safetensors" → 3; -1 when the name has another form.
+int ShardNumber(std::string_view name) {
+  if (!name.starts_with("model-")) return -1;
+  size_t pos = 6;
+  int n = 0;
+  if (!ParseNumber(name, &pos, &n) || name.substr(pos, 4) != "-of-") return -1;
+  return n;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+absl::Status CopyFiles(const std::string& src, const std::string& dst) {
+  for (std::string_view name : kCopiedFiles) {
+    const std::string from = Join(src, name);
+    std::error_code ec;
+    if (!fs::exists(from, ec)) continue;
+    COLI_ASSIGN_OR_RETURN(std::string bytes, io::ReadFileToString(from));
+    COLI_RETURN_IF_ERROR(io::WriteFileAtomic(Join(dst, name), bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<IndexSummary> RebuildIndex(const std::string& dst) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dst, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.ends_with(".safetensors")) files.push_back(name);
+  }
+  if (ec) return absl::NotFoundError(Cat("folder '", dst, "': ", ec.message()));
+  std::sort(files.begin(), files.end());
+  std::map<std::string, std::string> weight_map;
+  IndexSummary summary;
+  for (const std::string& name : files) {
+    COLI_ASSIGN_OR_RETURN(ShardFile shard, OpenShard(Join(dst, name)));
+    for (const st::TensorInfo& t : shard.header.tensors) {
+      auto [it, inserted] = weight_map.emplace(t.name, name);
+      if (!inserted) {
+        return absl::FailedPreconditionError(Cat(
+            "tensor '", t.name, "' is in both '", it->second, "' and '", name, "' in '", dst,
+            "'; the index was not updated"));
+      }
+      summary.total_size += t.nbytes;
+    }
+    ++summary.shards;
+  }
+  COLI_RETURN_IF_ERROR(
+      st::WriteIndex(Join(dst, st::kIndexFileName), weight_map, summary.total_size));
+  return summary;
+}
+
+absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_shard) {
+  COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_shard));
+  COLI_ASSIGN_OR_RETURN(ShardFile dst, OpenShard(dst_shard));
+  std::map<std::string_view, const st::TensorInfo*> out;
+  for (const st::TensorInfo& t : dst.header.tensors) out[t.name] = &t;
+  std::string a, b;
+  for (const st::TensorInfo& t : src.header.tensors) {
+    if (IsVision(t.name) || out.count(ScaleSidecarName(t.name))) continue;  // dropped / quantized
+    auto it = out.find(t.name);
+    if (it == out.end()) {
+      return absl::DataLossError(
+          Cat("tensor '", t.name, "': in '", src_shard, "' but not in '", dst_shard, "'"));
+    }
+    const st::TensorInfo& o = *it->second;
+    if (o.dtype != t.dtype || o.shape != t.shape) {
+      return absl::DataLossError(Cat("tensor '", t.name, "': ",
+                                              st::DescribeTensor(o.dtype, o.shape), " in '",
+                                              dst_shard, "', ", st::DescribeTensor(t.dtype, t.shape),
+                                              " in the source"));
+    }
+    for (uint64_t off = 0; off < t.nbytes; off += kChunkBytes) {
+      const uint64_t n = std::min(kChunkBytes, t.nbytes - off);
+      a.resize(n);
+      b.resize(n);
+      COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + off, n, a.data()));
+      COLI_RETURN_IF_ERROR(dst.file->ReadAt(o.file_offset + off, n, b.data()));
+      if (a != b) {
+        const auto diff = std::mismatch(a.begin(), a.end(), b.begin());
+        return absl::DataLossError(Cat(
+            "tensor '", t.name, "': byte ", off + (diff.first - a.begin()), " of '", dst_shard,
+            "' differs from the source '", src_shard, "'"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& dst,
+                                     const RepackOptions& options) {
+  auto say = [&](std::string_view line) {
+    if (options.progress) options.progress(line);
+  };
+  for (auto [v, flag] : {std::pair{options.bits, "--bits"}, std::pair{options.mla_bits, "--mla-bits"},
+                         std::pair{options.head_bits, "--head-bits"}}) {
+    if (v != 4 && v != 8 && !(v == 0 && flag != std::string_view("--bits"))) {
+      return absl::InvalidArgumentError(Cat(flag, " ", v, ": use 4 or 8"));
+    }
+  }
+  const Bits bits{options.bits, options.mla_bits ? options.mla_bits : std::max(options.bits, 8),
+                  options.head_bits ? options.head_bits : std::max(options.bits, 8)};
+  COLI_ASSIGN_OR_RETURN(Config cfg, Config::LoadDir(src));
+  const std::string index_path = Join(src, st::kIndexFileName);
+  COLI_ASSIGN_OR_RETURN(std::string index_text, io::ReadFileToString(index_path));
+  COLI_ASSIGN_OR_RETURN(st::Index index, st::ParseIndex(index_text, index_path));
+  std::set<int> wanted(options.shards.begin(), options.shards.end());
+  for (int n : wanted) {
+    bool known = false;
+    for (const std::string& s : index.shards) known |= ShardNumber(s) == n;
+    if (!known) {
+      return absl::InvalidArgumentError(
+          Cat("--shards ", n, ": no such shard in '", index_path, "'"));
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(dst, ec);
+  if (ec) return absl::InternalError(Cat("cannot create '", dst, "': ", ec.message()));
+  if (fs::equivalent(src, dst, ec)) {
+    return absl::InvalidArgumentError(Cat("'", dst, "' is the source folder"));
+  }
+  COLI_RETURN_IF_ERROR(CopyFiles(src, dst));
+  say(Cat("k3-repack: ", index.shards.size(), " source shards, bits ", bits.bits,
+                   " / mla ", bits.mla_bits, " / head ", bits.head_bits));
+  RepackSummary summary;
+  int k = 0;
+  for (const std::string& name : index.shards) {
+    ++k;
+    if (!wanted.empty() && !wanted.count(ShardNumber(name))) continue;
+    const std::string from = Join(src, name), to = Join(dst, name);
+    const std::string tag = Cat("[", k, "/", index.shards.size(), "] ", name, ": ");
+    if (!fs::exists(from, ec)) {
+      ++summary.missing_source;
+      say(tag + "source missing, skipped");
+      continue;
+    }
+    if (fs::exists(to, ec)) {
+      ++summary.existing;
+      say(tag + "already converted, skipped");
+    } else {
+      const double t0 = Now();
+      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits));
+      if (!written) {
+        ++summary.dropped;
+        say(tag + "vision only, dropped");
+        continue;
+      }
+      ++summary.written;
+      const double dt = Now() - t0;
+      const double mb = static_cast<double>(fs::file_size(from, ec)) / 1e6;
+      char rate[64];
+      std::snprintf(rate, sizeof(rate), "%.1f MB in %.2f s (%.0f MB/s)", mb, dt,
+                    dt > 0 ? mb / dt : 0.0);
+      say(tag + rate);
+    }
+    if (options.verify_full) {
+      COLI_RETURN_IF_ERROR(VerifyShard(from, to));
+      ++summary.verified;
+      say(tag + "verified");
+    }
+  }
+  COLI_ASSIGN_OR_RETURN(IndexSummary idx, RebuildIndex(dst));
+  summary.index_shards = idx.shards;
+  summary.total_size = idx.total_size;
+  say(Cat("k3-repack: index of ", idx.shards, " shards, total_size ", idx.total_size));
+  return summary;
+}
+
+}  // namespace coli::k3

@@ -1,0 +1,79 @@
+// plugins/kimi_k3/repack: k3-repack, the Hugging Face snapshot → repacked container converter
+// (spec §4.4; seed "Repacked container").
+//
+//   RepackOptions o;  o.bits = 8;               // --bits 8 (MLA and head default to max(bits, 8))
+//   COLI_ASSIGN_OR_RETURN(RepackSummary s, Repack("/models/Kimi-K3", "/fast/k3-int8", o));
+//
+// One sequential read of each selected source shard writes one output shard of the same name
+// (to `<name>.tmp`, renamed when complete); an existing output shard is skipped (resume), a
+// source shard listed by the index but absent is skipped with a warning, a shard holding only
+// vision tensors produces no output. Per tensor (classification needs the config's
+// linear_attn_config, since o_proj / g_proj exist in both attention kinds):
+//   * KDA q/k/v/o/g, latent down/up, shared experts, dense MLP → `bits`; MLA q_a, q_b, kv_a,
+//     kv_b, o, g → `mla_bits`; lm_head → `head_bits`: quantized with the engine's own
+//     kernels::QuantizedMatrix (int4-g64 when bits == 4 and cols % 64 == 0, else int8 per row)
+//     and stored as U8 + `<name>.qs` F32 (container.h) — bit-identical to load-time quantization;
+//   * routed experts: byte-identical, ordered by (layer, expert id, w1<w2<w3, packed<scale), so
+//     each expert is one contiguous range (one pread);
+//   * `vision_tower.*` / `mm_projector.*`: dropped;  everything else: as in the source.
+// Non-expert tensors come first, widest dtype first, so every F32 tensor starts 4-byte aligned
+// in the file (K3_MMAP uses the sidecars in place). The index is rebuilt atomically on every
+// run from all completed output shards in dst (duplicate names abort it, leaving the old one);
+// config.json, generation_config.json, tokenizer.json, tokenizer_config.json and tiktoken.model
+// (our tokenizer's vocabulary; the spec's tool does not copy it) are copied when present.
+// Errors name the file and tensor: DATA_LOSS for a corrupt source, NOT_FOUND for a missing
+// config / index, INVALID_ARGUMENT for a tensor of the wrong dtype or shape.
+#ifndef COLI_PLUGINS_KIMI_K3_REPACK_H_
+#define COLI_PLUGINS_KIMI_K3_REPACK_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace coli::k3 {
+
+struct RepackOptions {
+  int bits = 8;       // 4 or 8
+  int mla_bits = 0;   // 0 = max(bits, 8)
+  int head_bits = 0;  // 0 = max(bits, 8)
+  // Shard numbers (the 5-digit index of model-XXXXX-of-N.safetensors); empty = all.
+  std::vector<int> shards;
+  // Re-read every expert (and pass-through) byte of source and output and compare.
+  bool verify_full = false;
+  // One line per event (stderr in the tool); may be null.
+  std::function<void(std::string_view)> progress;
+};
+
+struct RepackSummary {
+  int written = 0;          // shards converted by this run
+  int existing = 0;         // output already present (resume)
+  int missing_source = 0;   // listed by the source index, file absent
+  int dropped = 0;          // vision-only shards
+  int verified = 0;         // shards compared by verify_full
+  int index_shards = 0;     // shards in the rebuilt index
+  uint64_t total_size = 0;  // the rebuilt index's total_size
+};
+
+absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& dst,
+                                     const RepackOptions& options);
+
+// Rebuilds dst/model.safetensors.index.json from every *.safetensors file in dst (atomically;
+// FAILED_PRECONDITION naming the tensor and both files on a duplicate name, with the old index
+// left as it was). Returns the number of shards and total_size (sum of tensor bytes).
+struct IndexSummary {
+  int shards = 0;
+  uint64_t total_size = 0;
+};
+absl::StatusOr<IndexSummary> RebuildIndex(const std::string& dst);
+
+// Compares every expert and pass-through tensor of a source shard with the output shard byte
+// for byte (DATA_LOSS naming the tensor on the first difference or a missing tensor).
+absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_shard);
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_REPACK_H_

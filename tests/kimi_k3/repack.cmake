@@ -1,0 +1,14 @@
+# k3-repack and the repacked container (plugins/kimi_k3/repack*, container*; spec §4.4): the tiny
+# fixture repacked into temp folders, logits bit-identical to the source loaded with the same
+# bits, container file checks, resume / --shards / index, --verify-full, K3_MMAP, bad input.
+coli_cc_test(NAME k3_repack_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/repack_test.cc
+  DEPS kimi_k3_repack kimi_k3_core coli_safetensors coli_kernels coli_io coli_status
+       absl::strings)
+target_compile_definitions(k3_repack_test PRIVATE
+  K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny"
+  K3_REPACK_BIN="$<TARGET_FILE:k3-repack>")
+add_dependencies(k3_repack_test k3-repack)
+if(TARGET k3_tiny_fixture)
+  add_dependencies(k3_repack_test k3_tiny_fixture)
+endif()
