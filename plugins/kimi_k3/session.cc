@@ -94,7 +94,7 @@ absl::Status Session::Restore(const Checkpoint& c) {
 }
 
 absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const int32_t> ids,
-                                                bool prefill) {
+                                                bool prefill, bool every_row) {
   const int n = static_cast<int>(ids.size());
   const int64_t D = model_.hidden_size(), V = model_.vocab_size();
   const int L = model_.num_layers();
@@ -102,8 +102,10 @@ absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const 
   if (max_ctx > 0 && position() + n > max_ctx)
     return absl::ResourceExhaustedError(absl::StrCat("context capacity ", max_ctx,
                                                      " tokens exceeded (K3_MAXT)"));
-  // The head runs on the last row, or on every prefill row when K3_LOGITS is on.
-  const bool all_logits = prefill && logits_file_ != nullptr;
+  // The head runs on the last row, or on every prefill row when K3_LOGITS is on (on every row
+  // for StepAll).
+  const bool dump_logits = prefill && logits_file_ != nullptr;
+  const bool all_logits = every_row || dump_logits;
   std::vector<Model::Row> rows(n);
   for (int r = 0; r < n; ++r)
     rows[r] = {&state_, position() + r, all_logits || r == n - 1};
@@ -118,11 +120,11 @@ absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const 
   }
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   COLI_RETURN_IF_ERROR(WriteAll(trace_file_, trace.data(), trace.size(), model_.options().trace_path));
-  if (all_logits) {
+  if (dump_logits) {
     COLI_RETURN_IF_ERROR(WriteAll(logits_file_, logits.data(), logits.size(),
                                   model_.options().logits_path));
-    logits.erase(logits.begin(), logits.end() - V);
   }
+  if (all_logits && !every_row) logits.erase(logits.begin(), logits.end() - V);
   return logits;
 }
 
@@ -195,6 +197,17 @@ absl::StatusOr<std::vector<float>> Session::Step(int32_t token) {
   COLI_RETURN_IF_ERROR(model_.Embed(ids, x.data()));
   timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Run(x.data(), ids, /*prefill=*/false);
+}
+
+absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tokens) {
+  COLI_RETURN_IF_ERROR(CheckUsable());
+  if (tokens.empty()) return absl::InvalidArgumentError("StepAll needs at least one token");
+  const int64_t D = model_.hidden_size();
+  std::vector<float> x(tokens.size() * D);
+  const auto t0 = std::chrono::steady_clock::now();
+  COLI_RETURN_IF_ERROR(model_.Embed(tokens, x.data()));
+  timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Run(x.data(), tokens, /*prefill=*/false, /*every_row=*/true);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Session::StepBatch(

@@ -81,6 +81,14 @@ class Session {
   // written (K3_TRACE) the sessions run one at a time (Step), so the trace stays per session.
   static absl::StatusOr<std::vector<std::vector<float>>> StepBatch(
       std::span<Session* const> sessions, std::span<const int32_t> tokens);
+  // Several decode steps in ONE chunk (speculative verify, spec_decode.h): runs `tokens` (at
+  // least one) at positions position()… and returns the logits after EVERY one of them,
+  // [tokens.size(), V] row-major, row i bit-identical to what Step(tokens[i]) would return after
+  // tokens[0..i) (every kernel is row-independent). Refusals as Step, plus INVALID_ARGUMENT for
+  // no tokens and RESOURCE_EXHAUSTED when the chunk would pass K3_MAXT (nothing runs). Nothing
+  // goes to the K3_LOGITS file (decode rows never do); under K3_TRACE the rows are traced like
+  // prefill rows.
+  absl::StatusOr<std::vector<float>> StepAll(std::span<const int32_t> tokens);
   // Forgets everything (state zeroed, record cleared); keeps the timings.
   void Reset();
   // The state at the current position; `logits` are the ones after the last token.
@@ -90,6 +98,8 @@ class Session {
   absl::Status Restore(const Checkpoint& c);
 
   int64_t position() const { return static_cast<int64_t>(tokens_.size()); }
+  // True after a failed pass, until Reset() or Restore().
+  bool broken() const { return broken_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   const Timings& timings() const { return timings_; }
   const Model& model() const { return model_; }
@@ -97,8 +107,10 @@ class Session {
 
  private:
   absl::Status CheckUsable() const;
-  // Runs rows [n, D] at positions position()…; records `ids`; returns the last row's logits.
-  absl::StatusOr<std::vector<float>> Run(const float* x, std::span<const int32_t> ids, bool prefill);
+  // Runs rows [n, D] at positions position()…; records `ids`; returns the last row's logits
+  // (every row's, [n, V], when `every_row`).
+  absl::StatusOr<std::vector<float>> Run(const float* x, std::span<const int32_t> ids, bool prefill,
+                                         bool every_row = false);
   absl::StatusOr<std::vector<float>> Chunked(int64_t n, const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
                                              const Progress& progress, const Cancel& cancel);
 

@@ -1,0 +1,83 @@
+// plugins/kimi_k3/spec_decode: speculative decoding of greedy rows, verified as one chunk.
+//
+//   SpecDecoder spec;                          // one per conversation, beside its Session
+//   // the token t sampled last is fed now; draft d1…dK from LookupDraft (spec_lookup.h):
+//   COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v, spec.Verify(session, t, draft));
+//   // v.logits: after t (x1 = Greedy(v.logits)); x2…x(m+1) wait in the buffer:
+//   std::optional<std::vector<float>> next = spec.Take(x1);   // no forward pass
+//
+// Verify runs [t, d1…dK] as ONE chunk (Session::StepAll: the logits of every row, each
+// bit-identical to a one-token Step) after checkpointing the session. Greedy token g_i of row i
+// accepts d(i+1) while g_i == d(i+1); with m accepted, the emitted tokens are x1…x(m+1) = g_0…g_m
+// (the accepted drafts, then the correction — or the bonus when m = K). When m < K the
+// checkpoint is restored and [t, d1…dm] re-run, so the state is exactly "consumed t, x1…xm"
+// (x(m+1) is fed by the next step as usual). The logits after x1…xm stay buffered: each later
+// Take(token) hands out the next one when `token` is the buffered token, without a pass.
+//
+// Until the buffer is drained the session's state is ahead of what was delivered (the record
+// holds undelivered tokens). The pre-verify checkpoint is kept for that time: Rewind() restores
+// it and replays t and the delivered tokens, so the record is exactly the delivered one (used
+// when the host feeds a different token or ends the turn early: stop string, max tokens, cancel).
+//
+// Sampling rows keep the normal path (the plugin verifies greedy rows only); a buffered
+// token is still sampled by the caller from its buffered logits, so logprobs are the normal
+// path's. Cost: one checkpoint copy of the recurrent state per verify, a chunk of K+1 rows,
+// plus a re-run of m+1 rows when a draft token is rejected.
+//
+// Threading: as Session (one thread at a time, the caller holds the model's forward lock).
+#ifndef COLI_PLUGINS_KIMI_K3_SPEC_DECODE_H_
+#define COLI_PLUGINS_KIMI_K3_SPEC_DECODE_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "plugins/kimi_k3/session.h"
+
+namespace coli::k3 {
+
+class SpecDecoder {
+ public:
+  struct Verified {
+    std::vector<float> logits;  // after the fed token ([V]); x1 is its greedy token
+    int accepted = 0;           // m: drafts accepted (0…K)
+    bool rerun = false;         // a second pass restored the state (m < K)
+  };
+
+  // Feeds `token` and verifies `draft` (at least one token) in one chunk, as described above.
+  // Nothing may be buffered (FAILED_PRECONDITION). The session must have room for
+  // 1 + draft.size() tokens (RESOURCE_EXHAUSTED from Session otherwise; the caller shrinks K).
+  // On any error the session is returned to where it was (the checkpoint is restored) and the
+  // error returned; nothing is buffered.
+  absl::StatusOr<Verified> Verify(Session& session, int32_t token,
+                                  std::span<const int32_t> draft);
+
+  // Tokens the session consumed beyond what was handed out (they lead its record).
+  size_t undelivered() const { return ahead_.size() - next_; }
+  // The next buffered token, or -1 when none.
+  int32_t peek() const { return undelivered() > 0 ? ahead_[next_] : -1; }
+  // When `token` is the next buffered token: its logits (bit-identical to Step(token) at that
+  // position) and the buffer advances (the checkpoint is dropped once drained). nullopt when
+  // nothing is buffered or `token` is another one (nothing changes then; see Rewind).
+  std::optional<std::vector<float>> Take(int32_t token);
+  // Returns the session to the delivered record (restore the pre-verify checkpoint, replay the
+  // fed token and the delivered drafts in one chunk) and forgets the buffer. Returns the logits
+  // after the record's last token, or nullopt when nothing was undelivered (nothing runs). On
+  // error the buffer is forgotten and the session may be broken (the caller resets it).
+  absl::StatusOr<std::optional<std::vector<float>>> Rewind(Session& session);
+  // Forgets the buffer and the checkpoint without touching a session (after a Reset).
+  void Clear();
+
+ private:
+  int32_t fed_ = -1;                       // t of the last verify
+  std::vector<int32_t> ahead_;             // x1…xm, consumed by the session
+  std::vector<std::vector<float>> logits_; // logits_[i]: after ahead_[i]
+  size_t next_ = 0;                        // ahead_[0, next_) were handed out
+  std::optional<Checkpoint> before_;       // the state before `fed_`, kept while buffered
+};
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_SPEC_DECODE_H_

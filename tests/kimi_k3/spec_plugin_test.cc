@@ -1,0 +1,456 @@
+// Speculative decoding in the kimi_k3 plugin through its ABI (host/plugin.h Plugin::Load, then
+// the raw C table) on the tiny fixture: greedy generation with option spec=K must give exactly
+// what spec off gives — token ids, finish, text, logprob and top logprobs bit for bit — while
+// the stats show verify passes, accepted drafts, tokens handed out without a pass and fewer
+// forward passes. Also: an early stop while verified tokens are buffered (the follow-up prompt
+// reuses exactly the delivered record), context full inside a verify, seeded sampling rows
+// unchanged, a spec row batched with other rows, a knob change mid-buffer, bad option values.
+// The reference is the same plugin with spec off, one row per decode call.
+// The tiny fixture's random weights never copy text, so lookup drafts are rarely right on the
+// full stack (it checks equality without acceptance). Where acceptance must happen the model is
+// opened with K3_LAYERS=0 (layers = 0: embedding, final norm and head only), which makes the
+// next greedy token a function of the last one; a prompt that walks that function and returns
+// to its start ("walk prompt") is then continued exactly along the walk, so lookup drafts the
+// true continuation and every draft token is accepted.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "host/plugin.h"
+#include "plugin_api/coli_plugin.h"
+#include "plugin_api/cpp/abi_util.h"
+#include "tests/kimi_k3/batched_decode_util.h"
+
+namespace coli {
+namespace {
+
+using ::coli::testing::StatusIs;
+using ::testing::HasSubstr;
+
+using ::coli::k3::batched_test::Ids;
+
+struct Knobs {
+  float temperature = 0, top_p = 0;
+  int32_t top_k = 0, logprobs = 3;
+  uint64_t seed = 0;
+};
+
+struct Out {
+  int32_t token = -1, finish = COLI_FINISH_NONE;
+  float logprob = 0;
+  std::vector<coli_logprob_t> top;
+  std::string text;
+};
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+void ExpectSame(const std::vector<Out>& got, const std::vector<Out>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < got.size(); ++t) {
+    SCOPED_TRACE(::testing::Message() << "step " << t);
+    EXPECT_EQ(got[t].token, want[t].token);
+    EXPECT_EQ(got[t].finish, want[t].finish);
+    EXPECT_EQ(got[t].text, want[t].text);
+    EXPECT_TRUE(SameBits(got[t].logprob, want[t].logprob));
+    ASSERT_EQ(got[t].top.size(), want[t].top.size());
+    for (size_t k = 0; k < got[t].top.size(); ++k) {
+      EXPECT_EQ(got[t].top[k].id, want[t].top[k].id);
+      EXPECT_TRUE(SameBits(got[t].top[k].logprob, want[t].top[k].logprob));
+    }
+  }
+}
+
+// A prompt that repeats itself (so prompt lookup finds drafts): `unit` three times.
+std::vector<int32_t> Repeating(int n, int seed) {
+  std::vector<int32_t> unit = Ids(n, seed), out;
+  for (int r = 0; r < 3; ++r) out.insert(out.end(), unit.begin(), unit.end());
+  return out;
+}
+
+class K3SpecPluginTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    host::PluginReport report;
+    auto plugin =
+        host::Plugin::Load(std::string(COLI_PLUGIN_DIR_FOR_TEST) + "/libcoli_kimi_k3.so", &report);
+    ASSERT_OK(plugin.status());
+    plugin_ = std::move(plugin).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete plugin_;
+    plugin_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(plugin_, nullptr); }
+  void TearDown() override {
+    for (coli_session_t* s : sessions_) api().session_destroy(s);
+    for (coli_model_t* m : models_) api().model_close(m);
+  }
+  static const coli_plugin_api_t& api() { return plugin_->api(); }
+
+  struct Error {
+    char text[1024] = {};
+    coli_error_t e = abi::Init<coli_error_t>();
+    Error() {
+      e.message = text;
+      e.capacity = sizeof(text);
+    }
+    absl::Status Status(coli_status_t code) const {
+      if (code == 0) return absl::OkStatus();
+      return absl::Status(abi::FromCode(code),
+                          std::string(e.message, std::min(e.length, e.capacity - 1)));
+    }
+  };
+
+  absl::StatusOr<coli_model_t*> TryOpen(std::vector<std::pair<std::string, std::string>> extra,
+                                        int32_t layers = -1) {
+    coli_model_options_t options;
+    coli_model_options_defaults(&options);
+    options.layers = layers;
+    std::vector<coli_kv_t> kv;
+    for (const auto& [k, v] : extra) kv.push_back({abi::Str(k), abi::Str(v)});
+    options.extra = kv.data();
+    options.n_extra = kv.size();
+    auto args = abi::Init<coli_model_open_args_t>();
+    args.model_dir = abi::Str(COLI_K3_TINY_DIR);
+    args.options = &options;
+    Error err;
+    coli_model_t* m = nullptr;
+    COLI_RETURN_IF_ERROR(err.Status(api().model_open(&args, &m, &err.e)));
+    models_.push_back(m);
+    return m;
+  }
+  // spec = max draft tokens (0 = off); layers = 0 for the bigram model of the walk prompts.
+  coli_model_t* Open(int spec, int32_t layers = -1) {
+    auto m = TryOpen(spec > 0 ? std::vector<std::pair<std::string, std::string>>{
+                                    {"spec", std::to_string(spec)}}
+                              : std::vector<std::pair<std::string, std::string>>{},
+                     layers);
+    EXPECT_OK(m.status());
+    return m.ok() ? *m : nullptr;
+  }
+  // A walk prompt on `bigram` (a layers = 0 model without spec): start, its n greedy successors,
+  // start again.
+  std::vector<int32_t> Walk(coli_model_t* bigram, int32_t start, int n) {
+    std::vector<int32_t> prompt = {start};
+    for (const Out& o : Fresh(bigram, {start}, n)) prompt.push_back(o.token);
+    prompt.push_back(start);
+    return prompt;
+  }
+  coli_session_t* NewSession(coli_model_t* m, int64_t max_context = 0) {
+    auto options = abi::Init<coli_session_options_t>();
+    options.max_context = max_context;
+    Error err;
+    coli_session_t* s = nullptr;
+    EXPECT_OK(err.Status(api().session_create(m, &options, &s, &err.e)));
+    if (s != nullptr) sessions_.push_back(s);
+    return s;
+  }
+  static coli_prefill_result_t Prefill(coli_session_t* s, const std::vector<int32_t>& prompt,
+                                       uint64_t seed = 0) {
+    auto args = abi::Init<coli_prefill_args_t>();
+    args.tokens = prompt.data();
+    args.n_tokens = prompt.size();
+    args.seed = seed;
+    auto result = abi::Init<coli_prefill_result_t>();
+    Error err;
+    EXPECT_OK(err.Status(api().prefill(s, &args, &result, &err.e)));
+    return result;
+  }
+  static coli_decode_row_t Row(coli_session_t* s, const Knobs& k) {
+    auto row = abi::Init<coli_decode_row_t>();
+    row.session = s;
+    row.temperature = k.temperature;
+    row.top_p = k.top_p;
+    row.top_k = k.top_k;
+    row.logprobs_top_k = k.logprobs;
+    return row;
+  }
+  static Out Copy(const coli_decode_row_t& row) {
+    Out o;
+    o.token = row.token;
+    o.finish = row.finish;
+    o.logprob = row.logprob;
+    o.top.assign(row.top_logprobs, row.top_logprobs + row.n_top_logprobs);
+    o.text = std::string(abi::View(row.text));
+    return o;
+  }
+  // One decode call with these rows; their outputs copied.
+  static std::vector<Out> Call(const std::vector<coli_session_t*>& sessions,
+                               const std::vector<Knobs>& knobs) {
+    std::vector<coli_decode_row_t> rows;
+    for (size_t i = 0; i < sessions.size(); ++i) rows.push_back(Row(sessions[i], knobs[i]));
+    auto args = abi::Init<coli_decode_args_t>();
+    args.rows = rows.data();
+    args.n_rows = rows.size();
+    Error err;
+    EXPECT_OK(err.Status(api().decode(&args, &err.e)));
+    std::vector<Out> out;
+    for (const auto& r : rows) out.push_back(Copy(r));
+    return out;
+  }
+  // Up to n steps of one session, one row per call, stopping after a finish.
+  static std::vector<Out> Generate(coli_session_t* s, int n, const Knobs& k = {}) {
+    std::vector<Out> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(Call({s}, {k})[0]);
+      if (out.back().finish != COLI_FINISH_NONE) break;
+    }
+    return out;
+  }
+  std::vector<Out> Fresh(coli_model_t* m, const std::vector<int32_t>& prompt, int n,
+                         const Knobs& k = {}, int64_t max_context = 0) {
+    coli_session_t* s = NewSession(m, max_context);
+    Prefill(s, prompt, k.seed);
+    return Generate(s, n, k);
+  }
+  std::map<std::string, double> Stats(coli_session_t* s) {
+    coli_stat_t stats[64];
+    size_t count = 0;
+    Error err;
+    EXPECT_OK(err.Status(api().session_stats(s, stats, 64, &count, &err.e)));
+    std::map<std::string, double> out;
+    for (size_t i = 0; i < std::min<size_t>(count, 64); ++i) out[stats[i].name] = stats[i].value;
+    return out;
+  }
+  static std::vector<int32_t> Record(coli_session_t* s) {
+    std::vector<int32_t> ids(4096);
+    auto out = abi::Init<coli_token_buffer_t>();
+    out.ids = ids.data();
+    out.capacity = ids.size();
+    Error err;
+    EXPECT_OK(err.Status(api().session_record(s, &out, &err.e)));
+    ids.resize(out.count);
+    return ids;
+  }
+
+  static host::Plugin* plugin_;
+  std::vector<coli_model_t*> models_;
+  std::vector<coli_session_t*> sessions_;
+};
+
+host::Plugin* K3SpecPluginTest::plugin_ = nullptr;
+
+constexpr int kSteps = 40;
+constexpr int kWalk = 24;
+
+// layers = 0: lookup drafts the true continuation along the walk, so most tokens come from the
+// buffer and the passes drop; outputs identical to spec off.
+TEST_F(K3SpecPluginTest, WalkPromptDraftsAcceptedSameTokensFewerPasses) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  ASSERT_NE(off, nullptr);
+  ASSERT_NE(on, nullptr);
+  const std::vector<int32_t> prompt = Walk(off, 5, kWalk);
+  coli_session_t* a = NewSession(off);
+  coli_session_t* b = NewSession(on);
+  Prefill(a, prompt);
+  Prefill(b, prompt);
+  const auto want = Generate(a, kSteps);
+  ExpectSame(Generate(b, kSteps), want);
+  // The walk is continued exactly: its first kWalk tokens come back.
+  for (int i = 0; i < kWalk; ++i) EXPECT_EQ(want[i].token, prompt[i + 1]);
+  auto without = Stats(a), with = Stats(b);
+  EXPECT_EQ(without["spec_drafts"], 0);
+  EXPECT_EQ(without["decode_passes"], static_cast<double>(want.size() - 1));
+  EXPECT_GT(with["spec_drafts"], 0);
+  // Along the walk every draft token is right: at least the walk minus one draft's worth.
+  EXPECT_GE(with["spec_accepted_tokens"], kWalk - 6);
+  EXPECT_LE(with["spec_accepted_tokens"], with["spec_draft_tokens"]);
+  // Buffered tokens are handed out one per call (some may still wait when the run ends).
+  EXPECT_LE(with["spec_tokens_from_buffer"], with["spec_accepted_tokens"]);
+  EXPECT_GE(with["spec_tokens_from_buffer"], with["spec_accepted_tokens"] - 6);
+  // Each accepted token saves a pass; each rejected draft costs one re-run pass. Along the walk
+  // a verify pass serves up to 7 tokens, so at least kWalk / 2 passes are saved in all.
+  EXPECT_LE(with["decode_passes"] + kWalk / 2, without["decode_passes"]);
+  // Exactly: a pass per fed token, none for buffered ones, one more per rejected draft.
+  EXPECT_EQ(with["decode_passes"],
+            without["decode_passes"] - with["spec_tokens_from_buffer"] + with["spec_reruns"]);
+  EXPECT_EQ(with["tokens_generated"], without["tokens_generated"]);
+  EXPECT_EQ(Record(a), Record(b));
+}
+
+// The full stack on a prompt that repeats itself: lookup drafts (rarely right on random
+// weights); every output identical to spec off.
+TEST_F(K3SpecPluginTest, RepeatingPromptSameTokens) {
+  coli_model_t* off = Open(0);
+  coli_model_t* on = Open(6);
+  const std::vector<int32_t> prompt = Repeating(12, 1);
+  coli_session_t* b = NewSession(on);
+  Prefill(b, prompt);
+  ExpectSame(Generate(b, kSteps), Fresh(off, prompt, kSteps));
+  EXPECT_GT(Stats(b)["spec_drafts"], 0);
+}
+
+TEST_F(K3SpecPluginTest, RandomPromptSameTokens) {
+  coli_model_t* off = Open(0);
+  coli_model_t* on = Open(4);
+  for (int seed = 2; seed < 5; ++seed) {
+    SCOPED_TRACE(::testing::Message() << "prompt " << seed);
+    const std::vector<int32_t> prompt = Ids(9 + seed, seed);
+    ExpectSame(Fresh(on, prompt, kSteps), Fresh(off, prompt, kSteps));
+  }
+}
+
+// The host stops right after x1 while x2…x(m+1) are buffered; the follow-up prompt extends what
+// was delivered. Tokens reused = the delivered record, and everything after is what a session
+// that never used spec produces.
+TEST_F(K3SpecPluginTest, EarlyStopWhileBufferedReusesTheDeliveredRecord) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  const std::vector<int32_t> prompt = Walk(off, 9, kWalk);
+  coli_session_t* s = NewSession(on);
+  Prefill(s, prompt);
+  // Decode until a call verified a draft and accepted at least one token: they are buffered.
+  std::vector<int32_t> delivered_tokens;
+  double accepted = 0;
+  for (int i = 0; i < kSteps && accepted == 0; ++i) {
+    const Out o = Call({s}, {Knobs{}})[0];
+    ASSERT_EQ(o.finish, COLI_FINISH_NONE);
+    delivered_tokens.push_back(o.token);
+    accepted = Stats(s)["spec_accepted_tokens"];
+  }
+  ASSERT_GT(accepted, 0) << "lookup never drafted an accepted token";
+  EXPECT_EQ(Stats(s)["spec_tokens_from_buffer"], 0);
+  // The record the host sees: the prompt and every token fed so far (all but the last one).
+  std::vector<int32_t> record = prompt;
+  record.insert(record.end(), delivered_tokens.begin(), delivered_tokens.end() - 1);
+  EXPECT_EQ(Record(s), record);
+  // Follow-up turn: what was delivered plus new text.
+  std::vector<int32_t> follow = prompt;
+  follow.insert(follow.end(), delivered_tokens.begin(), delivered_tokens.end());
+  const std::vector<int32_t> more = Ids(5, 9);
+  follow.insert(follow.end(), more.begin(), more.end());
+  const coli_prefill_result_t r = Prefill(s, follow);
+  EXPECT_EQ(r.tokens_reused, record.size());
+  EXPECT_EQ(r.tokens_computed, follow.size() - record.size());
+  EXPECT_EQ(r.context_used, static_cast<int64_t>(follow.size()));
+  EXPECT_EQ(Stats(s)["spec_rewinds"], 1);
+  EXPECT_EQ(Stats(s)["tokens_reused"], static_cast<double>(record.size()));
+  // The reference: spec off, the same first turn, stopped at the same point.
+  coli_session_t* ref = NewSession(off);
+  Prefill(ref, prompt);
+  const auto first = Generate(ref, static_cast<int>(delivered_tokens.size()));
+  ASSERT_EQ(first.size(), delivered_tokens.size());
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i].token, delivered_tokens[i]);
+  const coli_prefill_result_t rr = Prefill(ref, follow);
+  EXPECT_EQ(rr.tokens_reused, r.tokens_reused);
+  EXPECT_EQ(rr.context_used, r.context_used);
+  ExpectSame(Generate(s, kSteps), Generate(ref, kSteps));
+  EXPECT_EQ(Record(s), Record(ref));
+}
+
+// The session's context fills during generation: drafts shrink to fit, LENGTH comes at the
+// same step with spec on and off (bigram walk: drafts accepted right up to the limit; and the
+// full stack).
+TEST_F(K3SpecPluginTest, ContextFullInsideVerify) {
+  for (int32_t layers : {0, -1}) {
+    coli_model_t* off = Open(0, layers);
+    coli_model_t* on = Open(8, layers);
+    const std::vector<int32_t> prompt = layers == 0 ? Walk(off, 5, kWalk) : Repeating(10, 1);
+    for (int64_t room : {1, 3, 7, 12}) {
+      SCOPED_TRACE(::testing::Message() << "layers " << layers << " room " << room);
+      const int64_t max_context = static_cast<int64_t>(prompt.size()) + room;
+      const auto want = Fresh(off, prompt, kSteps, {}, max_context);
+      ASSERT_EQ(want.back().finish, COLI_FINISH_LENGTH);
+      coli_session_t* s = NewSession(on, max_context);
+      Prefill(s, prompt);
+      ExpectSame(Generate(s, kSteps), want);
+      if (layers == 0 && room > 1) {
+        EXPECT_GT(Stats(s)["spec_accepted_tokens"], 0);
+      }
+    }
+  }
+}
+
+// Seeded sampling rows keep the one-step path: identical with spec on, and never drafted.
+TEST_F(K3SpecPluginTest, SampledRowsUnchanged) {
+  for (int32_t layers : {0, -1}) {
+    SCOPED_TRACE(::testing::Message() << "layers " << layers);
+    coli_model_t* off = Open(0, layers);
+    coli_model_t* on = Open(6, layers);
+    const std::vector<int32_t> prompt = layers == 0 ? Walk(off, 5, kWalk) : Repeating(12, 1);
+    const Knobs k = {.temperature = 0.8f, .top_p = 0.95f, .logprobs = 4, .seed = 17};
+    coli_session_t* s = NewSession(on);
+    Prefill(s, prompt, k.seed);
+    ExpectSame(Generate(s, kSteps, k), Fresh(off, prompt, kSteps, k));
+    EXPECT_EQ(Stats(s)["spec_drafts"], 0);
+  }
+}
+
+// One decode call per step with a spec greedy row (verified alone), a sampled row and a greedy
+// row (batched together when it has no draft): every row as alone with spec off.
+TEST_F(K3SpecPluginTest, SpecRowBatchedWithOtherRows) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  const std::vector<std::vector<int32_t>> prompts = {Walk(off, 5, kWalk), Ids(9, 4), Ids(13, 5)};
+  const std::vector<Knobs> knobs = {
+      {}, {.temperature = 1.1f, .top_k = 40, .logprobs = 2, .seed = 5}, {.logprobs = 1}};
+  std::vector<coli_session_t*> batch;
+  std::vector<std::vector<Out>> got(3), want(3);
+  for (size_t i = 0; i < 3; ++i) {
+    want[i] = Fresh(off, prompts[i], kSteps, knobs[i]);
+    batch.push_back(NewSession(on));
+    Prefill(batch.back(), prompts[i], knobs[i].seed);
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    const auto outs = Call(batch, knobs);
+    for (size_t i = 0; i < 3; ++i) got[i].push_back(outs[i]);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(::testing::Message() << "row " << i);
+    ExpectSame(got[i], want[i]);
+  }
+  EXPECT_GT(Stats(batch[0])["spec_tokens_from_buffer"], 0);
+  EXPECT_EQ(Stats(batch[1])["spec_drafts"], 0);
+  EXPECT_GT(Stats(batch[1])["batched_steps"], 0);  // the other rows still shared passes
+}
+
+// The row switches from greedy to sampling while verified tokens are buffered: the buffered
+// logits are sampled with the new knobs; a token other than the buffered one drops the buffer
+// (rewind) and the step is taken normally. Same outputs as spec off with the same switches.
+TEST_F(K3SpecPluginTest, KnobChangeWhileBufferedFallsBackSafely) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  const std::vector<int32_t> prompt = Walk(off, 5, kWalk);
+  coli_session_t* s = NewSession(on);
+  coli_session_t* ref = NewSession(off);
+  Prefill(s, prompt, 3);
+  Prefill(ref, prompt, 3);
+  const Knobs hot = {.temperature = 5.0f, .logprobs = 2, .seed = 3};
+  std::vector<Out> got, want;
+  for (int i = 0; i < kSteps; ++i) {
+    // Greedy, except one hot step right after each verify that buffered tokens.
+    const bool buffered =
+        Stats(s)["spec_accepted_tokens"] > Stats(s)["spec_tokens_from_buffer"] + 1;
+    const Knobs k = buffered ? hot : Knobs{};
+    got.push_back(Call({s}, {k})[0]);
+    want.push_back(Call({ref}, {k})[0]);
+  }
+  ExpectSame(got, want);
+  EXPECT_EQ(Record(s), Record(ref));
+  EXPECT_GT(Stats(s)["spec_rewinds"], 0);  // a hot token left the walk at least once
+}
+
+TEST_F(K3SpecPluginTest, BadOptionsRefused) {
+  for (const char* v : {"-1", "17", "x", ""}) {
+    EXPECT_THAT(TryOpen({{"spec", v}}).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("option spec")))
+        << v;
+  }
+  EXPECT_THAT(TryOpen({{"spec_ngram_max", "0"}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec_ngram_max")));
+  EXPECT_THAT(TryOpen({{"spec", "4"}, {"spec_ngram_min", "3"}, {"spec_ngram_max", "2"}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec_ngram_min")));
+  EXPECT_OK(TryOpen({{"spec", "16"}, {"spec_ngram_min", "2"}, {"spec_ngram_max", "4"}}).status());
+}
+
+}  // namespace
+}  // namespace coli
