@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
@@ -660,6 +661,66 @@ TEST(SafetensorsBadInput, MalformedIndex) {
                  "idx.json"));
   EXPECT_EQ(ok.total_size, 12u);
   EXPECT_THAT(ok.shards, ElementsAre("a", "b"));
+}
+
+// ---- PlannedWriter / SharedMapping (k3-repack) ------------------------------------------------
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(SafetensorsPlannedWriter, OutOfOrderWritesEqualTheWriter) {
+  TempDir dir;
+  const std::string a = Pattern(6, 1), b = Pattern(12, 2), c = Pattern(3, 3);
+  Writer ref;
+  ASSERT_OK(ref.Add("a", DType::kU8, {2, 3}, a));
+  ASSERT_OK(ref.Add("b", DType::kF32, {3}, b));
+  ASSERT_OK(ref.Add("c", DType::kU8, {3}, c));
+  ASSERT_OK_AND_ASSIGN(std::string want, ref.Serialize());
+  ASSERT_OK_AND_ASSIGN(auto w, PlannedWriter::Create(dir.File("x.safetensors"),
+                                                     {{"a", DType::kU8, {2, 3}},
+                                                      {"b", DType::kF32, {3}},
+                                                      {"c", DType::kU8, {3}}}));
+  EXPECT_EQ(w->data_bytes(), 21u);
+  ASSERT_OK(w->WriteAt(2, 0, c));
+  ASSERT_OK(w->WriteAt(1, 4, b.substr(4)));
+  ASSERT_OK(w->WriteAt(0, 0, a));
+  ASSERT_OK(w->WriteAt(1, 0, b.substr(0, 4)));
+  ASSERT_OK(w->Finish());
+  EXPECT_EQ(ReadWhole(dir.File("x.safetensors")), want);
+  ASSERT_OK_AND_ASSIGN(Header h, ParseFileBytes(want, "x"));
+  EXPECT_EQ(h.data_offset % 8, 0u);
+}
+
+TEST(SafetensorsPlannedWriter, RefusesHolesAndWritesOutsideATensor) {
+  TempDir dir;
+  ASSERT_OK_AND_ASSIGN(auto w, PlannedWriter::Create(dir.File("y.safetensors"),
+                                                     {{"a", DType::kU8, {4}}, {"b", DType::kU8, {2}}}));
+  EXPECT_THAT(w->WriteAt(0, 2, "xyz"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                HasSubstr("outside tensor a")));
+  EXPECT_THAT(w->WriteAt(5, 0, "x"), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(w->WriteAt(0, 0, "abcd"));
+  EXPECT_THAT(w->Finish(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                    HasSubstr("tensor 'b' got 0 of 2 bytes")));
+  EXPECT_THAT(PlannedWriter::Create(dir.File("z.safetensors"),
+                                    {{"a", DType::kU8, {1}}, {"a", DType::kU8, {1}}})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("repeated")));
+}
+
+TEST(SafetensorsSharedMapping, MapsTheFileReadOnly) {
+  TempDir dir;
+  const std::string bytes = Pattern(10000, 7);
+  WriteRaw(dir.File("m.bin"), bytes);
+  ASSERT_OK_AND_ASSIGN(auto m, SharedMapping::Map(dir.File("m.bin")));
+  ASSERT_EQ(m->size(), bytes.size());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m->data()), m->size()), bytes);
+  EXPECT_THAT(SharedMapping::Map(dir.File("absent")).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("absent")));
+  WriteRaw(dir.File("empty"), "");
+  ASSERT_OK_AND_ASSIGN(auto e, SharedMapping::Map(dir.File("empty")));
+  EXPECT_EQ(e->data(), nullptr);
 }
 
 }  // namespace
