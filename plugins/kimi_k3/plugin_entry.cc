@@ -13,6 +13,9 @@
 // same lock, so they are attributed to the session(s) that caused them.
 // Decode batches: one decode call's rows (distinct sessions) are fed in one forward pass per
 // model (Session::StepBatch), then each row samples from its own logits (Decode, Feed).
+// Speculative decoding (option "spec" = K, COLI_K3_SPEC; docs/status/spec-decoding.md): a greedy
+// row whose record offers a prompt-lookup draft (spec_lookup.h) is verified alone as one chunk
+// (spec_decode.h); the tokens it accepts are handed out by the next decode calls without a pass.
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +47,8 @@
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
+#include "plugins/kimi_k3/spec_decode.h"
+#include "plugins/kimi_k3/spec_lookup.h"
 
 namespace coli::k3 {
 namespace {
@@ -73,6 +78,9 @@ struct K3Model {
   int32_t end_of_msg = -1;   // XTML message end (checkpoint placement); -1 if absent
   int checkpoint_slots = 0;  // COLI_K3_CKPT: per session
   std::string checkpoint_dir;  // COLI_K3_CKPT_DIR: parked there instead of in RAM
+  // COLI_K3_SPEC: max draft tokens per verify (0 = off); the lookup's n-gram range.
+  int spec_max = 0;
+  int spec_ngram_max = 3, spec_ngram_min = 1;
   bool mmap = false;           // K3_MMAP: map a repacked container's matrices (weights.h)
   uint32_t capabilities = 0;
   std::mutex forward_mu;
@@ -82,6 +90,8 @@ struct K3Session {
   K3Model* m = nullptr;
   std::unique_ptr<Session> session;
   std::unique_ptr<CheckpointCache> checkpoints;
+  SpecDecoder spec;  // verified tokens not yet handed out (greedy rows, option "spec")
+  std::vector<int32_t> spec_context;  // scratch: the record + the pending token
   int64_t capacity = 0;
   std::vector<float> logits;  // after the last fed position; empty before the first prefill
   int32_t pending = -1;
@@ -102,8 +112,18 @@ struct K3Session {
   // Decode steps whose forward pass held more than one row, and those passes' rows summed
   // (mean batch = batched_rows / batched_steps); Feed() tells how a pass's costs are shared.
   double batched_steps = 0, batched_rows = 0;
+  // Forward passes decode ran for this session (fed steps, verify passes and their re-runs,
+  // rewinds), and the speculative-decoding counters (docs/status/spec-decoding.md).
+  double decode_passes = 0;
+  double spec_drafts = 0, spec_draft_tokens = 0, spec_accepted = 0, spec_from_buffer = 0;
+  double spec_reruns = 0, spec_rewinds = 0;
   ExpertStoreStats experts;
 };
+
+// The session's record as delivered to the host: without the verified tokens still buffered.
+int64_t DeliveredLength(const K3Session& s) {
+  return s.session->position() - static_cast<int64_t>(s.spec.undelivered());
+}
 
 // ---- probe and open -----------------------------------------------------------------------
 
@@ -156,12 +176,29 @@ absl::StatusOr<ModelOptions> ToOptions(const coli_model_options_t* o) {
   return out;
 }
 
+// Max draft tokens of option "spec" (COLI_K3_SPEC).
+constexpr int kMaxSpec = 16;
+
 // The family's own options (coli_model_options_t::extra): "ckpt" = checkpoint slots per
-// session (COLI_K3_CKPT).
+// session (COLI_K3_CKPT), "ckpt_dir" (COLI_K3_CKPT_DIR), "spec" = max draft tokens of
+// speculative decoding (COLI_K3_SPEC, 0 = off), "spec_ngram_max" / "spec_ngram_min" = the
+// prompt-lookup n-gram lengths (default 3 / 1).
 absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
   for (size_t i = 0; o != nullptr && i < o->n_extra; ++i) {
     const std::string key(View(o->extra[i].key)), value(View(o->extra[i].value));
-    if (key == "ckpt") {
+    if (key == "spec") {
+      if (!absl::SimpleAtoi(value, &k->spec_max) || k->spec_max < 0 || k->spec_max > kMaxSpec) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option spec (COLI_K3_SPEC) = '", value, "' is not a draft length in 0…",
+            kMaxSpec));
+      }
+    } else if (key == "spec_ngram_max" || key == "spec_ngram_min") {
+      int* n = key == "spec_ngram_max" ? &k->spec_ngram_max : &k->spec_ngram_min;
+      if (!absl::SimpleAtoi(value, n) || *n < 1 || *n > 8) {
+        return absl::InvalidArgumentError(absl::StrCat("kimi_k3: option ", key, " = '", value,
+                                                       "' is not an n-gram length in 1…8"));
+      }
+    } else if (key == "ckpt") {
       if (!absl::SimpleAtoi(value, &k->checkpoint_slots) || k->checkpoint_slots < 0 ||
           k->checkpoint_slots > 1024) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -184,6 +221,11 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat("kimi_k3: unknown option '", key, "'"));
     }
+  }
+  if (k->spec_ngram_min > k->spec_ngram_max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kimi_k3: option spec_ngram_min = ", k->spec_ngram_min, " exceeds spec_ngram_max = ",
+        k->spec_ngram_max));
   }
   return absl::OkStatus();
 }
@@ -224,6 +266,11 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   if (!model.ok()) return model.status();
   k->model = std::move(model).value();
   k->capacity = options.max_context > 0 ? options.max_context : kDefaultContext;
+  if (k->spec_max > 0 && (!options.trace_path.empty() || !options.logits_path.empty())) {
+    // Verify and rewind passes would add rows that were never delivered to those dumps.
+    COLI_LOG(kWarning) << "kimi_k3: speculative decoding (spec) is off under K3_TRACE/K3_LOGITS";
+    k->spec_max = 0;
+  }
 
   const Config& cfg = k->model->config();
   k->name = "KimiK3ForConditionalGeneration";
@@ -292,6 +339,32 @@ void TakeExpertStats(K3Session* s) {
   if (s->m->store != nullptr) s->experts.Add(s->m->store->TakeStats());
 }
 
+// Returns the session to its delivered record when verified tokens are still buffered (the host
+// ended the turn early or fed another token): restore + replay under the model's lock. On error
+// the session is unusable until its next prefill (its logits are dropped).
+absl::Status RewindSpec(K3Session* s) {
+  if (s->spec.undelivered() == 0) {
+    s->spec.Clear();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::optional<std::vector<float>>> logits;
+  {
+    std::lock_guard<std::mutex> lock(s->m->forward_mu);
+    const auto t0 = Clock::now();
+    logits = s->spec.Rewind(*s->session);
+    s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    TakeExpertStats(s);
+  }
+  s->spec_rewinds += 1;
+  s->decode_passes += 1;
+  if (!logits.ok()) {
+    s->logits.clear();
+    s->session->Reset();
+    return logits.status();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_result_t* r) {
   if (a->n_tokens == 0) return absl::InvalidArgumentError("EMPTY_PROMPT");
   if (static_cast<int64_t>(a->n_tokens) > s->capacity) {
@@ -304,6 +377,12 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       return absl::InvalidArgumentError(
           absl::StrCat("prompt token ", i, " id ", a->tokens[i], " is outside [0, ", vocab, ")"));
     }
+  }
+  // Verified tokens the host never received are not part of the conversation: back to the
+  // delivered record first, so prefix reuse and checkpoints see exactly what was delivered.
+  if (absl::Status rewound = RewindSpec(s); !rewound.ok()) {
+    COLI_LOG(kWarning) << "kimi_k3: rewinding undelivered speculative tokens failed (" << rewound
+                       << "); the prompt is prefilled from the start";
   }
   std::span<const int32_t> prompt(a->tokens, a->n_tokens);
   const std::vector<int32_t>& record = s->session->tokens();
@@ -458,6 +537,7 @@ absl::Status Feed(std::span<K3Session* const> group) {
       part.wait_seconds = taken.wait_seconds / static_cast<double>(n);
       part.wall_seconds = taken.wall_seconds / static_cast<double>(n);
       s->experts.Add(part);
+      s->decode_passes += 1;
       if (n > 1) {
         s->batched_steps += 1;
         s->batched_rows += static_cast<double>(n);
@@ -472,6 +552,54 @@ absl::Status Feed(std::span<K3Session* const> group) {
     group[i]->logits = std::move((*logits)[i]);
     group[i]->pending = -1;
   }
+  return absl::OkStatus();
+}
+
+// The draft for a greedy row of a spec model: up to K prompt-lookup tokens after the record and
+// the pending token, K shrunk so the verify chunk fits the context, cut before the first stop
+// token (a stop ends the turn: no row after it is needed). Empty: take the normal step.
+std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
+  const K3Model& m = *s->m;
+  if (m.spec_max <= 0 || row.temperature > 0.0f || s->spec.undelivered() > 0) return {};
+  const int64_t room = s->capacity - s->session->position() - 1;
+  const int k = static_cast<int>(std::min<int64_t>(m.spec_max, room));
+  if (k <= 0) return {};
+  s->spec_context.assign(s->session->tokens().begin(), s->session->tokens().end());
+  s->spec_context.push_back(s->pending);
+  std::vector<int32_t> draft = LookupDraft(
+      s->spec_context,
+      {.ngram_max = m.spec_ngram_max, .ngram_min = m.spec_ngram_min, .max_tokens = k});
+  auto stop = std::find_if(draft.begin(), draft.end(), [&](int32_t id) {
+    return std::find(m.stop_ids.begin(), m.stop_ids.end(), id) != m.stop_ids.end();
+  });
+  draft.erase(stop, draft.end());
+  return draft;
+}
+
+// Feeds the pending token of `s` together with `draft` in one verify chunk under the model's
+// lock (SpecDecoder::Verify); the logits after the pending token become the row's, the accepted
+// tokens wait in s->spec. On failure the session is back before the pending token and unusable
+// until its next prefill (its logits are dropped, as on the normal path).
+absl::Status VerifyDraft(K3Session* s, std::span<const int32_t> draft) {
+  absl::StatusOr<SpecDecoder::Verified> v;
+  {
+    std::lock_guard<std::mutex> lock(s->m->forward_mu);
+    const auto t0 = Clock::now();
+    v = s->spec.Verify(*s->session, s->pending, draft);
+    s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    TakeExpertStats(s);
+  }
+  if (!v.ok()) {
+    s->logits.clear();
+    return v.status();
+  }
+  s->spec_drafts += 1;
+  s->spec_draft_tokens += static_cast<double>(draft.size());
+  s->spec_accepted += v->accepted;
+  s->spec_reruns += v->rerun ? 1 : 0;
+  s->decode_passes += v->rerun ? 2 : 1;
+  s->logits = std::move(v->logits);
+  s->pending = -1;
   return absl::OkStatus();
 }
 
@@ -524,6 +652,11 @@ void Sample(K3Session* s, coli_decode_row_t* row) {
 // any row samples: the sessions of that pass need a new prefill, those of passes already run
 // keep their fed token (the next step samples from its logits), the rest are untouched. Then
 // each row samples from its own logits with its own knobs, exactly as a one-row call.
+// Speculative decoding (spec > 0): a row whose pending token is the next verified one takes the
+// buffered logits (no pass; another token rewinds the session to the delivered record first);
+// a greedy row with a lookup draft is verified alone as one chunk after the batched passes.
+// Every row that got its logits has pending = -1 at once, so a retry after a failed call
+// samples it without feeding again, as on the batched path.
 absl::Status Decode(std::span<coli_decode_row_t> rows) {
   std::vector<K3Session*> sessions(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -546,13 +679,28 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
   }
   std::vector<bool> full(rows.size(), false);
   std::vector<std::vector<K3Session*>> groups;  // per model, in the order of first appearance
+  std::vector<std::pair<K3Session*, std::vector<int32_t>>> drafted;  // verified one at a time
   for (size_t i = 0; i < rows.size(); ++i) {
     K3Session* s = sessions[i];
     ClearOutputs(s, &rows[i]);
     if (s->pending < 0) continue;
-    if (s->session->position() >= s->capacity) {
+    if (DeliveredLength(*s) >= s->capacity) {
       full[i] = true;
       rows[i].finish = COLI_FINISH_LENGTH;
+      continue;
+    }
+    if (s->spec.undelivered() > 0) {
+      if (std::optional<std::vector<float>> logits = s->spec.Take(s->pending)) {
+        s->logits = std::move(*logits);
+        s->pending = -1;
+        s->spec_from_buffer += 1;
+        continue;
+      }
+      // The host fed another token than the verified one (it never does): drop the buffer.
+      COLI_RETURN_IF_ERROR(RewindSpec(s));
+    }
+    if (std::vector<int32_t> draft = SpecDraft(s, rows[i]); !draft.empty()) {
+      drafted.emplace_back(s, std::move(draft));
       continue;
     }
     auto g = std::find_if(groups.begin(), groups.end(),
@@ -564,6 +712,7 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
     }
   }
   for (const std::vector<K3Session*>& group : groups) COLI_RETURN_IF_ERROR(Feed(group));
+  for (const auto& [s, draft] : drafted) COLI_RETURN_IF_ERROR(VerifyDraft(s, draft));
   for (size_t i = 0; i < rows.size(); ++i) {
     if (!full[i]) Sample(sessions[i], &rows[i]);
   }
@@ -574,7 +723,9 @@ const char* const kStatNames[] = {
     "prompt_tokens", "tokens_reused", "tokens_computed", "tokens_generated", "compute_seconds",
     "expert_hits",   "expert_misses", "bytes_read",      "read_seconds",     "expert_wait_seconds",
     "checkpoint_restores", "checkpoint_tokens_restored", "checkpoint_bytes",
-    "batched_steps", "batched_rows",
+    "batched_steps", "batched_rows", "decode_passes",
+    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_tokens_from_buffer",
+    "spec_reruns", "spec_rewinds",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -592,7 +743,14 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.checkpoint_tokens,
                            s.checkpoints ? static_cast<double>(s.checkpoints->bytes()) : 0.0,
                            s.batched_steps,
-                           s.batched_rows};
+                           s.batched_rows,
+                           s.decode_passes,
+                           s.spec_drafts,
+                           s.spec_draft_tokens,
+                           s.spec_accepted,
+                           s.spec_from_buffer,
+                           s.spec_reruns,
+                           s.spec_rewinds};
   return abi::NamedStats(kStatNames, values);
 }
 
@@ -662,7 +820,11 @@ struct K3Family {
   // over a Step loop).
   static absl::Status Decode(std::span<coli_decode_row_t> rows) { return k3::Decode(rows); }
   static std::vector<coli_stat_t> Stats(const K3Session& s) { return k3::Stats(s); }
-  static std::span<const int32_t> Record(const K3Session& s) { return s.session->tokens(); }
+  // The delivered record: verified tokens still buffered are not part of it yet.
+  static std::span<const int32_t> Record(const K3Session& s) {
+    return std::span<const int32_t>(s.session->tokens())
+        .first(static_cast<size_t>(DeliveredLength(s)));
+  }
 };
 
 const coli_plugin_api_t kApi = abi::MakePluginTable<K3Family>();

@@ -444,6 +444,11 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
   }
   if (std::string s = Env("COLI_K3_CKPT_DIR"); !s.empty()) (*o.mutable_extra())["ckpt_dir"] = s;
   if (std::string s = Env("K3_MMAP"); !s.empty()) (*o.mutable_extra())["mmap"] = s;
+  if (std::string s = Env("COLI_K3_SPEC"); !s.empty()) {
+    int32_t value = 0;
+    if (!absl::SimpleAtoi(s, &value) || value < 0 || value > 16) return bad("COLI_K3_SPEC", s);
+    (*o.mutable_extra())["spec"] = s;
+  }
   o.set_trace_path(Env("K3_TRACE"));
   o.set_x0_path(Env("K3_X0"));
   o.set_logits_path(Env("K3_LOGITS"));

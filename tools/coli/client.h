@@ -142,6 +142,8 @@ std::string ResolveModelDir(const std::string& flag);
 //   COLI_K3_CKPT extra["ckpt"] (kimi_k3 recurrent-state checkpoint slots per session)
 //   COLI_K3_CKPT_DIR extra["ckpt_dir"] (park those checkpoints in this folder, not in RAM)
 //   K3_MMAP extra["mmap"] (0/1: map a repacked container's matrices read-only)
+//   COLI_K3_SPEC extra["spec"] (kimi_k3 speculative decoding: max prompt-lookup draft tokens
+//     per verify pass, 0…16, 0 = off; greedy rows only)
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
 
 // Load progress: a bar redrawn in place on a terminal, one plain line per stage/10% otherwise.
