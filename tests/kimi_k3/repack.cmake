@@ -3,7 +3,7 @@
 # bits, container file checks, resume / --shards / index, --verify-full, K3_MMAP, bad input.
 coli_cc_test(NAME k3_repack_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/repack_test.cc
-  DEPS kimi_k3_repack kimi_k3_core coli_safetensors coli_kernels coli_io coli_status
+  DEPS kimi_k3_repack kimi_k3_core kimi_k3_expert_store coli_safetensors coli_kernels coli_io coli_status
        absl::strings)
 target_compile_definitions(k3_repack_test PRIVATE
   K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny"
