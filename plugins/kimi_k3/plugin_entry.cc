@@ -47,6 +47,7 @@
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
+#include "plugins/kimi_k3/vk_tier.h"
 #include "plugins/kimi_k3/spec_decode.h"
 #include "plugins/kimi_k3/spec_lookup.h"
 
@@ -78,6 +79,11 @@ struct K3Model {
   int32_t end_of_msg = -1;   // XTML message end (checkpoint placement); -1 if absent
   int checkpoint_slots = 0;  // COLI_K3_CKPT: per session
   std::string checkpoint_dir;  // COLI_K3_CKPT_DIR: parked there instead of in RAM
+  // The Vulkan expert tier (vk_tier.h): its switches as the client sent them, the tier (owned
+  // by `model`; null unless COLI_VULKAN=1 / K3_VK=1) and its counters at the last take.
+  VkSwitches vk_switches;
+  VkExpertTier* vk_tier = nullptr;
+  VkTierStats vk_taken;
   // COLI_K3_SPEC: max draft tokens per verify (0 = off); the lookup's n-gram range.
   int spec_max = 0;
   int spec_ngram_max = 3, spec_ngram_min = 1;
@@ -118,6 +124,8 @@ struct K3Session {
   double spec_drafts = 0, spec_draft_tokens = 0, spec_accepted = 0, spec_from_buffer = 0;
   double spec_reruns = 0, spec_rewinds = 0;
   ExpertStoreStats experts;
+  // Vulkan tier counters attributed to this session (passes split like the expert stats).
+  double vk_matmuls = 0, vk_hits = 0, vk_promotions = 0, vk_evictions = 0;
 };
 
 // The session's record as delivered to the host: without the verified tokens still buffered.
@@ -218,6 +226,18 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
             "' is not a writable folder"));
       }
       k->checkpoint_dir = value;
+    } else if (key == "vulkan") {  // the Vulkan tier's switches, resolved in Open (vk_tier.h)
+      k->vk_switches.coli_vulkan = value;
+    } else if (key == "vk") {
+      k->vk_switches.k3_vk = value;
+    } else if (key == "vk_tier_gb") {
+      k->vk_switches.tier_gb = value;
+    } else if (key == "vk_gb") {
+      k->vk_switches.k3_vk_gb = value;
+    } else if (key == "vk_tier_rate") {
+      k->vk_switches.tier_rate = value;
+    } else if (key == "vk_up") {
+      k->vk_switches.k3_vk_up = value;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("kimi_k3: unknown option '", key, "'"));
     }
@@ -235,6 +255,7 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   k->dir = std::string(View(args.model_dir));
   COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args.options));
   COLI_RETURN_IF_ERROR(ReadExtraOptions(args.options, k.get()));
+  COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
   options.mmap = k->mmap;
   COLI_ASSIGN_OR_RETURN(k->tokenizer, tok::Tokenizer::LoadDir(k->dir));
   // Routed experts come from the streaming LRU store, sized by K3_EXPERT_GB & co.
@@ -253,6 +274,9 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
     raw->store = store.get();
     return std::unique_ptr<ExpertSource>(std::move(store));
   };
+  // COLI_VULKAN=1 / K3_VK=1: the store behind the Vulkan expert tier (the device is opened here;
+  // UNAVAILABLE without one). Off: the store alone, the device never opened.
+  experts = ExpertSourceFactoryFor(options, k->dir, std::move(experts), &raw->vk_tier);
   bool cancelled = false;
   Model::Progress progress = [&](int done, int total) {
     if (args.progress != nullptr && !cancelled &&
@@ -335,8 +359,34 @@ absl::Status Render(K3Model* k, const coli_chat_render_args_t* args,
 
 // ---- sessions -----------------------------------------------------------------------------
 
+// The tier's counters since the last take (caller holds the model's forward lock).
+VkTierStats TakeVkStats(K3Model* m) {
+  VkTierStats delta;
+  if (m->vk_tier == nullptr) return delta;
+  const VkTierStats now = m->vk_tier->Stats();
+  delta.matmuls = now.matmuls - m->vk_taken.matmuls;
+  delta.hits = now.hits - m->vk_taken.hits;
+  delta.promotions = now.promotions - m->vk_taken.promotions;
+  delta.evictions = now.evictions - m->vk_taken.evictions;
+  m->vk_taken = now;
+  return delta;
+}
+
+// The seed's end-of-turn lines, when the tier is on.
+void LogVkTurn(const K3Session& s) {
+  if (s.m->vk_tier == nullptr) return;
+  std::string lines = VkTierReport(s.m->vk_tier->Stats());
+  if (!lines.empty() && lines.back() == '\n') lines.pop_back();
+  COLI_LOG(kInfo) << lines;
+}
+
 void TakeExpertStats(K3Session* s) {
   if (s->m->store != nullptr) s->experts.Add(s->m->store->TakeStats());
+  const VkTierStats vk = TakeVkStats(s->m);
+  s->vk_matmuls += static_cast<double>(vk.matmuls);
+  s->vk_hits += static_cast<double>(vk.hits);
+  s->vk_promotions += static_cast<double>(vk.promotions);
+  s->vk_evictions += static_cast<double>(vk.evictions);
 }
 
 // Returns the session to its delivered record when verified tokens are still buffered (the host
@@ -521,6 +571,7 @@ absl::Status Feed(std::span<K3Session* const> group) {
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     ExpertStoreStats taken;
     if (m->store != nullptr) taken = m->store->TakeStats();
+    const VkTierStats vk = TakeVkStats(m);
     for (size_t i = 0; i < n; ++i) {
       K3Session* s = group[i];
       s->compute_seconds += seconds / static_cast<double>(n);
@@ -537,6 +588,10 @@ absl::Status Feed(std::span<K3Session* const> group) {
       part.wait_seconds = taken.wait_seconds / static_cast<double>(n);
       part.wall_seconds = taken.wall_seconds / static_cast<double>(n);
       s->experts.Add(part);
+      s->vk_matmuls += static_cast<double>(share(vk.matmuls));
+      s->vk_hits += static_cast<double>(share(vk.hits));
+      s->vk_promotions += static_cast<double>(share(vk.promotions));
+      s->vk_evictions += static_cast<double>(share(vk.evictions));
       s->decode_passes += 1;
       if (n > 1) {
         s->batched_steps += 1;
@@ -626,6 +681,7 @@ void Sample(K3Session* s, coli_decode_row_t* row) {
       std::find(s->m->stop_ids.begin(), s->m->stop_ids.end(), sample.id) != s->m->stop_ids.end();
   if (stop) {
     row->finish = COLI_FINISH_STOP;
+    LogVkTurn(*s);
     s->text = s->decoder->Flush();
   } else {
     s->text = s->decoder->Push(sample.id);
@@ -751,7 +807,19 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.spec_from_buffer,
                            s.spec_reruns,
                            s.spec_rewinds};
-  return abi::NamedStats(kStatNames, values);
+  std::vector<coli_stat_t> out = abi::NamedStats(kStatNames, values);
+  // The Vulkan tier: counters attributed to this session; resident experts and their bytes are
+  // the model's now (0 without the tier).
+  static const char* const kVkNames[] = {"vk_matmuls",         "vk_tier_resident",
+                                         "vk_tier_bytes",      "vk_tier_hits",
+                                         "vk_tier_promotions", "vk_tier_evictions"};
+  VkTierStats now;
+  if (s.m->vk_tier != nullptr) now = s.m->vk_tier->Stats();
+  const double vk_values[] = {s.vk_matmuls, static_cast<double>(now.resident),
+                              static_cast<double>(now.bytes), s.vk_hits, s.vk_promotions,
+                              s.vk_evictions};
+  for (const coli_stat_t& stat : abi::NamedStats(kVkNames, vk_values)) out.push_back(stat);
+  return out;
 }
 
 void ResetSession(K3Session* s) {

@@ -7,3 +7,17 @@ coli_cc_test(NAME k3_vk_tier_test
 if(TARGET k3_tiny_fixture)
   add_dependencies(k3_vk_tier_test k3_tiny_fixture)
 endif()
+
+# The tier through the plugin ABI (extra options → plugin_entry.cc → VkExpertTier; vk_* stats).
+if(TARGET kimi_k3)
+  coli_cc_test(NAME k3_vk_tier_plugin_test
+    SRCS ${CMAKE_CURRENT_LIST_DIR}/vk_tier_plugin_test.cc
+    DEPS coli_host_core coli_plugin_api coli_vk)
+  target_compile_definitions(k3_vk_tier_plugin_test PRIVATE
+    COLI_K3_TINY_DIR="${PROJECT_BINARY_DIR}/fixtures/k3_tiny"
+    COLI_PLUGIN_DIR_FOR_TEST="${COLI_PLUGIN_DIR}")
+  add_dependencies(k3_vk_tier_plugin_test kimi_k3)
+  if(TARGET k3_tiny_fixture)
+    add_dependencies(k3_vk_tier_plugin_test k3_tiny_fixture)
+  endif()
+endif()
