@@ -9,16 +9,20 @@
 // RANDOM WEIGHTS, not a real model — its text is noise). The prompt is encoded as plain text
 // with no BOS (the vendor chat format adds none). Generation stops after --ngen tokens or at
 // an end-of-sequence id from config.json. Greedy unless --temp (or COLI_TEMP) is set.
+// COLI_K3_SPEC=K (greedy only): speculative decoding by prompt lookup (spec_decode.h), same
+// tokens, fewer forward passes when the text repeats; the pass counts go to stderr.
 // The K3_* environment switches are read here, once, into ModelOptions (options.h lists them).
 // stdout: generated text (or ids with --print-ids); stderr: load/prefill/decode speed and the
 // time split (attention / MoE / head / mix).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,6 +33,8 @@
 #include "common/status/status.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
+#include "plugins/kimi_k3/spec_decode.h"
+#include "plugins/kimi_k3/spec_lookup.h"
 #include "plugins/kimi_k3/vk_tier.h"
 #ifdef COLI_K3_HAVE_TOKENIZER
 #include "common/tokenizer/tokenizer.h"
@@ -116,7 +122,8 @@ int Usage() {
   std::cerr << "usage: k3-run [<model_dir>] [\"prompt\"] [--ids 1,2,3] [--ngen N] [--print-ids]\n"
                "              [--temp T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]\n"
                "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_MMAP K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
-               "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n";
+               "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n"
+               "     COLI_K3_SPEC (max prompt-lookup draft tokens, greedy only)\n";
   return 2;
 }
 
@@ -129,6 +136,11 @@ absl::Status Main(int argc, char** argv) {
   double temp = 0;
   COLI_RETURN_IF_ERROR(EnvDouble("COLI_TEMP", &temp));
   sopt.temperature = static_cast<float>(temp);
+  int spec_k = 0;
+  COLI_RETURN_IF_ERROR(EnvInt("COLI_K3_SPEC", &spec_k));
+  if (spec_k < 0 || spec_k > 16)
+    return absl::InvalidArgumentError("COLI_K3_SPEC=" + std::to_string(spec_k) +
+                                      ": expected a draft length in 0…16");
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -237,6 +249,12 @@ absl::Status Main(int argc, char** argv) {
 
   sampling::Sampler sampler(sopt);
   std::vector<int32_t> generated;
+  // COLI_K3_SPEC: greedy rows only; off under K3_TRACE / K3_LOGITS (undelivered rows).
+  const bool spec_on = spec_k > 0 && sopt.temperature <= 0 && opt.trace_path.empty() &&
+                       opt.logits_path.empty();
+  SpecDecoder spec;
+  int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0, spec_from_buffer = 0,
+          spec_passes = 0;
   const double td = Seconds();
   for (int g = 0; g < ngen; ++g) {
     sampling::Sample s = sampler.Next(logits);
@@ -260,7 +278,36 @@ absl::Status Main(int argc, char** argv) {
     bool eos = false;
     for (int64_t e : model->config().eos_token_ids) eos |= (e == s.id);
     if (eos || g + 1 == ngen) break;
+    if (spec_on) {
+      // A verified token: its logits are buffered, no pass (greedy always picks it).
+      if (std::optional<std::vector<float>> buffered = spec.Take(s.id)) {
+        logits = std::move(*buffered);
+        ++spec_from_buffer;
+        continue;
+      }
+      COLI_RETURN_IF_ERROR(spec.Rewind(*session).status());  // nothing buffered: no-op
+      std::vector<int32_t> context = session->tokens();
+      context.push_back(s.id);
+      int64_t k = spec_k;
+      if (opt.max_context > 0) k = std::min<int64_t>(k, opt.max_context - session->position() - 1);
+      std::vector<int32_t> draft = LookupDraft(context, {.max_tokens = static_cast<int>(k)});
+      for (size_t i = 0; i < draft.size(); ++i) {
+        bool stop = false;
+        for (int64_t e : model->config().eos_token_ids) stop |= (e == draft[i]);
+        if (stop) draft.resize(i);
+      }
+      if (!draft.empty()) {
+        COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v, spec.Verify(*session, s.id, draft));
+        logits = std::move(v.logits);
+        ++spec_verifies;
+        spec_drafted += static_cast<int64_t>(draft.size());
+        spec_accepted += v.accepted;
+        spec_passes += v.rerun ? 2 : 1;
+        continue;
+      }
+    }
     COLI_ASSIGN_OR_RETURN(logits, session->Step(s.id));
+    ++spec_passes;
   }
 #ifdef COLI_K3_HAVE_TOKENIZER
   if (stream && !print_ids) std::cout << stream->Flush();
@@ -280,6 +327,13 @@ absl::Status Main(int argc, char** argv) {
   std::fprintf(stderr, "[k3-run] decode: %d steps in %.3f s (%.2f tokens/s)\n", steps, t_decode,
                steps / std::max(t_decode, 1e-9));
   split("decode", t, after_prefill);
+  if (spec_on) {
+    std::fprintf(stderr, "[k3-run] spec: %lld forward passes for %d steps; %lld verify passes, "
+                 "%lld draft tokens, %lld accepted, %lld from the buffer\n",
+                 static_cast<long long>(spec_passes), steps, static_cast<long long>(spec_verifies),
+                 static_cast<long long>(spec_drafted), static_cast<long long>(spec_accepted),
+                 static_cast<long long>(spec_from_buffer));
+  }
   std::fprintf(stderr, "[k3-run] experts: %lld unique expert computations for %lld (row, expert) pairs\n",
                static_cast<long long>(t.moe_stats.expert_calls),
                static_cast<long long>(t.moe_stats.expert_rows));

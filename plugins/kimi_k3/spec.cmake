@@ -12,3 +12,7 @@ coli_cc_library(NAME kimi_k3_spec
 if(TARGET kimi_k3)
   target_link_libraries(kimi_k3 PRIVATE kimi_k3_spec)
 endif()
+# k3-run decodes with COLI_K3_SPEC too.
+if(TARGET k3-run)
+  target_link_libraries(k3-run PRIVATE kimi_k3_spec)
+endif()
