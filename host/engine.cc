@@ -648,7 +648,11 @@ void Engine::RunDecodeBatch(std::span<DecodeRow* const> batch) {
 
 absl::StatusOr<StepResult> Engine::DecodeStep(LoadedModel& model, Session& session,
                                               const Sampling& sampling) {
-  if (options_.max_batch <= 1) return session.Step(sampling);
+  if (options_.max_batch <= 1) {
+    decode_calls_.fetch_add(1, std::memory_order_relaxed);
+    decode_rows_.fetch_add(1, std::memory_order_relaxed);
+    return session.Step(sampling);
+  }
   DecodeBatcher& b = model.batcher;
   DecodeRow mine;
   mine.session = &session;
@@ -666,6 +670,8 @@ absl::StatusOr<StepResult> Engine::DecodeStep(LoadedModel& model, Session& sessi
     std::vector<DecodeRow*> batch(b.waiting.begin(), b.waiting.begin() + static_cast<long>(n));
     b.waiting.erase(b.waiting.begin(), b.waiting.begin() + static_cast<long>(n));
     lock.unlock();
+    decode_calls_.fetch_add(1, std::memory_order_relaxed);
+    decode_rows_.fetch_add(n, std::memory_order_relaxed);
     RunDecodeBatch(batch);
     lock.lock();
     for (auto* row : batch) row->done = true;
@@ -739,6 +745,8 @@ v1::MetricsResponse Engine::Metrics() const {
   m.set_bytes_read(get("bytes_read"));
   m.set_uptime_seconds(Seconds(Clock::now() - started_));
   for (const auto& [k, v] : c.plugin) (*m.mutable_plugin())[k] = v;
+  m.set_decode_calls(decode_calls_.load(std::memory_order_relaxed));
+  m.set_decode_rows(decode_rows_.load(std::memory_order_relaxed));
   return m;
 }
 

@@ -224,6 +224,9 @@ class Engine {
     int active = 0;
     std::map<std::string, double> plugin;  // summed per-request deltas of session stats
   } counters_;
+  // Decode calls made and rows they carried (atomics: counted by the batch leader, which holds
+  // its model's batcher lock, not mu_).
+  std::atomic<uint64_t> decode_calls_{0}, decode_rows_{0};
 };
 
 }  // namespace coli::host

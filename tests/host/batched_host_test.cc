@@ -151,7 +151,18 @@ TEST_F(HostBatchedTest, ConcurrentRequestsShareDecodeCallsAndMatchLoneRuns) {
   }
   EXPECT_GT(batched_steps, 0) << "no decode call carried more than one row";
   // The engine's metrics sum the sessions' stats.
-  EXPECT_EQ(engine->Metrics().plugin().at("batched_steps"), batched_steps);
+  const v1::MetricsResponse m = engine->Metrics();
+  EXPECT_EQ(m.plugin().at("batched_steps"), batched_steps);
+  // The host's own count: every generated token is one decode row (a last step may end on the
+  // context without a token), and the calls carried more than one row on average.
+  uint64_t tokens = 0;
+  for (const Out& o : outs) tokens += o.ids.size();
+  EXPECT_GE(m.decode_rows(), tokens);
+  EXPECT_LE(m.decode_rows(), tokens + specs.size());
+  EXPECT_LT(m.decode_calls(), m.decode_rows());
+  // A call of n >= 2 rows adds n - 1 >= n / 2 rows beyond one per call, and the batched steps
+  // are the rows of exactly those calls.
+  EXPECT_GE(static_cast<double>(m.decode_rows() - m.decode_calls()), batched_steps / 2.0);
 }
 
 TEST_F(HostBatchedTest, MaxBatchOneNeverBatches) {
@@ -163,6 +174,9 @@ TEST_F(HostBatchedTest, MaxBatchOneNeverBatches) {
     EXPECT_EQ(outs[i].ids.size(), 32u) << specs[i].id;
     EXPECT_EQ(Stat(outs[i].finished, "batched_steps"), 0) << specs[i].id;
   }
+  const v1::MetricsResponse m = engine->Metrics();
+  EXPECT_EQ(m.decode_calls(), m.decode_rows()) << "max_batch 1: one row per call";
+  EXPECT_GE(m.decode_rows(), 32u * specs.size());
 }
 
 TEST_F(HostBatchedTest, CancelOneOfSeveralEndsItWithinOneTokenOthersFinish) {

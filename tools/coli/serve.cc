@@ -938,6 +938,11 @@ void Gateway::Metrics(const Req& req, Res& res) {
       {"coli_expert_hit_rate", "gauge", "routed-expert cache hit rate", m.expert_hit_rate()},
       {"coli_bytes_read_total", "counter", "weight bytes read from disk", m.bytes_read()},
       {"coli_uptime_seconds", "gauge", "host uptime", m.uptime_seconds()},
+      {"coli_decode_calls_total", "counter", "decode calls the host made to the model plugins",
+       static_cast<double>(m.decode_calls())},
+      {"coli_decode_rows_total", "counter",
+       "sessions' decode steps those calls carried (rows / calls = mean continuous batch)",
+       static_cast<double>(m.decode_rows())},
   };
   std::string out;
   for (const Row& row : rows) AppendMetric(&out, row.name, row.type, row.help, row.value);
