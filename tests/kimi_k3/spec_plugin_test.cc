@@ -12,60 +12,30 @@
 // next greedy token a function of the last one; a prompt that walks that function and returns
 // to its start ("walk prompt") is then continued exactly along the walk, so lookup drafts the
 // true continuation and every draft token is accepted.
-#include <algorithm>
-#include <cstring>
-#include <map>
-#include <memory>
+#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "host/plugin.h"
 #include "plugin_api/coli_plugin.h"
-#include "plugin_api/cpp/abi_util.h"
 #include "tests/kimi_k3/batched_decode_util.h"
+#include "tests/kimi_k3/plugin_abi_test_util.h"
 
-namespace coli {
+namespace coli::k3 {
 namespace {
 
 using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 
+using ::coli::k3::abi_test::Knobs;
+using ::coli::k3::abi_test::Out;
 using ::coli::k3::batched_test::Ids;
 
-struct Knobs {
-  float temperature = 0, top_p = 0;
-  int32_t top_k = 0, logprobs = 3;
-  uint64_t seed = 0;
-};
-
-struct Out {
-  int32_t token = -1, finish = COLI_FINISH_NONE;
-  float logprob = 0;
-  std::vector<coli_logprob_t> top;
-  std::string text;
-};
-
-bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
-
 void ExpectSame(const std::vector<Out>& got, const std::vector<Out>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t t = 0; t < got.size(); ++t) {
-    SCOPED_TRACE(::testing::Message() << "step " << t);
-    EXPECT_EQ(got[t].token, want[t].token);
-    EXPECT_EQ(got[t].finish, want[t].finish);
-    EXPECT_EQ(got[t].text, want[t].text);
-    EXPECT_TRUE(SameBits(got[t].logprob, want[t].logprob));
-    ASSERT_EQ(got[t].top.size(), want[t].top.size());
-    for (size_t k = 0; k < got[t].top.size(); ++k) {
-      EXPECT_EQ(got[t].top[k].id, want[t].top[k].id);
-      EXPECT_TRUE(SameBits(got[t].top[k].logprob, want[t].top[k].logprob));
-    }
-  }
+  abi_test::ExpectSameOuts(got, want);
 }
 
 // A prompt that repeats itself (so prompt lookup finds drafts): `unit` three times.
@@ -75,66 +45,12 @@ std::vector<int32_t> Repeating(int n, int seed) {
   return out;
 }
 
-class K3SpecPluginTest : public ::testing::Test {
+class K3SpecPluginTest : public abi_test::PluginAbiTest {
  protected:
-  static void SetUpTestSuite() {
-    host::PluginReport report;
-    auto plugin =
-        host::Plugin::Load(std::string(COLI_PLUGIN_DIR_FOR_TEST) + "/libcoli_kimi_k3.so", &report);
-    ASSERT_OK(plugin.status());
-    plugin_ = std::move(plugin).value().release();
-  }
-  static void TearDownTestSuite() {
-    delete plugin_;
-    plugin_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(plugin_, nullptr); }
-  void TearDown() override {
-    for (coli_session_t* s : sessions_) api().session_destroy(s);
-    for (coli_model_t* m : models_) api().model_close(m);
-  }
-  static const coli_plugin_api_t& api() { return plugin_->api(); }
-
-  struct Error {
-    char text[1024] = {};
-    coli_error_t e = abi::Init<coli_error_t>();
-    Error() {
-      e.message = text;
-      e.capacity = sizeof(text);
-    }
-    absl::Status Status(coli_status_t code) const {
-      if (code == 0) return absl::OkStatus();
-      return absl::Status(abi::FromCode(code),
-                          std::string(e.message, std::min(e.length, e.capacity - 1)));
-    }
-  };
-
-  absl::StatusOr<coli_model_t*> TryOpen(std::vector<std::pair<std::string, std::string>> extra,
-                                        int32_t layers = -1) {
-    coli_model_options_t options;
-    coli_model_options_defaults(&options);
-    options.layers = layers;
-    std::vector<coli_kv_t> kv;
-    for (const auto& [k, v] : extra) kv.push_back({abi::Str(k), abi::Str(v)});
-    options.extra = kv.data();
-    options.n_extra = kv.size();
-    auto args = abi::Init<coli_model_open_args_t>();
-    args.model_dir = abi::Str(COLI_K3_TINY_DIR);
-    args.options = &options;
-    Error err;
-    coli_model_t* m = nullptr;
-    COLI_RETURN_IF_ERROR(err.Status(api().model_open(&args, &m, &err.e)));
-    models_.push_back(m);
-    return m;
-  }
   // spec = max draft tokens (0 = off); layers = 0 for the bigram model of the walk prompts.
   coli_model_t* Open(int spec, int32_t layers = -1) {
-    auto m = TryOpen(spec > 0 ? std::vector<std::pair<std::string, std::string>>{
-                                    {"spec", std::to_string(spec)}}
-                              : std::vector<std::pair<std::string, std::string>>{},
-                     layers);
-    EXPECT_OK(m.status());
-    return m.ok() ? *m : nullptr;
+    return PluginAbiTest::Open(spec > 0 ? Extra{{"spec", std::to_string(spec)}} : Extra{},
+                               layers);
   }
   // A walk prompt on `bigram` (a layers = 0 model without spec): start, its n greedy successors,
   // start again.
@@ -144,99 +60,7 @@ class K3SpecPluginTest : public ::testing::Test {
     prompt.push_back(start);
     return prompt;
   }
-  coli_session_t* NewSession(coli_model_t* m, int64_t max_context = 0) {
-    auto options = abi::Init<coli_session_options_t>();
-    options.max_context = max_context;
-    Error err;
-    coli_session_t* s = nullptr;
-    EXPECT_OK(err.Status(api().session_create(m, &options, &s, &err.e)));
-    if (s != nullptr) sessions_.push_back(s);
-    return s;
-  }
-  static coli_prefill_result_t Prefill(coli_session_t* s, const std::vector<int32_t>& prompt,
-                                       uint64_t seed = 0) {
-    auto args = abi::Init<coli_prefill_args_t>();
-    args.tokens = prompt.data();
-    args.n_tokens = prompt.size();
-    args.seed = seed;
-    auto result = abi::Init<coli_prefill_result_t>();
-    Error err;
-    EXPECT_OK(err.Status(api().prefill(s, &args, &result, &err.e)));
-    return result;
-  }
-  static coli_decode_row_t Row(coli_session_t* s, const Knobs& k) {
-    auto row = abi::Init<coli_decode_row_t>();
-    row.session = s;
-    row.temperature = k.temperature;
-    row.top_p = k.top_p;
-    row.top_k = k.top_k;
-    row.logprobs_top_k = k.logprobs;
-    return row;
-  }
-  static Out Copy(const coli_decode_row_t& row) {
-    Out o;
-    o.token = row.token;
-    o.finish = row.finish;
-    o.logprob = row.logprob;
-    o.top.assign(row.top_logprobs, row.top_logprobs + row.n_top_logprobs);
-    o.text = std::string(abi::View(row.text));
-    return o;
-  }
-  // One decode call with these rows; their outputs copied.
-  static std::vector<Out> Call(const std::vector<coli_session_t*>& sessions,
-                               const std::vector<Knobs>& knobs) {
-    std::vector<coli_decode_row_t> rows;
-    for (size_t i = 0; i < sessions.size(); ++i) rows.push_back(Row(sessions[i], knobs[i]));
-    auto args = abi::Init<coli_decode_args_t>();
-    args.rows = rows.data();
-    args.n_rows = rows.size();
-    Error err;
-    EXPECT_OK(err.Status(api().decode(&args, &err.e)));
-    std::vector<Out> out;
-    for (const auto& r : rows) out.push_back(Copy(r));
-    return out;
-  }
-  // Up to n steps of one session, one row per call, stopping after a finish.
-  static std::vector<Out> Generate(coli_session_t* s, int n, const Knobs& k = {}) {
-    std::vector<Out> out;
-    for (int i = 0; i < n; ++i) {
-      out.push_back(Call({s}, {k})[0]);
-      if (out.back().finish != COLI_FINISH_NONE) break;
-    }
-    return out;
-  }
-  std::vector<Out> Fresh(coli_model_t* m, const std::vector<int32_t>& prompt, int n,
-                         const Knobs& k = {}, int64_t max_context = 0) {
-    coli_session_t* s = NewSession(m, max_context);
-    Prefill(s, prompt, k.seed);
-    return Generate(s, n, k);
-  }
-  std::map<std::string, double> Stats(coli_session_t* s) {
-    coli_stat_t stats[64];
-    size_t count = 0;
-    Error err;
-    EXPECT_OK(err.Status(api().session_stats(s, stats, 64, &count, &err.e)));
-    std::map<std::string, double> out;
-    for (size_t i = 0; i < std::min<size_t>(count, 64); ++i) out[stats[i].name] = stats[i].value;
-    return out;
-  }
-  static std::vector<int32_t> Record(coli_session_t* s) {
-    std::vector<int32_t> ids(4096);
-    auto out = abi::Init<coli_token_buffer_t>();
-    out.ids = ids.data();
-    out.capacity = ids.size();
-    Error err;
-    EXPECT_OK(err.Status(api().session_record(s, &out, &err.e)));
-    ids.resize(out.count);
-    return ids;
-  }
-
-  static host::Plugin* plugin_;
-  std::vector<coli_model_t*> models_;
-  std::vector<coli_session_t*> sessions_;
 };
-
-host::Plugin* K3SpecPluginTest::plugin_ = nullptr;
 
 constexpr int kSteps = 40;
 constexpr int kWalk = 24;
@@ -453,4 +277,4 @@ TEST_F(K3SpecPluginTest, BadOptionsRefused) {
 }
 
 }  // namespace
-}  // namespace coli
+}  // namespace coli::k3
