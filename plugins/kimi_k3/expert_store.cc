@@ -416,6 +416,17 @@ class StreamingExpertStore::Impl {
     std::sort(out.begin(), out.end());
     return out;
   }
+  void RecordUsage(int layer, std::span<const int32_t> experts) {
+    std::lock_guard<std::mutex> lock(call_mu_);
+    auto it = layer_index_.find(layer);
+    if (!options_.record_usage || it == layer_index_.end()) return;
+    for (int32_t e : experts) {
+      if (e >= 0 && e < layout_.experts) {
+        usage_.Record(it->second, e);
+        usage_dirty_ = true;
+      }
+    }
+  }
   absl::Status SaveUsage() {
     std::lock_guard<std::mutex> lock(call_mu_);
     if (options_.usage_path.empty()) return absl::OkStatus();
@@ -1093,6 +1104,9 @@ absl::StatusOr<StreamingExpertStore::Extent> StreamingExpertStore::ExpertExtent(
 int64_t StreamingExpertStore::contiguous_experts() const { return impl_->contiguous_; }
 bool StreamingExpertStore::all_direct() const { return impl_->all_direct_; }
 absl::Status StreamingExpertStore::SaveUsage() { return impl_->SaveUsage(); }
+void StreamingExpertStore::RecordUsage(int layer, std::span<const int32_t> experts) {
+  impl_->RecordUsage(layer, experts);
+}
 const UsageHistory& StreamingExpertStore::usage() const { return impl_->usage(); }
 
 }  // namespace coli::k3

@@ -226,6 +226,10 @@ class StreamingExpertStore final : public ExpertSource {
   bool all_direct() const;
   // Writes the usage history now (atomically); no-op without usage_path.
   absl::Status SaveUsage();
+  // Counts selections of experts of decoder layer `layer` that were computed elsewhere (the
+  // Vulkan tier, vk_tier.h, takes resident experts without passing them here), as ForEachExpert
+  // counts its own, so the history stays complete. Unknown layers / experts are ignored.
+  void RecordUsage(int layer, std::span<const int32_t> experts);
   const UsageHistory& usage() const;
 
   class Impl;

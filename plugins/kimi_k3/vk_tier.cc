@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
   auto tier = std::unique_ptr<VkExpertTier>(new VkExpertTier());
   tier->vk_ = std::move(vk);
   tier->inner_ = std::move(inner);
+  tier->store_ = dynamic_cast<StreamingExpertStore*>(tier->inner_.get());
   tier->cfg_ = cfg;
   tier->experts_ = cfg.moe.num_experts;
   tier->rate_ = options.rate;
@@ -228,6 +229,15 @@ absl::Status VkExpertTier::ForEachExpertOverlapped(
 }
 
 std::vector<int> VkExpertTier::Claim(int layer, std::span<const int32_t> experts) {
+  std::vector<int32_t> taken;
+  std::vector<int> entries = ClaimLocked(layer, experts, &taken);
+  // The wrapped store never sees these experts: count them in its usage history itself.
+  if (store_ != nullptr && !taken.empty()) store_->RecordUsage(layer, taken);
+  return entries;
+}
+
+std::vector<int> VkExpertTier::ClaimLocked(int layer, std::span<const int32_t> experts,
+                                           std::vector<int32_t>* taken) {
   std::lock_guard<std::mutex> lock(mu_);
   if (layer <= last_layer_) started_this_pass_ = 0;  // a new forward pass
   last_layer_ = layer;
@@ -243,6 +253,7 @@ std::vector<int> VkExpertTier::Claim(int layer, std::span<const int32_t> experts
     entries.push_back(static_cast<int>(i));
     claimed_.push_back(it->second);
     claimed_entries_.push_back(static_cast<int>(i));
+    taken->push_back(experts[i]);
   }
   return entries;
 }

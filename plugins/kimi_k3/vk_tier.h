@@ -22,6 +22,8 @@
 //   expert = 3·(I·H/2 + I·H/32·4). Slots = floor(budget_gb·1e9 / that).
 // * Heat. One count per (MoE layer, expert): the usage history (.coli_usage, expert_store_usage.h)
 //   at start-up, then +1 each time a LatentMoE call selects the expert (the history's own unit).
+//   Experts the device takes are counted in the wrapped streaming store's history too
+//   (StreamingExpertStore::RecordUsage), so the next start-up sees them as hot.
 // * Warm start. At Create the slots are filled with the history's hottest experts over all
 //   layers (count > 0; ties → lower layer, then lower expert), read from the shards and uploaded
 //   before the first step.
@@ -61,6 +63,8 @@
 #include "plugins/kimi_k3/options.h"
 
 namespace coli::k3 {
+
+class StreamingExpertStore;  // expert_store.h
 
 struct VkTierOptions {
   double budget_gb = 2;    // COLI_VK_TIER_GB (old K3_VK_GB); 0 = nothing resident
@@ -136,9 +140,12 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts {
   int Index(int layer, int32_t expert) const;  // -1 when not a MoE layer / expert
   absl::StatusOr<std::shared_ptr<Resident>> UploadViews(int index, const ExpertWeights& w);
   void UploadLoop();
+  std::vector<int> ClaimLocked(int layer, std::span<const int32_t> experts,
+                               std::vector<int32_t>* taken);
 
   std::unique_ptr<vulkan::VulkanContext> vk_;
   std::unique_ptr<ExpertSource> inner_;
+  StreamingExpertStore* store_ = nullptr;  // inner_ when it is the streaming store
   Config cfg_;
   std::vector<int> moe_layers_;             // decoder-layer ids, ascending
   std::map<int, int> layer_index_;          // decoder-layer id → position in moe_layers_

@@ -432,6 +432,50 @@ TEST_F(K3VkTierModelTest, WarmStartFromHistoryTakesTheHottestAndSkipsTheirReads)
               static_cast<unsigned long long>(pread->bytes_read()));
 }
 
+// Over the streaming store, experts the device takes still count in the store's usage history:
+// the history after a tier run equals the one after a CPU-only store run, expert by expert.
+TEST_F(K3VkTierModelTest, DeviceExpertsStillCountInTheStoreHistory) {
+  auto store_options = [] {
+    ExpertStoreOptions o;
+    o.expert_gb = 1;
+    o.load_threads = 2;
+    o.usage_path = "";  // counted in RAM, compared below, never written
+    o.pin = false;
+    return o;
+  };
+  StreamingExpertStore* cpu_store = nullptr;
+  ASSERT_OK_AND_ASSIGN(auto cpu_model,
+                       Model::Load(FixtureDir(), ExactOptions(), nullptr,
+                                   StreamingExpertSourceFactory(store_options(), &cpu_store)));
+  ASSERT_OK_AND_ASSIGN(GreedyRun cpu_run, Greedy(*cpu_model));
+  // Warm start (deterministic residency, no promotions) from the CPU run's own history.
+  const std::string path = tmp_ + "/.coli_usage";
+  ASSERT_THAT(cpu_store->usage().Save(path), IsOk());
+  VkTierOptions o;
+  o.budget_gb = ExpertGb(50);
+  o.rate = 0;
+  o.usage_path = path;
+  StreamingExpertStore* store = nullptr;
+  VkExpertTier* tier = nullptr;
+  ASSERT_OK_AND_ASSIGN(
+      auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr,
+                              VkTierFactory(o, StreamingExpertSourceFactory(store_options(), &store),
+                                            &tier)));
+  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
+  EXPECT_EQ(run.tokens, cpu_run.tokens);
+  EXPECT_GT(tier->Stats().hits, 0u);
+  EXPECT_EQ(store->TotalStats().misses + store->TotalStats().hits + tier->Stats().hits,
+            cpu_store->TotalStats().misses + cpu_store->TotalStats().hits);
+  const UsageHistory& a = store->usage();
+  const UsageHistory& b = cpu_store->usage();
+  ASSERT_EQ(a.layers(), b.layers());
+  EXPECT_EQ(a.total(), b.total());
+  for (size_t l = 0; l < a.layers().size(); ++l)
+    for (int e = 0; e < a.experts(); ++e)
+      EXPECT_EQ(a.count(static_cast<int>(l), e), b.count(static_cast<int>(l), e))
+          << "layer " << a.layers()[l] << " expert " << e;
+}
+
 // No history, a budget for some experts: the CPU's experts are promoted (rate per pass), then
 // hotter ones displace the coldest; tokens stay the CPU run's.
 TEST_F(K3VkTierModelTest, PromotionsAndEvictionsKeepTheCpuTokens) {
