@@ -84,10 +84,10 @@ struct K3Model {
   VkSwitches vk_switches;
   VkExpertTier* vk_tier = nullptr;
   VkTierStats vk_taken;
+  bool mmap = false;           // K3_MMAP: map a repacked container's matrices (weights.h)
   // COLI_K3_SPEC: max draft tokens per verify (0 = off); the lookup's n-gram range.
   int spec_max = 0;
   int spec_ngram_max = 3, spec_ngram_min = 1;
-  bool mmap = false;           // K3_MMAP: map a repacked container's matrices (weights.h)
   uint32_t capabilities = 0;
   std::mutex forward_mu;
 };
@@ -752,7 +752,8 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
         s->spec_from_buffer += 1;
         continue;
       }
-      // The host fed another token than the verified one (it never does): drop the buffer.
+      // The row sampled another token than the verified one (its knobs turned to sampling while
+      // tokens were buffered): back to the delivered record, then the normal step.
       COLI_RETURN_IF_ERROR(RewindSpec(s));
     }
     if (std::vector<int32_t> draft = SpecDraft(s, rows[i]); !draft.empty()) {
