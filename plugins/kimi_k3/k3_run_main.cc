@@ -205,9 +205,15 @@ absl::Status Main(int argc, char** argv) {
       }, ExpertSourceFactoryFor(opt, model_dir, nullptr, &vk_tier)));
   const double t_load = Seconds() - t0;
   std::cerr << "\r[k3-run] loaded " << model->num_layers() << " layers in " << t_load << " s ("
-            << model->weights().resident_bytes / 1e6 << " MB resident; bits " << opt.bits << "/"
-            << opt.mla_bits << "/" << opt.head_bits << ", idot " << opt.idot << ", chunk "
-            << opt.chunk << ")\n";
+            << model->weights().resident_bytes / 1e6 << " MB resident";
+  if (model->weights().mapped_bytes > 0)
+    std::cerr << " + " << model->weights().mapped_bytes / 1e6 << " MB mapped (K3_MMAP)";
+  // An unset switch shows "auto": a repacked container keeps its own format (weights.h), a
+  // BF16 snapshot gets the default.
+  auto bits = [](int b, bool set) { return set ? std::to_string(b) : "auto:" + std::to_string(b); };
+  std::cerr << "; bits " << bits(opt.bits, opt.bits_set) << "/"
+            << bits(opt.mla_bits, opt.mla_bits_set) << "/" << bits(opt.head_bits, opt.head_bits_set)
+            << ", idot " << opt.idot << ", chunk " << opt.chunk << ")\n";
 
 #ifdef COLI_K3_HAVE_TOKENIZER
   std::unique_ptr<tok::Tokenizer> tokenizer;
