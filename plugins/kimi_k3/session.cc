@@ -199,7 +199,8 @@ absl::StatusOr<std::vector<float>> Session::Step(int32_t token) {
   return Run(x.data(), ids, /*prefill=*/false);
 }
 
-absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tokens) {
+absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tokens,
+                                                    bool every_row) {
   COLI_RETURN_IF_ERROR(CheckUsable());
   if (tokens.empty()) return absl::InvalidArgumentError("StepAll needs at least one token");
   const int64_t D = model_.hidden_size();
@@ -207,7 +208,7 @@ absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tok
   const auto t0 = std::chrono::steady_clock::now();
   COLI_RETURN_IF_ERROR(model_.Embed(tokens, x.data()));
   timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return Run(x.data(), tokens, /*prefill=*/false, /*every_row=*/true);
+  return Run(x.data(), tokens, /*prefill=*/false, every_row);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Session::StepBatch(

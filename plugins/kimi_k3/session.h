@@ -81,14 +81,16 @@ class Session {
   // written (K3_TRACE) the sessions run one at a time (Step), so the trace stays per session.
   static absl::StatusOr<std::vector<std::vector<float>>> StepBatch(
       std::span<Session* const> sessions, std::span<const int32_t> tokens);
-  // Several decode steps in ONE chunk (speculative verify, spec_decode.h): runs `tokens` (at
-  // least one) at positions position()… and returns the logits after EVERY one of them,
-  // [tokens.size(), V] row-major, row i bit-identical to what Step(tokens[i]) would return after
-  // tokens[0..i) (every kernel is row-independent). Refusals as Step, plus INVALID_ARGUMENT for
-  // no tokens and RESOURCE_EXHAUSTED when the chunk would pass K3_MAXT (nothing runs). Nothing
-  // goes to the K3_LOGITS file (decode rows never do); under K3_TRACE the rows are traced like
-  // prefill rows.
-  absl::StatusOr<std::vector<float>> StepAll(std::span<const int32_t> tokens);
+  // Several decode steps in ONE chunk, one forward pass whatever K3_CHUNK says (speculative
+  // verify, spec_decode.h): runs `tokens` (at least one) at positions position()… and returns
+  // the logits after EVERY one of them, [tokens.size(), V] row-major, row i bit-identical to
+  // what Step(tokens[i]) would return after tokens[0..i) (every kernel is row-independent); with
+  // every_row = false the head runs on the last row only and [V] comes back. Refusals as Step,
+  // plus INVALID_ARGUMENT for no tokens and RESOURCE_EXHAUSTED when the chunk would pass K3_MAXT
+  // (nothing runs). Nothing goes to the K3_LOGITS file (decode rows never do); under K3_TRACE
+  // the rows are traced like prefill rows.
+  absl::StatusOr<std::vector<float>> StepAll(std::span<const int32_t> tokens,
+                                             bool every_row = true);
   // Forgets everything (state zeroed, record cleared); keeps the timings.
   void Reset();
   // The state at the current position; `logits` are the ones after the last token.

@@ -56,7 +56,7 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
     if (absl::Status r = session.Restore(before); !r.ok()) return r;
     out.rerun = true;
     absl::StatusOr<std::vector<float>> again =
-        session.Prefill(std::span<const int32_t>(chunk).first(m + 1));
+        session.StepAll(std::span<const int32_t>(chunk).first(m + 1), /*every_row=*/false);
     if (!again.ok()) return fail(again.status());
   }
   out.logits.assign(row(0).begin(), row(0).end());
@@ -87,7 +87,7 @@ absl::StatusOr<std::optional<std::vector<float>>> SpecDecoder::Rewind(Session& s
   Checkpoint before = std::move(*before_);
   Clear();
   COLI_RETURN_IF_ERROR(session.Restore(before));
-  COLI_ASSIGN_OR_RETURN(std::vector<float> logits, session.Prefill(replay));
+  COLI_ASSIGN_OR_RETURN(std::vector<float> logits, session.StepAll(replay, /*every_row=*/false));
   return std::optional<std::vector<float>>(std::move(logits));
 }
 

@@ -132,9 +132,13 @@ TEST(K3SpecDecode, StepAllRowsBitIdenticalToSteps) {
   const std::vector<int32_t> prompt = Ids(9, 1), more = Ids(6, 2);
   auto a = model->NewSession();
   auto b = model->NewSession();
+  auto c = model->NewSession();
   ASSERT_OK(a->Prefill(prompt).status());
   ASSERT_OK(b->Prefill(prompt).status());
+  ASSERT_OK(c->Prefill(prompt).status());
   auto all = a->StepAll(more);
+  auto last = c->StepAll(more, /*every_row=*/false);  // head on the last row only
+  ASSERT_OK(last.status());
   ASSERT_OK(all.status());
   const size_t V = static_cast<size_t>(model->vocab_size());
   ASSERT_EQ(all->size(), more.size() * V);
@@ -143,7 +147,9 @@ TEST(K3SpecDecode, StepAllRowsBitIdenticalToSteps) {
     ASSERT_OK(step.status());
     EXPECT_TRUE(SameBits(std::span<const float>(all->data() + i * V, V), *step)) << "row " << i;
   }
+  EXPECT_TRUE(SameBits(*last, std::span<const float>(all->data() + (more.size() - 1) * V, V)));
   EXPECT_EQ(a->tokens(), b->tokens());
+  EXPECT_EQ(c->tokens(), b->tokens());
   EXPECT_THAT(a->StepAll({}), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
