@@ -12,3 +12,17 @@ add_dependencies(k3_repack_test k3-repack)
 if(TARGET k3_tiny_fixture)
   add_dependencies(k3_repack_test k3_tiny_fixture)
 endif()
+
+# The K3_MMAP family option through the plugin ABI (tests/kimi_k3/plugin_abi_test_util.h).
+if(TARGET kimi_k3)
+  coli_cc_test(NAME k3_repack_plugin_test
+    SRCS ${CMAKE_CURRENT_LIST_DIR}/repack_plugin_test.cc
+    DEPS coli_host_core coli_plugin_api)
+  target_compile_definitions(k3_repack_plugin_test PRIVATE
+    COLI_K3_TINY_DIR="${PROJECT_BINARY_DIR}/fixtures/k3_tiny"
+    COLI_PLUGIN_DIR_FOR_TEST="${COLI_PLUGIN_DIR}")
+  add_dependencies(k3_repack_plugin_test kimi_k3)
+  if(TARGET k3_tiny_fixture)
+    add_dependencies(k3_repack_plugin_test k3_tiny_fixture)
+  endif()
+endif()
