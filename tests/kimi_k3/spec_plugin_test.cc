@@ -101,6 +101,27 @@ TEST_F(K3SpecPluginTest, WalkPromptDraftsAcceptedSameTokensFewerPasses) {
   EXPECT_EQ(Record(a), Record(b));
 }
 
+// The walk with every 5th token replaced: drafts are right up to a replaced token and wrong
+// there (m < K: the state is restored and re-run), then right again. Same outputs as spec off.
+TEST_F(K3SpecPluginTest, CorruptedWalkRejectsAndRecovers) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  std::vector<int32_t> prompt = Walk(off, 5, kWalk);
+  for (size_t i = 3; i + 1 < prompt.size(); i += 5) prompt[i] = (prompt[i] + 1) % 512;
+  coli_session_t* a = NewSession(off);
+  coli_session_t* b = NewSession(on);
+  Prefill(a, prompt);
+  Prefill(b, prompt);
+  ExpectSame(Generate(b, kSteps), Generate(a, kSteps));
+  auto without = Stats(a), with = Stats(b);
+  EXPECT_GT(with["spec_reruns"], 0);
+  EXPECT_GT(with["spec_accepted_tokens"], 0);
+  EXPECT_LT(with["spec_accepted_tokens"], with["spec_draft_tokens"]);
+  EXPECT_EQ(with["decode_passes"],
+            without["decode_passes"] - with["spec_tokens_from_buffer"] + with["spec_reruns"]);
+  EXPECT_EQ(Record(a), Record(b));
+}
+
 // The full stack on a prompt that repeats itself: lookup drafts (rarely right on random
 // weights); every output identical to spec off.
 TEST_F(K3SpecPluginTest, RepeatingPromptSameTokens) {
@@ -111,6 +132,7 @@ TEST_F(K3SpecPluginTest, RepeatingPromptSameTokens) {
   Prefill(b, prompt);
   ExpectSame(Generate(b, kSteps), Fresh(off, prompt, kSteps));
   EXPECT_GT(Stats(b)["spec_drafts"], 0);
+  EXPECT_GT(Stats(b)["spec_reruns"], 0);  // rejected drafts restored and re-run on the full stack
 }
 
 TEST_F(K3SpecPluginTest, RandomPromptSameTokens) {
