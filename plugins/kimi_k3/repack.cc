@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "common/io/cat.h"
@@ -181,9 +182,10 @@ absl::Status CopyTensor(const ShardFile& src, const st::TensorInfo& t, st::Plann
 }
 
 // Quantizes BF16 [rows, cols] in blocks of rows (both formats are per row) into the outputs
-// `data` and `scales`, with exactly the engine's QuantizedMatrix::FromBf16.
+// `data` and `scales`, with exactly the engine's QuantizedMatrix::FromBf16. Each block read is
+// split over `threads` threads by rows; rows are independent, so the bytes do not depend on it.
 absl::Status QuantizeTensor(const ShardFile& src, const st::TensorInfo& t, WeightFormat f,
-                            st::PlannedWriter& w, size_t data, size_t scales) {
+                            int threads, st::PlannedWriter& w, size_t data, size_t scales) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const kernels::MatrixBytes per_row = kernels::FormatBytes(f, 1, cols);
   const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / (2 * cols)));
@@ -192,17 +194,30 @@ absl::Status QuantizeTensor(const ShardFile& src, const st::TensorInfo& t, Weigh
     const int64_t n = std::min(block, rows - r0);
     raw.resize(static_cast<size_t>(n * cols));
     COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + r0 * cols * 2, n * cols * 2, raw.data()));
-    absl::StatusOr<QuantizedMatrix> q = QuantizedMatrix::FromBf16(raw.data(), n, cols, f);
-    if (!q.ok()) {
-      return Annotate(q.status(), Cat("tensor '", t.name, "' (rows ", r0, "…", r0 + n,
-                                               ") in '", src.file->path(), "'"));
+    const int parts = static_cast<int>(std::min<int64_t>(std::max(threads, 1), n));
+    std::vector<absl::StatusOr<QuantizedMatrix>> q(parts, absl::UnknownError("not run"));
+    auto run = [&](int p) {
+      const int64_t a = n * p / parts, b = n * (p + 1) / parts;
+      q[p] = QuantizedMatrix::FromBf16(raw.data() + a * cols, b - a, cols, f);
+    };
+    std::vector<std::thread> pool;
+    for (int p = 1; p < parts; ++p) pool.emplace_back(run, p);
+    run(0);
+    for (std::thread& th : pool) th.join();
+    for (int p = 0; p < parts; ++p) {
+      const int64_t a = r0 + n * p / parts;
+      if (!q[p].ok()) {
+        return Annotate(q[p].status(), Cat("tensor '", t.name, "' (rows from ", a, ") in '",
+                                           src.file->path(), "'"));
+      }
+      const auto& d = q[p]->data();
+      const auto& sc = q[p]->scales();
+      COLI_RETURN_IF_ERROR(w.WriteAt(
+          data, a * per_row.data, std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
+      COLI_RETURN_IF_ERROR(w.WriteAt(
+          scales, a * per_row.scales,
+          std::string_view(reinterpret_cast<const char*>(sc.data()), sc.size())));
     }
-    const auto& d = q->data();
-    const auto& s = q->scales();
-    COLI_RETURN_IF_ERROR(w.WriteAt(data, r0 * per_row.data,
-                                   std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
-    COLI_RETURN_IF_ERROR(w.WriteAt(scales, r0 * per_row.scales,
-                                   std::string_view(reinterpret_cast<const char*>(s.data()), s.size())));
   }
   return absl::OkStatus();
 }
@@ -218,7 +233,7 @@ void FsyncDir(const std::string& dir) {
 // Converts one source shard into dst_path (via dst_path.tmp). false when it holds only vision
 // tensors (no output).
 absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string& dst_path,
-                                  const Config& cfg, const Bits& bits) {
+                                  const Config& cfg, const Bits& bits, int threads) {
   COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
   const std::vector<st::TensorInfo>& in = src.header.tensors;  // file-offset order
   std::vector<OutTensor> plain, experts;
@@ -287,7 +302,7 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
   // One pass over the source in file order; each tensor lands where the header puts it.
   for (size_t i = 0; i < in.size(); ++i) {
     if (where[i][0] == SIZE_MAX) continue;  // dropped
-    absl::Status s = formats[i] ? QuantizeTensor(src, in[i], *formats[i], *w, where[i][0], where[i][1])
+    absl::Status s = formats[i] ? QuantizeTensor(src, in[i], *formats[i], threads, *w, where[i][0], where[i][1])
                                 : CopyTensor(src, in[i], *w, where[i][0]);
     if (!s.ok()) {
       w.reset();
@@ -406,6 +421,9 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
       return absl::InvalidArgumentError(Cat(flag, " ", v, ": use 4 or 8"));
     }
   }
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const Bits bits{options.bits, options.mla_bits ? options.mla_bits : std::max(options.bits, 8),
                   options.head_bits ? options.head_bits : std::max(options.bits, 8)};
   COLI_ASSIGN_OR_RETURN(Config cfg, Config::LoadDir(src));
@@ -447,7 +465,7 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
       say(tag + "already converted, skipped");
     } else {
       const double t0 = Now();
-      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits));
+      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits, threads));
       if (!written) {
         ++summary.dropped;
         say(tag + "vision only, dropped");

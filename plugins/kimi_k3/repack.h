@@ -42,6 +42,9 @@ struct RepackOptions {
   int head_bits = 0;  // 0 = max(bits, 8)
   // Shard numbers (the 5-digit index of model-XXXXX-of-N.safetensors); empty = all.
   std::vector<int> shards;
+  // Quantization threads (rows are independent: the bytes do not depend on it); 0 = one per
+  // hardware thread.
+  int threads = 0;
   // Re-read every expert (and pass-through) byte of source and output and compare.
   bool verify_full = false;
   // One line per event (stderr in the tool); may be null.

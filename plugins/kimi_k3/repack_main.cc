@@ -2,7 +2,7 @@
 // spec §4.4).
 //
 //   k3-repack <src> <dst> [--bits 8|4] [--mla-bits N] [--head-bits N] [--shards 1,2,94]
-//             [--verify-full]
+//             [--verify-full] [--threads N]
 //
 // Progress on stderr; exit 0 on success, 1 on an error (message naming file and tensor),
 // 2 on a usage error.
@@ -19,13 +19,14 @@ namespace {
 int Usage(const std::string& why) {
   if (!why.empty()) std::cerr << "k3-repack: " << why << "\n";
   std::cerr << "usage: k3-repack <src> <dst> [--bits 8|4] [--mla-bits 8|4] [--head-bits 8|4]\n"
-               "                 [--shards 1,2,94] [--verify-full]\n"
+               "                 [--shards 1,2,94] [--verify-full] [--threads N]\n"
                "  --bits       KDA q/k/v/o/g, latent down/up, shared experts, dense MLP (default 8)\n"
                "  --mla-bits   MLA q_a, q_b, kv_a, kv_b, o, g (default max(bits, 8))\n"
                "  --head-bits  lm_head (default max(bits, 8))\n"
                "  --shards     convert only these shard numbers (the index still covers all\n"
                "               converted shards in <dst>)\n"
-               "  --verify-full  compare every expert and pass-through byte with the source\n";
+               "  --verify-full  compare every expert and pass-through byte with the source\n"
+               "  --threads    quantization threads (default: one per hardware thread)\n";
   return 2;
 }
 
@@ -52,6 +53,8 @@ int main(int argc, char** argv) {
         if (!absl::SimpleAtoi(s, &n) || n < 1) return Usage("--shards: bad shard number");
         o.shards.push_back(n);
       }
+    } else if (a == "--threads") {
+      if (!value(&o.threads) || o.threads < 1) return Usage("--threads needs a count >= 1");
     } else if (a == "--verify-full") {
       o.verify_full = true;
     } else if (a == "-h" || a == "--help") {

@@ -90,9 +90,11 @@ ModelOptions Bits(int bits, bool set) {
 }
 
 absl::StatusOr<RepackSummary> RunRepack(const std::string& dst, int bits,
-                                        std::vector<int> shards = {}, bool verify = false) {
+                                        std::vector<int> shards = {}, bool verify = false,
+                                        int threads = 0) {
   RepackOptions o;
   o.bits = bits;
+  o.threads = threads;
   o.shards = std::move(shards);
   o.verify_full = verify;
   return Repack(K3_TEST_TINY, dst, o);
@@ -479,6 +481,17 @@ TEST(RepackResumeTest, DisjointShardPassesGiveTheOnePassIndex) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--shards 99")));
   fs::remove_all(one);
   fs::remove_all(two);
+}
+
+TEST(RepackResumeTest, BytesDoNotDependOnTheThreadCount) {
+  const std::string one = TempDir("t1"), many = TempDir("t7");
+  ASSERT_OK(RunRepack(one, 4, {}, false, 1).status());
+  ASSERT_OK(RunRepack(many, 4, {}, false, 7).status());
+  const std::vector<std::string> shards = Shards(one);
+  ASSERT_EQ(shards, Shards(many));
+  for (const std::string& s : shards) EXPECT_EQ(ReadAll(one + "/" + s), ReadAll(many + "/" + s)) << s;
+  fs::remove_all(one);
+  fs::remove_all(many);
 }
 
 TEST(RepackResumeTest, DuplicateTensorNameAbortsTheIndexUpdate) {
