@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,41 @@ TEST(Client, ModelOptionsFromEnvironment) {
        {"K3_BITS", "K3_IDOT", "K3_EXPERT_GB", "K3_MAXT", "K3_DIRS", "K3_TRACE", "K3_CHUNK"}) {
     unsetenv(v);
   }
+}
+
+// The kimi_k3-only switches travel by name in `extra`, only when set; the numeric ones are
+// checked at the edge.
+TEST(Client, FamilySwitchesTravelInExtra) {
+  const char* vars[] = {"COLI_K3_CKPT", "COLI_K3_CKPT_DIR", "COLI_VULKAN", "K3_VK",
+                        "COLI_VK_TIER_GB", "K3_VK_GB", "COLI_VK_TIER_RATE", "K3_VK_UP",
+                        "K3_MMAP", "COLI_K3_SPEC"};
+  for (const char* v : vars) unsetenv(v);
+  auto none = ModelOptionsFromEnv();
+  ASSERT_OK(none.status());
+  EXPECT_TRUE(none->extra().empty());
+
+  setenv("COLI_K3_CKPT", "4", 1);
+  setenv("COLI_VULKAN", "1", 1);
+  setenv("K3_VK_GB", "2", 1);
+  setenv("K3_MMAP", "1", 1);
+  setenv("COLI_K3_SPEC", "8", 1);
+  auto o = ModelOptionsFromEnv();
+  ASSERT_OK(o.status());
+  const std::map<std::string, std::string> extra(o->extra().begin(), o->extra().end());
+  EXPECT_EQ(extra, (std::map<std::string, std::string>{
+                       {"ckpt", "4"}, {"vulkan", "1"}, {"vk_gb", "2"}, {"mmap", "1"}, {"spec", "8"}}));
+
+  setenv("COLI_K3_SPEC", "17", 1);  // more than 16 draft tokens
+  EXPECT_THAT(ModelOptionsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_SPEC")));
+  setenv("COLI_K3_SPEC", "-1", 1);
+  EXPECT_THAT(ModelOptionsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_SPEC")));
+  setenv("COLI_K3_CKPT", "lots", 1);
+  unsetenv("COLI_K3_SPEC");
+  EXPECT_THAT(ModelOptionsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_CKPT")));
+  for (const char* v : vars) unsetenv(v);
 }
 
 TEST(Client, ModelChoiceFlagThenEnvironmentThenTinyModel) {
