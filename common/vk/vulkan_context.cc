@@ -120,8 +120,6 @@ struct internal::VulkanState {
   VkPipelineLayout pipeline_layout = VK_NULL_HANDLE;
   VkShaderModule shader = VK_NULL_HANDLE;
   VkPipeline pipeline = VK_NULL_HANDLE;
-  VkDescriptorPool descriptor_pool = VK_NULL_HANDLE;
-  VkDescriptorSet descriptor_set = VK_NULL_HANDLE;
   // The SiTU-GLU pipeline (shaders/situ_glu.comp): bindings g, u, out.
   VkDescriptorSetLayout situ_set_layout = VK_NULL_HANDLE;
   VkPipelineLayout situ_pipeline_layout = VK_NULL_HANDLE;
@@ -134,7 +132,6 @@ struct internal::VulkanState {
   ~VulkanState() {
     if (device != VK_NULL_HANDLE) {
       vk.vkDeviceWaitIdle(device);
-      if (descriptor_pool) vk.vkDestroyDescriptorPool(device, descriptor_pool, nullptr);
       if (situ_pipeline) vk.vkDestroyPipeline(device, situ_pipeline, nullptr);
       if (situ_shader) vk.vkDestroyShaderModule(device, situ_shader, nullptr);
       if (situ_pipeline_layout) vk.vkDestroyPipelineLayout(device, situ_pipeline_layout, nullptr);
@@ -352,80 +349,6 @@ struct internal::VulkanState {
                                                shaders::SituGluSpirv(), "situ_glu",
                                                &situ_set_layout, &situ_pipeline_layout,
                                                &situ_shader, &situ_pipeline));
-
-    VkDescriptorPoolSize pool_size{};
-    pool_size.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-    pool_size.descriptorCount = kBindings;
-    VkDescriptorPoolCreateInfo pool_info{};
-    pool_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-    pool_info.maxSets = 1;
-    pool_info.poolSizeCount = 1;
-    pool_info.pPoolSizes = &pool_size;
-    COLI_VK_RETURN_IF_ERROR(
-        vk.vkCreateDescriptorPool(device, &pool_info, nullptr, &descriptor_pool));
-    VkDescriptorSetAllocateInfo ds_info{};
-    ds_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
-    ds_info.descriptorPool = descriptor_pool;
-    ds_info.descriptorSetCount = 1;
-    ds_info.pSetLayouts = &set_layout;
-    COLI_VK_RETURN_IF_ERROR(vk.vkAllocateDescriptorSets(device, &ds_info, &descriptor_set));
-    return absl::OkStatus();
-  }
-
-  // Records the dispatch over `buffers`, submits it and waits for the fence.
-  absl::Status Run(const Buffer (&buffers)[kBindings], const PushConstants& pc) {
-    VkDescriptorBufferInfo infos[kBindings]{};
-    VkWriteDescriptorSet writes[kBindings]{};
-    for (int i = 0; i < kBindings; ++i) {
-      infos[i].buffer = buffers[i].buffer;
-      infos[i].offset = 0;
-      infos[i].range = buffers[i].size;
-      writes[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
-      writes[i].dstSet = descriptor_set;
-      writes[i].dstBinding = static_cast<uint32_t>(i);
-      writes[i].descriptorCount = 1;
-      writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-      writes[i].pBufferInfo = &infos[i];
-    }
-    vk.vkUpdateDescriptorSets(device, kBindings, writes, 0, nullptr);
-
-    const uint32_t groups_x = pc.rows < kWorkgroupsPerDim ? pc.rows : kWorkgroupsPerDim;
-    const uint32_t groups_y = (pc.rows + groups_x - 1) / groups_x;
-    if (groups_y > properties.limits.maxComputeWorkGroupCount[1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Vulkan: ", pc.rows, " rows need ", groups_y,
-                       " workgroup rows, more than the device's maxComputeWorkGroupCount[1]"));
-    }
-
-    COLI_VK_RETURN_IF_ERROR(vk.vkResetCommandBuffer(command_buffer, 0));
-    VkCommandBufferBeginInfo begin{};
-    begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    COLI_VK_RETURN_IF_ERROR(vk.vkBeginCommandBuffer(command_buffer, &begin));
-    vk.vkCmdBindPipeline(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
-    vk.vkCmdBindDescriptorSets(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_layout, 0,
-                               1, &descriptor_set, 0, nullptr);
-    vk.vkCmdPushConstants(command_buffer, pipeline_layout, VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                          sizeof(pc), &pc);
-    vk.vkCmdDispatch(command_buffer, groups_x, groups_y, 1);
-    // Make the shader's writes visible to the host's reads after the fence.
-    VkMemoryBarrier barrier{};
-    barrier.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    barrier.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-    barrier.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-    vk.vkCmdPipelineBarrier(command_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                            VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &barrier, 0, nullptr, 0, nullptr);
-    COLI_VK_RETURN_IF_ERROR(vk.vkEndCommandBuffer(command_buffer));
-
-    VkSubmitInfo submit{};
-    submit.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-    submit.commandBufferCount = 1;
-    submit.pCommandBuffers = &command_buffer;
-    COLI_VK_RETURN_IF_ERROR(vk.vkQueueSubmit(queue, 1, &submit, fence));
-    const VkResult waited = vk.vkWaitForFences(device, 1, &fence, VK_TRUE, kFenceTimeoutNs);
-    const VkResult reset = vk.vkResetFences(device, 1, &fence);
-    COLI_RETURN_IF_ERROR(VkError(waited, "vkWaitForFences (mxfp4_matmul dispatch)"));
-    COLI_VK_RETURN_IF_ERROR(reset);
     return absl::OkStatus();
   }
 
@@ -480,6 +403,13 @@ struct internal::VulkanState {
     std::vector<VkDescriptorBufferInfo> infos;
     std::vector<VkWriteDescriptorSet> writes;
     infos.reserve(dispatches.size() * kBindings);
+    for (const Dispatch& d : dispatches) {
+      if (d.groups_y > properties.limits.maxComputeWorkGroupCount[1]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Vulkan: ", d.push[0], " rows need ", d.groups_y,
+                         " workgroup rows, more than the device's maxComputeWorkGroupCount[1]"));
+      }
+    }
     for (size_t i = 0; i < dispatches.size(); ++i) {
       const int n = dispatches[i].situ ? kSituBindings : kBindings;
       for (int b = 0; b < n; ++b) {
@@ -624,6 +554,27 @@ absl::Status CheckMxfp4View(const kernels::MatrixView& w) {
 
 }  // namespace
 
+namespace {
+
+// Workgroups for `rows` matmul rows (one workgroup per row, spilling into y past 65535).
+void MatmulGroups(uint32_t rows, uint32_t* x, uint32_t* y) {
+  *x = rows < kWorkgroupsPerDim ? rows : kWorkgroupsPerDim;
+  *y = (rows + *x - 1) / *x;
+}
+
+uint32_t SituGroups(uint64_t n) {
+  const uint64_t groups = (n + 63) / 64;
+  return static_cast<uint32_t>(groups < kWorkgroupsPerDim ? groups : kWorkgroupsPerDim);
+}
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DeviceMxfp4Matrix>> VulkanContext::UploadMxfp4(
     const kernels::MatrixView& w) {
   COLI_RETURN_IF_ERROR(CheckMxfp4View(w));
@@ -695,14 +646,17 @@ absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float*
     return status;
   }
   std::memcpy(io[0].mapped, x, b * cols * sizeof(float));
-  const Buffer buffers[kBindings] = {w.impl_->weights, w.impl_->scales, io[0], io[1]};
-  const PushConstants pc{static_cast<uint32_t>(rows), static_cast<uint32_t>(cols),
-                         static_cast<uint32_t>(b)};
-  status = Annotate(s.Run(buffers, pc), s.device_name);
-  if (status.ok()) {
-    std::memcpy(y, io[1].mapped, b * rows * sizeof(float));
-    s.matmuls.fetch_add(1, std::memory_order_relaxed);
-  }
+  internal::VulkanState::Dispatch d;
+  d.segments[0] = {w.impl_->weights.buffer, 0, w.impl_->weights.size};
+  d.segments[1] = {w.impl_->scales.buffer, 0, w.impl_->scales.size};
+  d.segments[2] = {io[0].buffer, 0, io[0].size};
+  d.segments[3] = {io[1].buffer, 0, io[1].size};
+  d.push[0] = static_cast<uint32_t>(rows);
+  d.push[1] = static_cast<uint32_t>(cols);
+  d.push[2] = static_cast<uint32_t>(b);
+  MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
+  status = Annotate(s.RunDispatches(std::span(&d, 1), "mxfp4_matmul dispatch"), s.device_name);
+  if (status.ok()) std::memcpy(y, io[1].mapped, b * rows * sizeof(float));
   release();
   return status;
 }
@@ -711,26 +665,6 @@ uint64_t VulkanContext::matmuls() const {
   return state_->matmuls.load(std::memory_order_relaxed);
 }
 
-namespace {
-
-// Workgroups for `rows` matmul rows (one workgroup per row, spilling into y past 65535).
-void MatmulGroups(uint32_t rows, uint32_t* x, uint32_t* y) {
-  *x = rows < kWorkgroupsPerDim ? rows : kWorkgroupsPerDim;
-  *y = (rows + *x - 1) / *x;
-}
-
-uint32_t SituGroups(uint64_t n) {
-  const uint64_t groups = (n + 63) / 64;
-  return static_cast<uint32_t>(groups < kWorkgroupsPerDim ? groups : kWorkgroupsPerDim);
-}
-
-uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-}  // namespace
 
 absl::Status VulkanContext::SituGlu(const float* g, const float* u, int64_t n, float beta1,
                                     float beta2, float* out) {

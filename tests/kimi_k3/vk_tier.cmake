@@ -2,8 +2,16 @@
 # shaders/situ_glu.comp; owner: vktier). Run on lavapipe; skip only without any Vulkan device.
 coli_cc_test(NAME k3_vk_tier_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/vk_tier_test.cc
+       ${CMAKE_CURRENT_LIST_DIR}/reference_util.cc
   DEPS kimi_k3_vk_tier kimi_k3_expert_store kimi_k3_core coli_vk coli_kernels coli_ops
-       coli_safetensors coli_status absl::strings)
+       coli_safetensors coli_json coli_status absl::strings)
+# reference_util.cc (RelL2) is built with the definitions k3_model_test gives it.
+target_compile_definitions(k3_vk_tier_test PRIVATE
+  K3_TEST_PYTHON="${COLI_PYTHON}"
+  K3_TEST_REF="${PROJECT_SOURCE_DIR}/tools/k3/k3_ref.py"
+  PROJECT_TOOLS_K3="${PROJECT_SOURCE_DIR}/tools/k3"
+  K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny"
+  K3_TEST_TIES="${CMAKE_BINARY_DIR}/fixtures/k3_tiny_ties")
 if(TARGET k3_tiny_fixture)
   add_dependencies(k3_vk_tier_test k3_tiny_fixture)
 endif()

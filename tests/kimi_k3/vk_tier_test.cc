@@ -32,6 +32,7 @@
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/vk_tier.h"
+#include "tests/kimi_k3/reference_util.h"
 
 namespace coli::k3 {
 namespace {
@@ -50,8 +51,9 @@ constexpr double kSituAbs = 1e-37;
 constexpr double kChainRelL2 = 1e-6;
 // Whole-model logits with some experts on the device vs the CPU run (K3_IDOT=0): the device's
 // experts differ from the CPU's only in f32 summation order (≈1e-7 relative per expert output);
-// 12 MoE layers of random weights amplify that to ≈1e-6 (measured, docs/status/vulkan.md).
-constexpr double kLogitsRelL2 = 1e-5;
+// over 12 MoE layers of random weights the logits moved by at most 6.4e-7 rel-L2 on lavapipe
+// (docs/status/vulkan.md); the bound leaves ~8x room.
+constexpr double kLogitsRelL2 = 5e-6;
 
 std::string FixtureDir() {
   const char* bin = std::getenv("COLI_BINARY_DIR");
@@ -70,15 +72,7 @@ std::string FixtureDir() {
     ctx = std::move(created).value();                                                         \
   }
 
-double RelL2(const float* a, const float* ref, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    num += d * d;
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
+using ::coli::k3::testing::RelL2;  // tests/kimi_k3/reference_util.h
 
 // Spec §3.0: SiTU(g, u) = β1·tanh(g/β1)·σ(g) · β2·tanh(u/β2), in double.
 double SituReference(double g, double u, double b1, double b2) {
