@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -597,6 +598,55 @@ TEST_F(K3VkTierFixtureTest, HookKeepsTheCpuSumOrderBitForBit) {
   EXPECT_GT(device->device_experts_, 0u);
   EXPECT_GT(device->cpu_experts_, 0u);
   EXPECT_EQ(device->offers_, device->cpu_experts_);  // every CPU expert is offered once
+}
+
+TEST_F(K3VkTierModelTest, BadBudgetRateAndHistoryAreHandled) {
+  VkTierOptions o;
+  o.usage_path = "";
+  o.budget_gb = -1;
+  EXPECT_THAT(Model::Load(FixtureDir(), ExactOptions(), nullptr, VkTierFactory(o, nullptr)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_TIER_GB")));
+  o.budget_gb = 1;
+  o.rate = -1;
+  EXPECT_THAT(Model::Load(FixtureDir(), ExactOptions(), nullptr, VkTierFactory(o, nullptr)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_TIER_RATE")));
+  // A corrupt history is logged and ignored: nothing warm, the run still matches the CPU's.
+  const std::string path = tmp_ + "/.coli_usage";
+  {
+    std::ofstream(path) << "not a usage history";
+  }
+  o.rate = 0;
+  o.budget_gb = ExpertGb(10);
+  o.usage_path = path;
+  VkExpertTier* tier = nullptr;
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr,
+                                               VkTierFactory(o, nullptr, &tier)));
+  EXPECT_EQ(tier->Stats().warm, 0u);
+  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
+  ExpectMatchesCpu(run, /*exact=*/true);  // nothing resident, no promotions: the CPU's bits
+}
+
+TEST_F(K3VkTierFixtureTest, NoVulkanDriverIsUnavailableOnlyWhenAskedFor) {
+  // The loader finds no driver through a manifest that does not exist.
+  const char* old = std::getenv("VK_ICD_FILENAMES");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("VK_ICD_FILENAMES", "/nonexistent/coli_no_driver.json", 1);
+  ModelOptions o = ExactOptions();
+  o.vulkan = true;
+  VkExpertTier* tier = nullptr;
+  auto asked = Model::Load(FixtureDir(), o, nullptr,
+                           ExpertSourceFactoryFor(o, FixtureDir(), nullptr, &tier));
+  o.vulkan = false;
+  auto unasked = Model::Load(FixtureDir(), o, nullptr,
+                             ExpertSourceFactoryFor(o, FixtureDir(), nullptr, &tier));
+  if (old != nullptr) {
+    setenv("VK_ICD_FILENAMES", saved.c_str(), 1);
+  } else {
+    unsetenv("VK_ICD_FILENAMES");
+  }
+  EXPECT_THAT(asked.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("Vulkan")));
+  EXPECT_THAT(unasked.status(), IsOk());
+  EXPECT_EQ(tier, nullptr);
 }
 
 // ---- switches -----------------------------------------------------------------------------
