@@ -75,9 +75,9 @@ absl::Status PlannedWriter::WriteAt(size_t index, uint64_t offset, std::string_v
   if (fd_ < 0) return absl::FailedPreconditionError(Cat("file '", path_, "': already finished"));
   if (index >= tensors_.size() || offset > tensor_bytes(index) ||
       bytes.size() > tensor_bytes(index) - offset) {
-    return absl::InvalidArgumentError(
-        Cat("file '", path_, "': write of ", bytes.size(), " bytes at offset ", offset,
-            " is outside tensor ", index < tensors_.size() ? tensors_[index].name : "?"));
+    return absl::InvalidArgumentError(Cat("file '", path_, "': write of ", bytes.size(),
+                                          " bytes at offset ", offset, " is outside tensor ",
+                                          index < tensors_.size() ? tensors_[index].name : "?"));
   }
   const uint64_t at = 8 + header_.json.size() + header_.ranges[index].first + offset;
   COLI_RETURN_IF_ERROR(PwriteAll(fd_, bytes.data(), bytes.size(), at, path_));
@@ -106,7 +106,8 @@ absl::Status PlannedWriter::Finish() {
 
 absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Map(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(Cat("file '", path, "': cannot open: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::NotFoundError(Cat("file '", path, "': cannot open: ", std::strerror(errno)));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

@@ -9,13 +9,13 @@ using kernels::WeightFormat;
 absl::StatusOr<WeightFormat> ContainerFormat(const st::TensorInfo& data, const st::TensorInfo& qs,
                                              int64_t rows, int64_t cols) {
   if (data.dtype != st::DType::kU8) {
-    return absl::DataLossError(absl::StrCat("tensor '", data.name, "': has a scale sidecar '",
-                                            qs.name, "' but is ",
-                                            st::DescribeTensor(data.dtype, data.shape),
-                                            ", not U8 (repacked container)"));
+    return absl::DataLossError(
+        absl::StrCat("tensor '", data.name, "': has a scale sidecar '", qs.name, "' but is ",
+                     st::DescribeTensor(data.dtype, data.shape), ", not U8 (repacked container)"));
   }
   if (qs.dtype != st::DType::kF32) {
-    return absl::DataLossError(absl::StrCat("tensor '", qs.name, "': scale sidecar must be F32, got ",
+    return absl::DataLossError(absl::StrCat("tensor '", qs.name,
+                                            "': scale sidecar must be F32, got ",
                                             st::DescribeTensor(qs.dtype, qs.shape)));
   }
   const uint64_t n = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols);
@@ -23,11 +23,11 @@ absl::StatusOr<WeightFormat> ContainerFormat(const st::TensorInfo& data, const s
   if (data.nbytes == n && scales == rows) return WeightFormat::kInt8Row;
   if (cols % 64 == 0 && data.nbytes == n / 2 && scales == rows * (cols / 64))
     return WeightFormat::kInt4G64;
-  return absl::DataLossError(absl::StrCat(
-      "tensor '", data.name, "': ", data.nbytes, " U8 bytes with ", scales, " scales in '",
-      qs.name, "' fit neither int8 [", rows, ", ", cols, "] (", n, " bytes, ", rows,
-      " scales) nor int4-g64 (", n / 2, " bytes, ", cols % 64 == 0 ? rows * (cols / 64) : 0,
-      " scales)"));
+  return absl::DataLossError(
+      absl::StrCat("tensor '", data.name, "': ", data.nbytes, " U8 bytes with ", scales,
+                   " scales in '", qs.name, "' fit neither int8 [", rows, ", ", cols, "] (", n,
+                   " bytes, ", rows, " scales) nor int4-g64 (", n / 2, " bytes, ",
+                   cols % 64 == 0 ? rows * (cols / 64) : 0, " scales)"));
 }
 
 absl::StatusOr<std::vector<st::PlannedTensor>> ContainerTensors(const std::string& name,
@@ -45,9 +45,9 @@ absl::StatusOr<std::vector<st::PlannedTensor>> ContainerTensors(const std::strin
     default:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ",
-                                                 kernels::WeightFormatName(format), " [", rows,
-                                                 ", ", cols, "] cannot be stored in a container"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", name, "': ", kernels::WeightFormatName(format), " [", rows, ", ",
+                   cols, "] cannot be stored in a container"));
 }
 
 }  // namespace coli::k3

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cstdint>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -56,8 +56,8 @@ absl::StatusOr<ShardFile> OpenShard(const std::string& path) {
   ShardFile s;
   COLI_ASSIGN_OR_RETURN(s.file, io::File::Open(path));
   if (s.file->size() < 8) {
-    return absl::DataLossError(Cat("file '", path, "': ", s.file->size(),
-                                            " bytes, too short for a safetensors header"));
+    return absl::DataLossError(
+        Cat("file '", path, "': ", s.file->size(), " bytes, too short for a safetensors header"));
   }
   std::string prefix(8, '\0');
   COLI_RETURN_IF_ERROR(s.file->ReadAt(0, 8, prefix.data()));
@@ -75,8 +75,8 @@ bool IsVision(std::string_view name) {
 // What becomes of one source tensor.
 struct Role {
   enum Kind { kPass, kQuantize, kExpert, kDrop } kind = kPass;
-  int bits = 0;                  // kQuantize
-  const char* flag = "";         // kQuantize: the option that chose bits
+  int bits = 0;                               // kQuantize
+  const char* flag = "";                      // kQuantize: the option that chose bits
   std::tuple<int, int, int, int> expert_key;  // kExpert: (layer, id, w, packed 0 / scale 1)
 };
 
@@ -116,8 +116,7 @@ absl::StatusOr<Role> Classify(std::string_view name, const Config& cfg, const Bi
   if (!ParseNumber(rest, &pos, &layer) || pos >= rest.size() || rest[pos] != '.') return r;
   if (layer >= cfg.num_layers) {
     return absl::InvalidArgumentError(Cat("tensor '", name, "': layer ", layer,
-                                                   " but config.json has ", cfg.num_layers,
-                                                   " layers"));
+                                          " but config.json has ", cfg.num_layers, " layers"));
   }
   const std::string_view t = rest.substr(pos + 1);
   auto quantize = [&](int bits, const char* flag) {
@@ -130,10 +129,9 @@ absl::StatusOr<Role> Classify(std::string_view name, const Config& cfg, const Bi
   for (std::string_view m : {"q_proj", "k_proj", "v_proj", "o_proj", "g_proj"}) {
     if (kda && t == Cat("self_attn.", m, ".weight")) return quantize(b.bits, "--bits");
   }
-  for (std::string_view m : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
-                             "g_proj"}) {
-    if (!kda && t == Cat("self_attn.", m, ".weight"))
-      return quantize(b.mla_bits, "--mla-bits");
+  for (std::string_view m :
+       {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "g_proj"}) {
+    if (!kda && t == Cat("self_attn.", m, ".weight")) return quantize(b.mla_bits, "--mla-bits");
   }
   for (std::string_view m :
        {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "block_sparse_moe.routed_expert_down_proj",
@@ -212,11 +210,12 @@ absl::Status QuantizeTensor(const ShardFile& src, const st::TensorInfo& t, Weigh
       }
       const auto& d = q[p]->data();
       const auto& sc = q[p]->scales();
-      COLI_RETURN_IF_ERROR(w.WriteAt(
-          data, a * per_row.data, std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
-      COLI_RETURN_IF_ERROR(w.WriteAt(
-          scales, a * per_row.scales,
-          std::string_view(reinterpret_cast<const char*>(sc.data()), sc.size())));
+      COLI_RETURN_IF_ERROR(
+          w.WriteAt(data, a * per_row.data,
+                    std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
+      COLI_RETURN_IF_ERROR(
+          w.WriteAt(scales, a * per_row.scales,
+                    std::string_view(reinterpret_cast<const char*>(sc.data()), sc.size())));
     }
   }
   return absl::OkStatus();
@@ -249,17 +248,17 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
         break;
       case Role::kExpert:
         if (t.dtype != DType::kU8 || t.shape.size() != 2) {
-          return absl::InvalidArgumentError(Cat(
-              "tensor '", t.name, "' in '", src_path, "': expected a U8 MXFP4 matrix, got ",
-              st::DescribeTensor(t.dtype, t.shape)));
+          return absl::InvalidArgumentError(Cat("tensor '", t.name, "' in '", src_path,
+                                                "': expected a U8 MXFP4 matrix, got ",
+                                                st::DescribeTensor(t.dtype, t.shape)));
         }
         experts.push_back({{t.name, t.dtype, t.shape}, i, OutTensor::kCopy, true, role.expert_key});
         break;
       case Role::kQuantize: {
         if (t.dtype != DType::kBF16 || t.shape.size() != 2 || t.shape[0] <= 0 || t.shape[1] <= 0) {
-          return absl::InvalidArgumentError(Cat(
-              "tensor '", t.name, "' in '", src_path, "': expected a BF16 matrix to quantize (",
-              role.flag, " ", role.bits, "), got ", st::DescribeTensor(t.dtype, t.shape)));
+          return absl::InvalidArgumentError(
+              Cat("tensor '", t.name, "' in '", src_path, "': expected a BF16 matrix to quantize (",
+                  role.flag, " ", role.bits, "), got ", st::DescribeTensor(t.dtype, t.shape)));
         }
         COLI_ASSIGN_OR_RETURN(WeightFormat f, FormatForBits(role.bits, t.shape[1], role.flag));
         COLI_ASSIGN_OR_RETURN(std::vector<st::PlannedTensor> parts,
@@ -282,9 +281,9 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
             [](const OutTensor& a, const OutTensor& b) { return a.expert_key < b.expert_key; });
   for (size_t i = 1; i < experts.size(); ++i) {
     if (experts[i].expert_key == experts[i - 1].expert_key) {
-      return absl::DataLossError(Cat("'", src_path, "': tensors '",
-                                              experts[i - 1].planned.name, "' and '",
-                                              experts[i].planned.name, "' name the same expert part"));
+      return absl::DataLossError(Cat("'", src_path, "': tensors '", experts[i - 1].planned.name,
+                                     "' and '", experts[i].planned.name,
+                                     "' name the same expert part"));
     }
   }
   std::vector<OutTensor> out = std::move(plain);
@@ -302,8 +301,9 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
   // One pass over the source in file order; each tensor lands where the header puts it.
   for (size_t i = 0; i < in.size(); ++i) {
     if (where[i][0] == SIZE_MAX) continue;  // dropped
-    absl::Status s = formats[i] ? QuantizeTensor(src, in[i], *formats[i], threads, *w, where[i][0], where[i][1])
-                                : CopyTensor(src, in[i], *w, where[i][0]);
+    absl::Status s =
+        formats[i] ? QuantizeTensor(src, in[i], *formats[i], threads, *w, where[i][0], where[i][1])
+                   : CopyTensor(src, in[i], *w, where[i][0]);
     if (!s.ok()) {
       w.reset();
       ::unlink(tmp.c_str());
@@ -360,9 +360,9 @@ absl::StatusOr<IndexSummary> RebuildIndex(const std::string& dst) {
     for (const st::TensorInfo& t : shard.header.tensors) {
       auto [it, inserted] = weight_map.emplace(t.name, name);
       if (!inserted) {
-        return absl::FailedPreconditionError(Cat(
-            "tensor '", t.name, "' is in both '", it->second, "' and '", name, "' in '", dst,
-            "'; the index was not updated"));
+        return absl::FailedPreconditionError(Cat("tensor '", t.name, "' is in both '", it->second,
+                                                 "' and '", name, "' in '", dst,
+                                                 "'; the index was not updated"));
       }
       summary.total_size += t.nbytes;
     }
@@ -388,10 +388,9 @@ absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_sh
     }
     const st::TensorInfo& o = *it->second;
     if (o.dtype != t.dtype || o.shape != t.shape) {
-      return absl::DataLossError(Cat("tensor '", t.name, "': ",
-                                              st::DescribeTensor(o.dtype, o.shape), " in '",
-                                              dst_shard, "', ", st::DescribeTensor(t.dtype, t.shape),
-                                              " in the source"));
+      return absl::DataLossError(
+          Cat("tensor '", t.name, "': ", st::DescribeTensor(o.dtype, o.shape), " in '", dst_shard,
+              "', ", st::DescribeTensor(t.dtype, t.shape), " in the source"));
     }
     for (uint64_t off = 0; off < t.nbytes; off += kChunkBytes) {
       const uint64_t n = std::min(kChunkBytes, t.nbytes - off);
@@ -401,9 +400,9 @@ absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_sh
       COLI_RETURN_IF_ERROR(dst.file->ReadAt(o.file_offset + off, n, b.data()));
       if (a != b) {
         const auto diff = std::mismatch(a.begin(), a.end(), b.begin());
-        return absl::DataLossError(Cat(
-            "tensor '", t.name, "': byte ", off + (diff.first - a.begin()), " of '", dst_shard,
-            "' differs from the source '", src_shard, "'"));
+        return absl::DataLossError(Cat("tensor '", t.name, "': byte ",
+                                       off + (diff.first - a.begin()), " of '", dst_shard,
+                                       "' differs from the source '", src_shard, "'"));
       }
     }
   }
@@ -415,8 +414,9 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
   auto say = [&](std::string_view line) {
     if (options.progress) options.progress(line);
   };
-  for (auto [v, flag] : {std::pair{options.bits, "--bits"}, std::pair{options.mla_bits, "--mla-bits"},
-                         std::pair{options.head_bits, "--head-bits"}}) {
+  for (auto [v, flag] :
+       {std::pair{options.bits, "--bits"}, std::pair{options.mla_bits, "--mla-bits"},
+        std::pair{options.head_bits, "--head-bits"}}) {
     if (v != 4 && v != 8 && !(v == 0 && flag != std::string_view("--bits"))) {
       return absl::InvalidArgumentError(Cat(flag, " ", v, ": use 4 or 8"));
     }
@@ -446,8 +446,8 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
     return absl::InvalidArgumentError(Cat("'", dst, "' is the source folder"));
   }
   COLI_RETURN_IF_ERROR(CopyFiles(src, dst));
-  say(Cat("k3-repack: ", index.shards.size(), " source shards, bits ", bits.bits,
-                   " / mla ", bits.mla_bits, " / head ", bits.head_bits));
+  say(Cat("k3-repack: ", index.shards.size(), " source shards, bits ", bits.bits, " / mla ",
+          bits.mla_bits, " / head ", bits.head_bits));
   RepackSummary summary;
   int k = 0;
   for (const std::string& name : index.shards) {

@@ -18,15 +18,16 @@ namespace {
 
 int Usage(const std::string& why) {
   if (!why.empty()) std::cerr << "k3-repack: " << why << "\n";
-  std::cerr << "usage: k3-repack <src> <dst> [--bits 8|4] [--mla-bits 8|4] [--head-bits 8|4]\n"
-               "                 [--shards 1,2,94] [--verify-full] [--threads N]\n"
-               "  --bits       KDA q/k/v/o/g, latent down/up, shared experts, dense MLP (default 8)\n"
-               "  --mla-bits   MLA q_a, q_b, kv_a, kv_b, o, g (default max(bits, 8))\n"
-               "  --head-bits  lm_head (default max(bits, 8))\n"
-               "  --shards     convert only these shard numbers (the index still covers all\n"
-               "               converted shards in <dst>)\n"
-               "  --verify-full  compare every expert and pass-through byte with the source\n"
-               "  --threads    quantization threads (default: one per hardware thread)\n";
+  std::cerr
+      << "usage: k3-repack <src> <dst> [--bits 8|4] [--mla-bits 8|4] [--head-bits 8|4]\n"
+         "                 [--shards 1,2,94] [--verify-full] [--threads N]\n"
+         "  --bits       KDA q/k/v/o/g, latent down/up, shared experts, dense MLP (default 8)\n"
+         "  --mla-bits   MLA q_a, q_b, kv_a, kv_b, o, g (default max(bits, 8))\n"
+         "  --head-bits  lm_head (default max(bits, 8))\n"
+         "  --shards     convert only these shard numbers (the index still covers all\n"
+         "               converted shards in <dst>)\n"
+         "  --verify-full  compare every expert and pass-through byte with the source\n"
+         "  --threads    quantization threads (default: one per hardware thread)\n";
   return 2;
 }
 
@@ -37,9 +38,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&](int* out) {
-      return i + 1 < argc && absl::SimpleAtoi(argv[++i], out);
-    };
+    auto value = [&](int* out) { return i + 1 < argc && absl::SimpleAtoi(argv[++i], out); };
     if (a == "--bits") {
       if (!value(&o.bits)) return Usage("--bits needs 4 or 8");
     } else if (a == "--mla-bits") {

@@ -370,7 +370,8 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
       vec(A + "q_a_layernorm.weight", DType::kBF16, {ql}, &a.q_a_norm);
       COLI_RETURN_IF_ERROR(matrix(A + "q_b_proj.weight", int64_t{H} * (nope + extra), ql,
                                   kMlaBits, &a.q_b_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "kv_a_proj_with_mqa.weight", lat + extra, D, kMlaBits, &a.kv_a_proj));
+      COLI_RETURN_IF_ERROR(
+          matrix(A + "kv_a_proj_with_mqa.weight", lat + extra, D, kMlaBits, &a.kv_a_proj));
       vec(A + "kv_a_layernorm.weight", DType::kBF16, {lat}, &a.kv_a_norm);
       COLI_RETURN_IF_ERROR(matrix(A + "g_proj.weight", int64_t{H} * vd, D, kMlaBits, &a.g_proj));
       COLI_RETURN_IF_ERROR(matrix(A + "o_proj.weight", D, int64_t{H} * vd, kMlaBits, &a.o_proj));
@@ -446,10 +447,12 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
       MoeWeights& e = lw.moe_w;
       COLI_RETURN_IF_ERROR(matrix(M + "gate.weight", mc.num_experts, D, kF32, &e.router));
       vec(M + "gate.e_score_correction_bias", DType::kF32, {mc.num_experts}, &e.correction_bias);
-      COLI_RETURN_IF_ERROR(matrix(M + "routed_expert_down_proj.weight", mc.latent, D, kBits, &e.latent_down));
+      COLI_RETURN_IF_ERROR(
+          matrix(M + "routed_expert_down_proj.weight", mc.latent, D, kBits, &e.latent_down));
       if (mc.latent_norm)
         vec(M + "routed_expert_norm.weight", DType::kBF16, {mc.latent}, &e.latent_norm);
-      COLI_RETURN_IF_ERROR(matrix(M + "routed_expert_up_proj.weight", D, mc.latent, kBits, &e.latent_up));
+      COLI_RETURN_IF_ERROR(
+          matrix(M + "routed_expert_up_proj.weight", D, mc.latent, kBits, &e.latent_up));
       e.has_shared = mc.num_shared_experts > 0;
       if (e.has_shared) {
         const int64_t S = mc.shared_intermediate();

@@ -4,6 +4,8 @@
 // bits: quantization at load (kernels::QuantizedMatrix::FromBf16) is the independent path, and
 // the container must reproduce its logits bit for bit. The int8 → int4 downcast is checked
 // against kernels::QuantizedMatrix::DowncastInt8ToInt4 of the container's own int8 bytes.
+#include "plugins/kimi_k3/repack.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,7 +29,6 @@
 #include "plugins/kimi_k3/container.h"
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
-#include "plugins/kimi_k3/repack.h"
 #include "plugins/kimi_k3/session.h"
 
 namespace coli::k3 {
@@ -73,8 +74,10 @@ absl::StatusOr<std::vector<float>> RunLogits(const std::string& dir, const Model
   COLI_ASSIGN_OR_RETURN(std::vector<float> logits, s->Prefill(kPrompt));
   std::vector<float> all = logits;
   for (int i = 0; i < kDecodeSteps; ++i) {
-    const int32_t next = forced ? 100 + 37 * i : static_cast<int32_t>(
-        std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t next =
+        forced
+            ? 100 + 37 * i
+            : static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     COLI_ASSIGN_OR_RETURN(logits, s->Step(next));
     all.insert(all.end(), logits.begin(), logits.end());
   }
@@ -203,8 +206,7 @@ TEST_F(RepackTest, ExplicitBits4OnInt8ContainerIsTheDowncast) {
   EXPECT_EQ(a4.m.data(), want.data());
   EXPECT_EQ(a4.m.scales(), want.scales());
   // MLA (K3_MLA_BITS unset) stays int8.
-  EXPECT_EQ(m4->weights().layers[3].mla_w.q_a_proj.view().format,
-            kernels::WeightFormat::kInt8Row);
+  EXPECT_EQ(m4->weights().layers[3].mla_w.q_a_proj.view().format, kernels::WeightFormat::kInt8Row);
 
   // Close to quantizing the source to int4 directly, element by element: with W8 = W + e8
   // (|e8| <= s8/2) both are int4 roundings of nearly the same row group, so
@@ -257,16 +259,18 @@ TEST_F(RepackTest, ExplicitBits4OnInt8ContainerIsTheDowncast) {
   ASSERT_OK_AND_ASSIGN(std::vector<float> down, RunLogits(*int8_dir_, o4, true));
   ASSERT_OK_AND_ASSIGN(std::vector<float> direct, RunLogits(K3_TEST_TINY, Bits(4, true), true));
   ASSERT_OK_AND_ASSIGN(std::vector<float> exact, RunLogits(K3_TEST_TINY, f32, true));
-  std::printf("downcast vs direct int4 logits rel-L2: %.4g (2 layers), %.4g (all; direct vs f32 "
-              "%.4g)\n", rel(down2, direct2), rel(down, direct), rel(direct, exact));
+  std::printf(
+      "downcast vs direct int4 logits rel-L2: %.4g (2 layers), %.4g (all; direct vs f32 "
+      "%.4g)\n",
+      rel(down2, direct2), rel(down, direct), rel(direct, exact));
   EXPECT_LE(rel(down, direct), 1.5 * rel(direct, exact));
 }
 
 TEST_F(RepackTest, ExplicitMismatchIsRefused) {
-  EXPECT_THAT(Model::Load(*int4_dir_, Bits(32, true)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("K3_BITS=32"), HasSubstr("holds int4g64"),
-                             HasSubstr("tensor '"))));
+  EXPECT_THAT(
+      Model::Load(*int4_dir_, Bits(32, true)).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("K3_BITS=32"), HasSubstr("holds int4g64"), HasSubstr("tensor '"))));
   EXPECT_THAT(Model::Load(*int4_dir_, Bits(8, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("K3_BITS=8")));
   ModelOptions o = Bits(4, false);
@@ -301,8 +305,8 @@ TEST_F(RepackTest, ShardsAreValidSafetensorsWithoutHoles) {
     const std::string json = file.substr(8, h.header_bytes);
     EXPECT_EQ(json.find_last_not_of(' '), json.rfind('}'));
   }
-  for (const char* f : {"config.json", "generation_config.json", "tokenizer_config.json",
-                        "tiktoken.model"})
+  for (const char* f :
+       {"config.json", "generation_config.json", "tokenizer_config.json", "tiktoken.model"})
     EXPECT_EQ(ReadAll(*int8_dir_ + "/" + f), ReadAll(std::string(K3_TEST_TINY) + "/" + f)) << f;
 }
 
@@ -317,7 +321,7 @@ TEST_F(RepackTest, ExpertsAreContiguousIdOrderedAndByteIdentical) {
     // Offsets order == (id, w1<w2<w3, packed<scale); the experts come after everything else.
     EXPECT_EQ(experts.front(), &h.tensors[h.tensors.size() - experts.size()]) << name;
     ASSERT_EQ(experts.size() % 6, 0u);
-    const std::string tails[6] = {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
+    const std::string tails[6] = {"w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
                                   "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
     for (size_t i = 0; i < experts.size(); ++i) {
       const std::string& n = experts[i]->name;
@@ -353,8 +357,9 @@ TEST_F(RepackTest, StreamingStoreReadsEachContainerExpertInOnePread) {
   so.expert_gb = 0.001;  // a few slots per layer: misses, so the reads actually happen
   so.direct = false;     // tmpfs may refuse O_DIRECT
   StreamingExpertStore* store = nullptr;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> m,
-                       Model::Load(*int8_dir_, o, nullptr, StreamingExpertSourceFactory(so, &store)));
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Model> m,
+      Model::Load(*int8_dir_, o, nullptr, StreamingExpertSourceFactory(so, &store)));
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->contiguous_experts(), 12 * 16);
   auto s = m->NewSession();
@@ -370,12 +375,16 @@ TEST_F(RepackTest, QuantizedMatricesHaveSidecarsAndOthersPassThrough) {
   const std::string P = "language_model.model.layers.";
   // KDA q_proj [128, 64] int4 (64 % 64 == 0); MLA kv_b (--mla-bits 8) int8; lm_head int8;
   // KDA o_proj [64, 128] int4; the router stays BF16.
-  struct Case { std::string name; st::DType dtype; std::vector<int64_t> shape, qs; };
-  for (const Case& c : std::vector<Case>{
-           {P + "1.self_attn.q_proj.weight", st::DType::kU8, {128, 32}, {128, 1}},
-           {P + "1.self_attn.o_proj.weight", st::DType::kU8, {64, 64}, {64, 2}},
-           {P + "3.self_attn.kv_b_proj.weight", st::DType::kU8, {128, 64}, {128}},
-           {"language_model.lm_head.weight", st::DType::kU8, {768, 64}, {768}}}) {
+  struct Case {
+    std::string name;
+    st::DType dtype;
+    std::vector<int64_t> shape, qs;
+  };
+  for (const Case& c :
+       std::vector<Case>{{P + "1.self_attn.q_proj.weight", st::DType::kU8, {128, 32}, {128, 1}},
+                         {P + "1.self_attn.o_proj.weight", st::DType::kU8, {64, 64}, {64, 2}},
+                         {P + "3.self_attn.kv_b_proj.weight", st::DType::kU8, {128, 64}, {128}},
+                         {"language_model.lm_head.weight", st::DType::kU8, {768, 64}, {768}}}) {
     ASSERT_OK_AND_ASSIGN(const st::TensorInfo* t, box->Get(c.name));
     EXPECT_EQ(t->dtype, c.dtype) << c.name;
     EXPECT_EQ(t->shape, c.shape) << c.name;
@@ -475,7 +484,8 @@ TEST(RepackResumeTest, DisjointShardPassesGiveTheOnePassIndex) {
   ASSERT_OK_AND_ASSIGN(st::Index full,
                        st::ParseIndex(ReadAll(two + "/model.safetensors.index.json"), "full"));
   EXPECT_GT(*full.total_size, *partial.total_size);  // covers the first pass's data too
-  for (const std::string& s : Shards(one)) EXPECT_EQ(ReadAll(one + "/" + s), ReadAll(two + "/" + s));
+  for (const std::string& s : Shards(one))
+    EXPECT_EQ(ReadAll(one + "/" + s), ReadAll(two + "/" + s));
   // A shard number the source does not have is an error, not a silent no-op.
   EXPECT_THAT(RunRepack(two, 4, {99}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--shards 99")));
@@ -489,7 +499,8 @@ TEST(RepackResumeTest, BytesDoNotDependOnTheThreadCount) {
   ASSERT_OK(RunRepack(many, 4, {}, false, 7).status());
   const std::vector<std::string> shards = Shards(one);
   ASSERT_EQ(shards, Shards(many));
-  for (const std::string& s : shards) EXPECT_EQ(ReadAll(one + "/" + s), ReadAll(many + "/" + s)) << s;
+  for (const std::string& s : shards)
+    EXPECT_EQ(ReadAll(one + "/" + s), ReadAll(many + "/" + s)) << s;
   fs::remove_all(one);
   fs::remove_all(many);
 }
@@ -578,9 +589,10 @@ TEST_F(RepackTest, MmapLogitsBitIdenticalAndFileBacked) {
 TEST_F(RepackTest, MmapRefusesWhatNeedsConversion) {
   ModelOptions o = Bits(4, false);
   o.mmap = true;
-  EXPECT_THAT(Model::Load(K3_TEST_TINY, o).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("K3_MMAP=1"), HasSubstr("BF16 matrix"), HasSubstr("tensor '"))));
+  EXPECT_THAT(
+      Model::Load(K3_TEST_TINY, o).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("K3_MMAP=1"), HasSubstr("BF16 matrix"), HasSubstr("tensor '"))));
   o.vulkan = true;
   EXPECT_THAT(Model::Load(*int4_dir_, o).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -687,7 +699,8 @@ TEST_F(RepackTest, BadContainerMatricesAreRefusedByName) {
   {  // A container expert of the wrong size (the expert source size-checks every expert).
     const std::string dir = TempDir("badexpert");
     CopyDir(*int8_dir_, dir);
-    const std::string e = "language_model.model.layers.1.block_sparse_moe.experts.2.w3.weight_scale";
+    const std::string e =
+        "language_model.model.layers.1.block_sparse_moe.experts.2.w3.weight_scale";
     ASSERT_OK_AND_ASSIGN(st::Header h, ReadHeader(dir + "/model-00002-of-000016.safetensors"));
     std::vector<int64_t> shape;
     for (const st::TensorInfo& t : h.tensors)
