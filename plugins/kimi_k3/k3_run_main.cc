@@ -259,6 +259,7 @@ absl::Status Main(int argc, char** argv) {
   const bool spec_on = spec_k > 0 && sopt.temperature <= 0 && opt.trace_path.empty() &&
                        opt.logits_path.empty();
   SpecDecoder spec;
+  DraftBudget spec_budget;
   int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0, spec_from_buffer = 0,
           spec_passes = 0;
   const double td = Seconds();
@@ -296,7 +297,9 @@ absl::Status Main(int argc, char** argv) {
       context.push_back(s.id);
       int64_t k = spec_k;
       if (opt.max_context > 0) k = std::min<int64_t>(k, opt.max_context - session->position() - 1);
-      std::vector<int32_t> draft = LookupDraft(context, {.max_tokens = static_cast<int>(k)});
+      k = spec_budget.Next(static_cast<int>(k));
+      std::vector<int32_t> draft;
+      if (k > 0) draft = LookupDraft(context, {.max_tokens = static_cast<int>(k)});
       for (size_t i = 0; i < draft.size(); ++i) {
         bool stop = false;
         for (int64_t e : model->config().eos_token_ids) stop |= (e == draft[i]);
@@ -304,6 +307,7 @@ absl::Status Main(int argc, char** argv) {
       }
       if (!draft.empty()) {
         COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v, spec.Verify(*session, s.id, draft));
+        spec_budget.Observe(draft.size(), v.accepted);
         logits = std::move(v.logits);
         ++spec_verifies;
         spec_drafted += static_cast<int64_t>(draft.size());

@@ -97,6 +97,7 @@ struct K3Session {
   std::unique_ptr<Session> session;
   std::unique_ptr<CheckpointCache> checkpoints;
   SpecDecoder spec;  // verified tokens not yet handed out (greedy rows, option "spec")
+  DraftBudget spec_budget;  // how long the next draft is (adapts to acceptance)
   std::vector<int32_t> spec_context;  // scratch: the record + the pending token
   int64_t capacity = 0;
   std::vector<float> logits;  // after the last fed position; empty before the first prefill
@@ -452,6 +453,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   }
   s->pending = -1;
   s->logits.clear();
+  s->spec_budget = DraftBudget();  // a new prompt may quote what the last one did not
   s->sampler.reset();
   s->parser.reset();
   s->decoder = std::make_unique<tok::StreamDecoder>(*s->m->tokenizer);
@@ -617,7 +619,7 @@ std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   const K3Model& m = *s->m;
   if (m.spec_max <= 0 || row.temperature > 0.0f || s->spec.undelivered() > 0) return {};
   const int64_t room = s->capacity - s->session->position() - 1;
-  const int k = static_cast<int>(std::min<int64_t>(m.spec_max, room));
+  const int k = s->spec_budget.Next(static_cast<int>(std::min<int64_t>(m.spec_max, room)));
   if (k <= 0) return {};
   s->spec_context.assign(s->session->tokens().begin(), s->session->tokens().end());
   s->spec_context.push_back(s->pending);
@@ -648,6 +650,7 @@ absl::Status VerifyDraft(K3Session* s, std::span<const int32_t> draft) {
     s->logits.clear();
     return v.status();
   }
+  s->spec_budget.Observe(draft.size(), v->accepted);
   s->spec_drafts += 1;
   s->spec_draft_tokens += static_cast<double>(draft.size());
   s->spec_accepted += v->accepted;

@@ -1,5 +1,6 @@
 #include "plugins/kimi_k3/spec_decode.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,8 +20,8 @@ void SpecDecoder::Clear() {
 absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int32_t token,
                                                           std::span<const int32_t> draft) {
   if (undelivered() > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "spec verify while ", undelivered(), " verified tokens are still undelivered"));
+    return absl::FailedPreconditionError(absl::StrCat("spec verify while ", undelivered(),
+                                                      " verified tokens are still undelivered"));
   }
   if (draft.empty()) return absl::InvalidArgumentError("spec verify needs a draft token");
   if (session.broken()) {
@@ -37,16 +38,16 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
   // Any failure after the first pass: back to `before` (Restore also clears a broken pass).
   auto fail = [&](absl::Status s) -> absl::Status {
     if (absl::Status r = session.Restore(before); !r.ok()) {
-      return absl::Status(s.code(), absl::StrCat(s.message(), "; restoring the pre-verify "
-                                                 "checkpoint also failed: ", r.message()));
+      return absl::Status(s.code(), absl::StrCat(s.message(),
+                                                 "; restoring the pre-verify "
+                                                 "checkpoint also failed: ",
+                                                 r.message()));
     }
     return s;
   };
   absl::StatusOr<std::vector<float>> all = session.StepAll(chunk);
   if (!all.ok()) return fail(all.status());
-  auto row = [&](size_t i) {
-    return std::span<const float>(all->data() + i * V, V);
-  };
+  auto row = [&](size_t i) { return std::span<const float>(all->data() + i * V, V); };
   size_t m = 0;
   while (m < K && sampling::Greedy(row(m)) == draft[m]) ++m;
   Verified out;
@@ -89,6 +90,32 @@ absl::StatusOr<std::optional<std::vector<float>>> SpecDecoder::Rewind(Session& s
   COLI_RETURN_IF_ERROR(session.Restore(before));
   COLI_ASSIGN_OR_RETURN(std::vector<float> logits, session.StepAll(replay, /*every_row=*/false));
   return std::optional<std::vector<float>>(std::move(logits));
+}
+
+int DraftBudget::Next(int max_k) {
+  if (max_k <= 0) return 0;
+  if (pause_ > 0) {
+    --pause_;
+    return 0;
+  }
+  if (length_ <= 0 || length_ > max_k) length_ = length_ <= 0 ? max_k : std::min(length_, max_k);
+  return length_;
+}
+
+void DraftBudget::Observe(size_t drafted, int accepted) {
+  if (drafted == 0) return;
+  if (accepted <= 0) {
+    ++misses_;
+    pause_ = std::min(kMaxPause, 1 << std::min(misses_ - 1, 5));
+    length_ = 1;
+    return;
+  }
+  misses_ = 0;
+  if (static_cast<size_t>(accepted) >= drafted) {
+    length_ = std::max(1, length_) * 2;  // capped to the maximum by Next
+  } else {
+    length_ = accepted + 1;
+  }
 }
 
 }  // namespace coli::k3

@@ -51,8 +51,7 @@ class SpecDecoder {
   // 1 + draft.size() tokens (RESOURCE_EXHAUSTED from Session otherwise; the caller shrinks K).
   // On any error the session is returned to where it was (the checkpoint is restored) and the
   // error returned; nothing is buffered.
-  absl::StatusOr<Verified> Verify(Session& session, int32_t token,
-                                  std::span<const int32_t> draft);
+  absl::StatusOr<Verified> Verify(Session& session, int32_t token, std::span<const int32_t> draft);
 
   // Tokens the session consumed beyond what was handed out (they lead its record).
   size_t undelivered() const { return ahead_.size() - next_; }
@@ -71,11 +70,36 @@ class SpecDecoder {
   void Clear();
 
  private:
-  int32_t fed_ = -1;                       // t of the last verify
-  std::vector<int32_t> ahead_;             // x1…xm, consumed by the session
-  std::vector<std::vector<float>> logits_; // logits_[i]: after ahead_[i]
-  size_t next_ = 0;                        // ahead_[0, next_) were handed out
-  std::optional<Checkpoint> before_;       // the state before `fed_`, kept while buffered
+  int32_t fed_ = -1;                        // t of the last verify
+  std::vector<int32_t> ahead_;              // x1…xm, consumed by the session
+  std::vector<std::vector<float>> logits_;  // logits_[i]: after ahead_[i]
+  size_t next_ = 0;                         // ahead_[0, next_) were handed out
+  std::optional<Checkpoint> before_;        // the state before `fed_`, kept while buffered
+};
+
+// How many draft tokens to propose next, adapted to how the last drafts fared (a wrong draft
+// costs a chunk of K+1 rows and a re-run, so a conversation that does not repeat itself should
+// stop paying for it): the length starts at the maximum, doubles back towards it after a fully
+// accepted draft, and becomes accepted + 1 after a partial one; a draft with nothing accepted
+// also pauses drafting for 1, 2, 4 … 32 steps (consecutive misses double the pause, any accepted
+// token ends the streak). Only the cost changes: every emitted token is verified either way.
+//
+//   DraftBudget budget;
+//   if (int k = budget.Next(max_k); k > 0) { draft = LookupDraft(context, {.max_tokens = k}); ... }
+//   budget.Observe(draft.size(), verified.accepted);   // after each verify
+class DraftBudget {
+ public:
+  static constexpr int kMaxPause = 32;
+  // The draft length to use at this step (0 = skip drafting now); `max_k` = the switch's K
+  // shrunk to the context room. Each call is one decode step (a pause counts down).
+  int Next(int max_k);
+  // The outcome of a verify: `drafted` tokens proposed, `accepted` of them accepted.
+  void Observe(size_t drafted, int accepted);
+
+ private:
+  int length_ = 0;  // 0 = not started: the maximum
+  int pause_ = 0;   // steps left without drafting
+  int misses_ = 0;  // consecutive drafts with nothing accepted
 };
 
 }  // namespace coli::k3

@@ -4,12 +4,14 @@
 // (forward scan keeping the last occurrence of each suffix length).
 #include "plugins/kimi_k3/spec_lookup.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plugins/kimi_k3/spec_decode.h"
 
 namespace coli::k3 {
 namespace {
@@ -99,6 +101,35 @@ TEST(K3SpecLookup, MatchesNaiveReferenceOnRandomContexts) {
     matched += want.empty() ? 0 : 1;
   }
   EXPECT_GT(matched, 500);  // the comparison covered many real matches
+}
+
+// The draft length: the maximum first, back up after full acceptance, accepted + 1 after a
+// partial one, and pauses of 1, 2, 4 … 32 steps after consecutive drafts with nothing accepted.
+TEST(K3SpecDraftBudget, AdaptsToAcceptance) {
+  DraftBudget b;
+  EXPECT_EQ(b.Next(0), 0);  // no room: no draft, and no state change
+  EXPECT_EQ(b.Next(4), 4);
+  b.Observe(4, 4);
+  EXPECT_EQ(b.Next(4), 4);  // doubled, capped at the maximum
+  b.Observe(4, 1);
+  EXPECT_EQ(b.Next(4), 2);  // accepted + 1
+  b.Observe(2, 2);
+  EXPECT_EQ(b.Next(4), 4);  // back up
+  EXPECT_EQ(b.Next(3), 3);  // the room shrank
+  int pause = 1;
+  for (int miss = 0; miss < 8; ++miss) {
+    b.Observe(1, 0);
+    for (int i = 0; i < pause; ++i) EXPECT_EQ(b.Next(4), 0) << "miss " << miss << " step " << i;
+    EXPECT_EQ(b.Next(4), 1) << "miss " << miss;
+    pause = std::min(pause * 2, DraftBudget::kMaxPause);
+  }
+  b.Observe(1, 1);  // a hit ends the streak: the next miss pauses one step again
+  EXPECT_EQ(b.Next(4), 2);
+  b.Observe(2, 0);
+  EXPECT_EQ(b.Next(4), 0);
+  EXPECT_EQ(b.Next(4), 1);
+  b.Observe(0, 0);  // nothing drafted: nothing learned
+  EXPECT_EQ(b.Next(4), 1);
 }
 
 }  // namespace
