@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/io.h"
 #include "common/log/log.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/expert_store.h"
@@ -179,34 +180,49 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return tier->heat_[a] > tier->heat_[b]; });
-  std::vector<uint8_t> buffer;
-  for (uint64_t k = 0; k < tier->slots_ && k < order.size(); ++k) {
-    const int index = order[k];
-    if (tier->heat_[index] == 0) break;
-    const int layer = tier->moe_layers_[index / tier->experts_];
-    const int expert = index % tier->experts_;
-    // The expert's six tensors as the checkpoint stores them (no conversion).
-    const auto names = ExpertTensorNames(prefix, layer, expert);
-    std::array<const st::TensorInfo*, 6> infos{};
-    uint64_t bytes = 0;
-    for (int t = 0; t < 6; ++t) {
-      COLI_ASSIGN_OR_RETURN(infos[t], snapshot.Get(names[t]));
-      bytes += infos[t]->nbytes;
+  std::vector<int> warm;
+  for (uint64_t k = 0; k < tier->slots_ && k < order.size() && tier->heat_[order[k]] > 0; ++k)
+    warm.push_back(order[k]);
+  // Read in batches (kWarmBatch experts' six tensors as one parallel io::ReadBatch), then upload
+  // each: RAM holds at most one batch of expert bytes on top of the device copies.
+  constexpr size_t kWarmBatch = 32;
+  constexpr int kWarmReadThreads = 4;
+  for (size_t first = 0; first < warm.size(); first += kWarmBatch) {
+    const size_t n = std::min(kWarmBatch, warm.size() - first);
+    std::vector<std::vector<uint8_t>> bytes(n);
+    std::vector<std::array<const uint8_t*, 6>> parts(n);
+    std::vector<std::array<std::string, 6>> names(n);
+    std::vector<io::ReadRequest> requests;
+    for (size_t j = 0; j < n; ++j) {
+      const int index = warm[first + j];
+      const int layer = tier->moe_layers_[index / tier->experts_];
+      names[j] = ExpertTensorNames(prefix, layer, index % tier->experts_);
+      std::array<const st::TensorInfo*, 6> infos{};
+      uint64_t total_bytes = 0;
+      for (int t = 0; t < 6; ++t) {
+        COLI_ASSIGN_OR_RETURN(infos[t], snapshot.Get(names[j][t]));
+        total_bytes += infos[t]->nbytes;
+      }
+      bytes[j].resize(total_bytes);
+      uint64_t offset = 0;
+      for (int t = 0; t < 6; ++t) {
+        COLI_ASSIGN_OR_RETURN(const io::File* file, snapshot.ShardFile(infos[t]->shard));
+        parts[j][t] = bytes[j].data() + offset;
+        requests.push_back({file, infos[t]->file_offset, infos[t]->nbytes, bytes[j].data() + offset});
+        offset += infos[t]->nbytes;
+      }
     }
-    buffer.resize(bytes);
-    std::array<const uint8_t*, 6> parts{};
-    uint64_t offset = 0;
-    for (int t = 0; t < 6; ++t) {
-      COLI_RETURN_IF_ERROR(snapshot.Read(*infos[t], buffer.data() + offset));
-      parts[t] = buffer.data() + offset;
-      offset += infos[t]->nbytes;
+    COLI_RETURN_IF_ERROR(
+        Annotate(io::ReadBatch(requests, kWarmReadThreads), "Vulkan tier warm start"));
+    for (size_t j = 0; j < n; ++j) {
+      // The expert's six tensors as the checkpoint stores them (no conversion).
+      const ExpertWeights w = ExpertViews(cfg, parts[j]);
+      for (const kernels::MatrixView* m : {&w.w1, &w.w2, &w.w3})
+        COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(*m), names[j][0]));
+      COLI_ASSIGN_OR_RETURN(std::shared_ptr<Resident> r, tier->UploadViews(warm[first + j], w));
+      tier->resident_[warm[first + j]] = std::move(r);
+      tier->stats_.warm += 1;
     }
-    const ExpertWeights w = ExpertViews(cfg, parts);
-    for (const kernels::MatrixView* m : {&w.w1, &w.w2, &w.w3})
-      COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(*m), names[0]));
-    COLI_ASSIGN_OR_RETURN(std::shared_ptr<Resident> r, tier->UploadViews(index, w));
-    tier->resident_[index] = std::move(r);
-    tier->stats_.warm += 1;
   }
   tier->uploader_ = std::thread([t = tier.get()] { t->UploadLoop(); });
   COLI_LOG(kInfo) << "Vulkan tier on " << tier->vk_->device_name() << ": " << tier->slots_

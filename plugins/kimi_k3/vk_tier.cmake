@@ -5,7 +5,7 @@ coli_cc_library(NAME kimi_k3_vk_tier
   SRCS ${CMAKE_CURRENT_LIST_DIR}/vk_tier.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/vk_tier.h
   PUBLIC_DEPS kimi_k3_core coli_vk absl::status absl::statusor
-  DEPS kimi_k3_expert_store coli_log coli_status absl::strings absl::str_format Threads::Threads)
+  DEPS kimi_k3_expert_store coli_io coli_log coli_status absl::strings absl::str_format Threads::Threads)
 target_link_libraries(k3-run PRIVATE kimi_k3_vk_tier)
 if(TARGET kimi_k3)
   target_link_libraries(kimi_k3 PRIVATE kimi_k3_vk_tier)

@@ -25,8 +25,8 @@
 //   Experts the device takes are counted in the wrapped streaming store's history too
 //   (StreamingExpertStore::RecordUsage), so the next start-up sees them as hot.
 // * Warm start. At Create the slots are filled with the history's hottest experts over all
-//   layers (count > 0; ties → lower layer, then lower expert), read from the shards and uploaded
-//   before the first step.
+//   layers (count > 0; ties → lower layer, then lower expert), read from the shards (32 experts
+//   per parallel io::ReadBatch) and uploaded before the first step.
 // * Promotion. Every expert the CPU computes is Offered; it is promoted when fewer than `rate`
 //   promotions were started in this forward pass (one decode token or one prefill chunk; a pass
 //   starts when a call's layer is not above the previous call's) and either a slot is free or it
