@@ -373,7 +373,9 @@ VkTierStats TakeVkStats(K3Model* m) {
   return delta;
 }
 
-// The seed's end-of-turn lines, when the tier is on.
+// The seed's end-of-turn lines, when the tier is on. Logged from Stats: the host asks for a
+// session's statistics once when a request finishes (host/engine.cc), whatever ended the turn
+// (stop token, max_tokens, context), so this is where a serve turn ends for the family.
 void LogVkTurn(const K3Session& s) {
   if (s.m->vk_tier == nullptr) return;
   std::string lines = VkTierReport(s.m->vk_tier->Stats());
@@ -684,7 +686,6 @@ void Sample(K3Session* s, coli_decode_row_t* row) {
       std::find(s->m->stop_ids.begin(), s->m->stop_ids.end(), sample.id) != s->m->stop_ids.end();
   if (stop) {
     row->finish = COLI_FINISH_STOP;
-    LogVkTurn(*s);
     s->text = s->decoder->Flush();
   } else {
     s->text = s->decoder->Push(sample.id);
@@ -789,6 +790,7 @@ const char* const kStatNames[] = {
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
+  LogVkTurn(s);
   const double values[] = {s.prompt_tokens,
                            s.reused,
                            s.computed,
