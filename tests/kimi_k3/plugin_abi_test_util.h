@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -106,10 +107,14 @@ class PluginAbiTest : public ::testing::Test {
     }
   };
 
-  // The tiny fixture with these family options and K3_LAYERS (-1 = all).
-  absl::StatusOr<coli_model_t*> TryOpen(const Extra& extra, int32_t layers = -1) {
+  // The tiny fixture with these family options and K3_LAYERS (-1 = all); `adjust`, when given,
+  // changes the other model options first (e.g. idot = 0 for K3_IDOT=0).
+  absl::StatusOr<coli_model_t*> TryOpen(
+      const Extra& extra, int32_t layers = -1,
+      const std::function<void(coli_model_options_t*)>& adjust = nullptr) {
     coli_model_options_t options;
     coli_model_options_defaults(&options);
+    if (adjust) adjust(&options);
     options.layers = layers;
     std::vector<coli_kv_t> kv;
     for (const auto& [k, v] : extra) kv.push_back({abi::Str(k), abi::Str(v)});

@@ -29,22 +29,10 @@ class K3VkTierPluginTest : public abi_test::PluginAbiTest {
  protected:
   // The fixture with K3_IDOT=0 (the device's f32-activation math), prefill chunk 4 and `extra`.
   absl::StatusOr<coli_model_t*> OpenExact(const Extra& extra) {
-    coli_model_options_t options;
-    coli_model_options_defaults(&options);
-    options.idot = 0;
-    options.chunk = 4;
-    std::vector<coli_kv_t> kv;
-    for (const auto& [k, v] : extra) kv.push_back({abi::Str(k), abi::Str(v)});
-    options.extra = kv.data();
-    options.n_extra = kv.size();
-    auto args = abi::Init<coli_model_open_args_t>();
-    args.model_dir = abi::Str(COLI_K3_TINY_DIR);
-    args.options = &options;
-    Error err;
-    coli_model_t* m = nullptr;
-    COLI_RETURN_IF_ERROR(err.Status(api().model_open(&args, &m, &err.e)));
-    models_.push_back(m);
-    return m;
+    return TryOpen(extra, -1, [](coli_model_options_t* o) {
+      o->idot = 0;
+      o->chunk = 4;
+    });
   }
   // Greedy tokens of kPrompt on a fresh session and that session's stats afterwards.
   std::pair<std::vector<int32_t>, std::map<std::string, double>> Greedy(coli_model_t* m) {
