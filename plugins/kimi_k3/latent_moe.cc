@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log/log.h"
 #include "common/ops/ops.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/dense_mlp.h"
@@ -145,31 +146,53 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
     }
     return absl::OkStatus();
   };
+  // Expert entry i of `unique` on the CPU into its (row, k) slots.
+  auto cpu_expert = [&](int i, const ExpertWeights& ew) -> absl::Status {
+    const auto& slots = *slots_of[i];
+    const int m = static_cast<int>(slots.size());
+    std::vector<float> zin(int64_t{m} * lat), g(int64_t{m} * inter), u(int64_t{m} * inter),
+        y(int64_t{m} * lat);
+    for (int j = 0; j < m; ++j)
+      std::copy_n(z.data() + int64_t{slots[j].first} * lat, lat, zin.data() + int64_t{j} * lat);
+    COLI_RETURN_IF_ERROR(MatMul(c, ew.w1, zin.data(), m, g.data()));
+    COLI_RETURN_IF_ERROR(MatMul(c, ew.w3, zin.data(), m, u.data()));
+    ops::SituGlu(g.data(), u.data(), int64_t{m} * inter, cfg.situ_beta, cfg.situ_linear_beta,
+                 g.data());
+    COLI_RETURN_IF_ERROR(MatMul(c, ew.w2, g.data(), m, y.data()));
+    for (int j = 0; j < m; ++j)
+      std::copy_n(y.data() + int64_t{j} * lat, lat,
+                  slot_out.data() + (int64_t{slots[j].first} * max_k + slots[j].second) * lat);
+    return absl::OkStatus();
+  };
   COLI_RETURN_IF_ERROR(experts.ForEachExpertOverlapped(
       layer, cpu_experts, meanwhile, [&](int ci, const ExpertWeights& ew) -> absl::Status {
         if (ci < 0 || ci >= static_cast<int>(cpu_entry.size()) || done[cpu_entry[ci]])
           return absl::InternalError(absl::StrCat("expert source delivered entry ", ci, " twice"));
         const int i = cpu_entry[ci];
         done[i] = 1;
-        const auto& slots = *slots_of[i];
-        const int m = static_cast<int>(slots.size());
-        std::vector<float> zin(int64_t{m} * lat), g(int64_t{m} * inter), u(int64_t{m} * inter),
-            y(int64_t{m} * lat);
-        for (int j = 0; j < m; ++j)
-          std::copy_n(z.data() + int64_t{slots[j].first} * lat, lat, zin.data() + int64_t{j} * lat);
-        COLI_RETURN_IF_ERROR(MatMul(c, ew.w1, zin.data(), m, g.data()));
-        COLI_RETURN_IF_ERROR(MatMul(c, ew.w3, zin.data(), m, u.data()));
-        ops::SituGlu(g.data(), u.data(), int64_t{m} * inter, cfg.situ_beta, cfg.situ_linear_beta,
-                     g.data());
-        COLI_RETURN_IF_ERROR(MatMul(c, ew.w2, g.data(), m, y.data()));
-        for (int j = 0; j < m; ++j)
-          std::copy_n(y.data() + int64_t{j} * lat, lat,
-                      slot_out.data() + (int64_t{slots[j].first} * max_k + slots[j].second) * lat);
+        COLI_RETURN_IF_ERROR(cpu_expert(i, ew));
         if (device != nullptr) device->Offer(layer, unique[i], ew);
         return absl::OkStatus();
       }));
   if (device_thread.joinable()) device_thread.join();
-  COLI_RETURN_IF_ERROR(device_status);
+  if (!device_status.ok()) {
+    // The device failed this step (it stops claiming, vk_tier.h): its experts are computed on
+    // the CPU instead, with the kernels every CPU expert uses, so the step still succeeds with
+    // the CPU run's bits for them.
+    COLI_LOG(kWarning) << "layer " << layer << ": device experts computed on the CPU after: "
+                       << device_status;
+    std::vector<int32_t> fallback;
+    for (int i : claimed) fallback.push_back(unique[i]);
+    COLI_RETURN_IF_ERROR(experts.ForEachExpert(
+        layer, fallback, [&](int fi, const ExpertWeights& ew) -> absl::Status {
+          if (fi < 0 || fi >= static_cast<int>(claimed.size()) || done[claimed[fi]])
+            return absl::InternalError(
+                absl::StrCat("expert source delivered entry ", fi, " twice"));
+          done[claimed[fi]] = 1;
+          return cpu_expert(claimed[fi], ew);
+        }));
+    claimed.clear();
+  }
   for (size_t j = 0; j < claimed.size(); ++j) {
     const auto& slots = *slots_of[claimed[j]];
     if (dev_out[j].empty() && !slots.empty())

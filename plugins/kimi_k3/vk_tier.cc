@@ -82,8 +82,9 @@ absl::Status VkSwitches::Resolve(ModelOptions* options) const {
 
 std::string VkTierStats::Describe() const {
   return absl::StrFormat(
-      "%d/%d experts resident (%.1f MB), %d hits, %d promotions, %d evictions, %d warm",
-      resident, slots, bytes / 1e6, hits, promotions, evictions, warm);
+      "%d/%d experts resident (%.1f MB), %d hits, %d promotions, %d evictions, %d warm%s",
+      resident, slots, bytes / 1e6, hits, promotions, evictions, warm,
+      failures > 0 ? ", DISABLED after a device failure" : "");
 }
 
 // ---- the tier ------------------------------------------------------------------------------
@@ -260,6 +261,7 @@ std::vector<int> VkExpertTier::ClaimLocked(int layer, std::span<const int32_t> e
   claimed_.clear();
   claimed_entries_.clear();
   std::vector<int> entries;
+  if (failed_) return entries;
   for (size_t i = 0; i < experts.size(); ++i) {
     const int index = Index(layer, experts[i]);
     if (index < 0) continue;
@@ -293,9 +295,21 @@ absl::Status VkExpertTier::Compute(std::span<const DeviceExpertJob> jobs) {
     const Resident& r = *refs[it - entries.begin()];
     chain.push_back({r.w1.get(), r.w3.get(), r.w2.get(), job.x, job.rows, job.y});
   }
-  COLI_RETURN_IF_ERROR(Annotate(
-      vk_->ExpertChain(chain, cfg_.situ_beta, cfg_.situ_linear_beta), "Vulkan expert tier"));
+  absl::Status status =
+      Annotate(vk_->ExpertChain(chain, cfg_.situ_beta, cfg_.situ_linear_beta), "Vulkan expert tier");
   std::lock_guard<std::mutex> lock(mu_);
+  if (!status.ok()) {
+    // A failed submission (device lost, out of memory, …): the tier stops claiming and
+    // promoting, so every later step runs on the CPU; this step's experts fall back there too
+    // (LatentMoeForward).
+    if (!failed_) {
+      COLI_LOG(kError) << "Vulkan tier disabled, routed experts stay on the CPU: " << status;
+    }
+    failed_ = true;
+    stats_.failures += 1;
+    resident_.clear();
+    return status;
+  }
   stats_.hits += jobs.size();
   return absl::OkStatus();
 }
@@ -306,7 +320,7 @@ void VkExpertTier::Offer(int layer, int32_t expert, const ExpertWeights& w) {
   std::unique_ptr<Upload> up;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (slots_ == 0 || started_this_pass_ >= rate_) return;
+    if (failed_ || slots_ == 0 || started_this_pass_ >= rate_) return;
     if (resident_.count(index) || pending_.count(index)) return;
     if (resident_.size() + pending_.size() >= slots_) {
       // The coldest resident (lowest heat; ties → the highest index, the least preferred at
@@ -365,10 +379,10 @@ void VkExpertTier::UploadLoop() {
     absl::StatusOr<std::shared_ptr<Resident>> r = UploadViews(up->index, ExpertViews(cfg_, parts));
     lock.lock();
     pending_.erase(up->index);
-    if (r.ok()) {
+    if (r.ok() && !failed_) {
       resident_[up->index] = std::move(r).value();
       stats_.promotions += 1;
-    } else {
+    } else if (!r.ok()) {
       COLI_LOG(kWarning) << "Vulkan tier: upload of expert " << up->index % experts_
                          << " of layer " << moe_layers_[up->index / experts_]
                          << " failed: " << r.status();

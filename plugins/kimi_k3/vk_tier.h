@@ -35,6 +35,10 @@
 //   and uploaded on the tier's own thread; it serves steps from the moment its upload ends, so a
 //   step never waits for an upload.
 //
+// * Failure. A failed submission (device lost, out of memory) disables the tier: nothing is
+//   claimed or promoted afterwards, that step's experts are computed on the CPU
+//   (LatentMoeForward), and the run goes on with the CPU's results.
+//
 // Threading: Claim / Offer / the device chain are called by the serialised MoE calls (Offer
 // from the CPU walk while the chain runs on its thread); Stats and WaitForUploads from any thread.
 #ifndef COLI_PLUGINS_KIMI_K3_VK_TIER_H_
@@ -96,6 +100,7 @@ struct VkTierStats {
   uint64_t evictions = 0;   // residents displaced by hotter experts
   uint64_t warm = 0;        // experts uploaded at start-up from the history
   uint64_t slots = 0;       // capacity in experts
+  uint64_t failures = 0;    // failed submissions (the first one disables the tier)
   std::string Describe() const;  // one line for "[VK] tier kimi_k3 …"
 };
 
@@ -165,6 +170,7 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts {
   int last_layer_ = -1;
   int started_this_pass_ = 0;
   bool stop_ = false;
+  bool failed_ = false;  // a submission failed: no more claims or promotions
   VkTierStats stats_;
   std::thread uploader_;
 };

@@ -520,7 +520,7 @@ class CpuDevice final : public ExpertSource, public DeviceExperts {
       int layer, std::span<const int32_t> experts,
       const std::function<absl::Status(int, const ExpertWeights&)>& fn) override {
     for (int32_t e : experts) {
-      if (std::find(claimed_.begin(), claimed_.end(), e) != claimed_.end())
+      if (!fail_ && std::find(claimed_.begin(), claimed_.end(), e) != claimed_.end())
         return absl::InternalError(absl::StrCat("claimed expert ", e, " passed to the CPU"));
     }
     cpu_experts_ += experts.size();
@@ -540,6 +540,7 @@ class CpuDevice final : public ExpertSource, public DeviceExperts {
     return entries_;
   }
   absl::Status Compute(std::span<const DeviceExpertJob> jobs) override {
+    if (fail_) return absl::UnavailableError("stand-in device lost");
     const int64_t I = cfg_.moe.intermediate;
     const kernels::MatmulOptions exact{.idot = false, .threads = 1};
     for (const DeviceExpertJob& job : jobs) {
@@ -560,6 +561,7 @@ class CpuDevice final : public ExpertSource, public DeviceExperts {
   void Offer(int, int32_t, const ExpertWeights&) override { offers_ += 1; }
 
   uint64_t cpu_experts_ = 0, device_experts_ = 0, offers_ = 0;
+  bool fail_ = false;  // every Compute fails (the step must fall back to the CPU)
 
  private:
   std::unique_ptr<PreadExpertSource> inner_;
@@ -577,27 +579,35 @@ TEST_F(K3VkTierFixtureTest, HookKeepsTheCpuSumOrderBitForBit) {
   o.chunk = 5;
   ASSERT_OK_AND_ASSIGN(auto cpu_model, Model::Load(FixtureDir(), o));
   ASSERT_OK_AND_ASSIGN(GreedyRun cpu, Greedy(*cpu_model));
-  CpuDevice* device = nullptr;
-  auto factory = [&](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
-                     int layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
-    COLI_ASSIGN_OR_RETURN(auto pread, PreadExpertSource::Create(snapshot, cfg, prefix, layers));
-    auto d = std::make_unique<CpuDevice>(std::move(pread), snapshot, cfg);
-    device = d.get();
-    return std::unique_ptr<ExpertSource>(std::move(d));
-  };
-  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), o, nullptr, factory));
-  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
-  EXPECT_EQ(run.tokens, cpu.tokens);
-  ASSERT_EQ(run.logits.size(), cpu.logits.size());
-  for (size_t i = 0; i < run.logits.size(); ++i) {
-    EXPECT_EQ(std::memcmp(run.logits[i].data(), cpu.logits[i].data(),
-                          run.logits[i].size() * sizeof(float)),
-              0)
-        << "logits #" << i << " differ";
+  for (bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "device fails every step" : "device works");
+    CpuDevice* device = nullptr;
+    auto factory = [&](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
+                       int layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+      COLI_ASSIGN_OR_RETURN(auto pread, PreadExpertSource::Create(snapshot, cfg, prefix, layers));
+      auto d = std::make_unique<CpuDevice>(std::move(pread), snapshot, cfg);
+      d->fail_ = fail;
+      device = d.get();
+      return std::unique_ptr<ExpertSource>(std::move(d));
+    };
+    ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), o, nullptr, factory));
+    ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
+    EXPECT_EQ(run.tokens, cpu.tokens);
+    ASSERT_EQ(run.logits.size(), cpu.logits.size());
+    for (size_t i = 0; i < run.logits.size(); ++i) {
+      EXPECT_EQ(std::memcmp(run.logits[i].data(), cpu.logits[i].data(),
+                            run.logits[i].size() * sizeof(float)),
+                0)
+          << "logits #" << i << " differ";
+    }
+    EXPECT_EQ(device->device_experts_ > 0, !fail);
+    EXPECT_GT(device->cpu_experts_, 0u);
+    // Every expert the CPU walk computed is offered once (not the fallback's).
+    EXPECT_EQ(device->offers_ < device->cpu_experts_, fail);
+    if (!fail) {
+      EXPECT_EQ(device->offers_, device->cpu_experts_);
+    }
   }
-  EXPECT_GT(device->device_experts_, 0u);
-  EXPECT_GT(device->cpu_experts_, 0u);
-  EXPECT_EQ(device->offers_, device->cpu_experts_);  // every CPU expert is offered once
 }
 
 TEST_F(K3VkTierModelTest, BadBudgetRateAndHistoryAreHandled) {
@@ -624,6 +634,41 @@ TEST_F(K3VkTierModelTest, BadBudgetRateAndHistoryAreHandled) {
   EXPECT_EQ(tier->Stats().warm, 0u);
   ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
   ExpectMatchesCpu(run, /*exact=*/true);  // nothing resident, no promotions: the CPU's bits
+}
+
+// A failed submission disables the tier: nothing resident or claimed afterwards, and the run is
+// the CPU's, bit for bit.
+TEST_F(K3VkTierModelTest, FailedSubmissionDisablesTheTier) {
+  std::vector<int> layers;
+  for (int i = 0; i < cfg_.num_layers; ++i)
+    if (!cfg_.is_dense(i)) layers.push_back(i);
+  UsageHistory history(layers, cfg_.moe.num_experts);
+  history.Record(0, 3, 10);  // decoder layer layers[0], expert 3: the one warm expert
+  const std::string path = tmp_ + "/.coli_usage";
+  ASSERT_THAT(history.Save(path), IsOk());
+  VkTierOptions o;
+  o.budget_gb = ExpertGb(4);
+  o.rate = 4;
+  o.usage_path = path;
+  VkExpertTier* tier = nullptr;
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr,
+                                               VkTierFactory(o, nullptr, &tier)));
+  ASSERT_EQ(tier->ResidentExperts(layers[0]), std::vector<int32_t>{3});
+  const std::vector<int32_t> experts = {1, 3};
+  ASSERT_EQ(tier->Claim(layers[0], experts), std::vector<int>{1});
+  std::vector<float> x(cfg_.moe.latent, 1.0f), y(cfg_.moe.latent);
+  const DeviceExpertJob bad{1, x.data(), -1, y.data()};  // negative rows: the chain refuses
+  EXPECT_THAT(tier->Compute(std::span(&bad, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative rows")));
+  const VkTierStats s = tier->Stats();
+  EXPECT_EQ(s.failures, 1u);
+  EXPECT_EQ(s.resident, 0u);
+  EXPECT_THAT(VkTierReport(s), HasSubstr("DISABLED"));
+  EXPECT_TRUE(tier->Claim(layers[0], experts).empty());
+  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model, [&] { tier->WaitForUploads(); }));
+  ExpectMatchesCpu(run, /*exact=*/true);
+  EXPECT_EQ(tier->Stats().resident, 0u);  // no promotions after the failure
+  EXPECT_EQ(tier->Stats().hits, 0u);
 }
 
 TEST_F(K3VkTierFixtureTest, NoVulkanDriverIsUnavailableOnlyWhenAskedFor) {
