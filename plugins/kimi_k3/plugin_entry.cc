@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +30,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -89,7 +91,37 @@ struct K3Model {
   int spec_max = 0;
   int spec_ngram_max = 3, spec_ngram_min = 1;
   uint32_t capabilities = 0;
+  // One forward pass at a time per model; `forward_waiting` counts the threads waiting for it,
+  // so a long prefill can let them in between its chunks (ForwardLock::LetWaitingIn).
   std::mutex forward_mu;
+  std::atomic<int> forward_waiting{0};
+};
+
+// The model's forward lock, counted while waited for.
+class ForwardLock {
+ public:
+  explicit ForwardLock(K3Model& m) : m_(m), lock_(m.forward_mu, std::defer_lock) { Lock(); }
+  void Lock() {
+    m_.forward_waiting.fetch_add(1);
+    lock_.lock();
+    m_.forward_waiting.fetch_sub(1);
+  }
+  void Unlock() { lock_.unlock(); }
+  // Unlocked: lets the passes waiting for the model right now take it first (they announced
+  // themselves before blocking; std::mutex alone would let this thread win again at once).
+  // Bounded, so a stuck waiter cannot stall the caller.
+  void LetWaitingIn() {
+    const int waiting = m_.forward_waiting.load();
+    if (waiting == 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (m_.forward_waiting.load() >= waiting && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  K3Model& m_;
+  std::unique_lock<std::mutex> lock_;
 };
 
 struct K3Session {
@@ -402,7 +434,7 @@ absl::Status RewindSpec(K3Session* s) {
   }
   absl::StatusOr<std::optional<std::vector<float>>> logits;
   {
-    std::lock_guard<std::mutex> lock(s->m->forward_mu);
+    ForwardLock lock(*s->m);
     const auto t0 = Clock::now();
     logits = s->spec.Rewind(*s->session);
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -469,8 +501,27 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       cancelled = true;
     }
   };
+  // Between two chunks the model is let go: the host's progress callback (which may stream the
+  // report or pace the prefill) runs unlocked and passes waiting for the model (other sessions'
+  // decode steps) run first, so a long prompt does not stall everyone else's tokens. The
+  // session's own state is complete at every chunk boundary; nothing else crosses it.
+  std::optional<ForwardLock> held;
+  auto locked_at = Clock::now();
+  auto between_chunks = [&](int64_t done) {
+    if (!held.has_value()) {
+      ask(done);
+      return;
+    }
+    s->compute_seconds += std::chrono::duration<double>(Clock::now() - locked_at).count();
+    TakeExpertStats(s);
+    held->Unlock();
+    ask(done);
+    held->LetWaitingIn();
+    held->Lock();
+    locked_at = Clock::now();
+  };
   Session::Cancel cancel = [&]() {
-    ask(last_done);
+    between_chunks(last_done);
     return cancelled;
   };
   // With checkpoints on, the tail runs in two parts split where the last message starts, so
@@ -485,13 +536,13 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   }
   ends.push_back(prompt.size());
   {
-    std::lock_guard<std::mutex> lock(s->m->forward_mu);
-    const auto t0 = Clock::now();
+    held.emplace(*s->m);
+    locked_at = Clock::now();
     for (size_t from = keep, i = 0; from < prompt.size() && i < ends.size(); from = ends[i++]) {
       const int64_t offset = static_cast<int64_t>(from - keep);
       Session::Progress progress = [&](int64_t done, int64_t) {
         last_done = offset + done;
-        ask(last_done);
+        between_chunks(last_done);
       };
       logits = s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel);
       if (!logits.ok()) break;
@@ -503,8 +554,9 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
         }
       }
     }
-    s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    s->compute_seconds += std::chrono::duration<double>(Clock::now() - locked_at).count();
     TakeExpertStats(s);
+    held.reset();
   }
   if (!logits.ok()) {
     // The chunks that ran stay recorded (a consistent record); a failed pass resets.
@@ -569,7 +621,7 @@ absl::Status Feed(std::span<K3Session* const> group) {
   }
   absl::StatusOr<std::vector<std::vector<float>>> logits;
   {
-    std::lock_guard<std::mutex> lock(m->forward_mu);
+    ForwardLock lock(*m);
     const auto t0 = Clock::now();
     logits = Session::StepBatch(sessions, tokens);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -642,7 +694,7 @@ std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
 absl::Status VerifyDraft(K3Session* s, std::span<const int32_t> draft) {
   absl::StatusOr<SpecDecoder::Verified> v;
   {
-    std::lock_guard<std::mutex> lock(s->m->forward_mu);
+    ForwardLock lock(*s->m);
     const auto t0 = Clock::now();
     v = s->spec.Verify(*s->session, s->pending, draft);
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
