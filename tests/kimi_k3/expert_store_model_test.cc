@@ -64,7 +64,7 @@ class ExpertStoreModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(FixtureDir() + "/config.json")) {
-      GTEST_SKIP() << "tiny fixture missing (build target k3_tiny_fixture): " << FixtureDir();
+      FAIL() << "tiny fixture missing (build target k3_tiny_fixture): " << FixtureDir();
     }
     tmp_ = fs::temp_directory_path() /
            absl::StrCat("coli_expert_store_model_", ::getpid(), "_",

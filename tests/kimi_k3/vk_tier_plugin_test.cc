@@ -14,6 +14,7 @@
 #include "common/vk/vulkan_context.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/vk/require_vulkan.h"
 #include "tests/kimi_k3/plugin_abi_test_util.h"
 
 namespace coli::k3 {
@@ -49,18 +50,19 @@ class K3VkTierPluginTest : public abi_test::PluginAbiTest {
 };
 
 TEST_F(K3VkTierPluginTest, TierThroughExtraOptionsKeepsTokensAndCountsItsWork) {
-  if (!HaveVulkan()) GTEST_SKIP() << "no Vulkan device";
-  ASSERT_OK_AND_ASSIGN(coli_model_t* cpu, OpenExact({}));
+  if (!HaveVulkan()) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+  }
+  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, OpenExact({}));
   auto want = Greedy(cpu);
   EXPECT_EQ(want.second["vk_matmuls"], 0);
   EXPECT_EQ(want.second["vk_tier_resident"], 0);
 
   // 60 of the fixture's 192 experts (11520 device bytes each), 8 promotions per pass; the old
   // alias K3_VK=0 is overridden by COLI_VULKAN=1.
-  ASSERT_OK_AND_ASSIGN(coli_model_t* vk, OpenExact({{"vulkan", "1"},
-                                               {"vk", "0"},
-                                               {"vk_tier_gb", "0.000697"},
-                                               {"vk_up", "8"}}));
+  ASSERT_OK_AND_ASSIGN(
+      coli_model_t * vk,
+      OpenExact({{"vulkan", "1"}, {"vk", "0"}, {"vk_tier_gb", "0.000697"}, {"vk_up", "8"}}));
   // Two conversations: the second finds the first one's promotions resident.
   auto first = Greedy(vk);
   auto got = Greedy(vk);
@@ -91,7 +93,9 @@ TEST_F(K3VkTierPluginTest, BadSwitchesAreRefusedAtOpen) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VULKAN='yes'")));
   EXPECT_THAT(OpenExact({{"vk_tier_rate", "-2"}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_TIER_RATE")));
-  if (!HaveVulkan()) GTEST_SKIP() << "no Vulkan device";
+  if (!HaveVulkan()) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+  }
   setenv("COLI_VK_DEVICE", "999", 1);
   auto m = OpenExact({{"vulkan", "1"}});
   unsetenv("COLI_VK_DEVICE");

@@ -6,6 +6,8 @@
 // the CPU's exact-float expert (common/kernels Matmul with idot off = K3_IDOT=0, common/ops
 // SituGlu), and the CPU-only model run (PreadExpertSource) on the tiny fixture
 // (build/fixtures/k3_tiny, random weights).
+#include "plugins/kimi_k3/vk_tier.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,7 +34,7 @@
 #include "plugins/kimi_k3/expert_store_usage.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
-#include "plugins/kimi_k3/vk_tier.h"
+#include "tests/common/vk/require_vulkan.h"
 #include "tests/kimi_k3/reference_util.h"
 
 namespace coli::k3 {
@@ -61,16 +63,16 @@ std::string FixtureDir() {
   return absl::StrCat(bin != nullptr ? bin : ".", "/fixtures/k3_tiny");
 }
 
-#define COLI_VK_CONTEXT_OR_SKIP(ctx)                                                          \
-  std::unique_ptr<vulkan::VulkanContext> ctx;                                                 \
-  {                                                                                           \
-    absl::StatusOr<std::unique_ptr<vulkan::VulkanContext>> created =                          \
-        vulkan::VulkanContext::Create();                                                      \
-    if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) {         \
-      GTEST_SKIP() << "no Vulkan device: " << created.status();                               \
-    }                                                                                         \
-    ASSERT_THAT(created, IsOk());                                                             \
-    ctx = std::move(created).value();                                                         \
+#define COLI_VK_CONTEXT_OR_SKIP(ctx)                                                  \
+  std::unique_ptr<vulkan::VulkanContext> ctx;                                         \
+  {                                                                                   \
+    absl::StatusOr<std::unique_ptr<vulkan::VulkanContext>> created =                  \
+        vulkan::VulkanContext::Create();                                              \
+    if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) { \
+      COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device: " << created.status(); \
+    }                                                                                 \
+    ASSERT_THAT(created, IsOk());                                                     \
+    ctx = std::move(created).value();                                                 \
   }
 
 using ::coli::k3::testing::RelL2;  // tests/kimi_k3/reference_util.h
@@ -91,9 +93,9 @@ TEST(K3VkSituGlu, MatchesSpecFormula) {
     g.push_back(normal(rng));
     u.push_back(normal(rng) * 10.0f);
   }
-  const float specials[] = {0.0f,  -0.0f,  1e-6f,  -1e-6f, 1e-3f, -0.2f, 1.19f, 1.21f,  -1.2f,
-                            7.49f, 7.51f,  -7.5f,  30.0f,  -30.0f, 40.0f, -40.0f, 90.0f, -90.0f,
-                            250.0f, -250.0f, 1e4f, -1e4f, 3e38f, -3e38f};
+  const float specials[] = {0.0f,  -0.0f,  1e-6f,  -1e-6f,  1e-3f, -0.2f,  1.19f, 1.21f,
+                            -1.2f, 7.49f,  7.51f,  -7.5f,   30.0f, -30.0f, 40.0f, -40.0f,
+                            90.0f, -90.0f, 250.0f, -250.0f, 1e4f,  -1e4f,  3e38f, -3e38f};
   for (float a : specials)
     for (float b : specials) {
       g.push_back(a);
@@ -165,7 +167,7 @@ class K3VkTierFixtureTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(FixtureDir() + "/config.json")) {
-      GTEST_SKIP() << "tiny fixture missing (build target k3_tiny_fixture): " << FixtureDir();
+      FAIL() << "tiny fixture missing (build target k3_tiny_fixture): " << FixtureDir();
     }
     tmp_ = fs::temp_directory_path() /
            absl::StrCat("coli_vk_tier_", ::getpid(), "_",
@@ -271,7 +273,8 @@ int32_t Argmax(const std::vector<float>& v) {
 }
 
 // Greedy run; `after_pass` (e.g. waiting for the tier's uploads) after every forward pass.
-absl::StatusOr<GreedyRun> Greedy(const Model& model, const std::function<void()>& after_pass = nullptr) {
+absl::StatusOr<GreedyRun> Greedy(const Model& model,
+                                 const std::function<void()>& after_pass = nullptr) {
   GreedyRun run;
   std::unique_ptr<Session> session = model.NewSession();
   COLI_ASSIGN_OR_RETURN(std::vector<float> logits, session->Prefill(kPrompt));
@@ -302,11 +305,13 @@ class K3VkTierModelTest : public K3VkTierFixtureTest {
   void SetUp() override {
     K3VkTierFixtureTest::SetUp();
     if (IsSkipped()) return;
-    if (!HaveVulkan()) GTEST_SKIP() << "no Vulkan device";
+    if (!HaveVulkan()) {
+      COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+    }
     ASSERT_OK_AND_ASSIGN(cfg_, Config::LoadDir(FixtureDir()));
     PreadExpertSource* pread = nullptr;
-    ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr,
-                                                 CountingPread(&pread)));
+    ASSERT_OK_AND_ASSIGN(auto model,
+                         Model::Load(FixtureDir(), ExactOptions(), nullptr, CountingPread(&pread)));
     ASSERT_OK_AND_ASSIGN(cpu_, Greedy(*model));
     cpu_bytes_read_ = pread->bytes_read();
   }
@@ -359,9 +364,8 @@ TEST_F(K3VkTierModelTest, BudgetZeroIsBitIdenticalToCpu) {
   o.budget_gb = 0;
   o.usage_path = "";
   VkExpertTier* tier = nullptr;
-  ASSERT_OK_AND_ASSIGN(auto model,
-                       Model::Load(FixtureDir(), ExactOptions(), nullptr,
-                                   VkTierFactory(o, nullptr, &tier)));
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr,
+                                               VkTierFactory(o, nullptr, &tier)));
   ASSERT_NE(tier, nullptr);
   ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
   ExpectMatchesCpu(run, /*exact=*/true);
@@ -453,9 +457,9 @@ TEST_F(K3VkTierModelTest, DeviceExpertsStillCountInTheStoreHistory) {
   StreamingExpertStore* store = nullptr;
   VkExpertTier* tier = nullptr;
   ASSERT_OK_AND_ASSIGN(
-      auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr,
-                              VkTierFactory(o, StreamingExpertSourceFactory(store_options(), &store),
-                                            &tier)));
+      auto model,
+      Model::Load(FixtureDir(), ExactOptions(), nullptr,
+                  VkTierFactory(o, StreamingExpertSourceFactory(store_options(), &store), &tier)));
   ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
   EXPECT_EQ(run.tokens, cpu_run.tokens);
   EXPECT_GT(tier->Stats().hits, 0u);
@@ -622,9 +626,7 @@ TEST_F(K3VkTierModelTest, BadBudgetRateAndHistoryAreHandled) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_TIER_RATE")));
   // A corrupt history is logged and ignored: nothing warm, the run still matches the CPU's.
   const std::string path = tmp_ + "/.coli_usage";
-  {
-    std::ofstream(path) << "not a usage history";
-  }
+  { std::ofstream(path) << "not a usage history"; }
   o.rate = 0;
   o.budget_gb = ExpertGb(10);
   o.usage_path = path;
@@ -767,7 +769,9 @@ TEST_F(K3VkTierFixtureTest, K3VkZeroNeverOpensTheDevice) {
 }
 
 TEST_F(K3VkTierFixtureTest, BadDeviceIndexIsRefusedAtOpen) {
-  if (!HaveVulkan()) GTEST_SKIP() << "no Vulkan device";
+  if (!HaveVulkan()) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+  }
   setenv("COLI_VK_DEVICE", "999", 1);
   VkSwitches s;
   s.coli_vulkan = "1";

@@ -22,6 +22,7 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/vk/require_vulkan.h"
 
 namespace coli::vulkan {
 namespace {
@@ -42,7 +43,7 @@ constexpr int64_t kRelL2MinRows = 32;
   {                                                                                   \
     absl::StatusOr<std::unique_ptr<VulkanContext>> created = VulkanContext::Create(); \
     if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) { \
-      GTEST_SKIP() << "no Vulkan device: " << created.status();                       \
+      COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device: " << created.status(); \
     }                                                                                 \
     ASSERT_THAT(created, IsOk());                                                     \
     ctx = std::move(created).value();                                                 \
@@ -295,7 +296,7 @@ TEST(VulkanMxfp4Matmul, BadDeviceIndexIsRefused) {
   absl::StatusOr<std::unique_ptr<VulkanContext>> created = VulkanContext::Create();
   unsetenv("COLI_VK_DEVICE");
   if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) {
-    GTEST_SKIP() << "no Vulkan device: " << created.status();
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device: " << created.status();
   }
   EXPECT_THAT(created, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DEVICE")));
 }
