@@ -512,6 +512,44 @@ test('concurrent requests share decode passes and answer as they would alone', a
   assert.ok(await stat('batched_rows') >= 2 * steps, 'a shared pass has at least two rows');
 });
 
+// COLI_K3_SPEC: prompt-lookup speculative decoding must not change a single token or logprob.
+// K3_LAYERS=0 (embedding -> head only) makes the tiny model a bigram model whose greedy walk
+// soon cycles, so lookup drafts are right and really save forward passes.
+test('speculative decoding (COLI_K3_SPEC) through the openai SDK: same text and logprobs, fewer passes', async () => {
+  const [plain, spec] = await Promise.all([
+    startServer(TINY, { K3_LAYERS: '0' }),
+    startServer(TINY, { K3_LAYERS: '0', COLI_K3_SPEC: '8' }),
+  ]);
+  try {
+    const ask = async (server) => {
+      const c = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+      const id = (await c.models.list()).data[0].id;
+      return c.completions.create({
+        model: id, prompt: 'one two three one two three', max_tokens: 96, temperature: 0,
+        logprobs: 2,
+      });
+    };
+    const a = await ask(plain);
+    const b = await ask(spec);
+    assert.ok(a.choices[0].text.length > 0);
+    assert.equal(b.choices[0].text, a.choices[0].text);
+    assert.deepEqual(b.choices[0].logprobs, a.choices[0].logprobs);
+    assert.equal(b.usage.completion_tokens, a.usage.completion_tokens);
+    const stat = (text, name) => {
+      const m = text.match(new RegExp(`^coli_plugin_stat\\{name="${name}"\\} (\\S+)$`, 'm'));
+      return m ? Number(m[1]) : NaN;
+    };
+    const pa = (await metrics(plain.base)).text;
+    const pb = (await metrics(spec.base)).text;
+    assert.equal(stat(pa, 'spec_drafts'), 0);
+    assert.ok(stat(pb, 'spec_accepted_tokens') > 0, 'no draft token was accepted');
+    assert.ok(stat(pb, 'decode_passes') < stat(pa, 'decode_passes'),
+      `passes with spec ${stat(pb, 'decode_passes')} vs ${stat(pa, 'decode_passes')}`);
+  } finally {
+    await Promise.all([stopServer(plain), stopServer(spec)]);
+  }
+});
+
 test('tool call round trip (scripted K3 model): declare, parse, render the result', async () => {
   const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
   // The declaration reaches the prompt (key-sorted compact JSON in a tool-declare message).
