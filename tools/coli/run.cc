@@ -285,6 +285,21 @@ int RunCommand(int argc, char** argv) {
                  read_s > 0 ? stat("bytes_read") / 1e9 / read_s : 0.0, read_s, compute_s,
                  stat("expert_wait_seconds"));
   }
+  // Speculative decoding (COLI_K3_SPEC) and the Vulkan expert tier (COLI_VULKAN), when they ran.
+  if (stat("spec_drafts") > 0) {
+    std::fprintf(stderr,
+                 "coli run: speculative decoding: %.0f forward passes, %.0f verify passes, %.0f "
+                 "draft tokens, %.0f accepted, %.0f tokens without a pass\n",
+                 stat("decode_passes"), stat("spec_drafts"), stat("spec_draft_tokens"),
+                 stat("spec_accepted_tokens"), stat("spec_tokens_from_buffer"));
+  }
+  if (stat("vk_matmuls") > 0 || stat("vk_tier_resident") > 0) {
+    std::fprintf(stderr,
+                 "coli run: [VK] %.0f matmuls on the GPU, tier %.0f experts resident (%.1f MB), "
+                 "%.0f hits, %.0f promotions, %.0f evictions\n",
+                 stat("vk_matmuls"), stat("vk_tier_resident"), stat("vk_tier_bytes") / 1e6,
+                 stat("vk_tier_hits"), stat("vk_tier_promotions"), stat("vk_tier_evictions"));
+  }
   return 0;
 }
 
