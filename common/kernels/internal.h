@@ -93,7 +93,12 @@ struct KernelSet {
 
 const KernelSet& ScalarKernels();
 const KernelSet& Avx2Kernels();
+const KernelSet& AvxVnniKernels();
 const KernelSet& Avx512Kernels();
+
+// Whether this CPU (and OS) can run `isa`'s kernels. The levels nest except AVX-VNNI: a CPU with
+// the AVX-512 set may lack the VEX-encoded vpdpbusd (Ice Lake, Skylake-X).
+bool IsaSupported(Isa isa);
 
 // AVX-512 preparation of one batch row for the integer paths, straight into the block layout
 // (xq, corr, xs, xg as in Prepared; buffers zeroed beforehand). Same values as the scalar
@@ -101,8 +106,16 @@ const KernelSet& Avx512Kernels();
 bool PrepareIdotRowAvx512(WeightFormat format, int64_t cols, const float* x, int64_t nblocks,
                           int8_t* xq, int32_t* corr, float* xs, float* xg);
 
-// COLI_ISA handling: `env` (may be null) lowers `detected` to scalar|avx2|avx512; an unknown
-// value or one above `detected` is ignored with a warning on stderr.
+// AVX2 preparation of one batch row for the integer paths (AVX2 and AVX-VNNI levels), as
+// PrepareIdotRowAvx512; xg may be null.
+bool PrepareIdotRowAvx2(WeightFormat format, int64_t cols, const float* x, int64_t nblocks,
+                        int8_t* xq, int32_t* corr, float* xs, float* xg);
+
+// COLI_ISA handling: `env` (may be null) lowers `detected` to scalar|avx2|avxvnni|avx512; an
+// unknown value or one above `detected` is ignored with a warning on stderr. `avxvnni`: whether
+// the CPU has AVX-VNNI (avxvnni asked for without it gives avx2, with a warning); the two-argument
+// form assumes it exactly when detected is avxvnni or above.
+Isa ApplyIsaOverride(const char* env, Isa detected, bool avxvnni);
 Isa ApplyIsaOverride(const char* env, Isa detected);
 
 // Matmul with an explicit ISA (tests force each path with it). FAILED_PRECONDITION when the CPU

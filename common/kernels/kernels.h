@@ -11,7 +11,7 @@
 // Numerics (the same on every instruction set, so results never depend on the machine):
 //   * Every kernel accumulates a row's dot product in 16 f32 lanes in a fixed order and reduces
 //     them with a fixed tree (lanes l and l+8, then l+4, l+2, l+1). The scalar reference and the
-//     AVX2 / AVX-512 paths follow that order exactly, so all three give bit-identical outputs.
+//     AVX2 / AVX-VNNI / AVX-512 paths follow that order exactly, so all give bit-identical outputs.
 //   * A batch row's output does not depend on the batch size or on the thread count.
 //   * idot (integer dots, the default): activations are quantized to int8 per group (32 columns
 //     for MXFP4, 64 for int8 and int4-g64; scale = max|x|/127 floored at 1e-20, q = rint(x·(1/s))
@@ -131,10 +131,12 @@ absl::Status Matmul(const MatrixView& w, const float* x, int64_t batch, float* y
 
 float Bf16ToF32(uint16_t bits);
 
-enum class Isa { kScalar, kAvx2, kAvx512 };
+// kAvxVnni: AVX2 with the VEX-encoded vpdpbusd (Intel Alder Lake and later, AMD Zen 5), chosen
+// when the CPU lacks the AVX-512 set of kAvx512.
+enum class Isa { kScalar, kAvx2, kAvxVnni, kAvx512 };
 const char* IsaName(Isa isa);
-// Chosen once from cpuid; COLI_ISA=scalar|avx2|avx512 forces a lower one (a higher one than the
-// CPU has is ignored with a warning on stderr).
+// Chosen once from cpuid; COLI_ISA=scalar|avx2|avxvnni|avx512 forces a lower one (a higher one
+// than the CPU has is ignored with a warning on stderr).
 Isa ActiveIsa();
 // The best ISA this CPU (and OS) supports, ignoring COLI_ISA.
 Isa DetectedIsa();

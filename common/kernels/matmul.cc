@@ -30,16 +30,35 @@ Isa DetectIsaOnce() {
       __builtin_cpu_supports("fma")) {
     return Isa::kAvx512;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return __builtin_cpu_supports("avxvnni") ? Isa::kAvxVnni : Isa::kAvx2;
+  }
   return Isa::kScalar;
 }
 
-Isa ChooseIsaOnce() { return internal::ApplyIsaOverride(std::getenv("COLI_ISA"), DetectedIsa()); }
+bool HasAvxVnniOnce() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("avxvnni");
+}
+
+bool HasAvxVnni() {
+  static const bool has = HasAvxVnniOnce();
+  return has;
+}
+
+Isa ChooseIsaOnce() {
+  return internal::ApplyIsaOverride(std::getenv("COLI_ISA"), DetectedIsa(), HasAvxVnni());
+}
+
+bool IsSimd(Isa isa) { return isa != Isa::kScalar; }
 
 const internal::KernelSet& KernelsFor(Isa isa) {
   switch (isa) {
     case Isa::kAvx512:
       return internal::Avx512Kernels();
+    case Isa::kAvxVnni:
+      return internal::AvxVnniKernels();
     case Isa::kAvx2:
       return internal::Avx2Kernels();
     case Isa::kScalar:
@@ -142,16 +161,16 @@ Layout PrepareLayout(Isa isa, const MatrixView& w, const float* x, int64_t batch
   const int64_t nblocks = (cols + block_cols - 1) / block_cols;
   p->nblocks = nblocks;
   p->block_bytes = block_cols;
-  // The scalar kernels read natural-order codes; AVX2 rearranges them into blocks; AVX-512
-  // quantizes straight into blocks.
-  if (isa != Isa::kAvx512) {
+  // The scalar kernels read natural-order codes; the SIMD paths quantize straight into blocks
+  // (the scalar quantizer only runs there to name a non-finite value).
+  if (!IsSimd(isa)) {
     l.qx = static_cast<int8_t*>(buf.qx.Zeroed(batch * cols));
     l.qs = static_cast<float*>(buf.qs.Zeroed(batch * groups * sizeof(float)));
     p->qx = l.qx;
     p->qs = l.qs;
     p->qs_stride = groups;
   }
-  if (isa != Isa::kScalar) {
+  if (IsSimd(isa)) {
     l.xq = static_cast<int8_t*>(buf.xq.Zeroed(batch * nblocks * block_cols));
     l.corr = static_cast<int32_t*>(buf.corr.Zeroed(batch * nblocks * 16 * sizeof(int32_t)));
     l.xs = static_cast<float*>(buf.xs.Zeroed(batch * nblocks * 16 * sizeof(float)));
@@ -192,6 +211,11 @@ absl::Status PrepareRow(Isa isa, const MatrixView& w, const Prepared& p, const L
   float* xs = l.xs != nullptr ? l.xs + b * nblocks * 16 : nullptr;
   if (isa == Isa::kAvx512 && internal::PrepareIdotRowAvx512(w.format, cols, xb, nblocks, xq, corr,
                                                             xs, l.xg + b * p.xg_stride)) {
+    return absl::OkStatus();
+  }
+  if ((isa == Isa::kAvx2 || isa == Isa::kAvxVnni) &&
+      internal::PrepareIdotRowAvx2(w.format, cols, xb, nblocks, xq, corr, xs,
+                                   l.xg != nullptr ? l.xg + b * p.xg_stride : nullptr)) {
     return absl::OkStatus();
   }
   // Scalar quantizer (also names the bad value when the AVX-512 one refused the row).
@@ -268,6 +292,8 @@ const char* IsaName(Isa isa) {
       return "scalar";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvxVnni:
+      return "avxvnni";
     case Isa::kAvx512:
       return "avx512";
   }
@@ -286,18 +312,39 @@ Isa ActiveIsa() {
 
 namespace internal {
 
+bool IsaSupported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return static_cast<int>(DetectedIsa()) >= static_cast<int>(Isa::kAvx2);
+    case Isa::kAvxVnni:
+      return HasAvxVnni();
+    case Isa::kAvx512:
+      return DetectedIsa() == Isa::kAvx512;
+  }
+  return false;
+}
+
 Isa ApplyIsaOverride(const char* env, Isa detected) {
+  return ApplyIsaOverride(env, detected,
+                          static_cast<int>(detected) >= static_cast<int>(Isa::kAvxVnni));
+}
+
+Isa ApplyIsaOverride(const char* env, Isa detected, bool avxvnni) {
   if (env == nullptr || *env == '\0') return detected;
   Isa want;
   if (std::strcmp(env, "scalar") == 0) {
     want = Isa::kScalar;
   } else if (std::strcmp(env, "avx2") == 0) {
     want = Isa::kAvx2;
+  } else if (std::strcmp(env, "avxvnni") == 0) {
+    want = Isa::kAvxVnni;
   } else if (std::strcmp(env, "avx512") == 0) {
     want = Isa::kAvx512;
   } else {
-    std::fprintf(stderr, "[kernels] COLI_ISA='%s' is not scalar|avx2|avx512; using %s\n", env,
-                 IsaName(detected));
+    std::fprintf(stderr, "[kernels] COLI_ISA='%s' is not scalar|avx2|avxvnni|avx512; using %s\n",
+                 env, IsaName(detected));
     return detected;
   }
   if (static_cast<int>(want) > static_cast<int>(detected)) {
@@ -305,12 +352,16 @@ Isa ApplyIsaOverride(const char* env, Isa detected) {
                  IsaName(detected), IsaName(detected));
     return detected;
   }
+  if (want == Isa::kAvxVnni && !avxvnni) {
+    std::fprintf(stderr, "[kernels] COLI_ISA=avxvnni: this CPU has no AVX-VNNI; using avx2\n");
+    return Isa::kAvx2;
+  }
   return want;
 }
 
 absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t batch, float* y,
                            const MatmulOptions& options) {
-  if (static_cast<int>(isa) > static_cast<int>(DetectedIsa())) {
+  if (!IsaSupported(isa)) {
     return absl::FailedPreconditionError(
         absl::StrCat("kernels: this CPU has no ", IsaName(isa), " support"));
   }

@@ -3,6 +3,7 @@
 // double-precision reference written here from spec §4.
 #include "common/kernels/kernels.h"
 
+#include <cpuid.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -173,9 +174,17 @@ double RelL2(const std::vector<float>& got, const std::vector<double>& want) {
 
 std::vector<Isa> SupportedIsas() {
   std::vector<Isa> isas = {Isa::kScalar};
-  if (static_cast<int>(DetectedIsa()) >= static_cast<int>(Isa::kAvx2)) isas.push_back(Isa::kAvx2);
-  if (DetectedIsa() == Isa::kAvx512) isas.push_back(Isa::kAvx512);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512}) {
+    if (internal::IsaSupported(isa)) isas.push_back(isa);
+  }
   return isas;
+}
+
+// cpuid straight from the instruction (not through the library's detection).
+bool CpuidBit(unsigned leaf, unsigned subleaf, int reg, int bit) {
+  unsigned r[4] = {0, 0, 0, 0};
+  if (__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
+  return (r[reg] >> bit) & 1u;
 }
 
 // ---------------------------------- formats ----------------------------------
@@ -437,6 +446,136 @@ TEST(KernelFormats, ActivationQuantizationHandComputed) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(tq[i], want[i]) << i;
 }
 
+// The block layout of internal.h (Prepared) built here from the scalar quantizer's codes and
+// scales, to check the SIMD preparations against.
+struct PreparedRow {
+  std::vector<int8_t> xq;
+  std::vector<int32_t> corr;
+  std::vector<float> xs, xg;
+};
+
+PreparedRow RefPreparedRow(WeightFormat f, const std::vector<float>& x) {
+  const int64_t cols = static_cast<int64_t>(x.size());
+  const int group = f == WeightFormat::kMxfp4 ? 32 : 64;
+  const int64_t block = f == WeightFormat::kInt8Row ? 64 : 128;
+  const int64_t nblocks = (cols + block - 1) / block, groups = (cols + group - 1) / group;
+  std::vector<int8_t> q(cols);
+  std::vector<float> s(groups);
+  EXPECT_TRUE(QuantizeActivationsInt8Groups(x, group, q.data(), s.data()).ok());
+  PreparedRow r{std::vector<int8_t>(nblocks * block), std::vector<int32_t>(nblocks * 16),
+                std::vector<float>(nblocks * 16), std::vector<float>((groups + 15) / 16 * 16)};
+  const int bias = f == WeightFormat::kInt8Row ? 128 : f == WeightFormat::kMxfp4 ? 12 : 8;
+  // Lane l of block k covers: MXFP4 group 4k + l/4, columns 8(l%4)..+7; int4 group 2k + l/8,
+  // columns 8(l%8)..+7; int8 columns 64k + 4l..+3. Bytes: even columns first, then odd ones
+  // (MXFP4 16 per group, int4 32 per group), int8 in column order.
+  for (int64_t c = 0; c < cols; ++c) {
+    const int64_t g = c / group, k = c / block, cg = c % group;
+    int64_t byte, lane;
+    if (f == WeightFormat::kInt8Row) {
+      byte = c % 64;
+      lane = byte / 4;
+    } else {
+      const int64_t j = g % (block / group);
+      byte = (cg % 2) * 64 + j * (group / 2) + cg / 2;
+      lane = j * (group / 8) + cg / 8;
+    }
+    r.xq[k * block + byte] = q[c];
+    r.corr[k * 16 + lane] -= bias * q[c];
+  }
+  for (int64_t k = 0; k < nblocks; ++k) {
+    for (int l = 0; l < 16; ++l) {
+      const int64_t g = f == WeightFormat::kInt8Row ? k
+                        : f == WeightFormat::kMxfp4 ? 4 * k + l / 4
+                                                    : 2 * k + l / 8;
+      if (g < groups) r.xs[k * 16 + l] = (f == WeightFormat::kMxfp4 ? 0.5f : 1.f) * s[g];
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) r.xg[g] = (f == WeightFormat::kMxfp4 ? 0.5f : 1.f) * s[g];
+  return r;
+}
+
+// The AVX2 (and AVX-512) activation preparations give exactly the scalar quantizer's codes and
+// scales in the block layout: ties, zeros, denormals, huge values, short tails.
+TEST(KernelPrepare, SimdPreparationEqualsScalar) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float denorm = std::numeric_limits<float>::denorm_min();
+  const float fmax = std::numeric_limits<float>::max();
+  for (WeightFormat f : {WeightFormat::kMxfp4, WeightFormat::kInt4G64, WeightFormat::kInt8Row}) {
+    const std::vector<int64_t> widths =
+        f == WeightFormat::kMxfp4     ? std::vector<int64_t>{32, 96, 160, 32 * 71}
+        : f == WeightFormat::kInt4G64 ? std::vector<int64_t>{64, 192, 64 * 35}
+                                      : std::vector<int64_t>{1, 5, 63, 64, 65, 130, 64 * 33 + 5};
+    for (int64_t cols : widths) {
+      for (int kind = 0; kind < 6; ++kind) {
+        std::vector<float> x(cols);
+        for (int64_t c = 0; c < cols; ++c) {
+          switch (kind) {
+            case 0:  // Gaussian
+              x[c] = normal(rng);
+              break;
+            case 1:  // every half-integer tie with scale exactly 1 (max 127 first in each group)
+              x[c] = c % 32 == 0 ? 127.f : 0.5f * static_cast<float>(c % 255 - 127);
+              break;
+            case 2:  // zeros (scale floored at 1e-20), signed zeros
+              x[c] = c % 3 == 0 ? -0.f : 0.f;
+              break;
+            case 3:  // denormals, some next to a tiny normal maximum
+              x[c] = static_cast<float>(c % 7) * denorm * (c % 2 ? -1.f : 1.f) +
+                     (c % 11 == 0 ? 1e-19f : 0.f);
+              break;
+            case 4:  // huge values up to FLT_MAX
+              x[c] = (c % 5 == 0 ? fmax : normal(rng) * 1e37f) * (c % 2 ? -1.f : 1.f);
+              break;
+            default:  // mixed magnitudes within a group
+              x[c] = normal(rng) * std::ldexp(1.f, static_cast<int>(c % 40) - 20);
+              break;
+          }
+        }
+        const PreparedRow want = RefPreparedRow(f, x);
+        const int64_t block = f == WeightFormat::kInt8Row ? 64 : 128;
+        const int64_t nblocks = (cols + block - 1) / block;
+        using PrepareFn = bool (*)(WeightFormat, int64_t, const float*, int64_t, int8_t*,
+                                   int32_t*, float*, float*);
+        std::vector<std::pair<Isa, PrepareFn>> preps;
+        if (internal::IsaSupported(Isa::kAvx2)) {
+          preps.emplace_back(Isa::kAvx2, internal::PrepareIdotRowAvx2);
+        }
+        if (internal::IsaSupported(Isa::kAvx512)) {
+          preps.emplace_back(Isa::kAvx512, internal::PrepareIdotRowAvx512);
+        }
+        for (const auto& [isa, prep] : preps) {
+          const std::string what = std::string(IsaName(isa)) + " " + WeightFormatName(f) +
+                                   " cols " + std::to_string(cols) + " kind " +
+                                   std::to_string(kind);
+          // 64-byte aligned, zeroed buffers, as matmul.cc gives them.
+          internal::Scratch bq, bc, bs, bg;
+          auto* xq = static_cast<int8_t*>(bq.Zeroed(want.xq.size()));
+          auto* corr = static_cast<int32_t*>(bc.Zeroed(want.corr.size() * sizeof(int32_t)));
+          auto* xs = static_cast<float*>(bs.Zeroed(want.xs.size() * sizeof(float)));
+          auto* xg = static_cast<float*>(bg.Zeroed(want.xg.size() * sizeof(float)));
+          ASSERT_TRUE(prep(f, cols, x.data(), nblocks, xq, corr, xs, xg)) << what;
+          EXPECT_EQ(std::vector<int8_t>(xq, xq + want.xq.size()), want.xq) << what;
+          EXPECT_EQ(std::vector<int32_t>(corr, corr + want.corr.size()), want.corr) << what;
+          for (size_t i = 0; i < want.xs.size(); ++i) {
+            ASSERT_EQ(Bits(xs[i]), Bits(want.xs[i])) << what << " xs " << i;
+          }
+          for (size_t i = 0; i < want.xg.size(); ++i) {
+            ASSERT_EQ(Bits(xg[i]), Bits(want.xg[i])) << what << " xg " << i;
+          }
+          // A non-finite value anywhere is refused.
+          for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity()}) {
+            std::vector<float> xb = x;
+            xb[cols - 1] = bad;
+            EXPECT_FALSE(prep(f, cols, xb.data(), nblocks, xq, corr, xs, xg)) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------- matmul ----------------------------------
 
 struct Shape {
@@ -546,14 +685,20 @@ TEST(KernelMatmul, BatchRowsEqualSingleRowCalls) {
     const int64_t batch = 11;
     std::vector<float> x(batch * kCols);
     for (float& v : x) v = normal(rng);
-    for (bool idot : {false, true}) {
-      std::vector<float> all(batch * 21);
-      ASSERT_TRUE(Matmul(m.view(), x.data(), batch, all.data(), {idot, 2}).ok());
-      for (int64_t b = 0; b < batch; ++b) {
-        std::vector<float> one(21);
-        ASSERT_TRUE(Matmul(m.view(), x.data() + b * kCols, 1, one.data(), {idot, 1}).ok());
-        for (int r = 0; r < 21; ++r) {
-          EXPECT_EQ(Bits(one[r]), Bits(all[b * 21 + r])) << WeightFormatName(f) << " b " << b;
+    for (Isa isa : SupportedIsas()) {
+      for (bool idot : {false, true}) {
+        std::vector<float> all(batch * 21);
+        ASSERT_TRUE(
+            internal::MatmulWithIsa(isa, m.view(), x.data(), batch, all.data(), {idot, 2}).ok());
+        for (int64_t b = 0; b < batch; ++b) {
+          std::vector<float> one(21);
+          ASSERT_TRUE(internal::MatmulWithIsa(isa, m.view(), x.data() + b * kCols, 1, one.data(),
+                                              {idot, 1})
+                          .ok());
+          for (int r = 0; r < 21; ++r) {
+            EXPECT_EQ(Bits(one[r]), Bits(all[b * 21 + r]))
+                << IsaName(isa) << " " << WeightFormatName(f) << " b " << b;
+          }
         }
       }
     }
@@ -648,6 +793,33 @@ TEST(KernelIsa, OverrideAndDetection) {
   EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx512), Isa::kAvx512);
   EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx2), Isa::kAvx2);  // never above the CPU
   EXPECT_EQ(ApplyIsaOverride("sse9", Isa::kAvx2), Isa::kAvx2);    // unknown: ignored
+  EXPECT_EQ(ApplyIsaOverride("avxvnni", Isa::kAvx512), Isa::kAvxVnni);
+  EXPECT_EQ(ApplyIsaOverride("avxvnni", Isa::kAvxVnni), Isa::kAvxVnni);
+  EXPECT_EQ(ApplyIsaOverride("avx2", Isa::kAvxVnni), Isa::kAvx2);
+  EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvxVnni), Isa::kAvxVnni);  // never above the CPU
+  EXPECT_EQ(ApplyIsaOverride("avxvnni", Isa::kAvx2), Isa::kAvx2);
+  // AVX-512 without AVX-VNNI (Ice Lake): avxvnni is not there, avx2 is.
+  EXPECT_EQ(ApplyIsaOverride("avxvnni", Isa::kAvx512, false), Isa::kAvx2);
+  EXPECT_EQ(ApplyIsaOverride("avx512", Isa::kAvx512, false), Isa::kAvx512);
+  EXPECT_EQ(ApplyIsaOverride(nullptr, Isa::kAvx512, false), Isa::kAvx512);
+  EXPECT_STREQ(IsaName(Isa::kAvxVnni), "avxvnni");
+  // Detection against cpuid read here: AVX-VNNI is leaf 7 subleaf 1, EAX bit 4; AVX2 leaf 7
+  // subleaf 0, EBX bit 5; AVX512F EBX bit 16.
+  const bool cpu_vnni = CpuidBit(7, 1, 0, 4), cpu_avx2 = CpuidBit(7, 0, 1, 5);
+  if (DetectedIsa() == Isa::kAvxVnni) {
+    EXPECT_TRUE(cpu_vnni);
+    EXPECT_TRUE(cpu_avx2);
+  }
+  if (DetectedIsa() == Isa::kAvx512) {
+    EXPECT_TRUE(CpuidBit(7, 0, 1, 16));
+  }
+  EXPECT_EQ(internal::IsaSupported(Isa::kAvxVnni), cpu_vnni && internal::IsaSupported(Isa::kAvx2));
+  if (!internal::IsaSupported(Isa::kAvxVnni)) {
+    std::vector<float> w(16, 1.f), x(16, 1.f), y(1);
+    MatrixView v{WeightFormat::kF32, 1, 16, w.data(), nullptr};
+    EXPECT_EQ(internal::MatmulWithIsa(Isa::kAvxVnni, v, x.data(), 1, y.data(), {}).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
   EXPECT_LE(static_cast<int>(ActiveIsa()), static_cast<int>(DetectedIsa()));
   EXPECT_STREQ(IsaName(Isa::kAvx512), "avx512");
   if (DetectedIsa() != Isa::kAvx512) {
