@@ -5,9 +5,10 @@
 
 #include <volk.h>
 
-#include <atomic>
-#include <cstdlib>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -93,13 +94,28 @@ int ComputeQueueFamily(VkPhysicalDevice device) {
 
 }  // namespace
 
-// A host-visible, host-coherent storage buffer, mapped for its whole life.
+// A storage buffer: host-visible and host-coherent, mapped for its whole life, or (Placement
+// kDeviceLocal) device-local and unmapped, reached only by transfers and shaders.
 struct Buffer {
   VkBuffer buffer = VK_NULL_HANDLE;
   VkDeviceMemory memory = VK_NULL_HANDLE;
   void* mapped = nullptr;
-  VkDeviceSize size = 0;
+  VkDeviceSize size = 0;       // bytes asked for (what descriptors may bind)
+  VkDeviceSize allocated = 0;  // device memory behind it (VkMemoryRequirements::size)
 };
+
+enum class Placement { kHostMapped, kDeviceLocal };
+
+// True when some memory type is device-local without being host-visible: a discrete GPU, whose
+// host-visible memory is system RAM read over PCIe (or a small BAR window).
+bool HasDeviceOnlyMemory(const VkPhysicalDeviceMemoryProperties& m) {
+  for (uint32_t i = 0; i < m.memoryTypeCount; ++i) {
+    const VkMemoryPropertyFlags f = m.memoryTypes[i].propertyFlags;
+    if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && !(f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT))
+      return true;
+  }
+  return false;
+}
 
 struct internal::VulkanState {
   VkInstance instance = VK_NULL_HANDLE;
@@ -127,11 +143,38 @@ struct internal::VulkanState {
   VkPipeline situ_pipeline = VK_NULL_HANDLE;
   std::atomic<uint64_t> matmuls{0};  // matmul dispatches completed (VulkanContext::matmuls)
 
+  // Staged residency (VulkanContextOptions): resident matrices in device-local memory, filled
+  // from `staging` by vkCmdCopyBuffer on the upload command buffer, one fence per staging fill.
+  bool staging_mode = false;
+  VkDeviceSize staging_bytes = 0;
+  std::atomic<uint64_t> resident_bytes{0};    // allocated bytes of live resident matrices
+  std::atomic<uint64_t> upload_batches{0};    // staged submissions (fences) completed
+  std::atomic<uint64_t> step_allocations{0};  // per-step buffers (re)allocated
+  std::atomic<int> fail_allocations{0};       // FailAllocationsForTesting
+
   absl::Mutex mu;  // serialises submissions: one command buffer, one descriptor set
+  // Per-step buffers kept between calls (guarded by mu), grown only for a larger step:
+  // activations x and outputs y (host-mapped), the chain's intermediates g, u, h (device-local
+  // when staging, else host-mapped).
+  Buffer step_x, step_g, step_u, step_h, step_y;
+  VkDescriptorPool descriptor_pool = VK_NULL_HANDLE;  // guarded by mu; reset per submission
+  uint32_t descriptor_sets = 0;                        // its capacity in sets
+
+  absl::Mutex upload_mu;  // serialises uploads: staging buffer, upload command buffer and fence
+  VkCommandPool upload_pool = VK_NULL_HANDLE;
+  VkCommandBuffer upload_cb = VK_NULL_HANDLE;
+  VkFence upload_fence = VK_NULL_HANDLE;
+  Buffer staging;  // host-mapped, made at the first staged upload
+
+  absl::Mutex queue_mu;  // vkQueueSubmit needs the queue externally synchronised
 
   ~VulkanState() {
     if (device != VK_NULL_HANDLE) {
       vk.vkDeviceWaitIdle(device);
+      for (Buffer* b : {&step_x, &step_g, &step_u, &step_h, &step_y, &staging}) Free(*b);
+      if (descriptor_pool) vk.vkDestroyDescriptorPool(device, descriptor_pool, nullptr);
+      if (upload_fence) vk.vkDestroyFence(device, upload_fence, nullptr);
+      if (upload_pool) vk.vkDestroyCommandPool(device, upload_pool, nullptr);
       if (situ_pipeline) vk.vkDestroyPipeline(device, situ_pipeline, nullptr);
       if (situ_shader) vk.vkDestroyShaderModule(device, situ_shader, nullptr);
       if (situ_pipeline_layout) vk.vkDestroyPipelineLayout(device, situ_pipeline_layout, nullptr);
@@ -155,8 +198,12 @@ struct internal::VulkanState {
   }
 
   // check_range = false for buffers bound only in pieces (each piece checked by the caller).
+  // kHostMapped: device-local and host-visible where the device has it (integrated GPUs,
+  // lavapipe, resizable BAR), else any host-visible coherent type; mapped. kDeviceLocal: a
+  // device-local type that is not host-visible (discrete VRAM) first, else any device-local
+  // type, else any type; never mapped.
   absl::Status Allocate(VkDeviceSize size, absl::string_view what, Buffer& b,
-                        bool check_range = true) {
+                        bool check_range = true, Placement placement = Placement::kHostMapped) {
     if (check_range && size > properties.limits.maxStorageBufferRange) {
       return absl::ResourceExhaustedError(
           absl::StrCat("Vulkan: ", what, " buffer of ", size,
@@ -167,25 +214,14 @@ struct internal::VulkanState {
     VkBufferCreateInfo info{};
     info.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
     info.size = size;
-    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                 VK_BUFFER_USAGE_TRANSFER_DST_BIT;
     info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
     COLI_RETURN_IF_ERROR(Annotate(
         VkError(vk.vkCreateBuffer(device, &info, nullptr, &b.buffer), "vkCreateBuffer"), what));
     VkMemoryRequirements req;
     vk.vkGetBufferMemoryRequirements(device, b.buffer, &req);
-    const VkMemoryPropertyFlags want =
-        VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    // Device-local and host-visible where the device has it (integrated GPUs, lavapipe,
-    // resizable BAR), else any host-visible coherent type.
-    uint32_t type = UINT32_MAX;
-    for (const VkMemoryPropertyFlags flags : {want | VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, want}) {
-      for (uint32_t i = 0; i < memory_properties.memoryTypeCount && type == UINT32_MAX; ++i) {
-        if ((req.memoryTypeBits & (1u << i)) &&
-            (memory_properties.memoryTypes[i].propertyFlags & flags) == flags) {
-          type = i;
-        }
-      }
-    }
+    const uint32_t type = MemoryType(req.memoryTypeBits, placement);
     if (type == UINT32_MAX) {
       return absl::UnavailableError(
           absl::StrCat("Vulkan: ", device_name,
@@ -195,15 +231,180 @@ struct internal::VulkanState {
     alloc.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
     alloc.allocationSize = req.size;
     alloc.memoryTypeIndex = type;
+    int pending = fail_allocations.load();
+    while (pending > 0 && !fail_allocations.compare_exchange_weak(pending, pending - 1)) {
+    }
+    if (pending > 0) {
+      return Annotate(
+          VkError(VK_ERROR_OUT_OF_DEVICE_MEMORY, "vkAllocateMemory (FailAllocationsForTesting)"),
+          what);
+    }
     COLI_RETURN_IF_ERROR(Annotate(
         VkError(vk.vkAllocateMemory(device, &alloc, nullptr, &b.memory), "vkAllocateMemory"),
         what));
     COLI_RETURN_IF_ERROR(Annotate(
         VkError(vk.vkBindBufferMemory(device, b.buffer, b.memory, 0), "vkBindBufferMemory"), what));
-    COLI_RETURN_IF_ERROR(Annotate(
-        VkError(vk.vkMapMemory(device, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory"),
-        what));
+    if (placement == Placement::kHostMapped) {
+      COLI_RETURN_IF_ERROR(Annotate(
+          VkError(vk.vkMapMemory(device, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped), "vkMapMemory"),
+          what));
+    }
+    b.allocated = req.size;  // only a complete buffer counts (resident_bytes)
     return absl::OkStatus();
+  }
+
+  // The memory type for `placement` among `allowed` (a memoryTypeBits mask), or UINT32_MAX.
+  uint32_t MemoryType(uint32_t allowed, Placement placement) const {
+    const VkMemoryPropertyFlags host =
+        VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    const VkMemoryPropertyFlags local = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+    struct Want {
+      VkMemoryPropertyFlags required, forbidden;
+    };
+    std::vector<Want> wants;
+    if (placement == Placement::kHostMapped) {
+      wants = {{host | local, 0}, {host, 0}};
+    } else {
+      wants = {{local, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT}, {local, 0}, {0, 0}};
+    }
+    for (const Want& want : wants) {
+      for (uint32_t i = 0; i < memory_properties.memoryTypeCount; ++i) {
+        const VkMemoryPropertyFlags f = memory_properties.memoryTypes[i].propertyFlags;
+        if ((allowed & (1u << i)) && (f & want.required) == want.required &&
+            (f & want.forbidden) == 0) {
+          return i;
+        }
+      }
+    }
+    return UINT32_MAX;
+  }
+
+  // Makes `b` hold at least `size` bytes, keeping it when it already does (a per-step buffer).
+  // Grows by at least half again so a slowly growing step does not reallocate every call.
+  absl::Status Ensure(Buffer& b, VkDeviceSize size, absl::string_view what, Placement placement) {
+    if (b.buffer != VK_NULL_HANDLE && b.size >= size) return absl::OkStatus();
+    const VkDeviceSize grown = std::max<VkDeviceSize>(size, b.size + b.size / 2);
+    Free(b);
+    step_allocations.fetch_add(1, std::memory_order_relaxed);
+    absl::Status status = Allocate(grown, what, b, /*check_range=*/false, placement);
+    if (!status.ok()) Free(b);
+    return status;
+  }
+
+  // Placement of the chain's intermediates, which the host never reads.
+  Placement InnerPlacement() const {
+    return staging_mode ? Placement::kDeviceLocal : Placement::kHostMapped;
+  }
+
+  // Submits the recorded `cb` on the queue, waits for `f` and resets it. Any thread.
+  absl::Status SubmitAndWait(VkCommandBuffer cb, VkFence f, absl::string_view what) {
+    VkSubmitInfo submit{};
+    submit.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    submit.commandBufferCount = 1;
+    submit.pCommandBuffers = &cb;
+    {
+      absl::MutexLock lock(&queue_mu);
+      COLI_VK_RETURN_IF_ERROR(vk.vkQueueSubmit(queue, 1, &submit, f));
+    }
+    const VkResult waited = vk.vkWaitForFences(device, 1, &f, VK_TRUE, kFenceTimeoutNs);
+    const VkResult reset = vk.vkResetFences(device, 1, &f);
+    COLI_RETURN_IF_ERROR(VkError(waited, absl::StrCat("vkWaitForFences (", what, ")")));
+    COLI_VK_RETURN_IF_ERROR(reset);
+    return absl::OkStatus();
+  }
+
+  // One host -> device copy of a staged upload: `size` bytes from `src` into `dst` at 0.
+  struct StagedCopy {
+    const uint8_t* src;
+    VkBuffer dst;
+    VkDeviceSize size;
+  };
+
+  // Copies every piece through the staging buffer: fills it, records vkCmdCopyBuffer for each
+  // piece (pieces larger than the buffer go in chunks), and per fill ends with a transfer ->
+  // compute barrier, one submission and one fence wait. Serialised by upload_mu, independent of
+  // `mu`, so an upload never waits for a step's submission to finish (nor a step for it).
+  absl::Status UploadStaged(std::span<const StagedCopy> copies) {
+    absl::MutexLock lock(&upload_mu);
+    if (staging.buffer == VK_NULL_HANDLE) {
+      absl::Status status =
+          Allocate(staging_bytes, "staging", staging, /*check_range=*/false, Placement::kHostMapped);
+      if (!status.ok()) {
+        Free(staging);
+        return status;
+      }
+    }
+    bool recording = false;
+    VkDeviceSize used = 0;
+    auto begin = [&]() -> absl::Status {
+      COLI_VK_RETURN_IF_ERROR(vk.vkResetCommandBuffer(upload_cb, 0));
+      VkCommandBufferBeginInfo info{};
+      info.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+      info.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+      COLI_VK_RETURN_IF_ERROR(vk.vkBeginCommandBuffer(upload_cb, &info));
+      recording = true;
+      used = 0;
+      return absl::OkStatus();
+    };
+    auto flush = [&]() -> absl::Status {
+      recording = false;
+      VkMemoryBarrier to_compute{};
+      to_compute.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+      to_compute.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+      to_compute.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+      vk.vkCmdPipelineBarrier(upload_cb, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                              VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &to_compute, 0, nullptr,
+                              0, nullptr);
+      COLI_VK_RETURN_IF_ERROR(vk.vkEndCommandBuffer(upload_cb));
+      COLI_RETURN_IF_ERROR(SubmitAndWait(upload_cb, upload_fence, "staged upload"));
+      upload_batches.fetch_add(1, std::memory_order_relaxed);
+      return absl::OkStatus();
+    };
+    constexpr VkDeviceSize kAlign = 256;  // staging offsets (optimalBufferCopyOffsetAlignment)
+    absl::Status status;
+    for (const StagedCopy& c : copies) {
+      for (VkDeviceSize done = 0; done < c.size && status.ok();) {
+        if (!recording) status = begin();
+        if (!status.ok()) break;
+        const VkDeviceSize room = staging_bytes - used;
+        if (room == 0) {
+          status = flush();
+          continue;
+        }
+        const VkDeviceSize n = std::min(room, c.size - done);
+        std::memcpy(static_cast<uint8_t*>(staging.mapped) + used, c.src + done, n);
+        const VkBufferCopy region{used, done, n};
+        vk.vkCmdCopyBuffer(upload_cb, staging.buffer, c.dst, 1, &region);
+        done += n;
+        used = std::min(staging_bytes, (used + n + kAlign - 1) / kAlign * kAlign);
+      }
+      if (!status.ok()) break;
+    }
+    if (status.ok() && recording) status = flush();
+    if (!status.ok() && recording) vk.vkEndCommandBuffer(upload_cb);
+    return status;
+  }
+
+  // Best wall time of `reps` submissions of one vkCmdCopyBuffer of `bytes` from `src` to `dst`
+  // (the bench's probes). Serialised with uploads.
+  absl::StatusOr<double> TimeCopy(const Buffer& src, const Buffer& dst, VkDeviceSize bytes,
+                                  int reps) {
+    absl::MutexLock lock(&upload_mu);
+    double best = 0;
+    for (int r = 0; r < reps; ++r) {
+      COLI_VK_RETURN_IF_ERROR(vk.vkResetCommandBuffer(upload_cb, 0));
+      VkCommandBufferBeginInfo info{};
+      info.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+      COLI_VK_RETURN_IF_ERROR(vk.vkBeginCommandBuffer(upload_cb, &info));
+      const VkBufferCopy region{0, 0, bytes};
+      vk.vkCmdCopyBuffer(upload_cb, src.buffer, dst.buffer, 1, &region);
+      COLI_VK_RETURN_IF_ERROR(vk.vkEndCommandBuffer(upload_cb));
+      const auto t0 = std::chrono::steady_clock::now();
+      COLI_RETURN_IF_ERROR(SubmitAndWait(upload_cb, upload_fence, "copy probe"));
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r == 0 || t < best) best = t;
+    }
+    return best;
   }
 
   absl::Status PickDevice() {
@@ -283,6 +484,12 @@ struct internal::VulkanState {
     VkFenceCreateInfo fence_info{};
     fence_info.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
     COLI_VK_RETURN_IF_ERROR(vk.vkCreateFence(device, &fence_info, nullptr, &fence));
+    // The uploads' own pool, command buffer and fence (command pools are externally
+    // synchronised, so uploads cannot share the step's).
+    COLI_VK_RETURN_IF_ERROR(vk.vkCreateCommandPool(device, &pool_info, nullptr, &upload_pool));
+    cb_info.commandPool = upload_pool;
+    COLI_VK_RETURN_IF_ERROR(vk.vkAllocateCommandBuffers(device, &cb_info, &upload_cb));
+    COLI_VK_RETURN_IF_ERROR(vk.vkCreateFence(device, &fence_info, nullptr, &upload_fence));
     return absl::OkStatus();
   }
 
@@ -373,19 +580,30 @@ struct internal::VulkanState {
   // Caller holds `mu`.
   absl::Status RunDispatches(std::span<const Dispatch> dispatches, absl::string_view what) {
     if (dispatches.empty()) return absl::OkStatus();
-    VkDescriptorPool pool = VK_NULL_HANDLE;
-    VkDescriptorPoolSize pool_size{};
-    pool_size.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-    pool_size.descriptorCount = static_cast<uint32_t>(dispatches.size() * kBindings);
-    VkDescriptorPoolCreateInfo pool_info{};
-    pool_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-    pool_info.maxSets = static_cast<uint32_t>(dispatches.size());
-    pool_info.poolSizeCount = 1;
-    pool_info.pPoolSizes = &pool_size;
-    COLI_VK_RETURN_IF_ERROR(vk.vkCreateDescriptorPool(device, &pool_info, nullptr, &pool));
-    absl::Status status = RecordAndSubmit(pool, dispatches, what);
-    vk.vkDestroyDescriptorPool(device, pool, nullptr);
-    return status;
+    // One descriptor pool kept between submissions (reset each time), grown for a larger one.
+    const uint32_t sets = static_cast<uint32_t>(dispatches.size());
+    if (descriptor_pool != VK_NULL_HANDLE && descriptor_sets < sets) {
+      vk.vkDestroyDescriptorPool(device, descriptor_pool, nullptr);
+      descriptor_pool = VK_NULL_HANDLE;
+    }
+    if (descriptor_pool == VK_NULL_HANDLE) {
+      const uint32_t capacity = std::max(sets, descriptor_sets + descriptor_sets / 2);
+      VkDescriptorPoolSize pool_size{};
+      pool_size.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+      pool_size.descriptorCount = capacity * kBindings;
+      VkDescriptorPoolCreateInfo pool_info{};
+      pool_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
+      pool_info.maxSets = capacity;
+      pool_info.poolSizeCount = 1;
+      pool_info.pPoolSizes = &pool_size;
+      descriptor_sets = 0;
+      COLI_VK_RETURN_IF_ERROR(
+          vk.vkCreateDescriptorPool(device, &pool_info, nullptr, &descriptor_pool));
+      descriptor_sets = capacity;
+    } else {
+      COLI_VK_RETURN_IF_ERROR(vk.vkResetDescriptorPool(device, descriptor_pool, 0));
+    }
+    return RecordAndSubmit(descriptor_pool, dispatches, what);
   }
 
   absl::Status RecordAndSubmit(VkDescriptorPool pool, std::span<const Dispatch> dispatches,
@@ -460,15 +678,7 @@ struct internal::VulkanState {
     vk.vkCmdPipelineBarrier(command_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                             VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &to_host, 0, nullptr, 0, nullptr);
     COLI_VK_RETURN_IF_ERROR(vk.vkEndCommandBuffer(command_buffer));
-    VkSubmitInfo submit{};
-    submit.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-    submit.commandBufferCount = 1;
-    submit.pCommandBuffers = &command_buffer;
-    COLI_VK_RETURN_IF_ERROR(vk.vkQueueSubmit(queue, 1, &submit, fence));
-    const VkResult waited = vk.vkWaitForFences(device, 1, &fence, VK_TRUE, kFenceTimeoutNs);
-    const VkResult reset = vk.vkResetFences(device, 1, &fence);
-    COLI_RETURN_IF_ERROR(VkError(waited, absl::StrCat("vkWaitForFences (", what, ")")));
-    COLI_VK_RETURN_IF_ERROR(reset);
+    COLI_RETURN_IF_ERROR(SubmitAndWait(command_buffer, fence, what));
     uint64_t n_matmuls = 0;
     for (const Dispatch& d : dispatches) n_matmuls += d.is_matmul() ? 1 : 0;
     matmuls.fetch_add(n_matmuls, std::memory_order_relaxed);
@@ -484,6 +694,24 @@ const std::string& VulkanContext::device_name() const { return state_->device_na
 int VulkanContext::device_index() const { return state_->device_index; }
 
 absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create() {
+  return Create(VulkanContextOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create(
+    const VulkanContextOptions& options) {
+  bool force_staging = options.force_staging;
+  if (const char* env = std::getenv("COLI_VK_STAGING"); env != nullptr && *env != '\0') {
+    if (std::strcmp(env, "1") == 0) {
+      force_staging = true;
+    } else if (std::strcmp(env, "0") != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("COLI_VK_STAGING='", env, "': expected 0 or 1"));
+    }
+  }
+  if (options.staging_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "VulkanContextOptions.staging_bytes = ", options.staging_bytes, ": expected >= 4096"));
+  }
   if (const VkResult r = InitializeLoader(); r != VK_SUCCESS) {
     return absl::UnavailableError(
         absl::StrCat("Vulkan: no loader (libvulkan.so.1 could not be loaded: ", VkResultName(r),
@@ -511,6 +739,8 @@ absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create() {
   COLI_RETURN_IF_ERROR(state->PickDevice());
   COLI_RETURN_IF_ERROR(Annotate(state->CreateDevice(), state->device_name));
   COLI_RETURN_IF_ERROR(Annotate(state->CreatePipeline(), state->device_name));
+  state->staging_mode = force_staging || HasDeviceOnlyMemory(state->memory_properties);
+  state->staging_bytes = options.staging_bytes;
   return std::unique_ptr<VulkanContext>(new VulkanContext(std::move(state)));
 }
 
@@ -521,6 +751,8 @@ struct DeviceMxfp4Matrix::Impl {
   Buffer weights;
   Buffer scales;
   ~Impl() {
+    state->resident_bytes.fetch_sub(weights.allocated + scales.allocated,
+                                    std::memory_order_relaxed);
     state->Free(weights);
     state->Free(scales);
   }
@@ -530,7 +762,9 @@ DeviceMxfp4Matrix::DeviceMxfp4Matrix(std::unique_ptr<Impl> impl) : impl_(std::mo
 DeviceMxfp4Matrix::~DeviceMxfp4Matrix() = default;
 int64_t DeviceMxfp4Matrix::rows() const { return impl_->rows; }
 int64_t DeviceMxfp4Matrix::cols() const { return impl_->cols; }
-size_t DeviceMxfp4Matrix::device_bytes() const { return impl_->weights.size + impl_->scales.size; }
+size_t DeviceMxfp4Matrix::device_bytes() const {
+  return impl_->weights.allocated + impl_->scales.allocated;
+}
 
 namespace {
 
@@ -577,23 +811,122 @@ uint32_t FloatBits(float f) {
 
 absl::StatusOr<std::unique_ptr<DeviceMxfp4Matrix>> VulkanContext::UploadMxfp4(
     const kernels::MatrixView& w) {
-  COLI_RETURN_IF_ERROR(CheckMxfp4View(w));
+  COLI_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<DeviceMxfp4Matrix>> one,
+                        UploadMxfp4Batch(std::span(&w, 1)));
+  return std::move(one[0]);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<DeviceMxfp4Matrix>>> VulkanContext::UploadMxfp4Batch(
+    std::span<const kernels::MatrixView> views) {
+  for (const kernels::MatrixView& w : views) COLI_RETURN_IF_ERROR(CheckMxfp4View(w));
   internal::VulkanState& s = *state_;
-  auto impl = std::make_unique<DeviceMxfp4Matrix::Impl>();
-  impl->state = &s;
-  impl->rows = w.rows;
-  impl->cols = w.cols;
-  if (w.rows == 0)
-    return std::unique_ptr<DeviceMxfp4Matrix>(new DeviceMxfp4Matrix(std::move(impl)));
-  const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
-  COLI_RETURN_IF_ERROR(s.Allocate(bytes.data, "mxfp4 weights", impl->weights));
-  COLI_RETURN_IF_ERROR(s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", impl->scales));
-  // The e2m1 bytes as they are; the E8M0 exponents widened to f32, exactly as the CPU decodes.
-  std::memcpy(impl->weights.mapped, w.data, bytes.data);
-  const uint8_t* e8m0 = static_cast<const uint8_t*>(w.scales);
-  float* scales = static_cast<float*>(impl->scales.mapped);
-  for (size_t i = 0; i < bytes.scales; ++i) scales[i] = kernels::E8m0ToF32(e8m0[i]);
-  return std::unique_ptr<DeviceMxfp4Matrix>(new DeviceMxfp4Matrix(std::move(impl)));
+  const Placement placement = s.staging_mode ? Placement::kDeviceLocal : Placement::kHostMapped;
+  std::vector<std::unique_ptr<DeviceMxfp4Matrix>> out;
+  // The E8M0 exponents widened to f32, exactly as the CPU decodes (staged path: kept here until
+  // the copies are done).
+  std::vector<std::vector<float>> widened;
+  std::vector<internal::VulkanState::StagedCopy> copies;
+  for (const kernels::MatrixView& w : views) {
+    auto impl = std::make_unique<DeviceMxfp4Matrix::Impl>();
+    impl->state = &s;
+    impl->rows = w.rows;
+    impl->cols = w.cols;
+    DeviceMxfp4Matrix::Impl& m = *impl;
+    out.push_back(std::unique_ptr<DeviceMxfp4Matrix>(new DeviceMxfp4Matrix(std::move(impl))));
+    if (w.rows == 0) continue;
+    const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
+    COLI_RETURN_IF_ERROR(s.Allocate(bytes.data, "mxfp4 weights", m.weights, true, placement));
+    s.resident_bytes.fetch_add(m.weights.allocated, std::memory_order_relaxed);
+    COLI_RETURN_IF_ERROR(
+        s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", m.scales, true, placement));
+    s.resident_bytes.fetch_add(m.scales.allocated, std::memory_order_relaxed);
+    const uint8_t* e8m0 = static_cast<const uint8_t*>(w.scales);
+    if (placement == Placement::kHostMapped) {
+      // The e2m1 bytes as they are, straight into the mapped memory.
+      std::memcpy(m.weights.mapped, w.data, bytes.data);
+      float* scales = static_cast<float*>(m.scales.mapped);
+      for (size_t i = 0; i < bytes.scales; ++i) scales[i] = kernels::E8m0ToF32(e8m0[i]);
+      continue;
+    }
+    std::vector<float>& f = widened.emplace_back(bytes.scales);
+    for (size_t i = 0; i < bytes.scales; ++i) f[i] = kernels::E8m0ToF32(e8m0[i]);
+    copies.push_back({static_cast<const uint8_t*>(w.data), m.weights.buffer, bytes.data});
+    copies.push_back({reinterpret_cast<const uint8_t*>(f.data()), m.scales.buffer,
+                      bytes.scales * sizeof(float)});
+  }
+  if (!copies.empty()) COLI_RETURN_IF_ERROR(Annotate(s.UploadStaged(copies), s.device_name));
+  return out;
+}
+
+bool VulkanContext::staging() const { return state_->staging_mode; }
+
+uint64_t VulkanContext::resident_bytes() const {
+  return state_->resident_bytes.load(std::memory_order_relaxed);
+}
+
+uint64_t VulkanContext::upload_batches() const {
+  return state_->upload_batches.load(std::memory_order_relaxed);
+}
+
+uint64_t VulkanContext::step_allocations() const {
+  return state_->step_allocations.load(std::memory_order_relaxed);
+}
+
+void VulkanContext::FailAllocationsForTesting(int n) { state_->fail_allocations.store(n); }
+
+absl::StatusOr<uint64_t> VulkanContext::Mxfp4DeviceBytes(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0 || cols % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Vulkan Mxfp4DeviceBytes: bad mxfp4 shape [", rows, ", ", cols, "]"));
+  }
+  if (rows == 0) return 0;
+  internal::VulkanState& s = *state_;
+  const kernels::MatrixBytes bytes = kernels::FormatBytes(kernels::WeightFormat::kMxfp4, rows, cols);
+  uint64_t total = 0;
+  for (const VkDeviceSize size : {static_cast<VkDeviceSize>(bytes.data),
+                                  static_cast<VkDeviceSize>(bytes.scales * sizeof(float))}) {
+    VkBufferCreateInfo info{};
+    info.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    info.size = size;
+    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                 VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    VkBuffer buffer = VK_NULL_HANDLE;
+    COLI_RETURN_IF_ERROR(
+        VkError(s.vk.vkCreateBuffer(s.device, &info, nullptr, &buffer), "vkCreateBuffer"));
+    VkMemoryRequirements req;
+    s.vk.vkGetBufferMemoryRequirements(s.device, buffer, &req);
+    s.vk.vkDestroyBuffer(s.device, buffer, nullptr);
+    total += req.size;
+  }
+  return total;
+}
+
+absl::StatusOr<double> VulkanContext::TimeCopy(CopyKind kind, uint64_t bytes, int reps) {
+  if (bytes == 0 || reps <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Vulkan TimeCopy: bytes ", bytes, " and reps ", reps, " must be positive"));
+  }
+  internal::VulkanState& s = *state_;
+  Buffer src, dst;
+  auto release = [&] {
+    s.Free(src);
+    s.Free(dst);
+  };
+  const Placement src_placement =
+      kind == CopyKind::kHostToDevice ? Placement::kHostMapped : Placement::kDeviceLocal;
+  absl::Status status = s.Allocate(bytes, "copy probe source", src, false, src_placement);
+  if (status.ok()) {
+    status = s.Allocate(bytes, "copy probe destination", dst, false, Placement::kDeviceLocal);
+  }
+  if (!status.ok()) {
+    release();
+    return status;
+  }
+  if (src.mapped != nullptr) std::memset(src.mapped, 0x5a, bytes);
+  absl::StatusOr<double> best = s.TimeCopy(src, dst, bytes, reps);
+  release();
+  return best;
 }
 
 absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch,
@@ -634,30 +967,34 @@ absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float*
   }
 
   internal::VulkanState& s = *state_;
-  absl::MutexLock lock(&s.mu);
-  Buffer io[2];  // activations, outputs
-  auto release = [&] {
-    for (Buffer& buf : io) s.Free(buf);
-  };
-  absl::Status status = s.Allocate(b * cols * sizeof(float), "activations", io[0]);
-  if (status.ok()) status = s.Allocate(b * rows * sizeof(float), "outputs", io[1]);
-  if (!status.ok()) {
-    release();
-    return status;
+  const VkDeviceSize x_bytes = b * cols * sizeof(float), y_bytes = b * rows * sizeof(float);
+  for (const VkDeviceSize bytes : {x_bytes, y_bytes}) {
+    if (bytes > s.properties.limits.maxStorageBufferRange) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Vulkan Mxfp4Matmul: an activation or output buffer of ", bytes,
+                       " bytes exceeds the device's maxStorageBufferRange (",
+                       s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
+    }
   }
-  std::memcpy(io[0].mapped, x, b * cols * sizeof(float));
+  absl::MutexLock lock(&s.mu);
+  // The chain's activation and output buffers, kept between calls.
+  Buffer& in = s.step_x;
+  Buffer& out = s.step_y;
+  absl::Status status = s.Ensure(in, x_bytes, "activations", Placement::kHostMapped);
+  if (status.ok()) status = s.Ensure(out, y_bytes, "outputs", Placement::kHostMapped);
+  if (!status.ok()) return status;
+  std::memcpy(in.mapped, x, x_bytes);
   internal::VulkanState::Dispatch d;
   d.segments[0] = {w.impl_->weights.buffer, 0, w.impl_->weights.size};
   d.segments[1] = {w.impl_->scales.buffer, 0, w.impl_->scales.size};
-  d.segments[2] = {io[0].buffer, 0, io[0].size};
-  d.segments[3] = {io[1].buffer, 0, io[1].size};
+  d.segments[2] = {in.buffer, 0, x_bytes};
+  d.segments[3] = {out.buffer, 0, y_bytes};
   d.push[0] = static_cast<uint32_t>(rows);
   d.push[1] = static_cast<uint32_t>(cols);
   d.push[2] = static_cast<uint32_t>(b);
   MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
   status = Annotate(s.RunDispatches(std::span(&d, 1), "mxfp4_matmul dispatch"), s.device_name);
-  if (status.ok()) std::memcpy(y, io[1].mapped, b * rows * sizeof(float));
-  release();
+  if (status.ok()) std::memcpy(y, out.mapped, y_bytes);
   return status;
 }
 
@@ -774,20 +1111,16 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
   if (!any) return absl::OkStatus();
 
   absl::MutexLock lock(&s.mu);
-  Buffer x, g, u, h, y;
-  Buffer* all[] = {&x, &g, &u, &h, &y};
-  auto release = [&] {
-    for (Buffer* buf : all) s.Free(*buf);
-  };
-  absl::Status status = s.Allocate(x_total, "chain activations", x, /*check_range=*/false);
-  if (status.ok()) status = s.Allocate(inner_total, "chain gate", g, false);
-  if (status.ok()) status = s.Allocate(inner_total, "chain up", u, false);
-  if (status.ok()) status = s.Allocate(inner_total, "chain hidden", h, false);
-  if (status.ok()) status = s.Allocate(x_total, "chain outputs", y, false);
-  if (!status.ok()) {
-    release();
-    return status;
-  }
+  // Kept between calls, grown only for a larger step (VulkanState::Ensure). The intermediates
+  // are never touched by the host: device-local when uploads are staged.
+  Buffer &x = s.step_x, &g = s.step_g, &u = s.step_u, &h = s.step_h, &y = s.step_y;
+  const Placement inner = s.InnerPlacement();
+  absl::Status status = s.Ensure(x, x_total, "chain activations", Placement::kHostMapped);
+  if (status.ok()) status = s.Ensure(g, inner_total, "chain gate", inner);
+  if (status.ok()) status = s.Ensure(u, inner_total, "chain up", inner);
+  if (status.ok()) status = s.Ensure(h, inner_total, "chain hidden", inner);
+  if (status.ok()) status = s.Ensure(y, x_total, "chain outputs", Placement::kHostMapped);
+  if (!status.ok()) return status;
   using Dispatch = internal::VulkanState::Dispatch;
   std::vector<Dispatch> dispatches;
   dispatches.reserve(jobs.size() * 4);
@@ -844,7 +1177,6 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
                   layout[j].x_bytes);
     }
   }
-  release();
   return status;
 }
 

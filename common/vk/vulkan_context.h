@@ -14,6 +14,15 @@
 // (kernels::E8m0ToF32: float bits s << 23). Activations stay f32, so the result is the CPU's
 // exact-float MXFP4 kernel (MatmulOptions{.idot = false}) up to summation order.
 //
+// Residency. Where the device has device-local memory that is not host-visible (a discrete
+// GPU), resident matrices live there and are filled through one reusable host-visible staging
+// buffer (vkCmdCopyBuffer, a transfer -> compute barrier, one fence per staging fill) on the
+// uploading thread, independent of the step's lock. Elsewhere (integrated GPUs, lavapipe) they
+// are written straight into mapped memory. COLI_VK_STAGING=1 (or
+// VulkanContextOptions::force_staging) forces the staged path, so lavapipe exercises it.
+// Per-step buffers (activations, intermediates, outputs) are kept in the context and grown only
+// for a larger step.
+//
 // Device choice: the first physical device with a compute queue, discrete GPUs before
 // integrated, virtual and CPU (lavapipe) ones; COLI_VK_DEVICE=N takes device N of the
 // enumeration instead. Errors are absl::Status naming the call and its VkResult; nothing aborts.
@@ -24,6 +33,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -47,7 +57,8 @@ class DeviceMxfp4Matrix {
 
   int64_t rows() const;
   int64_t cols() const;
-  // Device bytes held: rows*cols/2 weight bytes plus 4 bytes per 32-column group.
+  // Device memory held (allocation sizes): at least rows*cols/2 weight bytes plus 4 bytes per
+  // 32-column group.
   size_t device_bytes() const;
 
  private:
@@ -70,13 +81,29 @@ struct ExpertChainJob {
   float* y = nullptr;
 };
 
+struct VulkanContextOptions {
+  // Stage resident uploads into device-local memory even where every type is host-visible
+  // (tests on lavapipe). COLI_VK_STAGING=1 sets it too.
+  bool force_staging = false;
+  // Bytes of the staging buffer; larger uploads are copied in chunks. At least 4096.
+  uint64_t staging_bytes = 32ull << 20;
+};
+
+// What VulkanContext::TimeCopy copies (coli bench vk).
+enum class CopyKind {
+  kHostToDevice,    // a host-visible buffer into device-local memory (the upload path's limit)
+  kDeviceToDevice,  // device-local to device-local (reads and writes device memory)
+};
+
 class VulkanContext {
  public:
   // Loads the Vulkan loader, creates an instance (no layers), picks a device with a compute
   // queue and builds the MXFP4 matmul pipeline from the embedded SPIR-V. UNAVAILABLE when there
   // is no loader or no device with a compute queue; INVALID_ARGUMENT for a bad COLI_VK_DEVICE;
   // INTERNAL (with the VkResult) when a Vulkan call fails.
+  // COLI_VK_STAGING other than 0 or 1 is INVALID_ARGUMENT naming it.
   static absl::StatusOr<std::unique_ptr<VulkanContext>> Create();
+  static absl::StatusOr<std::unique_ptr<VulkanContext>> Create(const VulkanContextOptions& options);
   ~VulkanContext();
   VulkanContext(const VulkanContext&) = delete;
   VulkanContext& operator=(const VulkanContext&) = delete;
@@ -95,8 +122,33 @@ class VulkanContext {
   absl::Status Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch, float* y);
 
   // Copies an MXFP4 view to the device (same refusals as Mxfp4Matmul for the view; rows may be
-  // 0). Prefers memory that is both device-local and host-visible, else host-visible.
+  // 0). staging(): device-local memory filled through the staging buffer; else memory that is
+  // both device-local and host-visible if there is one, else host-visible. RESOURCE_EXHAUSTED
+  // (VK_ERROR_OUT_OF_DEVICE_MEMORY) when the device is full; nothing stays allocated then.
+  // Thread-safe; never waits for a running step (uploads have their own command buffer).
   absl::StatusOr<std::unique_ptr<DeviceMxfp4Matrix>> UploadMxfp4(const kernels::MatrixView& w);
+  // Several matrices in as few staged submissions as the staging buffer allows (an expert's
+  // three matrices: one fence). Same refusals; all or nothing.
+  absl::StatusOr<std::vector<std::unique_ptr<DeviceMxfp4Matrix>>> UploadMxfp4Batch(
+      std::span<const kernels::MatrixView> views);
+  // Device memory (allocation sizes, alignment included) a resident [rows, cols] MXFP4 matrix
+  // takes on this device: what a budget must count. INVALID_ARGUMENT for a bad shape.
+  absl::StatusOr<uint64_t> Mxfp4DeviceBytes(int64_t rows, int64_t cols);
+
+  // True when resident matrices are device-local and uploaded through the staging buffer.
+  bool staging() const;
+  // Device memory held by the live resident matrices (allocation sizes). Any thread.
+  uint64_t resident_bytes() const;
+  // Staged upload submissions (one fence each) completed so far. Any thread.
+  uint64_t upload_batches() const;
+  // Per-step buffers (re)allocated so far: grows only when a step is larger than those before.
+  uint64_t step_allocations() const;
+  // Test hook: the next `n` device allocations fail as VK_ERROR_OUT_OF_DEVICE_MEMORY would.
+  void FailAllocationsForTesting(int n);
+
+  // Best wall time in seconds of `reps` submissions of one vkCmdCopyBuffer of `bytes` (buffers
+  // allocated for the call; coli bench vk's device limits). INVALID_ARGUMENT for 0 bytes/reps.
+  absl::StatusOr<double> TimeCopy(CopyKind kind, uint64_t bytes, int reps);
 
   // As Mxfp4Matmul above on a resident matrix; INVALID_ARGUMENT for a matrix uploaded by
   // another context.

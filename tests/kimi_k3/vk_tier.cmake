@@ -15,6 +15,13 @@ target_compile_definitions(k3_vk_tier_test PRIVATE
 if(TARGET k3_tiny_fixture)
   add_dependencies(k3_vk_tier_test k3_tiny_fixture)
 endif()
+# The same tests with resident experts staged into device-local memory (COLI_VK_STAGING=1: the
+# discrete-GPU upload path, exercised on lavapipe).
+gtest_discover_tests(k3_vk_tier_test
+  TEST_PREFIX "staging."
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
+  PROPERTIES LABELS unit ENVIRONMENT COLI_VK_STAGING=1
+  DISCOVERY_TIMEOUT 60)
 
 # The tier through the plugin ABI (extra options → plugin_entry.cc → VkExpertTier; vk_* stats).
 if(TARGET kimi_k3)
@@ -25,6 +32,11 @@ if(TARGET kimi_k3)
     COLI_K3_TINY_DIR="${PROJECT_BINARY_DIR}/fixtures/k3_tiny"
     COLI_PLUGIN_DIR_FOR_TEST="${COLI_PLUGIN_DIR}")
   add_dependencies(k3_vk_tier_plugin_test kimi_k3)
+  gtest_discover_tests(k3_vk_tier_plugin_test
+    TEST_PREFIX "staging."
+    WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
+    PROPERTIES LABELS unit ENVIRONMENT COLI_VK_STAGING=1
+    DISCOVERY_TIMEOUT 60)
   if(TARGET k3_tiny_fixture)
     add_dependencies(k3_vk_tier_plugin_test k3_tiny_fixture)
   endif()
