@@ -96,7 +96,8 @@ absl::Status Model::Embed(std::span<const int32_t> tokens, float* out) const {
 }
 
 absl::Status Model::Forward(std::span<const Row> rows, const float* x0, float* logits,
-                            float* trace, Timings* timings) const {
+                            float* trace, Timings* timings,
+                            const std::function<bool()>* interrupt) const {
   Timings scratch_timings;
   Timings& t = timings ? *timings : scratch_timings;
   const int n = static_cast<int>(rows.size());
@@ -120,6 +121,10 @@ absl::Status Model::Forward(std::span<const Row> rows, const float* x0, float* l
   bool prefix_none = false;
 
   for (int i = 0; i < L; ++i) {
+    // A long prefill chunk on the real model takes about a minute: a cancel lands within a layer.
+    if (i > 0 && interrupt != nullptr && (*interrupt)()) {
+      return absl::CancelledError(absl::StrCat("forward pass interrupted before layer ", i));
+    }
     const LayerWeights& lw = weights_->layers[i];
     // Attention site: mix over [snapshots…, prefix], then close the block if one starts here.
     {

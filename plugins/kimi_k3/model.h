@@ -112,8 +112,12 @@ class Model {
   // Runs rows through the stack. x0: [n, D] input rows (embeddings or injected K3_X0 rows).
   // logits: [rows with want_logits, V] in row order (may be null when none is wanted).
   // trace: when non-null, [n, num_layers, D] — the hidden state after every layer, token-major.
+  // `interrupt`, when given, is asked between layers: true stops the pass with CANCELLED and
+  // the rows' states are left half-advanced (the caller restores them; Session does). It must be
+  // cheap and must not run model work.
   absl::Status Forward(std::span<const Row> rows, const float* x0, float* logits, float* trace,
-                       Timings* timings) const;
+                       Timings* timings,
+                       const std::function<bool()>* interrupt = nullptr) const;
 
  private:
   Model() = default;

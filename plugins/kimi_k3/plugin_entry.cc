@@ -524,6 +524,13 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     between_chunks(last_done);
     return cancelled;
   };
+  // Between the layers of a chunk (a 32-token chunk of the real model takes about a minute):
+  // only the host's cancel, with a report it has already seen (it answers at once, no pacing),
+  // under the lock; a cancel drops the chunk in flight and keeps the ones before it.
+  Session::Cancel interrupt = [&]() {
+    ask(last_done);
+    return cancelled;
+  };
   // With checkpoints on, the tail runs in two parts split where the last message starts, so
   // that an edit of that message can return there (the split does not change results: chunked
   // prefill is bit-identical to token at a time).
@@ -544,7 +551,8 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
         last_done = offset + done;
         between_chunks(last_done);
       };
-      logits = s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel);
+      logits =
+          s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel, interrupt);
       if (!logits.ok()) break;
       if (s->checkpoints != nullptr) {
         // A checkpoint that cannot be parked costs only a longer prefill later.

@@ -94,7 +94,8 @@ absl::Status Session::Restore(const Checkpoint& c) {
 }
 
 absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const int32_t> ids,
-                                                bool prefill, bool every_row) {
+                                                bool prefill, bool every_row,
+                                                const Cancel* interrupt) {
   const int n = static_cast<int>(ids.size());
   const int64_t D = model_.hidden_size(), V = model_.vocab_size();
   const int L = model_.num_layers();
@@ -113,8 +114,9 @@ absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const 
   std::vector<float> trace;
   if (trace_file_) trace.resize(static_cast<size_t>(n) * L * D);
   absl::Status s = model_.Forward(rows, x, logits.data(), trace_file_ ? trace.data() : nullptr,
-                                  &timings_);
+                                  &timings_, interrupt);
   if (!s.ok()) {
+    // An interrupted pass leaves the state half-advanced too: the caller (Chunked) restores it.
     broken_ = true;
     return s;
   }
@@ -131,7 +133,7 @@ absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const 
 absl::StatusOr<std::vector<float>> Session::Chunked(
     int64_t n,
     const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
-    const Progress& progress, const Cancel& cancel) {
+    const Progress& progress, const Cancel& cancel, const Cancel& interrupt) {
   COLI_RETURN_IF_ERROR(CheckUsable());
   if (n <= 0) return absl::InvalidArgumentError("prefill needs at least one token");
   const int64_t max_ctx = model_.options().max_context;
@@ -150,7 +152,19 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
     x.resize(len * D);
     ids.clear();
     COLI_RETURN_IF_ERROR(rows(start, len, x.data(), &ids));
-    COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true));
+    if (!interrupt) {
+      COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true));
+    } else {
+      // The chunk's start, to return to when the pass is interrupted between layers.
+      const Checkpoint before = TakeCheckpoint({});
+      absl::StatusOr<std::vector<float>> out =
+          Run(x.data(), ids, /*prefill=*/true, /*every_row=*/false, &interrupt);
+      if (absl::IsCancelled(out.status())) {
+        COLI_RETURN_IF_ERROR(Restore(before));
+        return absl::CancelledError("prefill cancelled");
+      }
+      COLI_ASSIGN_OR_RETURN(logits, std::move(out));
+    }
     if (progress) progress(start + len, n);
   }
   return logits;
@@ -158,7 +172,8 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
 
 absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tokens,
                                                     const Progress& progress,
-                                                    const Cancel& cancel) {
+                                                    const Cancel& cancel,
+                                                    const Cancel& interrupt) {
   return Chunked(
       static_cast<int64_t>(tokens.size()),
       [&](int64_t start, int64_t len, float* x, std::vector<int32_t>* ids) {
@@ -169,7 +184,7 @@ absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tok
         timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return s;
       },
-      progress, cancel);
+      progress, cancel, interrupt);
 }
 
 absl::StatusOr<std::vector<float>> Session::PrefillRows(std::span<const float> x0,

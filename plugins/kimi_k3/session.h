@@ -59,9 +59,15 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   // Runs `tokens` (at least one) and returns the logits [V] after the last one.
+  // `cancel` is asked before every chunk (it may do other work there, e.g. let other sessions'
+  // passes run). `interrupt`, when given, is also asked between the layers of a chunk: true
+  // drops the chunk in flight (the state returns to the chunk's start: a copy of the recurrent
+  // state is taken per chunk for that, the MLA caches are truncated) and answers CANCELLED, with
+  // the chunks before it kept. It must be cheap and must not run model work.
   absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
                                              const Progress& progress = nullptr,
-                                             const Cancel& cancel = nullptr);
+                                             const Cancel& cancel = nullptr,
+                                             const Cancel& interrupt = nullptr);
   // Like Prefill on injected input rows x0 [n, D] instead of embeddings (K3_X0). The token
   // record gets -1 for these positions.
   absl::StatusOr<std::vector<float>> PrefillRows(std::span<const float> x0,
@@ -112,9 +118,11 @@ class Session {
   // Runs rows [n, D] at positions position()…; records `ids`; returns the last row's logits
   // (every row's, [n, V], when `every_row`).
   absl::StatusOr<std::vector<float>> Run(const float* x, std::span<const int32_t> ids, bool prefill,
-                                         bool every_row = false);
+                                         bool every_row = false,
+                                         const Cancel* interrupt = nullptr);
   absl::StatusOr<std::vector<float>> Chunked(int64_t n, const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
-                                             const Progress& progress, const Cancel& cancel);
+                                             const Progress& progress, const Cancel& cancel,
+                                             const Cancel& interrupt = nullptr);
 
   const Model& model_;
   SequenceState state_;

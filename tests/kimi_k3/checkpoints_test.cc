@@ -87,6 +87,45 @@ TEST_F(CheckpointSessionTest, RestoreThenContinueEqualsAFreshSession) {
   EXPECT_TRUE(SameBits(*step, *ref_step));
 }
 
+// A prefill interrupted between two layers of a chunk (the seed: long prefill polls CANCEL
+// between layers) answers CANCELLED, keeps exactly the chunks before it (chunks of 5 here) and
+// drops the one in flight, so the session continues as if that chunk never started: the
+// remaining tokens then give a fresh session's logits bit for bit, and so does a decode step.
+TEST_F(CheckpointSessionTest, InterruptBetweenLayersDropsOnlyTheChunkInFlight) {
+  const std::vector<int32_t> prompt = Ids(23, 6);
+  for (int stop_at : {1, 3, 7}) {  // the interrupt's n-th question: layer boundary n of a chunk
+    auto s = model_->NewSession();
+    int asked = 0;
+    int chunks_started = 0;
+    Session::Cancel cancel = [&]() {
+      ++chunks_started;
+      return false;
+    };
+    // Let the first two chunks (10 tokens) finish, then stop inside the third.
+    Session::Cancel interrupt = [&]() { return chunks_started >= 3 && ++asked >= stop_at; };
+    EXPECT_THAT(s->Prefill(prompt, nullptr, cancel, interrupt),
+                StatusIs(absl::StatusCode::kCancelled))
+        << "stop_at " << stop_at;
+    EXPECT_EQ(asked, stop_at);
+    EXPECT_EQ(s->tokens(), std::vector<int32_t>(prompt.begin(), prompt.begin() + 10));
+    auto rest = s->Prefill(std::vector<int32_t>(prompt.begin() + 10, prompt.end()));
+    ASSERT_OK(rest.status()) << "the session stays usable";
+    EXPECT_TRUE(SameBits(*rest, Fresh(prompt))) << "stop_at " << stop_at;
+    auto step = s->Step(11);
+    ASSERT_OK(step.status());
+    auto ref = model_->NewSession();
+    ASSERT_OK(ref->Prefill(prompt).status());
+    auto ref_step = ref->Step(11);
+    ASSERT_OK(ref_step.status());
+    EXPECT_TRUE(SameBits(*step, *ref_step)) << "stop_at " << stop_at;
+  }
+  // Never interrupted: the same logits as without an interrupt.
+  auto s = model_->NewSession();
+  auto all = s->Prefill(prompt, nullptr, nullptr, [] { return false; });
+  ASSERT_OK(all.status());
+  EXPECT_TRUE(SameBits(*all, Fresh(prompt)));
+}
+
 TEST_F(CheckpointSessionTest, RestoreRefusesACheckpointOffTheRecord) {
   auto s = model_->NewSession();
   auto la = s->Prefill(Ids(10, 4));
