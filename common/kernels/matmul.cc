@@ -178,7 +178,7 @@ Layout PrepareLayout(Isa isa, const MatrixView& w, const float* x, int64_t batch
     p->corr = l.corr;
     p->xs = l.xs;
   }
-  if (isa == Isa::kAvx512) {
+  if (IsSimd(isa)) {
     p->xg_stride = (groups + 15) / 16 * 16;
     l.xg = static_cast<float*>(buf.xg.Zeroed(batch * p->xg_stride * sizeof(float)));
     p->xg = l.xg;
