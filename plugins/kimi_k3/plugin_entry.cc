@@ -95,6 +95,7 @@ struct K3Model {
   // so a long prefill can let them in between its chunks (ForwardLock::LetWaitingIn).
   std::mutex forward_mu;
   std::atomic<int> forward_waiting{0};
+  std::atomic<uint64_t> forward_entries{0};  // times the lock was taken
 };
 
 // The model's forward lock, counted while waited for.
@@ -105,16 +106,19 @@ class ForwardLock {
     m_.forward_waiting.fetch_add(1);
     lock_.lock();
     m_.forward_waiting.fetch_sub(1);
+    m_.forward_entries.fetch_add(1);
   }
   void Unlock() { lock_.unlock(); }
   // Unlocked: lets the passes waiting for the model right now take it first (they announced
   // themselves before blocking; std::mutex alone would let this thread win again at once).
   // Bounded, so a stuck waiter cannot stall the caller.
   void LetWaitingIn() {
-    const int waiting = m_.forward_waiting.load();
-    if (waiting == 0) return;
+    if (m_.forward_waiting.load() == 0) return;
+    const uint64_t entries = m_.forward_entries.load();
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-    while (m_.forward_waiting.load() >= waiting && std::chrono::steady_clock::now() < until) {
+    // Until one of them has taken the lock (then this thread queues behind it).
+    while (m_.forward_entries.load() == entries && m_.forward_waiting.load() > 0 &&
+           std::chrono::steady_clock::now() < until) {
       std::this_thread::yield();
     }
   }
