@@ -151,6 +151,7 @@ struct internal::VulkanState {
   std::atomic<uint64_t> upload_batches{0};    // staged submissions (fences) completed
   std::atomic<uint64_t> step_allocations{0};  // per-step buffers (re)allocated
   std::atomic<int> fail_allocations{0};       // FailAllocationsForTesting
+  std::atomic<bool> fail_uploads_only{false};  // ... counting resident matrices' only
 
   absl::Mutex mu;  // serialises submissions: one command buffer, one descriptor set
   // Per-step buffers kept between calls (guarded by mu), grown only for a larger step:
@@ -203,7 +204,8 @@ struct internal::VulkanState {
   // device-local type that is not host-visible (discrete VRAM) first, else any device-local
   // type, else any type; never mapped.
   absl::Status Allocate(VkDeviceSize size, absl::string_view what, Buffer& b,
-                        bool check_range = true, Placement placement = Placement::kHostMapped) {
+                        bool check_range = true, Placement placement = Placement::kHostMapped,
+                        bool resident = false) {
     if (check_range && size > properties.limits.maxStorageBufferRange) {
       return absl::ResourceExhaustedError(
           absl::StrCat("Vulkan: ", what, " buffer of ", size,
@@ -231,7 +233,7 @@ struct internal::VulkanState {
     alloc.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
     alloc.allocationSize = req.size;
     alloc.memoryTypeIndex = type;
-    int pending = fail_allocations.load();
+    int pending = (resident || !fail_uploads_only.load()) ? fail_allocations.load() : 0;
     while (pending > 0 && !fail_allocations.compare_exchange_weak(pending, pending - 1)) {
     }
     if (pending > 0) {
@@ -835,10 +837,12 @@ absl::StatusOr<std::vector<std::unique_ptr<DeviceMxfp4Matrix>>> VulkanContext::U
     out.push_back(std::unique_ptr<DeviceMxfp4Matrix>(new DeviceMxfp4Matrix(std::move(impl))));
     if (w.rows == 0) continue;
     const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
-    COLI_RETURN_IF_ERROR(s.Allocate(bytes.data, "mxfp4 weights", m.weights, true, placement));
+    COLI_RETURN_IF_ERROR(s.Allocate(bytes.data, "mxfp4 weights", m.weights, true, placement,
+                                  /*resident=*/true));
     s.resident_bytes.fetch_add(m.weights.allocated, std::memory_order_relaxed);
     COLI_RETURN_IF_ERROR(
-        s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", m.scales, true, placement));
+        s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", m.scales, true, placement,
+                   /*resident=*/true));
     s.resident_bytes.fetch_add(m.scales.allocated, std::memory_order_relaxed);
     const uint8_t* e8m0 = static_cast<const uint8_t*>(w.scales);
     if (placement == Placement::kHostMapped) {
@@ -872,7 +876,10 @@ uint64_t VulkanContext::step_allocations() const {
   return state_->step_allocations.load(std::memory_order_relaxed);
 }
 
-void VulkanContext::FailAllocationsForTesting(int n) { state_->fail_allocations.store(n); }
+void VulkanContext::FailAllocationsForTesting(int n, bool uploads_only) {
+  state_->fail_uploads_only.store(uploads_only);
+  state_->fail_allocations.store(n);
+}
 
 absl::StatusOr<uint64_t> VulkanContext::Mxfp4DeviceBytes(int64_t rows, int64_t cols) {
   if (rows < 0 || cols < 0 || cols % 32 != 0) {

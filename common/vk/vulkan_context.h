@@ -143,8 +143,9 @@ class VulkanContext {
   uint64_t upload_batches() const;
   // Per-step buffers (re)allocated so far: grows only when a step is larger than those before.
   uint64_t step_allocations() const;
-  // Test hook: the next `n` device allocations fail as VK_ERROR_OUT_OF_DEVICE_MEMORY would.
-  void FailAllocationsForTesting(int n);
+  // Test hook: the next `n` device allocations (only those of resident matrices when
+  // `uploads_only`) fail as VK_ERROR_OUT_OF_DEVICE_MEMORY would.
+  void FailAllocationsForTesting(int n, bool uploads_only = false);
 
   // Best wall time in seconds of `reps` submissions of one vkCmdCopyBuffer of `bytes` (buffers
   // allocated for the call; coli bench vk's device limits). INVALID_ARGUMENT for 0 bytes/reps.

@@ -82,8 +82,12 @@ absl::Status VkSwitches::Resolve(ModelOptions* options) const {
 
 std::string VkTierStats::Describe() const {
   return absl::StrFormat(
-      "%d/%d experts resident (%.1f MB), %d hits, %d promotions, %d evictions, %d warm%s",
-      resident, slots, bytes / 1e6, hits, promotions, evictions, warm,
+      "%d/%d experts resident (%.1f MB%s), %d hits, %d promotions, %d evictions, %d warm%s%s",
+      resident, slots, bytes / 1e6, staging ? " device-local, staged" : "", hits, promotions,
+      evictions, warm,
+      promotions_stopped
+          ? absl::StrFormat(", promotions stopped after %d failed upload(s)", upload_failures)
+          : "",
       failures > 0 ? ", DISABLED after a device failure" : "");
 }
 
@@ -124,10 +128,33 @@ absl::StatusOr<std::shared_ptr<VkExpertTier::Resident>> VkExpertTier::UploadView
     int index, const ExpertWeights& w) {
   auto r = std::make_shared<Resident>();
   r->index = index;
-  COLI_ASSIGN_OR_RETURN(r->w1, vk_->UploadMxfp4(w.w1));
-  COLI_ASSIGN_OR_RETURN(r->w2, vk_->UploadMxfp4(w.w2));
-  COLI_ASSIGN_OR_RETURN(r->w3, vk_->UploadMxfp4(w.w3));
+  // The three matrices as one batch: one staged submission and fence per expert.
+  const kernels::MatrixView views[] = {w.w1, w.w2, w.w3};
+  COLI_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<vulkan::DeviceMxfp4Matrix>> m,
+                        vk_->UploadMxfp4Batch(views));
+  r->w1 = std::move(m[0]);
+  r->w2 = std::move(m[1]);
+  r->w3 = std::move(m[2]);
   return r;
+}
+
+void VkExpertTier::UploadFailedLocked(int index, const absl::Status& status) {
+  stats_.upload_failures += 1;
+  const int layer = moe_layers_[index / experts_];
+  const int expert = index % experts_;
+  if (status.code() == absl::StatusCode::kResourceExhausted) {
+    if (!promotions_stopped_) {
+      COLI_LOG(kWarning) << "Vulkan tier: device memory full on " << vk_->device_name()
+                         << " with " << resident_.size() << " experts resident ("
+                         << vk_->resident_bytes() << " B); no more promotions, the other "
+                         << "experts stay on the CPU (upload of expert " << expert << " of layer "
+                         << layer << ": " << status << ")";
+    }
+    promotions_stopped_ = true;
+    return;
+  }
+  COLI_LOG(kWarning) << "Vulkan tier: upload of expert " << expert << " of layer " << layer
+                     << " failed: " << status;
 }
 
 absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
@@ -156,7 +183,14 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
   }
   const uint64_t I = static_cast<uint64_t>(cfg.moe.intermediate);
   const uint64_t H = static_cast<uint64_t>(cfg.moe.latent);
-  tier->expert_bytes_ = 3 * (I * H / 2 + I * H / 32 * sizeof(float));
+  // What the device allocates per expert (alignment included): gate and up [I, H], down [H, I].
+  if (I > 0 && H > 0) {
+    COLI_ASSIGN_OR_RETURN(const uint64_t gate_up, tier->vk_->Mxfp4DeviceBytes(cfg.moe.intermediate,
+                                                                              cfg.moe.latent));
+    COLI_ASSIGN_OR_RETURN(const uint64_t down, tier->vk_->Mxfp4DeviceBytes(cfg.moe.latent,
+                                                                           cfg.moe.intermediate));
+    tier->expert_bytes_ = 2 * gate_up + down;
+  }
   const uint64_t total = static_cast<uint64_t>(tier->moe_layers_.size()) * tier->experts_;
   tier->slots_ = tier->expert_bytes_ == 0
                      ? 0
@@ -220,14 +254,24 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
       const ExpertWeights w = ExpertViews(cfg, parts[j]);
       for (const kernels::MatrixView* m : {&w.w1, &w.w2, &w.w3})
         COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(*m), names[j][0]));
-      COLI_ASSIGN_OR_RETURN(std::shared_ptr<Resident> r, tier->UploadViews(warm[first + j], w));
-      tier->resident_[warm[first + j]] = std::move(r);
+      absl::StatusOr<std::shared_ptr<Resident>> r = tier->UploadViews(warm[first + j], w);
+      if (!r.ok() && r.status().code() == absl::StatusCode::kResourceExhausted) {
+        // The device is full before the budget: keep what fits, start without the rest.
+        std::lock_guard<std::mutex> lock(tier->mu_);
+        tier->UploadFailedLocked(warm[first + j], r.status());
+        break;
+      }
+      COLI_RETURN_IF_ERROR(r.status());
+      tier->resident_[warm[first + j]] = std::move(r).value();
       tier->stats_.warm += 1;
     }
+    if (tier->promotions_stopped_) break;
   }
   tier->uploader_ = std::thread([t = tier.get()] { t->UploadLoop(); });
   COLI_LOG(kInfo) << "Vulkan tier on " << tier->vk_->device_name() << ": " << tier->slots_
-                  << " expert slots of " << tier->expert_bytes_ << " B (" << options.budget_gb
+                  << " expert slots of " << tier->expert_bytes_ << " B "
+                  << (tier->vk_->staging() ? "device-local, staged" : "host-visible") << " ("
+                  << options.budget_gb
                   << " GB), " << tier->stats_.warm << " warm from the history, rate "
                   << tier->rate_ << " per pass";
   return tier;
@@ -320,7 +364,7 @@ void VkExpertTier::Offer(int layer, int32_t expert, const ExpertWeights& w) {
   std::unique_ptr<Upload> up;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (failed_ || slots_ == 0 || started_this_pass_ >= rate_) return;
+    if (failed_ || promotions_stopped_ || slots_ == 0 || started_this_pass_ >= rate_) return;
     if (resident_.count(index) || pending_.count(index)) return;
     if (resident_.size() + pending_.size() >= slots_) {
       // The coldest resident (lowest heat; ties → the highest index, the least preferred at
@@ -373,6 +417,12 @@ void VkExpertTier::UploadLoop() {
     if (queue_.empty()) return;  // stop_ with nothing left
     std::unique_ptr<Upload> up = std::move(queue_.front());
     queue_.pop_front();
+    if (promotions_stopped_ || failed_) {
+      // Accepted before the device ran out (or failed): dropped, the expert stays on the CPU.
+      pending_.erase(up->index);
+      cv_.notify_all();
+      continue;
+    }
     lock.unlock();
     std::array<const uint8_t*, 6> parts{};
     for (int t = 0; t < 6; ++t) parts[t] = up->bytes.data() + up->offsets[t];
@@ -383,9 +433,7 @@ void VkExpertTier::UploadLoop() {
       resident_[up->index] = std::move(r).value();
       stats_.promotions += 1;
     } else if (!r.ok()) {
-      COLI_LOG(kWarning) << "Vulkan tier: upload of expert " << up->index % experts_
-                         << " of layer " << moe_layers_[up->index / experts_]
-                         << " failed: " << r.status();
+      UploadFailedLocked(up->index, r.status());
     }
     cv_.notify_all();
   }
@@ -401,7 +449,12 @@ VkTierStats VkExpertTier::Stats() const {
   VkTierStats s = stats_;
   s.matmuls = vk_->matmuls();
   s.resident = resident_.size();
-  s.bytes = resident_.size() * expert_bytes_;
+  // What the residents hold on the device (allocation sizes), not a formula.
+  s.bytes = 0;
+  for (const auto& [index, r] : resident_)
+    s.bytes += r->w1->device_bytes() + r->w2->device_bytes() + r->w3->device_bytes();
+  s.promotions_stopped = promotions_stopped_;
+  s.staging = vk_->staging();
   return s;
 }
 

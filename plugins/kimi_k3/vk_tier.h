@@ -35,6 +35,12 @@
 //   and uploaded on the tier's own thread; it serves steps from the moment its upload ends, so a
 //   step never waits for an upload.
 //
+// * Device memory. Resident experts take what the device allocates for them
+//   (VulkanContext::Mxfp4DeviceBytes: alignment included), in device-local memory filled through
+//   the context's staging buffer on a discrete GPU (or with COLI_VK_STAGING=1). An upload the
+//   device refuses for lack of memory (RESOURCE_EXHAUSTED) stops promotions — and the warm
+//   start — with one log line; the experts already resident keep serving, the rest stay on the
+//   CPU, and Stats counts the failed upload.
 // * Failure. A failed submission (device lost, out of memory) disables the tier: nothing is
 //   claimed or promoted afterwards, that step's experts are computed on the CPU
 //   (LatentMoeForward), and the run goes on with the CPU's results.
@@ -101,6 +107,9 @@ struct VkTierStats {
   uint64_t warm = 0;        // experts uploaded at start-up from the history
   uint64_t slots = 0;       // capacity in experts
   uint64_t failures = 0;    // failed submissions (the first one disables the tier)
+  uint64_t upload_failures = 0;     // uploads the device refused (out of memory, …)
+  bool promotions_stopped = false;  // device memory ran out: no more uploads
+  bool staging = false;             // residents are device-local, uploaded through staging
   std::string Describe() const;  // one line for "[VK] tier kimi_k3 …"
 };
 
@@ -171,6 +180,9 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts {
   int started_this_pass_ = 0;
   bool stop_ = false;
   bool failed_ = false;  // a submission failed: no more claims or promotions
+  bool promotions_stopped_ = false;  // an upload ran out of device memory: no more uploads
+  // Called with mu_ held after a failed upload of `index`.
+  void UploadFailedLocked(int index, const absl::Status& status);
   VkTierStats stats_;
   std::thread uploader_;
 };

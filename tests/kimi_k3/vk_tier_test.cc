@@ -673,6 +673,45 @@ TEST_F(K3VkTierModelTest, FailedSubmissionDisablesTheTier) {
   EXPECT_EQ(tier->Stats().hits, 0u);
 }
 
+// Device memory running out on a promotion (the context's allocation hook stands in for
+// VK_ERROR_OUT_OF_DEVICE_MEMORY): the tier stops promoting, the warm resident keeps serving,
+// every other expert is computed on the CPU, and the counters and the [VK] line say so.
+TEST_F(K3VkTierModelTest, UploadOutOfDeviceMemoryStopsPromotions) {
+  std::vector<int> layers;
+  for (int i = 0; i < cfg_.num_layers; ++i)
+    if (!cfg_.is_dense(i)) layers.push_back(i);
+  UsageHistory history(layers, cfg_.moe.num_experts);
+  history.Record(0, 3, 10);  // one warm expert
+  const std::string path = tmp_ + "/.coli_usage";
+  ASSERT_THAT(history.Save(path), IsOk());
+  VkTierOptions o;
+  o.budget_gb = ExpertGb(60);
+  o.rate = 8;
+  o.usage_path = path;
+  VkExpertTier* tier = nullptr;
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr,
+                                               VkTierFactory(o, nullptr, &tier)));
+  ASSERT_EQ(tier->ResidentExperts(layers[0]), std::vector<int32_t>{3});
+  const uint64_t warm_bytes = tier->Stats().bytes;
+  EXPECT_EQ(warm_bytes, tier->context().resident_bytes());  // counted as allocated
+  EXPECT_EQ(warm_bytes, tier->expert_device_bytes());
+  // The first promotion's first allocation fails (the step's own buffers are not affected).
+  tier->context().FailAllocationsForTesting(1, /*uploads_only=*/true);
+  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model, [&] { tier->WaitForUploads(); }));
+  tier->WaitForUploads();
+  ExpectMatchesCpu(run, /*exact=*/false);
+  const VkTierStats s = tier->Stats();
+  EXPECT_EQ(s.upload_failures, 1u);
+  EXPECT_TRUE(s.promotions_stopped);
+  EXPECT_EQ(s.promotions, 0u);  // nothing after the failure either
+  EXPECT_EQ(s.resident, 1u);
+  EXPECT_EQ(s.bytes, warm_bytes);
+  EXPECT_EQ(s.failures, 0u);  // the tier itself is not disabled
+  EXPECT_THAT(VkTierReport(s), HasSubstr("promotions stopped after 1 failed upload"));
+  EXPECT_THAT(VkTierReport(s), ::testing::Not(HasSubstr("DISABLED")));
+  std::printf("[oom] %s\n", VkTierReport(s).c_str());
+}
+
 TEST_F(K3VkTierFixtureTest, NoVulkanDriverIsUnavailableOnlyWhenAskedFor) {
   // The loader finds no driver through a manifest that does not exist.
   const char* old = std::getenv("VK_ICD_FILENAMES");
