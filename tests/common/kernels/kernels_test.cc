@@ -46,7 +46,7 @@ double RefE8m0(int s) {
 // Memory that ends right before a PROT_NONE page: reading one byte past the end faults.
 class Guarded {
  public:
-  explicit Guarded(size_t bytes) : bytes_(bytes) {
+  explicit Guarded(size_t bytes) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t data_pages = (bytes + page - 1) / page;
     total_ = (data_pages + 1) * page;
@@ -60,7 +60,7 @@ class Guarded {
   uint8_t* data() { return ptr_; }
 
  private:
-  size_t bytes_, total_;
+  size_t total_;
   uint8_t* base_;
   uint8_t* ptr_;
 };
