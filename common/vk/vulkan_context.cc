@@ -106,6 +106,17 @@ struct Buffer {
 
 enum class Placement { kHostMapped, kDeviceLocal };
 
+// Every buffer of the context: a storage buffer that transfers may read and write.
+VkBufferCreateInfo StorageBufferInfo(VkDeviceSize size) {
+  VkBufferCreateInfo info{};
+  info.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+  info.size = size;
+  info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+               VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  return info;
+}
+
 // True when some memory type is device-local without being host-visible: a discrete GPU, whose
 // host-visible memory is system RAM read over PCIe (or a small BAR window).
 bool HasDeviceOnlyMemory(const VkPhysicalDeviceMemoryProperties& m) {
@@ -213,12 +224,7 @@ struct internal::VulkanState {
                        properties.limits.maxStorageBufferRange, ") on ", device_name));
     }
     b.size = size;
-    VkBufferCreateInfo info{};
-    info.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
-    info.size = size;
-    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-                 VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-    info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    const VkBufferCreateInfo info = StorageBufferInfo(size);
     COLI_RETURN_IF_ERROR(Annotate(
         VkError(vk.vkCreateBuffer(device, &info, nullptr, &b.buffer), "vkCreateBuffer"), what));
     VkMemoryRequirements req;
@@ -892,12 +898,7 @@ absl::StatusOr<uint64_t> VulkanContext::Mxfp4DeviceBytes(int64_t rows, int64_t c
   uint64_t total = 0;
   for (const VkDeviceSize size : {static_cast<VkDeviceSize>(bytes.data),
                                   static_cast<VkDeviceSize>(bytes.scales * sizeof(float))}) {
-    VkBufferCreateInfo info{};
-    info.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
-    info.size = size;
-    info.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
-                 VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-    info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    const VkBufferCreateInfo info = StorageBufferInfo(size);
     VkBuffer buffer = VK_NULL_HANDLE;
     COLI_RETURN_IF_ERROR(
         VkError(s.vk.vkCreateBuffer(s.device, &info, nullptr, &buffer), "vkCreateBuffer"));

@@ -354,6 +354,17 @@ class K3VkTierModelTest : public K3VkTierFixtureTest {
     std::printf("[model] worst logits rel-L2 vs the CPU run: %.3g\n", worst);
   }
 
+  // A usage history in tmp_ whose one used expert is expert 3 of the first MoE layer (the one
+  // warm expert of a tier); the MoE decoder layers and the history's path go to the outputs.
+  void WriteOneWarmExpertHistory(std::vector<int>* layers, std::string* path) {
+    for (int i = 0; i < cfg_.num_layers; ++i)
+      if (!cfg_.is_dense(i)) layers->push_back(i);
+    UsageHistory history(*layers, cfg_.moe.num_experts);
+    history.Record(0, 3, 10);
+    *path = tmp_ + "/.coli_usage";
+    ASSERT_THAT(history.Save(*path), IsOk());
+  }
+
   Config cfg_;
   GreedyRun cpu_;
   uint64_t cpu_bytes_read_ = 0;
@@ -642,12 +653,8 @@ TEST_F(K3VkTierModelTest, BadBudgetRateAndHistoryAreHandled) {
 // the CPU's, bit for bit.
 TEST_F(K3VkTierModelTest, FailedSubmissionDisablesTheTier) {
   std::vector<int> layers;
-  for (int i = 0; i < cfg_.num_layers; ++i)
-    if (!cfg_.is_dense(i)) layers.push_back(i);
-  UsageHistory history(layers, cfg_.moe.num_experts);
-  history.Record(0, 3, 10);  // decoder layer layers[0], expert 3: the one warm expert
-  const std::string path = tmp_ + "/.coli_usage";
-  ASSERT_THAT(history.Save(path), IsOk());
+  std::string path;
+  WriteOneWarmExpertHistory(&layers, &path);  // decoder layer layers[0], expert 3
   VkTierOptions o;
   o.budget_gb = ExpertGb(4);
   o.rate = 4;
@@ -678,12 +685,8 @@ TEST_F(K3VkTierModelTest, FailedSubmissionDisablesTheTier) {
 // every other expert is computed on the CPU, and the counters and the [VK] line say so.
 TEST_F(K3VkTierModelTest, UploadOutOfDeviceMemoryStopsPromotions) {
   std::vector<int> layers;
-  for (int i = 0; i < cfg_.num_layers; ++i)
-    if (!cfg_.is_dense(i)) layers.push_back(i);
-  UsageHistory history(layers, cfg_.moe.num_experts);
-  history.Record(0, 3, 10);  // one warm expert
-  const std::string path = tmp_ + "/.coli_usage";
-  ASSERT_THAT(history.Save(path), IsOk());
+  std::string path;
+  WriteOneWarmExpertHistory(&layers, &path);  // decoder layer layers[0], expert 3
   VkTierOptions o;
   o.budget_gb = ExpertGb(60);
   o.rate = 8;
