@@ -165,7 +165,7 @@ ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu
       const size_t b = bytes * t / nt / 256 * 256, e = bytes * (t + 1) / nt / 256 * 256;
       if (isa == kernels::Isa::kAvx512) {
         total += ReadAvx512(buf.data + b, e - b, /*prefetch=*/rep % 2 == 1);
-      } else if (isa == kernels::Isa::kAvx2) {
+      } else if (isa == kernels::Isa::kAvx2 || isa == kernels::Isa::kAvxVnni) {
         total += ReadAvx2(buf.data + b, e - b);
       } else {
         total += ReadPlain(buf.data + b, e - b);
