@@ -525,7 +525,8 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
       // Sleep in small slices so a cancel or stop still lands within one token.
       const auto until = Clock::now() + std::chrono::milliseconds(options_.decode_delay_ms);
       while (Clock::now() < until && request.CancelStatus().ok() && !request.stop_.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5, options_.decode_delay_ms)));
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::min(5, options_.decode_delay_ms)));
       }
       COLI_RETURN_IF_ERROR(request.CancelStatus());
       if (request.stop_.load()) {
@@ -639,9 +640,9 @@ void Engine::RunDecodeBatch(std::span<DecodeRow* const> batch) {
     row->result = row->session->Step(row->sampling);
     if (!row->result.ok()) {
       const absl::Status& s = row->result.status();
-      row->result = absl::Status(s.code(), absl::StrCat(s.message(), " (the batched decode of ",
-                                                         batch.size(), " rows failed first: ",
-                                                         out.status().message(), ")"));
+      row->result =
+          absl::Status(s.code(), absl::StrCat(s.message(), " (the batched decode of ", batch.size(),
+                                              " rows failed first: ", out.status().message(), ")"));
     }
   }
 }
@@ -716,8 +717,27 @@ void Engine::Finish(Request& request, const absl::Status& status, const v1::Fini
 // ---- health and metrics -------------------------------------------------------------------
 
 v1::MetricsResponse Engine::Metrics() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  // The models' own gauges, read outside the engine's lock (a plugin call).
+  std::vector<std::pair<std::string, std::shared_ptr<LoadedModel>>> loaded;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, model] : models_) loaded.emplace_back(id, model);
+  }
   v1::MetricsResponse m;
+  for (const auto& [id, model] : loaded) {
+    absl::StatusOr<std::map<std::string, double>> stats = model->model->Stats();
+    if (!stats.ok()) {
+      COLI_LOG(kWarning) << "model '" << id << "' statistics: " << stats.status();
+      continue;
+    }
+    for (const auto& [name, value] : *stats) {
+      v1::ModelStat* stat = m.add_model_stats();
+      stat->set_model(id);
+      stat->set_name(name);
+      stat->set_value(value);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   const Counters& c = counters_;
   m.set_requests_total(c.total);
   m.set_requests_ok(c.ok);

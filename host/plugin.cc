@@ -35,7 +35,9 @@ std::string VersionText(uint32_t major, uint32_t minor) { return absl::StrCat(ma
 
 // Table size each minor of major 1 requires.
 size_t TableSizeFor(uint32_t minor) {
-  return minor == 0 ? COLI_PLUGIN_API_SIZE_V1_0 : COLI_PLUGIN_API_SIZE_V1_1;
+  return minor == 0   ? COLI_PLUGIN_API_SIZE_V1_0
+         : minor == 1 ? COLI_PLUGIN_API_SIZE_V1_1
+                      : COLI_PLUGIN_API_SIZE_V1_2;
 }
 
 // The entries of minor 0 that must not be NULL (shutdown is optional).
@@ -58,6 +60,7 @@ absl::Status CheckEntries(const coli_plugin_api_t& api, uint32_t minor) {
   need(reinterpret_cast<const void*>(api.decode), "decode");
   need(reinterpret_cast<const void*>(api.session_stats), "session_stats");
   if (minor >= 1) need(reinterpret_cast<const void*>(api.session_record), "session_record");
+  if (minor >= 2) need(reinterpret_cast<const void*>(api.model_stats), "model_stats");
   if (missing.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("function table leaves NULL: ", absl::StrJoin(missing, ", ")));
@@ -251,6 +254,33 @@ absl::Status Model::ReadInfo() {
   return absl::OkStatus();
 }
 
+namespace {
+// Reads a stats entry of the table (session_stats / model_stats calling convention).
+template <typename Call>
+absl::StatusOr<std::map<std::string, double>> ReadStats(const Call& call) {
+  std::vector<coli_stat_t> stats(32);
+  size_t count = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    ErrorText err;
+    COLI_RETURN_IF_ERROR(err.ToStatus(call(stats.data(), stats.size(), &count, err.get())));
+    if (count <= stats.size()) break;
+    stats.resize(count);
+  }
+  std::map<std::string, double> out;
+  for (size_t i = 0; i < std::min(count, stats.size()); ++i) {
+    if (stats[i].name != nullptr) out[stats[i].name] = stats[i].value;
+  }
+  return out;
+}
+}  // namespace
+
+absl::StatusOr<std::map<std::string, double>> Model::Stats() const {
+  if (plugin_->minor() < 2) return std::map<std::string, double>();
+  return ReadStats([&](coli_stat_t* stats, size_t capacity, size_t* count, coli_error_t* error) {
+    return plugin_->api().model_stats(handle_, stats, capacity, count, error);
+  });
+}
+
 absl::StatusOr<std::vector<int32_t>> Model::Tokenize(std::string_view text,
                                                      bool allow_special) const {
   return abi::ReadTokens(
@@ -390,18 +420,17 @@ absl::StatusOr<std::vector<StepResult>> Session::StepBatch(
     std::vector<std::optional<StepResult>>* completed) {
   if (sessions.empty()) return absl::InvalidArgumentError("StepBatch: no sessions");
   if (sessions.size() != sampling.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("StepBatch: ", sessions.size(),
-                                                   " sessions but ", sampling.size(),
-                                                   " sampling settings"));
+    return absl::InvalidArgumentError(absl::StrCat("StepBatch: ", sessions.size(), " sessions but ",
+                                                   sampling.size(), " sampling settings"));
   }
   const Plugin* plugin = sessions[0]->plugin_;
   std::vector<coli_decode_row_t> rows;
   rows.reserve(sessions.size());
   for (size_t i = 0; i < sessions.size(); ++i) {
     if (sessions[i]->plugin_ != plugin) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "StepBatch: session ", i, " belongs to plugin ", sessions[i]->plugin_->family(),
-          ", session 0 to ", plugin->family()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepBatch: session ", i, " belongs to plugin ",
+                       sessions[i]->plugin_->family(), ", session 0 to ", plugin->family()));
     }
     rows.push_back(ToRow(sessions[i]->handle_, sampling[i]));
   }
@@ -435,20 +464,9 @@ absl::Status Session::Reset() {
 }
 
 absl::StatusOr<std::map<std::string, double>> Session::Stats() {
-  std::vector<coli_stat_t> stats(32);
-  size_t count = 0;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    ErrorText err;
-    COLI_RETURN_IF_ERROR(err.ToStatus(
-        plugin_->api().session_stats(handle_, stats.data(), stats.size(), &count, err.get())));
-    if (count <= stats.size()) break;
-    stats.resize(count);
-  }
-  std::map<std::string, double> out;
-  for (size_t i = 0; i < std::min(count, stats.size()); ++i) {
-    if (stats[i].name != nullptr) out[stats[i].name] = stats[i].value;
-  }
-  return out;
+  return ReadStats([&](coli_stat_t* stats, size_t capacity, size_t* count, coli_error_t* error) {
+    return plugin_->api().session_stats(handle_, stats, capacity, count, error);
+  });
 }
 
 absl::StatusOr<std::vector<int32_t>> Session::Record() {

@@ -144,6 +144,8 @@ class Model {
   absl::StatusOr<RenderedChat> RenderChat(std::string_view request_json,
                                           bool add_generation_prompt) const;
   absl::StatusOr<std::unique_ptr<Session>> NewSession(int64_t max_context = 0) const;
+  // The model's current values (ABI 1.2 model_stats); empty for a plugin of an older minor.
+  absl::StatusOr<std::map<std::string, double>> Stats() const;
 
  private:
   friend class Plugin;

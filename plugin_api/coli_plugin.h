@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 1
+#define COLI_ABI_VERSION_MINOR 2
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -430,6 +430,12 @@ typedef struct coli_plugin_api_t {
   /* v1.1 [per-session] The token ids the session's state was built from (its record). */
   coli_status_t (*session_record)(coli_session_t* session, coli_token_buffer_t* out,
                                   coli_error_t* error);
+
+  /* v1.2 [per-model] The model's current values (gauges: resident bytes, cache occupancy, …),
+   * not cumulative and not per session, so the host reports them as they are instead of
+   * summing sessions. Same calling convention as session_stats. */
+  coli_status_t (*model_stats)(coli_model_t* model, coli_stat_t* stats, size_t capacity,
+                               size_t* count, coli_error_t* error);
 } coli_plugin_api_t;
 
 /* The one exported symbol.
@@ -444,6 +450,7 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
  * refused; a host uses only the entries of min(host minor, plugin minor). */
 #define COLI_PLUGIN_API_SIZE_V1_0 (offsetof(coli_plugin_api_t, session_stats) + sizeof(void*))
 #define COLI_PLUGIN_API_SIZE_V1_1 (offsetof(coli_plugin_api_t, session_record) + sizeof(void*))
+#define COLI_PLUGIN_API_SIZE_V1_2 (offsetof(coli_plugin_api_t, model_stats) + sizeof(void*))
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -27,9 +27,10 @@
 //     static std::vector<coli_stat_t> Stats(const Session& s);       // names: static strings
 //     static std::span<const int32_t> Record(const Session& s);
 //   };
-//   // Optional: static void Shutdown(); and, for families that batch the rows of several
+//   // Optional: static void Shutdown(); for families that batch the rows of several
 //   // sessions into one forward pass, static absl::Status Decode(std::span<coli_decode_row_t>),
-//   // which replaces the row-by-row Step loop.
+//   // which replaces the row-by-row Step loop; and static std::vector<coli_stat_t>
+//   // ModelStats(const Model&) for the model's current values (ABI 1.2; none without it).
 //
 //   const coli_plugin_api_t kApi = coli::abi::MakePluginTable<MyFamily>();
 #ifndef COLI_PLUGIN_API_CPP_PLUGIN_TABLE_H_
@@ -156,6 +157,18 @@ coli_plugin_api_t MakePluginTable() {
   api.session_record = [](coli_session_t* s, coli_token_buffer_t* out, coli_error_t* e) {
     return Guard(e, [&] {
       FillTokens(out, Family::Record(S(s)));
+      return absl::OkStatus();
+    });
+  };
+  api.model_stats = [](coli_model_t* m, coli_stat_t* stats, size_t capacity, size_t* count,
+                       coli_error_t* e) {
+    return Guard(e, [&] {
+      *count = 0;
+      if constexpr (requires { Family::ModelStats(M(m)); }) {
+        const std::vector<coli_stat_t> values = Family::ModelStats(M(m));
+        *count = values.size();
+        std::copy_n(values.begin(), std::min(capacity, values.size()), stats);
+      }
       return absl::OkStatus();
     });
   };

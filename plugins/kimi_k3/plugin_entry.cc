@@ -892,6 +892,26 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
   return out;
 }
 
+// The model's current values (ABI 1.2 model_stats): what is resident now, not per session.
+const char* const kModelStatNames[] = {
+    "weights_resident_bytes", "weights_mapped_bytes", "expert_cache_bytes",
+    "vk_tier_resident",       "vk_tier_bytes",        "vk_tier_slots",
+};
+
+std::vector<coli_stat_t> ModelStats(const K3Model& m) {
+  const Weights& w = m.model->weights();
+  VkTierStats vk;
+  if (m.vk_tier != nullptr) vk = m.vk_tier->Stats();
+  const double values[] = {static_cast<double>(w.resident_bytes),
+                           static_cast<double>(w.mapped_bytes),
+                           m.store != nullptr ? static_cast<double>(m.store->plan().total_bytes)
+                                              : 0.0,
+                           static_cast<double>(vk.resident),
+                           static_cast<double>(vk.bytes),
+                           static_cast<double>(vk.slots)};
+  return abi::NamedStats(kModelStatNames, values);
+}
+
 void ResetSession(K3Session* s) {
   s->session->Reset();
   K3Model* m = s->m;
@@ -958,6 +978,7 @@ struct K3Family {
   // over a Step loop).
   static absl::Status Decode(std::span<coli_decode_row_t> rows) { return k3::Decode(rows); }
   static std::vector<coli_stat_t> Stats(const K3Session& s) { return k3::Stats(s); }
+  static std::vector<coli_stat_t> ModelStats(const K3Model& m) { return k3::ModelStats(m); }
   // The delivered record: verified tokens still buffered are not part of it yet.
   static std::span<const int32_t> Record(const K3Session& s) {
     return std::span<const int32_t>(s.session->tokens())

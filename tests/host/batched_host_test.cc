@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -269,6 +270,16 @@ TEST_F(HostBatchedTest, MaxBatchOneNeverBatches) {
   const v1::MetricsResponse m = engine->Metrics();
   EXPECT_EQ(m.decode_calls(), m.decode_rows()) << "max_batch 1: one row per call";
   EXPECT_GE(m.decode_rows(), 32u * specs.size());
+  // The model's own current values (ABI 1.2 model_stats), once per model, not per session.
+  std::map<std::string, double> model_stats;
+  for (const v1::ModelStat& stat : m.model_stats()) {
+    EXPECT_EQ(stat.model(), "k3");
+    EXPECT_TRUE(model_stats.emplace(stat.name(), stat.value()).second) << stat.name();
+  }
+  EXPECT_GT(model_stats["weights_resident_bytes"], 0);
+  EXPECT_EQ(model_stats["weights_mapped_bytes"], 0);  // not a K3_MMAP container
+  EXPECT_GT(model_stats["expert_cache_bytes"], 0);
+  EXPECT_EQ(model_stats["vk_tier_resident"], 0);  // no Vulkan tier asked for
 }
 
 TEST_F(HostBatchedTest, CancelOneOfSeveralEndsItWithinOneTokenOthersFinish) {

@@ -54,6 +54,7 @@ struct EchoModel {
   int32_t fail_feed = -1;
   std::vector<coli_special_token_t> specials;
   int32_t stop_ids[1] = {kEos};
+  std::atomic<int> sessions_created{0};  // reported by model_stats (ABI 1.2)
 };
 
 struct EchoSession {
@@ -370,6 +371,7 @@ struct EchoFamily {
                                                                  const coli_session_options_t* o) {
     auto session = std::make_unique<EchoSession>();
     session->model = &m;
+    ++m.sessions_created;
     session->capacity =
         (o != nullptr && o->max_context > 0) ? std::min(o->max_context, m.capacity) : m.capacity;
     return session;
@@ -392,6 +394,11 @@ struct EchoFamily {
     return coli::abi::NamedStats(kStatNames, values);
   }
   static std::span<const int32_t> Record(const EchoSession& s) { return s.record; }
+  static std::vector<coli_stat_t> ModelStats(const EchoModel& m) {
+    static const char* const kNames[] = {"sessions_created"};
+    const double values[] = {static_cast<double>(m.sessions_created.load())};
+    return coli::abi::NamedStats(kNames, values);
+  }
 };
 
 const coli_plugin_api_t kApi = [] {
@@ -399,6 +406,10 @@ const coli_plugin_api_t kApi = [] {
 #if defined(ECHO_ABI_MINOR) && ECHO_ABI_MINOR == 0
   api.struct_size = COLI_PLUGIN_API_SIZE_V1_0;  // a 1.0 table ends at session_stats
   api.session_record = nullptr;
+  api.model_stats = nullptr;
+#elif defined(ECHO_ABI_MINOR) && ECHO_ABI_MINOR == 1
+  api.struct_size = COLI_PLUGIN_API_SIZE_V1_1;  // a 1.1 table ends at session_record
+  api.model_stats = nullptr;
 #endif
   return api;
 }();

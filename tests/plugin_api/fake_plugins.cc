@@ -44,8 +44,13 @@ coli_plugin_api_t MakeTable() {
   api.session_record = [](coli_session_t*, coli_token_buffer_t*, coli_error_t*) -> coli_status_t {
     return COLI_STATUS_UNIMPLEMENTED;
   };
+  api.model_stats = [](coli_model_t*, coli_stat_t*, size_t, size_t*,
+                       coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
 #if defined(FAKE_SMALL_TABLE)
-  api.struct_size = 3 * sizeof(void*);  // claims 1.1 but holds almost nothing
+  api.struct_size = 3 * sizeof(void*);  // claims the current minor but holds almost nothing
+#endif
+#if defined(FAKE_NULL_MODEL_STATS)
+  api.model_stats = nullptr;  // a 1.2 table must have it
 #endif
 #if defined(FAKE_NULL_ENTRY)
   api.decode = nullptr;

@@ -34,7 +34,8 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.1 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin.
+// ABI 1.2 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin (the
+// function table grows with each minor, at its end; no existing offset moves).
 const Frozen kFrozen[] = {
     {"coli_error_t.struct_size", 0, 32},
     {"coli_error_t.message", 8, 32},
@@ -147,24 +148,25 @@ const Frozen kFrozen[] = {
     {"coli_decode_args_t.n_rows", 16, 24},
     {"coli_stat_t.name", 0, 16},
     {"coli_stat_t.value", 8, 16},
-    {"coli_plugin_api_t.struct_size", 0, 144},
-    {"coli_plugin_api_t.family", 8, 144},
-    {"coli_plugin_api_t.plugin_version", 16, 144},
-    {"coli_plugin_api_t.shutdown", 24, 144},
-    {"coli_plugin_api_t.probe", 32, 144},
-    {"coli_plugin_api_t.model_open", 40, 144},
-    {"coli_plugin_api_t.model_close", 48, 144},
-    {"coli_plugin_api_t.model_info", 56, 144},
-    {"coli_plugin_api_t.tokenize", 64, 144},
-    {"coli_plugin_api_t.detokenize", 72, 144},
-    {"coli_plugin_api_t.render_chat", 80, 144},
-    {"coli_plugin_api_t.session_create", 88, 144},
-    {"coli_plugin_api_t.session_destroy", 96, 144},
-    {"coli_plugin_api_t.session_reset", 104, 144},
-    {"coli_plugin_api_t.prefill", 112, 144},
-    {"coli_plugin_api_t.decode", 120, 144},
-    {"coli_plugin_api_t.session_stats", 128, 144},
-    {"coli_plugin_api_t.session_record", 136, 144},
+    {"coli_plugin_api_t.struct_size", 0, 152},
+    {"coli_plugin_api_t.family", 8, 152},
+    {"coli_plugin_api_t.plugin_version", 16, 152},
+    {"coli_plugin_api_t.shutdown", 24, 152},
+    {"coli_plugin_api_t.probe", 32, 152},
+    {"coli_plugin_api_t.model_open", 40, 152},
+    {"coli_plugin_api_t.model_close", 48, 152},
+    {"coli_plugin_api_t.model_info", 56, 152},
+    {"coli_plugin_api_t.tokenize", 64, 152},
+    {"coli_plugin_api_t.detokenize", 72, 152},
+    {"coli_plugin_api_t.render_chat", 80, 152},
+    {"coli_plugin_api_t.session_create", 88, 152},
+    {"coli_plugin_api_t.session_destroy", 96, 152},
+    {"coli_plugin_api_t.session_reset", 104, 152},
+    {"coli_plugin_api_t.prefill", 112, 152},
+    {"coli_plugin_api_t.decode", 120, 152},
+    {"coli_plugin_api_t.session_stats", 128, 152},
+    {"coli_plugin_api_t.session_record", 136, 152},
+    {"coli_plugin_api_t.model_stats", 144, 152},
 };
 
 TEST(AbiLayout, MatchesFrozenOffsetsInCpp) {
@@ -192,7 +194,8 @@ TEST(AbiLayout, CompiledAsCGivesTheSameLayout) {
 
 TEST(AbiLayout, TableSizesPerMinor) {
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_0, offsetof(coli_plugin_api_t, session_record));
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_1, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_1, offsetof(coli_plugin_api_t, model_stats));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_2, sizeof(coli_plugin_api_t));
 }
 
 TEST(AbiStatus, CodesAreAbslCodes) {
@@ -307,12 +310,13 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.1"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.1, host 1.1)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.2"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.2, host 1.2)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.1 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.2 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
+      {"fake_null_model_stats", "leaves NULL: model_stats"},
   };
   for (const auto& c : refused) {
     const host::PluginReport* r = Report(set, c.stem);
@@ -322,7 +326,7 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     EXPECT_TRUE(Logged(std::string("libcoli_") + c.stem + ".so", "refused", c.why)) << c.stem;
   }
   EXPECT_TRUE(Logged("fake: refusing to run"));  // the plugin's own log line came through
-  ASSERT_EQ(set.plugins().size(), 2u);
+  ASSERT_EQ(set.plugins().size(), 3u);
   for (const auto& p : set.plugins()) EXPECT_EQ(p->family(), "coli_echo");
 }
 
@@ -349,6 +353,38 @@ TEST_F(LoaderTest, OlderMinorUsesTheShorterTable) {
   EXPECT_EQ(step.token, 'h');
   // session_record is 1.1: the host never calls past the negotiated table.
   EXPECT_THAT(session->Record(), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("1.1")));
+  // model_stats is 1.2: none from an older table.
+  ASSERT_OK_AND_ASSIGN(auto stats, model->Stats());
+  EXPECT_TRUE(stats.empty());
+}
+
+// ABI 1.2: a model's current values come from model_stats; a 1.1 plugin (table ending at
+// session_record) still loads and reports none.
+TEST_F(LoaderTest, ModelStatsAreReadFromA12TableOnly) {
+  const std::string dir = ::testing::TempDir() + "/echo_model_stats_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+
+  host::PluginReport report;
+  auto v11 =
+      host::Plugin::Load(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_1.so", &report);
+  ASSERT_OK(v11.status());
+  EXPECT_EQ((*v11)->minor(), 1u);
+  EXPECT_EQ((*v11)->api().struct_size, COLI_PLUGIN_API_SIZE_V1_1);
+  ASSERT_OK_AND_ASSIGN(auto old_model, (*v11)->Open(dir, host::ModelOptions(), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto old_session, old_model->NewSession());
+  ASSERT_OK_AND_ASSIGN(auto none, old_model->Stats());
+  EXPECT_TRUE(none.empty());
+
+  auto current =
+      host::Plugin::Load(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_2.so", &report);
+  ASSERT_OK(current.status());
+  EXPECT_EQ((*current)->minor(), 2u);
+  ASSERT_OK_AND_ASSIGN(auto model, (*current)->Open(dir, host::ModelOptions(), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto s1, model->NewSession());
+  ASSERT_OK_AND_ASSIGN(auto s2, model->NewSession());
+  ASSERT_OK_AND_ASSIGN(auto stats, model->Stats());
+  EXPECT_EQ(stats, (std::map<std::string, double>{{"sessions_created", 2}}));
 }
 
 TEST_F(LoaderTest, MissingDirectoryIsLoggedNotFatal) {

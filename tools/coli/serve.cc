@@ -100,7 +100,9 @@ struct ChoiceResult {
 class Gateway {
  public:
   Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key, bool serve_web_page)
-      : stub_(stub), info_(std::move(info)), api_key_(std::move(api_key)),
+      : stub_(stub),
+        info_(std::move(info)),
+        api_key_(std::move(api_key)),
         serve_web_page_(serve_web_page) {
     // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
     // where they start. None of them is answer text.
@@ -491,8 +493,8 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       if (!r.content.empty() && r.content == r.reasoning) r.reasoning.clear();
       Json message;
       message["role"] = "assistant";
-      message["content"] = r.content.empty() && !r.tool_calls.empty() ? Json(nullptr)
-                                                                         : Json(r.content);
+      message["content"] =
+          r.content.empty() && !r.tool_calls.empty() ? Json(nullptr) : Json(r.content);
       message["reasoning_content"] = r.reasoning.empty() ? Json(nullptr) : Json(r.reasoning);
       if (!r.tool_calls.empty()) {
         for (Json& tc : r.tool_calls) tc.erase("index");
@@ -538,29 +540,29 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
             break;
           }
           ChoiceResult r;
-          grpc::Status s = RunChoice(
-              *fields, *call, &r, i == 0 ? first.get() : nullptr,
-              [&](const char* kind, const Json& payload) {
-                Json delta = Json::object(), lp = nullptr;
-                if (!std::strcmp(kind, "tick")) return sse.alive();
-                if (!std::strcmp(kind, "progress")) {
-                  // llama.cpp's shape: an empty assistant delta + progress.
-                  Json c = chunk(i, Json{{"role", "assistant"}, {"content", nullptr}}, nullptr,
-                                 nullptr);
-                  c["prompt_progress"] = payload;
-                  return sse.send(c);
-                }
-                if (!std::strcmp(kind, "reasoning")) {
-                  delta["reasoning_content"] = payload;
-                } else if (!std::strcmp(kind, "content")) {
-                  delta["content"] = payload;
-                } else if (!std::strcmp(kind, "tool_call")) {
-                  delta["tool_calls"] = Json::array({payload});
-                } else {
-                  lp = Json{{"content", Json::array({payload})}};
-                }
-                return sse.send(chunk(i, delta, nullptr, lp));
-              });
+          grpc::Status s =
+              RunChoice(*fields, *call, &r, i == 0 ? first.get() : nullptr,
+                        [&](const char* kind, const Json& payload) {
+                          Json delta = Json::object(), lp = nullptr;
+                          if (!std::strcmp(kind, "tick")) return sse.alive();
+                          if (!std::strcmp(kind, "progress")) {
+                            // llama.cpp's shape: an empty assistant delta + progress.
+                            Json c = chunk(i, Json{{"role", "assistant"}, {"content", nullptr}},
+                                           nullptr, nullptr);
+                            c["prompt_progress"] = payload;
+                            return sse.send(c);
+                          }
+                          if (!std::strcmp(kind, "reasoning")) {
+                            delta["reasoning_content"] = payload;
+                          } else if (!std::strcmp(kind, "content")) {
+                            delta["content"] = payload;
+                          } else if (!std::strcmp(kind, "tool_call")) {
+                            delta["tool_calls"] = Json::array({payload});
+                          } else {
+                            lp = Json{{"content", Json::array({payload})}};
+                          }
+                          return sse.send(chunk(i, delta, nullptr, lp));
+                        });
           if (!ChoiceOk(s, sse, &end)) break;
           end.prompt_tokens = r.prompt_tokens;
           end.completion_tokens += r.completion_tokens;
@@ -574,9 +576,8 @@ void Gateway::StreamSse(Res& res, Json header, bool include_usage,
                         std::function<StreamEnd(const SseSink&)> body) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, header = std::move(header), include_usage, body = std::move(body)](
-          size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, header = std::move(header), include_usage,
+                            body = std::move(body)](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         SseSink sse;
         sse.header = header;
@@ -715,11 +716,10 @@ void Gateway::Completions(const Req& req, Res& res) {
       Json choice;
       choice["index"] = i;
       choice["text"] = r.text;
-      choice["logprobs"] = f->top_logprobs >= 0
-                               ? Json{{"tokens", r.tokens},
-                                      {"token_logprobs", r.token_logprobs},
-                                      {"top_logprobs", r.top_logprobs}}
-                               : Json(nullptr);
+      choice["logprobs"] = f->top_logprobs >= 0 ? Json{{"tokens", r.tokens},
+                                                       {"token_logprobs", r.token_logprobs},
+                                                       {"top_logprobs", r.top_logprobs}}
+                                                : Json(nullptr);
       choice["finish_reason"] = r.finish_reason;
       out["choices"].push_back(choice);
       prompt_tokens = r.prompt_tokens;
@@ -743,10 +743,8 @@ void Gateway::Completions(const Req& req, Res& res) {
       [this, first_call, first, fields, prompt](const SseSink& sse) {
         auto chunk = [&](int index, const std::string& text, const Json& logprobs,
                          const Json& finish) {
-          return sse.Frame(Json{{"text", text},
-                                {"index", index},
-                                {"logprobs", logprobs},
-                                {"finish_reason", finish}});
+          return sse.Frame(Json{
+              {"text", text}, {"index", index}, {"logprobs", logprobs}, {"finish_reason", finish}});
         };
         StreamEnd end;
         for (int i = 0; i < fields->n && !end.gone; ++i) {
@@ -763,10 +761,9 @@ void Gateway::Completions(const Req& req, Res& res) {
                   c["prompt_progress"] = payload;
                   return sse.send(c);
                 }
-                return sse.send(chunk(i, payload["text"].get<std::string>(),
-                                      payload.contains("logprobs") ? payload["logprobs"]
-                                                                   : Json(nullptr),
-                                      nullptr));
+                return sse.send(chunk(
+                    i, payload["text"].get<std::string>(),
+                    payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr), nullptr));
               });
           if (!ChoiceOk(s, sse, &end)) break;
           end.prompt_tokens = r.prompt_tokens;
@@ -837,8 +834,7 @@ void Gateway::Detokenize(const Req& req, Res& res) {
   r.set_model(info_.id());
   for (size_t i = 0; i < body["tokens"].size(); ++i) {
     const Json& t = body["tokens"][i];
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-        t.get<int64_t>() >= info_.vocab_size()) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= info_.vocab_size()) {
       return Fail(res, BadField("tokens[" + std::to_string(i) + "]",
                                 "a token id must be an integer in [0, " +
                                     std::to_string(info_.vocab_size()) + ")"));
@@ -952,7 +948,14 @@ void Gateway::Metrics(const Req& req, Res& res) {
   for (const auto& [name, value] : plugin) {
     AppendMetric(&out, "coli_plugin_stat", "gauge",
                  "the model family's statistics, summed over sessions", value,
-                 "name=\"" + name + "\"");
+                 "name=\"" + LabelValue(name) + "\"");
+  }
+  // Each model's current values (resident bytes, the Vulkan tier's occupancy …).
+  for (const v1::ModelStat& stat : m.model_stats()) {
+    AppendMetric(
+        &out, "coli_model_stat", "gauge", "the model family's current values per model",
+        stat.value(),
+        "model=\"" + LabelValue(stat.model()) + "\",name=\"" + LabelValue(stat.name()) + "\"");
   }
   AppendMetric(&out, "coli_http_streams_active", "gauge", "SSE streams open now",
                streams_active_.load());
@@ -1025,13 +1028,14 @@ void Gateway::Register(httplib::Server* server) {
 std::atomic<httplib::Server*> g_server{nullptr};
 
 void Usage(bool web) {
-  std::fprintf(stderr,
-               web ? "usage: coli web [--model DIR] [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
-                     "                [--connect ADDR] [--model-id ID]\n"
-                     "  the chat page and the OpenAI API on one port; without --model (or\n"
-                     "  COLI_MODEL) the embedded tiny Kimi K3 fixture (random weights)\n"
-                   : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
-                     "                  [--connect ADDR] [--model-id ID]\n");
+  std::fprintf(
+      stderr,
+      web ? "usage: coli web [--model DIR] [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
+            "                [--connect ADDR] [--model-id ID]\n"
+            "  the chat page and the OpenAI API on one port; without --model (or\n"
+            "  COLI_MODEL) the embedded tiny Kimi K3 fixture (random weights)\n"
+          : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
+            "                  [--connect ADDR] [--model-id ID]\n");
   std::fprintf(stderr,
                "  --host ADDR    listen address; anything but loopback requires --api-key\n"
                "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
@@ -1054,11 +1058,16 @@ int RunGateway(int argc, char** argv, bool web) {
       }
       return argv[++i];
     };
-    if (arg == "--model") model_dir = value();
-    else if (arg == "--host") host = value();
-    else if (arg == "--api-key") api_key = value();
-    else if (arg == "--connect") connect = value();
-    else if (arg == "--model-id") model_id = value();
+    if (arg == "--model")
+      model_dir = value();
+    else if (arg == "--host")
+      host = value();
+    else if (arg == "--api-key")
+      api_key = value();
+    else if (arg == "--connect")
+      connect = value();
+    else if (arg == "--model-id")
+      model_id = value();
     else if (arg == "--port") {
       const std::string v = value();
       char* end = nullptr;
@@ -1167,7 +1176,6 @@ int RunGateway(int argc, char** argv, bool web) {
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
   return 0;  // `client` stops the private host
-
 }
 
 }  // namespace

@@ -17,9 +17,17 @@ bool IsPathChar(char c) {
 // The request field a host/renderer message names: the first "path: " piece whose root is a
 // request field ("render_chat: messages[2].role: unknown role" -> "messages[2].role").
 std::string ParamFromMessage(std::string_view msg) {
-  static constexpr std::string_view kRoots[] = {
-      "messages", "tools", "tool_choice", "response_format", "reasoning_effort", "enable_thinking",
-      "chat_template_kwargs", "prompt", "max_tokens", "stop", "model"};
+  static constexpr std::string_view kRoots[] = {"messages",
+                                                "tools",
+                                                "tool_choice",
+                                                "response_format",
+                                                "reasoning_effort",
+                                                "enable_thinking",
+                                                "chat_template_kwargs",
+                                                "prompt",
+                                                "max_tokens",
+                                                "stop",
+                                                "model"};
   size_t start = 0;
   while (start < msg.size()) {
     const size_t colon = msg.find(": ", start);
@@ -176,8 +184,8 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
       *error = BadField("seed", "seed must be an integer");
       return false;
     }
-    f->seed = s->is_number_unsigned() ? s->get<uint64_t>()
-                                      : static_cast<uint64_t>(s->get<int64_t>());
+    f->seed =
+        s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
     f->has_seed = true;
   }
   if (const Json* stop = Find(body, "stop")) {
@@ -186,8 +194,8 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
       stops.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
       if (stop->size() > 4) {
-        *error = BadField("stop", "stop takes at most 4 sequences, got " +
-                                      std::to_string(stop->size()));
+        *error =
+            BadField("stop", "stop takes at most 4 sequences, got " + std::to_string(stop->size()));
         return false;
       }
       for (size_t i = 0; i < stop->size(); ++i) {
@@ -334,8 +342,9 @@ std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error)
       const Json* fn = t.is_object() ? Find(t, "function") : nullptr;
       if (type == nullptr || *type != "function" || fn == nullptr || !fn->is_object() ||
           Find(*fn, "name") == nullptr || !(*fn)["name"].is_string()) {
-        *error = BadField(path, "a tool must be {\"type\": \"function\", \"function\": "
-                                "{\"name\": ...}}");
+        *error = BadField(path,
+                          "a tool must be {\"type\": \"function\", \"function\": "
+                          "{\"name\": ...}}");
         return std::nullopt;
       }
     }
@@ -344,8 +353,9 @@ std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error)
     const bool ok_string = tc->is_string() && (*tc == "none" || *tc == "auto" || *tc == "required");
     const bool ok_object = tc->is_object() && Find(*tc, "function") != nullptr;
     if (!ok_string && !ok_object) {
-      *error = BadField("tool_choice",
-                        "tool_choice must be none, auto, required or {\"type\": \"function\", ...}");
+      *error =
+          BadField("tool_choice",
+                   "tool_choice must be none, auto, required or {\"type\": \"function\", ...}");
       return std::nullopt;
     }
   }
@@ -415,10 +425,25 @@ std::string NewId(std::string_view prefix) {
   return std::string(prefix) + buf;
 }
 
+std::string LabelValue(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (c == '\n') {
+      out.append("\\n");
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 void AppendMetric(std::string* out, std::string_view name, std::string_view type,
                   std::string_view help, double value, std::string_view labels) {
-  if (labels.empty() || out->find(std::string("# TYPE ") + std::string(name) + " ") ==
-                            std::string::npos) {
+  if (labels.empty() ||
+      out->find(std::string("# TYPE ") + std::string(name) + " ") == std::string::npos) {
     out->append("# HELP ").append(name).append(" ").append(help).append("\n");
     out->append("# TYPE ").append(name).append(" ").append(type).append("\n");
   }

@@ -88,7 +88,8 @@ class StopFilter {
 // "chatcmpl-<24 hex>" style ids.
 std::string NewId(std::string_view prefix);
 
-// Prometheus text format helpers.
+// Prometheus text format helpers. A label value escaped as the format requires (\\, \", \n).
+std::string LabelValue(std::string_view value);
 void AppendMetric(std::string* out, std::string_view name, std::string_view type,
                   std::string_view help, double value, std::string_view labels = "");
 

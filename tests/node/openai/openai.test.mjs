@@ -510,6 +510,15 @@ test('concurrent requests share decode passes and answer as they would alone', a
   const steps = await stat('batched_steps');
   assert.ok(steps > stepsBefore, `no decode pass was shared (batched_steps ${stepsBefore} -> ${steps})`);
   assert.ok(await stat('batched_rows') >= 2 * steps, 'a shared pass has at least two rows');
+  // The host's own count of decode calls and rows: more rows than calls when passes are shared.
+  const { value } = await metrics(tiny8.base);
+  assert.ok(value('coli_decode_rows_total') > value('coli_decode_calls_total'),
+    `rows ${value('coli_decode_rows_total')} vs calls ${value('coli_decode_calls_total')}`);
+  // The model's current values, labelled by model (ABI 1.2 model_stats), reported once.
+  const text = (await metrics(tiny8.base)).text;
+  const resident = [...text.matchAll(/^coli_model_stat\{model="([^"]+)",name="weights_resident_bytes"\} (\S+)$/gm)];
+  assert.equal(resident.length, 1, text);
+  assert.ok(Number(resident[0][2]) > 0);
 });
 
 // COLI_K3_SPEC: prompt-lookup speculative decoding must not change a single token or logprob.
