@@ -715,6 +715,43 @@ TEST_F(K3VkTierModelTest, UploadOutOfDeviceMemoryStopsPromotions) {
   std::printf("[oom] %s\n", VkTierReport(s).c_str());
 }
 
+// Device memory running out during the warm start: the model still opens (it used to fail the
+// load), with what fit (here nothing), promotions stopped, and the run is the CPU's bit for bit.
+TEST_F(K3VkTierModelTest, WarmStartOutOfDeviceMemoryStillOpens) {
+  std::vector<int> layers;
+  std::string path;
+  WriteOneWarmExpertHistory(&layers, &path);
+  VkTierOptions o;
+  o.budget_gb = ExpertGb(60);
+  o.rate = 8;
+  o.usage_path = path;
+  VkExpertTier* tier = nullptr;
+  auto factory = [&](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
+                     int num_layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    COLI_ASSIGN_OR_RETURN(auto pread,
+                          PreadExpertSource::Create(snapshot, cfg, prefix, num_layers));
+    COLI_ASSIGN_OR_RETURN(auto vk, vulkan::VulkanContext::Create());
+    vk->FailAllocationsForTesting(1, /*uploads_only=*/true);  // the warm expert's first buffer
+    COLI_ASSIGN_OR_RETURN(auto t, VkExpertTier::Create(std::move(vk), std::move(pread), snapshot,
+                                                       cfg, prefix, num_layers, o));
+    tier = t.get();
+    return std::unique_ptr<ExpertSource>(std::move(t));
+  };
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), ExactOptions(), nullptr, factory));
+  VkTierStats s = tier->Stats();
+  EXPECT_EQ(s.warm, 0u);
+  EXPECT_EQ(s.resident, 0u);
+  EXPECT_EQ(s.upload_failures, 1u);
+  EXPECT_TRUE(s.promotions_stopped);
+  EXPECT_EQ(tier->context().resident_bytes(), 0u);
+  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model, [&] { tier->WaitForUploads(); }));
+  ExpectMatchesCpu(run, /*exact=*/true);
+  s = tier->Stats();
+  EXPECT_EQ(s.promotions, 0u);
+  EXPECT_EQ(s.hits, 0u);
+  EXPECT_EQ(s.failures, 0u);
+}
+
 TEST_F(K3VkTierFixtureTest, NoVulkanDriverIsUnavailableOnlyWhenAskedFor) {
   // The loader finds no driver through a manifest that does not exist.
   const char* old = std::getenv("VK_ICD_FILENAMES");
