@@ -146,6 +146,7 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
   std::vector<float> x;
   std::vector<int32_t> ids;
   std::vector<float> logits;
+  Checkpoint before;  // with an interrupt: the state at the current chunk's start
   for (int64_t start = 0; start < n; start += chunk) {
     if (cancel && cancel()) return absl::CancelledError("prefill cancelled");
     const int64_t len = std::min(chunk, n - start);
@@ -155,8 +156,10 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
     if (!interrupt) {
       COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true));
     } else {
-      // The chunk's start, to return to when the pass is interrupted between layers.
-      const Checkpoint before = TakeCheckpoint({});
+      // The chunk's start, to return to when the pass is interrupted between layers; assigned
+      // into one object per call so the state copies reuse their buffers chunk after chunk.
+      before.tokens = tokens_;
+      before.kda = state_.kda;
       absl::StatusOr<std::vector<float>> out =
           Run(x.data(), ids, /*prefill=*/true, /*every_row=*/false, &interrupt);
       if (absl::IsCancelled(out.status())) {

@@ -21,6 +21,7 @@
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
 #include "tests/kimi_k3/batched_decode_util.h"
+#include "tests/kimi_k3/plugin_abi_test_util.h"
 
 namespace coli {
 namespace {
@@ -30,6 +31,9 @@ using ::testing::HasSubstr;
 
 using ::coli::k3::batched_test::Ids;
 
+using k3::abi_test::Knobs;
+using k3::abi_test::Out;
+
 // One row's settings for a whole generation.
 struct Spec {
   std::vector<int32_t> prompt;
@@ -37,152 +41,47 @@ struct Spec {
   float temperature = 0, top_p = 0;
   int32_t top_k = 0, logprobs = 3;
   int64_t max_context = 0;  // session option (0: the model's)
+  Knobs knobs() const { return {temperature, top_p, top_k, logprobs, seed}; }
 };
 
-// One step's outputs, copied out of the plugin.
-struct Out {
-  int32_t token = -1, finish = COLI_FINISH_NONE;
-  float logprob = 0;
-  std::vector<coli_logprob_t> top;
-  std::string text;
-};
-
-bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
-
-// Token, finish and text equal; logprob and every top entry equal bit for bit.
+// Per row: token, finish and text equal; logprob and every top entry equal bit for bit.
 void ExpectSame(const std::vector<std::vector<Out>>& got,
                 const std::vector<std::vector<Out>>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t r = 0; r < got.size(); ++r) {
-    ASSERT_EQ(got[r].size(), want[r].size()) << "row " << r << ": steps differ";
-    for (size_t t = 0; t < got[r].size(); ++t) {
-      const Out& a = got[r][t];
-      const Out& b = want[r][t];
-      SCOPED_TRACE(::testing::Message() << "row " << r << " step " << t);
-      EXPECT_EQ(a.token, b.token);
-      EXPECT_EQ(a.finish, b.finish);
-      EXPECT_EQ(a.text, b.text);
-      EXPECT_TRUE(SameBits(a.logprob, b.logprob)) << a.logprob << " vs " << b.logprob;
-      ASSERT_EQ(a.top.size(), b.top.size());
-      for (size_t k = 0; k < a.top.size(); ++k) {
-        EXPECT_EQ(a.top[k].id, b.top[k].id);
-        EXPECT_TRUE(SameBits(a.top[k].logprob, b.top[k].logprob));
-      }
-    }
+    SCOPED_TRACE(::testing::Message() << "row " << r);
+    k3::abi_test::ExpectSameOuts(got[r], want[r]);
   }
 }
 
-class BatchedDecodeTest : public ::testing::Test {
+// The shared plugin-ABI fixture (plugin_abi_test_util.h) plus one model per test and the
+// batched/one-row runs compared here.
+class BatchedDecodeTest : public k3::abi_test::PluginAbiTest {
  protected:
-  static void SetUpTestSuite() {
-    host::PluginReport report;
-    auto plugin =
-        host::Plugin::Load(std::string(COLI_PLUGIN_DIR_FOR_TEST) + "/libcoli_kimi_k3.so", &report);
-    ASSERT_OK(plugin.status());
-    plugin_ = std::move(plugin).value().release();
-  }
-  static void TearDownTestSuite() {
-    delete plugin_;
-    plugin_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_NE(plugin_, nullptr);
-    model_ = OpenModel();
+    PluginAbiTest::SetUp();
+    model_ = Open({});
     ASSERT_NE(model_, nullptr);
   }
-  void TearDown() override {
-    for (coli_session_t* s : sessions_) api().session_destroy(s);
-    for (coli_model_t* m : models_) api().model_close(m);
-  }
 
-  static const coli_plugin_api_t& api() { return plugin_->api(); }
-
-  static absl::Status ToStatus(coli_status_t code, const coli_error_t& e) {
-    if (code == 0) return absl::OkStatus();
-    return absl::Status(abi::FromCode(code), std::string(e.message, std::min(e.length,
-                                                                             e.capacity - 1)));
-  }
-  struct Error {
-    char text[1024] = {};
-    coli_error_t e = abi::Init<coli_error_t>();
-    Error() {
-      e.message = text;
-      e.capacity = sizeof(text);
-    }
-  };
-
-  coli_model_t* OpenModel() {
-    coli_model_options_t options;
-    coli_model_options_defaults(&options);
-    auto args = abi::Init<coli_model_open_args_t>();
-    args.model_dir = abi::Str(COLI_K3_TINY_DIR);
-    args.options = &options;
-    Error err;
-    coli_model_t* m = nullptr;
-    EXPECT_OK(ToStatus(api().model_open(&args, &m, &err.e), err.e));
-    if (m != nullptr) models_.push_back(m);
-    return m;
-  }
-  coli_session_t* NewSession(coli_model_t* m, int64_t max_context) {
-    auto options = abi::Init<coli_session_options_t>();
-    options.max_context = max_context;
-    Error err;
-    coli_session_t* s = nullptr;
-    EXPECT_OK(ToStatus(api().session_create(m, &options, &s, &err.e), err.e));
-    if (s != nullptr) sessions_.push_back(s);
-    return s;
-  }
-  void Prefill(coli_session_t* s, const Spec& spec) {
-    auto args = abi::Init<coli_prefill_args_t>();
-    args.tokens = spec.prompt.data();
-    args.n_tokens = spec.prompt.size();
-    args.seed = spec.seed;
-    auto result = abi::Init<coli_prefill_result_t>();
-    Error err;
-    ASSERT_OK(ToStatus(api().prefill(s, &args, &result, &err.e), err.e));
-  }
   static coli_decode_row_t Row(coli_session_t* s, const Spec& spec) {
-    auto row = abi::Init<coli_decode_row_t>();
-    row.session = s;
-    row.temperature = spec.temperature;
-    row.top_p = spec.top_p;
-    row.top_k = spec.top_k;
-    row.logprobs_top_k = spec.logprobs;
-    return row;
+    return PluginAbiTest::Row(s, spec.knobs());
   }
   static absl::Status Decode(std::vector<coli_decode_row_t>& rows) {
     auto args = abi::Init<coli_decode_args_t>();
     args.rows = rows.data();
     args.n_rows = rows.size();
     Error err;
-    return ToStatus(api().decode(&args, &err.e), err.e);
-  }
-  static Out Copy(const coli_decode_row_t& row) {
-    Out o;
-    o.token = row.token;
-    o.finish = row.finish;
-    o.logprob = row.logprob;
-    o.top.assign(row.top_logprobs, row.top_logprobs + row.n_top_logprobs);
-    o.text = std::string(abi::View(row.text));
-    return o;
-  }
-  std::map<std::string, double> Stats(coli_session_t* s) {
-    coli_stat_t stats[64];
-    size_t count = 0;
-    Error err;
-    EXPECT_OK(ToStatus(api().session_stats(s, stats, 64, &count, &err.e), err.e));
-    std::map<std::string, double> out;
-    for (size_t i = 0; i < std::min<size_t>(count, 64); ++i) out[stats[i].name] = stats[i].value;
-    return out;
+    return err.Status(api().decode(&args, &err.e));
   }
 
-  // Prefilled sessions for `specs`, on models[i] (default: the suite's model).
+  // Prefilled sessions for `specs`, on models[i] (default: the test's model).
   std::vector<coli_session_t*> Start(const std::vector<Spec>& specs,
                                      const std::vector<coli_model_t*>& models = {}) {
     std::vector<coli_session_t*> out;
     for (size_t i = 0; i < specs.size(); ++i) {
       out.push_back(NewSession(models.empty() ? model_ : models[i], specs[i].max_context));
-      Prefill(out.back(), specs[i]);
+      Prefill(out.back(), specs[i].prompt, specs[i].seed);
     }
     return out;
   }
@@ -226,13 +125,8 @@ class BatchedDecodeTest : public ::testing::Test {
     return Run(Start(specs), specs, steps, /*batched=*/false);
   }
 
-  static host::Plugin* plugin_;
   coli_model_t* model_ = nullptr;
-  std::vector<coli_model_t*> models_;
-  std::vector<coli_session_t*> sessions_;
 };
-
-host::Plugin* BatchedDecodeTest::plugin_ = nullptr;
 
 constexpr int kSteps = 16;
 
@@ -270,7 +164,7 @@ TEST_F(BatchedDecodeTest, SampledRowsMatchOneRowPerCall) {
 TEST_F(BatchedDecodeTest, RowsOfTwoModelsMatchOneRowPerCall) {
   const std::vector<Spec> specs = Greedy();
   const auto want = Reference(specs, kSteps);
-  coli_model_t* other = OpenModel();
+  coli_model_t* other = Open({});
   ASSERT_NE(other, nullptr);
   const std::vector<coli_session_t*> batch = Start(specs, {model_, other, model_});
   ExpectSame(Run(batch, specs, kSteps, /*batched=*/true), want);
