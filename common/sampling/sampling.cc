@@ -4,9 +4,67 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace coli::sampling {
 namespace {
+
+bool InRange(float v, float lo, float hi) { return v >= lo && v <= hi; }  // false for NaN
+
+// The candidates a sampling draw chooses from: (unnormalised probability, id) sorted by
+// descending probability (ties: lower id first) for the first `keep` entries, which carry
+// `mass` in total. Temperature, then top_k, top_p, min_p.
+struct Kept {
+  std::vector<std::pair<double, int32_t>> cand;
+  size_t keep = 0;
+  double mass = 0.0;
+};
+
+Kept Cut(std::span<const float> logits, const SamplerOptions& o) {
+  Kept k;
+  const double inv_t = 1.0 / o.temperature;
+  double mx = -std::numeric_limits<double>::infinity();
+  for (float v : logits) mx = std::max(mx, v * inv_t);
+  k.cand.resize(logits.size());
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double p = std::exp(logits[i] * inv_t - mx);
+    k.cand[i] = {p, static_cast<int32_t>(i)};
+    total += p;
+  }
+  auto order = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  k.keep = k.cand.size();
+  if (o.top_k > 0 && static_cast<size_t>(o.top_k) < k.keep) {
+    k.keep = o.top_k;
+    std::partial_sort(k.cand.begin(), k.cand.begin() + k.keep, k.cand.end(), order);
+  } else {
+    std::sort(k.cand.begin(), k.cand.end(), order);
+  }
+  if (o.top_p > 0.0f && o.top_p < 1.0f) {
+    // Smallest prefix whose probability (relative to the full distribution) reaches top_p.
+    const double target = o.top_p * total;
+    double cum = 0.0;
+    size_t n = 0;
+    while (n < k.keep) {
+      cum += k.cand[n].first;
+      ++n;
+      if (cum >= target) break;
+    }
+    k.keep = n;
+  }
+  if (o.min_p > 0.0f) {
+    // Tokens at least min_p times as likely as the most likely one (cand[0]); the ratio is the
+    // same before and after any renormalisation, so the cut is a prefix of the sorted list.
+    const double threshold = static_cast<double>(o.min_p) * k.cand[0].first;
+    while (k.keep > 1 && k.cand[k.keep - 1].first < threshold) --k.keep;
+  }
+  for (size_t i = 0; i < k.keep; ++i) k.mass += k.cand[i].first;
+  return k;
+}
 
 // log Σ exp(logits), in double, max-subtracted.
 double LogSumExp(std::span<const float> logits) {
@@ -49,58 +107,133 @@ std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, int k) {
   return out;
 }
 
+bool HasPenalties(const SamplerOptions& o) {
+  return !o.logit_bias.empty() || (o.repetition_penalty > 0.0f && o.repetition_penalty != 1.0f) ||
+         o.frequency_penalty != 0.0f || o.presence_penalty != 0.0f;
+}
+
+absl::Status ValidatePenalties(const SamplerOptions& o, int32_t vocab_size) {
+  if (!InRange(o.frequency_penalty, -2.0f, 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frequency_penalty ", o.frequency_penalty, " is outside [-2, 2]"));
+  }
+  if (!InRange(o.presence_penalty, -2.0f, 2.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("presence_penalty ", o.presence_penalty, " is outside [-2, 2]"));
+  }
+  if (!(o.repetition_penalty >= 0.0f && std::isfinite(o.repetition_penalty))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "repetition_penalty ", o.repetition_penalty, " must be > 0 (1 = off) and finite"));
+  }
+  if (!InRange(o.min_p, 0.0f, 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p ", o.min_p, " is outside [0, 1]"));
+  }
+  if (o.logit_bias.size() > static_cast<size_t>(kMaxLogitBias)) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias has ", o.logit_bias.size(),
+                                                   " entries; at most ", kMaxLogitBias));
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(o.logit_bias.size());
+  for (const LogitBias& b : o.logit_bias) {
+    if (b.id < 0 || (vocab_size > 0 && b.id >= vocab_size)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: token id ", b.id,
+                                                     " is outside [0, ", vocab_size, ")"));
+    }
+    if (!InRange(b.bias, -100.0f, 100.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: the bias of token id ", b.id,
+                                                     ", ", b.bias, ", is outside [-100, 100]"));
+    }
+    ids.push_back(b.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto d = std::adjacent_find(ids.begin(), ids.end()); d != ids.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias: token id ", *d, " appears more than once"));
+  }
+  return absl::OkStatus();
+}
+
+void TokenHistory::Reset(std::span<const int32_t> prompt) {
+  prompt_.assign(prompt.begin(), prompt.end());
+  std::sort(prompt_.begin(), prompt_.end());
+  prompt_.erase(std::unique(prompt_.begin(), prompt_.end()), prompt_.end());
+  output_.clear();
+}
+
+void TokenHistory::AddOutput(int32_t id) { ++output_[id]; }
+
+void ApplyPenalties(std::span<float> logits, const SamplerOptions& o,
+                    const TokenHistory* history) {
+  const auto valid = [&](int32_t id) {
+    return id >= 0 && static_cast<size_t>(id) < logits.size();
+  };
+  for (const LogitBias& b : o.logit_bias) {
+    if (valid(b.id)) logits[b.id] += b.bias;
+  }
+  if (history == nullptr) return;
+  const float r = o.repetition_penalty;
+  if (r > 0.0f && r != 1.0f) {
+    auto penalise = [&](int32_t id) {
+      if (!valid(id)) return;
+      float& l = logits[id];
+      l = l > 0.0f ? l / r : l * r;
+    };
+    for (int32_t id : history->prompt()) penalise(id);
+    for (const auto& [id, count] : history->output()) {
+      // A token of both the prompt and the output is penalised once.
+      if (!std::binary_search(history->prompt().begin(), history->prompt().end(), id)) {
+        penalise(id);
+      }
+    }
+  }
+  if (o.frequency_penalty != 0.0f || o.presence_penalty != 0.0f) {
+    for (const auto& [id, count] : history->output()) {
+      if (!valid(id) || count <= 0) continue;
+      logits[id] -= o.frequency_penalty * static_cast<float>(count);
+      logits[id] -= o.presence_penalty;
+    }
+  }
+}
+
+std::vector<double> ProcessedProbabilities(std::span<const float> logits, const SamplerOptions& o,
+                                           const TokenHistory* history) {
+  std::vector<double> probs(logits.size(), 0.0);
+  if (logits.empty()) return probs;
+  std::vector<float> work(logits.begin(), logits.end());
+  ApplyPenalties(work, o, history);
+  if (o.temperature <= 0.0f) {
+    probs[Greedy(work)] = 1.0;
+    return probs;
+  }
+  const Kept k = Cut(work, o);
+  for (size_t i = 0; i < k.keep; ++i) probs[k.cand[i].second] = k.cand[i].first / k.mass;
+  return probs;
+}
+
 Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {}
 
 double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
-Sample Sampler::Next(std::span<const float> logits) {
+Sample Sampler::Next(std::span<const float> logits, const TokenHistory* history) {
   Sample s;
   if (logits.empty()) return s;
+  std::span<const float> work = logits;
+  if (HasPenalties(options_)) {
+    penalised_.assign(logits.begin(), logits.end());
+    ApplyPenalties(penalised_, options_, history);
+    work = penalised_;
+  }
   if (options_.temperature <= 0.0f) {
-    s.id = Greedy(logits);
+    s.id = Greedy(work);
   } else {
-    const double inv_t = 1.0 / options_.temperature;
-    double mx = -std::numeric_limits<double>::infinity();
-    for (float v : logits) mx = std::max(mx, v * inv_t);
-    std::vector<std::pair<double, int32_t>> cand(logits.size());
-    double total = 0.0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      const double p = std::exp(logits[i] * inv_t - mx);
-      cand[i] = {p, static_cast<int32_t>(i)};
-      total += p;
-    }
-    auto order = [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
-    size_t keep = cand.size();
-    if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < keep) {
-      keep = options_.top_k;
-      std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), order);
-    } else {
-      std::sort(cand.begin(), cand.end(), order);
-    }
-    double kept_mass = 0.0;
-    for (size_t i = 0; i < keep; ++i) kept_mass += cand[i].first;
-    if (options_.top_p > 0.0f && options_.top_p < 1.0f) {
-      // Smallest prefix whose probability (relative to the full distribution) reaches top_p.
-      const double target = options_.top_p * total;
-      double cum = 0.0;
-      size_t n = 0;
-      while (n < keep) {
-        cum += cand[n].first;
-        ++n;
-        if (cum >= target) break;
-      }
-      keep = n;
-      kept_mass = cum;
-    }
-    const double u = Uniform() * kept_mass;
+    const Kept k = Cut(work, options_);
+    const double u = Uniform() * k.mass;
     double cum = 0.0;
-    s.id = cand[keep - 1].second;
-    for (size_t i = 0; i < keep; ++i) {
-      cum += cand[i].first;
+    s.id = k.cand[k.keep - 1].second;
+    for (size_t i = 0; i < k.keep; ++i) {
+      cum += k.cand[i].first;
       if (u < cum) {
-        s.id = cand[i].second;
+        s.id = k.cand[i].second;
         break;
       }
     }
