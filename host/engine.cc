@@ -420,6 +420,21 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     COLI_ASSIGN_OR_RETURN(prompt, model.Tokenize(in.prompt, /*allow_special=*/false));
   }
   if (prompt.empty()) return absl::InvalidArgumentError("EMPTY_PROMPT");
+  // The sampling knobs are checked before any work (ranges, logit_bias ids against the
+  // vocabulary, and a plugin too old to apply the ABI 1.3 knobs).
+  Sampling sampling;
+  sampling.temperature = in.sampling.temperature();
+  sampling.top_p = in.sampling.top_p();
+  sampling.top_k = in.sampling.top_k();
+  sampling.logprobs = in.sampling.logprobs();
+  sampling.repetition_penalty = in.sampling.repetition_penalty();
+  sampling.frequency_penalty = in.sampling.frequency_penalty();
+  sampling.presence_penalty = in.sampling.presence_penalty();
+  sampling.min_p = in.sampling.min_p();
+  for (const v1::LogitBias& b : in.sampling.logit_bias()) {
+    sampling.logit_bias.push_back({b.id(), b.bias()});
+  }
+  COLI_RETURN_IF_ERROR(model.CheckSampling(sampling));
   const int64_t capacity = model.info().context_capacity;
   if (capacity > 0 && static_cast<int64_t>(prompt.size()) >= capacity) {
     return absl::ResourceExhaustedError(
@@ -499,11 +514,6 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   started.set_max_tokens(max_tokens);
   if (request.sink_.on_started) request.sink_.on_started(started);
 
-  Sampling sampling;
-  sampling.temperature = in.sampling.temperature();
-  sampling.top_p = in.sampling.top_p();
-  sampling.top_k = in.sampling.top_k();
-  sampling.logprobs = in.sampling.logprobs();
 
   int64_t generated = 0;
   bool saw_tool_call = false;

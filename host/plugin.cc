@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log/log.h"
+#include "common/sampling/sampling.h"
 #include "common/status/status.h"
 #include "plugin_api/cpp/abi_util.h"
 
@@ -37,7 +38,8 @@ std::string VersionText(uint32_t major, uint32_t minor) { return absl::StrCat(ma
 size_t TableSizeFor(uint32_t minor) {
   return minor == 0   ? COLI_PLUGIN_API_SIZE_V1_0
          : minor == 1 ? COLI_PLUGIN_API_SIZE_V1_1
-                      : COLI_PLUGIN_API_SIZE_V1_2;
+         : minor == 2 ? COLI_PLUGIN_API_SIZE_V1_2
+                      : COLI_PLUGIN_API_SIZE_V1_3;
 }
 
 // The entries of minor 0 that must not be NULL (shutdown is optional).
@@ -369,7 +371,10 @@ absl::StatusOr<PrefillResult> Session::Prefill(
 
 namespace {
 
-coli_decode_row_t ToRow(coli_session_t* handle, const Sampling& sampling) {
+// The row for one step. A plugin of an older minor gets a row without the 1.3 inputs (its
+// struct_size ends before them); Model::CheckSampling refused knobs it would have ignored, and
+// Step/StepBatch refuse them again for callers that skip the check.
+coli_decode_row_t ToRow(coli_session_t* handle, const Sampling& sampling, uint32_t minor) {
   auto row = Init<coli_decode_row_t>();
   row.session = handle;
   row.temperature = sampling.temperature;
@@ -377,7 +382,25 @@ coli_decode_row_t ToRow(coli_session_t* handle, const Sampling& sampling) {
   row.top_k = sampling.top_k;
   row.logprobs_top_k = sampling.logprobs;
   row.token = -1;
+  if (minor < 3) {
+    row.struct_size = COLI_DECODE_ROW_SIZE_V1_0;
+    return row;
+  }
+  row.repetition_penalty = sampling.repetition_penalty;
+  row.frequency_penalty = sampling.frequency_penalty;
+  row.presence_penalty = sampling.presence_penalty;
+  row.min_p = sampling.min_p;
+  row.logit_bias = sampling.logit_bias.empty() ? nullptr : sampling.logit_bias.data();
+  row.n_logit_bias = sampling.logit_bias.size();
   return row;
+}
+
+absl::Status RefuseNewKnobs(const Plugin& plugin, const Sampling& sampling) {
+  const std::string knob(FirstNewKnob(sampling));
+  if (plugin.minor() >= 3 || knob.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      knob, " needs plugin ABI 1.3, but family '", plugin.family(), "' (", plugin.file(),
+      ") speaks 1.", plugin.minor(), " and would ignore it; leave ", knob, " unset"));
 }
 
 absl::StatusOr<StepResult> FromRow(const coli_decode_row_t& row) {
@@ -405,8 +428,29 @@ absl::StatusOr<StepResult> FromRow(const coli_decode_row_t& row) {
 
 }  // namespace
 
+std::string_view FirstNewKnob(const Sampling& s) {
+  if (!s.logit_bias.empty()) return "logit_bias";
+  if (s.repetition_penalty != 0.0f && s.repetition_penalty != 1.0f) return "repetition_penalty";
+  if (s.frequency_penalty != 0.0f) return "frequency_penalty";
+  if (s.presence_penalty != 0.0f) return "presence_penalty";
+  if (s.min_p != 0.0f) return "min_p";
+  return {};
+}
+
+absl::Status Model::CheckSampling(const Sampling& s) const {
+  sampling::SamplerOptions o;
+  o.repetition_penalty = s.repetition_penalty;
+  o.frequency_penalty = s.frequency_penalty;
+  o.presence_penalty = s.presence_penalty;
+  o.min_p = s.min_p;
+  for (const coli_logit_bias_t& b : s.logit_bias) o.logit_bias.push_back({b.id, b.bias});
+  COLI_RETURN_IF_ERROR(sampling::ValidatePenalties(o, info_.vocab_size));
+  return RefuseNewKnobs(*plugin_, s);
+}
+
 absl::StatusOr<StepResult> Session::Step(const Sampling& sampling) {
-  coli_decode_row_t row = ToRow(handle_, sampling);
+  COLI_RETURN_IF_ERROR(RefuseNewKnobs(*plugin_, sampling));
+  coli_decode_row_t row = ToRow(handle_, sampling, plugin_->minor());
   auto args = Init<coli_decode_args_t>();
   args.rows = &row;
   args.n_rows = 1;
@@ -432,7 +476,8 @@ absl::StatusOr<std::vector<StepResult>> Session::StepBatch(
           absl::StrCat("StepBatch: session ", i, " belongs to plugin ",
                        sessions[i]->plugin_->family(), ", session 0 to ", plugin->family()));
     }
-    rows.push_back(ToRow(sessions[i]->handle_, sampling[i]));
+    COLI_RETURN_IF_ERROR(RefuseNewKnobs(*plugin, sampling[i]));
+    rows.push_back(ToRow(sessions[i]->handle_, sampling[i], plugin->minor()));
   }
   auto args = Init<coli_decode_args_t>();
   args.rows = rows.data();

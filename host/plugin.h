@@ -92,7 +92,14 @@ struct StepResult {
 struct Sampling {
   float temperature = 0, top_p = 0;
   int32_t top_k = 0, logprobs = 0;
+  // ABI 1.3, the OpenAI / vLLM knobs (docs/status/sampling.md); zero is neutral for each.
+  float repetition_penalty = 0, frequency_penalty = 0, presence_penalty = 0, min_p = 0;
+  std::vector<coli_logit_bias_t> logit_bias;  // sent to the plugin as a borrowed array
 };
+
+// The first ABI 1.3 knob `s` sets to a non-neutral value ("frequency_penalty", "logit_bias",
+// ...), or empty when it sets none.
+std::string_view FirstNewKnob(const Sampling& s);
 
 class Plugin;
 
@@ -144,6 +151,11 @@ class Model {
   absl::StatusOr<RenderedChat> RenderChat(std::string_view request_json,
                                           bool add_generation_prompt) const;
   absl::StatusOr<std::unique_ptr<Session>> NewSession(int64_t max_context = 0) const;
+  // Checks a request's sampling knobs before any work: the ABI 1.3 knobs against their ranges
+  // (logit_bias ids against the vocabulary), and INVALID_ARGUMENT naming the knob when the
+  // plugin's negotiated minor predates them (it would ignore them). Messages start with the
+  // field's name.
+  absl::Status CheckSampling(const Sampling& sampling) const;
   // The model's current values (ABI 1.2 model_stats); empty for a plugin of an older minor.
   absl::StatusOr<std::map<std::string, double>> Stats() const;
 

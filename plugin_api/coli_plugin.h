@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.1 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.3 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 2
+#define COLI_ABI_VERSION_MINOR 3
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -323,6 +323,13 @@ typedef struct coli_logprob_t {
   float logprob;
 } coli_logprob_t;
 
+/* One OpenAI logit_bias entry (v1.3): `bias` in [-100, 100] is added to logits[id] before
+ * anything else. */
+typedef struct coli_logit_bias_t {
+  int32_t id;
+  float bias;
+} coli_logit_bias_t;
+
 /* Why a row finished (set by decode). */
 #define COLI_FINISH_NONE 0    /* keep going */
 #define COLI_FINISH_STOP 1    /* a model-owned stop token was sampled */
@@ -349,7 +356,27 @@ typedef struct coli_decode_row_t {
   size_t n_top_logprobs;
   const coli_chat_event_t* events;    /* chat events this token produced (chat sessions) */
   size_t n_events;
+  /* inputs (v1.3): the OpenAI / vLLM knobs (docs/status/sampling.md). A zero is neutral, so a
+   * row zeroed by an older host asks for none. The plugin applies them to the logits in this
+   * order: logit_bias, repetition, frequency, presence penalty (greedy takes the first maximum of
+   * the result), then temperature, top_k, top_p, min_p. The penalties read the session's
+   * history since its last prefill: the prompt and the tokens decode sampled. Reported logprobs
+   * stay those of the raw logits. The host never sends a non-neutral value to a plugin whose
+   * negotiated minor is older (it refuses the request instead). */
+  float repetition_penalty; /* v1.3 > 0; 1 (or 0) = off; prompt and generated tokens:
+                               logit > 0 ? logit / r : logit * r */
+  float frequency_penalty;  /* v1.3 [-2, 2], 0 = off: minus f * count (generated tokens) */
+  float presence_penalty;   /* v1.3 [-2, 2], 0 = off: minus p for each generated token */
+  float min_p;              /* v1.3 [0, 1], 0 = off: keep p >= min_p * p_max */
+  const coli_logit_bias_t* logit_bias; /* v1.3 borrowed for the call; ids distinct and in
+                                          [0, vocab_size) (else INVALID_ARGUMENT) */
+  size_t n_logit_bias;                 /* v1.3 at most 1024 */
 } coli_decode_row_t;
+
+/* The decode row's size per minor: a plugin reads the v1.3 inputs only when the host's row
+ * reaches them (struct_size >= COLI_DECODE_ROW_SIZE_V1_3); otherwise they are neutral. */
+#define COLI_DECODE_ROW_SIZE_V1_0 (offsetof(coli_decode_row_t, n_events) + sizeof(size_t))
+#define COLI_DECODE_ROW_SIZE_V1_3 (offsetof(coli_decode_row_t, n_logit_bias) + sizeof(size_t))
 
 typedef struct coli_decode_args_t {
   size_t struct_size;
@@ -451,6 +478,8 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 #define COLI_PLUGIN_API_SIZE_V1_0 (offsetof(coli_plugin_api_t, session_stats) + sizeof(void*))
 #define COLI_PLUGIN_API_SIZE_V1_1 (offsetof(coli_plugin_api_t, session_record) + sizeof(void*))
 #define COLI_PLUGIN_API_SIZE_V1_2 (offsetof(coli_plugin_api_t, model_stats) + sizeof(void*))
+/* 1.3 added decode-row inputs, no table entry: its table is 1.2's. */
+#define COLI_PLUGIN_API_SIZE_V1_3 COLI_PLUGIN_API_SIZE_V1_2
 
 #ifdef __cplusplus
 } /* extern "C" */

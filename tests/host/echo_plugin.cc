@@ -7,6 +7,9 @@
 // progress/cancel, prefix reuse, sampling with a seed, logprobs, chat rendering and events,
 // statistics and the session record. Built with ECHO_ABI_MINOR=0 it is a plugin written for ABI
 // 1.0: a shorter table without session_record (tests/plugin_api loads it as "older minor").
+// At ABI 1.3 (the default build) it honours the decode row's sampling knobs (logit_bias,
+// penalties, min_p) through common/sampling over its logits {target: 8, others: 0}; the builds
+// for older minors never read them.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,6 +26,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/sampling/sampling.h"
 #include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
@@ -62,6 +66,7 @@ struct EchoSession {
   int64_t capacity;
   std::vector<int32_t> record;  // tokens the "state" was built from
   std::vector<int32_t> prompt;  // the current generation's prompt, echoed back
+  coli::sampling::TokenHistory history;  // the prompt and the tokens generated since (1.3 knobs)
   size_t echoed = 0;
   int32_t pending = -1;  // sampled, not yet fed
   int32_t parse_mode = 0;
@@ -247,6 +252,7 @@ absl::Status Prefill(EchoSession* s, const coli_prefill_args_t* a, coli_prefill_
     }
   }
   s->prompt = tokens;
+  s->history.Reset(tokens);
   s->echoed = 0;
   s->pending = -1;
   s->parse_mode = a->chat_parse_mode;
@@ -299,7 +305,33 @@ absl::Status Step(EchoSession* s, coli_decode_row_t* row) {
   const double hi = 8.0;
   const double log_z = std::log(std::exp(hi) + (kVocab - 1));
   int32_t token = target;
-  if (row->temperature > 0) {
+#if !defined(ECHO_ABI_MINOR)
+  coli::sampling::SamplerOptions knobs;
+  if (COLI_ABI_HAS_FIELD(row, coli_decode_row_t, n_logit_bias)) {
+    knobs.repetition_penalty = row->repetition_penalty;
+    knobs.frequency_penalty = row->frequency_penalty;
+    knobs.presence_penalty = row->presence_penalty;
+    knobs.min_p = row->min_p;
+    for (size_t i = 0; i < row->n_logit_bias; ++i) {
+      knobs.logit_bias.push_back({row->logit_bias[i].id, row->logit_bias[i].bias});
+    }
+  }
+  if (absl::Status bad = coli::sampling::ValidatePenalties(knobs, kVocab); !bad.ok()) return bad;
+  const bool use_knobs = coli::sampling::HasPenalties(knobs) || knobs.min_p > 0.0f;
+#else
+  const bool use_knobs = false;
+#endif
+  if (use_knobs) {
+#if !defined(ECHO_ABI_MINOR)
+    std::vector<float> logits(kVocab, 0.0f);
+    logits[target] = static_cast<float>(hi);
+    knobs.temperature = row->temperature;
+    knobs.top_p = row->top_p;
+    knobs.top_k = row->top_k;
+    knobs.seed = s->rng();
+    token = coli::sampling::Sampler(knobs).Next(logits, &s->history).id;
+#endif
+  } else if (row->temperature > 0) {
     // Softmax at the temperature over {target: hi, others: 0}.
     const double wt = std::exp(hi / row->temperature);
     const double p_target = wt / (wt + (kVocab - 1));
@@ -322,6 +354,7 @@ absl::Status Step(EchoSession* s, coli_decode_row_t* row) {
     row->n_top_logprobs = s->top.size();
   }
   s->generated += 1;
+  s->history.AddOutput(token);
   if (token == kEos) {
     row->finish = COLI_FINISH_STOP;
   } else {

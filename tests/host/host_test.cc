@@ -236,6 +236,48 @@ TEST_F(HostTest, LogprobsArePassedThrough) {
   EXPECT_NEAR(token.logprobs().top(1).logprob(), -log_z, 1e-5);
 }
 
+// ABI 1.3 knobs from the gRPC request to the plugin's decode rows. Echo logits: the target at 8,
+// the rest at 0; greedy takes the first maximum after logit_bias and the penalties.
+TEST_F(HostTest, SamplingKnobsReachThePlugin) {
+  Start();
+  v1::GenerateRequest forced = Request("hi", 4);
+  auto* bias = forced.mutable_sampling()->add_logit_bias();
+  bias->set_id('z');
+  bias->set_bias(100.0f);
+  Stream s = Generate(forced);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.text, "zzzz");
+
+  // 'z' at 9 beats the target 'h' (8) once; generated once it pays frequency_penalty 2 (7 < 8),
+  // so the echo resumes: "z", "h", "i".
+  v1::GenerateRequest penalised = Request("hi", 3);
+  bias = penalised.mutable_sampling()->add_logit_bias();
+  bias->set_id('z');
+  bias->set_bias(9.0f);
+  Stream without = Generate(penalised);
+  ASSERT_TRUE(without.status.ok()) << without.status.error_message();
+  EXPECT_EQ(without.text, "zzz");
+  penalised.mutable_sampling()->set_frequency_penalty(2.0f);
+  Stream with = Generate(penalised);
+  ASSERT_TRUE(with.status.ok()) << with.status.error_message();
+  EXPECT_EQ(with.text, "zhi");
+
+  // Out of range: INVALID_ARGUMENT naming the field, before any token.
+  v1::GenerateRequest bad = Request("hi", 3);
+  bad.mutable_sampling()->set_presence_penalty(2.5f);
+  Stream refused = Generate(bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("presence_penalty 2.5"));
+  EXPECT_TRUE(refused.ids.empty());
+  bad = Request("hi", 3);
+  bias = bad.mutable_sampling()->add_logit_bias();
+  bias->set_id(260);  // the echo vocabulary is 260 tokens
+  bias->set_bias(1.0f);
+  refused = Generate(bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("token id 260"));
+}
+
 TEST_F(HostTest, CancelEndsWithinOneTokenAndSessionIsReusable) {
   Start(1, 8, "10");
   v1::GenerateRequest request = Request(std::string(200, 'x'));
@@ -491,7 +533,7 @@ TEST_F(HostTest, HealthListModelsAndMetrics) {
   EXPECT_EQ(health.models_loaded(), 1);
   ASSERT_EQ(health.plugins_size(), 1);
   EXPECT_EQ(health.plugins(0).family(), "coli_echo");
-  EXPECT_EQ(health.abi_version(), "1.2");
+  EXPECT_EQ(health.abi_version(), "1.3");
   grpc::ClientContext c2;
   v1::ListModelsResponse models;
   ASSERT_TRUE(stub_->ListModels(&c2, v1::ListModelsRequest(), &models).ok());

@@ -27,6 +27,7 @@ namespace coli {
 namespace {
 
 using ::coli::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 struct Frozen {
@@ -34,7 +35,7 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.2 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin (the
+// ABI 1.3 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin (the
 // function table grows with each minor, at its end; no existing offset moves).
 const Frozen kFrozen[] = {
     {"coli_error_t.struct_size", 0, 32},
@@ -129,20 +130,28 @@ const Frozen kFrozen[] = {
     {"coli_chat_event_t.text", 16, 32},
     {"coli_logprob_t.id", 0, 8},
     {"coli_logprob_t.logprob", 4, 8},
-    {"coli_decode_row_t.struct_size", 0, 96},
-    {"coli_decode_row_t.session", 8, 96},
-    {"coli_decode_row_t.temperature", 16, 96},
-    {"coli_decode_row_t.top_p", 20, 96},
-    {"coli_decode_row_t.top_k", 24, 96},
-    {"coli_decode_row_t.logprobs_top_k", 28, 96},
-    {"coli_decode_row_t.token", 32, 96},
-    {"coli_decode_row_t.finish", 36, 96},
-    {"coli_decode_row_t.text", 40, 96},
-    {"coli_decode_row_t.logprob", 56, 96},
-    {"coli_decode_row_t.top_logprobs", 64, 96},
-    {"coli_decode_row_t.n_top_logprobs", 72, 96},
-    {"coli_decode_row_t.events", 80, 96},
-    {"coli_decode_row_t.n_events", 88, 96},
+    {"coli_decode_row_t.struct_size", 0, 128},
+    {"coli_decode_row_t.session", 8, 128},
+    {"coli_decode_row_t.temperature", 16, 128},
+    {"coli_decode_row_t.top_p", 20, 128},
+    {"coli_decode_row_t.top_k", 24, 128},
+    {"coli_decode_row_t.logprobs_top_k", 28, 128},
+    {"coli_decode_row_t.token", 32, 128},
+    {"coli_decode_row_t.finish", 36, 128},
+    {"coli_decode_row_t.text", 40, 128},
+    {"coli_decode_row_t.logprob", 56, 128},
+    {"coli_decode_row_t.top_logprobs", 64, 128},
+    {"coli_decode_row_t.n_top_logprobs", 72, 128},
+    {"coli_decode_row_t.events", 80, 128},
+    {"coli_decode_row_t.n_events", 88, 128},
+    {"coli_decode_row_t.repetition_penalty", 96, 128},  // v1.3 inputs
+    {"coli_decode_row_t.frequency_penalty", 100, 128},
+    {"coli_decode_row_t.presence_penalty", 104, 128},
+    {"coli_decode_row_t.min_p", 108, 128},
+    {"coli_decode_row_t.logit_bias", 112, 128},
+    {"coli_decode_row_t.n_logit_bias", 120, 128},
+    {"coli_logit_bias_t.id", 0, 8},
+    {"coli_logit_bias_t.bias", 4, 8},
     {"coli_decode_args_t.struct_size", 0, 24},
     {"coli_decode_args_t.rows", 8, 24},
     {"coli_decode_args_t.n_rows", 16, 24},
@@ -196,6 +205,10 @@ TEST(AbiLayout, TableSizesPerMinor) {
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_0, offsetof(coli_plugin_api_t, session_record));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_1, offsetof(coli_plugin_api_t, model_stats));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_2, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_3, sizeof(coli_plugin_api_t));  // 1.3 added no entry
+  // 1.3 appended the sampling knobs to the decode row; 1.0's row ends at n_events.
+  EXPECT_EQ(COLI_DECODE_ROW_SIZE_V1_0, 96u);
+  EXPECT_EQ(COLI_DECODE_ROW_SIZE_V1_3, sizeof(coli_decode_row_t));
 }
 
 TEST(AbiStatus, CodesAreAbslCodes) {
@@ -310,11 +323,11 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.2"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.2, host 1.2)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.3"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.3, host 1.3)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.2 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.3 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
   };
@@ -385,6 +398,54 @@ TEST_F(LoaderTest, ModelStatsAreReadFromA12TableOnly) {
   ASSERT_OK_AND_ASSIGN(auto s2, model->NewSession());
   ASSERT_OK_AND_ASSIGN(auto stats, model->Stats());
   EXPECT_EQ(stats, (std::map<std::string, double>{{"sessions_created", 2}}));
+}
+
+// ABI 1.3: the sampling knobs (logit_bias, penalties, min_p) are decode-row inputs a 1.2 plugin
+// does not know. The host refuses a request that sets them for such a plugin, naming the knob
+// and both versions, instead of letting the plugin ignore them; neutral knobs still serve.
+TEST_F(LoaderTest, A12PluginGetsAClearRefusalForTheAbi13SamplingKnobs) {
+  const std::string dir = ::testing::TempDir() + "/echo_model_knobs_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  host::PluginReport report;
+  auto v12 =
+      host::Plugin::Load(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_2.so", &report);
+  ASSERT_OK(v12.status());
+  ASSERT_EQ((*v12)->minor(), 2u);
+  ASSERT_OK_AND_ASSIGN(auto model, (*v12)->Open(dir, host::ModelOptions(), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto session, model->NewSession());
+  const int32_t prompt[] = {'h', 'i'};
+  ASSERT_OK(session->Prefill(prompt, 0, 0, nullptr).status());
+
+  EXPECT_OK(model->CheckSampling({.temperature = 0.5f, .repetition_penalty = 1.0f}));
+  struct Knob {
+    const char* name;
+    host::Sampling sampling;
+  } knobs[] = {
+      {"frequency_penalty", {.frequency_penalty = 0.5f}},
+      {"presence_penalty", {.presence_penalty = -0.5f}},
+      {"repetition_penalty", {.repetition_penalty = 1.2f}},
+      {"min_p", {.min_p = 0.1f}},
+      {"logit_bias", {.logit_bias = {{'x', 5.0f}}}},
+  };
+  for (const Knob& k : knobs) {
+    EXPECT_THAT(model->CheckSampling(k.sampling),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(std::string(k.name) + " needs plugin ABI 1.3"),
+                               HasSubstr("speaks 1.2"), HasSubstr("libcoli_fake_echo_v1_2.so"))))
+        << k.name;
+    // Step refuses too (a caller that skipped the check), before the plugin is called.
+    EXPECT_THAT(session->Step(k.sampling),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(k.name)));
+  }
+  // Out-of-range values are named whatever the plugin.
+  EXPECT_THAT(model->CheckSampling({.frequency_penalty = 3.0f}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("frequency_penalty 3")));
+  EXPECT_THAT(model->CheckSampling({.logit_bias = {{260, 1.0f}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token id 260")));
+  // The refusals changed nothing: the neutral step still echoes.
+  ASSERT_OK_AND_ASSIGN(host::StepResult step, session->Step({}));
+  EXPECT_EQ(step.token, 'h');
 }
 
 TEST_F(LoaderTest, MissingDirectoryIsLoggedNotFatal) {
