@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <random>
+
+#include "common/memory/huge_pages.h"
 
 namespace coli::bench {
 namespace {
@@ -89,10 +92,13 @@ uint64_t ReadPlain(const uint8_t* p, size_t n) {
 
 }  // namespace
 
+// Large blocks on huge pages where the system allows, as the engine keeps its weights: the probe
+// and the kernels then read the same kind of memory.
 AlignedBytes::AlignedBytes(size_t n) : size(n) {
-  data = static_cast<uint8_t*>(std::aligned_alloc(64, std::max<size_t>(64, (n + 63) / 64 * 64)));
+  data = static_cast<uint8_t*>(memory::AllocateLarge(std::max<size_t>(64, n)));
+  if (data == nullptr) throw std::bad_alloc();
 }
-AlignedBytes::~AlignedBytes() { std::free(data); }
+AlignedBytes::~AlignedBytes() { memory::FreeLarge(data); }
 
 BenchMatrices::BenchMatrices(kernels::WeightFormat format, int64_t rows, int64_t cols, int copies,
                              uint64_t seed) {

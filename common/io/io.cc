@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/io/cat.h"
 #include "common/log/log.h"
+#include "common/memory/huge_pages.h"
 
 namespace coli::io {
 
@@ -174,14 +175,14 @@ MappedFile::~MappedFile() {
 
 AlignedBuffer::AlignedBuffer(size_t bytes) { Reserve(bytes); }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() { memory::FreeLarge(data_); }
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), capacity_(std::exchange(other.capacity_, 0)) {}
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   if (this != &other) {
-    std::free(data_);
+    memory::FreeLarge(data_);
     data_ = std::exchange(other.data_, nullptr);
     capacity_ = std::exchange(other.capacity_, 0);
   }
@@ -191,13 +192,15 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
 void AlignedBuffer::Reserve(size_t bytes) {
   if (bytes <= capacity_) return;
   size_t rounded = static_cast<size_t>(AlignUp(bytes));
-  void* p = std::aligned_alloc(kDirectAlignment, rounded);
+  // Expert slots are streamed like weights: huge pages where the system allows (2 MiB aligned,
+  // which is also kDirectAlignment-aligned).
+  void* p = memory::AllocateLarge(rounded, kDirectAlignment);
   if (p == nullptr) {
     // Allocation failure of a read buffer is not recoverable here; std::bad_alloc semantics.
     COLI_LOG(kError) << "AlignedBuffer: cannot allocate " << rounded << " bytes";
     std::abort();
   }
-  std::free(data_);
+  memory::FreeLarge(data_);
   data_ = static_cast<uint8_t*>(p);
   capacity_ = rounded;
 }

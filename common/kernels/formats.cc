@@ -331,8 +331,7 @@ absl::StatusOr<QuantizedMatrix> QuantizedMatrix::DowncastInt8ToInt4(const Matrix
 }
 
 absl::StatusOr<QuantizedMatrix> QuantizedMatrix::FromParts(WeightFormat format, int64_t rows,
-                                                           int64_t cols, std::vector<uint8_t> data,
-                                                           std::vector<uint8_t> scales) {
+                                                           int64_t cols, Bytes data, Bytes scales) {
   if (absl::Status s = CheckShape(rows, cols, format); !s.ok()) return s;
   const MatrixBytes want = FormatBytes(format, rows, cols);
   const size_t want_data = want.data, want_scales = want.scales;

@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/memory/huge_pages.h"
 
 namespace coli::kernels {
 
@@ -81,6 +82,9 @@ size_t ViewBytes(const MatrixView& w);
 // here: those bytes come from the checkpoint as they are (UNIMPLEMENTED).
 class QuantizedMatrix {
  public:
+  // Storage on huge pages where the system allows (weights are streamed once per token).
+  using Bytes = std::vector<uint8_t, memory::HugePageAllocator<uint8_t>>;
+
   static absl::StatusOr<QuantizedMatrix> FromBf16(const uint16_t* w, int64_t rows, int64_t cols,
                                                   WeightFormat format);
   static absl::StatusOr<QuantizedMatrix> FromF32(const float* w, int64_t rows, int64_t cols,
@@ -91,8 +95,7 @@ class QuantizedMatrix {
   static absl::StatusOr<QuantizedMatrix> DowncastInt8ToInt4(const MatrixView& int8_matrix);
   // Wraps already-quantized bytes (a repacked container's U8 data and .qs sidecar).
   static absl::StatusOr<QuantizedMatrix> FromParts(WeightFormat format, int64_t rows, int64_t cols,
-                                                   std::vector<uint8_t> data,
-                                                   std::vector<uint8_t> scales);
+                                                   Bytes data, Bytes scales);
 
   QuantizedMatrix() = default;
   MatrixView view() const;
@@ -101,8 +104,8 @@ class QuantizedMatrix {
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   // Raw storage in the layout of MatrixView (data, then scales as bytes).
-  const std::vector<uint8_t>& data() const { return data_; }
-  const std::vector<uint8_t>& scales() const { return scales_; }
+  const Bytes& data() const { return data_; }
+  const Bytes& scales() const { return scales_; }
 
  private:
   // Quantizes rows one at a time; row_fn(r, float* out) writes row r as f32.
@@ -113,8 +116,8 @@ class QuantizedMatrix {
   WeightFormat format_ = WeightFormat::kF32;
   int64_t rows_ = 0;
   int64_t cols_ = 0;
-  std::vector<uint8_t> data_;
-  std::vector<uint8_t> scales_;
+  Bytes data_;
+  Bytes scales_;
 };
 
 struct MatmulOptions {

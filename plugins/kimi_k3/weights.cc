@@ -38,7 +38,7 @@ struct Parts {
   int64_t rows, cols;
   const uint8_t* data = nullptr;
   const uint8_t* scales = nullptr;
-  std::vector<uint8_t> data_buf, scales_buf;
+  QuantizedMatrix::Bytes data_buf, scales_buf;
 
   kernels::MatrixView view() const { return RowsView(0, rows); }
   // Rows [r0, r0 + n): both formats keep whole rows (and their scales) back to back.
@@ -53,8 +53,8 @@ absl::StatusOr<QuantizedMatrix> CopyView(const kernels::MatrixView& v) {
   const kernels::MatrixBytes b = kernels::FormatBytes(v.format, v.rows, v.cols);
   const auto* d = static_cast<const uint8_t*>(v.data);
   const auto* sc = static_cast<const uint8_t*>(v.scales);
-  return QuantizedMatrix::FromParts(v.format, v.rows, v.cols, std::vector<uint8_t>(d, d + b.data),
-                                    std::vector<uint8_t>(sc, sc + b.scales));
+  return QuantizedMatrix::FromParts(v.format, v.rows, v.cols, QuantizedMatrix::Bytes(d, d + b.data),
+                                    QuantizedMatrix::Bytes(sc, sc + b.scales));
 }
 
 class Loader {

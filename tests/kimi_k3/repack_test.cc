@@ -411,7 +411,7 @@ TEST_F(RepackTest, QuantizedMatricesHaveSidecarsAndOthersPassThrough) {
   ASSERT_OK_AND_ASSIGN(auto q, kernels::QuantizedMatrix::FromBf16(raw.data(), 128, 64,
                                                                   kernels::WeightFormat::kInt4G64));
   ASSERT_OK_AND_ASSIGN(const st::TensorInfo* d, box->Get(P + "1.self_attn.q_proj.weight"));
-  std::vector<uint8_t> stored(d->nbytes);
+  kernels::QuantizedMatrix::Bytes stored(d->nbytes);
   ASSERT_OK(box->Read(*d, stored.data()));
   EXPECT_EQ(stored, q.data());
 }

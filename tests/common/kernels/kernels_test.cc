@@ -379,12 +379,12 @@ TEST(KernelFormats, DowncastEqualsInt4OfDequantizedInt8) {
   EXPECT_EQ(q4->data(), direct->data());
   EXPECT_EQ(q4->scales(), direct->scales());
   // Hand case: one group, q8 = [-127 .. ] with s8 = 0.5: s = 127*0.5/7, q4 = rint(q8*0.5/s).
-  std::vector<uint8_t> d(64, 0);
+  QuantizedMatrix::Bytes d(64, 0);
   d[0] = static_cast<uint8_t>(-127);
   d[1] = 18;  // 18*0.5 / (63.5/7) = 0.992 -> 1
   d[2] = 27;  // 1.488 -> 1
   float half = 0.5f;
-  std::vector<uint8_t> sb(4);
+  QuantizedMatrix::Bytes sb(4);
   std::memcpy(sb.data(), &half, 4);
   auto one = QuantizedMatrix::FromParts(WeightFormat::kInt8Row, 1, 64, d, sb);
   ASSERT_TRUE(one.ok());
@@ -398,8 +398,8 @@ TEST(KernelFormats, DowncastEqualsInt4OfDequantizedInt8) {
 }
 
 TEST(KernelFormats, FromPartsChecksSizes) {
-  auto bad = QuantizedMatrix::FromParts(WeightFormat::kInt4G64, 2, 64, std::vector<uint8_t>(64),
-                                        std::vector<uint8_t>(4));
+  auto bad = QuantizedMatrix::FromParts(WeightFormat::kInt4G64, 2, 64, QuantizedMatrix::Bytes(64),
+                                        QuantizedMatrix::Bytes(4));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("expected 64 data bytes and 8"));
 }
