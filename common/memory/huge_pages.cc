@@ -26,8 +26,10 @@ void* AllocateLarge(size_t bytes, size_t alignment) noexcept {
   const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
   void* p = std::aligned_alloc(alignment, rounded);
   if (p != nullptr && huge && HugePagesEnabled()) {
-    // Advice only: where THP is off or unsupported the block keeps 4 KiB pages.
-    (void)::madvise(p, rounded, MADV_HUGEPAGE);
+    // Advice only: where THP is off or unsupported the block keeps 4 KiB pages. Only the whole
+    // huge pages of the requested size: a partial last one stays on 4 KiB pages, so a block
+    // never holds up to 2 MiB of memory it does not use.
+    (void)::madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
   }
   return p;
 }

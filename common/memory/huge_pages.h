@@ -3,9 +3,10 @@
 // Weights and expert slots are streamed from memory once per token; with 4 KiB pages every
 // 4 KiB of a stream costs a TLB entry and the hardware prefetchers stop at each page boundary.
 // Many distributions ship THP in "madvise" mode, where only regions marked MADV_HUGEPAGE get huge
-// pages, so blocks of at least kHugePageBytes are 2 MiB aligned, rounded up to whole huge pages
-// and marked before their first touch. COLI_HUGEPAGES=0 turns the marking off (plain 4 KiB
-// pages, same alignment); smaller blocks are plain aligned allocations.
+// pages, so blocks of at least kHugePageBytes are 2 MiB aligned and their whole huge pages are
+// marked before their first touch (a partial last one keeps 4 KiB pages). COLI_HUGEPAGES=0 turns
+// the marking off (plain 4 KiB pages, same alignment); smaller blocks are plain aligned
+// allocations.
 //
 //   std::vector<uint8_t, coli::memory::HugePageAllocator<uint8_t>> weights(bytes);
 //   void* p = coli::memory::AllocateLarge(bytes, 4096);  ...  coli::memory::FreeLarge(p);
