@@ -16,6 +16,9 @@
 // Speculative decoding (option "spec" = K, COLI_K3_SPEC; docs/status/spec-decoding.md): a greedy
 // row whose record offers a prompt-lookup draft (spec_lookup.h) is verified alone as one chunk
 // (spec_decode.h); the tokens it accepts are handed out by the next decode calls without a pass.
+// Sampling knobs (ABI 1.3, docs/status/sampling.md): each session keeps the history the
+// penalties read (the prompt of its last prefill and the tokens sampled since); a row with any
+// penalty or logit_bias never drafts (its token is not the plain greedy one the drafts verify).
 #include <unistd.h>
 
 #include <algorithm>
@@ -141,6 +144,7 @@ struct K3Session {
   uint64_t seed = 0;
   uint64_t steps = 0;  // decode steps since the prefill (reseeds a sampler whose knobs change)
   std::optional<sampling::Sampler> sampler;
+  sampling::TokenHistory history;  // the penalties' view: the prompt + the tokens sampled since
   std::unique_ptr<tok::StreamDecoder> decoder;
   std::optional<OutputParser> parser;
   // Outputs of the last step (valid until the next call on the session).
@@ -493,6 +497,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   s->logits.clear();
   s->spec_budget = DraftBudget();  // a new prompt may quote what the last one did not
   s->sampler.reset();
+  s->history.Reset(prompt);
   s->parser.reset();
   s->decoder = std::make_unique<tok::StreamDecoder>(*s->m->tokenizer);
   bool cancelled = false;
@@ -678,12 +683,32 @@ absl::Status Feed(std::span<K3Session* const> group) {
   return absl::OkStatus();
 }
 
+// The row's ABI 1.3 knobs (neutral when the host's row predates them).
+sampling::SamplerOptions RowKnobs(const coli_decode_row_t& row) {
+  sampling::SamplerOptions o;
+  if (!COLI_ABI_HAS_FIELD(&row, coli_decode_row_t, n_logit_bias)) return o;
+  o.repetition_penalty = row.repetition_penalty;
+  o.frequency_penalty = row.frequency_penalty;
+  o.presence_penalty = row.presence_penalty;
+  o.min_p = row.min_p;
+  if (row.logit_bias != nullptr) {
+    o.logit_bias.reserve(row.n_logit_bias);
+    for (size_t i = 0; i < row.n_logit_bias; ++i) {
+      o.logit_bias.push_back({row.logit_bias[i].id, row.logit_bias[i].bias});
+    }
+  }
+  return o;
+}
+
 // The draft for a greedy row of a spec model: up to K prompt-lookup tokens after the record and
 // the pending token, K shrunk so the verify chunk fits the context, cut before the first stop
 // token (a stop ends the turn: no row after it is needed). Empty: take the normal step.
+// A row with a penalty or logit_bias (ABI 1.3) keeps the one-step path: drafts are verified as
+// the plain greedy chain.
 std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   const K3Model& m = *s->m;
   if (m.spec_max <= 0 || row.temperature > 0.0f || s->spec.undelivered() > 0) return {};
+  if (sampling::HasPenalties(RowKnobs(row))) return {};
   const int64_t room = s->capacity - s->session->position() - 1;
   const int k = s->spec_budget.Next(static_cast<int>(std::min<int64_t>(m.spec_max, room)));
   if (k <= 0) return {};
@@ -729,7 +754,7 @@ absl::Status VerifyDraft(K3Session* s, std::span<const int32_t> draft) {
 
 // Samples the row's token from its session's logits (after the pending token was fed).
 void Sample(K3Session* s, coli_decode_row_t* row) {
-  sampling::SamplerOptions want;
+  sampling::SamplerOptions want = RowKnobs(*row);
   want.temperature = row->temperature;
   want.top_p = (row->top_p <= 0.0f || row->top_p > 1.0f) ? 1.0f : row->top_p;
   want.top_k = std::max(0, row->top_k);
@@ -737,10 +762,15 @@ void Sample(K3Session* s, coli_decode_row_t* row) {
   want.seed = s->seed + s->steps;
   const sampling::SamplerOptions* have = s->sampler ? &s->sampler->options() : nullptr;
   if (have == nullptr || have->temperature != want.temperature || have->top_p != want.top_p ||
-      have->top_k != want.top_k || have->logprobs != want.logprobs) {
-    s->sampler.emplace(want);  // one seeded stream per generation while the knobs hold
+      have->top_k != want.top_k || have->logprobs != want.logprobs ||
+      have->repetition_penalty != want.repetition_penalty ||
+      have->frequency_penalty != want.frequency_penalty ||
+      have->presence_penalty != want.presence_penalty || have->min_p != want.min_p ||
+      have->logit_bias != want.logit_bias) {
+    s->sampler.emplace(std::move(want));  // one seeded stream per generation while knobs hold
   }
-  const sampling::Sample sample = s->sampler->Next(s->logits);
+  const sampling::Sample sample = s->sampler->Next(s->logits, &s->history);
+  s->history.AddOutput(sample.id);
   ++s->steps;
   s->generated += 1;
   row->token = sample.id;
@@ -799,6 +829,19 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
     if (sessions[i]->logits.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("kimi_k3: decode row ", i, ": decode before a successful prefill"));
+    }
+    const int32_t vocab = static_cast<int32_t>(sessions[i]->m->model->vocab_size());
+    if (COLI_ABI_HAS_FIELD(&rows[i], coli_decode_row_t, n_logit_bias) &&
+        (rows[i].n_logit_bias > static_cast<size_t>(sampling::kMaxLogitBias) ||
+         (rows[i].n_logit_bias > 0 && rows[i].logit_bias == nullptr))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kimi_k3: decode row ", i, ": logit_bias has ", rows[i].n_logit_bias,
+          " entries at ", rows[i].logit_bias == nullptr ? "NULL" : "an array",
+          "; at most ", sampling::kMaxLogitBias, ", never NULL"));
+    }
+    if (absl::Status bad = sampling::ValidatePenalties(RowKnobs(rows[i]), vocab); !bad.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kimi_k3: decode row ", i, ": ", bad.message()));
     }
   }
   std::vector<bool> full(rows.size(), false);

@@ -40,6 +40,9 @@ struct Knobs {
   float temperature = 0, top_p = 0;
   int32_t top_k = 0, logprobs = 3;
   uint64_t seed = 0;
+  // ABI 1.3 (zero = neutral); logit_bias is lent to the row for the call.
+  float repetition_penalty = 0, frequency_penalty = 0, presence_penalty = 0, min_p = 0;
+  std::vector<coli_logit_bias_t> logit_bias;
 };
 
 // One row's outputs, copied out of the plugin.
@@ -161,6 +164,12 @@ class PluginAbiTest : public ::testing::Test {
     row.top_p = k.top_p;
     row.top_k = k.top_k;
     row.logprobs_top_k = k.logprobs;
+    row.repetition_penalty = k.repetition_penalty;
+    row.frequency_penalty = k.frequency_penalty;
+    row.presence_penalty = k.presence_penalty;
+    row.min_p = k.min_p;
+    row.logit_bias = k.logit_bias.empty() ? nullptr : k.logit_bias.data();
+    row.n_logit_bias = k.logit_bias.size();
     return row;
   }
   static Out Copy(const coli_decode_row_t& row) {
