@@ -21,6 +21,14 @@ std::span<const uint32_t> Mxfp4MatmulSpirv();
 // workgroup size 64, grid-stride over n.
 std::span<const uint32_t> SituGluSpirv();
 
+// dense_matmul.comp, one module per weight format (FORMAT 0, 1, 2): y[b, r] = sum_c W[r, c]·x[b, c]
+// for f32, int8 per-row and int4-g64 W (kernels.h layouts), f32 x. Bindings and push constants
+// as mxfp4_matmul (0 weights as uint words, 1 scales f32 — unused for f32 —, 2 x, 3 y;
+// {rows, cols, batch}); workgroup size 64, one workgroup per output row.
+std::span<const uint32_t> DenseMatmulF32Spirv();
+std::span<const uint32_t> DenseMatmulInt8Spirv();
+std::span<const uint32_t> DenseMatmulInt4Spirv();
+
 }  // namespace coli::shaders
 
 #endif  // COLI_SHADERS_SHADERS_H_

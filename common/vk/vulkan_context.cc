@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <span>
 #include <utility>
@@ -39,6 +40,17 @@ struct SituPushConstants {
   uint32_t n;
   float beta1;
   float beta2;
+};
+
+// The context's compute pipelines. The dense matmuls share mxfp4_matmul's bindings (weights,
+// scales, x, y) and push constants (PushConstants).
+enum Kernel {
+  kMxfp4Kernel,      // shaders/mxfp4_matmul.comp
+  kSituKernel,       // shaders/situ_glu.comp: bindings g, u, out
+  kDenseF32Kernel,   // shaders/dense_matmul.comp FORMAT 0
+  kDenseInt8Kernel,  // ... FORMAT 1
+  kDenseInt4Kernel,  // ... FORMAT 2
+  kKernelCount,
 };
 
 absl::Status VkError(VkResult result, absl::string_view call) {
@@ -143,15 +155,15 @@ struct internal::VulkanState {
   VkCommandPool command_pool = VK_NULL_HANDLE;
   VkCommandBuffer command_buffer = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
-  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
-  VkPipelineLayout pipeline_layout = VK_NULL_HANDLE;
-  VkShaderModule shader = VK_NULL_HANDLE;
-  VkPipeline pipeline = VK_NULL_HANDLE;
-  // The SiTU-GLU pipeline (shaders/situ_glu.comp): bindings g, u, out.
-  VkDescriptorSetLayout situ_set_layout = VK_NULL_HANDLE;
-  VkPipelineLayout situ_pipeline_layout = VK_NULL_HANDLE;
-  VkShaderModule situ_shader = VK_NULL_HANDLE;
-  VkPipeline situ_pipeline = VK_NULL_HANDLE;
+  // One per Kernel.
+  struct Pipeline {
+    VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+    VkPipelineLayout layout = VK_NULL_HANDLE;
+    VkShaderModule shader = VK_NULL_HANDLE;
+    VkPipeline pipeline = VK_NULL_HANDLE;
+  };
+  Pipeline pipelines[kKernelCount];
+  std::atomic<int> fail_submissions{0};  // FailSubmissionsForTesting
   std::atomic<uint64_t> matmuls{0};  // matmul dispatches completed (VulkanContext::matmuls)
 
   // Staged residency (VulkanContextOptions): resident matrices in device-local memory, filled
@@ -187,14 +199,12 @@ struct internal::VulkanState {
       if (descriptor_pool) vk.vkDestroyDescriptorPool(device, descriptor_pool, nullptr);
       if (upload_fence) vk.vkDestroyFence(device, upload_fence, nullptr);
       if (upload_pool) vk.vkDestroyCommandPool(device, upload_pool, nullptr);
-      if (situ_pipeline) vk.vkDestroyPipeline(device, situ_pipeline, nullptr);
-      if (situ_shader) vk.vkDestroyShaderModule(device, situ_shader, nullptr);
-      if (situ_pipeline_layout) vk.vkDestroyPipelineLayout(device, situ_pipeline_layout, nullptr);
-      if (situ_set_layout) vk.vkDestroyDescriptorSetLayout(device, situ_set_layout, nullptr);
-      if (pipeline) vk.vkDestroyPipeline(device, pipeline, nullptr);
-      if (shader) vk.vkDestroyShaderModule(device, shader, nullptr);
-      if (pipeline_layout) vk.vkDestroyPipelineLayout(device, pipeline_layout, nullptr);
-      if (set_layout) vk.vkDestroyDescriptorSetLayout(device, set_layout, nullptr);
+      for (Pipeline& p : pipelines) {
+        if (p.pipeline) vk.vkDestroyPipeline(device, p.pipeline, nullptr);
+        if (p.shader) vk.vkDestroyShaderModule(device, p.shader, nullptr);
+        if (p.layout) vk.vkDestroyPipelineLayout(device, p.layout, nullptr);
+        if (p.set_layout) vk.vkDestroyDescriptorSetLayout(device, p.set_layout, nullptr);
+      }
       if (fence) vk.vkDestroyFence(device, fence, nullptr);
       if (command_pool) vk.vkDestroyCommandPool(device, command_pool, nullptr);
       vk.vkDestroyDevice(device, nullptr);
@@ -557,13 +567,31 @@ struct internal::VulkanState {
   }
 
   absl::Status CreatePipeline() {
-    COLI_RETURN_IF_ERROR(CreateComputePipeline(kBindings, sizeof(PushConstants),
-                                               shaders::Mxfp4MatmulSpirv(), "mxfp4_matmul",
-                                               &set_layout, &pipeline_layout, &shader, &pipeline));
-    COLI_RETURN_IF_ERROR(CreateComputePipeline(kSituBindings, sizeof(SituPushConstants),
-                                               shaders::SituGluSpirv(), "situ_glu",
-                                               &situ_set_layout, &situ_pipeline_layout,
-                                               &situ_shader, &situ_pipeline));
+    struct Spec {
+      Kernel kernel;
+      int bindings;
+      uint32_t push_bytes;
+      std::span<const uint32_t> code;
+      const char* name;
+    };
+    const Spec specs[] = {
+        {kMxfp4Kernel, kBindings, sizeof(PushConstants), shaders::Mxfp4MatmulSpirv(),
+         "mxfp4_matmul"},
+        {kSituKernel, kSituBindings, sizeof(SituPushConstants), shaders::SituGluSpirv(),
+         "situ_glu"},
+        {kDenseF32Kernel, kBindings, sizeof(PushConstants), shaders::DenseMatmulF32Spirv(),
+         "dense_matmul (f32)"},
+        {kDenseInt8Kernel, kBindings, sizeof(PushConstants), shaders::DenseMatmulInt8Spirv(),
+         "dense_matmul (int8)"},
+        {kDenseInt4Kernel, kBindings, sizeof(PushConstants), shaders::DenseMatmulInt4Spirv(),
+         "dense_matmul (int4g64)"},
+    };
+    for (const Spec& spec : specs) {
+      Pipeline& p = pipelines[spec.kernel];
+      COLI_RETURN_IF_ERROR(CreateComputePipeline(spec.bindings, spec.push_bytes, spec.code,
+                                                 spec.name, &p.set_layout, &p.layout, &p.shader,
+                                                 &p.pipeline));
+    }
     return absl::OkStatus();
   }
 
@@ -576,12 +604,12 @@ struct internal::VulkanState {
     VkDeviceSize range;
   };
   struct Dispatch {
-    bool situ = false;  // situ_glu pipeline, else mxfp4_matmul
+    Kernel kernel = kMxfp4Kernel;
     int phase = 0;
     Segment segments[kBindings]{};
     uint32_t push[3]{};
     uint32_t groups_x = 1, groups_y = 1;
-    bool is_matmul() const { return !situ; }
+    bool is_matmul() const { return kernel != kSituKernel; }
   };
 
   // Records every dispatch in one command buffer, submits it once and waits for the fence.
@@ -618,7 +646,7 @@ struct internal::VulkanState {
                                absl::string_view what) {
     std::vector<VkDescriptorSetLayout> layouts(dispatches.size());
     for (size_t i = 0; i < dispatches.size(); ++i)
-      layouts[i] = dispatches[i].situ ? situ_set_layout : set_layout;
+      layouts[i] = pipelines[dispatches[i].kernel].set_layout;
     std::vector<VkDescriptorSet> sets(dispatches.size());
     VkDescriptorSetAllocateInfo ds_info{};
     ds_info.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
@@ -637,7 +665,7 @@ struct internal::VulkanState {
       }
     }
     for (size_t i = 0; i < dispatches.size(); ++i) {
-      const int n = dispatches[i].situ ? kSituBindings : kBindings;
+      const int n = dispatches[i].kernel == kSituKernel ? kSituBindings : kBindings;
       for (int b = 0; b < n; ++b) {
         const Segment& seg = dispatches[i].segments[b];
         infos.push_back(VkDescriptorBufferInfo{seg.buffer, seg.offset, seg.range});
@@ -670,9 +698,9 @@ struct internal::VulkanState {
                                 VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &between, 0, nullptr,
                                 0, nullptr);
       }
-      const VkPipelineLayout layout = d.situ ? situ_pipeline_layout : pipeline_layout;
+      const VkPipelineLayout layout = pipelines[d.kernel].layout;
       vk.vkCmdBindPipeline(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE,
-                           d.situ ? situ_pipeline : pipeline);
+                           pipelines[d.kernel].pipeline);
       vk.vkCmdBindDescriptorSets(command_buffer, VK_PIPELINE_BIND_POINT_COMPUTE, layout, 0, 1,
                                  &sets[i], 0, nullptr);
       vk.vkCmdPushConstants(command_buffer, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(d.push),
@@ -686,6 +714,13 @@ struct internal::VulkanState {
     vk.vkCmdPipelineBarrier(command_buffer, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                             VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &to_host, 0, nullptr, 0, nullptr);
     COLI_VK_RETURN_IF_ERROR(vk.vkEndCommandBuffer(command_buffer));
+    int pending = fail_submissions.load();
+    while (pending > 0 && !fail_submissions.compare_exchange_weak(pending, pending - 1)) {
+    }
+    if (pending > 0) {
+      return VkError(VK_ERROR_DEVICE_LOST,
+                     absl::StrCat("vkQueueSubmit (", what, ", FailSubmissionsForTesting)"));
+    }
     COLI_RETURN_IF_ERROR(SubmitAndWait(command_buffer, fence, what));
     uint64_t n_matmuls = 0;
     for (const Dispatch& d : dispatches) n_matmuls += d.is_matmul() ? 1 : 0;
@@ -752,19 +787,45 @@ absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create(
   return std::unique_ptr<VulkanContext>(new VulkanContext(std::move(state)));
 }
 
-struct DeviceMxfp4Matrix::Impl {
+// A resident matrix's device buffers (both kinds of resident matrix): weight bytes and f32
+// scales (none for a dense f32 matrix), counted in resident_bytes while they live.
+struct ResidentBuffers {
   internal::VulkanState* state = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   Buffer weights;
   Buffer scales;
-  ~Impl() {
+  ~ResidentBuffers() {
     state->resident_bytes.fetch_sub(weights.allocated + scales.allocated,
                                     std::memory_order_relaxed);
     state->Free(weights);
     state->Free(scales);
   }
+  // Allocates `b` (`bytes` > 0) as a resident buffer in `placement` and counts it.
+  absl::Status Allocate(Buffer& b, VkDeviceSize bytes, absl::string_view what,
+                        Placement placement) {
+    COLI_RETURN_IF_ERROR(state->Allocate(bytes, what, b, true, placement, /*resident=*/true));
+    state->resident_bytes.fetch_add(b.allocated, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
 };
+
+struct DeviceMxfp4Matrix::Impl : ResidentBuffers {};
+struct DeviceDenseMatrix::Impl : ResidentBuffers {
+  kernels::WeightFormat format = kernels::WeightFormat::kF32;
+};
+
+// Fills a resident buffer with `n` bytes from `src`: straight into mapped memory, or (staged)
+// queued as a copy for UploadStaged; `src` must then live until the copies are done.
+void FillResident(const Buffer& b, const void* src, size_t n,
+                  std::vector<internal::VulkanState::StagedCopy>* copies) {
+  if (n == 0) return;
+  if (b.mapped != nullptr) {
+    std::memcpy(b.mapped, src, n);
+  } else {
+    copies->push_back({static_cast<const uint8_t*>(src), b.buffer, n});
+  }
+}
 
 DeviceMxfp4Matrix::DeviceMxfp4Matrix(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DeviceMxfp4Matrix::~DeviceMxfp4Matrix() = default;
@@ -843,26 +904,20 @@ absl::StatusOr<std::vector<std::unique_ptr<DeviceMxfp4Matrix>>> VulkanContext::U
     out.push_back(std::unique_ptr<DeviceMxfp4Matrix>(new DeviceMxfp4Matrix(std::move(impl))));
     if (w.rows == 0) continue;
     const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
-    COLI_RETURN_IF_ERROR(s.Allocate(bytes.data, "mxfp4 weights", m.weights, true, placement,
-                                  /*resident=*/true));
-    s.resident_bytes.fetch_add(m.weights.allocated, std::memory_order_relaxed);
+    COLI_RETURN_IF_ERROR(m.Allocate(m.weights, bytes.data, "mxfp4 weights", placement));
     COLI_RETURN_IF_ERROR(
-        s.Allocate(bytes.scales * sizeof(float), "mxfp4 scales", m.scales, true, placement,
-                   /*resident=*/true));
-    s.resident_bytes.fetch_add(m.scales.allocated, std::memory_order_relaxed);
+        m.Allocate(m.scales, bytes.scales * sizeof(float), "mxfp4 scales", placement));
     const uint8_t* e8m0 = static_cast<const uint8_t*>(w.scales);
+    // The e2m1 bytes as they are.
+    FillResident(m.weights, w.data, bytes.data, &copies);
     if (placement == Placement::kHostMapped) {
-      // The e2m1 bytes as they are, straight into the mapped memory.
-      std::memcpy(m.weights.mapped, w.data, bytes.data);
       float* scales = static_cast<float*>(m.scales.mapped);
       for (size_t i = 0; i < bytes.scales; ++i) scales[i] = kernels::E8m0ToF32(e8m0[i]);
       continue;
     }
     std::vector<float>& f = widened.emplace_back(bytes.scales);
     for (size_t i = 0; i < bytes.scales; ++i) f[i] = kernels::E8m0ToF32(e8m0[i]);
-    copies.push_back({static_cast<const uint8_t*>(w.data), m.weights.buffer, bytes.data});
-    copies.push_back({reinterpret_cast<const uint8_t*>(f.data()), m.scales.buffer,
-                      bytes.scales * sizeof(float)});
+    FillResident(m.scales, f.data(), bytes.scales * sizeof(float), &copies);
   }
   if (!copies.empty()) COLI_RETURN_IF_ERROR(Annotate(s.UploadStaged(copies), s.device_name));
   return out;
@@ -1039,7 +1094,7 @@ absl::Status VulkanContext::SituGlu(const float* g, const float* u, int64_t n, f
   std::memcpy(io[0].mapped, g, bytes);
   std::memcpy(io[1].mapped, u, bytes);
   internal::VulkanState::Dispatch d;
-  d.situ = true;
+  d.kernel = kSituKernel;
   for (int i = 0; i < 3; ++i) d.segments[i] = {io[i].buffer, 0, bytes};
   d.push[0] = static_cast<uint32_t>(n);
   d.push[1] = FloatBits(beta1);
@@ -1051,9 +1106,42 @@ absl::Status VulkanContext::SituGlu(const float* g, const float* u, int64_t n, f
   return status;
 }
 
-absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, float beta1,
-                                        float beta2) {
-  internal::VulkanState& s = *state_;
+namespace {
+
+// One matrix of a GLU chain: its resident buffers and the pipeline that reads its format.
+struct ChainMatrix {
+  const ResidentBuffers* m = nullptr;
+  Kernel kernel = kMxfp4Kernel;
+};
+// y[r, :] = down · SiTU(gate · x[r, :], up · x[r, :]) for r < rows (host f32 x, y).
+struct GluJob {
+  ChainMatrix gate, up, down;
+  const float* x = nullptr;
+  int64_t rows = 0;
+  float* y = nullptr;
+};
+
+// The pipeline of a dense format, or an error naming it.
+absl::StatusOr<Kernel> DenseKernel(kernels::WeightFormat format, absl::string_view what) {
+  switch (format) {
+    case kernels::WeightFormat::kF32:
+      return kDenseF32Kernel;
+    case kernels::WeightFormat::kInt8Row:
+      return kDenseInt8Kernel;
+    case kernels::WeightFormat::kInt4G64:
+      return kDenseInt4Kernel;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": expected an f32, int8 or int4g64 matrix, got ",
+                       kernels::WeightFormatName(format)));
+  }
+}
+
+// Every job's gate and up matmuls, SiTU-GLU and down matmul in ONE command buffer (barriers only
+// between the three phases), then each job's y read back. `which(j)` names job j in errors.
+absl::Status RunGluChain(internal::VulkanState& s, std::span<const GluJob> jobs, float beta1,
+                         float beta2, const std::function<std::string(size_t)>& which,
+                         absl::string_view what) {
   // Checks, and the byte layout of the shared activation buffers: each job's segment starts at
   // a multiple of the device's storage-buffer offset alignment.
   const VkDeviceSize align =
@@ -1067,37 +1155,28 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
   VkDeviceSize x_total = 0, inner_total = 0;
   bool any = false;
   for (size_t j = 0; j < jobs.size(); ++j) {
-    const ExpertChainJob& job = jobs[j];
-    const std::string which = absl::StrCat("Vulkan ExpertChain job ", j);
-    if (job.gate == nullptr || job.up == nullptr || job.down == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(which, ": null matrix"));
-    }
-    for (const DeviceMxfp4Matrix* m : {job.gate, job.up, job.down}) {
-      if (m->impl_->state != &s) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(which, ": a matrix was uploaded by another VulkanContext"));
-      }
-    }
-    const int64_t inter = job.gate->rows(), hidden = job.gate->cols();
-    if (job.up->rows() != inter || job.up->cols() != hidden || job.down->rows() != hidden ||
-        job.down->cols() != inter) {
+    const GluJob& job = jobs[j];
+    const ResidentBuffers &gate = *job.gate.m, &up = *job.up.m, &down = *job.down.m;
+    const int64_t inter = gate.rows, hidden = gate.cols;
+    if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter) {
       return absl::InvalidArgumentError(absl::StrCat(
-          which, ": shapes gate [", inter, ", ", hidden, "], up [", job.up->rows(), ", ",
-          job.up->cols(), "], down [", job.down->rows(), ", ", job.down->cols(),
+          which(j), ": shapes gate [", inter, ", ", hidden, "], up [", up.rows, ", ", up.cols,
+          "], down [", down.rows, ", ", down.cols,
           "] do not form a GLU block (expected up [I, H] and down [H, I])"));
     }
     if (job.rows < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(which, ": negative rows ", job.rows));
+      return absl::InvalidArgumentError(absl::StrCat(which(j), ": negative rows ", job.rows));
     }
     if (job.rows == 0 || inter == 0 || hidden == 0) continue;
     if (job.x == nullptr || job.y == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(which, ": null activation or output"));
+      return absl::InvalidArgumentError(absl::StrCat(which(j), ": null activation or output"));
     }
     const uint64_t r = static_cast<uint64_t>(job.rows);
     if (r * static_cast<uint64_t>(inter) > kMaxIndex ||
         r * static_cast<uint64_t>(hidden) > kMaxIndex) {
-      return absl::InvalidArgumentError(absl::StrCat(which, ": ", r, " rows of [", inter, ", ",
-                                                     hidden, "] exceed the shaders' 32-bit indices"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          which(j), ": ", r, " rows of [", inter, ", ", hidden,
+          "] exceed the shaders' 32-bit indices"));
     }
     layout[j].x_bytes = r * static_cast<uint64_t>(hidden) * sizeof(float);
     layout[j].inner_bytes = r * static_cast<uint64_t>(inter) * sizeof(float);
@@ -1109,7 +1188,7 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
     for (VkDeviceSize seg : {layout[j].x_bytes, layout[j].inner_bytes}) {
       if (seg > s.properties.limits.maxStorageBufferRange) {
         return absl::ResourceExhaustedError(
-            absl::StrCat(which, ": a segment of ", seg,
+            absl::StrCat(which(j), ": a segment of ", seg,
                          " bytes exceeds the device's maxStorageBufferRange (",
                          s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
       }
@@ -1132,34 +1211,37 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
   using Dispatch = internal::VulkanState::Dispatch;
   std::vector<Dispatch> dispatches;
   dispatches.reserve(jobs.size() * 4);
-  auto matmul = [&](const DeviceMxfp4Matrix& w, int phase, const Buffer& in, VkDeviceSize in_off,
+  auto matmul = [&](const ChainMatrix& w, int phase, const Buffer& in, VkDeviceSize in_off,
                     VkDeviceSize in_bytes, const Buffer& out, VkDeviceSize out_off,
                     VkDeviceSize out_bytes, int64_t rows) {
     Dispatch d;
+    d.kernel = w.kernel;
     d.phase = phase;
-    d.segments[0] = {w.impl_->weights.buffer, 0, w.impl_->weights.size};
-    d.segments[1] = {w.impl_->scales.buffer, 0, w.impl_->scales.size};
+    d.segments[0] = {w.m->weights.buffer, 0, w.m->weights.size};
+    // A dense f32 matrix has no scales: its shader never reads binding 1.
+    const Buffer& scales = w.m->scales.buffer != VK_NULL_HANDLE ? w.m->scales : w.m->weights;
+    d.segments[1] = {scales.buffer, 0, scales.size};
     d.segments[2] = {in.buffer, in_off, in_bytes};
     d.segments[3] = {out.buffer, out_off, out_bytes};
-    d.push[0] = static_cast<uint32_t>(w.rows());
-    d.push[1] = static_cast<uint32_t>(w.cols());
+    d.push[0] = static_cast<uint32_t>(w.m->rows);
+    d.push[1] = static_cast<uint32_t>(w.m->cols);
     d.push[2] = static_cast<uint32_t>(rows);
     MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
     dispatches.push_back(d);
   };
   for (size_t j = 0; j < jobs.size(); ++j) {
-    const ExpertChainJob& job = jobs[j];
+    const GluJob& job = jobs[j];
     const Layout& l = layout[j];
     if (l.x_bytes == 0) continue;
     std::memcpy(static_cast<uint8_t*>(x.mapped) + l.x, job.x, l.x_bytes);
-    matmul(*job.gate, 0, x, l.x, l.x_bytes, g, l.inner, l.inner_bytes, job.rows);
-    matmul(*job.up, 0, x, l.x, l.x_bytes, u, l.inner, l.inner_bytes, job.rows);
+    matmul(job.gate, 0, x, l.x, l.x_bytes, g, l.inner, l.inner_bytes, job.rows);
+    matmul(job.up, 0, x, l.x, l.x_bytes, u, l.inner, l.inner_bytes, job.rows);
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
     const Layout& l = layout[j];
     if (l.x_bytes == 0) continue;
     Dispatch d;
-    d.situ = true;
+    d.kernel = kSituKernel;
     d.phase = 1;
     d.segments[0] = {g.buffer, l.inner, l.inner_bytes};
     d.segments[1] = {u.buffer, l.inner, l.inner_bytes};
@@ -1172,12 +1254,12 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
     dispatches.push_back(d);
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
-    const ExpertChainJob& job = jobs[j];
+    const GluJob& job = jobs[j];
     const Layout& l = layout[j];
     if (l.x_bytes == 0) continue;
-    matmul(*job.down, 2, h, l.inner, l.inner_bytes, y, l.y, l.x_bytes, job.rows);
+    matmul(job.down, 2, h, l.inner, l.inner_bytes, y, l.y, l.x_bytes, job.rows);
   }
-  status = Annotate(s.RunDispatches(dispatches, "expert chain"), s.device_name);
+  status = Annotate(s.RunDispatches(dispatches, what), s.device_name);
   if (status.ok()) {
     for (size_t j = 0; j < jobs.size(); ++j) {
       if (layout[j].x_bytes == 0) continue;
@@ -1187,6 +1269,177 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
   }
   return status;
 }
+
+}  // namespace
+
+absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, float beta1,
+                                        float beta2) {
+  internal::VulkanState& s = *state_;
+  auto which = [](size_t j) { return absl::StrCat("Vulkan ExpertChain job ", j); };
+  std::vector<GluJob> glu(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const ExpertChainJob& job = jobs[j];
+    if (job.gate == nullptr || job.up == nullptr || job.down == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(which(j), ": null matrix"));
+    }
+    for (const DeviceMxfp4Matrix* m : {job.gate, job.up, job.down}) {
+      if (m->impl_->state != &s) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(which(j), ": a matrix was uploaded by another VulkanContext"));
+      }
+    }
+    glu[j] = {{job.gate->impl_.get(), kMxfp4Kernel},
+              {job.up->impl_.get(), kMxfp4Kernel},
+              {job.down->impl_.get(), kMxfp4Kernel},
+              job.x,
+              job.rows,
+              job.y};
+  }
+  return RunGluChain(s, glu, beta1, beta2, which, "expert chain");
+}
+
+absl::Status VulkanContext::DenseGlu(const DeviceDenseMatrix& gate, const DeviceDenseMatrix& up,
+                                     const DeviceDenseMatrix& down, const float* x, int64_t rows,
+                                     float beta1, float beta2, float* y) {
+  internal::VulkanState& s = *state_;
+  GluJob job;
+  ChainMatrix* slots[3] = {&job.gate, &job.up, &job.down};
+  const DeviceDenseMatrix* matrices[3] = {&gate, &up, &down};
+  for (int i = 0; i < 3; ++i) {
+    if (matrices[i]->impl_->state != &s) {
+      return absl::InvalidArgumentError(
+          "Vulkan DenseGlu: a matrix was uploaded by another VulkanContext");
+    }
+    COLI_ASSIGN_OR_RETURN(const Kernel kernel,
+                          DenseKernel(matrices[i]->format(), "Vulkan DenseGlu"));
+    *slots[i] = {matrices[i]->impl_.get(), kernel};
+  }
+  job.x = x;
+  job.rows = rows;
+  job.y = y;
+  return RunGluChain(
+      s, std::span(&job, 1), beta1, beta2, [](size_t) { return std::string("Vulkan DenseGlu"); },
+      "dense GLU chain");
+}
+
+DeviceDenseMatrix::DeviceDenseMatrix(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeviceDenseMatrix::~DeviceDenseMatrix() = default;
+int64_t DeviceDenseMatrix::rows() const { return impl_->rows; }
+int64_t DeviceDenseMatrix::cols() const { return impl_->cols; }
+kernels::WeightFormat DeviceDenseMatrix::format() const { return impl_->format; }
+size_t DeviceDenseMatrix::device_bytes() const {
+  return impl_->weights.allocated + impl_->scales.allocated;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceDenseMatrix>> VulkanContext::UploadDense(
+    const kernels::MatrixView& w) {
+  COLI_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<DeviceDenseMatrix>> one,
+                        UploadDenseBatch(std::span(&w, 1)));
+  return std::move(one[0]);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<DeviceDenseMatrix>>> VulkanContext::UploadDenseBatch(
+    std::span<const kernels::MatrixView> views) {
+  for (const kernels::MatrixView& w : views) {
+    COLI_RETURN_IF_ERROR(DenseKernel(w.format, "Vulkan UploadDense").status());
+    COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(w), "Vulkan UploadDense"));
+    // The shaders index weight words and bytes (int8: rows*cols) with 32-bit uints.
+    const uint64_t bytes = kernels::FormatBytes(w.format, w.rows, w.cols).data;
+    if (bytes > kMaxIndex) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Vulkan UploadDense: ", kernels::WeightFormatName(w.format), " matrix [",
+                       w.rows, ", ", w.cols, "] exceeds the shader's 32-bit indices"));
+    }
+  }
+  internal::VulkanState& s = *state_;
+  const Placement placement = s.staging_mode ? Placement::kDeviceLocal : Placement::kHostMapped;
+  std::vector<std::unique_ptr<DeviceDenseMatrix>> out;
+  std::vector<internal::VulkanState::StagedCopy> copies;
+  for (const kernels::MatrixView& w : views) {
+    auto impl = std::make_unique<DeviceDenseMatrix::Impl>();
+    impl->state = &s;
+    impl->rows = w.rows;
+    impl->cols = w.cols;
+    impl->format = w.format;
+    DeviceDenseMatrix::Impl& m = *impl;
+    out.push_back(std::unique_ptr<DeviceDenseMatrix>(new DeviceDenseMatrix(std::move(impl))));
+    if (w.rows == 0) continue;
+    // The bytes and f32 scales exactly as the CPU holds them. int8 rows need not end on a
+    // word: the weight buffer is rounded up to whole words (the tail is never a column).
+    const kernels::MatrixBytes bytes = kernels::FormatBytes(w.format, w.rows, w.cols);
+    COLI_RETURN_IF_ERROR(
+        m.Allocate(m.weights, (bytes.data + 3) / 4 * 4, "dense weights", placement));
+    FillResident(m.weights, w.data, bytes.data, &copies);
+    if (bytes.scales > 0) {
+      COLI_RETURN_IF_ERROR(m.Allocate(m.scales, bytes.scales, "dense scales", placement));
+      FillResident(m.scales, w.scales, bytes.scales, &copies);
+    }
+  }
+  if (!copies.empty()) COLI_RETURN_IF_ERROR(Annotate(s.UploadStaged(copies), s.device_name));
+  return out;
+}
+
+absl::Status VulkanContext::DenseMatmul(const DeviceDenseMatrix& w, const float* x, int64_t batch,
+                                        float* y) {
+  internal::VulkanState& s = *state_;
+  if (w.impl_->state != &s) {
+    return absl::InvalidArgumentError(
+        "Vulkan DenseMatmul: the matrix was uploaded by another VulkanContext");
+  }
+  COLI_ASSIGN_OR_RETURN(const Kernel kernel, DenseKernel(w.format(), "Vulkan DenseMatmul"));
+  if (batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Vulkan DenseMatmul: negative batch ", batch));
+  }
+  if (batch == 0 || w.rows() == 0) return absl::OkStatus();
+  if (x == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("Vulkan DenseMatmul: null activation or output pointer");
+  }
+  const uint64_t rows = static_cast<uint64_t>(w.rows());
+  const uint64_t cols = static_cast<uint64_t>(w.cols());
+  const uint64_t b = static_cast<uint64_t>(batch);
+  if (b > kMaxIndex || b * cols > kMaxIndex || b * rows > kMaxIndex) {
+    return absl::InvalidArgumentError(absl::StrCat("Vulkan DenseMatmul: shape [", rows, ", ",
+                                                   cols, "] x batch ", b,
+                                                   " exceeds the shader's 32-bit indices"));
+  }
+  const VkDeviceSize x_bytes = b * cols * sizeof(float), y_bytes = b * rows * sizeof(float);
+  for (const VkDeviceSize bytes : {x_bytes, y_bytes}) {
+    if (bytes > s.properties.limits.maxStorageBufferRange) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Vulkan DenseMatmul: an activation or output buffer of ", bytes,
+                       " bytes exceeds the device's maxStorageBufferRange (",
+                       s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
+    }
+  }
+  absl::MutexLock lock(&s.mu);
+  Buffer& in = s.step_x;
+  Buffer& out = s.step_y;
+  absl::Status status = s.Ensure(in, x_bytes, "activations", Placement::kHostMapped);
+  if (status.ok()) status = s.Ensure(out, y_bytes, "outputs", Placement::kHostMapped);
+  if (!status.ok()) return status;
+  std::memcpy(in.mapped, x, x_bytes);
+  internal::VulkanState::Dispatch d;
+  d.kernel = kernel;
+  const Buffer& scales = w.impl_->scales.buffer != VK_NULL_HANDLE ? w.impl_->scales
+                                                                  : w.impl_->weights;
+  d.segments[0] = {w.impl_->weights.buffer, 0, w.impl_->weights.size};
+  d.segments[1] = {scales.buffer, 0, scales.size};
+  d.segments[2] = {in.buffer, 0, x_bytes};
+  d.segments[3] = {out.buffer, 0, y_bytes};
+  d.push[0] = static_cast<uint32_t>(rows);
+  d.push[1] = static_cast<uint32_t>(cols);
+  d.push[2] = static_cast<uint32_t>(b);
+  MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
+  status = Annotate(s.RunDispatches(std::span(&d, 1), "dense_matmul dispatch"), s.device_name);
+  if (status.ok()) std::memcpy(y, out.mapped, y_bytes);
+  return status;
+}
+
+bool VulkanContext::discrete_gpu() const {
+  return state_->properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
+}
+
+void VulkanContext::FailSubmissionsForTesting(int n) { state_->fail_submissions.store(n); }
 
 std::string VkResultName(int32_t result) {
   switch (static_cast<VkResult>(result)) {

@@ -68,6 +68,29 @@ class DeviceMxfp4Matrix {
   std::unique_ptr<Impl> impl_;
 };
 
+// A dense weight matrix resident in device memory (VulkanContext::UploadDense): f32, int8 per
+// row or int4-g64 (kernels.h layouts), its bytes and f32 scales exactly as the CPU holds them —
+// the formats Kimi K3 keeps its shared experts in (K3_BITS 32, 8, 4). Must be destroyed before
+// its context; usable only with that context.
+class DeviceDenseMatrix {
+ public:
+  ~DeviceDenseMatrix();
+  DeviceDenseMatrix(const DeviceDenseMatrix&) = delete;
+  DeviceDenseMatrix& operator=(const DeviceDenseMatrix&) = delete;
+
+  int64_t rows() const;
+  int64_t cols() const;
+  kernels::WeightFormat format() const;
+  // Device memory held (allocation sizes, alignment included).
+  size_t device_bytes() const;
+
+ private:
+  friend class VulkanContext;
+  struct Impl;
+  explicit DeviceDenseMatrix(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // One expert of a batched expert chain (VulkanContext::ExpertChain): a SiTU-GLU block
 //   y[r, :] = down · SiTU(gate · x[r, :], up · x[r, :])   for r < rows
 // with resident MXFP4 matrices gate, up [inter, hidden] and down [hidden, inter]; x and y are
@@ -169,8 +192,37 @@ class VulkanContext {
   // skipped. Thread-safe (serialised with the other calls).
   absl::Status ExpertChain(std::span<const ExpertChainJob> jobs, float beta1, float beta2);
 
-  // Matmul dispatches completed on this context so far (3 per ExpertChain job, 1 per
-  // Mxfp4Matmul call with work). Any thread.
+  // Dense matrices (the shared experts, COLI_VK_DENSE). UploadDense copies an f32, int8 or
+  // int4g64 view once (same residency as UploadMxfp4: staged into device-local memory when
+  // staging(), else host-visible; counted in resident_bytes). INVALID_ARGUMENT for another
+  // format, a malformed view (kernels::ValidateView) or more than 2^32-1 weight bytes/words;
+  // RESOURCE_EXHAUSTED when the device is full (nothing stays allocated). Thread-safe.
+  absl::StatusOr<std::unique_ptr<DeviceDenseMatrix>> UploadDense(const kernels::MatrixView& w);
+  // Several in as few staged submissions as the staging buffer allows; all or nothing.
+  absl::StatusOr<std::vector<std::unique_ptr<DeviceDenseMatrix>>> UploadDenseBatch(
+      std::span<const kernels::MatrixView> views);
+  // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b < batch on the device
+  // (shaders/dense_matmul.comp): the CPU's exact-float kernel (idot off) up to summation order.
+  // Refusals as Mxfp4Matmul's; blocks until y is written.
+  absl::Status DenseMatmul(const DeviceDenseMatrix& w, const float* x, int64_t batch, float* y);
+  // y[r, :] = down · SiTU(gate · x[r, :], up · x[r, :]) for r < rows, one submission (gate and
+  // up, SiTU-GLU (β1, β2), down; barriers between the phases): a SiTU-GLU block such as Kimi
+  // K3's shared experts, gate/up [I, H], down [H, I], x and y host f32 [rows, H]. Formats may
+  // differ per matrix. INVALID_ARGUMENT for mismatched shapes, a matrix of another context,
+  // negative rows, null pointers (rows > 0) or indices over 32 bits; rows == 0 does nothing.
+  absl::Status DenseGlu(const DeviceDenseMatrix& gate, const DeviceDenseMatrix& up,
+                        const DeviceDenseMatrix& down, const float* x, int64_t rows, float beta1,
+                        float beta2, float* y);
+
+  // True when the device is a discrete GPU (VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU): where
+  // COLI_VK_DENSE=auto puts the shared experts on it.
+  bool discrete_gpu() const;
+  // Test hook: the next `n` step submissions (matmuls, chains, SiTU) fail as
+  // VK_ERROR_DEVICE_LOST would (INTERNAL), before anything is submitted.
+  void FailSubmissionsForTesting(int n);
+
+  // Matmul dispatches completed on this context so far (3 per ExpertChain job and per DenseGlu
+  // call, 1 per Mxfp4Matmul / DenseMatmul call with work). Any thread.
   uint64_t matmuls() const;
 
  private:
