@@ -14,6 +14,7 @@
 namespace coli::k3 {
 
 DeviceExperts::~DeviceExperts() = default;
+DeviceSharedExperts::~DeviceSharedExperts() = default;
 
 Routing Route(const MoeConfig& moe, std::span<const float> logits,
               std::span<const float> bias, double topp) {
@@ -64,6 +65,28 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
   const MoeConfig& moe = cfg.moe;
   const int E = moe.num_experts, lat = moe.latent, inter = moe.intermediate;
   const int64_t D = cfg.hidden_size;
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() {
+      if (t.joinable()) t.join();
+    }
+  };
+  // 7. The shared experts on the full-width input need nothing else: on a device that takes them
+  // (DeviceSharedExperts) they start now, on a thread, and are joined just before they are
+  // added; otherwise the CPU computes them below while the first routed experts load.
+  std::vector<float> sh(w.has_shared ? int64_t{n} * D : 0);
+  DeviceSharedExperts* shared_device =
+      w.has_shared ? dynamic_cast<DeviceSharedExperts*>(&experts) : nullptr;
+  const bool shared_on_device = shared_device != nullptr && shared_device->TakesShared(layer, n);
+  absl::Status shared_status;
+  std::thread shared_thread;
+  Joiner shared_joiner{shared_thread};
+  if (shared_on_device) {
+    shared_thread = std::thread([&] {
+      shared_status = shared_device->ComputeShared(layer, w.shared_gate.view(), w.shared_up.view(),
+                                                   w.shared_down.view(), x, n, sh.data());
+    });
+  }
   // 1–3. Router and selection per row.
   std::vector<float> logits(int64_t{n} * E);
   COLI_RETURN_IF_ERROR(MatMul(c, w.router, x, n, logits.data()));
@@ -108,19 +131,14 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
   std::vector<char> done(unique.size(), 0);
   // The routed loads start now; meanwhile (before any expert is applied) this thread
   // computes what does not need them: 4. the latent down-projection and 7. the shared experts
-  // on the full-width input. Same operations and order as without the overlap. With claimed
-  // experts, their device chain starts right after z and runs on its own thread.
+  // on the full-width input (unless a device took them, above). Same operations and order as
+  // without the overlap. With claimed experts, their device chain starts right after z and
+  // runs on its own thread.
   std::vector<float> z(int64_t{n} * lat);
-  std::vector<float> sh;
   std::vector<std::vector<float>> dev_in(claimed.size()), dev_out(claimed.size());
   absl::Status device_status;
   std::thread device_thread;
-  struct Joiner {
-    std::thread& t;
-    ~Joiner() {
-      if (t.joinable()) t.join();
-    }
-  } joiner{device_thread};
+  Joiner joiner{device_thread};
   auto meanwhile = [&]() -> absl::Status {
     COLI_RETURN_IF_ERROR(MatMul(c, w.latent_down, x, n, z.data()));
     if (!claimed.empty()) {
@@ -139,8 +157,7 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
         device_status = device->Compute(jobs);
       });
     }
-    if (w.has_shared) {
-      sh.resize(int64_t{n} * D);
+    if (w.has_shared && !shared_on_device) {
       COLI_RETURN_IF_ERROR(
           SituGluBlock(cfg, w.shared_gate, w.shared_up, w.shared_down, c, x, n, sh.data()));
     }
@@ -216,6 +233,13 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
   }
   // 6. Latent up-projection; 8. sum with the shared experts' output (computed above).
   COLI_RETURN_IF_ERROR(MatMul(c, w.latent_up, u.data(), n, out));
+  if (shared_thread.joinable()) shared_thread.join();
+  if (shared_on_device && !shared_status.ok()) {
+    // The device failed this call (it logs that once and stops taking the shared experts): the
+    // CPU computes them with the kernels it uses without a device, so sh has the CPU's bits.
+    COLI_RETURN_IF_ERROR(
+        SituGluBlock(cfg, w.shared_gate, w.shared_up, w.shared_down, c, x, n, sh.data()));
+  }
   if (w.has_shared) ops::Add(sh.data(), int64_t{n} * D, out);
   if (stats) {
     stats->rows += n;

@@ -68,6 +68,26 @@ class DeviceExperts {
   virtual void Offer(int layer, int32_t expert, const ExpertWeights& weights) = 0;
 };
 
+// A device that computes the shared experts of short passes itself (COLI_VK_DENSE: the Vulkan
+// tier, vk_tier.h / vk_dense.h). Found like DeviceExperts (dynamic_cast on the ExpertSource).
+// When TakesShared(layer, n), LatentMoeForward runs ComputeShared on a thread of its own from
+// the start of the call, while this thread does the router, the latent projections and the
+// routed experts; its output replaces the CPU's sh and is added at the same place, so the sum
+// order is unchanged. On an error the CPU computes sh for that call (SituGluBlock, the CPU's
+// bits) and the device stops taking them (its own rule).
+class DeviceSharedExperts {
+ public:
+  virtual ~DeviceSharedExperts();
+  // True when the shared experts of this call (n rows of decoder layer `layer`) go to the device.
+  virtual bool TakesShared(int layer, int n) = 0;
+  // y [n, D] = down · SiTU(gate · x, up · x) for x [n, D], the matrices as the CPU holds them
+  // (valid for the model's life). Blocks until y is written.
+  virtual absl::Status ComputeShared(int layer, const kernels::MatrixView& gate,
+                                     const kernels::MatrixView& up,
+                                     const kernels::MatrixView& down, const float* x, int n,
+                                     float* y) = 0;
+};
+
 struct MoeStats {
   int64_t rows = 0;            // rows through the MoE
   int64_t expert_calls = 0;    // unique experts computed (summed over calls)

@@ -23,6 +23,8 @@
 // | vulkan              | COLI_VULKAN (K3_VK) | 0   | open the Vulkan device, routed experts on its tier (vk_tier.h) |
 // | vk_tier_gb          | COLI_VK_TIER_GB (K3_VK_GB) | 2 | tier budget in GB of device memory        |
 // | vk_tier_rate        | COLI_VK_TIER_RATE (numeric K3_VK_UP) | 4 | tier promotions per token (forward pass) |
+// | vk_dense            | COLI_VK_DENSE   | auto (-1) | shared experts of decode passes on the device: auto = on a discrete GPU, 1 always, 0 never (vk_dense.h) |
+// | vk_tier             | COLI_VK_TIER    | 1       | 0: no routed experts on the device (the device stays open for vk_dense) |
 // | mmap                | K3_MMAP         | 0       | map a repacked container's U8 matrices and F32 .qs read-only (no fallback) |
 // bits_set / mla_bits_set / head_bits_set say the switch was given explicitly: on a repacked
 // container (container.h) an unset switch keeps the container's format, an explicit one must
@@ -60,6 +62,8 @@ struct ModelOptions {
   bool vulkan = false;
   double vk_tier_gb = 2;
   int vk_tier_rate = 4;
+  int vk_dense = -1;     // kVkDenseAuto (vk_dense.h); 0 CPU, 1 device
+  bool vk_tier = true;
   std::string trace_path, x0_path, logits_path;
 };
 

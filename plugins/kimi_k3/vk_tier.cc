@@ -23,6 +23,8 @@ VkTierOptions VkTierOptionsFrom(const ModelOptions& options, const std::string& 
   o.budget_gb = options.vk_tier_gb;
   o.rate = options.vk_tier_rate;
   o.usage_path = DefaultUsagePath(model_dir);
+  o.tier = options.vk_tier;
+  o.dense = options.vk_dense;
   return o;
 }
 
@@ -38,6 +40,8 @@ VkSwitches VkSwitches::FromEnv(const std::function<const char*(const char*)>& ge
   s.k3_vk_gb = get("K3_VK_GB");
   s.tier_rate = get("COLI_VK_TIER_RATE");
   s.k3_vk_up = get("K3_VK_UP");
+  s.vk_dense = get("COLI_VK_DENSE");
+  s.vk_tier = get("COLI_VK_TIER");
   return s;
 }
 
@@ -77,18 +81,37 @@ absl::Status VkSwitches::Resolve(ModelOptions* options) const {
     }
     options->vk_tier_rate = v;
   }
+  if (!vk_dense.empty()) {
+    if (vk_dense == "auto") options->vk_dense = kVkDenseAuto;
+    else if (vk_dense == "1") options->vk_dense = kVkDenseDevice;
+    else if (vk_dense == "0") options->vk_dense = kVkDenseCpu;
+    else
+      return absl::InvalidArgumentError(
+          absl::StrCat("COLI_VK_DENSE='", vk_dense, "': expected auto, 1 or 0"));
+  }
+  if (!vk_tier.empty()) COLI_RETURN_IF_ERROR(flag("COLI_VK_TIER", vk_tier, &options->vk_tier));
   return absl::OkStatus();
 }
 
 std::string VkTierStats::Describe() const {
   return absl::StrFormat(
-      "%d/%d experts resident (%.1f MB%s), %d hits, %d promotions, %d evictions, %d warm%s%s",
+      "%d/%d experts resident (%.1f MB%s), %d hits, %d promotions, %d evictions, %d warm%s%s%s",
       resident, slots, bytes / 1e6, staging ? " device-local, staged" : "", hits, promotions,
       evictions, warm,
       promotions_stopped
           ? absl::StrFormat(", promotions stopped after %d failed upload(s)", upload_failures)
           : "",
-      failures > 0 ? ", DISABLED after a device failure" : "");
+      failures > 0 ? ", DISABLED after a device failure" : "",
+      tier ? "" : " (COLI_VK_TIER=0: routed experts on the CPU)");
+}
+
+std::string VkTierStats::DescribeDense() const {
+  if (!dense_on) return "shared experts on the CPU";
+  return absl::StrFormat(
+      "shared experts on the device: %d matrices (%.1f MB), %d calls%s%s", dense.matrices,
+      dense.bytes / 1e6, dense.calls,
+      dense.uploads_stopped ? ", uploads stopped (device memory full)" : "",
+      dense.disabled ? ", stopped after a device failure" : "");
 }
 
 // ---- the tier ------------------------------------------------------------------------------
@@ -169,6 +192,7 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
   if (options.rate < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("COLI_VK_TIER_RATE=", options.rate, ": expected 0 or more"));
+  COLI_ASSIGN_OR_RETURN(const bool dense_on, VkDenseOnDevice(options.dense, vk->discrete_gpu()));
   auto tier = std::unique_ptr<VkExpertTier>(new VkExpertTier());
   tier->vk_ = std::move(vk);
   tier->inner_ = std::move(inner);
@@ -176,6 +200,11 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
   tier->cfg_ = cfg;
   tier->experts_ = cfg.moe.num_experts;
   tier->rate_ = options.rate;
+  tier->tier_ = options.tier;
+  if (dense_on) {
+    tier->dense_ = std::make_unique<VkDenseExperts>(tier->vk_.get(), cfg.situ_beta,
+                                                    cfg.situ_linear_beta);
+  }
   for (int i = 0; i < num_layers; ++i) {
     if (cfg.is_dense(i)) continue;
     tier->layer_index_[i] = static_cast<int>(tier->moe_layers_.size());
@@ -192,7 +221,7 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
     tier->expert_bytes_ = 2 * gate_up + down;
   }
   const uint64_t total = static_cast<uint64_t>(tier->moe_layers_.size()) * tier->experts_;
-  tier->slots_ = tier->expert_bytes_ == 0
+  tier->slots_ = tier->expert_bytes_ == 0 || !options.tier
                      ? 0
                      : std::min<uint64_t>(total, static_cast<uint64_t>(options.budget_gb * 1e9) /
                                                      tier->expert_bytes_);
@@ -273,7 +302,11 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
                   << (tier->vk_->staging() ? "device-local, staged" : "host-visible") << " ("
                   << options.budget_gb
                   << " GB), " << tier->stats_.warm << " warm from the history, rate "
-                  << tier->rate_ << " per pass";
+                  << tier->rate_ << " per pass" << (options.tier ? "" : " (COLI_VK_TIER=0)")
+                  << "; shared experts of passes up to " << kVkDenseMaxRows << " rows on the "
+                  << (dense_on ? "device" : "CPU") << " (COLI_VK_DENSE="
+                  << (options.dense == kVkDenseAuto ? "auto" : options.dense == 1 ? "1" : "0")
+                  << (tier->vk_->discrete_gpu() ? ", discrete GPU)" : ")");
   return tier;
 }
 
@@ -444,9 +477,26 @@ void VkExpertTier::WaitForUploads() {
   cv_.wait(lock, [&] { return queue_.empty() && pending_.empty(); });
 }
 
+bool VkExpertTier::TakesShared(int layer, int n) {
+  return dense_ != nullptr && dense_->Takes(layer, n);
+}
+
+absl::Status VkExpertTier::ComputeShared(int layer, const kernels::MatrixView& gate,
+                                         const kernels::MatrixView& up,
+                                         const kernels::MatrixView& down, const float* x, int n,
+                                         float* y) {
+  if (dense_ == nullptr) {
+    return absl::FailedPreconditionError("Vulkan tier: the shared experts are on the CPU");
+  }
+  return dense_->Compute(layer, gate, up, down, x, n, y);
+}
+
 VkTierStats VkExpertTier::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   VkTierStats s = stats_;
+  s.tier = tier_;
+  s.dense_on = dense_ != nullptr;
+  if (dense_ != nullptr) s.dense = dense_->Stats();
   s.matmuls = vk_->matmuls();
   s.resident = resident_.size();
   // What the residents hold on the device (allocation sizes), not a formula.
@@ -500,7 +550,8 @@ Model::ExpertSourceFactory ExpertSourceFactoryFor(const ModelOptions& options,
 
 std::string VkTierReport(const VkTierStats& stats) {
   return absl::StrCat("[VK] kimi_k3: ", stats.matmuls, " matmuls on the GPU\n",
-                      "[VK] tier kimi_k3 ", stats.Describe(), "\n");
+                      "[VK] tier kimi_k3 ", stats.Describe(), "\n", "[VK] dense kimi_k3 ",
+                      stats.DescribeDense(), "\n");
 }
 
 }  // namespace coli::k3

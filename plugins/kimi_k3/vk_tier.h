@@ -45,6 +45,12 @@
 //   claimed or promoted afterwards, that step's experts are computed on the CPU
 //   (LatentMoeForward), and the run goes on with the CPU's results.
 //
+// * Shared experts (COLI_VK_DENSE, vk_dense.h). The tier also implements DeviceSharedExperts:
+//   with COLI_VK_DENSE=1, or auto on a discrete GPU, the shared experts of passes of at most
+//   kVkDenseMaxRows rows run on the same device (VkDenseExperts, sharing the context) while the
+//   CPU does the routed experts. COLI_VK_TIER=0 leaves the tier with 0 slots (no warm start, no
+//   promotions), so the device serves the shared experts alone.
+//
 // Threading: Claim / Offer / the device chain are called by the serialised MoE calls (Offer
 // from the CPU walk while the chain runs on its thread); Stats and WaitForUploads from any thread.
 #ifndef COLI_PLUGINS_KIMI_K3_VK_TIER_H_
@@ -71,6 +77,7 @@
 #include "plugins/kimi_k3/latent_moe.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/options.h"
+#include "plugins/kimi_k3/vk_dense.h"
 
 namespace coli::k3 {
 
@@ -80,6 +87,8 @@ struct VkTierOptions {
   double budget_gb = 2;    // COLI_VK_TIER_GB (old K3_VK_GB); 0 = nothing resident
   int rate = 4;            // COLI_VK_TIER_RATE (old numeric K3_VK_UP): promotions per pass
   std::string usage_path;  // the expert history for the warm start ("" = none)
+  bool tier = true;        // COLI_VK_TIER: false = no routed experts on the device (0 slots)
+  int dense = kVkDenseAuto;  // COLI_VK_DENSE: the shared experts (vk_dense.h)
 };
 
 // The tier's options from the model's typed switches, history at DefaultUsagePath(model_dir).
@@ -88,10 +97,11 @@ VkTierOptions VkTierOptionsFrom(const ModelOptions& options, const std::string& 
 // The Vulkan switches as the environment (or the client's extra options) spell them, each
 // null/empty when unset. Resolve() applies the seed's rules into `options`: COLI_VULKAN wins over
 // K3_VK (1 = open the device, 0 = never), COLI_VK_TIER_GB over K3_VK_GB, COLI_VK_TIER_RATE over a
-// numeric K3_VK_UP (K3_VK_UP=auto does nothing; K3_VK_FILL_FRAC is not read at all).
+// numeric K3_VK_UP (K3_VK_UP=auto does nothing; K3_VK_FILL_FRAC is not read at all);
+// COLI_VK_DENSE = auto | 1 | 0 (vk_dense.h), COLI_VK_TIER = 1 | 0.
 // INVALID_ARGUMENT naming the variable for a malformed value.
 struct VkSwitches {
-  std::string coli_vulkan, k3_vk, tier_gb, k3_vk_gb, tier_rate, k3_vk_up;
+  std::string coli_vulkan, k3_vk, tier_gb, k3_vk_gb, tier_rate, k3_vk_up, vk_dense, vk_tier;
   // From a getenv-like lookup.
   static VkSwitches FromEnv(const std::function<const char*(const char*)>& getenv);
   absl::Status Resolve(ModelOptions* options) const;
@@ -110,10 +120,15 @@ struct VkTierStats {
   uint64_t upload_failures = 0;     // uploads the device refused (out of memory, …)
   bool promotions_stopped = false;  // device memory ran out: no more uploads
   bool staging = false;             // residents are device-local, uploaded through staging
-  std::string Describe() const;  // one line for "[VK] tier kimi_k3 …"
+  bool tier = true;                 // COLI_VK_TIER: the routed-expert tier is on
+  // The shared experts (COLI_VK_DENSE, vk_dense.h): dense_on says they go to the device.
+  bool dense_on = false;
+  VkDenseStats dense;
+  std::string Describe() const;       // one line for "[VK] tier kimi_k3 …"
+  std::string DescribeDense() const;  // one line for "[VK] dense kimi_k3 …"
 };
 
-class VkExpertTier final : public ExpertSource, public DeviceExperts {
+class VkExpertTier final : public ExpertSource, public DeviceExperts, public DeviceSharedExperts {
  public:
   // Opens the tier over `inner` for the MoE layers below `num_layers`: locates every expert,
   // sizes the slots, uploads the warm set. `snapshot` must outlive the tier. Errors from the
@@ -138,6 +153,13 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts {
   absl::Status Compute(std::span<const DeviceExpertJob> jobs) override;
   void Offer(int layer, int32_t expert, const ExpertWeights& weights) override;
 
+  // DeviceSharedExperts (latent_moe.h): the shared experts of short passes, when COLI_VK_DENSE
+  // put them on this device (VkDenseExperts); never otherwise.
+  bool TakesShared(int layer, int n) override;
+  absl::Status ComputeShared(int layer, const kernels::MatrixView& gate,
+                             const kernels::MatrixView& up, const kernels::MatrixView& down,
+                             const float* x, int n, float* y) override;
+
   VkTierStats Stats() const;
   // Blocks until every accepted upload has finished (tests; shutdown).
   void WaitForUploads();
@@ -160,6 +182,8 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts {
   std::unique_ptr<vulkan::VulkanContext> vk_;
   std::unique_ptr<ExpertSource> inner_;
   StreamingExpertStore* store_ = nullptr;  // inner_ when it is the streaming store
+  std::unique_ptr<VkDenseExperts> dense_;  // the shared experts (null: on the CPU); before vk_ dies
+  bool tier_ = true;
   Config cfg_;
   std::vector<int> moe_layers_;             // decoder-layer ids, ascending
   std::map<int, int> layer_index_;          // decoder-layer id → position in moe_layers_
@@ -202,8 +226,9 @@ Model::ExpertSourceFactory ExpertSourceFactoryFor(const ModelOptions& options,
                                                   Model::ExpertSourceFactory inner,
                                                   VkExpertTier** tier_out);
 
-// The end-of-turn lines (seed): "[VK] kimi_k3: N matmuls on the GPU" and
-// "[VK] tier kimi_k3 <Describe()>", each ending in a newline.
+// The end-of-turn lines (seed): "[VK] kimi_k3: N matmuls on the GPU" (routed and shared experts),
+// "[VK] tier kimi_k3 <Describe()>" and "[VK] dense kimi_k3 <DescribeDense()>", each ending in a
+// newline.
 std::string VkTierReport(const VkTierStats& stats);
 
 }  // namespace coli::k3

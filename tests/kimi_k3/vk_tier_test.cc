@@ -36,6 +36,7 @@
 #include "plugins/kimi_k3/session.h"
 #include "tests/common/vk/require_vulkan.h"
 #include "tests/kimi_k3/reference_util.h"
+#include "tests/kimi_k3/vk_test_util.h"
 
 namespace coli::k3 {
 namespace {
@@ -58,22 +59,11 @@ constexpr double kChainRelL2 = 1e-6;
 // (docs/status/vulkan.md); the bound leaves ~8x room.
 constexpr double kLogitsRelL2 = 5e-6;
 
-std::string FixtureDir() {
-  const char* bin = std::getenv("COLI_BINARY_DIR");
-  return absl::StrCat(bin != nullptr ? bin : ".", "/fixtures/k3_tiny");
-}
-
-#define COLI_VK_CONTEXT_OR_SKIP(ctx)                                                  \
-  std::unique_ptr<vulkan::VulkanContext> ctx;                                         \
-  {                                                                                   \
-    absl::StatusOr<std::unique_ptr<vulkan::VulkanContext>> created =                  \
-        vulkan::VulkanContext::Create();                                              \
-    if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) { \
-      COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device: " << created.status(); \
-    }                                                                                 \
-    ASSERT_THAT(created, IsOk());                                                     \
-    ctx = std::move(created).value();                                                 \
-  }
+using vk_testing::ExactOptions;
+using vk_testing::FixtureDir;
+using vk_testing::Greedy;
+using vk_testing::GreedyRun;
+using vk_testing::HaveVulkan;
 
 using ::coli::k3::testing::RelL2;  // tests/kimi_k3/reference_util.h
 
@@ -259,46 +249,6 @@ TEST_F(K3VkTierFixtureTest, ExpertChainMatchesCpuFloatExpert) {
 }
 
 // ---- whole model ------------------------------------------------------------------------------
-
-const std::vector<int32_t> kPrompt = {5, 17, 300, 45, 45, 211, 9, 400, 123, 77, 301, 88};
-constexpr int kGenerate = 8;
-
-struct GreedyRun {
-  std::vector<std::vector<float>> logits;  // after the prompt, then after each fed token
-  std::vector<int32_t> tokens;             // greedy tokens
-};
-
-int32_t Argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-// Greedy run; `after_pass` (e.g. waiting for the tier's uploads) after every forward pass.
-absl::StatusOr<GreedyRun> Greedy(const Model& model,
-                                 const std::function<void()>& after_pass = nullptr) {
-  GreedyRun run;
-  std::unique_ptr<Session> session = model.NewSession();
-  COLI_ASSIGN_OR_RETURN(std::vector<float> logits, session->Prefill(kPrompt));
-  for (int i = 0; i < kGenerate; ++i) {
-    if (after_pass) after_pass();
-    run.tokens.push_back(Argmax(logits));
-    run.logits.push_back(logits);
-    COLI_ASSIGN_OR_RETURN(logits, session->Step(run.tokens.back()));
-  }
-  run.logits.push_back(logits);
-  return run;
-}
-
-ModelOptions ExactOptions() {
-  ModelOptions o;
-  o.idot = false;  // K3_IDOT=0: the device's f32-activation math
-  o.chunk = 4;     // prefill in several chunks (several forward passes)
-  return o;
-}
-
-bool HaveVulkan() {
-  absl::StatusOr<std::unique_ptr<vulkan::VulkanContext>> vk = vulkan::VulkanContext::Create();
-  return vk.ok() || vk.status().code() != absl::StatusCode::kUnavailable;
-}
 
 class K3VkTierModelTest : public K3VkTierFixtureTest {
  protected:

@@ -1,0 +1,130 @@
+#include "plugins/kimi_k3/vk_dense.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log/log.h"
+#include "common/status/status.h"
+
+namespace coli::k3 {
+
+absl::StatusOr<bool> VkDenseOnDevice(int mode, bool discrete_gpu) {
+  switch (mode) {
+    case kVkDenseAuto:
+      return discrete_gpu;
+    case kVkDenseCpu:
+      return false;
+    case kVkDenseDevice:
+      return true;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("COLI_VK_DENSE=", mode, ": expected auto (-1), 1 or 0"));
+  }
+}
+
+struct VkDenseExperts::Layer {
+  const void* sources[3] = {};  // the CPU views' data the device copies came from
+  std::vector<std::unique_ptr<vulkan::DeviceDenseMatrix>> m;  // gate, up, down
+  uint64_t bytes = 0;
+};
+
+VkDenseExperts::VkDenseExperts(vulkan::VulkanContext* vk, float beta1, float beta2)
+    : vk_(vk), beta1_(beta1), beta2_(beta2) {}
+
+VkDenseExperts::~VkDenseExperts() = default;
+
+bool VkDenseExperts::Takes(int layer, int n) const {
+  if (n < 1 || n > kVkDenseMaxRows) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stats_.disabled) return false;
+  return !stats_.uploads_stopped || layers_.count(layer) > 0;
+}
+
+void VkDenseExperts::DisableLocked(const absl::Status& status) {
+  if (!stats_.disabled) {
+    COLI_LOG(kError) << "Vulkan dense path disabled, the shared experts stay on the CPU: "
+                     << status;
+  }
+  stats_.disabled = true;
+  stats_.failures += 1;
+  layers_.clear();
+  stats_.matrices = 0;
+  stats_.bytes = 0;
+}
+
+absl::Status VkDenseExperts::Compute(int layer, const kernels::MatrixView& gate,
+                                     const kernels::MatrixView& up,
+                                     const kernels::MatrixView& down, const float* x, int n,
+                                     float* y) {
+  const std::string what = absl::StrCat("Vulkan shared experts of layer ", layer);
+  Layer* resident = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stats_.disabled) return absl::FailedPreconditionError(what + ": the dense path is off");
+    auto it = layers_.find(layer);
+    if (it != layers_.end() && (it->second->sources[0] != gate.data ||
+                                it->second->sources[1] != up.data ||
+                                it->second->sources[2] != down.data)) {
+      // The model's matrices moved (not expected for one model): upload again.
+      stats_.matrices -= 3;
+      stats_.bytes -= it->second->bytes;
+      layers_.erase(it);
+      it = layers_.end();
+    }
+    if (it != layers_.end()) resident = it->second.get();
+    if (resident == nullptr && stats_.uploads_stopped) {
+      return absl::ResourceExhaustedError(what + ": device memory full, not uploaded");
+    }
+  }
+  if (resident == nullptr) {
+    // Only the serialised MoE calls reach here, so no other upload of this layer runs now.
+    const kernels::MatrixView views[] = {gate, up, down};
+    absl::StatusOr<std::vector<std::unique_ptr<vulkan::DeviceDenseMatrix>>> uploaded =
+        vk_->UploadDenseBatch(views);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!uploaded.ok()) {
+      const absl::Status status = Annotate(uploaded.status(), what);
+      if (status.code() == absl::StatusCode::kResourceExhausted) {
+        if (!stats_.uploads_stopped) {
+          COLI_LOG(kWarning) << "Vulkan dense: device memory full on " << vk_->device_name()
+                             << " with " << stats_.matrices << " dense matrices (" << stats_.bytes
+                             << " B); the shared experts of the layers not uploaded stay on the "
+                             << "CPU (" << status << ")";
+        }
+        stats_.uploads_stopped = true;
+        stats_.failures += 1;
+      } else {
+        DisableLocked(status);
+      }
+      return status;
+    }
+    auto l = std::make_unique<Layer>();
+    l->sources[0] = gate.data;
+    l->sources[1] = up.data;
+    l->sources[2] = down.data;
+    l->m = std::move(uploaded).value();
+    for (const auto& m : l->m) l->bytes += m->device_bytes();
+    stats_.matrices += 3;
+    stats_.bytes += l->bytes;
+    resident = l.get();
+    layers_[layer] = std::move(l);
+  }
+  const absl::Status status = Annotate(
+      vk_->DenseGlu(*resident->m[0], *resident->m[1], *resident->m[2], x, n, beta1_, beta2_, y),
+      what);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!status.ok()) {
+    DisableLocked(status);
+    return status;
+  }
+  stats_.calls += 1;
+  return absl::OkStatus();
+}
+
+VkDenseStats VkDenseExperts::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace coli::k3

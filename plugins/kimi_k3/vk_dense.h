@@ -1,0 +1,102 @@
+// plugins/kimi_k3/vk_dense: Kimi K3's shared experts on the Vulkan device (COLI_VK_DENSE; seed
+// "Vulkan": "the shared experts go to the device where COLI_VK_DENSE puts the dense matrices").
+//
+//   VkDenseExperts dense(&vk, cfg.situ_beta, cfg.situ_linear_beta);   // vk outlives it
+//   if (dense.Takes(layer, n))                                          // n <= kVkDenseMaxRows
+//     COLI_RETURN_IF_ERROR(dense.Compute(layer, gate, up, down, x, n, sh));  // else: the CPU
+//
+// Design.
+// * What runs there: per MoE layer, sh = Wdown · SiTU(Wgate x, Wup x) (spec §3.6 step 7, the
+//   shared SiTU-GLU, S = 2·3072, D = 7168 on K3), as ONE submission (VulkanContext::DenseGlu),
+//   for passes of at most kVkDenseMaxRows rows (decode, or batched decode of that many rows);
+//   longer passes (prefill chunks) stay on the CPU kernels. KDA, MLA, the latent projections,
+//   the router and the head always stay on the CPU.
+// * Bytes: the three matrices exactly as the CPU holds them after K3_BITS (int4-g64 biased
+//   nibbles + f32 group scales, int8 + f32 row scales, or f32), uploaded once per layer at the
+//   layer's first device call (VulkanContext::UploadDenseBatch: one staged fill on a discrete
+//   GPU, host-visible elsewhere); kept for the model's life. Device bytes are what the device
+//   allocated (Stats().bytes), not counted against COLI_VK_TIER_GB.
+// * Numerics: the device's f32-activation math equals the CPU's exact-float kernels (K3_IDOT=0)
+//   up to summation order (rel-L2 ~2e-7 per matrix on lavapipe). With K3_IDOT=1 the CPU uses int8
+//   activations instead, so the device is the more exact of the two.
+// * Failures: an upload refused for device memory (RESOURCE_EXHAUSTED) stops uploads (one log
+//   line): layers already resident keep running there, the others stay on the CPU. Any other
+//   upload error or a failed submission disables the dense path (one log line; the device
+//   matrices are freed). Either way Compute returns the error and the caller (LatentMoeForward)
+//   computes that call's shared experts on the CPU.
+//
+// Threading: Takes and Compute are called by the serialised MoE calls (Compute on the call's
+// own thread); Stats from any thread.
+#ifndef COLI_PLUGINS_KIMI_K3_VK_DENSE_H_
+#define COLI_PLUGINS_KIMI_K3_VK_DENSE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/kernels/kernels.h"
+#include "common/vk/vulkan_context.h"
+
+namespace coli::k3 {
+
+// The most rows of a pass whose shared experts go to the device (a decode pass is 1 row per
+// sequence; a prefill chunk, K3_CHUNK = 32 by default, stays on the CPU). A prefill chunk of at
+// most this many rows (a short prompt, the last chunk) goes to the device too.
+inline constexpr int kVkDenseMaxRows = 8;
+
+// COLI_VK_DENSE as ModelOptions::vk_dense holds it.
+inline constexpr int kVkDenseAuto = -1;  // the device when it is a discrete GPU, else the CPU
+inline constexpr int kVkDenseCpu = 0;
+inline constexpr int kVkDenseDevice = 1;
+
+// Where COLI_VK_DENSE (`mode`, one of the constants above) puts the shared experts on a device
+// that is (`discrete_gpu`) or is not a discrete GPU. INVALID_ARGUMENT naming COLI_VK_DENSE for
+// another value.
+absl::StatusOr<bool> VkDenseOnDevice(int mode, bool discrete_gpu);
+
+struct VkDenseStats {
+  uint64_t matrices = 0;  // vk_dense_matrices: dense matrices resident on the device
+  uint64_t bytes = 0;     // vk_dense_bytes: their device bytes (allocation sizes)
+  uint64_t calls = 0;     // vk_dense_calls: shared-expert blocks computed there
+  uint64_t failures = 0;  // failed uploads or submissions
+  bool uploads_stopped = false;  // the device ran out of memory: no more layers uploaded
+  bool disabled = false;         // a failure turned the dense path off
+};
+
+class VkDenseExperts {
+ public:
+  // `vk` is borrowed and must outlive this object; β1, β2 of SiTU (config).
+  VkDenseExperts(vulkan::VulkanContext* vk, float beta1, float beta2);
+  ~VkDenseExperts();
+  VkDenseExperts(const VkDenseExperts&) = delete;
+  VkDenseExperts& operator=(const VkDenseExperts&) = delete;
+
+  // True when the shared experts of a pass of n rows of decoder layer `layer` go to the device:
+  // 1 <= n <= kVkDenseMaxRows, not disabled, and the layer resident unless uploads stopped.
+  bool Takes(int layer, int n) const;
+  // y [n, D] = down · SiTU(gate · x, up · x) on the device, uploading the layer's matrices at
+  // its first call (again if the views' data moved). Errors as described above.
+  absl::Status Compute(int layer, const kernels::MatrixView& gate, const kernels::MatrixView& up,
+                       const kernels::MatrixView& down, const float* x, int n, float* y);
+
+  VkDenseStats Stats() const;
+
+ private:
+  struct Layer;
+  // With mu_ held: turns the dense path off after `status` (logged once), freeing the matrices.
+  void DisableLocked(const absl::Status& status);
+
+  vulkan::VulkanContext* vk_;
+  float beta1_, beta2_;
+  mutable std::mutex mu_;
+  std::map<int, std::unique_ptr<Layer>> layers_;  // decoder layer → resident matrices
+  VkDenseStats stats_;
+};
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_VK_DENSE_H_
