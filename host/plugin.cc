@@ -399,7 +399,7 @@ absl::Status RefuseNewKnobs(const Plugin& plugin, const Sampling& sampling) {
   const std::string knob(FirstNewKnob(sampling));
   if (plugin.minor() >= 3 || knob.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      knob, " needs plugin ABI 1.3, but family '", plugin.family(), "' (", plugin.file(),
+      knob, ": needs plugin ABI 1.3, but family '", plugin.family(), "' (", plugin.file(),
       ") speaks 1.", plugin.minor(), " and would ignore it; leave ", knob, " unset"));
 }
 

@@ -164,5 +164,34 @@ TEST(Client, ModelChoiceFlagThenEnvironmentThenTinyModel) {
   unsetenv("COLI_MODEL");
 }
 
+// The knob flags `coli run` and `coli chat` share: text to SamplingParams (ranges are the
+// host's to check).
+TEST(SamplingKnobFlags, ParseIntoSamplingParams) {
+  v1::SamplingParams p;
+  EXPECT_TRUE(IsSamplingKnobFlag("--frequency-penalty"));
+  EXPECT_TRUE(IsSamplingKnobFlag("--logit-bias"));
+  EXPECT_FALSE(IsSamplingKnobFlag("--temperature"));
+  ASSERT_OK(ParseSamplingKnobFlag("--frequency-penalty", "0.5", &p));
+  ASSERT_OK(ParseSamplingKnobFlag("--presence-penalty", "-1.25", &p));
+  ASSERT_OK(ParseSamplingKnobFlag("--repetition-penalty", "1.1", &p));
+  ASSERT_OK(ParseSamplingKnobFlag("--min-p", "0.05", &p));
+  ASSERT_OK(ParseSamplingKnobFlag("--logit-bias", "12=-100,7=2.5", &p));
+  ASSERT_OK(ParseSamplingKnobFlag("--logit-bias", "3=1", &p));  // repeats add
+  EXPECT_FLOAT_EQ(p.frequency_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(p.presence_penalty(), -1.25f);
+  EXPECT_FLOAT_EQ(p.repetition_penalty(), 1.1f);
+  EXPECT_FLOAT_EQ(p.min_p(), 0.05f);
+  ASSERT_EQ(p.logit_bias_size(), 3);
+  EXPECT_EQ(p.logit_bias(0).id(), 12);
+  EXPECT_FLOAT_EQ(p.logit_bias(0).bias(), -100.0f);
+  EXPECT_EQ(p.logit_bias(2).id(), 3);
+  EXPECT_THAT(ParseSamplingKnobFlag("--min-p", "lots", &p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--min-p: 'lots'")));
+  EXPECT_THAT(ParseSamplingKnobFlag("--logit-bias", "12:-100", &p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ID=BIAS")));
+  EXPECT_THAT(ParseSamplingKnobFlag("--logit-bias", "x=1", &p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'x=1'")));
+}
+
 }  // namespace
 }  // namespace coli::client

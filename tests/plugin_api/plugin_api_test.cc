@@ -306,6 +306,13 @@ class LoaderTest : public ::testing::Test {
     }
     return false;
   }
+  // A model directory the echo plugins serve.
+  static std::string EchoModelDir(const std::string& name) {
+    const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+    return dir;
+  }
   static const host::PluginReport* Report(const host::PluginSet& set, const std::string& stem) {
     for (const auto& r : set.reports()) {
       if (absl::EndsWith(r.file, "/libcoli_" + stem + ".so")) return &r;
@@ -353,9 +360,7 @@ TEST_F(LoaderTest, OlderMinorUsesTheShorterTable) {
   EXPECT_EQ((*old)->minor(), 0u);
   EXPECT_EQ((*old)->api().struct_size, COLI_PLUGIN_API_SIZE_V1_0);
 
-  const std::string dir = ::testing::TempDir() + "/echo_model_old_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  const std::string dir = EchoModelDir("echo_model_old");
   ASSERT_OK_AND_ASSIGN(bool serves, (*old)->Probe(dir));
   EXPECT_TRUE(serves);
   ASSERT_OK_AND_ASSIGN(auto model, (*old)->Open(dir, host::ModelOptions(), nullptr));
@@ -374,9 +379,7 @@ TEST_F(LoaderTest, OlderMinorUsesTheShorterTable) {
 // ABI 1.2: a model's current values come from model_stats; a 1.1 plugin (table ending at
 // session_record) still loads and reports none.
 TEST_F(LoaderTest, ModelStatsAreReadFromA12TableOnly) {
-  const std::string dir = ::testing::TempDir() + "/echo_model_stats_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  const std::string dir = EchoModelDir("echo_model_stats");
 
   host::PluginReport report;
   auto v11 =
@@ -404,9 +407,7 @@ TEST_F(LoaderTest, ModelStatsAreReadFromA12TableOnly) {
 // does not know. The host refuses a request that sets them for such a plugin, naming the knob
 // and both versions, instead of letting the plugin ignore them; neutral knobs still serve.
 TEST_F(LoaderTest, A12PluginGetsAClearRefusalForTheAbi13SamplingKnobs) {
-  const std::string dir = ::testing::TempDir() + "/echo_model_knobs_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  const std::string dir = EchoModelDir("echo_model_knobs");
   host::PluginReport report;
   auto v12 =
       host::Plugin::Load(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_2.so", &report);
@@ -431,7 +432,7 @@ TEST_F(LoaderTest, A12PluginGetsAClearRefusalForTheAbi13SamplingKnobs) {
   for (const Knob& k : knobs) {
     EXPECT_THAT(model->CheckSampling(k.sampling),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr(std::string(k.name) + " needs plugin ABI 1.3"),
+                         AllOf(HasSubstr(std::string(k.name) + ": needs plugin ABI 1.3"),
                                HasSubstr("speaks 1.2"), HasSubstr("libcoli_fake_echo_v1_2.so"))))
         << k.name;
     // Step refuses too (a caller that skipped the check), before the plugin is called.

@@ -2,7 +2,8 @@
 // once for the whole session), or over --host ADDR.
 //
 //   coli chat [--model DIR] [--host ADDR] [--system TEXT] [--no-think] [--max-tokens N]
-//             [--temperature T] [--top-p P] [--seed S]
+//             [--temperature T] [--top-p P] [--seed S] [--frequency-penalty F]
+//             [--presence-penalty P] [--repetition-penalty R] [--min-p M] [--logit-bias ID=BIAS,...]
 //
 // Line editing and history come from libedit (history in ~/.coli_chat_history). Replies stream
 // as they are generated; reasoning streams dimmed, or collapsed to a counter (/reasoning hide).
@@ -312,7 +313,9 @@ class ChatApp {
 int Usage() {
   std::fprintf(stderr,
                "usage: coli chat [--model DIR] [--host ADDR] [--system TEXT] [--no-think]\n"
-               "                 [--max-tokens N] [--temperature T] [--top-p P] [--seed S]\n");
+               "                 [--max-tokens N] [--temperature T] [--top-p P] [--seed S]\n"
+               "                %s\n",
+               client::kSamplingKnobUsage);
   return 2;
 }
 
@@ -342,6 +345,11 @@ int RunChat(int argc, char** argv) {
       uint64_t s;
       if (!absl::SimpleAtoi(v, &s)) return Usage();
       flags.sampling.set_seed(s);
+    } else if (client::IsSamplingKnobFlag(arg) && (v = value())) {
+      if (absl::Status bad = client::ParseSamplingKnobFlag(arg, v, &flags.sampling); !bad.ok()) {
+        std::fprintf(stderr, "coli chat: %s\n", std::string(bad.message()).c_str());
+        return 2;
+      }
     } else {
       return Usage();
     }

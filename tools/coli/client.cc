@@ -498,4 +498,46 @@ void ProgressDisplay::Done() {
   drawn_ = false;
 }
 
+bool IsSamplingKnobFlag(std::string_view flag) {
+  return flag == "--frequency-penalty" || flag == "--presence-penalty" ||
+         flag == "--repetition-penalty" || flag == "--min-p" || flag == "--logit-bias";
+}
+
+absl::Status ParseSamplingKnobFlag(std::string_view flag, std::string_view value,
+                                   v1::SamplingParams* sampling) {
+  const absl::string_view text(value.data(), value.size());
+  const std::string name(flag);
+  if (flag == "--logit-bias") {
+    for (absl::string_view pair : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+      const std::vector<absl::string_view> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+      int32_t id = 0;
+      float bias = 0;
+      if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &id) || !absl::SimpleAtof(kv[1], &bias)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": '", pair, "' is not ID=BIAS (e.g. 1234=-100)"));
+      }
+      auto* entry = sampling->add_logit_bias();
+      entry->set_id(id);
+      entry->set_bias(bias);
+    }
+    return absl::OkStatus();
+  }
+  float v = 0;
+  if (!absl::SimpleAtof(text, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": '", text, "' is not a number"));
+  }
+  if (flag == "--frequency-penalty") {
+    sampling->set_frequency_penalty(v);
+  } else if (flag == "--presence-penalty") {
+    sampling->set_presence_penalty(v);
+  } else if (flag == "--repetition-penalty") {
+    sampling->set_repetition_penalty(v);
+  } else if (flag == "--min-p") {
+    sampling->set_min_p(v);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(name, " is not a sampling flag"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace coli::client

@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +42,19 @@ namespace v1 = ::coli::v1;
 
 // grpc::Status -> absl::Status (same code and message).
 absl::Status FromGrpc(const grpc::Status& status);
+
+// The sampling-knob flags `coli run` and `coli chat` share (docs/status/sampling.md):
+//   --frequency-penalty F  --presence-penalty P  --repetition-penalty R  --min-p M
+//   --logit-bias ID=BIAS[,ID=BIAS...]
+// The host checks the ranges; these parse the text only.
+inline constexpr char kSamplingKnobUsage[] =
+    "[--frequency-penalty F] [--presence-penalty P] [--repetition-penalty R] [--min-p M]\n"
+    "                [--logit-bias ID=BIAS[,ID=BIAS...]]";
+bool IsSamplingKnobFlag(std::string_view flag);
+// Sets the knob `flag` names in *sampling from `value` (INVALID_ARGUMENT naming the flag when
+// the text is not a number, or not ID=BIAS pairs for --logit-bias; repeats of --logit-bias add).
+absl::Status ParseSamplingKnobFlag(std::string_view flag, std::string_view value,
+                                   v1::SamplingParams* sampling);
 
 struct ConnectOptions {
   // "unix:/path", "127.0.0.1:PORT", ... Empty: start a private coli-host.

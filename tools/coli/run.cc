@@ -4,6 +4,8 @@
 //
 //   coli run [--model DIR] [--host ADDR] "prompt" [--ngen N] [--ids 1,2,3] [--print-ids]
 //            [--temperature T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]
+//            [--frequency-penalty F] [--presence-penalty P] [--repetition-penalty R]
+//            [--min-p M] [--logit-bias ID=BIAS,...]
 //            [--chat [--system TEXT] [--no-think]]
 //
 // --chat renders the prompt as one user turn with the family's template (K3_THINK=0 or
@@ -38,7 +40,9 @@ int Usage() {
   std::fprintf(stderr,
                "usage: coli run [--model DIR] [--host ADDR] \"prompt\" [--ngen N] [--ids 1,2,3]\n"
                "                [--print-ids] [--temperature T] [--top-p P] [--top-k K]\n"
-               "                [--seed S] [--logprobs K] [--chat [--system TEXT] [--no-think]]\n");
+               "                [--seed S] [--logprobs K] [--chat [--system TEXT] [--no-think]]\n"
+               "                %s\n",
+               client::kSamplingKnobUsage);
   return 2;
 }
 
@@ -119,6 +123,11 @@ int RunCommand(int argc, char** argv) {
       int32_t k;
       number(&k);
       sampling.set_logprobs(k);
+    } else if (client::IsSamplingKnobFlag(arg)) {
+      if (absl::Status bad = client::ParseSamplingKnobFlag(arg, value(), &sampling); !bad.ok()) {
+        std::fprintf(stderr, "coli run: %s\n", std::string(bad.message()).c_str());
+        return 2;
+      }
     } else if (arg == "--help" || arg == "-h") {
       Usage();
       return 0;

@@ -144,6 +144,15 @@ class Gateway {
     s->set_top_p(f.top_p >= 1.0f ? 0.0f : f.top_p);
     s->set_seed(f.has_seed ? f.seed + static_cast<uint64_t>(choice) : NowSeconds() * 7919 + choice);
     s->set_logprobs(f.top_logprobs < 0 ? 0 : std::max(1, f.top_logprobs));
+    s->set_frequency_penalty(f.frequency_penalty);
+    s->set_presence_penalty(f.presence_penalty);
+    s->set_repetition_penalty(f.repetition_penalty);
+    s->set_min_p(f.min_p);
+    for (const auto& [id, bias] : f.logit_bias) {
+      auto* entry = s->add_logit_bias();
+      entry->set_id(id);
+      entry->set_bias(bias);
+    }
   }
   Json LogprobEntry(const v1::Token& token, int top) const;
 

@@ -27,7 +27,12 @@ std::string ParamFromMessage(std::string_view msg) {
                                                 "prompt",
                                                 "max_tokens",
                                                 "stop",
-                                                "model"};
+                                                "model",
+                                                "logit_bias",
+                                                "frequency_penalty",
+                                                "presence_penalty",
+                                                "repetition_penalty",
+                                                "min_p"};
   size_t start = 0;
   while (start < msg.size()) {
     const size_t colon = msg.find(": ", start);
@@ -106,22 +111,6 @@ bool OptBool(const Json& body, const char* key, bool* out, ApiError* error) {
 
 // Fields this engine cannot honour: present with a non-neutral value -> 400 naming them.
 bool RefuseUnsupported(const Json& body, ApiError* error) {
-  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
-    const Json* v = Find(body, key);
-    if (v != nullptr && (!v->is_number() || v->get<double>() != 0.0)) {
-      *error = BadField(key, std::string(key) + " is not supported by this engine (use 0)");
-      return false;
-    }
-  }
-  if (const Json* v = Find(body, "repetition_penalty");
-      v != nullptr && (!v->is_number() || v->get<double>() != 1.0)) {
-    *error = BadField("repetition_penalty", "repetition_penalty is not supported (use 1)");
-    return false;
-  }
-  if (const Json* v = Find(body, "logit_bias"); v != nullptr && !(v->is_object() && v->empty())) {
-    *error = BadField("logit_bias", "logit_bias is not supported by this engine");
-    return false;
-  }
   for (const char* key : {"modalities", "audio", "prediction", "web_search_options", "functions",
                           "function_call", "suffix"}) {
     if (Find(body, key) != nullptr) {
@@ -137,6 +126,58 @@ bool RefuseUnsupported(const Json& body, ApiError* error) {
   if (const Json* v = Find(body, "echo"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
     *error = BadField("echo", "echo is not supported by this engine");
     return false;
+  }
+  return true;
+}
+
+// The OpenAI / vLLM knobs: frequency_penalty, presence_penalty, repetition_penalty, min_p and
+// logit_bias (keys are token ids as strings; the host checks them against the vocabulary).
+bool ParseKnobs(const Json& body, SamplingFields* f, ApiError* error) {
+  double frequency = 0, presence = 0, repetition = 1, min_p = 0;
+  if (!OptNumber(body, "frequency_penalty", -2.0, 2.0, &frequency, error)) return false;
+  if (!OptNumber(body, "presence_penalty", -2.0, 2.0, &presence, error)) return false;
+  if (!OptNumber(body, "min_p", 0.0, 1.0, &min_p, error)) return false;
+  if (const Json* v = Find(body, "repetition_penalty")) {
+    if (!v->is_number() || !(v->get<double>() > 0.0) || !std::isfinite(v->get<double>())) {
+      *error = BadField("repetition_penalty",
+                        "repetition_penalty must be a number greater than 0 (1 = off)");
+      return false;
+    }
+    repetition = v->get<double>();
+  }
+  f->frequency_penalty = static_cast<float>(frequency);
+  f->presence_penalty = static_cast<float>(presence);
+  f->repetition_penalty = static_cast<float>(repetition);
+  f->min_p = static_cast<float>(min_p);
+  const Json* bias = Find(body, "logit_bias");
+  if (bias == nullptr) return true;
+  if (!bias->is_object()) {
+    *error = BadField("logit_bias", "logit_bias must be an object {\"token id\": bias}");
+    return false;
+  }
+  if (bias->size() > static_cast<size_t>(kMaxLogitBias)) {
+    *error = BadField("logit_bias", "logit_bias takes at most " + std::to_string(kMaxLogitBias) +
+                                        " entries, got " + std::to_string(bias->size()));
+    return false;
+  }
+  for (auto it = bias->begin(); it != bias->end(); ++it) {
+    const std::string& key = it.key();
+    const std::string param = "logit_bias";
+    int64_t id = -1;
+    size_t used = 0;
+    bool digits = !key.empty() && key.size() <= 10;
+    for (char c : key) digits = digits && c >= '0' && c <= '9';
+    if (digits) id = std::stoll(key, &used);
+    if (!digits || used != key.size() || id > INT32_MAX) {
+      *error = BadField(param, "logit_bias key '" + key + "' is not a token id");
+      return false;
+    }
+    const double b = it.value().is_number() ? it.value().get<double>() : NAN;
+    if (!(b >= -100.0 && b <= 100.0)) {
+      *error = BadField(param, "logit_bias['" + key + "'] must be a number between -100 and 100");
+      return false;
+    }
+    f->logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
   }
   return true;
 }
@@ -220,7 +261,7 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
   int64_t n = 1;
   if (!OptInt(body, "n", 1, 16, &n, error)) return false;
   f->n = static_cast<int>(n);
-  return true;
+  return ParseKnobs(body, f, error);
 }
 
 }  // namespace

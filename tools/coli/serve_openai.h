@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "grpcpp/support/status.h"
@@ -22,6 +23,9 @@
 namespace coli::cli::serve {
 
 using Json = nlohmann::ordered_json;
+
+// The most logit_bias entries a request may carry (the same limit as common/sampling's).
+inline constexpr int kMaxLogitBias = 1024;
 
 struct ApiError {
   int http_status = 400;
@@ -52,6 +56,15 @@ struct SamplingFields {
   std::vector<std::string> stop;  // <= 4, removed from the output
   int n = 1;
   int top_logprobs = -1;          // -1 = no logprobs; 0..20 with logprobs on
+  // The OpenAI / vLLM knobs (docs/status/sampling.md), neutral by default. repetition_penalty
+  // and min_p are vLLM extensions (the openai SDK sends them through extra_body).
+  float frequency_penalty = 0.0f;   // [-2, 2]
+  float presence_penalty = 0.0f;    // [-2, 2]
+  float repetition_penalty = 1.0f;  // > 0
+  float min_p = 0.0f;               // [0, 1]
+  // logit_bias: {"token id": bias in [-100, 100]}, at most kMaxLogitBias entries; the ids are
+  // checked against the model's vocabulary by the host (400 naming the key).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // llama.cpp's opt-in `return_progress`: stream chunks carrying `prompt_progress` while the
   // prompt is read (stream only; without it the stream is plain OpenAI).
   bool return_progress = false;

@@ -14,45 +14,9 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import OpenAI from 'openai';
 
-const COLI = process.env.COLI_BIN ?? 'build/bin/coli';
-const TINY = process.env.COLI_TINY_MODEL ?? 'build/fixtures/k3_tiny';
-const SCRIPTED = process.env.COLI_SCRIPTED_MODEL ?? 'build/fixtures/k3_scripted';
-const SCRIPTED_PLUGINS = process.env.COLI_SCRIPTED_PLUGIN_DIR ?? 'build/tools/k3_scripted/plugins';
-
-// Starts `coli serve --port 0` and resolves with {proc, base} once it prints its address.
-function startServer(model, extraEnv = {}, extraArgs = []) {
-  return new Promise((resolve, reject) => {
-    const proc = spawn(COLI, ['serve', '--model', model, '--port', '0', ...extraArgs], {
-      env: { ...process.env, ...extraEnv },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    let err = '';
-    const timer = setTimeout(() => reject(new Error(`coli serve did not start: ${err}`)), 120000);
-    proc.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/[^\s]+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ proc, base: m[1] });
-      }
-    });
-    proc.stderr.on('data', (d) => { err += d; });
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`coli serve exited with ${code}: ${err}`));
-    });
-  });
-}
-
-function stopServer(server) {
-  if (!server) return Promise.resolve();
-  return new Promise((resolve) => {
-    server.proc.removeAllListeners('exit');
-    server.proc.on('exit', () => resolve());
-    server.proc.kill('SIGTERM');
-  });
-}
+import {
+  COLI, TINY, SCRIPTED, SCRIPTED_PLUGINS, startServer, stopServer, post,
+} from './serve_helpers.mjs';
 
 let tiny, tiny8, scripted, client, client8, toolClient, modelId;
 
@@ -77,18 +41,6 @@ after(async () => {
 });
 
 const hello = [{ role: 'user', content: 'Hello, who are you?' }];
-
-async function post(base, path, body) {
-  const r = await fetch(`${base}${path}`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: typeof body === 'string' ? body : JSON.stringify(body),
-  });
-  const text = await r.text();
-  let json = null;
-  try { json = JSON.parse(text); } catch { /* not JSON */ }
-  return { status: r.status, json, text };
-}
 
 async function metrics(base) {
   const text = await (await fetch(`${base}/metrics`)).text();
@@ -251,8 +203,8 @@ test('at least 30 malformed requests are refused with 4xx, and the server still 
     { model: m, messages: user, top_p: 1.5 }, { model: m, messages: user, n: 0 },
     { model: m, messages: user, n: 100 }, { model: m, messages: user, stop: ['a', 'b', 'c', 'd', 'e'] },
     { model: m, messages: user, stop: [1] }, { model: m, messages: user, stop: '' },
-    { model: m, messages: user, frequency_penalty: 0.5 }, { model: m, messages: user, presence_penalty: 1 },
-    { model: m, messages: user, logit_bias: { 1: 5 } }, { model: m, messages: user, top_logprobs: 3 },
+    { model: m, messages: user, frequency_penalty: 2.5 }, { model: m, messages: user, presence_penalty: -3 },
+    { model: m, messages: user, logit_bias: { x: 5 } }, { model: m, messages: user, top_logprobs: 3 },
     { model: m, messages: user, logprobs: true, top_logprobs: 50 },
     { model: m, messages: user, stream: 'yes' }, { model: m, messages: user, stream_options: { include_usage: true } },
     { model: m, messages: user, reasoning_effort: 'medium' }, { model: m, messages: user, reasoning_effort: 'ultra' },
@@ -282,7 +234,7 @@ test('at least 30 malformed requests are refused with 4xx, and the server still 
   assert.equal(n.json.error.param, 'n');
   // The SDK surfaces these as APIError with the status.
   await assert.rejects(
-    client.chat.completions.create({ model: m, messages: user, frequency_penalty: 1 }),
+    client.chat.completions.create({ model: m, messages: user, frequency_penalty: 3 }),
     (e) => e.status === 400 && e.param === 'frequency_penalty');
   // Unknown endpoint and method.
   assert.equal((await post(tiny.base, '/v1/nothing', {})).status, 404);

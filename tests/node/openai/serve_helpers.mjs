@@ -1,0 +1,56 @@
+// Server start-up and request helpers shared by the openai SDK tests (openai.test.mjs,
+// sampling.test.mjs).
+import { spawn } from 'node:child_process';
+
+export const COLI = process.env.COLI_BIN ?? 'build/bin/coli';
+export const TINY = process.env.COLI_TINY_MODEL ?? 'build/fixtures/k3_tiny';
+export const SCRIPTED = process.env.COLI_SCRIPTED_MODEL ?? 'build/fixtures/k3_scripted';
+export const SCRIPTED_PLUGINS = process.env.COLI_SCRIPTED_PLUGIN_DIR ?? 'build/tools/k3_scripted/plugins';
+
+// Starts `coli serve --port 0` and resolves with {proc, base} once it prints its address.
+export function startServer(model, extraEnv = {}, extraArgs = []) {
+  return new Promise((resolve, reject) => {
+    const proc = spawn(COLI, ['serve', '--model', model, '--port', '0', ...extraArgs], {
+      env: { ...process.env, ...extraEnv },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    let err = '';
+    const timer = setTimeout(() => reject(new Error(`coli serve did not start: ${err}`)), 120000);
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/[^\s]+)/);
+      if (m) {
+        clearTimeout(timer);
+        resolve({ proc, base: m[1] });
+      }
+    });
+    proc.stderr.on('data', (d) => { err += d; });
+    proc.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`coli serve exited with ${code}: ${err}`));
+    });
+  });
+}
+
+export function stopServer(server) {
+  if (!server) return Promise.resolve();
+  return new Promise((resolve) => {
+    server.proc.removeAllListeners('exit');
+    server.proc.on('exit', () => resolve());
+    server.proc.kill('SIGTERM');
+  });
+}
+
+// POSTs `body` (an object, or a raw string) and returns {status, json, text}.
+export async function post(base, path, body) {
+  const r = await fetch(`${base}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, json, text };
+}
