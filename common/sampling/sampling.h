@@ -15,8 +15,9 @@
 // Log-probabilities are always those of the model's own distribution, log_softmax(logits) at
 // temperature 1 (what an API reports as `logprobs`), independent of the sampling knobs.
 //
-// The OpenAI / vLLM knobs (docs/status/sampling.md) are applied before the temperature, in
-// vLLM's order, to a float copy of the logits: logit_bias (added), repetition_penalty (every
+// The OpenAI / vLLM knobs (docs/status/sampling.md): logit_bias and the penalties come before
+// the temperature, in vLLM's order, on a float copy of the logits: logit_bias (added),
+// repetition_penalty (every
 // token of the prompt or the output so far: logit > 0 ? logit / r : logit * r),
 // frequency_penalty (minus f * count over the OUTPUT tokens), presence_penalty (minus p once
 // per distinct output token). Greedy then takes the first maximum of these penalised logits;
