@@ -1006,41 +1006,40 @@ absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const floa
   return Mxfp4Matmul(*resident, x, batch, y);
 }
 
-absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch,
-                                        float* y) {
-  if (w.impl_->state != state_.get()) {
-    return absl::InvalidArgumentError(
-        "Vulkan Mxfp4Matmul: the matrix was uploaded by another VulkanContext");
-  }
+namespace {
+
+// y = W·x for `batch` host f32 rows of a resident matrix, one dispatch of `kernel` (the matmul
+// shaders share bindings and push constants). `name` ("Vulkan Mxfp4Matmul") heads the errors.
+absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& w, Kernel kernel,
+                               const float* x, int64_t batch, float* y, absl::string_view name) {
   if (batch < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: negative batch ", batch));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": negative batch ", batch));
   }
-  if (batch == 0 || w.rows() == 0) return absl::OkStatus();
+  if (batch == 0 || w.rows == 0) return absl::OkStatus();
   if (x == nullptr || y == nullptr) {
-    return absl::InvalidArgumentError("Vulkan Mxfp4Matmul: null activation or output pointer");
+    return absl::InvalidArgumentError(absl::StrCat(name, ": null activation or output pointer"));
   }
-  // The shader indexes x vec4s (batch*cols/4) and y (batch*rows) with 32-bit uints.
-  const uint64_t rows = static_cast<uint64_t>(w.rows());
-  const uint64_t cols = static_cast<uint64_t>(w.cols());
+  // The shaders index x (mxfp4: in vec4s, batch*cols/4) and y (batch*rows) with 32-bit uints.
+  const uint64_t rows = static_cast<uint64_t>(w.rows);
+  const uint64_t cols = static_cast<uint64_t>(w.cols);
   const uint64_t b = static_cast<uint64_t>(batch);
-  if (b > kMaxIndex || b * cols / 4 > kMaxIndex || b * rows > kMaxIndex) {
-    return absl::InvalidArgumentError(absl::StrCat("Vulkan Mxfp4Matmul: shape [", rows, ", ", cols,
+  const uint64_t x_units = kernel == kMxfp4Kernel ? b * cols / 4 : b * cols;
+  if (b > kMaxIndex || x_units > kMaxIndex || b * rows > kMaxIndex) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": shape [", rows, ", ", cols,
                                                    "] x batch ", b,
                                                    " exceeds the shader's 32-bit indices"));
   }
-
-  internal::VulkanState& s = *state_;
   const VkDeviceSize x_bytes = b * cols * sizeof(float), y_bytes = b * rows * sizeof(float);
   for (const VkDeviceSize bytes : {x_bytes, y_bytes}) {
     if (bytes > s.properties.limits.maxStorageBufferRange) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("Vulkan Mxfp4Matmul: an activation or output buffer of ", bytes,
+          absl::StrCat(name, ": an activation or output buffer of ", bytes,
                        " bytes exceeds the device's maxStorageBufferRange (",
                        s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
     }
   }
   absl::MutexLock lock(&s.mu);
-  // The chain's activation and output buffers, kept between calls.
+  // The activation and output buffers, kept between calls.
   Buffer& in = s.step_x;
   Buffer& out = s.step_y;
   absl::Status status = s.Ensure(in, x_bytes, "activations", Placement::kHostMapped);
@@ -1048,17 +1047,32 @@ absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float*
   if (!status.ok()) return status;
   std::memcpy(in.mapped, x, x_bytes);
   internal::VulkanState::Dispatch d;
-  d.segments[0] = {w.impl_->weights.buffer, 0, w.impl_->weights.size};
-  d.segments[1] = {w.impl_->scales.buffer, 0, w.impl_->scales.size};
+  d.kernel = kernel;
+  // A dense f32 matrix has no scales: its shader never reads binding 1.
+  const Buffer& scales = w.scales.buffer != VK_NULL_HANDLE ? w.scales : w.weights;
+  d.segments[0] = {w.weights.buffer, 0, w.weights.size};
+  d.segments[1] = {scales.buffer, 0, scales.size};
   d.segments[2] = {in.buffer, 0, x_bytes};
   d.segments[3] = {out.buffer, 0, y_bytes};
   d.push[0] = static_cast<uint32_t>(rows);
   d.push[1] = static_cast<uint32_t>(cols);
   d.push[2] = static_cast<uint32_t>(b);
   MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
-  status = Annotate(s.RunDispatches(std::span(&d, 1), "mxfp4_matmul dispatch"), s.device_name);
+  status = Annotate(s.RunDispatches(std::span(&d, 1), absl::StrCat(name, " dispatch")),
+                    s.device_name);
   if (status.ok()) std::memcpy(y, out.mapped, y_bytes);
   return status;
+}
+
+}  // namespace
+
+absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch,
+                                        float* y) {
+  if (w.impl_->state != state_.get()) {
+    return absl::InvalidArgumentError(
+        "Vulkan Mxfp4Matmul: the matrix was uploaded by another VulkanContext");
+  }
+  return RunResidentMatmul(*state_, *w.impl_, kMxfp4Kernel, x, batch, y, "Vulkan Mxfp4Matmul");
 }
 
 uint64_t VulkanContext::matmuls() const {
@@ -1381,58 +1395,12 @@ absl::StatusOr<std::vector<std::unique_ptr<DeviceDenseMatrix>>> VulkanContext::U
 
 absl::Status VulkanContext::DenseMatmul(const DeviceDenseMatrix& w, const float* x, int64_t batch,
                                         float* y) {
-  internal::VulkanState& s = *state_;
-  if (w.impl_->state != &s) {
+  if (w.impl_->state != state_.get()) {
     return absl::InvalidArgumentError(
         "Vulkan DenseMatmul: the matrix was uploaded by another VulkanContext");
   }
   COLI_ASSIGN_OR_RETURN(const Kernel kernel, DenseKernel(w.format(), "Vulkan DenseMatmul"));
-  if (batch < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Vulkan DenseMatmul: negative batch ", batch));
-  }
-  if (batch == 0 || w.rows() == 0) return absl::OkStatus();
-  if (x == nullptr || y == nullptr) {
-    return absl::InvalidArgumentError("Vulkan DenseMatmul: null activation or output pointer");
-  }
-  const uint64_t rows = static_cast<uint64_t>(w.rows());
-  const uint64_t cols = static_cast<uint64_t>(w.cols());
-  const uint64_t b = static_cast<uint64_t>(batch);
-  if (b > kMaxIndex || b * cols > kMaxIndex || b * rows > kMaxIndex) {
-    return absl::InvalidArgumentError(absl::StrCat("Vulkan DenseMatmul: shape [", rows, ", ",
-                                                   cols, "] x batch ", b,
-                                                   " exceeds the shader's 32-bit indices"));
-  }
-  const VkDeviceSize x_bytes = b * cols * sizeof(float), y_bytes = b * rows * sizeof(float);
-  for (const VkDeviceSize bytes : {x_bytes, y_bytes}) {
-    if (bytes > s.properties.limits.maxStorageBufferRange) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("Vulkan DenseMatmul: an activation or output buffer of ", bytes,
-                       " bytes exceeds the device's maxStorageBufferRange (",
-                       s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
-    }
-  }
-  absl::MutexLock lock(&s.mu);
-  Buffer& in = s.step_x;
-  Buffer& out = s.step_y;
-  absl::Status status = s.Ensure(in, x_bytes, "activations", Placement::kHostMapped);
-  if (status.ok()) status = s.Ensure(out, y_bytes, "outputs", Placement::kHostMapped);
-  if (!status.ok()) return status;
-  std::memcpy(in.mapped, x, x_bytes);
-  internal::VulkanState::Dispatch d;
-  d.kernel = kernel;
-  const Buffer& scales = w.impl_->scales.buffer != VK_NULL_HANDLE ? w.impl_->scales
-                                                                  : w.impl_->weights;
-  d.segments[0] = {w.impl_->weights.buffer, 0, w.impl_->weights.size};
-  d.segments[1] = {scales.buffer, 0, scales.size};
-  d.segments[2] = {in.buffer, 0, x_bytes};
-  d.segments[3] = {out.buffer, 0, y_bytes};
-  d.push[0] = static_cast<uint32_t>(rows);
-  d.push[1] = static_cast<uint32_t>(cols);
-  d.push[2] = static_cast<uint32_t>(b);
-  MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
-  status = Annotate(s.RunDispatches(std::span(&d, 1), "dense_matmul dispatch"), s.device_name);
-  if (status.ok()) std::memcpy(y, out.mapped, y_bytes);
-  return status;
+  return RunResidentMatmul(*state_, *w.impl_, kernel, x, batch, y, "Vulkan DenseMatmul");
 }
 
 bool VulkanContext::discrete_gpu() const {

@@ -72,10 +72,13 @@ class K3VkDenseTest : public ::testing::Test {
     return Greedy(*model);
   }
 
-  // A run with the Vulkan device open as the edges open it (ExpertSourceFactoryFor), `o` with
-  // vulkan on and the dense/tier switches as given; *tier_out receives the tier.
-  absl::StatusOr<std::unique_ptr<Model>> VkModel(ModelOptions o, VkExpertTier** tier_out) {
+  // A model with the Vulkan device open as the edges open it (ExpertSourceFactoryFor): `o` with
+  // vulkan on, vk_dense = `dense`, vk_tier = `tier`; *tier_out receives the tier.
+  absl::StatusOr<std::unique_ptr<Model>> VkModel(ModelOptions o, int dense, bool tier,
+                                                 VkExpertTier** tier_out) {
     o.vulkan = true;
+    o.vk_dense = dense;
+    o.vk_tier = tier;
     return Model::Load(FixtureDir(), o, nullptr,
                        ExpertSourceFactoryFor(o, FixtureDir(), nullptr, tier_out));
   }
@@ -118,11 +121,8 @@ TEST_F(K3VkDenseTest, SharedExpertsOnTheDeviceMatchTheCpu) {
     SCOPED_TRACE(absl::StrCat("K3_BITS=", c.bits, " K3_CHUNK=", c.chunk));
     const ModelOptions o = Options(c.bits, c.chunk);
     ASSERT_OK_AND_ASSIGN(GreedyRun cpu, CpuRun(o));
-    ModelOptions vo = o;
-    vo.vk_dense = kVkDenseDevice;
-    vo.vk_tier = false;
     VkExpertTier* tier = nullptr;
-    ASSERT_OK_AND_ASSIGN(auto model, VkModel(vo, &tier));
+    ASSERT_OK_AND_ASSIGN(auto model, VkModel(o, kVkDenseDevice, /*tier=*/false, &tier));
     ASSERT_NE(tier, nullptr);
     ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
     const double worst = ExpectMatches(run, cpu, /*exact=*/false);
@@ -149,12 +149,11 @@ TEST_F(K3VkDenseTest, SharedExpertsBesideTheTier) {
   const ModelOptions o = Options(4, 4);
   ASSERT_OK_AND_ASSIGN(GreedyRun cpu, CpuRun(o));
   ModelOptions vo = o;
-  vo.vk_dense = kVkDenseDevice;
   const double I = cfg_.moe.intermediate, H = cfg_.moe.latent;
   vo.vk_tier_gb = 40.5 * 3 * (I * H / 2 + I * H / 32 * 4) / 1e9;  // 40 expert slots
   vo.vk_tier_rate = 8;
   VkExpertTier* tier = nullptr;
-  ASSERT_OK_AND_ASSIGN(auto model, VkModel(vo, &tier));
+  ASSERT_OK_AND_ASSIGN(auto model, VkModel(vo, kVkDenseDevice, /*tier=*/true, &tier));
   ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model, [&] { tier->WaitForUploads(); }));
   const double worst = ExpectMatches(run, cpu, /*exact=*/false);
   const VkTierStats s = tier->Stats();
@@ -172,11 +171,8 @@ TEST_F(K3VkDenseTest, DenseOffIsBitIdenticalAndAutoFollowsTheDeviceType) {
   ASSERT_OK_AND_ASSIGN(GreedyRun cpu, CpuRun(o));
   for (const int mode : {kVkDenseCpu, kVkDenseAuto}) {
     SCOPED_TRACE(absl::StrCat("vk_dense ", mode));
-    ModelOptions vo = o;
-    vo.vk_dense = mode;
-    vo.vk_tier = false;
     VkExpertTier* tier = nullptr;
-    ASSERT_OK_AND_ASSIGN(auto model, VkModel(vo, &tier));
+    ASSERT_OK_AND_ASSIGN(auto model, VkModel(o, mode, /*tier=*/false, &tier));
     const bool discrete = tier->context().discrete_gpu();
     ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
     const VkTierStats s = tier->Stats();
@@ -201,11 +197,8 @@ TEST_F(K3VkDenseTest, FailedSubmissionFallsBackToTheCpu) {
   ASSERT_OK_AND_ASSIGN(GreedyRun cpu, CpuRun(o));
   for (const bool at_start : {true, false}) {
     SCOPED_TRACE(at_start ? "first submission fails" : "a submission after the first pass fails");
-    ModelOptions vo = o;
-    vo.vk_dense = kVkDenseDevice;
-    vo.vk_tier = false;
     VkExpertTier* tier = nullptr;
-    ASSERT_OK_AND_ASSIGN(auto model, VkModel(vo, &tier));
+    ASSERT_OK_AND_ASSIGN(auto model, VkModel(o, kVkDenseDevice, /*tier=*/false, &tier));
     if (at_start) tier->context().FailSubmissionsForTesting(1);
     bool injected = at_start;
     ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model, [&] {
@@ -230,11 +223,8 @@ TEST_F(K3VkDenseTest, FailedSubmissionFallsBackToTheCpu) {
 TEST_F(K3VkDenseTest, UploadOutOfDeviceMemoryKeepsTheCpu) {
   const ModelOptions o = Options(4, 4);
   ASSERT_OK_AND_ASSIGN(GreedyRun cpu, CpuRun(o));
-  ModelOptions vo = o;
-  vo.vk_dense = kVkDenseDevice;
-  vo.vk_tier = false;
   VkExpertTier* tier = nullptr;
-  ASSERT_OK_AND_ASSIGN(auto model, VkModel(vo, &tier));
+  ASSERT_OK_AND_ASSIGN(auto model, VkModel(o, kVkDenseDevice, /*tier=*/false, &tier));
   tier->context().FailAllocationsForTesting(1, /*uploads_only=*/true);
   ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
   ExpectMatches(run, cpu, /*exact=*/true);
@@ -285,10 +275,8 @@ TEST(K3VkDenseSwitches, ValuesAndRefusals) {
 }
 
 TEST_F(K3VkDenseTest, BadDenseModeIsRefusedAtOpen) {
-  ModelOptions vo = Options(4, 4);
-  vo.vk_dense = 7;
   VkExpertTier* tier = nullptr;
-  EXPECT_THAT(VkModel(vo, &tier),
+  EXPECT_THAT(VkModel(Options(4, 4), 7, /*tier=*/false, &tier),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DENSE")));
 }
 
