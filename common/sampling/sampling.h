@@ -19,10 +19,10 @@
 // the temperature, in vLLM's order, on a float copy of the logits: logit_bias (added),
 // repetition_penalty (every token of the prompt or the output so far: logit > 0 ? logit / r :
 // logit * r), frequency_penalty (minus f * count over the OUTPUT tokens), presence_penalty
-// (minus p once per distinct output token). Greedy then takes the first maximum of these penalised logits;
-// sampling applies temperature, top_k, top_p and finally min_p (keeps the tokens whose
-// probability is at least min_p times the largest). The history the penalties read is a
-// TokenHistory the caller keeps per generation:
+// (minus p once per distinct output token). Greedy then takes the first maximum of these
+// penalised logits; sampling applies temperature, top_k, top_p and finally min_p (keeps the
+// tokens whose probability is at least min_p times the largest). The history the penalties
+// read is a TokenHistory the caller keeps per generation:
 //
 //   coli::sampling::TokenHistory history;
 //   history.Reset(prompt_ids);                        // a new generation
