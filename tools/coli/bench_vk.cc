@@ -26,6 +26,20 @@
 //    "results": [{"pairs": int, "experts": int, "seconds": num, "gflops": num,
 //                 "weight_gbs": num, "bw_ratio": num, "cpu_seconds": num, "cpu_gflops": num,
 //                 "speedup": num, "rel_l2": num}, ...]}
+//
+// `coli bench vk --dense [--json] [--quick] [--bits 4|8|32]`: the shared experts' block
+// (COLI_VK_DENSE: VulkanContext::DenseGlu, gate and up [inner, hidden], SiTU-GLU, down
+// [hidden, inner]) on K3's shapes (hidden 7168, inner 2·3072; --quick: 256, 384), random weights
+// quantized by the CPU's own load-time code to int4-g64 (default), int8 or f32. Uploads
+// (UploadDenseBatch, best of 3) give upload_gbs; device_bw_gbs as in 2.; for rows = 1, 4, 8
+// (--quick: 1, 4; a decode pass) the best of 5 (3) submissions after a warm-up: seconds,
+// weight_gbs = dense_device_bytes / seconds, bw_ratio = weight_gbs / device_bw_gbs, and the CPU's
+// exact-float block after all device work: cpu_seconds, speedup, rel_l2 (worst row). One object:
+//   {"device": str, "device_index": int, "staging": bool, "mode": "dense", "hidden": int,
+//    "inner": int, "format": str, "dense_device_bytes": int, "upload_gbs": num,
+//    "device_bw_bytes": int, "device_bw_gbs": num,
+//    "results": [{"rows": int, "seconds": num, "weight_gbs": num, "bw_ratio": num,
+//                 "cpu_seconds": num, "speedup": num, "rel_l2": num}, ...]}
 // Exit status: 0 on success; 3 when there is no Vulkan device (message on stderr); 1 when a
 // device call fails; 2 for bad arguments.
 #include <algorithm>
@@ -37,6 +51,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -95,32 +110,83 @@ int Fail(const absl::Status& status) {
 }
 
 int Usage() {
-  std::fprintf(stderr, "usage: coli bench vk [--json] [--quick] [--experts N]\n");
+  std::fprintf(stderr,
+               "usage: coli bench vk [--json] [--quick] [--experts N]\n"
+               "       coli bench vk --dense [--json] [--quick] [--bits 4|8|32]\n");
   return 2;
 }
 
-// The CPU's exact-float expert for `rows` rows of x [rows, latent] into y.
-absl::Status CpuExpert(const HostExpert& e, const float* x, int64_t rows, float* y,
-                       std::vector<float>& g, std::vector<float>& u) {
-  const int64_t inter = e.gate.rows;
+// The CPU's exact-float SiTU-GLU block (an expert, or the shared experts) for `rows` rows of
+// x [rows, gate.cols] into y [rows, down.rows].
+absl::Status CpuGlu(const MatrixView& gate, const MatrixView& up, const MatrixView& down,
+                    const float* x, int64_t rows, float* y, std::vector<float>& g,
+                    std::vector<float>& u) {
+  const int64_t inter = gate.rows;
   g.resize(static_cast<size_t>(rows * inter));
   u.resize(static_cast<size_t>(rows * inter));
   const kernels::MatmulOptions exact{.idot = false};
-  absl::Status s = kernels::Matmul(e.gate.view(), x, rows, g.data(), exact);
-  if (s.ok()) s = kernels::Matmul(e.up.view(), x, rows, u.data(), exact);
+  absl::Status s = kernels::Matmul(gate, x, rows, g.data(), exact);
+  if (s.ok()) s = kernels::Matmul(up, x, rows, u.data(), exact);
   if (!s.ok()) return s;
   ops::SituGlu(g.data(), u.data(), rows * inter, kSituBeta, kSituLinearBeta, g.data());
-  return kernels::Matmul(e.down.view(), g.data(), rows, y, exact);
+  return kernels::Matmul(down, g.data(), rows, y, exact);
 }
 
+// The worst per-row ||a - ref|| / ||ref|| of two [rows, cols] arrays.
+double WorstRowRelL2(const float* a, const float* ref, int64_t rows, int64_t cols) {
+  double worst = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    double diff = 0, norm = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double x = a[row * cols + c], b = ref[row * cols + c];
+      diff += (x - b) * (x - b);
+      norm += b * b;
+    }
+    worst = std::max(worst, norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? INFINITY : 0.0));
+  }
+  return worst;
+}
+
+// The device's name as a JSON string body.
+std::string JsonEscaped(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) out.push_back(c);
+  }
+  return out;
+}
+
+// Opens the selected device; `*exit_code` is set (3 without a device, 1 on another failure)
+// when it returns null.
+std::unique_ptr<vulkan::VulkanContext> OpenDevice(int* exit_code) {
+  absl::StatusOr<std::unique_ptr<vulkan::VulkanContext>> created = vulkan::VulkanContext::Create();
+  if (created.ok()) return std::move(created).value();
+  if (created.status().code() == absl::StatusCode::kUnavailable) {
+    std::fprintf(stderr, "coli bench vk: no Vulkan device: %s\n",
+                 created.status().ToString().c_str());
+    *exit_code = 3;
+  } else {
+    *exit_code = Fail(created.status());
+  }
+  return nullptr;
+}
+
+int RunBenchVkDense(bool json, bool quick, int bits);
+
 int RunBenchVk(int argc, char** argv) {
-  bool json = false, quick = false;
-  int experts = 0;
+  bool json = false, quick = false, dense = false;
+  int experts = 0, bits = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) {
       json = true;
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--dense")) {
+      dense = true;
+    } else if (!std::strcmp(argv[i], "--bits") && i + 1 < argc) {
+      bits = std::atoi(argv[++i]);
+      if (bits != 4 && bits != 8 && bits != 32) return Usage();
     } else if (!std::strcmp(argv[i], "--experts") && i + 1 < argc) {
       experts = std::atoi(argv[++i]);
       if (experts < 1 || experts > 64) return Usage();
@@ -128,6 +194,11 @@ int RunBenchVk(int argc, char** argv) {
       return Usage();
     }
   }
+  if (dense) {
+    if (experts != 0) return Usage();
+    return RunBenchVkDense(json, quick, bits == 0 ? 4 : bits);
+  }
+  if (bits != 0) return Usage();
   if (experts == 0) experts = quick ? 2 : 4;
   const int64_t latent = quick ? 256 : 3584, inter = quick ? 128 : 3072;
   const std::vector<int64_t> pair_counts = quick ? std::vector<int64_t>{1, 4}
@@ -135,16 +206,10 @@ int RunBenchVk(int argc, char** argv) {
   const int chain_reps = quick ? 3 : 5;
   const uint64_t bw_bytes = quick ? (8ull << 20) : (512ull << 20);
 
-  absl::StatusOr<std::unique_ptr<vulkan::VulkanContext>> created = vulkan::VulkanContext::Create();
-  if (!created.ok()) {
-    if (created.status().code() == absl::StatusCode::kUnavailable) {
-      std::fprintf(stderr, "coli bench vk: no Vulkan device: %s\n",
-                   created.status().ToString().c_str());
-      return 3;
-    }
-    return Fail(created.status());
-  }
-  vulkan::VulkanContext& vk = **created;
+  int exit_code = 0;
+  const std::unique_ptr<vulkan::VulkanContext> opened = OpenDevice(&exit_code);
+  if (opened == nullptr) return exit_code;
+  vulkan::VulkanContext& vk = *opened;
   std::fprintf(stderr, "coli bench vk: %s (device %d), %s residency, latent %lld, inter %lld\n",
                vk.device_name().c_str(), vk.device_index(),
                vk.staging() ? "staged device-local" : "host-visible",
@@ -241,7 +306,8 @@ int RunBenchVk(int argc, char** argv) {
     for (int rep = 0; rep <= chain_reps; ++rep) {
       const auto t0 = Clock::now();
       for (size_t e = 0; e < host.size(); ++e) {
-        if (absl::Status s = CpuExpert(host[e], xs[e].data(), pairs, ys_cpu[e].data(), g, u);
+        if (absl::Status s = CpuGlu(host[e].gate.view(), host[e].up.view(), host[e].down.view(),
+                                    xs[e].data(), pairs, ys_cpu[e].data(), g, u);
             !s.ok()) {
           return Fail(s);
         }
@@ -250,16 +316,8 @@ int RunBenchVk(int argc, char** argv) {
       if (rep == 1 || (rep > 1 && t < r.cpu_seconds)) r.cpu_seconds = t;
     }
     for (size_t e = 0; e < host.size(); ++e) {
-      for (int64_t row = 0; row < pairs; ++row) {
-        double diff = 0, ref = 0;
-        for (int64_t c = 0; c < latent; ++c) {
-          const double a = ys[e][row * latent + c], b = ys_cpu[e][row * latent + c];
-          diff += (a - b) * (a - b);
-          ref += b * b;
-        }
-        const double rel = ref > 0 ? std::sqrt(diff / ref) : (diff > 0 ? INFINITY : 0.0);
-        r.rel_l2 = std::max(r.rel_l2, rel);
-      }
+      r.rel_l2 =
+          std::max(r.rel_l2, WorstRowRelL2(ys[e].data(), ys_cpu[e].data(), pairs, latent));
     }
     const double flops = 2.0 * 3 * static_cast<double>(inter * latent) * pairs * experts;
     r.gflops = flops / r.seconds / 1e9;
@@ -270,11 +328,7 @@ int RunBenchVk(int argc, char** argv) {
   }
 
   if (json) {
-    std::string name;
-    for (const char c : vk.device_name()) {
-      if (c == '"' || c == '\\') name.push_back('\\');
-      if (static_cast<unsigned char>(c) >= 0x20) name.push_back(c);
-    }
+    const std::string name = JsonEscaped(vk.device_name());
     std::printf(
         "{\"device\": \"%s\", \"device_index\": %d, \"staging\": %s, \"latent\": %lld, "
         "\"inter\": %lld, \"experts\": %d, \"expert_device_bytes\": %llu, \"upload_gbs\": %.6g, "
@@ -319,11 +373,149 @@ int RunBenchVk(int argc, char** argv) {
   return 0;
 }
 
+int RunBenchVkDense(bool json, bool quick, int bits) {
+  const int64_t hidden = quick ? 256 : 7168, inner = quick ? 384 : 6144;
+  const std::vector<int64_t> row_counts = quick ? std::vector<int64_t>{1, 4}
+                                                : std::vector<int64_t>{1, 4, 8};
+  const int reps = quick ? 3 : 5;
+  const uint64_t bw_bytes = quick ? (8ull << 20) : (512ull << 20);
+  const WeightFormat format = bits == 4   ? WeightFormat::kInt4G64
+                              : bits == 8 ? WeightFormat::kInt8Row
+                                          : WeightFormat::kF32;
+  int exit_code = 0;
+  const std::unique_ptr<vulkan::VulkanContext> opened = OpenDevice(&exit_code);
+  if (opened == nullptr) return exit_code;
+  vulkan::VulkanContext& vk = *opened;
+  std::fprintf(stderr,
+               "coli bench vk --dense: %s (device %d), %s residency, hidden %lld, inner %lld, %s\n",
+               vk.device_name().c_str(), vk.device_index(),
+               vk.staging() ? "staged device-local" : "host-visible",
+               static_cast<long long>(hidden), static_cast<long long>(inner),
+               kernels::WeightFormatName(format));
+
+  // Random weights (σ 0.02) in the CPU's own formats, as the model quantizes them at load.
+  std::mt19937 rng(20261129);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<kernels::QuantizedMatrix> host;
+  for (const auto& [rows, cols] : {std::pair{inner, hidden}, std::pair{inner, hidden},
+                                   std::pair{hidden, inner}}) {
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (float& v : w) v = 0.02f * normal(rng);
+    absl::StatusOr<kernels::QuantizedMatrix> q =
+        kernels::QuantizedMatrix::FromF32(w.data(), rows, cols, format);
+    if (!q.ok()) return Fail(q.status());
+    host.push_back(std::move(q).value());
+  }
+  const MatrixView views[] = {host[0].view(), host[1].view(), host[2].view()};
+  uint64_t upload_bytes = 0;
+  for (const MatrixView& v : views) upload_bytes += kernels::ViewBytes(v);
+
+  using Resident = std::vector<std::unique_ptr<vulkan::DeviceDenseMatrix>>;
+  Resident resident;
+  double best_upload = 0;
+  for (int round = 0; round < 3; ++round) {
+    resident.clear();
+    const auto t0 = Clock::now();
+    absl::StatusOr<Resident> r = vk.UploadDenseBatch(views);
+    if (!r.ok()) return Fail(r.status());
+    resident = std::move(r).value();
+    const double t = Since(t0);
+    if (round == 0 || t < best_upload) best_upload = t;
+  }
+  uint64_t device_bytes = 0;
+  for (const auto& m : resident) device_bytes += m->device_bytes();
+  const double upload_gbs = static_cast<double>(upload_bytes) / best_upload / 1e9;
+  absl::StatusOr<double> d2d = vk.TimeCopy(vulkan::CopyKind::kDeviceToDevice, bw_bytes, 3);
+  if (!d2d.ok()) return Fail(d2d.status());
+  const double device_bw_gbs = 2.0 * static_cast<double>(bw_bytes) / *d2d / 1e9;
+
+  struct DenseResult {
+    int64_t rows = 0;
+    double seconds = 0, weight_gbs = 0, bw_ratio = 0, cpu_seconds = 0, speedup = 0, rel_l2 = 0;
+  };
+  std::vector<DenseResult> results(row_counts.size());
+  std::vector<std::vector<float>> xs(row_counts.size()), ys(row_counts.size());
+  // All device work first (see RunBenchVk), then the CPU.
+  for (size_t i = 0; i < row_counts.size(); ++i) {
+    const int64_t rows = row_counts[i];
+    xs[i].resize(static_cast<size_t>(rows * hidden));
+    for (float& v : xs[i]) v = normal(rng);
+    ys[i].assign(static_cast<size_t>(rows * hidden), NAN);
+    results[i].rows = rows;
+    for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+      const auto t0 = Clock::now();
+      if (absl::Status s = vk.DenseGlu(*resident[0], *resident[1], *resident[2], xs[i].data(),
+                                       rows, kSituBeta, kSituLinearBeta, ys[i].data());
+          !s.ok()) {
+        return Fail(s);
+      }
+      const double t = Since(t0);
+      if (rep == 1 || (rep > 1 && t < results[i].seconds)) results[i].seconds = t;
+    }
+  }
+  std::vector<float> g, u;
+  for (size_t i = 0; i < row_counts.size(); ++i) {
+    DenseResult& r = results[i];
+    std::vector<float> y_cpu(static_cast<size_t>(r.rows * hidden));
+    for (int rep = 0; rep <= reps; ++rep) {
+      const auto t0 = Clock::now();
+      if (absl::Status s =
+              CpuGlu(views[0], views[1], views[2], xs[i].data(), r.rows, y_cpu.data(), g, u);
+          !s.ok()) {
+        return Fail(s);
+      }
+      const double t = Since(t0);
+      if (rep == 1 || (rep > 1 && t < r.cpu_seconds)) r.cpu_seconds = t;
+    }
+    r.rel_l2 = WorstRowRelL2(ys[i].data(), y_cpu.data(), r.rows, hidden);
+    r.weight_gbs = static_cast<double>(device_bytes) / r.seconds / 1e9;
+    r.bw_ratio = r.weight_gbs / device_bw_gbs;
+    r.speedup = r.cpu_seconds / r.seconds;
+  }
+
+  if (json) {
+    std::printf(
+        "{\"device\": \"%s\", \"device_index\": %d, \"staging\": %s, \"mode\": \"dense\", "
+        "\"hidden\": %lld, \"inner\": %lld, \"format\": \"%s\", \"dense_device_bytes\": %llu, "
+        "\"upload_gbs\": %.6g, \"device_bw_bytes\": %llu, \"device_bw_gbs\": %.6g, \"results\": [",
+        JsonEscaped(vk.device_name()).c_str(), vk.device_index(),
+        vk.staging() ? "true" : "false", static_cast<long long>(hidden),
+        static_cast<long long>(inner), kernels::WeightFormatName(format),
+        static_cast<unsigned long long>(device_bytes), upload_gbs,
+        static_cast<unsigned long long>(bw_bytes), device_bw_gbs);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const DenseResult& r = results[i];
+      std::printf(
+          "%s{\"rows\": %lld, \"seconds\": %.6g, \"weight_gbs\": %.6g, \"bw_ratio\": %.6g, "
+          "\"cpu_seconds\": %.6g, \"speedup\": %.6g, \"rel_l2\": %.6g}",
+          i ? ", " : "", static_cast<long long>(r.rows), r.seconds, r.weight_gbs, r.bw_ratio,
+          r.cpu_seconds, r.speedup, r.rel_l2);
+    }
+    std::printf("]}\n");
+    return 0;
+  }
+  std::printf("device: %s (index %d), %s residency\n", vk.device_name().c_str(),
+              vk.device_index(), vk.staging() ? "staged device-local" : "host-visible");
+  std::printf("shared experts: hidden %lld, inner %lld, %s, %.1f MB on the device; upload %.2f "
+              "GB/s; device memory %.2f GB/s\n\n",
+              static_cast<long long>(hidden), static_cast<long long>(inner),
+              kernels::WeightFormatName(format), device_bytes / 1e6, upload_gbs, device_bw_gbs);
+  std::printf("| rows | ms      | weight GB/s | bw_ratio | CPU ms  | speedup | rel-L2  |\n");
+  std::printf("|------|---------|-------------|----------|---------|---------|---------|\n");
+  for (const DenseResult& r : results) {
+    std::printf("| %4lld | %7.2f | %11.2f | %8.3f | %7.2f | %7.2f | %7.1e |\n",
+                static_cast<long long>(r.rows), r.seconds * 1e3, r.weight_gbs, r.bw_ratio,
+                r.cpu_seconds * 1e3, r.speedup, r.rel_l2);
+  }
+  return 0;
+}
+
 }  // namespace
 
 COLI_REGISTER_BENCH(vk, "vk",
                     "Vulkan expert tier: uploads, expert chain vs device bandwidth and the CPU "
-                    "[--json] [--quick] [--experts N]",
+                    "[--json] [--quick] [--experts N]; --dense [--bits 4|8|32]: the shared "
+                    "experts' block (COLI_VK_DENSE)",
                     RunBenchVk);
 
 }  // namespace coli::cli
