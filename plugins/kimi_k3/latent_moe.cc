@@ -81,6 +81,10 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
   absl::Status shared_status;
   std::thread shared_thread;
   Joiner shared_joiner{shared_thread};
+  if (shared_device != nullptr && !shared_on_device) {
+    shared_device->PrefetchShared(layer, w.shared_gate.view(), w.shared_up.view(),
+                                  w.shared_down.view());
+  }
   if (shared_on_device) {
     shared_thread = std::thread([&] {
       shared_status = shared_device->ComputeShared(layer, w.shared_gate.view(), w.shared_up.view(),

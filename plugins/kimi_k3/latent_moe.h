@@ -74,7 +74,8 @@ class DeviceExperts {
 // the start of the call, while this thread does the router, the latent projections and the
 // routed experts; its output replaces the CPU's sh and is added at the same place, so the sum
 // order is unchanged. On an error the CPU computes sh for that call (SituGluBlock, the CPU's
-// bits) and the device stops taking them (its own rule).
+// bits) and the device stops taking them (its own rule). A call it does not take (a prefill
+// chunk) offers the matrices to PrefetchShared, so they can be uploaded before decode.
 class DeviceSharedExperts {
  public:
   virtual ~DeviceSharedExperts();
@@ -86,6 +87,9 @@ class DeviceSharedExperts {
                                      const kernels::MatrixView& up,
                                      const kernels::MatrixView& down, const float* x, int n,
                                      float* y) = 0;
+  // The layer's matrices, from a call whose shared experts stay on the CPU; must not block.
+  virtual void PrefetchShared(int layer, const kernels::MatrixView& gate,
+                              const kernels::MatrixView& up, const kernels::MatrixView& down) = 0;
 };
 
 struct MoeStats {

@@ -32,7 +32,15 @@ struct VkDenseExperts::Layer {
 VkDenseExperts::VkDenseExperts(vulkan::VulkanContext* vk, float beta1, float beta2)
     : vk_(vk), beta1_(beta1), beta2_(beta2) {}
 
-VkDenseExperts::~VkDenseExperts() = default;
+VkDenseExperts::~VkDenseExperts() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    queue_.clear();  // not started yet: dropped
+  }
+  cv_.notify_all();
+  if (uploader_.joinable()) uploader_.join();
+}
 
 bool VkDenseExperts::Takes(int layer, int n) const {
   if (n < 1 || n > kVkDenseMaxRows) return false;
@@ -53,19 +61,56 @@ void VkDenseExperts::DisableLocked(const absl::Status& status) {
   stats_.bytes = 0;
 }
 
+absl::StatusOr<VkDenseExperts::Layer*> VkDenseExperts::Upload(
+    int layer, const kernels::MatrixView (&views)[3]) {
+  const std::string what = absl::StrCat("Vulkan shared experts of layer ", layer);
+  absl::StatusOr<std::vector<std::unique_ptr<vulkan::DeviceDenseMatrix>>> uploaded =
+      vk_->UploadDenseBatch(views);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!uploaded.ok()) {
+    const absl::Status status = Annotate(uploaded.status(), what);
+    if (status.code() == absl::StatusCode::kResourceExhausted) {
+      if (!stats_.uploads_stopped) {
+        COLI_LOG(kWarning) << "Vulkan dense: device memory full on " << vk_->device_name()
+                           << " with " << stats_.matrices << " dense matrices (" << stats_.bytes
+                           << " B); the shared experts of the layers not uploaded stay on the "
+                           << "CPU (" << status << ")";
+      }
+      stats_.uploads_stopped = true;
+      stats_.failures += 1;
+    } else {
+      DisableLocked(status);
+    }
+    return status;
+  }
+  if (stats_.disabled) {
+    return absl::FailedPreconditionError(what + ": the dense path was turned off meanwhile");
+  }
+  auto l = std::make_unique<Layer>();
+  for (int i = 0; i < 3; ++i) l->sources[i] = views[i].data;
+  l->m = std::move(uploaded).value();
+  for (const auto& m : l->m) l->bytes += m->device_bytes();
+  stats_.matrices += 3;
+  stats_.bytes += l->bytes;
+  Layer* out = l.get();
+  layers_[layer] = std::move(l);
+  return out;
+}
+
 absl::Status VkDenseExperts::Compute(int layer, const kernels::MatrixView& gate,
-                                     const kernels::MatrixView& up,
-                                     const kernels::MatrixView& down, const float* x, int n,
-                                     float* y) {
+                                     const kernels::MatrixView& up, const kernels::MatrixView& down,
+                                     const float* x, int n, float* y) {
   const std::string what = absl::StrCat("Vulkan shared experts of layer ", layer);
   Layer* resident = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // A Prefetch of this layer in flight finishes first (it uploads the same views).
+    cv_.wait(lock, [&] { return pending_.count(layer) == 0; });
     if (stats_.disabled) return absl::FailedPreconditionError(what + ": the dense path is off");
     auto it = layers_.find(layer);
-    if (it != layers_.end() && (it->second->sources[0] != gate.data ||
-                                it->second->sources[1] != up.data ||
-                                it->second->sources[2] != down.data)) {
+    if (it != layers_.end() &&
+        (it->second->sources[0] != gate.data || it->second->sources[1] != up.data ||
+         it->second->sources[2] != down.data)) {
       // The model's matrices moved (not expected for one model): upload again.
       stats_.matrices -= 3;
       stats_.bytes -= it->second->bytes;
@@ -78,37 +123,10 @@ absl::Status VkDenseExperts::Compute(int layer, const kernels::MatrixView& gate,
     }
   }
   if (resident == nullptr) {
-    // Only the serialised MoE calls reach here, so no other upload of this layer runs now.
-    const kernels::MatrixView views[] = {gate, up, down};
-    absl::StatusOr<std::vector<std::unique_ptr<vulkan::DeviceDenseMatrix>>> uploaded =
-        vk_->UploadDenseBatch(views);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!uploaded.ok()) {
-      const absl::Status status = Annotate(uploaded.status(), what);
-      if (status.code() == absl::StatusCode::kResourceExhausted) {
-        if (!stats_.uploads_stopped) {
-          COLI_LOG(kWarning) << "Vulkan dense: device memory full on " << vk_->device_name()
-                             << " with " << stats_.matrices << " dense matrices (" << stats_.bytes
-                             << " B); the shared experts of the layers not uploaded stay on the "
-                             << "CPU (" << status << ")";
-        }
-        stats_.uploads_stopped = true;
-        stats_.failures += 1;
-      } else {
-        DisableLocked(status);
-      }
-      return status;
-    }
-    auto l = std::make_unique<Layer>();
-    l->sources[0] = gate.data;
-    l->sources[1] = up.data;
-    l->sources[2] = down.data;
-    l->m = std::move(uploaded).value();
-    for (const auto& m : l->m) l->bytes += m->device_bytes();
-    stats_.matrices += 3;
-    stats_.bytes += l->bytes;
-    resident = l.get();
-    layers_[layer] = std::move(l);
+    // Only the serialised MoE calls reach here and no Prefetch of this layer is pending, so no
+    // other upload of this layer runs now.
+    const kernels::MatrixView views[3] = {gate, up, down};
+    COLI_ASSIGN_OR_RETURN(resident, Upload(layer, views));
   }
   const absl::Status status = Annotate(
       vk_->DenseGlu(*resident->m[0], *resident->m[1], *resident->m[2], x, n, beta1_, beta2_, y),
@@ -120,6 +138,45 @@ absl::Status VkDenseExperts::Compute(int layer, const kernels::MatrixView& gate,
   }
   stats_.calls += 1;
   return absl::OkStatus();
+}
+
+void VkDenseExperts::Prefetch(int layer, const kernels::MatrixView& gate,
+                              const kernels::MatrixView& up, const kernels::MatrixView& down) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stats_.disabled || stats_.uploads_stopped || stop_ || layers_.count(layer) > 0 ||
+        pending_.count(layer) > 0) {
+      return;
+    }
+    pending_.insert(layer);
+    queue_.push_back(Queued{layer, {gate, up, down}});
+    if (!uploader_.joinable()) uploader_ = std::thread([this] { UploadLoop(); });
+  }
+  cv_.notify_all();
+}
+
+void VkDenseExperts::UploadLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ with nothing left
+    const Queued q = queue_.front();
+    queue_.pop_front();
+    if (!stats_.disabled && !stats_.uploads_stopped) {
+      lock.unlock();
+      // Errors are recorded (and logged) by Upload; the layer's next device call retries or
+      // leaves it to the CPU by the same rules.
+      (void)Upload(q.layer, q.views);
+      lock.lock();
+    }
+    pending_.erase(q.layer);
+    cv_.notify_all();
+  }
+}
+
+void VkDenseExperts::WaitForUploads() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_.empty(); });
 }
 
 VkDenseStats VkDenseExperts::Stats() const {

@@ -12,10 +12,13 @@
 //   longer passes (prefill chunks) stay on the CPU kernels. KDA, MLA, the latent projections,
 //   the router and the head always stay on the CPU.
 // * Bytes: the three matrices exactly as the CPU holds them after K3_BITS (int4-g64 biased
-//   nibbles + f32 group scales, int8 + f32 row scales, or f32), uploaded once per layer at the
-//   layer's first device call (VulkanContext::UploadDenseBatch: one staged fill on a discrete
-//   GPU, host-visible elsewhere); kept for the model's life. Device bytes are what the device
-//   allocated (Stats().bytes), not counted against COLI_VK_TIER_GB.
+//   nibbles + f32 group scales, int8 + f32 row scales, or f32), uploaded once per layer
+//   (VulkanContext::UploadDenseBatch: one staged fill on a discrete GPU, host-visible
+//   elsewhere) and kept for the model's life: on this object's upload thread when a pass the
+//   device does not take (a prefill chunk) Prefetches the layer, else at the layer's first
+//   device call. Device bytes are what the device allocated (Stats().bytes), not counted
+//   against COLI_VK_TIER_GB. The views must stay valid while this object lives (the model's
+//   weights outlive its expert source, which owns this object).
 // * Numerics: the device's f32-activation math equals the CPU's exact-float kernels (K3_IDOT=0)
 //   up to summation order (rel-L2 ~2e-7 per matrix on lavapipe). With K3_IDOT=1 the CPU uses int8
 //   activations instead, so the device is the more exact of the two.
@@ -25,16 +28,21 @@
 //   matrices are freed). Either way Compute returns the error and the caller (LatentMoeForward)
 //   computes that call's shared experts on the CPU.
 //
-// Threading: Takes and Compute are called by the serialised MoE calls (Compute on the call's
-// own thread); Stats from any thread.
+// Threading: Takes, Prefetch and Compute are called by the serialised MoE calls (Compute on the
+// call's own thread); the uploads of Prefetch run on a thread of this object; Stats and
+// WaitForUploads from any thread.
 #ifndef COLI_PLUGINS_KIMI_K3_VK_DENSE_H_
 #define COLI_PLUGINS_KIMI_K3_VK_DENSE_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -59,10 +67,10 @@ inline constexpr int kVkDenseDevice = 1;
 absl::StatusOr<bool> VkDenseOnDevice(int mode, bool discrete_gpu);
 
 struct VkDenseStats {
-  uint64_t matrices = 0;  // vk_dense_matrices: dense matrices resident on the device
-  uint64_t bytes = 0;     // vk_dense_bytes: their device bytes (allocation sizes)
-  uint64_t calls = 0;     // vk_dense_calls: shared-expert blocks computed there
-  uint64_t failures = 0;  // failed uploads or submissions
+  uint64_t matrices = 0;         // vk_dense_matrices: dense matrices resident on the device
+  uint64_t bytes = 0;            // vk_dense_bytes: their device bytes (allocation sizes)
+  uint64_t calls = 0;            // vk_dense_calls: shared-expert blocks computed there
+  uint64_t failures = 0;         // failed uploads or submissions
   bool uploads_stopped = false;  // the device ran out of memory: no more layers uploaded
   bool disabled = false;         // a failure turned the dense path off
 };
@@ -79,22 +87,43 @@ class VkDenseExperts {
   // 1 <= n <= kVkDenseMaxRows, not disabled, and the layer resident unless uploads stopped.
   bool Takes(int layer, int n) const;
   // y [n, D] = down · SiTU(gate · x, up · x) on the device, uploading the layer's matrices at
-  // its first call (again if the views' data moved). Errors as described above.
+  // its first call (again if the views' data moved; after a pending Prefetch of the layer ends).
+  // Errors as described above.
   absl::Status Compute(int layer, const kernels::MatrixView& gate, const kernels::MatrixView& up,
                        const kernels::MatrixView& down, const float* x, int n, float* y);
+  // Queues the upload of a layer not resident yet for the upload thread (started at the first
+  // call), so a later device call finds it there. Does nothing when the layer is resident or
+  // queued, uploads stopped or the path is off. Failures are handled as in Compute.
+  void Prefetch(int layer, const kernels::MatrixView& gate, const kernels::MatrixView& up,
+                const kernels::MatrixView& down);
+  // Blocks until no Prefetch upload is queued or running.
+  void WaitForUploads();
 
   VkDenseStats Stats() const;
 
  private:
   struct Layer;
+  struct Queued {
+    int layer = 0;
+    kernels::MatrixView views[3];
+  };
+  // Uploads `views` (gate, up, down) of `layer` and, with mu_ taken, records the result (errors
+  // as described above, logged once). Not with mu_ held.
+  absl::StatusOr<Layer*> Upload(int layer, const kernels::MatrixView (&views)[3]);
   // With mu_ held: turns the dense path off after `status` (logged once), freeing the matrices.
   void DisableLocked(const absl::Status& status);
+  void UploadLoop();
 
   vulkan::VulkanContext* vk_;
   float beta1_, beta2_;
   mutable std::mutex mu_;
+  std::condition_variable cv_;
   std::map<int, std::unique_ptr<Layer>> layers_;  // decoder layer → resident matrices
+  std::set<int> pending_;                         // layers queued or uploading (Prefetch)
+  std::deque<Queued> queue_;
+  bool stop_ = false;
   VkDenseStats stats_;
+  std::thread uploader_;
 };
 
 }  // namespace coli::k3

@@ -491,6 +491,11 @@ absl::Status VkExpertTier::ComputeShared(int layer, const kernels::MatrixView& g
   return dense_->Compute(layer, gate, up, down, x, n, y);
 }
 
+void VkExpertTier::PrefetchShared(int layer, const kernels::MatrixView& gate,
+                                  const kernels::MatrixView& up, const kernels::MatrixView& down) {
+  if (dense_ != nullptr) dense_->Prefetch(layer, gate, up, down);
+}
+
 VkTierStats VkExpertTier::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   VkTierStats s = stats_;

@@ -159,6 +159,10 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts, public Dev
   absl::Status ComputeShared(int layer, const kernels::MatrixView& gate,
                              const kernels::MatrixView& up, const kernels::MatrixView& down,
                              const float* x, int n, float* y) override;
+  void PrefetchShared(int layer, const kernels::MatrixView& gate, const kernels::MatrixView& up,
+                      const kernels::MatrixView& down) override;
+  // The shared experts' device part (null when they stay on the CPU).
+  VkDenseExperts* dense() { return dense_.get(); }
 
   VkTierStats Stats() const;
   // Blocks until every accepted upload has finished (tests; shutdown).

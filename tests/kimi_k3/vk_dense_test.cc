@@ -7,6 +7,8 @@
 // the CPU's only in f32 summation order (rel-L2 ~2e-7 per block, tests/common/vk), so the logits
 // must stay within kLogitsRelL2 and give the same greedy tokens; paths that leave the shared
 // experts on the CPU must be bit-identical.
+#include "plugins/kimi_k3/vk_dense.h"
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -22,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "plugins/kimi_k3/config.h"
 #include "plugins/kimi_k3/model.h"
-#include "plugins/kimi_k3/vk_dense.h"
+#include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/vk_tier.h"
 #include "tests/kimi_k3/reference_util.h"
 #include "tests/kimi_k3/vk_test_util.h"
@@ -30,9 +32,9 @@
 namespace coli::k3 {
 namespace {
 
+using ::coli::k3::testing::RelL2;
 using ::coli::testing::IsOk;
 using ::coli::testing::StatusIs;
-using ::coli::k3::testing::RelL2;
 using ::testing::HasSubstr;
 using vk_testing::ExactOptions;
 using vk_testing::FixtureDir;
@@ -115,8 +117,8 @@ TEST_F(K3VkDenseTest, SharedExpertsOnTheDeviceMatchTheCpu) {
   struct Case {
     int bits, chunk, device_passes;
   };
-  const Case cases[] = {{4, 4, passes_of_4}, {8, 4, passes_of_4}, {32, 4, passes_of_4},
-                        {4, 16, kGenerate}};
+  const Case cases[] = {
+      {4, 4, passes_of_4}, {8, 4, passes_of_4}, {32, 4, passes_of_4}, {4, 16, kGenerate}};
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat("K3_BITS=", c.bits, " K3_CHUNK=", c.chunk));
     const ModelOptions o = Options(c.bits, c.chunk);
@@ -143,6 +145,27 @@ TEST_F(K3VkDenseTest, SharedExpertsOnTheDeviceMatchTheCpu) {
   }
 }
 
+// A prefill chunk longer than kVkDenseMaxRows stays on the CPU but queues its layers' uploads,
+// so the first decode step finds every layer resident.
+TEST_F(K3VkDenseTest, PrefillChunkUploadsAheadOfDecode) {
+  VkExpertTier* tier = nullptr;
+  ASSERT_OK_AND_ASSIGN(auto model, VkModel(Options(4, 16), kVkDenseDevice, false, &tier));
+  ASSERT_NE(tier->dense(), nullptr);
+  std::unique_ptr<Session> session = model->NewSession();
+  ASSERT_OK_AND_ASSIGN(std::vector<float> logits, session->Prefill(vk_testing::kPrompt));
+  tier->dense()->WaitForUploads();
+  VkTierStats s = tier->Stats();
+  EXPECT_EQ(s.dense.calls, 0u);  // 12 rows: the CPU's
+  EXPECT_EQ(s.dense.matrices, static_cast<uint64_t>(3 * moe_layers_));
+  EXPECT_EQ(s.dense.bytes, tier->context().resident_bytes());
+  const uint64_t uploaded = s.dense.bytes;
+  ASSERT_OK_AND_ASSIGN(logits, session->Step(vk_testing::Argmax(logits)));
+  s = tier->Stats();
+  EXPECT_EQ(s.dense.calls, static_cast<uint64_t>(moe_layers_));
+  EXPECT_EQ(s.dense.bytes, uploaded);  // nothing uploaded again
+  EXPECT_EQ(s.dense.failures, 0u);
+}
+
 // COLI_VK_DENSE=1 beside the routed-expert tier (promotions on, no history): both on the device
 // in the same steps, same tokens.
 TEST_F(K3VkDenseTest, SharedExpertsBesideTheTier) {
@@ -160,8 +183,7 @@ TEST_F(K3VkDenseTest, SharedExpertsBesideTheTier) {
   EXPECT_GT(s.hits, 0u);
   EXPECT_EQ(s.dense.calls, static_cast<uint64_t>(moe_layers_ * (3 + kGenerate)));
   EXPECT_EQ(s.matmuls, 3 * s.hits + 3 * s.dense.calls);
-  std::printf("[dense + tier] worst logits rel-L2 vs CPU %.3g; %s", worst,
-              VkTierReport(s).c_str());
+  std::printf("[dense + tier] worst logits rel-L2 vs CPU %.3g; %s", worst, VkTierReport(s).c_str());
 }
 
 // COLI_VK_DENSE=0 (and COLI_VK_TIER=0): the device is open but computes nothing, bit-identical

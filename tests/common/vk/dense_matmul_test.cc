@@ -44,12 +44,12 @@ std::unique_ptr<VulkanContext> ContextOrNull(bool* skip) {
   return std::move(created).value();
 }
 
-#define COLI_DENSE_CONTEXT_OR_SKIP(ctx)                                  \
-  bool ctx##_skip = false;                                               \
-  std::unique_ptr<VulkanContext> ctx = ContextOrNull(&ctx##_skip);       \
-  if (ctx##_skip) {                                                      \
-    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";            \
-  }                                                                      \
+#define COLI_DENSE_CONTEXT_OR_SKIP(ctx)                            \
+  bool ctx##_skip = false;                                         \
+  std::unique_ptr<VulkanContext> ctx = ContextOrNull(&ctx##_skip); \
+  if (ctx##_skip) {                                                \
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";      \
+  }                                                                \
   ASSERT_NE(ctx, nullptr) << "VulkanContext::Create failed on a device"
 
 std::vector<float> Normal(int64_t n, float sigma, std::mt19937& rng) {
@@ -102,10 +102,11 @@ void CompareDense(VulkanContext& vk, const MatrixView& w, const DeviceDenseMatri
         magnitude += std::fabs(static_cast<double>(row[c]) * x[b * w.cols + c]);
       const double diff = std::fabs(static_cast<double>(gpu[b * w.rows + r]) - cpu[b * w.rows + r]);
       ASSERT_LE(diff, steps * u * magnitude)
-          << kernels::WeightFormatName(w.format) << " [" << w.rows << ", " << w.cols
-          << "] batch " << batch << " at [" << b << ", " << r << "]: gpu " << gpu[b * w.rows + r]
-          << " cpu " << cpu[b * w.rows + r];
-      if (magnitude > 0) measured->bound_ratio = std::max(measured->bound_ratio, diff / (u * magnitude));
+          << kernels::WeightFormatName(w.format) << " [" << w.rows << ", " << w.cols << "] batch "
+          << batch << " at [" << b << ", " << r << "]: gpu " << gpu[b * w.rows + r] << " cpu "
+          << cpu[b * w.rows + r];
+      if (magnitude > 0)
+        measured->bound_ratio = std::max(measured->bound_ratio, diff / (u * magnitude));
     }
   }
   if (w.rows < kDenseRelL2MinRows) return;
