@@ -9,8 +9,9 @@
 // RANDOM WEIGHTS, not a real model — its text is noise). The prompt is encoded as plain text
 // with no BOS (the vendor chat format adds none). Generation stops after --ngen tokens or at
 // an end-of-sequence id from config.json. Greedy unless --temp (or COLI_TEMP) is set.
-// COLI_K3_SPEC=K (greedy only): speculative decoding by prompt lookup (spec_decode.h), same
-// tokens, fewer forward passes when the text repeats; the pass counts go to stderr.
+// COLI_K3_SPEC=K: speculative decoding by prompt lookup (spec_decode.h; greedy, or sampled with
+// --temp: a copy of the sampler verifies, so a seed gives the same tokens), same tokens, fewer
+// forward passes when the text repeats; the pass counts go to stderr.
 // The K3_* environment switches are read here, once, into ModelOptions (options.h lists them).
 // stdout: generated text (or ids with --print-ids); stderr: load/prefill/decode speed and the
 // time split (attention / MoE / head / mix).
@@ -23,6 +24,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -123,7 +125,7 @@ int Usage() {
                "              [--temp T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]\n"
                "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_MMAP K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
                "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n"
-               "     COLI_K3_SPEC (max prompt-lookup draft tokens, greedy only)\n";
+               "     COLI_K3_SPEC (max prompt-lookup draft tokens)\n";
   return 2;
 }
 
@@ -255,8 +257,9 @@ absl::Status Main(int argc, char** argv) {
 
   sampling::Sampler sampler(sopt);
   std::vector<int32_t> generated;
-  // COLI_K3_SPEC: greedy rows only; off under K3_TRACE / K3_LOGITS (undelivered rows).
-  const bool spec_on = spec_k > 0 && sopt.temperature <= 0 && opt.trace_path.empty() &&
+  // COLI_K3_SPEC: off under K3_TRACE / K3_LOGITS (undelivered rows) and with penalties (none
+  // in k3-run today; their tokens depend on a history a verify does not advance).
+  const bool spec_on = spec_k > 0 && !sampling::HasPenalties(sopt) && opt.trace_path.empty() &&
                        opt.logits_path.empty();
   SpecDecoder spec;
   DraftBudget spec_budget;
@@ -286,7 +289,8 @@ absl::Status Main(int argc, char** argv) {
     for (int64_t e : model->config().eos_token_ids) eos |= (e == s.id);
     if (eos || g + 1 == ngen) break;
     if (spec_on) {
-      // A verified token: its logits are buffered, no pass (greedy always picks it).
+      // A verified token: its logits are buffered, no pass (the sampler drew exactly what its
+      // copy drew in the verify).
       if (std::optional<std::vector<float>> buffered = spec.Take(s.id)) {
         logits = std::move(*buffered);
         ++spec_from_buffer;
@@ -306,7 +310,13 @@ absl::Status Main(int argc, char** argv) {
         if (stop) draft.resize(i);
       }
       if (!draft.empty()) {
-        COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v, spec.Verify(*session, s.id, draft));
+        // Greedy: the argmax accepts; sampled: a copy of the sampler (its RNG state included)
+        // draws each row, and the real one later draws the same tokens from the same logits.
+        sampling::Sampler draw = sampler;
+        auto emit = [&](std::span<const float> l) { return draw.Next(l).id; };
+        COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v,
+                              sopt.temperature <= 0 ? spec.Verify(*session, s.id, draft)
+                                                    : spec.Verify(*session, s.id, draft, emit));
         spec_budget.Observe(draft.size(), v.accepted);
         logits = std::move(v.logits);
         ++spec_verifies;

@@ -13,12 +13,14 @@
 // same lock, so they are attributed to the session(s) that caused them.
 // Decode batches: one decode call's rows (distinct sessions) are fed in one forward pass per
 // model (Session::StepBatch), then each row samples from its own logits (Decode, Feed).
-// Speculative decoding (option "spec" = K, COLI_K3_SPEC; docs/status/spec-decoding.md): a greedy
-// row whose record offers a prompt-lookup draft (spec_lookup.h) is verified alone as one chunk
+// Speculative decoding (option "spec" = K, COLI_K3_SPEC; docs/status/spec-decoding.md): a row
+// whose record offers a prompt-lookup draft (spec_lookup.h) is verified alone as one chunk
 // (spec_decode.h); the tokens it accepts are handed out by the next decode calls without a pass.
+// A greedy row accepts a draft token while it is the argmax, a sampled row while a copy of its
+// sampler draws it (so the real sampler later draws the same tokens: seeded streams unchanged).
 // Sampling knobs (ABI 1.3, docs/status/sampling.md): each session keeps the history the
 // penalties read (the prompt of its last prefill and the tokens sampled since); a row with any
-// penalty or logit_bias never drafts (its token is not the plain greedy one the drafts verify).
+// penalty or logit_bias never drafts (its token depends on a history the verify does not advance).
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,7 +137,7 @@ struct K3Session {
   K3Model* m = nullptr;
   std::unique_ptr<Session> session;
   std::unique_ptr<CheckpointCache> checkpoints;
-  SpecDecoder spec;  // verified tokens not yet handed out (greedy rows, option "spec")
+  SpecDecoder spec;  // verified tokens not yet handed out (option "spec")
   DraftBudget spec_budget;  // how long the next draft is (adapts to acceptance)
   std::vector<int32_t> spec_context;  // scratch: the record + the pending token
   int64_t capacity = 0;
@@ -700,14 +702,14 @@ sampling::SamplerOptions RowKnobs(const coli_decode_row_t& row) {
   return o;
 }
 
-// The draft for a greedy row of a spec model: up to K prompt-lookup tokens after the record and
-// the pending token, K shrunk so the verify chunk fits the context, cut before the first stop
-// token (a stop ends the turn: no row after it is needed). Empty: take the normal step.
-// A row with a penalty or logit_bias (ABI 1.3) keeps the one-step path: drafts are verified as
-// the plain greedy chain.
+// The draft for a row of a spec model (greedy or sampled): up to K prompt-lookup tokens after the
+// record and the pending token, K shrunk so the verify chunk fits the context, cut before the
+// first stop token (a stop ends the turn: no row after it is needed). Empty: take the normal
+// step. A row with a penalty or logit_bias (ABI 1.3) keeps the one-step path: its token depends
+// on the history of the tokens before it, which a verify of several rows does not advance.
 std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   const K3Model& m = *s->m;
-  if (m.spec_max <= 0 || row.temperature > 0.0f || s->spec.undelivered() > 0) return {};
+  if (m.spec_max <= 0 || s->spec.undelivered() > 0) return {};
   if (sampling::HasPenalties(RowKnobs(row))) return {};
   const int64_t room = s->capacity - s->session->position() - 1;
   const int k = s->spec_budget.Next(static_cast<int>(std::min<int64_t>(m.spec_max, room)));
@@ -724,16 +726,53 @@ std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   return draft;
 }
 
+// The sampler `Sample` draws the row's token with at this step: the session's, re-created
+// (seeded seed + steps) when the row's knobs differ from the ones it was made with — one seeded
+// stream per generation while the knobs hold. The verify of a sampled row draws with a copy.
+sampling::Sampler& RowSampler(K3Session* s, const coli_decode_row_t& row) {
+  sampling::SamplerOptions want = RowKnobs(row);
+  want.temperature = row.temperature;
+  want.top_p = (row.top_p <= 0.0f || row.top_p > 1.0f) ? 1.0f : row.top_p;
+  want.top_k = std::max(0, row.top_k);
+  want.logprobs = std::max(0, row.logprobs_top_k);
+  want.seed = s->seed + s->steps;
+  const sampling::SamplerOptions* have = s->sampler ? &s->sampler->options() : nullptr;
+  if (have == nullptr || have->temperature != want.temperature || have->top_p != want.top_p ||
+      have->top_k != want.top_k || have->logprobs != want.logprobs ||
+      have->repetition_penalty != want.repetition_penalty ||
+      have->frequency_penalty != want.frequency_penalty ||
+      have->presence_penalty != want.presence_penalty || have->min_p != want.min_p ||
+      have->logit_bias != want.logit_bias) {
+    s->sampler.emplace(std::move(want));
+  }
+  return *s->sampler;
+}
+
 // Feeds the pending token of `s` together with `draft` in one verify chunk under the model's
 // lock (SpecDecoder::Verify); the logits after the pending token become the row's, the accepted
-// tokens wait in s->spec. On failure the session is back before the pending token and unusable
-// until its next prefill (its logits are dropped, as on the normal path).
-absl::Status VerifyDraft(K3Session* s, std::span<const int32_t> draft) {
+// tokens wait in s->spec. A greedy row accepts a draft token while it is the row's argmax; a
+// sampled row while a COPY of the sampler `Sample` will use draws it (no draw of the real
+// sampler is spent: it draws the same tokens from the same logits when they are handed out).
+// On failure the session is back before the pending token and unusable until its next prefill
+// (its logits are dropped, as on the normal path).
+absl::Status VerifyDraft(K3Session* s, const coli_decode_row_t& row,
+                         std::span<const int32_t> draft) {
   absl::StatusOr<SpecDecoder::Verified> v;
   {
+    // Greedy by the sampler's own rule (temperature <= 0). No penalties here (SpecDraft), so the
+    // copy's draws need no history.
+    std::optional<sampling::Sampler> draw;
+    if (const sampling::Sampler& real = RowSampler(s, row); !(real.options().temperature <= 0.0f)) {
+      draw.emplace(real);
+    }
     ForwardLock lock(*s->m);
     const auto t0 = Clock::now();
-    v = s->spec.Verify(*s->session, s->pending, draft);
+    if (draw) {
+      v = s->spec.Verify(*s->session, s->pending, draft,
+                         [&](std::span<const float> logits) { return draw->Next(logits).id; });
+    } else {
+      v = s->spec.Verify(*s->session, s->pending, draft);
+    }
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     TakeExpertStats(s);
   }
@@ -754,22 +793,7 @@ absl::Status VerifyDraft(K3Session* s, std::span<const int32_t> draft) {
 
 // Samples the row's token from its session's logits (after the pending token was fed).
 void Sample(K3Session* s, coli_decode_row_t* row) {
-  sampling::SamplerOptions want = RowKnobs(*row);
-  want.temperature = row->temperature;
-  want.top_p = (row->top_p <= 0.0f || row->top_p > 1.0f) ? 1.0f : row->top_p;
-  want.top_k = std::max(0, row->top_k);
-  want.logprobs = std::max(0, row->logprobs_top_k);
-  want.seed = s->seed + s->steps;
-  const sampling::SamplerOptions* have = s->sampler ? &s->sampler->options() : nullptr;
-  if (have == nullptr || have->temperature != want.temperature || have->top_p != want.top_p ||
-      have->top_k != want.top_k || have->logprobs != want.logprobs ||
-      have->repetition_penalty != want.repetition_penalty ||
-      have->frequency_penalty != want.frequency_penalty ||
-      have->presence_penalty != want.presence_penalty || have->min_p != want.min_p ||
-      have->logit_bias != want.logit_bias) {
-    s->sampler.emplace(std::move(want));  // one seeded stream per generation while knobs hold
-  }
-  const sampling::Sample sample = s->sampler->Next(s->logits, &s->history);
+  const sampling::Sample sample = RowSampler(s, *row).Next(s->logits, &s->history);
   s->history.AddOutput(sample.id);
   ++s->steps;
   s->generated += 1;
@@ -808,7 +832,7 @@ void Sample(K3Session* s, coli_decode_row_t* row) {
 // each row samples from its own logits with its own knobs, exactly as a one-row call.
 // Speculative decoding (spec > 0): a row whose pending token is the next verified one takes the
 // buffered logits (no pass; another token rewinds the session to the delivered record first);
-// a greedy row with a lookup draft is verified alone as one chunk after the batched passes.
+// a row with a lookup draft is verified alone as one chunk after the batched passes.
 // Every row that got its logits has pending = -1 at once, so a retry after a failed call
 // samples it without feeding again, as on the batched path.
 absl::Status Decode(std::span<coli_decode_row_t> rows) {
@@ -846,7 +870,7 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
   }
   std::vector<bool> full(rows.size(), false);
   std::vector<std::vector<K3Session*>> groups;  // per model, in the order of first appearance
-  std::vector<std::pair<K3Session*, std::vector<int32_t>>> drafted;  // verified one at a time
+  std::vector<std::pair<size_t, std::vector<int32_t>>> drafted;  // rows verified one at a time
   for (size_t i = 0; i < rows.size(); ++i) {
     K3Session* s = sessions[i];
     ClearOutputs(s, &rows[i]);
@@ -863,12 +887,13 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
         s->spec_from_buffer += 1;
         continue;
       }
-      // The row sampled another token than the verified one (its knobs turned to sampling while
-      // tokens were buffered): back to the delivered record, then the normal step.
+      // The row sampled another token than the verified one (its knobs changed while tokens were
+      // buffered, so its sampler was re-created): back to the delivered record, then the
+      // normal step.
       COLI_RETURN_IF_ERROR(RewindSpec(s));
     }
     if (std::vector<int32_t> draft = SpecDraft(s, rows[i]); !draft.empty()) {
-      drafted.emplace_back(s, std::move(draft));
+      drafted.emplace_back(i, std::move(draft));
       continue;
     }
     auto g = std::find_if(groups.begin(), groups.end(),
@@ -880,7 +905,9 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
     }
   }
   for (const std::vector<K3Session*>& group : groups) COLI_RETURN_IF_ERROR(Feed(group));
-  for (const auto& [s, draft] : drafted) COLI_RETURN_IF_ERROR(VerifyDraft(s, draft));
+  for (const auto& [i, draft] : drafted) {
+    COLI_RETURN_IF_ERROR(VerifyDraft(sessions[i], rows[i], draft));
+  }
   for (size_t i = 0; i < rows.size(); ++i) {
     if (!full[i]) Sample(sessions[i], &rows[i]);
   }

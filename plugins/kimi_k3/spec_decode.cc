@@ -19,6 +19,12 @@ void SpecDecoder::Clear() {
 
 absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int32_t token,
                                                           std::span<const int32_t> draft) {
+  return Verify(session, token, draft, sampling::Greedy);
+}
+
+absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int32_t token,
+                                                          std::span<const int32_t> draft,
+                                                          RowToken emit) {
   if (undelivered() > 0) {
     return absl::FailedPreconditionError(absl::StrCat("spec verify while ", undelivered(),
                                                       " verified tokens are still undelivered"));
@@ -49,7 +55,7 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
   if (!all.ok()) return fail(all.status());
   auto row = [&](size_t i) { return std::span<const float>(all->data() + i * V, V); };
   size_t m = 0;
-  while (m < K && sampling::Greedy(row(m)) == draft[m]) ++m;
+  while (m < K && emit(row(m)) == draft[m]) ++m;
   Verified out;
   out.accepted = static_cast<int>(m);
   if (m < K) {

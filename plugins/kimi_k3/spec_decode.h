@@ -1,28 +1,42 @@
-// plugins/kimi_k3/spec_decode: speculative decoding of greedy rows, verified as one chunk.
+// plugins/kimi_k3/spec_decode: speculative decoding by prompt lookup, verified as one chunk.
 //
 //   SpecDecoder spec;                          // one per conversation, beside its Session
 //   // the token t sampled last is fed now; draft d1…dK from LookupDraft (spec_lookup.h):
-//   COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v, spec.Verify(session, t, draft));
-//   // v.logits: after t (x1 = Greedy(v.logits)); x2…x(m+1) wait in the buffer:
+//   COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v, spec.Verify(session, t, draft));  // greedy
+//   // a sampled row: its step's sampler, copied (the copy's draws never touch the real one)
+//   sampling::Sampler draw = row_sampler;
+//   v = spec.Verify(session, t, draft, [&](std::span<const float> l) { return draw.Next(l).id; });
+//   // v.logits: after t (x1 = what the row draws from them); x2…x(m+1) wait in the buffer:
 //   std::optional<std::vector<float>> next = spec.Take(x1);   // no forward pass
 //
 // Verify runs [t, d1…dK] as ONE chunk (Session::StepAll: the logits of every row, each
-// bit-identical to a one-token Step) after checkpointing the session. Greedy token g_i of row i
-// accepts d(i+1) while g_i == d(i+1); with m accepted, the emitted tokens are x1…x(m+1) = g_0…g_m
-// (the accepted drafts, then the correction — or the bonus when m = K). When m < K the
-// checkpoint is restored and [t, d1…dm] re-run, so the state is exactly "consumed t, x1…xm"
-// (x(m+1) is fed by the next step as usual). The logits after x1…xm stay buffered: each later
-// Take(token) hands out the next one when `token` is the buffered token, without a pass.
+// bit-identical to a one-token Step) after checkpointing the session. The caller's `emit(row i)`
+// is the token the row would emit from row i's logits (greedy: its argmax; sampled: a draw of a
+// copy of its sampler); d(i+1) is accepted while emit(row i) == d(i+1). With m accepted, the
+// emitted tokens are x1…x(m+1) = emit(row 0…m) (the accepted drafts, then the correction — or
+// the bonus when m = K). When m < K the checkpoint is restored and [t, d1…dm] re-run, so the
+// state is exactly "consumed t, x1…xm" (x(m+1) is fed by the next step as usual). The logits
+// after x1…xm stay buffered: each later Take(token) hands out the next one when `token` is the
+// buffered token, without a pass.
+//
+// Why a sampled row stays exact (seeded streams bit for bit): a lookup draft is deterministic
+// (a point mass), so speculative sampling's acceptance probability for d is p(d), the chance
+// that the row's own sampler draws d — accept exactly when a copy of that sampler draws d. The
+// copy starts from the real sampler's state and sees the same logits in the same order as the
+// real one will (row 0 now, rows 1…m from the buffer), so the real sampler later draws exactly
+// x1…x(m+1), with the same logprobs: the output is what one step at a time gives.
 //
 // Until the buffer is drained the session's state is ahead of what was delivered (the record
 // holds undelivered tokens). The pre-verify checkpoint is kept for that time: Rewind() restores
 // it and replays t and the delivered tokens, so the record is exactly the delivered one (used
-// when the host feeds a different token or ends the turn early: stop string, max tokens, cancel).
+// when the host feeds a different token or ends the turn early: stop string, max tokens, cancel,
+// a sampled row whose knobs changed).
 //
-// Sampling rows keep the normal path (the plugin verifies greedy rows only); a buffered
-// token is still sampled by the caller from its buffered logits, so logprobs are the normal
-// path's. Cost: one checkpoint copy of the recurrent state per verify, a chunk of K+1 rows,
-// plus a re-run of m+1 rows when a draft token is rejected.
+// A buffered token is sampled by the caller from its buffered logits with its normal sampler, so
+// logprobs are the normal path's. Rows with penalties or logit_bias are not verified (their token
+// depends on the history, which the copy does not advance). Cost: one checkpoint copy of the
+// recurrent state per verify, a chunk of K+1 rows, plus a re-run of m+1 rows when a draft token
+// is rejected.
 //
 // Threading: as Session (one thread at a time, the caller holds the model's forward lock).
 #ifndef COLI_PLUGINS_KIMI_K3_SPEC_DECODE_H_
@@ -33,6 +47,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "plugins/kimi_k3/session.h"
 
@@ -41,16 +56,23 @@ namespace coli::k3 {
 class SpecDecoder {
  public:
   struct Verified {
-    std::vector<float> logits;  // after the fed token ([V]); x1 is its greedy token
+    std::vector<float> logits;  // after the fed token ([V]); x1 = emit(logits)
     int accepted = 0;           // m: drafts accepted (0…K)
     bool rerun = false;         // a second pass restored the state (m < K)
   };
 
-  // Feeds `token` and verifies `draft` (at least one token) in one chunk, as described above.
-  // Nothing may be buffered (FAILED_PRECONDITION). The session must have room for
-  // 1 + draft.size() tokens (RESOURCE_EXHAUSTED from Session otherwise; the caller shrinks K).
-  // On any error the session is returned to where it was (the checkpoint is restored) and the
-  // error returned; nothing is buffered.
+  // The token a row emits from its logits (`emit` of Verify). Called for rows 0, 1, … in order,
+  // at most once each, and not after the first draft token it does not match.
+  using RowToken = absl::FunctionRef<int32_t(std::span<const float> logits)>;
+
+  // Feeds `token` and verifies `draft` (at least one token) in one chunk, as described above,
+  // accepting d(i+1) while emit(row i) == d(i+1). Nothing may be buffered (FAILED_PRECONDITION).
+  // The session must have room for 1 + draft.size() tokens (RESOURCE_EXHAUSTED from Session
+  // otherwise; the caller shrinks K). On any error the session is returned to where it was (the
+  // checkpoint is restored) and the error returned; nothing is buffered.
+  absl::StatusOr<Verified> Verify(Session& session, int32_t token, std::span<const int32_t> draft,
+                                  RowToken emit);
+  // A greedy row: emit = sampling::Greedy (the first maximum).
   absl::StatusOr<Verified> Verify(Session& session, int32_t token, std::span<const int32_t> draft);
 
   // Tokens the session consumed beyond what was handed out (they lead its record).

@@ -5,6 +5,9 @@
 // at a time (Session::Step): every emitted token and the logits it was chosen from must match
 // bit for bit, and the session's record must be the reference's plus the buffered tokens.
 // Rewind (early stop / another token fed) must leave exactly the delivered record.
+// Sampled rows (a seeded sampler): acceptance by a COPY of the sampler keeps the seeded stream
+// (tokens, logprobs and the logits they came from) bit for bit; drawing with the real sampler
+// in the verify instead shifts it (checked, so the equality can fail).
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -40,20 +43,26 @@ std::unique_ptr<Model> Load(ModelOptions o = {}) {
   return model.ok() ? std::move(model).value() : nullptr;
 }
 
-// Greedy generation one Step at a time: tokens[i] and the logits it came from.
+// Generation one Step at a time: tokens[i], its logprob and the logits it came from. Greedy
+// (sampling::Greedy) unless `o` samples (a seeded sampling::Sampler drawing each token).
 struct Generation {
   std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
   std::vector<std::vector<float>> logits;
 };
 
-Generation Reference(const Model& model, const std::vector<int32_t>& prompt, int n) {
+Generation Reference(const Model& model, const std::vector<int32_t>& prompt, int n,
+                     const sampling::SamplerOptions& o = {}) {
   Generation g;
+  sampling::Sampler sampler(o);
   auto s = model.NewSession();
   auto logits = s->Prefill(prompt);
   EXPECT_OK(logits.status());
   if (!logits.ok()) return g;
   for (int i = 0; i < n; ++i) {
-    g.tokens.push_back(sampling::Greedy(*logits));
+    const sampling::Sample x = sampler.Next(*logits);
+    g.tokens.push_back(o.temperature > 0 ? x.id : sampling::Greedy(*logits));
+    g.logprobs.push_back(x.logprob);
     g.logits.push_back(*logits);
     if (i + 1 == n) break;
     logits = s->Step(g.tokens.back());
@@ -68,30 +77,42 @@ using DraftFn = std::function<std::vector<int32_t>(const std::vector<int32_t>& e
 
 struct SpecRun {
   Generation g;
-  int verifies = 0, accepted = 0, reruns = 0, from_buffer = 0, steps = 0;
+  int verifies = 0, accepted = 0, reruns = 0, from_buffer = 0, steps = 0, rewinds = 0;
 };
 
-// Greedy generation of n tokens as the plugin does it: a buffered token is taken without a
-// pass, otherwise a non-empty draft is verified, otherwise a plain Step.
-SpecRun Speculate(Session& s, const std::vector<int32_t>& prompt, int n, const DraftFn& drafts) {
+// How a sampled row's verify draws: with a copy of the sampler (the design) or, to show the
+// tests can fail, with the real sampler itself (its RNG advances during the verify).
+enum class VerifyDraws { kCopy, kRealSampler };
+
+// Generation of n tokens as the plugin does it: a buffered token is taken without a pass,
+// otherwise a non-empty draft is verified (greedy rows: argmax acceptance; sampled rows: the
+// sampler's draws), otherwise a plain Step. Tokens are drawn as in Reference.
+SpecRun Speculate(Session& s, const std::vector<int32_t>& prompt, int n, const DraftFn& drafts,
+                  const sampling::SamplerOptions& o = {}, VerifyDraws draws = VerifyDraws::kCopy) {
   SpecRun r;
   SpecDecoder spec;
+  sampling::Sampler sampler(o);
   auto logits = s.Prefill(prompt);
   EXPECT_OK(logits.status());
   if (!logits.ok()) return r;
   std::vector<float> cur = std::move(logits).value();
   for (int i = 0; i < n; ++i) {
-    r.g.tokens.push_back(sampling::Greedy(cur));
+    const sampling::Sample x = sampler.Next(cur);
+    r.g.tokens.push_back(o.temperature > 0 ? x.id : sampling::Greedy(cur));
+    r.g.logprobs.push_back(x.logprob);
     r.g.logits.push_back(cur);
     if (i + 1 == n) break;
     const int32_t t = r.g.tokens.back();
     if (spec.undelivered() > 0) {
-      std::optional<std::vector<float>> next = spec.Take(t);
-      EXPECT_TRUE(next.has_value()) << "buffered token differs at " << i;
-      if (!next) return r;
-      cur = std::move(*next);
-      ++r.from_buffer;
-      continue;
+      if (std::optional<std::vector<float>> next = spec.Take(t)) {
+        cur = std::move(*next);
+        ++r.from_buffer;
+        continue;
+      }
+      // Another token than the buffered one (only when the verify's draws were not the
+      // sampler's): back to the delivered record, then the normal step.
+      ++r.rewinds;
+      EXPECT_OK(spec.Rewind(s).status());
     }
     const std::vector<int32_t> draft = drafts(r.g.tokens);
     if (draft.empty()) {
@@ -102,7 +123,12 @@ SpecRun Speculate(Session& s, const std::vector<int32_t>& prompt, int n, const D
       ++r.steps;
       continue;
     }
-    auto v = spec.Verify(s, t, draft);
+    sampling::Sampler copy = sampler;
+    sampling::Sampler& draw = draws == VerifyDraws::kCopy ? copy : sampler;
+    auto v =
+        o.temperature > 0
+            ? spec.Verify(s, t, draft, [&](std::span<const float> l) { return draw.Next(l).id; })
+            : spec.Verify(s, t, draft);
     EXPECT_OK(v.status());
     if (!v.ok()) return r;
     ++r.verifies;
@@ -117,6 +143,12 @@ SpecRun Speculate(Session& s, const std::vector<int32_t>& prompt, int n, const D
 
 void ExpectSameGeneration(const Generation& got, const Generation& want) {
   ASSERT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+  for (size_t i = 0; i < got.logprobs.size(); ++i) {
+    EXPECT_TRUE(SameBits(std::span<const float>(&got.logprobs[i], 1),
+                         std::span<const float>(&want.logprobs[i], 1)))
+        << "logprob of token " << i;
+  }
   ASSERT_EQ(got.logits.size(), want.logits.size());
   for (size_t i = 0; i < got.logits.size(); ++i) {
     EXPECT_TRUE(SameBits(got.logits[i], want.logits[i])) << "logits of token " << i;
@@ -242,6 +274,53 @@ TEST(K3SpecDecode, RewindLeavesTheDeliveredRecord) {
     auto next = s->Step(want.tokens[1 + delivered]);
     ASSERT_OK(next.status());
     EXPECT_TRUE(SameBits(*next, want.logits[2 + delivered]));
+  }
+}
+
+// A seeded sampled row (temperature 1, top_p 0.9, top_k 50): the reference's own sampled
+// continuation as the draft is accepted in full (m = K), the same corrupted at position 2
+// accepts one; either way tokens, logprobs and logits equal the one-step run's bit for bit.
+// Drawing with the real sampler during the verify (no copy) shifts the stream.
+TEST(K3SpecDecode, SampledRowVerifiedWithASamplerCopyKeepsTheSeededStream) {
+  auto model = Load();
+  ASSERT_NE(model, nullptr);
+  const int32_t V = static_cast<int32_t>(model->vocab_size());
+  for (uint64_t seed : {1u, 7u, 42u}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const sampling::SamplerOptions o = {
+        .temperature = 1.0f, .top_p = 0.9f, .top_k = 50, .seed = seed, .logprobs = 3};
+    const std::vector<int32_t> prompt = Ids(8, static_cast<int>(seed));
+    const Generation want = Reference(*model, prompt, kTokens + kDraft, o);
+    const Generation ref = Reference(*model, prompt, kTokens, o);
+    // The sampled stream is not the greedy one (else this would test nothing new).
+    EXPECT_NE(ref.tokens, Reference(*model, prompt, kTokens).tokens);
+    DraftFn oracle = [&](const std::vector<int32_t>& emitted) {
+      const size_t from = emitted.size();
+      return std::vector<int32_t>(want.tokens.begin() + from, want.tokens.begin() + from + kDraft);
+    };
+    DraftFn corrupted = [&](const std::vector<int32_t>& emitted) {
+      std::vector<int32_t> d = oracle(emitted);
+      d[1] = (d[1] + 1) % V;
+      return d;
+    };
+    auto s = model->NewSession();
+    SpecRun all = Speculate(*s, prompt, kTokens, oracle, o);
+    ExpectSameGeneration(all.g, ref);
+    EXPECT_EQ(all.verifies, 4);
+    EXPECT_EQ(all.accepted, all.verifies * kDraft);
+    EXPECT_EQ(all.reruns, 0);
+    EXPECT_EQ(all.rewinds, 0);
+    auto t = model->NewSession();
+    SpecRun one = Speculate(*t, prompt, kTokens, corrupted, o);
+    ExpectSameGeneration(one.g, ref);
+    EXPECT_EQ(one.verifies, 10);
+    EXPECT_EQ(one.accepted, one.verifies);
+    EXPECT_EQ(one.reruns, one.verifies);
+    EXPECT_EQ(one.rewinds, 0);
+    // Negative control: the real sampler drawing in the verify spends its RNG there.
+    auto u = model->NewSession();
+    SpecRun shifted = Speculate(*u, prompt, kTokens, corrupted, o, VerifyDraws::kRealSampler);
+    EXPECT_NE(shifted.g.tokens, ref.tokens);
   }
 }
 

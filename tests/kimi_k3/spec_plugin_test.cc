@@ -4,7 +4,9 @@
 // the stats show verify passes, accepted drafts, tokens handed out without a pass and fewer
 // forward passes. Also: an early stop while verified tokens are buffered (the follow-up prompt
 // reuses exactly the delivered record), context full inside a verify, seeded sampling rows
-// unchanged, a spec row batched with other rows, a knob change mid-buffer, bad option values.
+// speculated too (a copy of the row's sampler verifies; the seeded stream is unchanged over 120
+// tokens on the walk and the full stack, early stop, knob changes, batched with greedy and
+// penalised rows), a spec row batched with other rows, a knob change mid-buffer, bad options.
 // The reference is the same plugin with spec off, one row per decode call.
 // The tiny fixture's random weights never copy text, so lookup drafts are rarely right on the
 // full stack (it checks equality without acceptance). Where acceptance must happen the model is
@@ -52,11 +54,15 @@ class K3SpecPluginTest : public abi_test::PluginAbiTest {
     return PluginAbiTest::Open(spec > 0 ? Extra{{"spec", std::to_string(spec)}} : Extra{},
                                layers);
   }
-  // A walk prompt on `bigram` (a layers = 0 model without spec): start, its n greedy successors,
-  // start again.
-  std::vector<int32_t> Walk(coli_model_t* bigram, int32_t start, int n) {
+  // A walk prompt on `bigram` (a layers = 0 model without spec): start, its n successors as
+  // the row with knobs `k` generates them (greedy by default), start again. A bigram model's
+  // logits depend on the last token only and a sampler's draws on its seed and their count, so
+  // the same knobs and seed after this prompt generate the walk again (a stop token ends it).
+  std::vector<int32_t> Walk(coli_model_t* bigram, int32_t start, int n, const Knobs& k = {}) {
     std::vector<int32_t> prompt = {start};
-    for (const Out& o : Fresh(bigram, {start}, n)) prompt.push_back(o.token);
+    for (const Out& o : Fresh(bigram, {start}, n, k)) {
+      if (o.finish == COLI_FINISH_NONE) prompt.push_back(o.token);
+    }
     prompt.push_back(start);
     return prompt;
   }
@@ -216,23 +222,205 @@ TEST_F(K3SpecPluginTest, ContextFullInsideVerify) {
   }
 }
 
-// Seeded sampling rows keep the one-step path: identical with spec on, and never drafted.
-TEST_F(K3SpecPluginTest, SampledRowsUnchanged) {
-  for (int32_t layers : {0, -1}) {
-    SCOPED_TRACE(::testing::Message() << "layers " << layers);
-    coli_model_t* off = Open(0, layers);
-    coli_model_t* on = Open(6, layers);
-    const std::vector<int32_t> prompt = layers == 0 ? Walk(off, 5, kWalk) : Repeating(12, 1);
-    const Knobs k = {.temperature = 0.8f, .top_p = 0.95f, .logprobs = 4, .seed = 17};
-    coli_session_t* s = NewSession(on);
-    Prefill(s, prompt, k.seed);
-    ExpectSame(Generate(s, kSteps, k), Fresh(off, prompt, kSteps, k));
-    EXPECT_EQ(Stats(s)["spec_drafts"], 0);
+// Seeded sampled rows (temperature > 0) are speculated too: a copy of the row's sampler draws
+// each verify row and accepts while it draws the draft token, so the real sampler later draws
+// exactly those tokens. Outputs are bit-identical to spec off over kLong tokens.
+constexpr int kLong = 120;
+
+// Knob sets of the sampled tests: hot and cool, top_p, top_k, logprobs, different seeds.
+std::vector<Knobs> SampledKnobs() {
+  return {{.temperature = 0.7f, .top_p = 0.9f, .logprobs = 3, .seed = 11},
+          {.temperature = 1.0f, .top_k = 4, .logprobs = 2, .seed = 5},
+          {.temperature = 0.7f, .top_p = 0.5f, .top_k = 20, .logprobs = 5, .seed = 1234},
+          {.temperature = 1.0f, .logprobs = 1, .seed = 99}};
+}
+
+// The walk model with a SAMPLED walk prompt (the row's own seeded stream, see Walk): after it
+// the same knobs and seed draw the walk again, lookup drafts it and the copy of the sampler
+// accepts it — accepted tokens, fewer passes, the pass identity; outputs bit-identical to spec
+// off over kLong tokens (past the walk the row samples on, drafts mostly rejected). The same
+// prompt with another seed: drafts mostly rejected, outputs identical too.
+TEST_F(K3SpecPluginTest, SampledWalkSameOutputsDraftsAccepted) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  for (const Knobs& walk_knobs : SampledKnobs()) {
+    const std::vector<int32_t> prompt = Walk(off, 5, kLong / 2, walk_knobs);
+    ASSERT_GT(prompt.size(), 40u) << "the sampled walk hit a stop token early; pick another seed";
+    for (uint64_t seed : {walk_knobs.seed, walk_knobs.seed + 1}) {
+      Knobs k = walk_knobs;
+      k.seed = seed;
+      SCOPED_TRACE(::testing::Message() << "temperature " << k.temperature << " top_p " << k.top_p
+                                        << " top_k " << k.top_k << " seed " << k.seed);
+      coli_session_t* a = NewSession(off);
+      coli_session_t* b = NewSession(on);
+      Prefill(a, prompt, k.seed);
+      Prefill(b, prompt, k.seed);
+      const auto want = Generate(a, kLong, k);
+      ExpectSame(Generate(b, kLong, k), want);
+      EXPECT_EQ(Record(a), Record(b));
+      auto without = Stats(a), with = Stats(b);
+      EXPECT_EQ(without["spec_drafts"], 0);
+      EXPECT_GT(with["spec_drafts"], 0);
+      EXPECT_LE(with["spec_accepted_tokens"], with["spec_draft_tokens"]);
+      // Exactly: a pass per fed token, none for buffered ones, one more per rejected draft.
+      EXPECT_EQ(with["decode_passes"],
+                without["decode_passes"] - with["spec_tokens_from_buffer"] + with["spec_reruns"]);
+      EXPECT_EQ(with["tokens_generated"], without["tokens_generated"]);
+      if (seed != walk_knobs.seed) continue;
+      // The walk's own seed: the walk comes back, and drafts along it are right.
+      const size_t walk = prompt.size() - 2;
+      ASSERT_GE(want.size(), walk);
+      for (size_t i = 0; i < walk; ++i) EXPECT_EQ(want[i].token, prompt[i + 1]) << i;
+      EXPECT_GE(with["spec_accepted_tokens"], static_cast<double>(walk) / 2);
+      EXPECT_LE(with["decode_passes"] + static_cast<double>(walk) / 4, without["decode_passes"]);
+    }
   }
 }
 
-// One decode call per step with a spec greedy row (verified alone), a sampled row and a greedy
-// row (batched together when it has no draft): every row as alone with spec off.
+// The full stack with random and repeating prompts: drafts mostly rejected (random weights
+// never copy), every rejection restores and re-runs; outputs identical to spec off.
+TEST_F(K3SpecPluginTest, SampledFullStackSameOutputs) {
+  coli_model_t* off = Open(0);
+  coli_model_t* on = Open(4);
+  double drafts = 0, reruns = 0;
+  const std::vector<Knobs> sets = SampledKnobs();
+  for (size_t j = 0; j < 2; ++j) {  // two sets keep the binary fast; the walk test runs all
+    const Knobs& k = sets[j];
+    SCOPED_TRACE(::testing::Message() << "temperature " << k.temperature << " seed " << k.seed);
+    const std::vector<int32_t> prompt = j == 0 ? Ids(11, 2) : Repeating(10, 3);
+    coli_session_t* b = NewSession(on);
+    Prefill(b, prompt, k.seed);
+    const auto want = Fresh(off, prompt, kLong, k);
+    ExpectSame(Generate(b, kLong, k), want);
+    drafts += Stats(b)["spec_drafts"];
+    reruns += Stats(b)["spec_reruns"];
+  }
+  EXPECT_GT(drafts, 0);
+  EXPECT_GT(reruns, 0);  // rejected drafts restored and re-run on the full stack
+}
+
+// A sampled row stops early (the host's max_tokens) while verified tokens are buffered; the
+// follow-up prompt reuses exactly the delivered record, and the next sampled turn (another
+// seed) is what a never-spec session gives.
+TEST_F(K3SpecPluginTest, SampledEarlyStopWhileBufferedThenFollowUp) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  const Knobs k = {.temperature = 0.7f, .top_p = 0.5f, .top_k = 20, .logprobs = 2, .seed = 8};
+  const std::vector<int32_t> prompt = Walk(off, 9, kWalk, k);
+  coli_session_t* s = NewSession(on);
+  Prefill(s, prompt, k.seed);
+  std::vector<Out> got;
+  // Decode until a verify left at least two tokens buffered, then stop.
+  for (int i = 0; i < kLong; ++i) {
+    got.push_back(Call({s}, {k})[0]);
+    ASSERT_EQ(got.back().finish, COLI_FINISH_NONE);
+    auto st = Stats(s);
+    if (st["spec_accepted_tokens"] > st["spec_tokens_from_buffer"] + 1) break;
+  }
+  auto st = Stats(s);
+  ASSERT_GT(st["spec_accepted_tokens"], st["spec_tokens_from_buffer"] + 1)
+      << "no verify left tokens buffered";
+  coli_session_t* ref = NewSession(off);
+  Prefill(ref, prompt, k.seed);
+  ExpectSame(got, Generate(ref, static_cast<int>(got.size()), k));
+  std::vector<int32_t> follow = prompt;
+  for (const Out& o : got) follow.push_back(o.token);
+  const std::vector<int32_t> more = Ids(5, 9);
+  follow.insert(follow.end(), more.begin(), more.end());
+  const coli_prefill_result_t r = Prefill(s, follow, 77);
+  const coli_prefill_result_t rr = Prefill(ref, follow, 77);
+  EXPECT_EQ(r.tokens_reused, prompt.size() + got.size() - 1);  // all but the last, never fed
+  EXPECT_EQ(r.tokens_reused, rr.tokens_reused);
+  EXPECT_EQ(r.context_used, rr.context_used);
+  EXPECT_EQ(Stats(s)["spec_rewinds"], 1);
+  Knobs next = k;
+  next.seed = 77;
+  ExpectSame(Generate(s, kLong, next), Generate(ref, kLong, next));
+  EXPECT_EQ(Record(s), Record(ref));
+}
+
+// A sampled row's knobs change mid-generation, also while tokens are buffered: the sampler is
+// re-created (seeded seed + steps) and draws its own token; a token other than the buffered one
+// rewinds. Same outputs as spec off with the same changes.
+TEST_F(K3SpecPluginTest, SampledKnobChangesMidGeneration) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  const std::vector<Knobs> cycle = {
+      {.temperature = 0.7f, .top_p = 0.5f, .top_k = 20, .logprobs = 2, .seed = 4},
+      {.temperature = 1.0f, .top_k = 4, .logprobs = 2, .seed = 4},
+      {.temperature = 5.0f, .logprobs = 2, .seed = 4},
+      {.logprobs = 2, .seed = 4}};  // greedy
+  const std::vector<int32_t> prompt = Walk(off, 5, kLong / 2, cycle[0]);
+  ASSERT_GT(prompt.size(), 40u) << "the sampled walk hit a stop token early; pick another seed";
+  coli_session_t* s = NewSession(on);
+  coli_session_t* ref = NewSession(off);
+  Prefill(s, prompt, 4);
+  Prefill(ref, prompt, 4);
+  std::vector<Out> got, want;
+  size_t knob = 0;
+  int changes_while_buffered = 0;
+  for (int i = 0; i < kLong; ++i) {
+    // The first knob set, except that right after a verify buffered tokens the row moves to
+    // the next set in the cycle for a few steps.
+    auto st = Stats(s);
+    const bool buffered = st["spec_accepted_tokens"] > st["spec_tokens_from_buffer"] + 1;
+    if (buffered) {
+      knob = (knob + 1) % cycle.size();
+      changes_while_buffered += knob != 0;
+    } else if (i % 7 == 0) {
+      knob = 0;
+    }
+    const Knobs& k = cycle[knob];
+    got.push_back(Call({s}, {k})[0]);
+    want.push_back(Call({ref}, {k})[0]);
+    if (want.back().finish != COLI_FINISH_NONE) break;
+  }
+  ExpectSame(got, want);
+  EXPECT_EQ(Record(s), Record(ref));
+  EXPECT_GT(changes_while_buffered, 0);
+  EXPECT_GT(Stats(s)["spec_rewinds"], 0);  // a re-created sampler left the buffered tokens
+}
+
+// One decode call per step with a sampled walk row (drafts), a greedy walk row (drafts), a
+// penalised row (never drafts) and a sampled random row: every row as alone with spec off.
+TEST_F(K3SpecPluginTest, SampledRowBatchedWithGreedyAndPenalisedRows) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* on = Open(6, 0);
+  const std::vector<Knobs> knobs = {
+      {.temperature = 1.0f, .top_k = 4, .logprobs = 2, .seed = 5},
+      {.logprobs = 1},
+      {.temperature = 0.8f, .top_k = 4, .logprobs = 3, .seed = 6, .frequency_penalty = 0.5f},
+      {.temperature = 1.0f, .top_p = 0.9f, .logprobs = 2, .seed = 7}};
+  const std::vector<std::vector<int32_t>> prompts = {Walk(off, 5, kWalk, knobs[0]),
+                                                     Walk(off, 9, kWalk),
+                                                     Walk(off, 5, kWalk, knobs[2]), Ids(13, 5)};
+  const size_t n = prompts.size();
+  std::vector<coli_session_t*> batch;
+  std::vector<std::vector<Out>> got(n), want(n);
+  for (size_t i = 0; i < n; ++i) {
+    want[i] = Fresh(off, prompts[i], kLong, knobs[i]);
+    batch.push_back(NewSession(on));
+    Prefill(batch.back(), prompts[i], knobs[i].seed);
+  }
+  for (int t = 0; t < kLong; ++t) {
+    const auto outs = Call(batch, knobs);
+    for (size_t i = 0; i < n; ++i) {
+      if (got[i].empty() || got[i].back().finish == COLI_FINISH_NONE) got[i].push_back(outs[i]);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    SCOPED_TRACE(::testing::Message() << "row " << i);
+    ExpectSame(got[i], want[i]);
+  }
+  EXPECT_GT(Stats(batch[0])["spec_tokens_from_buffer"], 0);
+  EXPECT_GT(Stats(batch[1])["spec_tokens_from_buffer"], 0);
+  EXPECT_EQ(Stats(batch[2])["spec_drafts"], 0);
+  EXPECT_GT(Stats(batch[2])["batched_steps"], 0);  // the undrafted rows still shared passes
+}
+
+// One decode call per step with a spec greedy row (verified alone), a sampled row (drafts when
+// its record offers one) and a greedy row (batched together when they have no draft): every row
+// as alone with spec off.
 TEST_F(K3SpecPluginTest, SpecRowBatchedWithOtherRows) {
   coli_model_t* off = Open(0, 0);
   coli_model_t* on = Open(6, 0);
@@ -255,8 +443,7 @@ TEST_F(K3SpecPluginTest, SpecRowBatchedWithOtherRows) {
     ExpectSame(got[i], want[i]);
   }
   EXPECT_GT(Stats(batch[0])["spec_tokens_from_buffer"], 0);
-  EXPECT_EQ(Stats(batch[1])["spec_drafts"], 0);
-  EXPECT_GT(Stats(batch[1])["batched_steps"], 0);  // the other rows still shared passes
+  EXPECT_GT(Stats(batch[2])["batched_steps"], 0);  // the other rows still shared passes
 }
 
 // The row switches from greedy to sampling while verified tokens are buffered: the buffered
