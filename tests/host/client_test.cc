@@ -125,7 +125,7 @@ TEST(Client, ModelOptionsFromEnvironment) {
 TEST(Client, FamilySwitchesTravelInExtra) {
   const char* vars[] = {"COLI_K3_CKPT", "COLI_K3_CKPT_DIR", "COLI_VULKAN", "K3_VK",
                         "COLI_VK_TIER_GB", "K3_VK_GB", "COLI_VK_TIER_RATE", "K3_VK_UP",
-                        "K3_MMAP", "COLI_K3_SPEC"};
+                        "K3_MMAP", "COLI_K3_SPEC", "COLI_VK_DENSE", "COLI_VK_TIER"};
   for (const char* v : vars) unsetenv(v);
   auto none = ModelOptionsFromEnv();
   ASSERT_OK(none.status());
@@ -136,11 +136,19 @@ TEST(Client, FamilySwitchesTravelInExtra) {
   setenv("K3_VK_GB", "2", 1);
   setenv("K3_MMAP", "1", 1);
   setenv("COLI_K3_SPEC", "8", 1);
+  setenv("COLI_VK_DENSE", "auto", 1);
+  setenv("COLI_VK_TIER", "0", 1);
   auto o = ModelOptionsFromEnv();
   ASSERT_OK(o.status());
   const std::map<std::string, std::string> extra(o->extra().begin(), o->extra().end());
   EXPECT_EQ(extra, (std::map<std::string, std::string>{
-                       {"ckpt", "4"}, {"vulkan", "1"}, {"vk_gb", "2"}, {"mmap", "1"}, {"spec", "8"}}));
+                       {"ckpt", "4"},
+                       {"vulkan", "1"},
+                       {"vk_gb", "2"},
+                       {"mmap", "1"},
+                       {"spec", "8"},
+                       {"vk_dense", "auto"},
+                       {"vk_tier", "0"}}));
 
   setenv("COLI_K3_SPEC", "17", 1);  // more than 16 draft tokens
   EXPECT_THAT(ModelOptionsFromEnv(),

@@ -443,14 +443,14 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
     (*o.mutable_extra())["ckpt"] = s;
   }
   if (std::string s = Env("COLI_K3_CKPT_DIR"); !s.empty()) (*o.mutable_extra())["ckpt_dir"] = s;
-  // The Vulkan expert tier's switches and their old K3_VK* aliases, sent as set; the family
-  // resolves them (explicit COLI_* wins) and names the variable of a bad value.
+  // The Vulkan switches (expert tier, shared experts) and the old K3_VK* aliases, sent as set;
+  // the family resolves them (explicit COLI_* wins) and names the variable of a bad value.
   // COLI_VK_DEVICE is read by the Vulkan context itself where the device is opened.
-  for (const auto& [name, key] : {std::pair{"COLI_VULKAN", "vulkan"}, std::pair{"K3_VK", "vk"},
-                                  std::pair{"COLI_VK_TIER_GB", "vk_tier_gb"},
-                                  std::pair{"K3_VK_GB", "vk_gb"},
-                                  std::pair{"COLI_VK_TIER_RATE", "vk_tier_rate"},
-                                  std::pair{"K3_VK_UP", "vk_up"}}) {
+  for (const auto& [name, key] :
+       {std::pair{"COLI_VULKAN", "vulkan"}, std::pair{"K3_VK", "vk"},
+        std::pair{"COLI_VK_TIER_GB", "vk_tier_gb"}, std::pair{"K3_VK_GB", "vk_gb"},
+        std::pair{"COLI_VK_TIER_RATE", "vk_tier_rate"}, std::pair{"K3_VK_UP", "vk_up"},
+        std::pair{"COLI_VK_DENSE", "vk_dense"}, std::pair{"COLI_VK_TIER", "vk_tier"}}) {
     if (std::string s = Env(name); !s.empty()) (*o.mutable_extra())[key] = s;
   }
   if (std::string s = Env("K3_MMAP"); !s.empty()) (*o.mutable_extra())["mmap"] = s;

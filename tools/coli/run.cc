@@ -309,6 +309,12 @@ int RunCommand(int argc, char** argv) {
                  stat("vk_matmuls"), stat("vk_tier_resident"), stat("vk_tier_bytes") / 1e6,
                  stat("vk_tier_hits"), stat("vk_tier_promotions"), stat("vk_tier_evictions"));
   }
+  if (stat("vk_dense_calls") > 0 || stat("vk_dense_matrices") > 0) {  // COLI_VK_DENSE
+    std::fprintf(stderr,
+                 "coli run: [VK] shared experts: %.0f blocks on the GPU, %.0f matrices resident "
+                 "(%.1f MB)\n",
+                 stat("vk_dense_calls"), stat("vk_dense_matrices"), stat("vk_dense_bytes") / 1e6);
+  }
   return 0;
 }
 
