@@ -169,6 +169,7 @@ struct K3Session {
   ExpertStoreStats experts;
   // Vulkan tier counters attributed to this session (passes split like the expert stats).
   double vk_matmuls = 0, vk_hits = 0, vk_promotions = 0, vk_evictions = 0;
+  double vk_dense_calls = 0;  // shared-expert blocks computed on the device (COLI_VK_DENSE)
 };
 
 // The session's record as delivered to the host: without the verified tokens still buffered.
@@ -281,6 +282,10 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
       k->vk_switches.tier_rate = value;
     } else if (key == "vk_up") {
       k->vk_switches.k3_vk_up = value;
+    } else if (key == "vk_dense") {
+      k->vk_switches.vk_dense = value;
+    } else if (key == "vk_tier") {
+      k->vk_switches.vk_tier = value;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("kimi_k3: unknown option '", key, "'"));
     }
@@ -411,6 +416,7 @@ VkTierStats TakeVkStats(K3Model* m) {
   delta.hits = now.hits - m->vk_taken.hits;
   delta.promotions = now.promotions - m->vk_taken.promotions;
   delta.evictions = now.evictions - m->vk_taken.evictions;
+  delta.dense.calls = now.dense.calls - m->vk_taken.dense.calls;
   m->vk_taken = now;
   return delta;
 }
@@ -432,6 +438,7 @@ void TakeExpertStats(K3Session* s) {
   s->vk_hits += static_cast<double>(vk.hits);
   s->vk_promotions += static_cast<double>(vk.promotions);
   s->vk_evictions += static_cast<double>(vk.evictions);
+  s->vk_dense_calls += static_cast<double>(vk.dense.calls);
 }
 
 // Returns the session to its delivered record when verified tokens are still buffered (the host
@@ -667,6 +674,7 @@ absl::Status Feed(std::span<K3Session* const> group) {
       s->vk_hits += static_cast<double>(share(vk.hits));
       s->vk_promotions += static_cast<double>(share(vk.promotions));
       s->vk_evictions += static_cast<double>(share(vk.evictions));
+      s->vk_dense_calls += static_cast<double>(share(vk.dense.calls));
       s->decode_passes += 1;
       if (n > 1) {
         s->batched_steps += 1;
@@ -948,16 +956,23 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.spec_reruns,
                            s.spec_rewinds};
   std::vector<coli_stat_t> out = abi::NamedStats(kStatNames, values);
-  // The Vulkan tier: counters attributed to this session; resident experts and their bytes are
-  // the model's now (0 without the tier).
-  static const char* const kVkNames[] = {"vk_matmuls",         "vk_tier_resident",
-                                         "vk_tier_bytes",      "vk_tier_hits",
-                                         "vk_tier_promotions", "vk_tier_evictions"};
+  // The Vulkan tier and shared experts: counters attributed to this session; resident experts,
+  // matrices and their bytes are the model's now (0 without the device).
+  static const char* const kVkNames[] = {
+      "vk_matmuls",         "vk_tier_resident",  "vk_tier_bytes",  "vk_tier_hits",
+      "vk_tier_promotions", "vk_tier_evictions", "vk_dense_calls", "vk_dense_matrices",
+      "vk_dense_bytes"};
   VkTierStats now;
   if (s.m->vk_tier != nullptr) now = s.m->vk_tier->Stats();
-  const double vk_values[] = {s.vk_matmuls, static_cast<double>(now.resident),
-                              static_cast<double>(now.bytes), s.vk_hits, s.vk_promotions,
-                              s.vk_evictions};
+  const double vk_values[] = {s.vk_matmuls,
+                              static_cast<double>(now.resident),
+                              static_cast<double>(now.bytes),
+                              s.vk_hits,
+                              s.vk_promotions,
+                              s.vk_evictions,
+                              s.vk_dense_calls,
+                              static_cast<double>(now.dense.matrices),
+                              static_cast<double>(now.dense.bytes)};
   for (const coli_stat_t& stat : abi::NamedStats(kVkNames, vk_values)) out.push_back(stat);
   return out;
 }
@@ -966,6 +981,7 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
 const char* const kModelStatNames[] = {
     "weights_resident_bytes", "weights_mapped_bytes", "expert_cache_bytes",
     "vk_tier_resident",       "vk_tier_bytes",        "vk_tier_slots",
+    "vk_dense_matrices",      "vk_dense_bytes",
 };
 
 std::vector<coli_stat_t> ModelStats(const K3Model& m) {
@@ -978,7 +994,9 @@ std::vector<coli_stat_t> ModelStats(const K3Model& m) {
                                               : 0.0,
                            static_cast<double>(vk.resident),
                            static_cast<double>(vk.bytes),
-                           static_cast<double>(vk.slots)};
+                           static_cast<double>(vk.slots),
+                           static_cast<double>(vk.dense.matrices),
+                           static_cast<double>(vk.dense.bytes)};
   return abi::NamedStats(kModelStatNames, values);
 }
 

@@ -78,6 +78,44 @@ TEST_F(K3VkTierPluginTest, TierThroughExtraOptionsKeepsTokensAndCountsItsWork) {
   EXPECT_GE(s["vk_tier_evictions"], 0);
 }
 
+// COLI_VK_DENSE=1 with COLI_VK_TIER=0 (extra "vk_dense" / "vk_tier"): the shared experts of
+// decode passes run on the device, no routed expert does; greedy tokens as the CPU's with
+// K3_IDOT=0; the session and the model report the dense path's work and residents.
+TEST_F(K3VkTierPluginTest, SharedExpertsThroughExtraOptions) {
+  if (!HaveVulkan()) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+  }
+  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, OpenExact({}));
+  auto want = Greedy(cpu);
+  EXPECT_EQ(want.second["vk_dense_calls"], 0);
+  EXPECT_EQ(want.second["vk_dense_matrices"], 0);
+
+  ASSERT_OK_AND_ASSIGN(coli_model_t * vk,
+                       OpenExact({{"vulkan", "1"}, {"vk_dense", "1"}, {"vk_tier", "0"}}));
+  auto got = Greedy(vk);
+  EXPECT_EQ(got.first, want.first);
+  std::map<std::string, double>& s = got.second;
+  EXPECT_GT(s["vk_dense_calls"], 0);
+  EXPECT_GT(s["vk_dense_matrices"], 0);
+  EXPECT_GT(s["vk_dense_bytes"], 0);
+  // gate, up and down per shared block; the routed-expert tier is off.
+  EXPECT_EQ(s["vk_matmuls"], 3 * s["vk_dense_calls"]);
+  EXPECT_EQ(s["vk_tier_hits"], 0);
+  EXPECT_EQ(s["vk_tier_resident"], 0);
+
+  coli_stat_t stats[64];
+  size_t count = 0;
+  Error err;
+  ASSERT_OK(err.Status(api().model_stats(vk, stats, 64, &count, &err.e)));
+  std::map<std::string, double> model;
+  for (size_t i = 0; i < count; ++i) model[stats[i].name] = stats[i].value;
+  EXPECT_EQ(model["vk_dense_matrices"], s["vk_dense_matrices"]);
+  EXPECT_EQ(model["vk_dense_bytes"], s["vk_dense_bytes"]);
+
+  EXPECT_THAT(OpenExact({{"vulkan", "1"}, {"vk_dense", "maybe"}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DENSE")));
+}
+
 TEST_F(K3VkTierPluginTest, K3VkZeroNeverOpensTheDevice) {
   setenv("COLI_VK_DEVICE", "garbage", 1);
   auto m = OpenExact({{"vk", "0"}, {"vk_tier_gb", "1"}});
