@@ -15,6 +15,7 @@
 // to its start ("walk prompt") is then continued exactly along the walk, so lookup drafts the
 // true continuation and every draft token is accepted.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,15 @@ std::vector<int32_t> Repeating(int n, int seed) {
   std::vector<int32_t> unit = Ids(n, seed), out;
   for (int r = 0; r < 3; ++r) out.insert(out.end(), unit.begin(), unit.end());
   return out;
+}
+
+// The pass identity of docs/status/spec-decoding.md, from the stats of a spec session (`with`)
+// and of a spec-off twin (`without`): a pass per fed token, none for buffered ones, one more per
+// rejected draft.
+void ExpectPassIdentity(std::map<std::string, double>& with,
+                        std::map<std::string, double>& without) {
+  EXPECT_EQ(with["decode_passes"],
+            without["decode_passes"] - with["spec_tokens_from_buffer"] + with["spec_reruns"]);
 }
 
 class K3SpecPluginTest : public abi_test::PluginAbiTest {
@@ -100,9 +110,7 @@ TEST_F(K3SpecPluginTest, WalkPromptDraftsAcceptedSameTokensFewerPasses) {
   // Each accepted token saves a pass; each rejected draft costs one re-run pass. Along the walk
   // a verify pass serves up to 7 tokens, so at least kWalk / 2 passes are saved in all.
   EXPECT_LE(with["decode_passes"] + kWalk / 2, without["decode_passes"]);
-  // Exactly: a pass per fed token, none for buffered ones, one more per rejected draft.
-  EXPECT_EQ(with["decode_passes"],
-            without["decode_passes"] - with["spec_tokens_from_buffer"] + with["spec_reruns"]);
+  ExpectPassIdentity(with, without);
   EXPECT_EQ(with["tokens_generated"], without["tokens_generated"]);
   EXPECT_EQ(Record(a), Record(b));
 }
@@ -123,8 +131,7 @@ TEST_F(K3SpecPluginTest, CorruptedWalkRejectsAndRecovers) {
   EXPECT_GT(with["spec_reruns"], 0);
   EXPECT_GT(with["spec_accepted_tokens"], 0);
   EXPECT_LT(with["spec_accepted_tokens"], with["spec_draft_tokens"]);
-  EXPECT_EQ(with["decode_passes"],
-            without["decode_passes"] - with["spec_tokens_from_buffer"] + with["spec_reruns"]);
+  ExpectPassIdentity(with, without);
   EXPECT_EQ(Record(a), Record(b));
 }
 
@@ -262,9 +269,7 @@ TEST_F(K3SpecPluginTest, SampledWalkSameOutputsDraftsAccepted) {
       EXPECT_EQ(without["spec_drafts"], 0);
       EXPECT_GT(with["spec_drafts"], 0);
       EXPECT_LE(with["spec_accepted_tokens"], with["spec_draft_tokens"]);
-      // Exactly: a pass per fed token, none for buffered ones, one more per rejected draft.
-      EXPECT_EQ(with["decode_passes"],
-                without["decode_passes"] - with["spec_tokens_from_buffer"] + with["spec_reruns"]);
+      ExpectPassIdentity(with, without);
       EXPECT_EQ(with["tokens_generated"], without["tokens_generated"]);
       if (seed != walk_knobs.seed) continue;
       // The walk's own seed: the walk comes back, and drafts along it are right.

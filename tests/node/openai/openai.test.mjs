@@ -476,36 +476,55 @@ test('concurrent requests share decode passes and answer as they would alone', a
 // COLI_K3_SPEC: prompt-lookup speculative decoding must not change a single token or logprob.
 // K3_LAYERS=0 (embedding -> head only) makes the tiny model a bigram model whose greedy walk
 // soon cycles, so lookup drafts are right and really save forward passes.
-test('speculative decoding (COLI_K3_SPEC) through the openai SDK: same text and logprobs, fewer passes', async () => {
+// Sampled requests are speculated too: a COPY of the row's seeded sampler verifies each draft
+// (accepting while it draws the draft token), so the real sampler later draws the same tokens
+// and the seeded stream is exactly the plain server's. On the bigram model the logits depend on
+// the last token only and the draws on the seed only, so a prompt that ends like `base` and
+// already holds the seeded continuation of `base` makes that continuation come again: lookup
+// drafts it and the copy accepts it.
+test('speculative decoding (COLI_K3_SPEC) through the openai SDK: same text and logprobs, fewer passes; sampled requests too', async () => {
   const [plain, spec] = await Promise.all([
     startServer(TINY, { K3_LAYERS: '0' }),
     startServer(TINY, { K3_LAYERS: '0', COLI_K3_SPEC: '8' }),
   ]);
   try {
-    const ask = async (server) => {
+    const ask = async (server, request) => {
       const c = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'unused', maxRetries: 0 });
       const id = (await c.models.list()).data[0].id;
-      return c.completions.create({
-        model: id, prompt: 'one two three one two three', max_tokens: 96, temperature: 0,
-        logprobs: 2,
-      });
+      return c.completions.create({ model: id, max_tokens: 96, logprobs: 2, ...request });
     };
-    const a = await ask(plain);
-    const b = await ask(spec);
-    assert.ok(a.choices[0].text.length > 0);
-    assert.equal(b.choices[0].text, a.choices[0].text);
-    assert.deepEqual(b.choices[0].logprobs, a.choices[0].logprobs);
-    assert.equal(b.usage.completion_tokens, a.usage.completion_tokens);
-    const stat = (text, name) => {
+    const stat = async (server, name) => {
+      const text = (await metrics(server.base)).text;
       const m = text.match(new RegExp(`^coli_plugin_stat\\{name="${name}"\\} (\\S+)$`, 'm'));
       return m ? Number(m[1]) : NaN;
     };
-    const pa = (await metrics(plain.base)).text;
-    const pb = (await metrics(spec.base)).text;
-    assert.equal(stat(pa, 'spec_drafts'), 0);
-    assert.ok(stat(pb, 'spec_accepted_tokens') > 0, 'no draft token was accepted');
-    assert.ok(stat(pb, 'decode_passes') < stat(pa, 'decode_passes'),
-      `passes with spec ${stat(pb, 'decode_passes')} vs ${stat(pa, 'decode_passes')}`);
+    const same = (b, a) => {
+      assert.ok(a.choices[0].text.length > 0);
+      assert.equal(b.choices[0].text, a.choices[0].text);
+      assert.deepEqual(b.choices[0].logprobs, a.choices[0].logprobs);
+      assert.equal(b.choices[0].finish_reason, a.choices[0].finish_reason);
+      assert.equal(b.usage.completion_tokens, a.usage.completion_tokens);
+    };
+    const greedy = { prompt: 'one two three one two three', temperature: 0 };
+    same(await ask(spec, greedy), await ask(plain, greedy));
+    assert.equal(await stat(plain, 'spec_drafts'), 0);
+    const accepted = await stat(spec, 'spec_accepted_tokens');
+    assert.ok(accepted > 0, 'no draft token was accepted');
+    const [passesPlain, passesSpec] = [await stat(plain, 'decode_passes'), await stat(spec, 'decode_passes')];
+    assert.ok(passesSpec < passesPlain, `passes with spec ${passesSpec} vs ${passesPlain}`);
+
+    const hot = { temperature: 0.8, top_p: 0.95, seed: 4242 };
+    const base = 'one two three';
+    const first = await ask(plain, { ...hot, prompt: base });
+    const sampled = { ...hot, prompt: `${base}${first.choices[0].text} ${base}` };
+    const b = await ask(spec, sampled);
+    same(b, await ask(plain, sampled));
+    // The same seed on another prompt draws another stream (the seed is honoured).
+    assert.notEqual((await ask(plain, { ...hot, prompt: `${base} four` })).choices[0].text,
+      b.choices[0].text);
+    assert.equal(await stat(plain, 'spec_drafts'), 0);
+    assert.ok(await stat(spec, 'spec_accepted_tokens') > accepted,
+      'no draft token of the sampled request was accepted');
   } finally {
     await Promise.all([stopServer(plain), stopServer(spec)]);
   }
