@@ -161,7 +161,7 @@ std::string ResolveModelDir(const std::string& flag);
 //     device opens)
 //   K3_MMAP extra["mmap"] (0/1: map a repacked container's matrices read-only)
 //   COLI_K3_SPEC extra["spec"] (kimi_k3 speculative decoding: max prompt-lookup draft tokens
-//     per verify pass, 0…16, 0 = off; greedy rows only)
+//     per verify pass, 0…16, 0 = off; greedy and sampled rows, not penalised ones)
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
 
 // Load progress: a bar redrawn in place on a terminal, one plain line per stage/10% otherwise.
