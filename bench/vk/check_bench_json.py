@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Smoke test: `coli bench vk --quick --json` prints one well-formed, self-consistent JSON object.
+"""Smoke test: `coli bench vk --quick --json` prints one well-formed, self-consistent JSON object,
+and so does `coli bench vk --dense --quick --json` (the shared experts' block, COLI_VK_DENSE).
 
 Runs twice: as the device is (direct mapping on lavapipe) and with COLI_VK_STAGING=1 (staged
 device-local residency). Without any Vulkan device (`coli` exits 3) it skips (exit 77), unless
@@ -66,6 +67,40 @@ def check(coli, staging):
     return doc
 
 
+DENSE_TOP = {"device", "device_index", "staging", "mode", "hidden", "inner", "format",
+             "dense_device_bytes", "upload_gbs", "device_bw_bytes", "device_bw_gbs", "results"}
+DENSE_RESULT = {"rows", "seconds", "weight_gbs", "bw_ratio", "cpu_seconds", "speedup", "rel_l2"}
+
+
+def check_dense(coli, staging):
+    env = dict(os.environ)
+    env["COLI_VK_STAGING"] = "1" if staging else "0"
+    run = subprocess.run([coli, "bench", "vk", "--dense", "--quick", "--json"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.returncode == 0, (run.returncode, run.stderr.decode())
+    doc = json.loads(run.stdout.decode())
+    assert set(doc) == DENSE_TOP, sorted(set(doc) ^ DENSE_TOP)
+    assert doc["mode"] == "dense" and doc["format"] == "int4g64", doc
+    if staging:
+        assert doc["staging"] is True, doc
+    h, i = doc["hidden"], doc["inner"]
+    assert (h, i) == (256, 384), doc
+    # gate and up [i, h], down [h, i]: int4 nibbles and one f32 scale per 64 columns each.
+    assert doc["dense_device_bytes"] >= 3 * (i * h // 2 + i * h // 64 * 4), doc
+    for key in ("upload_gbs", "device_bw_gbs"):
+        assert doc[key] > 0 and math.isfinite(doc[key]), (key, doc)
+    assert [r["rows"] for r in doc["results"]] == [1, 4], doc["results"]
+    for r in doc["results"]:
+        assert set(r) == DENSE_RESULT, sorted(set(r) ^ DENSE_RESULT)
+        assert r["seconds"] > 0 and r["cpu_seconds"] > 0, r
+        assert close(r["weight_gbs"], doc["dense_device_bytes"] / r["seconds"] / 1e9), r
+        assert close(r["bw_ratio"], r["weight_gbs"] / doc["device_bw_gbs"]), r
+        assert close(r["speedup"], r["cpu_seconds"] / r["seconds"]), r
+        # The device computes the CPU's exact-float block up to summation order.
+        assert 0 <= r["rel_l2"] <= 1e-5, r
+    return doc
+
+
 def main() -> int:
     coli = sys.argv[1]
     for staging in (False, True):
@@ -74,6 +109,9 @@ def main() -> int:
         print(f"ok: {doc['device']} staging={doc['staging']}: upload {doc['upload_gbs']:.2f} GB/s "
               f"(ratio {doc['upload_ratio']:.2f}), device bw {doc['device_bw_gbs']:.2f} GB/s, "
               f"chain {chain} GFLOPS")
+        dense = check_dense(coli, staging)
+        print(f"ok: dense staging={dense['staging']}: upload {dense['upload_gbs']:.2f} GB/s, "
+              f"rel-L2 {max(r['rel_l2'] for r in dense['results']):.2e}")
     return 0
 
 
