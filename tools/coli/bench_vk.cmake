@@ -1,6 +1,6 @@
 # `coli bench vk` (the Vulkan expert tier's uploads and expert chain, and with --dense the shared
-# experts' block, against the device's own
-# copy and memory-bandwidth probes, and the CPU's exact-float expert) and its smoke test
+# experts' block, against the device's own copy and memory-bandwidth probes, and the CPU's
+# exact-float block) and its smoke test
 # (label bench_smoke; a --quick run on lavapipe in a few seconds; skipped without any Vulkan
 # device unless COLI_REQUIRE_VULKAN=1).
 target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/bench_vk.cc)
