@@ -204,7 +204,8 @@ struct Int4Idot {
         if (k < nfull) {
           _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 64 * k + kPrefetchBytes), _MM_HINT_T0);
           v = _mm512_loadu_si512(wp[i] + 64 * k);
-          s2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sp[i] + 2 * k)));
+          // Two f32 scales, 4-byte aligned only: movq through the unaligned-typed intrinsic.
+          s2 = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sp[i] + 2 * k)));
         } else {  // one 64-group left: 32 bytes, one scale
           v = _mm512_castsi256_si512(
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[i] + 64 * k)));

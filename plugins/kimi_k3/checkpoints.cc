@@ -61,7 +61,7 @@ class Reader {
     uint64_t n = 0;
     if (!Value(&n) || n > (bytes_.size() - pos_) / sizeof(T)) return false;
     v->resize(n);
-    std::memcpy(v->data(), bytes_.data() + pos_, n * sizeof(T));
+    if (n > 0) std::memcpy(v->data(), bytes_.data() + pos_, n * sizeof(T));  // data() may be null
     pos_ += n * sizeof(T);
     return true;
   }
