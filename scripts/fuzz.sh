@@ -17,8 +17,8 @@ out=build-fuzz
 targets=(safetensors_header_fuzz safetensors_index_fuzz)
 # The library sources the targets need: the parsers, the Writer (round-trip check) and what
 # they call. Abseil comes from Debian's shared libraries.
-sources=(common/status/status.cc common/log/log.cc common/io/io.cc common/json/json.cc
-         common/safetensors/format.cc common/safetensors/writer.cc)
+sources=(common/status/status.cc common/log/log.cc common/io/io.cc common/memory/huge_pages.cc
+         common/json/json.cc common/safetensors/format.cc common/safetensors/writer.cc)
 
 command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (apt-get install clang-14)" >&2; exit 1; }
 mkdir -p "$out/obj" "$out/artifacts"
@@ -30,7 +30,7 @@ objects=()
 for src in "${sources[@]}" "${targets[@]/#/tests/fuzz/}"; do
   src="${src%.cc}.cc"
   obj="$out/obj/$(echo "${src%.cc}" | tr / _).o"
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find common/status common/log common/io common/json common/safetensors tests/fuzz -name '*.h' -newer "$obj" -print -quit)" ]; then
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$(find common/status common/log common/memory common/io common/json common/safetensors tests/fuzz -name '*.h' -newer "$obj" -print -quit)" ]; then
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
   fi
   case "$src" in tests/fuzz/*) ;; *) objects+=("$obj") ;; esac
