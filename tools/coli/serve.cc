@@ -142,6 +142,7 @@ class Gateway {
   void FillSampling(const SamplingFields& f, int choice, v1::SamplingParams* s) const {
     s->set_temperature(f.temperature);
     s->set_top_p(f.top_p >= 1.0f ? 0.0f : f.top_p);
+    s->set_top_k(f.top_k);
     s->set_seed(f.has_seed ? f.seed + static_cast<uint64_t>(choice) : NowSeconds() * 7919 + choice);
     s->set_logprobs(f.top_logprobs < 0 ? 0 : std::max(1, f.top_logprobs));
     s->set_frequency_penalty(f.frequency_penalty);

@@ -32,7 +32,8 @@ std::string ParamFromMessage(std::string_view msg) {
                                                 "frequency_penalty",
                                                 "presence_penalty",
                                                 "repetition_penalty",
-                                                "min_p"};
+                                                "min_p",
+                                                "top_k"};
   size_t start = 0;
   while (start < msg.size()) {
     const size_t colon = msg.find(": ", start);
@@ -220,6 +221,9 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
   if (top_p == 0.0) temperature = 0.0;  // nucleus of one token: greedy
   f->temperature = static_cast<float>(temperature);
   f->top_p = static_cast<float>(top_p);
+  int64_t top_k = 0;  // vLLM's top_k (extra_body in the OpenAI SDKs); -1 and 0 switch it off
+  if (!OptInt(body, "top_k", -1, 1 << 30, &top_k, error)) return false;
+  f->top_k = static_cast<int32_t>(std::max<int64_t>(0, top_k));
   if (const Json* s = Find(body, "seed")) {
     if (!s->is_number_integer()) {
       *error = BadField("seed", "seed must be an integer");

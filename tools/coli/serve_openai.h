@@ -51,6 +51,7 @@ struct SamplingFields {
   int32_t max_tokens = 0;      // 0 = up to the context
   float temperature = 1.0f;
   float top_p = 1.0f;
+  int32_t top_k = 0;  // vLLM extension: 0 (or vLLM's -1) = off
   uint64_t seed = 0;
   bool has_seed = false;
   std::vector<std::string> stop;  // <= 4, removed from the output

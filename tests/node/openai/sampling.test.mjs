@@ -91,6 +91,16 @@ test('min_p 1 keeps only the most likely token: sampling equals greedy', async (
   assert.notDeepEqual(await tokens({ max_tokens: 10, temperature: 1.5, seed: 3 }), greedy);
 });
 
+test('top_k 1 keeps only the most likely token: sampling equals greedy', async () => {
+  const greedy = await tokens({ max_tokens: 10, temperature: 0 });
+  assert.deepEqual(await tokens({ max_tokens: 10, temperature: 1.5, seed: 3, top_k: 1 }), greedy);
+  // vLLM's "off" values leave the seeded request as it is without top_k.
+  const free = await tokens({ max_tokens: 10, temperature: 1.5, seed: 3 });
+  assert.notDeepEqual(free, greedy);
+  assert.deepEqual(await tokens({ max_tokens: 10, temperature: 1.5, seed: 3, top_k: -1 }), free);
+  assert.deepEqual(await tokens({ max_tokens: 10, temperature: 1.5, seed: 3, top_k: 0 }), free);
+});
+
 test('out-of-range knobs are 400 naming the field', async () => {
   const user = [{ role: 'user', content: 'hi' }];
   const cases = [
@@ -100,6 +110,8 @@ test('out-of-range knobs are 400 naming the field', async () => {
     [{ repetition_penalty: 0 }, 'repetition_penalty'],
     [{ repetition_penalty: -1 }, 'repetition_penalty'],
     [{ min_p: 1.5 }, 'min_p'],
+    [{ top_k: -2 }, 'top_k'],
+    [{ top_k: 2.5 }, 'top_k'],
     [{ logit_bias: { 999999: 5 } }, 'logit_bias'],  // beyond the vocabulary (768)
     [{ logit_bias: { [String(forced)]: 101 } }, 'logit_bias'],
     [{ logit_bias: { '-1': 5 } }, 'logit_bias'],
