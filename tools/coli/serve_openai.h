@@ -45,7 +45,7 @@ ApiError FromHostStatus(const grpc::Status& status);
 
 // Generation parameters shared by /v1/chat/completions and /v1/completions.
 struct SamplingFields {
-  std::string model;           // "" = the loaded model
+  std::string model;  // "" = the loaded model
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   int32_t max_tokens = 0;      // 0 = up to the context
@@ -56,7 +56,7 @@ struct SamplingFields {
   bool has_seed = false;
   std::vector<std::string> stop;  // <= 4, removed from the output
   int n = 1;
-  int top_logprobs = -1;          // -1 = no logprobs; 0..20 with logprobs on
+  int top_logprobs = -1;  // -1 = no logprobs; 0..20 with logprobs on
   // The OpenAI / vLLM knobs (docs/status/sampling.md), neutral by default. repetition_penalty
   // and min_p are vLLM extensions (the openai SDK sends them through extra_body).
   float frequency_penalty = 0.0f;   // [-2, 2]
