@@ -149,41 +149,49 @@ std::vector<float> RandomActivations(int64_t n, uint64_t seed) {
   return x;
 }
 
+namespace {
+
+// Seconds of one pass over `bytes` of `buf` with `threads` (contiguous slices per thread).
+double TimedPass(const uint8_t* buf, size_t bytes, int threads, bool prefetch, bool cpu_time) {
+  const kernels::Isa isa = kernels::DetectedIsa();
+  uint64_t total = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  timespec c0;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    const size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const size_t b = bytes * t / nt / 256 * 256, e = bytes * (t + 1) / nt / 256 * 256;
+    if (isa == kernels::Isa::kAvx512) {
+      total += ReadAvx512(buf + b, e - b, prefetch);
+    } else if (isa == kernels::Isa::kAvx2 || isa == kernels::Isa::kAvxVnni) {
+      total += ReadAvx2(buf + b, e - b);
+    } else {
+      total += ReadPlain(buf + b, e - b);
+    }
+  }
+  timespec c1;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  static volatile uint64_t sink = 0;
+  sink = sink + total;
+  return cpu_time ? static_cast<double>(c1.tv_sec - c0.tv_sec) +
+                        1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec)
+                  : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time) {
   bytes = bytes / 4096 * 4096;
   AlignedBytes buf(bytes);
   // Touch every page with the same threads (first-touch placement), random so nothing is zero-page.
   omp_set_num_threads(threads);
   FillRandom(buf.data, bytes, 42);
-  const kernels::Isa isa = kernels::DetectedIsa();
   double best = 0;
   double seconds[2] = {0, 0};  // per variant: without, with software prefetch
   int passes[2] = {0, 0};
-  volatile uint64_t sink = 0;
   for (int rep = 0; rep < reps; ++rep) {
-    uint64_t total = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    timespec c0;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-      const size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const size_t b = bytes * t / nt / 256 * 256, e = bytes * (t + 1) / nt / 256 * 256;
-      if (isa == kernels::Isa::kAvx512) {
-        total += ReadAvx512(buf.data + b, e - b, /*prefetch=*/rep % 2 == 1);
-      } else if (isa == kernels::Isa::kAvx2 || isa == kernels::Isa::kAvxVnni) {
-        total += ReadAvx2(buf.data + b, e - b);
-      } else {
-        total += ReadPlain(buf.data + b, e - b);
-      }
-    }
-    timespec c1;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
-    const double s =
-        cpu_time ? static_cast<double>(c1.tv_sec - c0.tv_sec) +
-                       1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec)
-                 : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    sink = sink + total;
+    const double s = TimedPass(buf.data, bytes, threads, /*prefetch=*/rep % 2 == 1, cpu_time);
     best = std::max(best, static_cast<double>(bytes) / s / 1e9);
     seconds[rep % 2] += s;
     ++passes[rep % 2];
@@ -196,6 +204,19 @@ ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu
     }
   }
   return out;
+}
+
+ReadProbe::ReadProbe(size_t bytes, int threads, bool cpu_time)
+    : buf_(bytes / 4096 * 4096), threads_(threads), cpu_time_(cpu_time) {
+  omp_set_num_threads(threads);
+  FillRandom(buf_.data, buf_.size, 43);
+}
+
+double ReadProbe::Pass() {
+  // Both variants, as MeasureReadBandwidth alternates them, and the faster one.
+  const double plain = TimedPass(buf_.data, buf_.size, threads_, /*prefetch=*/false, cpu_time_);
+  const double ahead = TimedPass(buf_.data, buf_.size, threads_, /*prefetch=*/true, cpu_time_);
+  return static_cast<double>(buf_.size) / std::min(plain, ahead) / 1e9;
 }
 
 }  // namespace coli::bench

@@ -53,6 +53,22 @@ struct ReadBandwidth {
 };
 ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time = false);
 
+// One probe pass at a time over a buffer kept between passes, to time the read rate right next to
+// a kernel's window (paired ratios: on a shared host the bandwidth can halve within a minute, so a
+// kernel and a probe measured seconds apart disagree by more than the kernel's own gap).
+class ReadProbe {
+ public:
+  ReadProbe(size_t bytes, int threads, bool cpu_time);
+  // GB/s of the faster of two passes over the whole buffer: without and with software prefetch
+  // (AVX-512; the same loop twice elsewhere), as MeasureReadBandwidth's two variants.
+  double Pass();
+
+ private:
+  AlignedBytes buf_;
+  int threads_;
+  bool cpu_time_;
+};
+
 }  // namespace coli::bench
 
 #endif  // COLI_BENCH_KERNELS_BENCH_UTIL_H_

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Smoke test: `coli bench kernels --quick --json` prints one well-formed JSON object."""
 import json
+import math
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ def main() -> int:
     seen = set()
     for r in doc["results"]:
         assert set(r) == {"format", "rows", "cols", "batch", "gflops", "weight_gbs", "bw_ratio",
-                          "weight_gbs_mean", "bw_ratio_mean"}, r
+                          "weight_gbs_mean", "bw_ratio_mean", "bw_ratio_paired"}, r
         assert r["format"] in FORMATS, r
         assert r["rows"] > 0 and r["cols"] > 0 and r["batch"] >= 1, r
         assert r["gflops"] > 0 and r["weight_gbs"] > 0, r
@@ -30,6 +31,10 @@ def main() -> int:
         # The best window cannot be slower than all windows together.
         assert 0 < r["weight_gbs_mean"] <= r["weight_gbs"] * (1 + 1e-6), r
         assert abs(r["bw_ratio_mean"] - r["weight_gbs_mean"] / doc["read_bw_mean_gbs"]) < 1e-3 * max(1, r["bw_ratio_mean"]), r
+        # The paired ratio (median over windows of window / adjacent probe pass) is a plain
+        # positive number; a kernel that reads less than its weights cannot pass for one that
+        # reads them 100 times faster than the memory.
+        assert 0 < r["bw_ratio_paired"] < 100 and math.isfinite(r["bw_ratio_paired"]), r
         # GFLOPS and GB/s describe the same (best) window.
         per_call = r["rows"] * r["cols"] * r["batch"] * 2 / (r["gflops"] * 1e9)
         assert per_call > 0, r

@@ -10,8 +10,12 @@
 // weight GB/s / read_bw_gbs, and the same over all windows against the sustained probe
 // (weight_gbs_mean, bw_ratio_mean): best against best and mean against mean, since on a shared
 // machine a best pass and a mean differ by 10–25 %. Calls rotate over >= 512 MB of matrix copies
-// so weights come from DRAM, as streamed experts and resident dense matrices do. Formats: mxfp4
-// (exact float, idot off), mxfp4_idot, int8 and int4g64 (both with the default integer dots), f32.
+// so weights come from DRAM, as streamed experts and resident dense matrices do. A probe of 1 GiB
+// (the faster of a plain and a prefetching pass) also runs right before each window:
+// bw_ratio_paired is the median over the windows of window GB/s / that pass's GB/s, which the
+// host's bandwidth drifting between the probe and a kernel (on this VM it moved from 71 to 28 GB/s
+// within one run) does not skew. Formats: mxfp4 (exact float, idot off), mxfp4_idot, int8 and
+// int4g64 (both with the default integer dots), f32.
 //
 // --cpu-time times with the process CPU clock instead of the wall clock (read probe included).
 // Only meaningful with --threads 1: it is for shared machines, where other processes' load
@@ -52,7 +56,7 @@ struct Shape {
 struct Result {
   std::string format;
   int64_t rows, cols, batch;
-  double gflops, weight_gbs, bw_ratio, weight_gbs_mean, bw_ratio_mean;
+  double gflops, weight_gbs, bw_ratio, weight_gbs_mean, bw_ratio_mean, bw_ratio_paired;
 };
 
 int Usage() {
@@ -125,6 +129,7 @@ int RunBenchKernels(int argc, char** argv) {
   std::fprintf(stderr, "[bench kernels] read bandwidth %.1f GB/s (best pass), %.1f sustained\n",
                read_start.best, read_start.mean);
 
+  bench::ReadProbe paired_probe(size_t{1} << 30, threads, cpu_time);
   std::vector<Result> results;
   for (const Shape& shape : shapes) {
     for (const Config& cfg : configs) {
@@ -146,7 +151,9 @@ int RunBenchKernels(int argc, char** argv) {
         // clock is a system call (~1 µs here), as long as a small expert matmul's prologue.
         int64_t calls = 0, step = 1, total_calls = 0;
         double best_per_call = 0, total_seconds = 0;
+        std::vector<double> paired;  // per window: its weight GB/s / the probe pass before it
         for (int rep = 0; rep < reps; ++rep) {
+          const double probe_gbs = paired_probe.Pass();
           int64_t window_calls = 0;
           double elapsed = 0;
           const double t0 = Now(cpu_time);
@@ -163,12 +170,16 @@ int RunBenchKernels(int argc, char** argv) {
                                     1, 256);
           }
           const double per_call = elapsed / static_cast<double>(window_calls);
+          paired.push_back(static_cast<double>(one) / per_call / 1e9 / probe_gbs);
           if (rep == 0 || per_call < best_per_call) best_per_call = per_call;
           total_calls += window_calls;
           total_seconds += elapsed;
         }
         const double mean_per_call = total_seconds / static_cast<double>(total_calls);
-        Result r{cfg.name, shape.rows, shape.cols, batch, 0, 0, 0, 0, 0};
+        Result r{cfg.name, shape.rows, shape.cols, batch, 0, 0, 0, 0, 0, 0};
+        std::sort(paired.begin(), paired.end());
+        const size_t n = paired.size();
+        r.bw_ratio_paired = n % 2 ? paired[n / 2] : 0.5 * (paired[n / 2 - 1] + paired[n / 2]);
         const double flops = 2.0 * static_cast<double>(shape.rows * shape.cols * batch);
         r.gflops = flops / best_per_call / 1e9;
         r.weight_gbs = static_cast<double>(one) / best_per_call / 1e9;
@@ -176,11 +187,11 @@ int RunBenchKernels(int argc, char** argv) {
         results.push_back(r);
         std::fprintf(stderr,
                      "[bench kernels] %-10s %6lldx%-6lld batch %2lld: %8.1f GFLOPS %6.1f GB/s "
-                     "%.2f (sustained %.1f GB/s %.2f)\n",
+                     "%.2f (sustained %.1f GB/s %.2f, paired %.2f)\n",
                      r.format.c_str(), static_cast<long long>(r.rows),
                      static_cast<long long>(r.cols), static_cast<long long>(r.batch), r.gflops,
                      r.weight_gbs, r.weight_gbs / read_start.best, r.weight_gbs_mean,
-                     r.weight_gbs_mean / read_start.mean);
+                     r.weight_gbs_mean / read_start.mean, r.bw_ratio_paired);
       }
     }
   }
@@ -208,10 +219,10 @@ int RunBenchKernels(int argc, char** argv) {
       std::printf(
           "%s{\"format\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"batch\": %lld, "
           "\"gflops\": %.3f, \"weight_gbs\": %.3f, \"bw_ratio\": %.4f, "
-          "\"weight_gbs_mean\": %.3f, \"bw_ratio_mean\": %.4f}",
+          "\"weight_gbs_mean\": %.3f, \"bw_ratio_mean\": %.4f, \"bw_ratio_paired\": %.4f}",
           i ? ", " : "", r.format.c_str(), static_cast<long long>(r.rows),
           static_cast<long long>(r.cols), static_cast<long long>(r.batch), r.gflops, r.weight_gbs,
-          r.bw_ratio, r.weight_gbs_mean, r.bw_ratio_mean);
+          r.bw_ratio, r.weight_gbs_mean, r.bw_ratio_mean, r.bw_ratio_paired);
     }
     std::printf("]}\n");
   } else {
@@ -221,17 +232,17 @@ int RunBenchKernels(int argc, char** argv) {
         cpu_time ? "CPU time" : "wall clock");
     std::printf(
         "| format     | rows x cols    | batch | GFLOPS  | weight GB/s | bw_ratio | sustained "
-        "GB/s | ratio |\n");
+        "GB/s | ratio | paired |\n");
     std::printf(
         "|------------|----------------|-------|---------|-------------|----------|-----------"
-        "-----|-------|\n");
+        "-----|-------|--------|\n");
     for (const Result& r : results) {
       char shape[32];
       std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(r.rows),
                     static_cast<long long>(r.cols));
-      std::printf("| %-10s | %-14s | %5lld | %7.1f | %11.1f | %8.2f | %14.1f | %5.2f |\n",
+      std::printf("| %-10s | %-14s | %5lld | %7.1f | %11.1f | %8.2f | %14.1f | %5.2f | %6.2f |\n",
                   r.format.c_str(), shape, static_cast<long long>(r.batch), r.gflops, r.weight_gbs,
-                  r.bw_ratio, r.weight_gbs_mean, r.bw_ratio_mean);
+                  r.bw_ratio, r.weight_gbs_mean, r.bw_ratio_mean, r.bw_ratio_paired);
     }
   }
   return 0;
