@@ -1,7 +1,12 @@
 #include "common/sampling/sampling.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <map>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -78,6 +83,73 @@ TEST(Sampling, TopKAndTopPCut) {
   for (int i = 0; i < 2000; ++i) {
     const int id = q.Next(l).id;
     EXPECT_TRUE(id == 0 || id == 1) << id;
+  }
+}
+
+// The cut written the plain way: sort every candidate, then top_k, top_p, min_p on the prefix.
+std::vector<double> FullSortProbabilities(const std::vector<float>& logits,
+                                          const SamplerOptions& o) {
+  const double inv_t = 1.0 / o.temperature;
+  double mx = -std::numeric_limits<double>::infinity();
+  for (float v : logits) mx = std::max(mx, v * inv_t);
+  std::vector<std::pair<double, int32_t>> cand(logits.size());
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    cand[i] = {std::exp(logits[i] * inv_t - mx), static_cast<int32_t>(i)};
+    total += cand[i].first;
+  }
+  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  size_t keep = cand.size();
+  if (o.top_k > 0) keep = std::min<size_t>(keep, o.top_k);
+  if (o.top_p > 0.0f && o.top_p < 1.0f) {
+    double cum = 0.0;
+    size_t i = 0;
+    while (i < keep) {
+      cum += cand[i++].first;
+      if (cum >= o.top_p * total) break;
+    }
+    keep = i;
+  }
+  if (o.min_p > 0.0f) {
+    while (keep > 1 && cand[keep - 1].first < static_cast<double>(o.min_p) * cand[0].first) --keep;
+  }
+  double mass = 0.0;
+  for (size_t i = 0; i < keep; ++i) mass += cand[i].first;
+  std::vector<double> probs(logits.size(), 0.0);
+  for (size_t i = 0; i < keep; ++i) probs[cand[i].second] = cand[i].first / mass;
+  return probs;
+}
+
+// The sampler sorts only as much of the candidate list as its cuts read; the distribution it
+// draws from must be the full sort's bit for bit (K3-sized vocabulary, ties included).
+TEST(Sampling, PartialSortingGivesTheFullSortsDistributionExactly) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(163840);
+  for (float& v : logits) v = std::round(normal(rng) * 8.f) / 8.f;  // many exact ties
+  const SamplerOptions cases[] = {
+      {.temperature = 1.0f, .top_p = 0.9f},
+      {.temperature = 0.7f, .top_p = 0.999f},
+      {.temperature = 1.3f, .top_k = 50},
+      {.temperature = 1.0f, .top_p = 0.95f, .top_k = 4000},
+      {.temperature = 1.0f, .min_p = 0.05f},
+      {.temperature = 2.0f, .min_p = 0.001f},
+      {.temperature = 0.8f, .top_p = 0.8f, .min_p = 0.1f},
+      {.temperature = 1.0f},  // no cut: the whole list
+  };
+  for (const SamplerOptions& o : cases) {
+    const std::vector<double> got = ProcessedProbabilities(logits, o, nullptr);
+    const std::vector<double> want = FullSortProbabilities(logits, o);
+    ASSERT_EQ(got.size(), want.size());
+    size_t kept = 0, differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      kept += want[i] > 0 ? 1 : 0;
+      differ += std::memcmp(&got[i], &want[i], sizeof(double)) != 0 ? 1 : 0;
+    }
+    EXPECT_EQ(differ, 0u) << "T " << o.temperature << " top_p " << o.top_p << " top_k " << o.top_k
+                          << " min_p " << o.min_p << " (" << kept << " kept)";
   }
 }
 
