@@ -22,14 +22,16 @@ bool InRange(float v, float lo, float hi) { return v >= lo && v <= hi; }  // fal
 // extends it in the same order. A nucleus or min_p cut over K3's 163,840 ids then costs a
 // selection instead of a full sort (~20 ms per sampled token); with no cut at all the whole list
 // is sorted, as the draw may walk it.
+// `cand` is the caller's buffer (a Sampler reuses its own from step to step).
 struct Kept {
-  std::vector<std::pair<double, int32_t>> cand;
+  std::vector<std::pair<double, int32_t>>& cand;
   size_t keep = 0;
   double mass = 0.0;
 };
 
-Kept Cut(std::span<const float> logits, const SamplerOptions& o) {
-  Kept k;
+Kept Cut(std::span<const float> logits, const SamplerOptions& o,
+         std::vector<std::pair<double, int32_t>>& buffer) {
+  Kept k{buffer};
   const double inv_t = 1.0 / o.temperature;
   double mx = -std::numeric_limits<double>::infinity();
   for (float v : logits) mx = std::max(mx, v * inv_t);
@@ -228,7 +230,8 @@ std::vector<double> ProcessedProbabilities(std::span<const float> logits, const 
     probs[Greedy(work)] = 1.0;
     return probs;
   }
-  const Kept k = Cut(work, o);
+  std::vector<std::pair<double, int32_t>> buffer;
+  const Kept k = Cut(work, o, buffer);
   for (size_t i = 0; i < k.keep; ++i) probs[k.cand[i].second] = k.cand[i].first / k.mass;
   return probs;
 }
@@ -242,14 +245,14 @@ Sample Sampler::Next(std::span<const float> logits, const TokenHistory* history)
   if (logits.empty()) return s;
   std::span<const float> work = logits;
   if (HasPenalties(options_)) {
-    penalised_.assign(logits.begin(), logits.end());
-    ApplyPenalties(penalised_, options_, history);
-    work = penalised_;
+    penalised_.v.assign(logits.begin(), logits.end());
+    ApplyPenalties(penalised_.v, options_, history);
+    work = penalised_.v;
   }
   if (options_.temperature <= 0.0f) {
     s.id = Greedy(work);
   } else {
-    const Kept k = Cut(work, options_);
+    const Kept k = Cut(work, options_, candidates_.v);
     const double u = Uniform() * k.mass;
     double cum = 0.0;
     s.id = k.cand[k.keep - 1].second;

@@ -35,6 +35,7 @@
 #include <map>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,12 +58,12 @@ struct SamplerOptions {
   float top_p = 1.0f;        // (0, 1]; >= 1 disables the nucleus cut
   int top_k = 0;             // 0 = all tokens
   uint64_t seed = 0;
-  int logprobs = 0;          // how many top alternatives to report per token (0 = none)
+  int logprobs = 0;  // how many top alternatives to report per token (0 = none)
   // OpenAI / vLLM knobs; each default is neutral.
-  float repetition_penalty = 1.0f;  // > 0; 1 = off (0 also means off: the ABI's zero)
-  float frequency_penalty = 0.0f;   // [-2, 2]
-  float presence_penalty = 0.0f;    // [-2, 2]
-  float min_p = 0.0f;               // [0, 1]; 0 = off
+  float repetition_penalty = 1.0f;    // > 0; 1 = off (0 also means off: the ABI's zero)
+  float frequency_penalty = 0.0f;     // [-2, 2]
+  float presence_penalty = 0.0f;      // [-2, 2]
+  float min_p = 0.0f;                 // [0, 1]; 0 = off
   std::vector<LogitBias> logit_bias;  // ids in [0, vocab), bias in [-100, 100]
 };
 
@@ -105,8 +106,8 @@ struct TokenLogprob {
 
 struct Sample {
   int32_t id = -1;
-  float logprob = 0.0f;            // log_softmax(logits)[id]
-  std::vector<TokenLogprob> top;   // the `logprobs` most likely tokens, best first
+  float logprob = 0.0f;           // log_softmax(logits)[id]
+  std::vector<TokenLogprob> top;  // the `logprobs` most likely tokens, best first
 };
 
 // First index of the maximum (NaN logits are never chosen unless all are NaN → 0).
@@ -140,7 +141,17 @@ class Sampler {
   double Uniform();
   SamplerOptions options_;
   std::mt19937_64 rng_;
-  std::vector<float> penalised_;  // scratch: the logits after ApplyPenalties
+  // Per-step buffers kept so a step does not allocate. A copy of the sampler (speculative
+  // decoding verifies with one) starts with empty ones: only the RNG and knobs travel.
+  template <class T>
+  struct Scratch {
+    std::vector<T> v;
+    Scratch() = default;
+    Scratch(const Scratch&) {}
+    Scratch& operator=(const Scratch&) { return *this; }
+  };
+  Scratch<float> penalised_;                        // the logits after ApplyPenalties
+  Scratch<std::pair<double, int32_t>> candidates_;  // (probability, id) of every candidate
 };
 
 }  // namespace coli::sampling
