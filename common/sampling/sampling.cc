@@ -13,20 +13,54 @@ namespace {
 
 bool InRange(float v, float lo, float hi) { return v >= lo && v <= hi; }  // false for NaN
 
-// The candidates a sampling draw chooses from: (unnormalised probability, id) sorted by
-// descending probability (ties: lower id first) for the first `keep` entries, which carry
-// `mass` in total. Temperature, then top_k, top_p, min_p.
+// The candidates a sampling draw chooses from: (unnormalised probability, id) for every id, of
+// which the first `keep` in the order of descending probability (ties: lower id first) are kept,
+// carrying `mass` in total. Temperature, then top_k, top_p, min_p.
 //
 // Only as much of the list is sorted as the cuts and the draw read: (probability, id) is a total
 // order, so a partial sort's prefix is exactly a full sort's, and sorting more of the rest later
 // extends it in the same order. A nucleus or min_p cut over K3's 163,840 ids then costs a
-// selection instead of a full sort (~20 ms per sampled token); with no cut at all the whole list
-// is sorted, as the draw may walk it.
+// selection instead of a full sort (~15 ms per sampled token), and so does a draw with no cut at
+// all on a peaked distribution: it sorts only as far as it walks (`SortPast`). When the cuts
+// keep every candidate, `mass` is the total summed in index order (no sort needed); otherwise
+// the kept prefix summed in sorted order.
 // `cand` is the caller's buffer (a Sampler reuses its own from step to step).
 struct Kept {
   std::vector<std::pair<double, int32_t>>& cand;
   size_t keep = 0;
   double mass = 0.0;
+  size_t sorted = 0;  // cand[0, sorted) is the fully sorted list's prefix
+
+  // Descending probability, ties by ascending id (a functor, so the sorts inline it).
+  struct Before {
+    bool operator()(const std::pair<double, int32_t>& a, const std::pair<double, int32_t>& b) const {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+  };
+  // Makes cand[0, min(m, size)) the fully sorted list's prefix. A short extension selects with a
+  // heap (one comparison for most of the rest); a long one partitions (linear) and sorts the
+  // part, which beats a heap's log factor there.
+  void SortTo(size_t m) {
+    const size_t n = cand.size();
+    m = std::min(m, n);
+    if (m <= sorted) return;
+    const auto first = cand.begin() + static_cast<ptrdiff_t>(sorted);
+    const auto mid = cand.begin() + static_cast<ptrdiff_t>(m);
+    if (m == n) {
+      std::sort(first, cand.end(), Before());
+    } else if ((m - sorted) * 64 <= n - sorted) {
+      std::partial_sort(first, mid, cand.end(), Before());
+    } else {
+      std::nth_element(first, mid, cand.end(), Before());
+      std::sort(first, mid, Before());
+    }
+    sorted = m;
+  }
+  // Extends the sorted prefix past index i, in growing steps (256, then doubling), for a walk
+  // that reads the list in order and may stop early.
+  void SortPast(size_t i) {
+    if (i >= sorted) SortTo(std::max<size_t>({256, 2 * sorted, i + 1}));
+  }
 };
 
 Kept Cut(std::span<const float> logits, const SamplerOptions& o,
@@ -42,25 +76,11 @@ Kept Cut(std::span<const float> logits, const SamplerOptions& o,
     k.cand[i] = {p, static_cast<int32_t>(i)};
     total += p;
   }
-  auto order = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
   const size_t n = k.cand.size();
-  size_t sorted = 0;  // cand[0, sorted) is the fully sorted list's prefix
-  auto sort_to = [&](size_t m) {
-    m = std::min(m, n);
-    if (m <= sorted) return;
-    if (m == n) {
-      std::sort(k.cand.begin() + sorted, k.cand.end(), order);
-    } else {
-      std::partial_sort(k.cand.begin() + sorted, k.cand.begin() + m, k.cand.end(), order);
-    }
-    sorted = m;
-  };
   k.keep = n;
   if (o.top_k > 0 && static_cast<size_t>(o.top_k) < n) {
     k.keep = o.top_k;
-    sort_to(k.keep);
+    k.SortTo(k.keep);
   }
   if (o.top_p > 0.0f && o.top_p < 1.0f) {
     // Smallest prefix whose probability (relative to the full distribution) reaches top_p.
@@ -68,7 +88,7 @@ Kept Cut(std::span<const float> logits, const SamplerOptions& o,
     double cum = 0.0;
     size_t i = 0;
     while (i < k.keep) {
-      if (i == sorted) sort_to(std::min(k.keep, std::max<size_t>(256, 2 * sorted)));
+      k.SortPast(i);  // never past keep: a top_k cut sorted all of it already
       cum += k.cand[i].first;
       ++i;
       if (cum >= target) break;
@@ -78,19 +98,23 @@ Kept Cut(std::span<const float> logits, const SamplerOptions& o,
   if (o.min_p > 0.0f) {
     // Tokens at least min_p times as likely as the most likely one; the ratio is the same before
     // and after any renormalisation, so the cut is a prefix of the sorted list (at least 1).
-    sort_to(1);
+    k.SortTo(1);
     const double threshold = static_cast<double>(o.min_p) * k.cand[0].first;
-    if (k.keep > sorted) {  // no top_k / top_p cut: count the candidates, then sort just those
+    if (k.keep > k.sorted) {  // no top_k / top_p cut: count the candidates, then sort just those
       k.keep = std::max<size_t>(
           1, static_cast<size_t>(std::count_if(k.cand.begin(), k.cand.end(), [&](const auto& c) {
             return c.first >= threshold;
           })));
     }
-    sort_to(k.keep);
+    k.SortTo(k.keep);
     while (k.keep > 1 && k.cand[k.keep - 1].first < threshold) --k.keep;
   }
-  sort_to(k.keep);
-  for (size_t i = 0; i < k.keep; ++i) k.mass += k.cand[i].first;
+  if (k.keep == n) {
+    k.mass = total;  // nothing cut: the list stays unsorted until a draw walks it
+  } else {
+    k.SortTo(k.keep);
+    for (size_t i = 0; i < k.keep; ++i) k.mass += k.cand[i].first;
+  }
   return k;
 }
 
@@ -232,6 +256,7 @@ std::vector<double> ProcessedProbabilities(std::span<const float> logits, const 
   }
   std::vector<std::pair<double, int32_t>> buffer;
   const Kept k = Cut(work, o, buffer);
+  // The first `keep` entries are the kept ones (all of them, unsorted, when nothing was cut).
   for (size_t i = 0; i < k.keep; ++i) probs[k.cand[i].second] = k.cand[i].first / k.mass;
   return probs;
 }
@@ -252,17 +277,19 @@ Sample Sampler::Next(std::span<const float> logits, const TokenHistory* history)
   if (options_.temperature <= 0.0f) {
     s.id = Greedy(work);
   } else {
-    const Kept k = Cut(work, options_, candidates_.v);
+    // Walk the kept candidates in sorted order until the cumulative probability passes u·mass,
+    // sorting only as far as the walk goes (a peaked distribution stops within the first few).
+    Kept k = Cut(work, options_, candidates_.v);
     const double u = Uniform() * k.mass;
     double cum = 0.0;
-    s.id = k.cand[k.keep - 1].second;
-    for (size_t i = 0; i < k.keep; ++i) {
+    size_t i = 0;
+    for (; i < k.keep; ++i) {
+      k.SortPast(i);
       cum += k.cand[i].first;
-      if (u < cum) {
-        s.id = k.cand[i].second;
-        break;
-      }
+      if (u < cum) break;
     }
+    // Rounding (the sorted-order sum ending just below mass): the last kept candidate.
+    s.id = k.cand[std::min(i, k.keep - 1)].second;
   }
   s.logprob = Logprob(logits, s.id);
   if (options_.logprobs > 0) s.top = TopLogprobs(logits, options_.logprobs);

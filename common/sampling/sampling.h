@@ -10,7 +10,10 @@
 // cumulative probability reaches top_p (top_p < 1), renormalised, and one token is drawn with
 // a 64-bit Mersenne Twister seeded from `seed`: the same seed and logits give the same tokens
 // on every platform (the uniform variate is built from the top 53 bits, not from
-// std::uniform_real_distribution, whose algorithm is implementation-defined).
+// std::uniform_real_distribution, whose algorithm is implementation-defined). The draw walks
+// the kept tokens in that order until their cumulative probability passes u times the kept mass
+// (the sum over the kept prefix in sorted order; with no cut at all, the total summed in index
+// order), sorting only as far as it walks.
 //
 // Log-probabilities are always those of the model's own distribution, log_softmax(logits) at
 // temperature 1 (what an API reports as `logprobs`), independent of the sampling knobs.

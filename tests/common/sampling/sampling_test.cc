@@ -87,48 +87,75 @@ TEST(Sampling, TopKAndTopPCut) {
 }
 
 // The cut written the plain way: sort every candidate, then top_k, top_p, min_p on the prefix.
-std::vector<double> FullSortProbabilities(const std::vector<float>& logits,
-                                          const SamplerOptions& o) {
+// `mass` is what the draw scales its uniform variate by: the kept prefix summed in sorted order,
+// or, when every candidate is kept, the total summed in index order (the sampler's rule: with no
+// cut it never needs the whole list sorted to know the mass).
+struct FullSortCut {
+  std::vector<std::pair<double, int32_t>> cand;  // every candidate, fully sorted
+  size_t keep = 0;
+  double mass = 0.0;
+};
+
+FullSortCut CutByFullSort(const std::vector<float>& logits, const SamplerOptions& o) {
   const double inv_t = 1.0 / o.temperature;
   double mx = -std::numeric_limits<double>::infinity();
   for (float v : logits) mx = std::max(mx, v * inv_t);
-  std::vector<std::pair<double, int32_t>> cand(logits.size());
+  FullSortCut c;
+  c.cand.resize(logits.size());
   double total = 0.0;
   for (size_t i = 0; i < logits.size(); ++i) {
-    cand[i] = {std::exp(logits[i] * inv_t - mx), static_cast<int32_t>(i)};
-    total += cand[i].first;
+    c.cand[i] = {std::exp(logits[i] * inv_t - mx), static_cast<int32_t>(i)};
+    total += c.cand[i].first;
   }
-  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+  std::sort(c.cand.begin(), c.cand.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });
-  size_t keep = cand.size();
+  size_t keep = c.cand.size();
   if (o.top_k > 0) keep = std::min<size_t>(keep, o.top_k);
   if (o.top_p > 0.0f && o.top_p < 1.0f) {
     double cum = 0.0;
     size_t i = 0;
     while (i < keep) {
-      cum += cand[i++].first;
+      cum += c.cand[i++].first;
       if (cum >= o.top_p * total) break;
     }
     keep = i;
   }
   if (o.min_p > 0.0f) {
-    while (keep > 1 && cand[keep - 1].first < static_cast<double>(o.min_p) * cand[0].first) --keep;
+    while (keep > 1 && c.cand[keep - 1].first < static_cast<double>(o.min_p) * c.cand[0].first) {
+      --keep;
+    }
   }
-  double mass = 0.0;
-  for (size_t i = 0; i < keep; ++i) mass += cand[i].first;
+  c.keep = keep;
+  if (keep == c.cand.size()) {
+    c.mass = total;
+  } else {
+    for (size_t i = 0; i < keep; ++i) c.mass += c.cand[i].first;
+  }
+  return c;
+}
+
+std::vector<double> FullSortProbabilities(const std::vector<float>& logits,
+                                          const SamplerOptions& o) {
+  const FullSortCut c = CutByFullSort(logits, o);
   std::vector<double> probs(logits.size(), 0.0);
-  for (size_t i = 0; i < keep; ++i) probs[cand[i].second] = cand[i].first / mass;
+  for (size_t i = 0; i < c.keep; ++i) probs[c.cand[i].second] = c.cand[i].first / c.mass;
   return probs;
+}
+
+// K3's vocabulary: N(0, sigma²) logits rounded to 1/8, so many probabilities tie exactly.
+std::vector<float> K3Logits(float sigma, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, sigma);
+  std::vector<float> logits(163840);
+  for (float& v : logits) v = std::round(normal(rng) * 8.f) / 8.f;
+  return logits;
 }
 
 // The sampler sorts only as much of the candidate list as its cuts read; the distribution it
 // draws from must be the full sort's bit for bit (K3-sized vocabulary, ties included).
 TEST(Sampling, PartialSortingGivesTheFullSortsDistributionExactly) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.f, 3.f);
-  std::vector<float> logits(163840);
-  for (float& v : logits) v = std::round(normal(rng) * 8.f) / 8.f;  // many exact ties
+  const std::vector<float> logits = K3Logits(3.f, 5);
   const SamplerOptions cases[] = {
       {.temperature = 1.0f, .top_p = 0.9f},
       {.temperature = 0.7f, .top_p = 0.999f},
@@ -151,6 +178,56 @@ TEST(Sampling, PartialSortingGivesTheFullSortsDistributionExactly) {
     EXPECT_EQ(differ, 0u) << "T " << o.temperature << " top_p " << o.top_p << " top_k " << o.top_k
                           << " min_p " << o.min_p << " (" << kept << " kept)";
   }
+}
+
+// The draw sorts only as far as it walks; it must pick, draw for draw, what a plain full sort and
+// a walk with the same mass pick: the same seeded uniform variate scaled by the mass, the first
+// candidate in sorted order whose cumulative probability exceeds it (the last kept one when
+// rounding leaves it unreached). Peaked and flat logits on K3's vocabulary with ties; no
+// cut (the walk extends the sorted prefix itself, past 256 and by doubling on flat logits) and
+// the cuts (whose prefix is sorted before the draw).
+TEST(Sampling, DrawEqualsAFullSortWalkDrawForDraw) {
+  const SamplerOptions cases[] = {
+      {.temperature = 1.0f},
+      {.temperature = 0.7f},
+      {.temperature = 1.0f, .top_p = 0.9f},
+      {.temperature = 1.3f, .top_k = 50},
+      {.temperature = 1.0f, .min_p = 0.05f},
+  };
+  constexpr int kSeeds = 8, kDraws = 2;
+  size_t past_first_step = 0;  // draws that picked beyond the walk's first sorted step (256)
+  for (float sigma : {6.f, 1.f}) {
+    const std::vector<float> logits = K3Logits(sigma, 11);
+    for (const SamplerOptions& base : cases) {
+      const FullSortCut want = CutByFullSort(logits, base);
+      std::vector<size_t> rank(logits.size());
+      for (size_t i = 0; i < want.cand.size(); ++i) rank[want.cand[i].second] = i;
+      for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+        SamplerOptions o = base;
+        o.seed = seed * 7919 + 1;
+        Sampler sampler(o);
+        std::mt19937_64 rng(o.seed);
+        for (int d = 0; d < kDraws; ++d) {
+          const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * want.mass;
+          double cum = 0.0;
+          size_t i = 0;
+          while (i < want.keep) {
+            cum += want.cand[i].first;
+            if (u < cum) break;
+            ++i;
+          }
+          const int32_t expect = want.cand[std::min(i, want.keep - 1)].second;
+          const int32_t got = sampler.Next(logits).id;
+          ASSERT_EQ(got, expect) << "sigma " << sigma << " T " << o.temperature << " top_p "
+                                 << o.top_p << " top_k " << o.top_k << " min_p " << o.min_p
+                                 << " seed " << o.seed << " draw " << d;
+          past_first_step += rank[expect] >= 256 ? 1 : 0;
+        }
+      }
+    }
+  }
+  // The flat cases walk past the first sorted step, so the prefix extension is exercised.
+  EXPECT_GT(past_first_step, 40u) << past_first_step;
 }
 
 }  // namespace
