@@ -6,7 +6,9 @@
 // Without --connect it starts a private `coli-host` (tools/coli/client.h), loads DIR there (the
 // K3_* switches apply) and stops it on exit; with --connect it uses a running host. Endpoints:
 // GET /v1/models[/ID], POST /v1/chat/completions and POST /v1/completions (SSE when
-// stream=true), POST /tokenize, /detokenize, /apply-template,
+// stream=true), POST /v1/responses (OpenAI's Responses API over the chat path, see
+// serve_responses.h; GET/DELETE /v1/responses/ID, POST /v1/responses/input_tokens),
+// POST /tokenize, /detokenize, /apply-template,
 // GET /health, GET /metrics (Prometheus). Errors use OpenAI's error object and name the field.
 // Loopback only unless --host names another address, which then requires --api-key (bearer).
 // A client that goes away mid-stream cancels its generation at the host (within one token).
@@ -38,6 +40,7 @@
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
 #include "tools/coli/serve_openai.h"
+#include "tools/coli/serve_responses.h"
 #include "tools/web/web_assets.h"
 
 namespace coli::cli::serve {
@@ -95,6 +98,9 @@ struct ChoiceResult {
   Json logprobs = Json::array();
   std::string finish_reason;
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  // The tokens through the last one that carried reasoning text (the tags closing the think
+  // block count as output), and the prompt tokens the host reused (/v1/responses' usage).
+  int64_t reasoning_tokens = 0, cached_tokens = 0;
 };
 
 class Gateway {
@@ -133,6 +139,10 @@ class Gateway {
   void Models(const Req& req, Res& res);
   void ChatCompletions(const Req& req, Res& res);
   void Completions(const Req& req, Res& res);
+  // /v1/responses (serve_responses.h): create, GET/DELETE by id, input_tokens.
+  void Responses(const Req& req, Res& res);
+  void ResponseById(const Req& req, Res& res);
+  void ResponsesInputTokens(const Req& req, Res& res);
   void Tokenize(const Req& req, Res& res);
   void Detokenize(const Req& req, Res& res);
   void ApplyTemplate(const Req& req, Res& res);
@@ -255,6 +265,7 @@ class Gateway {
   std::map<int, uint64_t> http_by_status_;
   std::atomic<int> streams_active_{0};
   std::atomic<uint64_t> disconnects_{0};
+  ResponseStore responses_;  // stored /v1/responses results (previous_response_id, GET)
 };
 
 bool Gateway::Authorized(const Req& req, Res& res) {
@@ -425,6 +436,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
         if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
           last = ChatChannel::kReasoning;
           out->reasoning += d.text();
+          out->reasoning_tokens = out->completion_tokens;
           emit("reasoning", d.text());
         } else if (d.channel() == v1::CHANNEL_CONTENT && !d.text().empty()) {
           last = ChatChannel::kContent;
@@ -455,6 +467,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       reason = ev.finished().reason();
       out->prompt_tokens = ev.finished().usage().prompt_tokens();
       out->completion_tokens = ev.finished().usage().completion_tokens();
+      out->cached_tokens = ev.finished().usage().tokens_reused();
     }
   }
   grpc::Status status = call.reader->Finish();
@@ -784,6 +797,114 @@ void Gateway::Completions(const Req& req, Res& res) {
       });
 }
 
+void Gateway::Responses(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  Json body;
+  if (!Body(req, res, &body)) return;
+  ApiError error;
+  std::optional<ResponsesRequest> parsed = ParseResponsesRequest(body, &responses_, &error);
+  if (!parsed) return Fail(res, error);
+  if (!ModelOk(parsed->fields.model, res)) return;
+  auto r = std::make_shared<const ResponsesRequest>(std::move(*parsed));
+  const std::string request_json = Dump(r->chat);
+  Json object = NewResponseObject(*r, info_.id(), NowSeconds());
+  // One chat generation into `b`; a finished response is stored unless store is false.
+  auto run = [this, r](Call& call, const v1::ChatEvent* first, ResponseBuilder& b) {
+    ChoiceResult out;
+    grpc::Status s = RunChoice(r->fields, call, &out, first, [&b](const char* kind, const Json& p) {
+      return b.Delta(kind, p);
+    });
+    if (!s.ok()) return s;
+    b.Finish({out.finish_reason, out.prompt_tokens, out.completion_tokens, out.reasoning_tokens,
+              out.cached_tokens});
+    if (r->store) {
+      Json conversation = r->conversation;
+      conversation.push_back(b.ChatMessage());
+      responses_.Put(b.response()["id"].get<std::string>(), b.response(), std::move(conversation));
+    }
+    return s;
+  };
+  if (!r->fields.stream) {
+    auto call = StartChat(r->fields, request_json, 0);
+    ResponseBuilder b(std::move(object));
+    grpc::Status s = run(*call, nullptr, b);
+    if (!s.ok()) return Fail(res, ToResponsesError(FromHostStatus(s), *r));
+    return Reply(res, 200, b.response());
+  }
+  // Streaming: read the first event before answering, so a refused request is a plain 400.
+  auto call = std::shared_ptr<Call>(StartChat(r->fields, request_json, 0));
+  auto first = std::make_shared<v1::ChatEvent>();
+  if (grpc::Status why; !ReadFirstEvent(*call->reader, first.get(), &why)) {
+    return Fail(res, ToResponsesError(FromHostStatus(why), *r));
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, call, first, object, run](size_t, httplib::DataSink& sink) {
+        ++streams_active_;
+        ResponseBuilder::Sink events;
+        events.send = [&sink](const Json& e) {
+          const std::string frame = SseEventFrame(e);
+          return sink.is_writable() && sink.write(frame.data(), frame.size());
+        };
+        events.alive = [&sink] { return sink.is_writable(); };
+        ResponseBuilder b(object, events);
+        grpc::Status s(grpc::StatusCode::CANCELLED, "client disconnected");
+        if (b.Start()) {
+          s = run(*call, first.get(), b);
+        } else {
+          call->ctx.TryCancel();
+          call->reader->Finish();
+        }
+        if (s.error_code() == grpc::StatusCode::CANCELLED) {
+          ++disconnects_;
+        } else if (!s.ok()) {
+          b.Fail(FromHostStatus(s));
+        }
+        --streams_active_;
+        sink.done();
+        return true;
+      });
+}
+
+void Gateway::ResponseById(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  const std::string id = req.matches[1];
+  if (req.method == "DELETE") {
+    if (responses_.Erase(id)) {
+      return Reply(res, 200, Json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+    }
+  } else if (std::optional<Json> found = responses_.Response(id)) {
+    if (req.has_param("stream") && req.get_param_value("stream") != "false") {
+      return Fail(res, BadField("stream", "streaming a stored response is not supported"));
+    }
+    return Reply(res, 200, *found);
+  }
+  ApiError e;
+  e.http_status = 404;
+  e.message = "Response with id '" + id + "' not found (store=false, evicted, or never made)";
+  Fail(res, e);
+}
+
+void Gateway::ResponsesInputTokens(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  Json body;
+  if (!Body(req, res, &body)) return;
+  ApiError error;
+  std::optional<ResponsesRequest> r = ParseResponsesRequest(body, &responses_, &error);
+  if (!r) return Fail(res, error);
+  if (!ModelOk(r->fields.model, res)) return;
+  grpc::ClientContext ctx;
+  v1::ApplyTemplateRequest a;
+  a.set_model(info_.id());
+  a.set_request_json(Dump(r->chat));
+  a.set_add_generation_prompt(true);
+  v1::ApplyTemplateResponse out;
+  grpc::Status s = stub_->ApplyTemplate(&ctx, a, &out);
+  if (!s.ok()) return Fail(res, ToResponsesError(FromHostStatus(s), *r));
+  Reply(res, 200, Json{{"object", "response.input_tokens"}, {"input_tokens", out.ids_size()}});
+}
+
 void Gateway::Tokenize(const Req& req, Res& res) {
   if (!Authorized(req, res)) return;
   Json body;
@@ -991,6 +1112,10 @@ void Gateway::Register(httplib::Server* server) {
   server->Get(R"(/v1/models/(.+))", bind(&Gateway::Models));
   server->Post("/v1/chat/completions", bind(&Gateway::ChatCompletions));
   server->Post("/v1/completions", bind(&Gateway::Completions));
+  server->Post("/v1/responses", bind(&Gateway::Responses));
+  server->Post("/v1/responses/input_tokens", bind(&Gateway::ResponsesInputTokens));
+  server->Get(R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
+  server->Delete(R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
   server->Post("/tokenize", bind(&Gateway::Tokenize));
   server->Post("/detokenize", bind(&Gateway::Detokenize));
   server->Post("/apply-template", bind(&Gateway::ApplyTemplate));

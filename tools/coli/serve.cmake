@@ -1,7 +1,14 @@
 # `coli serve`: the OpenAI-compatible HTTP gateway (cpp-httplib) over the host's gRPC API.
 # It starts a private coli-host through coli_client (tools/coli/client.cmake).
-target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/serve.cc
-                            ${CMAKE_CURRENT_LIST_DIR}/serve_openai.cc)
-target_link_libraries(coli PRIVATE coli_client coli_proto gRPC::grpc++ PkgConfig::HTTPLIB
-                                   nlohmann_json::nlohmann_json)
+# coli_serve_api: its OpenAI logic without networking (serve_openai: validation, errors, stop
+# sequences; serve_responses: the Responses API mapped onto the chat path), unit-tested in
+# tests/coli/serve_responses_test.cc.
+coli_cc_library(NAME coli_serve_api
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/serve_openai.cc ${CMAKE_CURRENT_LIST_DIR}/serve_responses.cc
+  HDRS ${CMAKE_CURRENT_LIST_DIR}/serve_openai.h ${CMAKE_CURRENT_LIST_DIR}/serve_responses.h
+  PUBLIC_DEPS gRPC::grpc++ nlohmann_json::nlohmann_json)
+target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/serve.cc)
+target_link_libraries(coli PRIVATE coli_serve_api coli_client coli_proto gRPC::grpc++
+                                   PkgConfig::HTTPLIB nlohmann_json::nlohmann_json)
 target_link_libraries(coli PRIVATE coli_web_assets)
+coli_add_subdirectories()

@@ -1,0 +1,443 @@
+// The Responses API mapping of `coli serve` (tools/coli/serve_responses.h): requests against
+// hand-written chat-completions bodies, errors naming the Responses field, the event sequence
+// against the order OpenAI's SDK accumulator expects, and the bounded store.
+#include "tools/coli/serve_responses.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace coli::cli::serve {
+namespace {
+
+Json J(const char* text) { return Json::parse(text); }
+
+// Compares JSON values ignoring object key order (ordered_json's == does not).
+nlohmann::json U(const Json& j) { return nlohmann::json::parse(j.dump()); }
+#define EXPECT_JSON_EQ(a, b) EXPECT_EQ(U(a), U(b))
+
+ResponsesRequest Parse(const Json& body, const ResponseStore* store = nullptr) {
+  ApiError error;
+  std::optional<ResponsesRequest> r = ParseResponsesRequest(body, store, &error);
+  EXPECT_TRUE(r.has_value()) << error.param << ": " << error.message;
+  return r ? *r : ResponsesRequest{};
+}
+
+ApiError Refused(const Json& body, const ResponseStore* store = nullptr) {
+  ApiError error;
+  std::optional<ResponsesRequest> r = ParseResponsesRequest(body, store, &error);
+  EXPECT_FALSE(r.has_value()) << body.dump();
+  EXPECT_EQ(error.http_status, 400);
+  return error;
+}
+
+TEST(ResponsesRequest, StringInputIsOneUserMessage) {
+  ResponsesRequest r = Parse(J(R"({"model": "m", "input": "Hi", "temperature": 0,
+                                   "max_output_tokens": 7})"));
+  EXPECT_JSON_EQ(r.chat["messages"], J(R"([{"role": "user", "content": "Hi"}])"));
+  EXPECT_EQ(r.chat["max_completion_tokens"], 7);
+  EXPECT_EQ(r.fields.max_tokens, 7);
+  EXPECT_EQ(r.fields.temperature, 0.0f);
+  EXPECT_EQ(r.fields.model, "m");
+  EXPECT_FALSE(r.fields.stream);
+  EXPECT_TRUE(r.store);
+  EXPECT_EQ(r.conversation, r.chat["messages"]);
+}
+
+TEST(ResponsesRequest, InstructionsComeFirstAndPartsBecomeTextParts) {
+  ResponsesRequest r = Parse(J(R"({
+    "instructions": "Be brief.",
+    "input": [
+      {"role": "developer", "content": [{"type": "input_text", "text": "a"},
+                                        {"type": "input_text", "text": "b"}]},
+      {"type": "message", "role": "user", "content": "q"},
+      {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+       "content": [{"type": "output_text", "text": "ok", "annotations": []}]},
+      {"role": "system", "content": "s"}]})"));
+  EXPECT_JSON_EQ(r.chat["messages"], J(R"([
+    {"role": "system", "content": "Be brief."},
+    {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+    {"role": "system", "content": "s"}])"));
+  // The conversation a follow-up continues holds no instructions.
+  EXPECT_EQ(r.conversation.size(), 4u);
+  EXPECT_EQ(r.echo["instructions"], "Be brief.");
+}
+
+TEST(ResponsesRequest, FunctionCallItemsJoinOneAssistantTurnWithItsReasoning) {
+  ResponsesRequest r = Parse(J(R"({"input": [
+    {"role": "user", "content": "weather?"},
+    {"type": "reasoning", "id": "rs_1", "summary": [],
+     "content": [{"type": "reasoning_text", "text": "I should "},
+                 {"type": "reasoning_text", "text": "call it."}]},
+    {"type": "function_call", "call_id": "call_a", "name": "get_weather",
+     "arguments": "{\"city\":\"Paris\"}", "id": "fc_1", "status": "completed"},
+    {"type": "function_call", "call_id": "call_b", "name": "get_time", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "call_a", "output": "{\"temp_c\": 21}"},
+    {"type": "function_call_output", "call_id": "call_b",
+     "output": [{"type": "input_text", "text": "noon"}]}]})"));
+  EXPECT_JSON_EQ(r.chat["messages"], J(R"([
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": null, "reasoning_content": "I should call it.",
+     "tool_calls": [
+       {"id": "call_a", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+       {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_a", "content": "{\"temp_c\": 21}"},
+    {"role": "tool", "tool_call_id": "call_b", "content": [{"type": "text", "text": "noon"}]}])"));
+}
+
+TEST(ResponsesRequest, AssistantTextThenFunctionCallIsOneTurn) {
+  ResponsesRequest r = Parse(J(R"({"input": [
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "Let me look."},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c1", "output": "done"},
+    {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"}]})"));
+  EXPECT_JSON_EQ(r.chat["messages"], J(R"([
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "Let me look.",
+     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    {"role": "assistant", "content": null,
+     "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}])"));
+}
+
+TEST(ResponsesRequest, ToolsToolChoiceFormatAndEffortMapToTheChatFields) {
+  ResponsesRequest r = Parse(J(R"({"input": "x",
+    "tools": [{"type": "function", "name": "f", "description": "d",
+               "parameters": {"type": "object"}, "strict": true}],
+    "tool_choice": {"type": "function", "name": "f"}, "parallel_tool_calls": false,
+    "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"},
+                        "strict": true}},
+    "reasoning": {"effort": "low", "summary": "auto"},
+    "seed": 5, "top_p": 0.5, "metadata": {"k": "v"}, "user": "u1", "store": false,
+    "stream": true})"));
+  EXPECT_JSON_EQ(r.chat["tools"], J(R"([{"type": "function", "function": {"name": "f",
+      "description": "d", "parameters": {"type": "object"}, "strict": true}}])"));
+  EXPECT_JSON_EQ(r.chat["tool_choice"], J(R"({"type": "function", "function": {"name": "f"}})"));
+  EXPECT_EQ(r.chat["parallel_tool_calls"], false);
+  EXPECT_JSON_EQ(r.chat["response_format"], J(R"({"type": "json_schema", "json_schema":
+      {"name": "s", "schema": {"type": "object"}, "strict": true}})"));
+  EXPECT_EQ(r.chat["reasoning_effort"], "low");
+  EXPECT_TRUE(r.fields.has_seed);
+  EXPECT_EQ(r.fields.seed, 5u);
+  EXPECT_FLOAT_EQ(r.fields.top_p, 0.5f);
+  EXPECT_TRUE(r.fields.stream);
+  EXPECT_FALSE(r.store);
+  // The response object repeats the request's own (Responses-shaped) fields.
+  Json o = NewResponseObject(r, "kimi", 123);
+  EXPECT_EQ(o["object"], "response");
+  EXPECT_EQ(o["id"].get<std::string>().rfind("resp_", 0), 0u);
+  EXPECT_EQ(o["created_at"], 123);
+  EXPECT_EQ(o["status"], "in_progress");
+  EXPECT_EQ(o["model"], "kimi");
+  EXPECT_EQ(o["tools"][0]["name"], "f");
+  EXPECT_EQ(o["tool_choice"]["name"], "f");
+  EXPECT_EQ(o["text"]["format"]["name"], "s");
+  EXPECT_JSON_EQ(o["reasoning"], J(R"({"effort": "low", "summary": "auto"})"));
+  EXPECT_JSON_EQ(o["metadata"], J(R"({"k": "v"})"));
+  EXPECT_EQ(o["user"], "u1");
+  EXPECT_EQ(o["store"], false);
+  EXPECT_EQ(o["parallel_tool_calls"], false);
+  EXPECT_EQ(o["top_p"], 0.5);
+  EXPECT_EQ(o["temperature"], 1.0);
+  EXPECT_JSON_EQ(o["output"], Json::array());
+  EXPECT_FALSE(o.contains("output_text"));  // the SDK computes it
+}
+
+TEST(ResponsesRequest, TextAndJsonObjectFormats) {
+  EXPECT_JSON_EQ(Parse(J(R"({"input": "x", "text": {"format": {"type": "json_object"}}})"))
+                .chat["response_format"],
+            J(R"({"type": "json_object"})"));
+  EXPECT_JSON_EQ(Parse(J(R"({"input": "x", "text": {"format": {"type": "text"}}})"))
+                .chat["response_format"],
+            J(R"({"type": "text"})"));
+}
+
+TEST(ResponsesRequest, RefusalsNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"input": "x", "frobnicate": 1})", "frobnicate"},
+      {R"({"input": "x", "conversation": "c"})", "conversation"},
+      {R"({"input": "x", "background": true})", "background"},
+      {R"({"input": "x", "include": ["reasoning.encrypted_content"]})", "include"},
+      {R"({"input": "x", "truncation": "auto"})", "truncation"},
+      {R"({})", "input"},
+      {R"({"input": 5})", "input"},
+      {R"({"input": []})", "input"},
+      {R"({"input": [{"type": "image_generation_call", "id": "x"}]})", "input[0].type"},
+      {R"({"input": [{"role": "robot", "content": "x"}]})", "input[0].role"},
+      {R"({"input": [{"role": "user"}]})", "input[0].content"},
+      {R"({"input": [{"role": "user", "content": "a"}, {"role": "user", "content":
+          [{"type": "input_text", "text": "a"}, {"type": "input_image", "image_url": "u"}]}]})",
+       "input[1].content[1].type"},
+      {R"({"input": [{"role": "user", "content": "a", "name": "n"}]})", "input[0].name"},
+      {R"({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]})",
+       "input[0].call_id"},
+      {R"({"input": [{"type": "function_call_output", "call_id": "c"}]})", "input[0].output"},
+      {R"({"input": [{"role": "user", "content": "a"}, {"type": "reasoning", "summary": []}]})",
+       "input[1]"},
+      {R"({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"},
+                     {"role": "assistant", "content": "a"}]})",
+       "input[0].encrypted_content"},
+      {R"({"input": "x", "tools": [{"type": "web_search"}]})", "tools[0].type"},
+      {R"({"input": "x", "tools": [{"type": "function"}]})", "tools[0].name"},
+      {R"({"input": "x", "tool_choice": {"type": "file_search"}})", "tool_choice"},
+      {R"({"input": "x", "text": {"format": {"type": "xml"}}})", "text.format.type"},
+      {R"({"input": "x", "text": {"verbosity": "low"}})", "text.verbosity"},
+      {R"({"input": "x", "reasoning": {"summary": "detailed"}})", "reasoning.summary"},
+      {R"({"input": "x", "max_output_tokens": 0})", "max_output_tokens"},
+      {R"({"input": "x", "temperature": 3})", "temperature"},
+      {R"({"input": "x", "stream": "yes"})", "stream"},
+      {R"({"input": "x", "metadata": {"k": 1}})", "metadata.k"},
+      {R"({"input": "x", "store": "no"})", "store"},
+      {R"({"input": "x", "top_logprobs": 3})", "top_logprobs"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = Refused(J(c.body));
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_FALSE(e.message.empty());
+  }
+  // A chat-path message restated in this API's terms.
+  ApiError e = Refused(J(R"({"input": "x", "max_output_tokens": 0})"));
+  EXPECT_NE(e.message.find("max_output_tokens"), std::string::npos) << e.message;
+  EXPECT_EQ(e.message.find("max_completion_tokens"), std::string::npos) << e.message;
+}
+
+TEST(ResponsesRequest, HostErrorsAreRestatedForTheInputItems) {
+  ResponsesRequest r = Parse(J(R"({"instructions": "sys", "input": [
+    {"role": "user", "content": "u"},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"},
+    {"type": "function_call_output", "call_id": "c1", "output": "o"}]})"));
+  auto restated = [&](const std::string& param) {
+    ApiError e = BadField(param, "render_chat: " + param + ": bad");
+    return ToResponsesError(e, r);
+  };
+  EXPECT_EQ(restated("messages[1].role").param, "input[0].role");
+  EXPECT_EQ(restated("messages[2].tool_calls[0].function.arguments").param, "input[1].arguments");
+  EXPECT_EQ(restated("messages[3].content").param, "input[2].output");
+  EXPECT_EQ(restated("messages[0].content").param, "instructions");
+  EXPECT_EQ(restated("messages").param, "input");
+  EXPECT_EQ(restated("response_format.type").param, "text.format.type");
+  EXPECT_EQ(restated("reasoning_effort").param, "reasoning.effort");
+  EXPECT_EQ(restated("tools[1].function.parameters").param, "tools[1].parameters");
+  EXPECT_EQ(restated("messages[2].tool_calls[0].function.arguments").message,
+            "render_chat: input[1].arguments: bad");
+}
+
+TEST(ResponsesRequest, PreviousResponseContinuesItsConversation) {
+  ResponseStore store;
+  store.Put("resp_1", J(R"({"id": "resp_1"})"),
+            J(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])"));
+  ResponsesRequest r = Parse(
+      J(R"({"previous_response_id": "resp_1", "instructions": "sys", "input": "c"})"), &store);
+  EXPECT_JSON_EQ(r.chat["messages"], J(R"([{"role": "system", "content": "sys"},
+      {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+      {"role": "user", "content": "c"}])"));
+  EXPECT_EQ(r.conversation.size(), 3u);
+  EXPECT_EQ(NewResponseObject(r, "m", 0)["previous_response_id"], "resp_1");
+  // Error paths after the stored part still point at this request's items.
+  EXPECT_EQ(ToResponsesError(BadField("messages[3].content", "x"), r).param, "input");
+  EXPECT_EQ(ToResponsesError(BadField("messages[1].content", "x"), r).param,
+            "previous_response_id");
+
+  ApiError e = Refused(J(R"({"previous_response_id": "resp_2", "input": "c"})"), &store);
+  EXPECT_EQ(e.param, "previous_response_id");
+  EXPECT_EQ(e.code, "previous_response_not_found");
+  EXPECT_JSON_EQ(Refused(J(R"({"previous_response_id": "resp_1", "input": "c"})"), nullptr).param,
+            "previous_response_id");
+}
+
+TEST(ResponseStore, EvictsTheOldestByCountAndBytes) {
+  ResponseStore store(2, 1 << 20);
+  for (const char* id : {"a", "b", "c"}) store.Put(id, Json{{"id", id}}, Json::array());
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_FALSE(store.Response("a").has_value());
+  EXPECT_EQ((*store.Response("c"))["id"], "c");
+  EXPECT_TRUE(store.Erase("b"));
+  EXPECT_FALSE(store.Erase("b"));
+  EXPECT_FALSE(store.Conversation("b").has_value());
+
+  ResponseStore small(100, 200);
+  const std::string big(150, 'x');
+  small.Put("x", Json{{"t", big}}, Json::array());
+  small.Put("y", Json{{"t", big}}, Json::array());  // over 200 bytes together: x goes
+  EXPECT_FALSE(small.Response("x").has_value());
+  EXPECT_TRUE(small.Response("y").has_value());
+}
+
+struct Recorder {
+  std::vector<Json> events;
+  ResponseBuilder::Sink Sink() {
+    ResponseBuilder::Sink s;
+    s.send = [this](const Json& e) {
+      events.push_back(e);
+      return true;
+    };
+    s.alive = [] { return true; };
+    return s;
+  }
+  std::vector<std::string> Types() const {
+    std::vector<std::string> t;
+    for (const Json& e : events) t.push_back(e["type"].get<std::string>());
+    return t;
+  }
+};
+
+Json Skeleton() { return NewResponseObject(Parse(J(R"({"input": "x"})")), "m", 1); }
+
+Json ToolCall(const char* id, const char* name, const char* args) {
+  return Json{{"index", 0},
+              {"id", id},
+              {"type", "function"},
+              {"function", {{"name", name}, {"arguments", args}}}};
+}
+
+TEST(ResponseBuilder, StreamsItemsInTheOrderTheSdkAccumulates) {
+  Recorder rec;
+  ResponseBuilder b(Skeleton(), rec.Sink());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("reasoning", "th"));
+  ASSERT_TRUE(b.Delta("reasoning", "ink"));
+  ASSERT_TRUE(b.Delta("tick", nullptr));
+  ASSERT_TRUE(b.Delta("content", "Hel"));
+  ASSERT_TRUE(b.Delta("content", "lo"));
+  ASSERT_TRUE(b.Delta("tool_call", ToolCall("call_1", "f", "{\"a\":1}")));
+  ASSERT_TRUE(b.Finish({"tool_calls", 10, 7, 3, 4}));
+  const std::vector<std::string> want = {
+      "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.content_part.added",
+      "response.reasoning_text.delta",
+      "response.reasoning_text.delta",
+      "response.reasoning_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.output_item.added",
+      "response.content_part.added",
+      "response.output_text.delta",
+      "response.output_text.delta",
+      "response.output_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.output_item.added",
+      "response.function_call_arguments.delta",
+      "response.function_call_arguments.done",
+      "response.output_item.done",
+      "response.completed",
+  };
+  EXPECT_EQ(rec.Types(), want);
+  for (size_t i = 0; i < rec.events.size(); ++i) {
+    EXPECT_EQ(rec.events[i]["sequence_number"], static_cast<int64_t>(i));
+  }
+  EXPECT_EQ(rec.events[0]["response"]["status"], "in_progress");
+  EXPECT_JSON_EQ(rec.events[0]["response"]["output"], Json::array());
+  // Indices and ids tie each delta to its item.
+  EXPECT_EQ(rec.events[4]["output_index"], 0);
+  EXPECT_EQ(rec.events[4]["item_id"], rec.events[2]["item"]["id"]);
+  EXPECT_EQ(rec.events[6]["text"], "think");
+  EXPECT_EQ(rec.events[11]["output_index"], 1);
+  EXPECT_EQ(rec.events[11]["content_index"], 0);
+  EXPECT_EQ(rec.events[11]["delta"], "Hel");
+  EXPECT_EQ(rec.events[13]["text"], "Hello");
+  EXPECT_EQ(rec.events[16]["item"]["arguments"], "");
+  EXPECT_EQ(rec.events[18]["arguments"], "{\"a\":1}");
+  EXPECT_EQ(rec.events[18]["name"], "f");
+
+  const Json& r = b.response();
+  EXPECT_EQ(rec.events.back()["response"], r);
+  EXPECT_EQ(r["status"], "completed");
+  EXPECT_EQ(r["incomplete_details"], nullptr);
+  ASSERT_EQ(r["output"].size(), 3u);
+  Json reasoning = J(R"({"type": "reasoning", "summary": [], "status": "completed",
+      "content": [{"type": "reasoning_text", "text": "think"}]})");
+  reasoning["id"] = r["output"][0]["id"];
+  EXPECT_JSON_EQ(r["output"][0], reasoning);
+  EXPECT_EQ(r["output"][0]["id"].get<std::string>().rfind("rs_", 0), 0u);
+  EXPECT_EQ(r["output"][1]["type"], "message");
+  EXPECT_EQ(r["output"][1]["role"], "assistant");
+  EXPECT_EQ(r["output"][1]["status"], "completed");
+  EXPECT_JSON_EQ(r["output"][1]["content"], J(R"([{"type": "output_text", "annotations": [],
+      "logprobs": [], "text": "Hello"}])"));
+  EXPECT_EQ(r["output"][2]["type"], "function_call");
+  EXPECT_EQ(r["output"][2]["call_id"], "call_1");
+  EXPECT_EQ(r["output"][2]["name"], "f");
+  EXPECT_EQ(r["output"][2]["arguments"], "{\"a\":1}");
+  EXPECT_EQ(r["output"][2]["id"].get<std::string>().rfind("fc_", 0), 0u);
+  EXPECT_JSON_EQ(r["usage"], J(R"({"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4},
+      "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 3},
+      "total_tokens": 17})"));
+  EXPECT_JSON_EQ(b.ChatMessage(), J(R"({"role": "assistant", "content": "Hello",
+      "reasoning_content": "think", "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "f", "arguments": "{\"a\":1}"}}]})"));
+}
+
+TEST(ResponseBuilder, LengthIsIncompleteWithTheReason) {
+  Recorder rec;
+  ResponseBuilder b(Skeleton(), rec.Sink());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("content", "abc"));
+  ASSERT_TRUE(b.Finish({"length", 5, 3, 0, 0}));
+  EXPECT_EQ(rec.Types().back(), "response.incomplete");
+  EXPECT_EQ(b.response()["status"], "incomplete");
+  EXPECT_JSON_EQ(b.response()["incomplete_details"], J(R"({"reason": "max_output_tokens"})"));
+  EXPECT_EQ(b.response()["output"][0]["status"], "incomplete");
+}
+
+TEST(ResponseBuilder, FailureAndDisconnect) {
+  Recorder rec;
+  ResponseBuilder b(Skeleton(), rec.Sink());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("content", "a"));
+  ApiError e;
+  e.http_status = 500;
+  e.message = "host died";
+  ASSERT_TRUE(b.Fail(e));
+  EXPECT_EQ(rec.Types().back(), "response.failed");
+  EXPECT_EQ(b.response()["status"], "failed");
+  EXPECT_JSON_EQ(b.response()["error"], J(R"({"code": "server_error", "message": "host died"})"));
+
+  ResponseBuilder::Sink gone;
+  gone.send = [](const Json&) { return false; };
+  gone.alive = [] { return false; };
+  ResponseBuilder g(Skeleton(), gone);
+  EXPECT_FALSE(g.Start());
+  EXPECT_FALSE(g.Delta("tick", nullptr));
+  EXPECT_FALSE(g.Delta("content", "x"));
+}
+
+TEST(ResponseBuilder, WithoutASinkNoEventsAndTheThinkSkipFallbackIsNotReasoning) {
+  ResponseBuilder b(Skeleton());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("reasoning", "same"));
+  ASSERT_TRUE(b.Delta("content", "same"));
+  ASSERT_TRUE(b.Finish({"stop", 1, 2, 1, 0}));
+  ASSERT_EQ(b.response()["output"].size(), 1u);
+  EXPECT_EQ(b.response()["output"][0]["type"], "message");
+  EXPECT_EQ(b.response()["usage"]["output_tokens_details"]["reasoning_tokens"], 0);
+  EXPECT_JSON_EQ(b.ChatMessage(), J(R"({"role": "assistant", "content": "same"})"));
+}
+
+TEST(ResponseBuilder, ToolCallOnlyTurnHasNullContent) {
+  ResponseBuilder b(Skeleton());
+  ASSERT_TRUE(b.Delta("tool_call", ToolCall("call_9", "g", "{}")));
+  ASSERT_TRUE(b.Finish({"tool_calls", 1, 1, 0, 0}));
+  EXPECT_JSON_EQ(b.ChatMessage(), J(R"({"role": "assistant", "content": null, "tool_calls":
+      [{"id": "call_9", "type": "function", "function": {"name": "g", "arguments": "{}"}}]})"));
+}
+
+TEST(SseEventFrame, NamesTheEvent) {
+  EXPECT_EQ(SseEventFrame(Json{{"type", "response.created"}, {"sequence_number", 0}}),
+            "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}"
+            "\n\n");
+}
+
+}  // namespace
+}  // namespace coli::cli::serve

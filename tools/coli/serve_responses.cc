@@ -1,0 +1,987 @@
+// The Responses API half of `coli serve` without networking (see serve_responses.h).
+#include "tools/coli/serve_responses.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string_view>
+
+namespace coli::cli::serve {
+namespace {
+
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+const Json* Find(const Json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::string Index(std::string_view root, size_t i) {
+  return std::string(root) + "[" + std::to_string(i) + "]";
+}
+
+// Top-level fields of POST /v1/responses this gateway maps, and the vLLM sampling extensions
+// the chat path takes under the same names (validated there).
+constexpr const char* kMapped[] = {
+    "model",         "input",       "instructions",     "max_output_tokens",
+    "temperature",   "top_p",       "tools",            "tool_choice",
+    "parallel_tool_calls", "stream", "store",           "previous_response_id",
+    "reasoning",     "text",        "metadata",         "user",
+    "safety_identifier", "seed",    "truncation",       "background",
+    "service_tier",  "include",     "stream_options",   "top_logprobs",
+    "top_k",         "min_p",       "repetition_penalty", "frequency_penalty",
+    "presence_penalty", "logit_bias"};
+// Fields of the Responses API this engine has no counterpart for.
+constexpr const char* kUnsupported[] = {
+    "conversation",     "prompt",       "prompt_cache_key", "prompt_cache_retention",
+    "prompt_cache_options", "max_tool_calls", "context_management", "moderation",
+    "personality"};
+// Passed to the chat body unchanged (same name, same meaning, validated by ParseChatParams).
+constexpr const char* kPassThrough[] = {"temperature", "top_p",  "seed",
+                                        "top_k",       "min_p",  "repetition_penalty",
+                                        "frequency_penalty", "presence_penalty", "logit_bias"};
+
+bool Contains(const auto& list, const std::string& key) {
+  for (const char* k : list) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
+// Refuses keys of an input item (or tool) outside `allowed` that carry a value.
+bool OnlyKeys(const Json& object, std::initializer_list<const char*> allowed,
+              const std::string& path, ApiError* error) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    if (it->is_null()) continue;
+    bool ok = false;
+    for (const char* a : allowed) ok = ok || it.key() == a;
+    if (!ok) {
+      *error = BadField(path + "." + it.key(),
+                        "unknown or unsupported field '" + it.key() + "' in " + path);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool RequireString(const Json& object, const char* key, const std::string& path, bool non_empty,
+                   std::string* out, ApiError* error) {
+  const Json* v = Find(object, key);
+  if (v == nullptr || !v->is_string() || (non_empty && v->get_ref<const std::string&>().empty())) {
+    *error = BadField(path + "." + key, std::string(key) + " must be a" +
+                                            (non_empty ? " non-empty" : "") + " string");
+    return false;
+  }
+  *out = v->get<std::string>();
+  return true;
+}
+
+// Message (or tool output) content: a string, or text parts -> the chat path's text parts.
+bool MapContent(const Json& content, const std::string& path, bool tool_output, Json* out,
+                ApiError* error) {
+  if (content.is_string()) {
+    *out = content;
+    return true;
+  }
+  if (!content.is_array()) {
+    *error = BadField(path, "content must be a string or an array of content parts");
+    return false;
+  }
+  *out = Json::array();
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& part = content[j];
+    const std::string part_path = Index(path, j);
+    const Json* type = part.is_object() ? Find(part, "type") : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      *error = BadField(part_path + ".type", "a content part needs a string type");
+      return false;
+    }
+    const std::string& t = type->get_ref<const std::string&>();
+    const bool text_part = t == "input_text" || (!tool_output && t == "output_text");
+    if (!text_part) {
+      *error = BadField(part_path + ".type",
+                        "content part type '" + t +
+                            "' is unsupported: this engine reads text only (input_text" +
+                            (tool_output ? "" : ", output_text") + ")");
+      return false;
+    }
+    if (!OnlyKeys(part, {"type", "text", "annotations", "logprobs"}, part_path, error)) {
+      return false;
+    }
+    std::string text;
+    if (!RequireString(part, "text", part_path, false, &text, error)) return false;
+    out->push_back(Json{{"type", "text"}, {"text", text}});
+  }
+  return true;
+}
+
+// Builds the chat messages of `input` (a string or a list of items) onto r->conversation.
+class InputMapper {
+ public:
+  explicit InputMapper(ResponsesRequest* r) : r_(r) {}
+
+  bool Map(const Json& input, ApiError* error) {
+    if (input.is_string()) {
+      Push(Json{{"role", "user"}, {"content", input}}, "input", false);
+      return true;
+    }
+    if (!input.is_array()) {
+      *error = BadField("input", "input must be a string or an array of input items");
+      return false;
+    }
+    for (size_t i = 0; i < input.size(); ++i) {
+      if (!Item(input[i], Index("input", i), error)) return false;
+    }
+    if (!pending_path_.empty()) {
+      *error = BadField(pending_path_,
+                        "a reasoning item must be followed by the assistant message or "
+                        "function_call it belongs to");
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  bool Item(const Json& item, const std::string& path, ApiError* error) {
+    if (!item.is_object()) {
+      *error = BadField(path, "an input item must be an object");
+      return false;
+    }
+    std::string type = "message";
+    if (const Json* t = Find(item, "type")) {
+      if (!t->is_string()) {
+        *error = BadField(path + ".type", "type must be a string");
+        return false;
+      }
+      type = t->get<std::string>();
+    }
+    if (type == "message") return Message(item, path, error);
+    if (type == "function_call") return FunctionCall(item, path, error);
+    if (type == "function_call_output") return FunctionCallOutput(item, path, error);
+    if (type == "reasoning") return Reasoning(item, path, error);
+    *error = BadField(path + ".type",
+                      "input item type '" + type +
+                          "' is unsupported (this engine takes message, function_call, "
+                          "function_call_output and reasoning items)");
+    return false;
+  }
+
+  bool Message(const Json& item, const std::string& path, ApiError* error) {
+    if (!OnlyKeys(item, {"type", "role", "content", "id", "status", "phase"}, path, error)) {
+      return false;
+    }
+    std::string role;
+    if (!RequireString(item, "role", path, true, &role, error)) return false;
+    if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
+      *error = BadField(path + ".role", "unknown role '" + role +
+                                            "' (expected user, system, developer or assistant)");
+      return false;
+    }
+    const Json* content = Find(item, "content");
+    if (content == nullptr) {
+      *error = BadField(path + ".content", "a message needs content");
+      return false;
+    }
+    Json message{{"role", role}};
+    if (!MapContent(*content, path + ".content", false, &message["content"], error)) return false;
+    if (role != "assistant") {
+      if (!NoPendingReasoning(path, error)) return false;
+      Push(std::move(message), path, false);
+      return true;
+    }
+    TakeReasoning(&message);
+    Push(std::move(message), path, false);
+    assistant_open_ = true;
+    return true;
+  }
+
+  bool FunctionCall(const Json& item, const std::string& path, ApiError* error) {
+    if (!OnlyKeys(item, {"type", "call_id", "name", "arguments", "id", "status"}, path, error)) {
+      return false;
+    }
+    std::string call_id, name, arguments;
+    if (!RequireString(item, "call_id", path, true, &call_id, error) ||
+        !RequireString(item, "name", path, true, &name, error) ||
+        !RequireString(item, "arguments", path, false, &arguments, error)) {
+      return false;
+    }
+    Json call{{"id", call_id},
+              {"type", "function"},
+              {"function", {{"name", name}, {"arguments", arguments}}}};
+    Json& messages = r_->conversation;
+    if (!assistant_open_) {
+      Json message{{"role", "assistant"}, {"content", nullptr}};
+      TakeReasoning(&message);
+      Push(std::move(message), path, false);
+      assistant_open_ = true;
+    }
+    Json& turn = messages.back();
+    if (!turn.contains("tool_calls")) turn["tool_calls"] = Json::array();
+    const std::string chat_path = Index("messages", ChatIndex(messages.size() - 1)) +
+                                  Index(".tool_calls", turn["tool_calls"].size());
+    r_->sources.push_back({chat_path, path, false});
+    turn["tool_calls"].push_back(std::move(call));
+    return true;
+  }
+
+  bool FunctionCallOutput(const Json& item, const std::string& path, ApiError* error) {
+    if (!OnlyKeys(item, {"type", "call_id", "output", "id", "status"}, path, error)) return false;
+    if (!NoPendingReasoning(path, error)) return false;
+    std::string call_id;
+    if (!RequireString(item, "call_id", path, true, &call_id, error)) return false;
+    const Json* output = Find(item, "output");
+    if (output == nullptr) {
+      *error = BadField(path + ".output", "a function_call_output needs output");
+      return false;
+    }
+    Json message{{"role", "tool"}, {"tool_call_id", call_id}};
+    if (!MapContent(*output, path + ".output", true, &message["content"], error)) return false;
+    Push(std::move(message), path, true);
+    return true;
+  }
+
+  // The model's thinking of the assistant turn that follows (K3 renders it in <think>).
+  bool Reasoning(const Json& item, const std::string& path, ApiError* error) {
+    if (!OnlyKeys(item, {"type", "id", "summary", "content", "encrypted_content", "status"}, path,
+                  error)) {
+      return false;
+    }
+    if (Find(item, "encrypted_content") != nullptr) {
+      *error = BadField(path + ".encrypted_content",
+                        "encrypted reasoning is not supported by this engine (send the "
+                        "reasoning item's content as reasoning_text parts)");
+      return false;
+    }
+    if (!pending_path_.empty()) {
+      *error = BadField(path, "two reasoning items in a row: each belongs to one assistant turn");
+      return false;
+    }
+    // Its text: the reasoning_text parts, or (an item without them) the summary's text.
+    std::string text;
+    const Json* content = Find(item, "content");
+    const Json* summary = Find(item, "summary");
+    const bool use_content = content != nullptr && content->is_array() && !content->empty();
+    const Json* parts = use_content ? content : summary;
+    const std::string parts_path = path + (use_content ? ".content" : ".summary");
+    if (parts != nullptr) {
+      if (!parts->is_array()) {
+        *error = BadField(parts_path, "must be an array of text parts");
+        return false;
+      }
+      for (size_t j = 0; j < parts->size(); ++j) {
+        const Json& part = (*parts)[j];
+        const Json* type = part.is_object() ? Find(part, "type") : nullptr;
+        const char* want = use_content ? "reasoning_text" : "summary_text";
+        if (type == nullptr || *type != want) {
+          *error = BadField(Index(parts_path, j) + ".type",
+                            std::string("a part here must be of type ") + want);
+          return false;
+        }
+        std::string t;
+        if (!RequireString(part, "text", Index(parts_path, j), false, &t, error)) return false;
+        if (!use_content && !text.empty()) text += "\n\n";
+        text += t;
+      }
+    }
+    pending_reasoning_ = std::move(text);
+    pending_path_ = path;
+    assistant_open_ = false;  // a reasoning item starts the next assistant turn
+    return true;
+  }
+
+  bool NoPendingReasoning(const std::string& path, ApiError* error) {
+    assistant_open_ = false;
+    if (pending_path_.empty()) return true;
+    *error = BadField(pending_path_, "a reasoning item must be followed by the assistant message "
+                                     "or function_call it belongs to, not by " + path);
+    return false;
+  }
+
+  void TakeReasoning(Json* message) {
+    if (pending_path_.empty()) return;
+    if (!pending_reasoning_.empty()) (*message)["reasoning_content"] = pending_reasoning_;
+    pending_reasoning_.clear();
+    pending_path_.clear();
+  }
+
+  // The message's index in the chat body (instructions, when given, come first).
+  size_t ChatIndex(size_t conversation_index) const {
+    return conversation_index + (r_->echo.contains("instructions") &&
+                                         !r_->echo["instructions"].is_null()
+                                     ? 1
+                                     : 0);
+  }
+
+  void Push(Json message, const std::string& path, bool tool_output) {
+    r_->sources.push_back(
+        {Index("messages", ChatIndex(r_->conversation.size())), path, tool_output});
+    r_->conversation.push_back(std::move(message));
+  }
+
+  ResponsesRequest* r_;
+  bool assistant_open_ = false;  // function_call items join the last assistant turn
+  std::string pending_reasoning_, pending_path_;
+};
+
+// A flat Responses function tool -> the chat path's {type, function: {...}}.
+bool MapTools(const Json& tools, Json* out, ApiError* error) {
+  if (!tools.is_array()) {
+    *error = BadField("tools", "tools must be an array");
+    return false;
+  }
+  *out = Json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& t = tools[i];
+    const std::string path = Index("tools", i);
+    const Json* type = t.is_object() ? Find(t, "type") : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      *error = BadField(path + ".type", "a tool needs a type");
+      return false;
+    }
+    if (*type != "function") {
+      *error = BadField(path + ".type", "tool type '" + type->get<std::string>() +
+                                            "' is unsupported (this engine takes function tools)");
+      return false;
+    }
+    if (!OnlyKeys(t, {"type", "name", "description", "parameters", "strict"}, path, error)) {
+      return false;
+    }
+    std::string name;
+    if (!RequireString(t, "name", path, true, &name, error)) return false;
+    Json fn{{"name", name}};
+    for (const char* key : {"description", "parameters", "strict"}) {
+      if (const Json* v = Find(t, key)) fn[key] = *v;
+    }
+    if (fn.contains("description") && !fn["description"].is_string()) {
+      *error = BadField(path + ".description", "description must be a string");
+      return false;
+    }
+    if (fn.contains("parameters") && !fn["parameters"].is_object()) {
+      *error = BadField(path + ".parameters", "parameters must be a JSON Schema object");
+      return false;
+    }
+    if (fn.contains("strict") && !fn["strict"].is_boolean()) {
+      *error = BadField(path + ".strict", "strict must be a boolean");
+      return false;
+    }
+    out->push_back(Json{{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return true;
+}
+
+bool MapToolChoice(const Json& tc, Json* out, ApiError* error) {
+  if (tc.is_string() && (tc == "none" || tc == "auto" || tc == "required")) {
+    *out = tc;
+    return true;
+  }
+  const Json* type = tc.is_object() ? Find(tc, "type") : nullptr;
+  const Json* name = tc.is_object() ? Find(tc, "name") : nullptr;
+  if (type != nullptr && *type == "function" && name != nullptr && name->is_string() &&
+      tc.size() == 2) {
+    *out = Json{{"type", "function"}, {"function", {{"name", *name}}}};
+    return true;
+  }
+  *error = BadField("tool_choice",
+                    "tool_choice must be none, auto, required or {\"type\": \"function\", "
+                    "\"name\": ...} (this engine has no hosted tools)");
+  return false;
+}
+
+// text.format -> response_format.
+bool MapTextFormat(const Json& text, Json* out, ApiError* error) {
+  if (!text.is_object()) {
+    *error = BadField("text", "text must be an object");
+    return false;
+  }
+  if (!OnlyKeys(text, {"format", "verbosity"}, "text", error)) return false;
+  if (const Json* v = Find(text, "verbosity"); v != nullptr && *v != "medium") {
+    *error = BadField("text.verbosity", "text.verbosity is not supported by this engine");
+    return false;
+  }
+  const Json* format = Find(text, "format");
+  if (format == nullptr) return true;
+  const Json* type = format->is_object() ? Find(*format, "type") : nullptr;
+  if (type == nullptr || !type->is_string()) {
+    *error = BadField("text.format.type", "text.format needs a type");
+    return false;
+  }
+  if (*type == "text" || *type == "json_object") {
+    if (!OnlyKeys(*format, {"type"}, "text.format", error)) return false;
+    *out = Json{{"type", *type}};
+    return true;
+  }
+  if (*type != "json_schema") {
+    *error = BadField("text.format.type", "unsupported format type '" + type->get<std::string>() +
+                                              "' (expected text, json_object or json_schema)");
+    return false;
+  }
+  if (!OnlyKeys(*format, {"type", "name", "schema", "description", "strict"}, "text.format",
+                error)) {
+    return false;
+  }
+  std::string name;
+  if (!RequireString(*format, "name", "text.format", true, &name, error)) return false;
+  const Json* schema = Find(*format, "schema");
+  if (schema == nullptr || !schema->is_object()) {
+    *error = BadField("text.format.schema", "schema must be a JSON Schema object");
+    return false;
+  }
+  Json js{{"name", name}};
+  if (const Json* d = Find(*format, "description")) js["description"] = *d;
+  js["schema"] = *schema;
+  if (const Json* s = Find(*format, "strict")) js["strict"] = *s;
+  *out = Json{{"type", "json_schema"}, {"json_schema", std::move(js)}};
+  return true;
+}
+
+// reasoning: {effort} -> reasoning_effort (the chat path's rules decide the values).
+bool MapReasoning(const Json& reasoning, Json* chat, Json* echo, ApiError* error) {
+  if (!reasoning.is_object()) {
+    *error = BadField("reasoning", "reasoning must be an object");
+    return false;
+  }
+  if (!OnlyKeys(reasoning, {"effort", "summary", "generate_summary"}, "reasoning", error)) {
+    return false;
+  }
+  for (const char* key : {"summary", "generate_summary"}) {
+    // "auto" leaves the choice to the server: this one gives the reasoning text, no summary.
+    if (const Json* v = Find(reasoning, key); v != nullptr && *v != "auto") {
+      *error = BadField(std::string("reasoning.") + key,
+                        "reasoning summaries are not produced by this engine (the reasoning "
+                        "item carries the model's reasoning text; use null or \"auto\")");
+      return false;
+    }
+  }
+  if (const Json* effort = Find(reasoning, "effort")) {
+    if (!effort->is_string()) {
+      *error = BadField("reasoning.effort", "reasoning.effort must be a string");
+      return false;
+    }
+    (*chat)["reasoning_effort"] = *effort;
+    (*echo)["effort"] = *effort;
+  }
+  if (const Json* s = Find(reasoning, "summary")) (*echo)["summary"] = *s;
+  return true;
+}
+
+// The request fields with nothing to map that must still be neutral.
+bool CheckNeutral(const Json& body, ApiError* error) {
+  auto refuse = [error](const char* key, const char* why) {
+    *error = BadField(key, std::string(key) + " " + why);
+    return false;
+  };
+  if (const Json* v = Find(body, "background"); v != nullptr && *v != false) {
+    return refuse("background", "is not supported by this engine (use false)");
+  }
+  if (const Json* v = Find(body, "truncation"); v != nullptr && *v != "disabled") {
+    return refuse("truncation", "is not supported by this engine (use \"disabled\")");
+  }
+  if (const Json* v = Find(body, "service_tier");
+      v != nullptr && *v != "auto" && *v != "default") {
+    return refuse("service_tier", "must be auto or default on this engine");
+  }
+  if (const Json* v = Find(body, "include"); v != nullptr && !(v->is_array() && v->empty())) {
+    return refuse("include", "is not supported by this engine (no extra output data)");
+  }
+  if (const Json* v = Find(body, "top_logprobs"); v != nullptr && *v != 0) {
+    return refuse("top_logprobs", "is not supported on /v1/responses (use /v1/chat/completions)");
+  }
+  if (const Json* so = Find(body, "stream_options")) {
+    if (!so->is_object()) return refuse("stream_options", "must be an object");
+    if (!OnlyKeys(*so, {"include_obfuscation"}, "stream_options", error)) return false;
+    if (const Json* o = Find(*so, "include_obfuscation"); o != nullptr && *o != false) {
+      *error = BadField("stream_options.include_obfuscation",
+                        "stream obfuscation is not supported by this engine (use false)");
+      return false;
+    }
+  }
+  if (const Json* m = Find(body, "metadata")) {
+    if (!m->is_object() || m->size() > 16) {
+      return refuse("metadata", "must be an object of at most 16 string values");
+    }
+    for (auto it = m->begin(); it != m->end(); ++it) {
+      if (!it->is_string() || it.key().size() > 64 || it->get_ref<const std::string&>().size() > 512) {
+        *error = BadField("metadata." + it.key(),
+                          "metadata values must be strings (keys <= 64, values <= 512 chars)");
+        return false;
+      }
+    }
+  }
+  for (const char* key : {"user", "safety_identifier", "previous_response_id", "instructions"}) {
+    if (const Json* v = Find(body, key); v != nullptr && !v->is_string()) {
+      return refuse(key, "must be a string");
+    }
+  }
+  if (const Json* v = Find(body, "store"); v != nullptr && !v->is_boolean()) {
+    return refuse("store", "must be a boolean");
+  }
+  return true;
+}
+
+bool HasPrefixPath(const std::string& param, const std::string& prefix) {
+  return param.compare(0, prefix.size(), prefix) == 0 &&
+         (param.size() == prefix.size() || param[prefix.size()] == '.' ||
+          param[prefix.size()] == '[');
+}
+
+void ReplaceFirst(std::string* s, std::string_view from, std::string_view to) {
+  const size_t at = s->find(from);
+  if (at != std::string::npos) s->replace(at, from.size(), to);
+}
+
+}  // namespace
+
+// ---- the store ----------------------------------------------------------------------------
+
+void ResponseStore::Put(const std::string& id, Json response, Json conversation) {
+  Entry e;
+  e.bytes = Dump(response).size() + Dump(conversation).size();
+  e.response = std::move(response);
+  e.conversation = std::move(conversation);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) {
+    bytes_ -= it->second.bytes;
+    entries_.erase(it);
+    order_.erase(std::find(order_.begin(), order_.end(), id));
+  }
+  bytes_ += e.bytes;
+  entries_.emplace(id, std::move(e));
+  order_.push_back(id);
+  // The oldest go first; the newest stays even when it alone is over max_bytes.
+  while (order_.size() > 1 && (order_.size() > max_entries_ || bytes_ > max_bytes_)) {
+    auto it = entries_.find(order_.front());
+    bytes_ -= it->second.bytes;
+    entries_.erase(it);
+    order_.pop_front();
+  }
+}
+
+std::optional<Json> ResponseStore::Response(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.response;
+}
+
+std::optional<Json> ResponseStore::Conversation(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.conversation;
+}
+
+bool ResponseStore::Erase(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  bytes_ -= it->second.bytes;
+  entries_.erase(it);
+  order_.erase(std::find(order_.begin(), order_.end(), id));
+  return true;
+}
+
+size_t ResponseStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+// ---- the request ----------------------------------------------------------------------------
+
+std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const ResponseStore* store,
+                                                      ApiError* error) {
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (Contains(kMapped, it.key())) continue;
+    if (Contains(kUnsupported, it.key())) {
+      if (it->is_null()) continue;
+      *error = BadField(it.key(), it.key() + " is not supported by this engine");
+    } else {
+      *error = BadField(it.key(), "unknown field '" + it.key() + "' for /v1/responses");
+    }
+    return std::nullopt;
+  }
+  if (!CheckNeutral(body, error)) return std::nullopt;
+
+  ResponsesRequest r;
+  Json& chat = r.chat;
+  Json& echo = r.echo;
+  if (const Json* m = Find(body, "model")) chat["model"] = *m;
+  echo["instructions"] = nullptr;
+  if (const Json* v = Find(body, "instructions")) echo["instructions"] = *v;
+  if (const Json* v = Find(body, "store")) r.store = v->get<bool>();
+
+  // The conversation: a stored response's, then this request's input.
+  echo["previous_response_id"] = nullptr;
+  if (const Json* prev = Find(body, "previous_response_id")) {
+    const std::string id = prev->get<std::string>();
+    std::optional<Json> earlier = store ? store->Conversation(id) : std::nullopt;
+    if (!earlier) {
+      *error = BadField("previous_response_id",
+                        "Previous response with id '" + id +
+                            "' not found (this server keeps the most recent stored responses "
+                            "in memory, until it restarts)");
+      error->code = "previous_response_not_found";
+      return std::nullopt;
+    }
+    const size_t first = echo["instructions"].is_null() ? 0 : 1;
+    for (size_t k = 0; k < earlier->size(); ++k) {
+      r.sources.push_back({Index("messages", first + k), "previous_response_id", false});
+    }
+    r.conversation = std::move(*earlier);
+    echo["previous_response_id"] = id;
+  }
+  const Json* input = Find(body, "input");
+  if (input == nullptr && r.conversation.empty()) {
+    *error = BadField("input", "input is required (a string or an array of input items)");
+    return std::nullopt;
+  }
+  if (input != nullptr && !InputMapper(&r).Map(*input, error)) return std::nullopt;
+  if (r.conversation.empty()) {
+    *error = BadField("input", "input must not be empty");
+    return std::nullopt;
+  }
+  Json messages = Json::array();
+  if (!echo["instructions"].is_null()) {
+    r.sources.push_back({"messages[0]", "instructions", false});
+    messages.push_back(Json{{"role", "system"}, {"content", echo["instructions"]}});
+  }
+  for (const Json& m : r.conversation) messages.push_back(m);
+  chat["messages"] = std::move(messages);
+
+  echo["max_output_tokens"] = nullptr;
+  if (const Json* v = Find(body, "max_output_tokens")) {
+    chat["max_completion_tokens"] = *v;
+    echo["max_output_tokens"] = *v;
+  }
+  echo["tools"] = Json::array();
+  if (const Json* v = Find(body, "tools")) {
+    Json tools;
+    if (!MapTools(*v, &tools, error)) return std::nullopt;
+    if (!tools.empty()) chat["tools"] = std::move(tools);
+    echo["tools"] = *v;
+  }
+  echo["tool_choice"] = "auto";
+  if (const Json* v = Find(body, "tool_choice")) {
+    if (!MapToolChoice(*v, &chat["tool_choice"], error)) return std::nullopt;
+    echo["tool_choice"] = *v;
+  }
+  echo["parallel_tool_calls"] = true;
+  if (const Json* v = Find(body, "parallel_tool_calls")) {
+    chat["parallel_tool_calls"] = *v;
+    echo["parallel_tool_calls"] = *v;
+  }
+  echo["text"] = Json{{"format", {{"type", "text"}}}};
+  if (const Json* v = Find(body, "text")) {
+    Json format;
+    if (!MapTextFormat(*v, &format, error)) return std::nullopt;
+    if (!format.is_null()) {
+      chat["response_format"] = std::move(format);
+      echo["text"]["format"] = (*v)["format"];
+    }
+  }
+  echo["reasoning"] = Json{{"effort", nullptr}, {"summary", nullptr}};
+  if (const Json* v = Find(body, "reasoning")) {
+    if (!MapReasoning(*v, &chat, &echo["reasoning"], error)) return std::nullopt;
+  }
+  for (const char* key : kPassThrough) {
+    if (const Json* v = Find(body, key)) chat[key] = *v;
+  }
+  if (const Json* v = Find(body, "stream")) chat["stream"] = *v;
+  echo["temperature"] = chat.contains("temperature") ? chat["temperature"] : Json(1.0);
+  echo["top_p"] = chat.contains("top_p") ? chat["top_p"] : Json(1.0);
+  echo["store"] = r.store;
+  echo["truncation"] = "disabled";
+  echo["metadata"] = Json::object();
+  if (const Json* v = Find(body, "metadata")) echo["metadata"] = *v;
+  for (const char* key : {"user", "safety_identifier"}) {
+    if (const Json* v = Find(body, key)) echo[key] = *v;
+  }
+
+  std::optional<SamplingFields> fields = ParseChatParams(chat, error);
+  if (!fields) {
+    *error = ToResponsesError(*error, r);
+    return std::nullopt;
+  }
+  r.fields = std::move(*fields);
+  return r;
+}
+
+ApiError ToResponsesError(ApiError error, const ResponsesRequest& request) {
+  const std::string old_param = error.param;
+  std::string p = old_param;
+  // The longest chat path some input item (or the instructions) became.
+  const ParamSource* best = nullptr;
+  for (const ParamSource& s : request.sources) {
+    if (HasPrefixPath(p, s.chat) && (best == nullptr || s.chat.size() > best->chat.size())) {
+      best = &s;
+    }
+  }
+  if (best != nullptr) {
+    std::string suffix = p.substr(best->chat.size());
+    const bool call = best->chat.find(".tool_calls[") != std::string::npos;
+    if (call) {
+      if (suffix.rfind(".function", 0) == 0) suffix.erase(0, std::strlen(".function"));
+      if (suffix == ".id") suffix = ".call_id";
+    } else if (best->tool_output) {
+      if (suffix.rfind(".content", 0) == 0) suffix.replace(0, std::strlen(".content"), ".output");
+      if (suffix == ".tool_call_id") suffix = ".call_id";
+    }
+    // A whole field (instructions, a string input, the stored conversation) has no sub-paths.
+    p = best->responses.find('[') == std::string::npos ? best->responses
+                                                        : best->responses + suffix;
+  } else {
+    static const std::pair<const char*, const char*> kRenames[] = {
+        {"max_completion_tokens", "max_output_tokens"},
+        {"max_tokens", "max_output_tokens"},
+        {"response_format.json_schema", "text.format"},
+        {"response_format", "text.format"},
+        {"reasoning_effort", "reasoning.effort"},
+        {"tool_choice.function", "tool_choice"},
+        {"messages", "input"}};
+    for (const auto& [from, to] : kRenames) {
+      if (HasPrefixPath(p, from)) {
+        p = to + p.substr(std::strlen(from));
+        break;
+      }
+    }
+    // tools[i].function.x -> tools[i].x
+    if (p.rfind("tools[", 0) == 0) {
+      const size_t at = p.find("].function");
+      if (at != std::string::npos) p.erase(at + 1, std::strlen(".function"));
+    }
+  }
+  if (!old_param.empty() && p != old_param) ReplaceFirst(&error.message, old_param, p);
+  error.param = p;
+  return error;
+}
+
+Json NewResponseObject(const ResponsesRequest& request, const std::string& model,
+                       int64_t created_at) {
+  const Json& e = request.echo;
+  Json r;
+  r["id"] = NewId("resp_");
+  r["object"] = "response";
+  r["created_at"] = created_at;
+  r["status"] = "in_progress";
+  r["background"] = false;
+  r["error"] = nullptr;
+  r["incomplete_details"] = nullptr;
+  r["instructions"] = e["instructions"];
+  r["max_output_tokens"] = e["max_output_tokens"];
+  r["model"] = model;
+  r["output"] = Json::array();
+  r["parallel_tool_calls"] = e["parallel_tool_calls"];
+  r["previous_response_id"] = e["previous_response_id"];
+  r["reasoning"] = e["reasoning"];
+  r["store"] = e["store"];
+  r["temperature"] = e["temperature"];
+  r["text"] = e["text"];
+  r["tool_choice"] = e["tool_choice"];
+  r["tools"] = e["tools"];
+  r["top_p"] = e["top_p"];
+  r["truncation"] = e["truncation"];
+  r["usage"] = nullptr;
+  r["metadata"] = e["metadata"];
+  for (const char* key : {"user", "safety_identifier"}) {
+    if (e.contains(key)) r[key] = e[key];
+  }
+  return r;
+}
+
+// ---- the response ---------------------------------------------------------------------------
+
+ResponseBuilder::ResponseBuilder(Json response, Sink sink)
+    : response_(std::move(response)), sink_(std::move(sink)) {}
+
+bool ResponseBuilder::Send(Json event) {
+  if (!sink_.send) return true;
+  event["sequence_number"] = sequence_++;
+  return sink_.send(event);
+}
+
+bool ResponseBuilder::Start() {
+  return Send(Json{{"type", "response.created"}, {"response", response_}}) &&
+         Send(Json{{"type", "response.in_progress"}, {"response", response_}});
+}
+
+bool ResponseBuilder::OpenItem(Open kind) {
+  Json item;
+  Json part;
+  if (kind == Open::kReasoning) {
+    item = Json{{"id", NewId("rs_")},
+                {"type", "reasoning"},
+                {"summary", Json::array()},
+                {"content", Json::array()},
+                {"status", "in_progress"}};
+    part = Json{{"type", "reasoning_text"}, {"text", ""}};
+  } else {
+    item = Json{{"id", NewId("msg_")},
+                {"type", "message"},
+                {"status", "in_progress"},
+                {"content", Json::array()},
+                {"role", "assistant"}};
+    part = Json{{"type", "output_text"},
+                {"annotations", Json::array()},
+                {"logprobs", Json::array()},
+                {"text", ""}};
+  }
+  Json& output = response_["output"];
+  open_ = kind;
+  open_index_ = static_cast<int>(output.size());
+  output.push_back(item);
+  output.back()["content"].push_back(part);
+  const std::string id = item["id"].get<std::string>();
+  return Send(Json{{"type", "response.output_item.added"},
+                   {"output_index", open_index_},
+                   {"item", std::move(item)}}) &&
+         Send(Json{{"type", "response.content_part.added"},
+                   {"item_id", id},
+                   {"output_index", open_index_},
+                   {"content_index", 0},
+                   {"part", std::move(part)}});
+}
+
+bool ResponseBuilder::CloseItem(const char* status) {
+  if (open_ == Open::kNone) return true;
+  Json& item = response_["output"][open_index_];
+  const Json& part = item["content"][0];
+  const std::string id = item["id"].get<std::string>();
+  Json done{{"type", open_ == Open::kReasoning ? "response.reasoning_text.done"
+                                                : "response.output_text.done"},
+            {"item_id", id},
+            {"output_index", open_index_},
+            {"content_index", 0},
+            {"text", part["text"]}};
+  if (open_ == Open::kMessage) done["logprobs"] = Json::array();
+  item["status"] = status;
+  const int index = open_index_;
+  open_ = Open::kNone;
+  open_index_ = -1;
+  return Send(std::move(done)) &&
+         Send(Json{{"type", "response.content_part.done"},
+                   {"item_id", id},
+                   {"output_index", index},
+                   {"content_index", 0},
+                   {"part", part}}) &&
+         Send(Json{{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}});
+}
+
+bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
+  const bool reasoning = !std::strcmp(kind, "reasoning");
+  if (reasoning || !std::strcmp(kind, "content")) {
+    const Open want = reasoning ? Open::kReasoning : Open::kMessage;
+    if (open_ != want && !(CloseItem("completed") && OpenItem(want))) return false;
+    const std::string& delta = payload.get_ref<const std::string&>();
+    Json& part = response_["output"][open_index_]["content"][0];
+    part["text"] = part["text"].get<std::string>() + delta;
+    Json event{{"type", reasoning ? "response.reasoning_text.delta" : "response.output_text.delta"},
+               {"item_id", response_["output"][open_index_]["id"]},
+               {"output_index", open_index_},
+               {"content_index", 0},
+               {"delta", delta}};
+    if (!reasoning) event["logprobs"] = Json::array();
+    return Send(std::move(event));
+  }
+  if (!std::strcmp(kind, "tool_call")) {
+    if (!CloseItem("completed")) return false;
+    const Json& fn = payload["function"];
+    const std::string arguments = fn["arguments"].get<std::string>();
+    Json item{{"id", NewId("fc_")},
+              {"type", "function_call"},
+              {"status", "in_progress"},
+              {"arguments", ""},
+              {"call_id", payload["id"]},
+              {"name", fn["name"]}};
+    Json& output = response_["output"];
+    const int index = static_cast<int>(output.size());
+    const std::string id = item["id"].get<std::string>();
+    if (!Send(Json{{"type", "response.output_item.added"},
+                   {"output_index", index},
+                   {"item", item}})) {
+      return false;
+    }
+    item["arguments"] = arguments;
+    item["status"] = "completed";
+    output.push_back(item);
+    return Send(Json{{"type", "response.function_call_arguments.delta"},
+                     {"item_id", id},
+                     {"output_index", index},
+                     {"delta", arguments}}) &&
+           Send(Json{{"type", "response.function_call_arguments.done"},
+                     {"item_id", id},
+                     {"output_index", index},
+                     {"name", fn["name"]},
+                     {"arguments", arguments}}) &&
+           Send(Json{{"type", "response.output_item.done"},
+                     {"output_index", index},
+                     {"item", std::move(item)}});
+  }
+  if (!std::strcmp(kind, "tick")) return !sink_.alive || sink_.alive();
+  return true;  // progress / logprob: not requested by this endpoint
+}
+
+bool ResponseBuilder::Finish(const ResponseOutcome& outcome) {
+  const bool incomplete = outcome.finish_reason == "length";
+  const bool open = CloseItem(incomplete ? "incomplete" : "completed");
+  Json& output = response_["output"];
+  int64_t reasoning_tokens = outcome.reasoning_tokens;
+  if (!sink_.send && output.size() >= 2 && output[0]["type"] == "reasoning" &&
+      output[1]["type"] == "message" &&
+      output[0]["content"][0]["text"] == output[1]["content"][0]["text"]) {
+    // The think-skip fallback re-sends the answer as content: it is not reasoning then (as the
+    // chat endpoint treats it).
+    output.erase(output.begin());
+    reasoning_tokens = 0;
+  }
+  response_["status"] = incomplete ? "incomplete" : "completed";
+  response_["incomplete_details"] =
+      incomplete ? Json{{"reason", "max_output_tokens"}} : Json(nullptr);
+  Json usage;
+  usage["input_tokens"] = outcome.input_tokens;
+  usage["input_tokens_details"] = Json{{"cached_tokens", outcome.cached_tokens}};
+  usage["output_tokens"] = outcome.output_tokens;
+  usage["output_tokens_details"] = Json{{"reasoning_tokens", reasoning_tokens}};
+  usage["total_tokens"] = outcome.input_tokens + outcome.output_tokens;
+  response_["usage"] = std::move(usage);
+  return open && Send(Json{{"type", incomplete ? "response.incomplete" : "response.completed"},
+                           {"response", response_}});
+}
+
+bool ResponseBuilder::Fail(const ApiError& error) {
+  const bool open = CloseItem("incomplete");
+  response_["status"] = "failed";
+  const char* code = error.http_status == 429   ? "rate_limit_exceeded"
+                     : error.http_status == 400 ? "invalid_prompt"
+                                                : "server_error";
+  response_["error"] = Json{{"code", code}, {"message", error.message}};
+  return open && Send(Json{{"type", "response.failed"}, {"response", response_}});
+}
+
+Json ResponseBuilder::ChatMessage() const {
+  std::string reasoning, content;
+  bool has_message = false;
+  Json calls = Json::array();
+  for (const Json& item : response_["output"]) {
+    if (item["type"] == "reasoning") {
+      reasoning += item["content"][0]["text"].get<std::string>();
+    } else if (item["type"] == "message") {
+      has_message = true;
+      content += item["content"][0]["text"].get<std::string>();
+    } else if (item["type"] == "function_call") {
+      calls.push_back(Json{{"id", item["call_id"]},
+                           {"type", "function"},
+                           {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
+    }
+  }
+  Json m{{"role", "assistant"}};
+  m["content"] = has_message || calls.empty() ? Json(content) : Json(nullptr);
+  if (!reasoning.empty()) m["reasoning_content"] = reasoning;
+  if (!calls.empty()) m["tool_calls"] = std::move(calls);
+  return m;
+}
+
+std::string SseEventFrame(const Json& event) {
+  return "event: " + event["type"].get<std::string>() + "\ndata: " + Dump(event) + "\n\n";
+}
+
+}  // namespace coli::cli::serve

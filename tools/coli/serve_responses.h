@@ -1,0 +1,155 @@
+// tools/coli/serve_responses: OpenAI's Responses API (POST /v1/responses) for `coli serve`,
+// without networking. A Responses request is mapped onto the chat-completions path (the same
+// ParseChatParams validation, the same XTML rendering and output parser at the host); the chat
+// path's deltas are turned into the Responses output items and SSE events; finished responses
+// are kept in a bounded in-memory store for `previous_response_id` and GET /v1/responses/{id}.
+//
+//   ApiError error;
+//   std::optional<ResponsesRequest> r = ParseResponsesRequest(body, &store, &error);
+//   if (!r) reply(error.http_status, ErrorBody(error));
+//   // r->chat is an ordinary /v1/chat/completions body, r->fields its ParseChatParams result.
+//   ResponseBuilder b(NewResponseObject(*r, "kimi-k3", now), sink);
+//   b.Start();                        // response.created, response.in_progress
+//   b.Delta("content", "Hello");      // output_item.added, content_part.added, output_text.delta
+//   b.Finish(outcome);                // ... .done events, response.completed / .incomplete
+//
+// Mapping (documented in docs/status/responses.md): `instructions` -> a first system message;
+// input messages (user/system/developer/assistant, string or input_text/output_text parts) ->
+// chat messages; `function_call` items -> the assistant message's tool_calls (consecutive ones
+// join one assistant turn); `function_call_output` -> a tool message; a `reasoning` item ->
+// the next assistant turn's reasoning_content; flat function tools -> chat tools;
+// `text.format` -> response_format; `reasoning.effort` -> reasoning_effort;
+// `max_output_tokens` -> max_completion_tokens. Anything else is refused with a 400 naming it.
+#ifndef COLI_TOOLS_COLI_SERVE_RESPONSES_H_
+#define COLI_TOOLS_COLI_SERVE_RESPONSES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tools/coli/serve_openai.h"
+
+namespace coli::cli::serve {
+
+// Finished responses kept for `previous_response_id` and GET/DELETE /v1/responses/{id}: at most
+// `max_entries` responses and `max_bytes` of JSON; the oldest go first. Thread-safe.
+class ResponseStore {
+ public:
+  explicit ResponseStore(size_t max_entries = 512, size_t max_bytes = size_t{64} << 20)
+      : max_entries_(max_entries), max_bytes_(max_bytes) {}
+
+  // Keeps `response` (the object GET returns) and `conversation` (the chat messages a follow-up
+  // continues from: the stored input plus this response's assistant turn, no instructions).
+  void Put(const std::string& id, Json response, Json conversation);
+  std::optional<Json> Response(const std::string& id) const;
+  std::optional<Json> Conversation(const std::string& id) const;
+  bool Erase(const std::string& id);
+  size_t size() const;
+
+ private:
+  struct Entry {
+    Json response, conversation;
+    size_t bytes = 0;
+  };
+  const size_t max_entries_, max_bytes_;
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+  std::deque<std::string> order_;  // oldest first
+  size_t bytes_ = 0;
+};
+
+// Where a chat-body path came from in the Responses request, for error messages.
+struct ParamSource {
+  std::string chat;       // "messages[3]", "messages[1].tool_calls[0]", "tools[2]"
+  std::string responses;  // "input[4]", "input[2]", "tools[2]"
+  bool tool_output = false;  // a function_call_output: the chat `content` is its `output`
+};
+
+// A Responses request mapped onto the chat-completions path.
+struct ResponsesRequest {
+  Json chat;              // the equivalent /v1/chat/completions body
+  SamplingFields fields;  // ParseChatParams(chat)
+  Json conversation = Json::array();  // chat messages a follow-up continues (no instructions)
+  Json echo = Json::object();  // the request fields the response object repeats
+  bool store = true;
+  std::vector<ParamSource> sources;
+};
+
+// Validates `body` (a POST /v1/responses object) and maps it. `store` resolves
+// previous_response_id (nullptr: none is known). On failure *error names the field.
+std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const ResponseStore* store,
+                                                      ApiError* error);
+
+// An error about the chat body (ParseChatParams's, or the host's rendering error) restated in
+// the Responses request's terms: "messages[2].content" -> "input[1].content",
+// "max_completion_tokens" -> "max_output_tokens", "response_format" -> "text.format", ...
+ApiError ToResponsesError(ApiError error, const ResponsesRequest& request);
+
+// The response object before generation: id resp_..., object, created_at, status in_progress,
+// model, empty output, and the request fields it repeats.
+Json NewResponseObject(const ResponsesRequest& request, const std::string& model,
+                       int64_t created_at);
+
+// How a generation ended (from the chat path's result).
+struct ResponseOutcome {
+  std::string finish_reason;  // the chat path's: "stop", "length", "tool_calls"
+  int64_t input_tokens = 0, output_tokens = 0, reasoning_tokens = 0, cached_tokens = 0;
+};
+
+// Builds the output items of one response from the chat path's deltas and, with a sink, sends
+// the Responses SSE events for them (each with `sequence_number` 0, 1, 2, ...).
+class ResponseBuilder {
+ public:
+  struct Sink {
+    // Sends one event (a JSON object with "type" and "sequence_number"); false once the client
+    // is gone. Unset: no events (a non-streamed response).
+    std::function<bool(const Json& event)> send;
+    std::function<bool()> alive;  // the client still reads (checked without writing)
+  };
+
+  explicit ResponseBuilder(Json response, Sink sink = {});
+
+  // response.created, response.in_progress.
+  bool Start();
+  // One delta of the chat path (Gateway::RunChoice's kinds): "reasoning" / "content" text, a
+  // "tool_call" (a chat tool call {id, type, function: {name, arguments}}), "tick" (a token
+  // that showed nothing: checks the client). Other kinds carry nothing for this API. Returns
+  // false when the client is gone.
+  bool Delta(const char* kind, const Json& payload);
+  // Closes the open item, sets status (incomplete with reason max_output_tokens when the chat
+  // path says "length"), usage, and sends response.completed / response.incomplete.
+  bool Finish(const ResponseOutcome& outcome);
+  // The generation failed after it started: status failed with `error`, response.failed.
+  bool Fail(const ApiError& error);
+
+  const Json& response() const { return response_; }
+  // This response's assistant turn as one chat message (reasoning_content, content,
+  // tool_calls), for the store.
+  Json ChatMessage() const;
+
+ private:
+  enum class Open { kNone, kReasoning, kMessage };
+  bool Send(Json event);
+  bool OpenItem(Open kind);
+  bool CloseItem(const char* status);
+
+  Json response_;
+  Sink sink_;
+  int64_t sequence_ = 0;
+  Open open_ = Open::kNone;
+  int open_index_ = -1;
+};
+
+// "event: <type>\ndata: <json>\n\n", the frame the Responses API streams.
+std::string SseEventFrame(const Json& event);
+
+}  // namespace coli::cli::serve
+
+#endif  // COLI_TOOLS_COLI_SERVE_RESPONSES_H_
