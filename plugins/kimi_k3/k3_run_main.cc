@@ -264,7 +264,7 @@ absl::Status Main(int argc, char** argv) {
   SpecDecoder spec;
   DraftBudget spec_budget;
   int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0, spec_from_buffer = 0,
-          spec_passes = 0;
+          spec_passes = 0, spec_replayed = 0;
   const double td = Seconds();
   for (int g = 0; g < ngen; ++g) {
     sampling::Sample s = sampler.Next(logits);
@@ -322,7 +322,8 @@ absl::Status Main(int argc, char** argv) {
         ++spec_verifies;
         spec_drafted += static_cast<int64_t>(draft.size());
         spec_accepted += v.accepted;
-        spec_passes += v.rerun ? 2 : 1;
+        spec_passes += 1;  // a rejected draft is replayed (spec_decode.h), no second pass
+        spec_replayed += v.replayed;
         continue;
       }
     }
@@ -349,10 +350,10 @@ absl::Status Main(int argc, char** argv) {
   split("decode", t, after_prefill);
   if (spec_on) {
     std::fprintf(stderr, "[k3-run] spec: %lld forward passes for %d steps; %lld verify passes, "
-                 "%lld draft tokens, %lld accepted, %lld from the buffer\n",
+                 "%lld draft tokens, %lld accepted, %lld from the buffer, %lld rows replayed\n",
                  static_cast<long long>(spec_passes), steps, static_cast<long long>(spec_verifies),
                  static_cast<long long>(spec_drafted), static_cast<long long>(spec_accepted),
-                 static_cast<long long>(spec_from_buffer));
+                 static_cast<long long>(spec_from_buffer), static_cast<long long>(spec_replayed));
   }
   std::fprintf(stderr, "[k3-run] experts: %lld unique expert computations for %lld (row, expert) pairs\n",
                static_cast<long long>(t.moe_stats.expert_calls),

@@ -12,10 +12,16 @@
 // State per layer and sequence (KdaState): S [H, d, d] (rows = key dim) and the last taps−1
 // raw projections of q, k and v (conv windows). Constant in sequence length.
 // A batch of rows is processed with every matmul batched; the conv and the recurrence then
-// advance row by row in order, so results do not depend on how rows are chunked.
+// advance row by row in order (KdaRowStep), so results do not depend on how rows are chunked.
+// Replay (speculative decoding, spec_decode.h): on request (KdaState::record) KdaForward keeps
+// the inputs of each row's state update — the raw projections q̃, k̃, ṽ that enter the conv
+// windows, α and β — and KdaReplay advances a state over those rows again with the same
+// KdaRowStep: no matmul, no weight read but the conv taps; bit-identical to the forward pass.
+// Per row 4C + H floats (K3: 196,992 bytes per layer, 13.6 MB over the 69 KDA layers).
 #ifndef COLI_PLUGINS_KIMI_K3_KDA_H_
 #define COLI_PLUGINS_KIMI_K3_KDA_H_
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -26,16 +32,50 @@
 
 namespace coli::k3 {
 
+// The inputs of the per-row state update (KdaRowStep) of one layer, row after row, as KdaForward
+// computed them: what KdaReplay needs to advance a state over the same rows again.
+struct KdaRowInputs {
+  std::vector<float> q, k, v;  // [rows, C] raw projections q̃, k̃, ṽ (the conv inputs)
+  std::vector<float> alpha;    // [rows, C] decay gate α
+  std::vector<float> beta;     // [rows, H] β
+  // Rows held (beta.size() / H).
+  int64_t rows(const KdaConfig& c) const;
+  // OK when the buffers hold at least `rows` rows of c's widths, all of the same count;
+  // FAILED_PRECONDITION naming the layer (index `layer` of the stack) otherwise.
+  absl::Status Check(const KdaConfig& c, int64_t rows, int layer) const;
+  void Clear();  // no rows; keeps the capacity (a verify's record is refilled every verify)
+  size_t bytes() const;
+};
+
 struct KdaState {
   std::vector<float> S;                    // [H, d, d]
   std::vector<float> q_win, k_win, v_win;  // [(taps − 1), C], oldest first
-  void Reset(const KdaConfig& c);          // zero state (sized for c)
+  // When set, KdaForward appends the update inputs of every row it runs on this state (not
+  // owned: whoever sets it around a pass clears it after — Session::StepAll; copies of the state
+  // must not be run while it is set).
+  KdaRowInputs* record = nullptr;
+  void Reset(const KdaConfig& c);  // zero state (sized for c); no record
 };
 
 // x: [n, D] (the RMS-normalised layer input), out: [n, D]. states[r] is row r's sequence
 // state; rows of one sequence must appear in position order.
 absl::Status KdaForward(const Config& cfg, const KdaWeights& w, const Compute& c, const float* x,
                         int n, std::span<KdaState* const> states, float* out);
+
+// One row's state update and read-out (spec §3.3 steps 2, 3, 6), shared by KdaForward and
+// KdaReplay so the two cannot drift: the conv windows take the raw projections q_raw, k_raw,
+// v_raw ([C] each) and give q, k, v (conv + SiLU, per-head L2 norms, q scaled by d^-1/2), then
+// the delta rule with alpha [C] and beta [H] advances st.S and writes o [C] = Sᵀq. scratch: 3C
+// floats. `threads` for the heads (results do not depend on it).
+void KdaRowStep(const KdaConfig& cfg, const KdaWeights& w, int threads, const float* q_raw,
+                const float* k_raw, const float* v_raw, const float* alpha, const float* beta,
+                KdaState& st, float* scratch, float* o);
+
+// Advances `st` over rows [0, rows) of `in` exactly as KdaForward advanced the state they were
+// recorded on (KdaRowStep row by row; the read-out is discarded). FAILED_PRECONDITION (from
+// KdaRowInputs::Check, naming `layer`) when `in` holds fewer rows; `st` is then unchanged.
+absl::Status KdaReplay(const KdaConfig& cfg, const KdaWeights& w, int threads,
+                       const KdaRowInputs& in, int64_t rows, KdaState& st, int layer);
 
 }  // namespace coli::k3
 

@@ -161,11 +161,13 @@ struct K3Session {
   // Decode steps whose forward pass held more than one row, and those passes' rows summed
   // (mean batch = batched_rows / batched_steps); Feed() tells how a pass's costs are shared.
   double batched_steps = 0, batched_rows = 0;
-  // Forward passes decode ran for this session (fed steps, verify passes and their re-runs,
-  // rewinds), and the speculative-decoding counters (docs/status/spec-decoding.md).
+  // Forward passes decode ran for this session (fed steps and verify passes; a rejected draft or
+  // a rewind is replayed without one), and the speculative-decoding counters
+  // (docs/status/spec-decoding.md): spec_rejections = verify passes with a rejected draft token,
+  // spec_replays = rows replayed (Session::Replay) by those verifies and by rewinds.
   double decode_passes = 0;
   double spec_drafts = 0, spec_draft_tokens = 0, spec_accepted = 0, spec_from_buffer = 0;
-  double spec_reruns = 0, spec_rewinds = 0;
+  double spec_rejections = 0, spec_replays = 0, spec_rewinds = 0;
   ExpertStoreStats experts;
   // Vulkan tier counters attributed to this session (passes split like the expert stats).
   double vk_matmuls = 0, vk_hits = 0, vk_promotions = 0, vk_evictions = 0;
@@ -442,7 +444,8 @@ void TakeExpertStats(K3Session* s) {
 }
 
 // Returns the session to its delivered record when verified tokens are still buffered (the host
-// ended the turn early or fed another token): restore + replay under the model's lock. On error
+// ended the turn early or fed another token): checkpoint + replay of the delivered rows under
+// the model's lock (no forward pass). On error
 // the session is unusable until its next prefill (its logits are dropped).
 absl::Status RewindSpec(K3Session* s) {
   if (s->spec.undelivered() == 0) {
@@ -453,12 +456,13 @@ absl::Status RewindSpec(K3Session* s) {
   {
     ForwardLock lock(*s->m);
     const auto t0 = Clock::now();
+    const int64_t replayed = s->spec.replayed_rows();
     logits = s->spec.Rewind(*s->session);
+    s->spec_replays += static_cast<double>(s->spec.replayed_rows() - replayed);
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     TakeExpertStats(s);
   }
   s->spec_rewinds += 1;
-  s->decode_passes += 1;
   if (!logits.ok()) {
     s->logits.clear();
     s->session->Reset();
@@ -792,8 +796,9 @@ absl::Status VerifyDraft(K3Session* s, const coli_decode_row_t& row,
   s->spec_drafts += 1;
   s->spec_draft_tokens += static_cast<double>(draft.size());
   s->spec_accepted += v->accepted;
-  s->spec_reruns += v->rerun ? 1 : 0;
-  s->decode_passes += v->rerun ? 2 : 1;
+  s->spec_rejections += static_cast<size_t>(v->accepted) < draft.size() ? 1 : 0;
+  s->spec_replays += static_cast<double>(v->replayed);
+  s->decode_passes += 1;
   s->logits = std::move(v->logits);
   s->pending = -1;
   return absl::OkStatus();
@@ -928,7 +933,7 @@ const char* const kStatNames[] = {
     "checkpoint_restores", "checkpoint_tokens_restored", "checkpoint_bytes",
     "batched_steps", "batched_rows", "decode_passes",
     "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_tokens_from_buffer",
-    "spec_reruns", "spec_rewinds",
+    "spec_rejections", "spec_replays", "spec_rewinds",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -953,7 +958,8 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.spec_draft_tokens,
                            s.spec_accepted,
                            s.spec_from_buffer,
-                           s.spec_reruns,
+                           s.spec_rejections,
+                           s.spec_replays,
                            s.spec_rewinds};
   std::vector<coli_stat_t> out = abi::NamedStats(kStatNames, values);
   // The Vulkan tier and shared experts: counters attributed to this session; resident experts,

@@ -73,6 +73,18 @@ size_t Checkpoint::bytes() const {
   return n;
 }
 
+size_t ReplayRecord::bytes() const {
+  size_t n = tokens.size() * sizeof(int32_t);
+  for (const KdaRowInputs& k : kda) n += k.bytes();
+  return n;
+}
+
+void ReplayRecord::Clear() {
+  position = -1;
+  tokens.clear();
+  for (KdaRowInputs& k : kda) k.Clear();
+}
+
 Checkpoint Session::TakeCheckpoint(std::vector<float> logits) const {
   return Checkpoint{tokens_, state_.kda, std::move(logits)};
 }
@@ -218,7 +230,8 @@ absl::StatusOr<std::vector<float>> Session::Step(int32_t token) {
 }
 
 absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tokens,
-                                                    bool every_row) {
+                                                    bool every_row, ReplayRecord* record) {
+  if (record) record->Clear();
   COLI_RETURN_IF_ERROR(CheckUsable());
   if (tokens.empty()) return absl::InvalidArgumentError("StepAll needs at least one token");
   const int64_t D = model_.hidden_size();
@@ -226,7 +239,85 @@ absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tok
   const auto t0 = std::chrono::steady_clock::now();
   COLI_RETURN_IF_ERROR(model_.Embed(tokens, x.data()));
   timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return Run(x.data(), tokens, /*prefill=*/false, every_row);
+  if (!record) return Run(x.data(), tokens, /*prefill=*/false, every_row);
+  // KdaForward appends each row's update inputs to the layer's record while the hook is set.
+  const int64_t start = position();
+  record->kda.resize(state_.kda.size());
+  for (size_t i = 0; i < state_.kda.size(); ++i) {
+    if (!state_.kda[i].S.empty()) state_.kda[i].record = &record->kda[i];
+  }
+  absl::StatusOr<std::vector<float>> out = Run(x.data(), tokens, /*prefill=*/false, every_row);
+  for (KdaState& k : state_.kda) k.record = nullptr;
+  if (!out.ok()) {
+    record->Clear();
+    return out;
+  }
+  record->position = start;
+  record->tokens.assign(tokens.begin(), tokens.end());
+  return out;
+}
+
+absl::Status Session::Replay(const Checkpoint& before, const ReplayRecord& record,
+                             int64_t rows) {
+  const int64_t p = static_cast<int64_t>(before.tokens.size());
+  const int64_t n = static_cast<int64_t>(record.tokens.size());
+  if (record.position != p) {
+    return absl::FailedPreconditionError(absl::StrCat("replay record starts at position ",
+                                                      record.position, ", the checkpoint is at ",
+                                                      p));
+  }
+  if (rows < 0 || rows > n) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replay of ", rows, " rows from a record of ", n));
+  }
+  if (p + rows > position() || !std::equal(before.tokens.begin(), before.tokens.end(),
+                                           tokens_.begin()) ||
+      !std::equal(record.tokens.begin(), record.tokens.begin() + rows, tokens_.begin() + p)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replay of ", rows, " rows at position ", p,
+        ": the session's record does not hold the checkpoint's tokens followed by those rows"));
+  }
+  const size_t L = state_.kda.size();
+  if (before.kda.size() != L || record.kda.size() != L) {
+    return absl::FailedPreconditionError("replay: checkpoint or record taken on another model");
+  }
+  const Config& cfg = model_.config();
+  for (size_t i = 0; i < L; ++i) {
+    if (!state_.kda[i].S.empty()) {
+      if (before.kda[i].S.size() != state_.kda[i].S.size()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("replay: the checkpoint's KDA layer ", i, " has another size"));
+      }
+      COLI_RETURN_IF_ERROR(record.kda[i].Check(cfg.kda, rows, static_cast<int>(i)));
+    } else if (state_.mla[i].length < p + rows) {
+      return absl::FailedPreconditionError(absl::StrCat("replay: MLA layer ", i, " caches ",
+                                                        state_.mla[i].length, " rows, ", p + rows,
+                                                        " needed"));
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Weights& w = model_.weights();
+  const int threads = model_.options().threads;
+  for (size_t i = 0; i < L; ++i) {
+    if (state_.kda[i].S.empty()) {
+      state_.mla[i].length = p + rows;
+      continue;
+    }
+    // Assigned, not rebuilt: the state's buffers are reused (and stay warm in cache for the
+    // replay that follows, layer by layer).
+    state_.kda[i] = before.kda[i];
+    if (absl::Status s = KdaReplay(cfg.kda, w.layers[i].kda_w, threads, record.kda[i], rows,
+                                   state_.kda[i], static_cast<int>(i));
+        !s.ok()) {
+      broken_ = true;  // checked above, so not expected: the layers before it were replayed
+      return s;
+    }
+  }
+  tokens_.resize(static_cast<size_t>(p + rows));
+  broken_ = false;
+  timings_.attention +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> Session::StepBatch(

@@ -46,6 +46,21 @@ struct Checkpoint {
   size_t bytes() const;
 };
 
+// What a StepAll pass leaves behind on request so that a prefix of its rows can be re-applied
+// from a checkpoint without a forward pass (Session::Replay; speculative decoding drops rejected
+// draft rows with it, spec_decode.h): per KDA layer the inputs of every row's state update
+// (kda.h, KdaRowInputs: 4C + H floats per row — K3: 13.6 MB per row over its 69 KDA layers),
+// plus where the chunk started and its tokens. MLA layers need nothing (their caches only grow:
+// the rows of the prefix are already right), nor does AttnRes or the MoE (no state).
+struct ReplayRecord {
+  int64_t position = -1;          // the session's position before the chunk; -1 = empty
+  std::vector<int32_t> tokens;    // the chunk
+  std::vector<KdaRowInputs> kda;  // per layer (empty for MLA layers)
+  size_t bytes() const;
+  // Empty again; keeps the buffers' capacity (refilled by the next StepAll).
+  void Clear();
+};
+
 class Session {
  public:
   // Tokens done so far / total of this call.
@@ -94,9 +109,22 @@ class Session {
   // every_row = false the head runs on the last row only and [V] comes back. Refusals as Step,
   // plus INVALID_ARGUMENT for no tokens and RESOURCE_EXHAUSTED when the chunk would pass K3_MAXT
   // (nothing runs). Nothing goes to the K3_LOGITS file (decode rows never do); under K3_TRACE
-  // the rows are traced like prefill rows.
+  // the rows are traced like prefill rows. With `record`, it is refilled with the pass's replay
+  // inputs (see Replay; its previous content is dropped; emptied again when the pass fails).
   absl::StatusOr<std::vector<float>> StepAll(std::span<const int32_t> tokens,
-                                             bool every_row = true);
+                                             bool every_row = true,
+                                             ReplayRecord* record = nullptr);
+  // Puts the session exactly where it would be after consuming `before`'s record and then the
+  // first `rows` tokens of `record`'s chunk (0 ≤ rows ≤ chunk length), without a forward pass:
+  // every KDA layer's state is `before`'s, advanced over the recorded rows by KdaReplay (the
+  // forward pass's own per-row code: bit-identical states and conv windows), the MLA caches are
+  // cut to the new position (their rows of the prefix are causal, already right), the token
+  // record is `before`'s plus those tokens. `record` must come from a StepAll run at `before`'s
+  // position on this session, whose tokens still lead the record past it (e.g. a verify chunk,
+  // then Replay of its accepted prefix; or later a shorter prefix again); else
+  // FAILED_PRECONDITION naming what differs, and nothing changes. Clears `broken()`. The time
+  // goes to timings().attention. The caller keeps the logits (the session holds none).
+  absl::Status Replay(const Checkpoint& before, const ReplayRecord& record, int64_t rows);
   // Forgets everything (state zeroed, record cleared); keeps the timings.
   void Reset();
   // The state at the current position; `logits` are the ones after the last token.

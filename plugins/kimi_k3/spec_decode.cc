@@ -9,12 +9,18 @@
 
 namespace coli::k3 {
 
-void SpecDecoder::Clear() {
+void SpecDecoder::Forget() {
   fed_ = -1;
   ahead_.clear();
   logits_.clear();
   next_ = 0;
   before_.reset();
+  record_.Clear();
+}
+
+void SpecDecoder::Clear() {
+  Forget();
+  record_ = ReplayRecord();
 }
 
 absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int32_t token,
@@ -33,7 +39,7 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
   if (session.broken()) {
     return absl::FailedPreconditionError("spec verify on a session broken by an earlier error");
   }
-  Clear();
+  Forget();
   const size_t V = static_cast<size_t>(session.model().vocab_size());
   const size_t K = draft.size();
   std::vector<int32_t> chunk;
@@ -43,6 +49,7 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
   Checkpoint before = session.TakeCheckpoint({});
   // Any failure after the first pass: back to `before` (Restore also clears a broken pass).
   auto fail = [&](absl::Status s) -> absl::Status {
+    record_.Clear();
     if (absl::Status r = session.Restore(before); !r.ok()) {
       return absl::Status(s.code(), absl::StrCat(s.message(),
                                                  "; restoring the pre-verify "
@@ -51,7 +58,7 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
     }
     return s;
   };
-  absl::StatusOr<std::vector<float>> all = session.StepAll(chunk);
+  absl::StatusOr<std::vector<float>> all = session.StepAll(chunk, /*every_row=*/true, &record_);
   if (!all.ok()) return fail(all.status());
   auto row = [&](size_t i) { return std::span<const float>(all->data() + i * V, V); };
   size_t m = 0;
@@ -59,42 +66,49 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
   Verified out;
   out.accepted = static_cast<int>(m);
   if (m < K) {
-    // The state holds rejected drafts: go back and consume only t, d1…dm.
-    if (absl::Status r = session.Restore(before); !r.ok()) return r;
-    out.rerun = true;
-    absl::StatusOr<std::vector<float>> again =
-        session.StepAll(std::span<const int32_t>(chunk).first(m + 1), /*every_row=*/false);
-    if (!again.ok()) return fail(again.status());
+    // The state holds rejected drafts: back to `before` with only t, d1…dm consumed, replayed
+    // from the verify pass's record (no second pass).
+    if (absl::Status r = session.Replay(before, record_, static_cast<int64_t>(m + 1)); !r.ok()) {
+      return fail(r);
+    }
+    out.replayed = static_cast<int64_t>(m + 1);
+    replayed_rows_ += out.replayed;
   }
   out.logits.assign(row(0).begin(), row(0).end());
   if (m > 0) {
     fed_ = token;
     ahead_.assign(draft.begin(), draft.begin() + m);
-    for (size_t i = 1; i <= m; ++i) logits_.emplace_back(row(i).begin(), row(i).end());
+    for (size_t i = 0; i <= m; ++i) logits_.emplace_back(row(i).begin(), row(i).end());
     before_.emplace(std::move(before));
+  } else {
+    record_.Clear();  // nothing buffered, nothing to rewind
   }
   return out;
 }
 
 std::optional<std::vector<float>> SpecDecoder::Take(int32_t token) {
   if (undelivered() == 0 || ahead_[next_] != token) return std::nullopt;
-  std::vector<float> logits = std::move(logits_[next_]);
   ++next_;
-  if (undelivered() == 0) Clear();
-  return logits;
+  if (undelivered() == 0) {
+    std::vector<float> logits = std::move(logits_[next_]);
+    Forget();
+    return logits;
+  }
+  return logits_[next_];  // a copy: a Rewind from here returns it again
 }
 
 absl::StatusOr<std::optional<std::vector<float>>> SpecDecoder::Rewind(Session& session) {
   if (undelivered() == 0) {
-    Clear();
+    Forget();
     return std::optional<std::vector<float>>();
   }
-  std::vector<int32_t> replay = {fed_};
-  replay.insert(replay.end(), ahead_.begin(), ahead_.begin() + next_);
-  Checkpoint before = std::move(*before_);
-  Clear();
-  COLI_RETURN_IF_ERROR(session.Restore(before));
-  COLI_ASSIGN_OR_RETURN(std::vector<float> logits, session.StepAll(replay, /*every_row=*/false));
+  // t and the delivered drafts are rows 0…next_ of the verify chunk.
+  const int64_t rows = static_cast<int64_t>(next_) + 1;
+  absl::Status s = session.Replay(*before_, record_, rows);
+  std::vector<float> logits = std::move(logits_[next_]);
+  Forget();
+  COLI_RETURN_IF_ERROR(s);
+  replayed_rows_ += rows;
   return std::optional<std::vector<float>>(std::move(logits));
 }
 

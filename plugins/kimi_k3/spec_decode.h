@@ -14,10 +14,14 @@
 // is the token the row would emit from row i's logits (greedy: its argmax; sampled: a draw of a
 // copy of its sampler); d(i+1) is accepted while emit(row i) == d(i+1). With m accepted, the
 // emitted tokens are x1…x(m+1) = emit(row 0…m) (the accepted drafts, then the correction — or
-// the bonus when m = K). When m < K the checkpoint is restored and [t, d1…dm] re-run, so the
-// state is exactly "consumed t, x1…xm" (x(m+1) is fed by the next step as usual). The logits
-// after x1…xm stay buffered: each later Take(token) hands out the next one when `token` is the
-// buffered token, without a pass.
+// the bonus when m = K). When m < K the session is put back to "consumed t, x1…xm" without a
+// second pass (Session::Replay): the verify pass recorded each KDA layer's per-row update inputs
+// (Session::StepAll's ReplayRecord), so the checkpoint's recurrent state is advanced over rows
+// 0…m again by the forward pass's own per-row code (conv windows + delta rule: one pass over S
+// per row and layer, no matmul, no expert read), the MLA caches are cut to the new position
+// (their rows 0…m are causal, already right). x(m+1) is fed by the next step as usual. The
+// logits after x1…xm stay buffered: each later Take(token) hands out the next one when `token`
+// is the buffered token, without a pass.
 //
 // Why a sampled row stays exact (seeded streams bit for bit): a lookup draft is deterministic
 // (a point mass), so speculative sampling's acceptance probability for d is p(d), the chance
@@ -27,16 +31,20 @@
 // x1…x(m+1), with the same logprobs: the output is what one step at a time gives.
 //
 // Until the buffer is drained the session's state is ahead of what was delivered (the record
-// holds undelivered tokens). The pre-verify checkpoint is kept for that time: Rewind() restores
-// it and replays t and the delivered tokens, so the record is exactly the delivered one (used
-// when the host feeds a different token or ends the turn early: stop string, max tokens, cancel,
-// a sampled row whose knobs changed).
+// holds undelivered tokens). The pre-verify checkpoint and the replay record are kept for that
+// time: Rewind() replays t and the delivered tokens onto the checkpoint (Session::Replay, no
+// forward pass either), so the record is exactly the delivered one (used when the host feeds a
+// different token or ends the turn early: stop string, max tokens, cancel, a sampled row whose
+// knobs changed).
 //
 // A buffered token is sampled by the caller from its buffered logits with its normal sampler, so
 // logprobs are the normal path's. Rows with penalties or logit_bias are not verified (their token
 // depends on the history, which the copy does not advance). Cost: one checkpoint copy of the
-// recurrent state per verify, a chunk of K+1 rows, plus a re-run of m+1 rows when a draft token
-// is rejected.
+// recurrent state per verify (K3: 434 MB), a chunk of K+1 rows, and when a draft token is
+// rejected a replay of m+1 rows (K3: one pass over the 6.3 MB state per row and KDA layer,
+// plus a copy back of the checkpoint). Memory: the checkpoint while tokens are buffered, and the
+// replay record (K3: 13.6 MB per chunk row), whose buffers are kept between verifies (Clear()
+// releases them).
 //
 // Threading: as Session (one thread at a time, the caller holds the model's forward lock).
 #ifndef COLI_PLUGINS_KIMI_K3_SPEC_DECODE_H_
@@ -58,7 +66,7 @@ class SpecDecoder {
   struct Verified {
     std::vector<float> logits;  // after the fed token ([V]); x1 = emit(logits)
     int accepted = 0;           // m: drafts accepted (0…K)
-    bool rerun = false;         // a second pass restored the state (m < K)
+    int64_t replayed = 0;       // rows replayed to drop the rejected drafts: m + 1 when m < K
   };
 
   // The token a row emits from its logits (`emit` of Verify). Called for rows 0, 1, … in order,
@@ -83,24 +91,34 @@ class SpecDecoder {
   // position) and the buffer advances (the checkpoint is dropped once drained). nullopt when
   // nothing is buffered or `token` is another one (nothing changes then; see Rewind).
   std::optional<std::vector<float>> Take(int32_t token);
-  // Returns the session to the delivered record (restore the pre-verify checkpoint, replay the
-  // fed token and the delivered drafts in one chunk) and forgets the buffer. Returns the logits
-  // after the record's last token, or nullopt when nothing was undelivered (nothing runs). On
-  // error the buffer is forgotten and the session may be broken (the caller resets it).
+  // Returns the session to the delivered record (the pre-verify checkpoint with the fed token
+  // and the delivered drafts replayed onto it, Session::Replay: no forward pass) and forgets the
+  // buffer. Returns the logits after the record's last token, or nullopt when nothing was
+  // undelivered (nothing runs). On error the buffer is forgotten and the session may be broken
+  // (the caller resets it).
   absl::StatusOr<std::optional<std::vector<float>>> Rewind(Session& session);
-  // Forgets the buffer and the checkpoint without touching a session (after a Reset).
+  // Forgets the buffer and the checkpoint without touching a session (after a Reset), and
+  // releases the replay record's buffers.
   void Clear();
+  // Rows replayed by Verify and Rewind since construction (each a pass over every KDA layer's
+  // state instead of a forward pass).
+  int64_t replayed_rows() const { return replayed_rows_; }
 
  private:
+  // Clear() that keeps the replay record's buffers for the next verify.
+  void Forget();
+
   int32_t fed_ = -1;                        // t of the last verify
   std::vector<int32_t> ahead_;              // x1…xm, consumed by the session
-  std::vector<std::vector<float>> logits_;  // logits_[i]: after ahead_[i]
+  std::vector<std::vector<float>> logits_;  // logits_[0]: after fed_; logits_[i]: after ahead_[i-1]
   size_t next_ = 0;                         // ahead_[0, next_) were handed out
   std::optional<Checkpoint> before_;        // the state before `fed_`, kept while buffered
+  ReplayRecord record_;                     // the verify chunk's rows, kept while buffered
+  int64_t replayed_rows_ = 0;
 };
 
 // How many draft tokens to propose next, adapted to how the last drafts fared (a wrong draft
-// costs a chunk of K+1 rows and a re-run, so a conversation that does not repeat itself should
+// costs a chunk of K+1 rows and a replay, so a conversation that does not repeat itself should
 // stop paying for it): the length starts at the maximum, doubles back towards it after a fully
 // accepted draft, and becomes accepted + 1 after a partial one; a draft with nothing accepted
 // also pauses drafting for 1, 2, 4 … 32 steps (consecutive misses double the pause, any accepted

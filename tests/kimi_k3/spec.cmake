@@ -26,3 +26,14 @@ if(TARGET kimi_k3)
     add_dependencies(k3_spec_plugin_test k3_tiny_fixture)
   endif()
 endif()
+
+# Replay instead of a re-run after a rejected draft (Session::Replay, KdaReplay): the state after
+# a replay byte-identical to plain steps, for every rejection point and every rewind.
+coli_cc_test(NAME k3_spec_replay_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/spec_replay_test.cc
+  DEPS kimi_k3_spec kimi_k3_core coli_sampling)
+target_compile_definitions(k3_spec_replay_test PRIVATE
+  K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny")
+if(TARGET k3_tiny_fixture)
+  add_dependencies(k3_spec_replay_test k3_tiny_fixture)
+endif()

@@ -1,7 +1,7 @@
 // Speculative verify on the tiny fixture (build/fixtures/k3_tiny) at the Session level
 // (plugins/kimi_k3/spec_decode, Session::StepAll), with INJECTED drafts so acceptance is certain:
 // the true greedy continuation (every draft accepted, m = K) and one corrupted at position 2
-// (m = 1, the state is restored and re-run). The reference is a twin session stepped one token
+// (m = 1, the rejected row dropped by a replay from the verify's record, no second pass). The reference is a twin session stepped one token
 // at a time (Session::Step): every emitted token and the logits it was chosen from must match
 // bit for bit, and the session's record must be the reference's plus the buffered tokens.
 // Rewind (early stop / another token fed) must leave exactly the delivered record.
@@ -77,7 +77,7 @@ using DraftFn = std::function<std::vector<int32_t>(const std::vector<int32_t>& e
 
 struct SpecRun {
   Generation g;
-  int verifies = 0, accepted = 0, reruns = 0, from_buffer = 0, steps = 0, rewinds = 0;
+  int verifies = 0, accepted = 0, replays = 0, from_buffer = 0, steps = 0, rewinds = 0;
 };
 
 // How a sampled row's verify draws: with a copy of the sampler (the design) or, to show the
@@ -133,7 +133,13 @@ SpecRun Speculate(Session& s, const std::vector<int32_t>& prompt, int n, const D
     if (!v.ok()) return r;
     ++r.verifies;
     r.accepted += v->accepted;
-    r.reruns += v->rerun ? 1 : 0;
+    // A rejection is replayed: exactly the fed token and the accepted drafts (m + 1 rows).
+    if (v->accepted < static_cast<int>(draft.size())) {
+      EXPECT_EQ(v->replayed, v->accepted + 1);
+      ++r.replays;
+    } else {
+      EXPECT_EQ(v->replayed, 0);
+    }
     cur = std::move(v->logits);
     // The state consumed the fed token and exactly the accepted drafts.
     EXPECT_EQ(spec.undelivered(), static_cast<size_t>(v->accepted));
@@ -200,7 +206,7 @@ TEST(K3SpecDecode, TrueContinuationAllAccepted) {
   ExpectSameGeneration(r.g, Reference(*model, prompt, kTokens));
   EXPECT_GT(r.verifies, 0);
   EXPECT_EQ(r.accepted, r.verifies * kDraft);  // m = K every time
-  EXPECT_EQ(r.reruns, 0);
+  EXPECT_EQ(r.replays, 0);
   // 19 fed tokens in cycles of K+1: a verify pass, then K tokens from the buffer (the last
   // cycle is cut short by the end of the generation).
   EXPECT_EQ(r.verifies, 4);
@@ -225,7 +231,7 @@ TEST(K3SpecDecode, DraftCorruptedAtPositionTwoAcceptsOne) {
   ExpectSameGeneration(r.g, Reference(*model, prompt, kTokens));
   EXPECT_GT(r.verifies, 0);
   EXPECT_EQ(r.accepted, r.verifies);  // m = 1 every time
-  EXPECT_EQ(r.reruns, r.verifies);
+  EXPECT_EQ(r.replays, r.verifies);
   // Each verify emits 2 tokens (x1 now, x2 from the buffer).
   EXPECT_EQ(r.verifies, 10);
   EXPECT_EQ(r.from_buffer, 9);
@@ -308,14 +314,14 @@ TEST(K3SpecDecode, SampledRowVerifiedWithASamplerCopyKeepsTheSeededStream) {
     ExpectSameGeneration(all.g, ref);
     EXPECT_EQ(all.verifies, 4);
     EXPECT_EQ(all.accepted, all.verifies * kDraft);
-    EXPECT_EQ(all.reruns, 0);
+    EXPECT_EQ(all.replays, 0);
     EXPECT_EQ(all.rewinds, 0);
     auto t = model->NewSession();
     SpecRun one = Speculate(*t, prompt, kTokens, corrupted, o);
     ExpectSameGeneration(one.g, ref);
     EXPECT_EQ(one.verifies, 10);
     EXPECT_EQ(one.accepted, one.verifies);
-    EXPECT_EQ(one.reruns, one.verifies);
+    EXPECT_EQ(one.replays, one.verifies);
     EXPECT_EQ(one.rewinds, 0);
     // Negative control: the real sampler drawing in the verify spends its RNG there.
     auto u = model->NewSession();
