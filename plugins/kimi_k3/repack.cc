@@ -5,13 +5,17 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -35,8 +39,9 @@ using kernels::QuantizedMatrix;
 using kernels::WeightFormat;
 using st::DType;
 
-// Bytes moved per read while copying or quantizing (bounded memory on 17 GB shards).
-constexpr uint64_t kChunkBytes = uint64_t{64} << 20;
+// Default bytes per piece read while copying or quantizing, and per read while verifying
+// (bounded memory on 17 GB shards).
+constexpr uint64_t kPieceBytes = uint64_t{32} << 20;
 
 constexpr std::string_view kCopiedFiles[] = {"config.json", "generation_config.json",
                                              "tokenizer.json", "tokenizer_config.json",
@@ -167,58 +172,205 @@ struct OutTensor {
   std::tuple<int, int, int, int> expert_key;
 };
 
-absl::Status CopyTensor(const ShardFile& src, const st::TensorInfo& t, st::PlannedWriter& w,
-                        size_t out) {
-  std::string buf;
-  for (uint64_t off = 0; off < t.nbytes; off += kChunkBytes) {
-    const uint64_t n = std::min(kChunkBytes, t.nbytes - off);
-    buf.resize(n);
-    COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + off, n, buf.data()));
-    COLI_RETURN_IF_ERROR(w.WriteAt(out, off, buf));
-  }
-  return absl::OkStatus();
-}
+// One piece of the pipeline: a byte range of one source tensor, at most piece_bytes (a whole
+// number of rows when the tensor is quantized: both formats are per row).
+struct Piece {
+  size_t source = 0;    // index into the source header's tensors
+  uint64_t offset = 0;  // byte offset inside the source tensor
+  uint64_t length = 0;
+};
 
-// Quantizes BF16 [rows, cols] in blocks of rows (both formats are per row) into the outputs
-// `data` and `scales`, with exactly the engine's QuantizedMatrix::FromBf16. Each block read is
-// split over `threads` threads by rows; rows are independent, so the bytes do not depend on it.
-absl::Status QuantizeTensor(const ShardFile& src, const st::TensorInfo& t, WeightFormat f,
-                            int threads, st::PlannedWriter& w, size_t data, size_t scales) {
-  const int64_t rows = t.shape[0], cols = t.shape[1];
-  const kernels::MatrixBytes per_row = kernels::FormatBytes(f, 1, cols);
-  const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / (2 * cols)));
-  std::vector<uint16_t> raw;
-  for (int64_t r0 = 0; r0 < rows; r0 += block) {
-    const int64_t n = std::min(block, rows - r0);
-    raw.resize(static_cast<size_t>(n * cols));
-    COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + r0 * cols * 2, n * cols * 2, raw.data()));
-    const int parts = static_cast<int>(std::min<int64_t>(std::max(threads, 1), n));
-    std::vector<absl::StatusOr<QuantizedMatrix>> q(parts, absl::UnknownError("not run"));
-    auto run = [&](int p) {
-      const int64_t a = n * p / parts, b = n * (p + 1) / parts;
-      q[p] = QuantizedMatrix::FromBf16(raw.data() + a * cols, b - a, cols, f);
-    };
-    std::vector<std::thread> pool;
-    for (int p = 1; p < parts; ++p) pool.emplace_back(run, p);
-    run(0);
-    for (std::thread& th : pool) th.join();
-    for (int p = 0; p < parts; ++p) {
-      const int64_t a = r0 + n * p / parts;
-      if (!q[p].ok()) {
-        return Annotate(q[p].status(), Cat("tensor '", t.name, "' (rows from ", a, ") in '",
-                                           src.file->path(), "'"));
+// The bounded read → quantize → write pipeline of one shard. Piece i lives in slot i % n from
+// the moment the reader starts reading it until the writer has written it, so at most n pieces
+// are in flight (n = RepackOptions::in_flight) and memory stays at n × (piece_bytes + its
+// quantized bytes) whatever the shard size. Three roles, each walking the pieces in order:
+//   reader (own thread): waits for a free slot, reads the piece into it (O_DIRECT or pread);
+//   quantizer (the calling thread + threads-1 helpers per piece): BF16 rows → QuantizedMatrix,
+//     split by rows exactly as the serial tool did (copies pass straight through);
+//   writer (own thread): pwrites the piece where the planned header puts it, frees the slot.
+// The bytes written are the same for any n and any thread count. The first error of any role
+// stops all three (the others see it at their next wait); Run joins both threads before it
+// returns that error.
+class ShardPipeline {
+ public:
+  struct Output {  // where one source tensor's bytes go: [copy or data, scales]
+    std::array<size_t, 2> index{SIZE_MAX, SIZE_MAX};
+    std::optional<WeightFormat> format;  // set: quantized
+  };
+
+  ShardPipeline(const io::DirectReader& src, const std::vector<st::TensorInfo>& in,
+                const std::vector<Output>& out, std::vector<Piece> pieces, int in_flight,
+                int threads, st::PlannedWriter& w)
+      : src_(src),
+        in_(in),
+        out_(out),
+        pieces_(std::move(pieces)),
+        threads_(std::max(threads, 1)),
+        w_(w),
+        slots_(static_cast<size_t>(std::max(in_flight, 1))) {}
+
+  absl::Status Run() {
+    std::thread reader([this] { Reader(); });
+    std::thread writer([this] { Writer(); });
+    Quantizer();
+    reader.join();
+    writer.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+ private:
+  enum class State { kFree, kRead, kReady };
+  struct Slot {
+    State state = State::kFree;
+    io::AlignedBuffer buffer;
+    const uint8_t* bytes = nullptr;      // the piece's bytes inside buffer
+    std::vector<QuantizedMatrix> parts;  // quantized: row ranges in order
+  };
+
+  Slot& SlotOf(size_t piece) { return slots_[piece % slots_.size()]; }
+
+  // Waits until piece's slot is in state `want`; false once any role has failed.
+  bool Wait(size_t piece, State want) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !error_.ok() || SlotOf(piece).state == want; });
+    return error_.ok();
+  }
+  void Set(size_t piece, State state) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      SlotOf(piece).state = state;
+    }
+    cv_.notify_all();
+  }
+  void Fail(const absl::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_.ok()) error_ = status;
+    }
+    cv_.notify_all();
+  }
+
+  std::string Where(const Piece& p) const {
+    return Cat("tensor '", in_[p.source].name, "' (bytes ", p.offset, "..", p.offset + p.length,
+               ")");
+  }
+
+  void Reader() {
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      if (!Wait(i, State::kFree)) return;
+      const Piece& p = pieces_[i];
+      Slot& slot = SlotOf(i);
+      absl::StatusOr<const uint8_t*> bytes =
+          src_.ReadInto(in_[p.source].file_offset + p.offset, p.length, &slot.buffer);
+      if (!bytes.ok()) return Fail(Annotate(bytes.status(), Where(p)));
+      slot.bytes = *bytes;
+      if (out_[p.source].format && reinterpret_cast<uintptr_t>(slot.bytes) % 2 != 0) {
+        // BF16 rows at an odd file offset: move them to the (4 KiB-aligned) buffer start.
+        std::memmove(slot.buffer.data(), slot.bytes, p.length);
+        slot.bytes = slot.buffer.data();
       }
-      const auto& d = q[p]->data();
-      const auto& sc = q[p]->scales();
-      COLI_RETURN_IF_ERROR(
-          w.WriteAt(data, a * per_row.data,
-                    std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
-      COLI_RETURN_IF_ERROR(
-          w.WriteAt(scales, a * per_row.scales,
-                    std::string_view(reinterpret_cast<const char*>(sc.data()), sc.size())));
+      Set(i, State::kRead);
     }
   }
-  return absl::OkStatus();
+
+  void Quantizer() {
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      if (!Wait(i, State::kRead)) return;
+      const Piece& p = pieces_[i];
+      Slot& slot = SlotOf(i);
+      if (const std::optional<WeightFormat> f = out_[p.source].format) {
+        const int64_t cols = in_[p.source].shape[1];
+        const int64_t n = static_cast<int64_t>(p.length / 2) / cols;
+        const auto* raw = reinterpret_cast<const uint16_t*>(slot.bytes);
+        const int parts = static_cast<int>(std::min<int64_t>(threads_, n));
+        std::vector<absl::StatusOr<QuantizedMatrix>> q(parts, absl::UnknownError("not run"));
+        auto run = [&](int k) {
+          const int64_t a = n * k / parts, b = n * (k + 1) / parts;
+          q[k] = QuantizedMatrix::FromBf16(raw + a * cols, b - a, cols, *f);
+        };
+        std::vector<std::thread> pool;
+        for (int k = 1; k < parts; ++k) pool.emplace_back(run, k);
+        run(0);
+        for (std::thread& th : pool) th.join();
+        slot.parts.clear();
+        for (int k = 0; k < parts; ++k) {
+          if (!q[k].ok()) {
+            const int64_t row = static_cast<int64_t>(p.offset / 2) / cols + n * k / parts;
+            return Fail(Annotate(q[k].status(), Cat("tensor '", in_[p.source].name, "' (rows from ",
+                                                    row, ") in '", src_.path(), "'")));
+          }
+          slot.parts.push_back(std::move(q[k]).value());
+        }
+      }
+      Set(i, State::kReady);
+    }
+  }
+
+  void Writer() {
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      if (!Wait(i, State::kReady)) return;
+      const Piece& p = pieces_[i];
+      Slot& slot = SlotOf(i);
+      const Output& o = out_[p.source];
+      absl::Status s;
+      if (o.format) {
+        const int64_t cols = in_[p.source].shape[1];
+        const kernels::MatrixBytes per_row = kernels::FormatBytes(*o.format, 1, cols);
+        int64_t row = static_cast<int64_t>(p.offset / 2) / cols;
+        for (const QuantizedMatrix& q : slot.parts) {
+          const auto& d = q.data();
+          const auto& sc = q.scales();
+          s.Update(w_.WriteAt(o.index[0], row * per_row.data,
+                              std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
+          if (s.ok()) {
+            s.Update(
+                w_.WriteAt(o.index[1], row * per_row.scales,
+                           std::string_view(reinterpret_cast<const char*>(sc.data()), sc.size())));
+          }
+          if (!s.ok()) break;
+          row += q.view().rows;
+        }
+        slot.parts.clear();  // the quantized bytes are not held past their write
+      } else {
+        s = w_.WriteAt(o.index[0], p.offset,
+                       std::string_view(reinterpret_cast<const char*>(slot.bytes), p.length));
+      }
+      if (!s.ok()) return Fail(Annotate(s, Where(p)));
+      Set(i, State::kFree);
+    }
+  }
+
+  const io::DirectReader& src_;
+  const std::vector<st::TensorInfo>& in_;
+  const std::vector<Output>& out_;
+  const std::vector<Piece> pieces_;
+  const int threads_;
+  st::PlannedWriter& w_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Slot> slots_;  // states guarded by mu_; contents owned by the role holding them
+  absl::Status error_;       // guarded by mu_: the first failure
+};
+
+// Cuts every kept source tensor into pieces of at most piece_bytes, in file order (quantized
+// tensors at whole rows; at least one row).
+std::vector<Piece> CutPieces(const std::vector<st::TensorInfo>& in,
+                             const std::vector<ShardPipeline::Output>& out, uint64_t piece_bytes) {
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (out[i].index[0] == SIZE_MAX) continue;  // dropped
+    const st::TensorInfo& t = in[i];
+    uint64_t step = piece_bytes;
+    if (out[i].format) {
+      const uint64_t row = 2 * static_cast<uint64_t>(t.shape[1]);
+      step = std::max<uint64_t>(1, piece_bytes / row) * row;
+    }
+    for (uint64_t off = 0; off < t.nbytes; off += step) {
+      pieces.push_back({i, off, std::min(step, t.nbytes - off)});
+    }
+  }
+  return pieces;
 }
 
 void FsyncDir(const std::string& dir) {
@@ -231,8 +383,18 @@ void FsyncDir(const std::string& dir) {
 
 // Converts one source shard into dst_path (via dst_path.tmp). false when it holds only vision
 // tensors (no output).
+// How ConvertShard runs (from RepackOptions) and reports.
+struct RunOptions {
+  int threads = 1;
+  int in_flight = 3;
+  uint64_t piece_bytes = kPieceBytes;
+  bool direct = true;
+  std::string tag;  // "[k/N] <shard>: "
+  std::function<void(std::string_view)> say;
+};
+
 absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string& dst_path,
-                                  const Config& cfg, const Bits& bits, int threads) {
+                                  const Config& cfg, const Bits& bits, const RunOptions& run) {
   COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
   const std::vector<st::TensorInfo>& in = src.header.tensors;  // file-offset order
   std::vector<OutTensor> plain, experts;
@@ -289,31 +451,39 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
   std::vector<OutTensor> out = std::move(plain);
   out.insert(out.end(), experts.begin(), experts.end());
   std::vector<st::PlannedTensor> planned;
-  // Where each source tensor's outputs went: [copy or data, scales].
-  std::vector<std::array<size_t, 2>> where(in.size(), {SIZE_MAX, SIZE_MAX});
+  std::vector<ShardPipeline::Output> where(in.size());
   for (size_t j = 0; j < out.size(); ++j) {
     planned.push_back(out[j].planned);
-    where[out[j].source][out[j].part == OutTensor::kScales ? 1 : 0] = j;
+    where[out[j].source].index[out[j].part == OutTensor::kScales ? 1 : 0] = j;
   }
+  for (size_t i = 0; i < in.size(); ++i) where[i].format = formats[i];
+  std::vector<Piece> pieces = CutPieces(in, where, run.piece_bytes);
+  uint64_t read_bytes = 0;
+  for (const Piece& p : pieces) read_bytes += p.length;
+  COLI_ASSIGN_OR_RETURN(std::unique_ptr<io::DirectReader> reader,
+                        io::DirectReader::Open(src_path, run.direct));
   const std::string tmp = dst_path + ".tmp";
+  // From here on, every failure removes the temp file: no partial output under either name.
+  struct RemoveUnlessKept {
+    const std::string& path;
+    bool keep = false;
+    ~RemoveUnlessKept() {
+      if (!keep) ::unlink(path.c_str());
+    }
+  } cleanup{tmp};
   COLI_ASSIGN_OR_RETURN(std::unique_ptr<st::PlannedWriter> w,
                         st::PlannedWriter::Create(tmp, std::move(planned), {{"format", "pt"}}));
+  run.say(Cat(run.tag, "reading ", pieces.size(), " pieces of ", in.size(), " tensors (",
+              read_bytes, " bytes, ", reader->is_direct() ? "O_DIRECT" : "buffered", ")"));
   // One pass over the source in file order; each tensor lands where the header puts it.
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (where[i][0] == SIZE_MAX) continue;  // dropped
-    absl::Status s =
-        formats[i] ? QuantizeTensor(src, in[i], *formats[i], threads, *w, where[i][0], where[i][1])
-                   : CopyTensor(src, in[i], *w, where[i][0]);
-    if (!s.ok()) {
-      w.reset();
-      ::unlink(tmp.c_str());
-      return s;
-    }
-  }
+  COLI_RETURN_IF_ERROR(
+      ShardPipeline(*reader, in, where, std::move(pieces), run.in_flight, run.threads, *w).Run());
   COLI_RETURN_IF_ERROR(w->Finish());
   if (::rename(tmp.c_str(), dst_path.c_str()) != 0) {
-    return absl::InternalError(Cat("cannot rename '", tmp, "' to '", dst_path, "'"));
+    return absl::InternalError(
+        Cat("cannot rename '", tmp, "' to '", dst_path, "': ", std::strerror(errno)));
   }
+  cleanup.keep = true;
   FsyncDir(fs::path(dst_path).parent_path().string());
   return true;
 }
@@ -392,8 +562,8 @@ absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_sh
           Cat("tensor '", t.name, "': ", st::DescribeTensor(o.dtype, o.shape), " in '", dst_shard,
               "', ", st::DescribeTensor(t.dtype, t.shape), " in the source"));
     }
-    for (uint64_t off = 0; off < t.nbytes; off += kChunkBytes) {
-      const uint64_t n = std::min(kChunkBytes, t.nbytes - off);
+    for (uint64_t off = 0; off < t.nbytes; off += kPieceBytes) {
+      const uint64_t n = std::min(kPieceBytes, t.nbytes - off);
       a.resize(n);
       b.resize(n);
       COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + off, n, a.data()));
@@ -421,6 +591,10 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
       return absl::InvalidArgumentError(Cat(flag, " ", v, ": use 4 or 8"));
     }
   }
+  if (options.in_flight < 1) {
+    return absl::InvalidArgumentError(Cat("--in-flight ", options.in_flight, ": use 1 or more"));
+  }
+  if (options.piece_bytes < 1) return absl::InvalidArgumentError("piece_bytes 0: use 1 or more");
   const int threads = options.threads > 0
                           ? options.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -465,7 +639,9 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
       say(tag + "already converted, skipped");
     } else {
       const double t0 = Now();
-      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits, threads));
+      const RunOptions run{threads, options.in_flight, options.piece_bytes, options.direct, tag,
+                           say};
+      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits, run));
       if (!written) {
         ++summary.dropped;
         say(tag + "vision only, dropped");

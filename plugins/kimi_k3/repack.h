@@ -5,10 +5,14 @@
 //   COLI_ASSIGN_OR_RETURN(RepackSummary s, Repack("/models/Kimi-K3", "/fast/k3-int8", o));
 //
 // One sequential read of each selected source shard writes one output shard of the same name
-// (to `<name>.tmp`, renamed when complete); an existing output shard is skipped (resume), a
-// source shard listed by the index but absent is skipped with a warning, a shard holding only
-// vision tensors produces no output. Per tensor (classification needs the config's
-// linear_attn_config, since o_proj / g_proj exist in both attention kinds):
+// (to `<name>.tmp`, renamed when complete; removed on any error). Reading, quantizing and
+// writing overlap: a reader thread reads the next 32 MiB piece while the current one is
+// quantized and a writer thread writes the previous one (`in_flight` pieces at most, so memory
+// is bounded whatever the shard size); the first error of any stage stops and joins all of
+// them. The output bytes do not depend on `threads`, `in_flight` or `piece_bytes`; an existing
+// output shard is skipped (resume), a source shard listed by the index but absent is skipped with a
+// warning, a shard holding only vision tensors produces no output. Per tensor (classification needs
+// the config's linear_attn_config, since o_proj / g_proj exist in both attention kinds):
 //   * KDA q/k/v/o/g, latent down/up, shared experts, dense MLP → `bits`; MLA q_a, q_b, kv_a,
 //     kv_b, o, g → `mla_bits`; lm_head → `head_bits`: quantized with the engine's own
 //     kernels::QuantizedMatrix (int4-g64 when bits == 4 and cols % 64 == 0, else int8 per row)
@@ -45,9 +49,20 @@ struct RepackOptions {
   // Quantization threads (rows are independent: the bytes do not depend on it); 0 = one per
   // hardware thread.
   int threads = 0;
+  // Pieces in flight between reading, quantizing and writing; 1 = the three never overlap
+  // (the tool before the pipeline). Peak memory ≈ in_flight × 1.5 × piece_bytes.
+  int in_flight = 3;
+  // Bytes per piece (a quantized tensor is cut at whole rows, at least one). Neither this nor
+  // in_flight changes the output bytes.
+  uint64_t piece_bytes = uint64_t{32} << 20;
+  // Read the source with O_DIRECT (no page cache; falls back to pread, logged, where the
+  // filesystem refuses it); false = buffered pread.
+  bool direct = true;
   // Re-read every expert (and pass-through) byte of source and output and compare.
   bool verify_full = false;
-  // One line per event (stderr in the tool); may be null.
+  // One line per event (stderr in the tool); may be null. For every shard converted, the line
+  // "[k/N] <shard>: reading …" comes after its header was validated and before any of its
+  // tensor bytes are read.
   std::function<void(std::string_view)> progress;
 };
 

@@ -2,7 +2,7 @@
 // spec §4.4).
 //
 //   k3-repack <src> <dst> [--bits 8|4] [--mla-bits N] [--head-bits N] [--shards 1,2,94]
-//             [--verify-full] [--threads N]
+//             [--verify-full] [--threads N] [--in-flight N] [--piece-mib N] [--buffered]
 //
 // Progress on stderr; exit 0 on success, 1 on an error (message naming file and tensor),
 // 2 on a usage error.
@@ -20,14 +20,19 @@ int Usage(const std::string& why) {
   if (!why.empty()) std::cerr << "k3-repack: " << why << "\n";
   std::cerr
       << "usage: k3-repack <src> <dst> [--bits 8|4] [--mla-bits 8|4] [--head-bits 8|4]\n"
-         "                 [--shards 1,2,94] [--verify-full] [--threads N]\n"
+         "                 [--shards 1,2,94] [--verify-full] [--threads N] [--in-flight N]\n"
+         "                 [--piece-mib N] [--buffered]\n"
          "  --bits       KDA q/k/v/o/g, latent down/up, shared experts, dense MLP (default 8)\n"
          "  --mla-bits   MLA q_a, q_b, kv_a, kv_b, o, g (default max(bits, 8))\n"
          "  --head-bits  lm_head (default max(bits, 8))\n"
          "  --shards     convert only these shard numbers (the index still covers all\n"
          "               converted shards in <dst>)\n"
          "  --verify-full  compare every expert and pass-through byte with the source\n"
-         "  --threads    quantization threads (default: one per hardware thread)\n";
+         "  --threads    quantization threads (default: one per hardware thread)\n"
+         "  --in-flight  pieces between reading, quantizing and writing (default 3;\n"
+         "               1 = the three stages never overlap); the bytes do not depend on it\n"
+         "  --piece-mib  piece size in MiB (default 32; peak memory ~ in-flight x 1.5 x piece)\n"
+         "  --buffered   read the source through the page cache (default: O_DIRECT)\n";
   return 2;
 }
 
@@ -54,6 +59,14 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--threads") {
       if (!value(&o.threads) || o.threads < 1) return Usage("--threads needs a count >= 1");
+    } else if (a == "--in-flight") {
+      if (!value(&o.in_flight) || o.in_flight < 1) return Usage("--in-flight needs a count >= 1");
+    } else if (a == "--piece-mib") {
+      int mib = 0;
+      if (!value(&mib) || mib < 1 || mib > 4096) return Usage("--piece-mib needs 1..4096");
+      o.piece_bytes = static_cast<uint64_t>(mib) << 20;
+    } else if (a == "--buffered") {
+      o.direct = false;
     } else if (a == "--verify-full") {
       o.verify_full = true;
     } else if (a == "-h" || a == "--help") {

@@ -6,10 +6,12 @@
 // against kernels::QuantizedMatrix::DowncastInt8ToInt4 of the container's own int8 bytes.
 #include "plugins/kimi_k3/repack.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -493,16 +495,53 @@ TEST(RepackResumeTest, DisjointShardPassesGiveTheOnePassIndex) {
   fs::remove_all(two);
 }
 
-TEST(RepackResumeTest, BytesDoNotDependOnTheThreadCount) {
-  const std::string one = TempDir("t1"), many = TempDir("t7");
-  ASSERT_OK(RunRepack(one, 4, {}, false, 1).status());
-  ASSERT_OK(RunRepack(many, 4, {}, false, 7).status());
-  const std::vector<std::string> shards = Shards(one);
-  ASSERT_EQ(shards, Shards(many));
-  for (const std::string& s : shards)
-    EXPECT_EQ(ReadAll(one + "/" + s), ReadAll(many + "/" + s)) << s;
-  fs::remove_all(one);
-  fs::remove_all(many);
+// The pipeline's knobs change only timing: one thread with nothing overlapping (in_flight 1)
+// is the reference; small pieces cut every matrix into many row blocks (4 KiB = 32 rows of the
+// 64-column matrices), so pieces of one tensor wrap around the ring of slots many times.
+TEST(RepackResumeTest, BytesDoNotDependOnThreadsPiecesOrBlocksInFlight) {
+  struct Variant {
+    int threads, in_flight;
+    uint64_t piece_bytes;
+    bool direct;
+  };
+  const Variant reference{1, 1, uint64_t{32} << 20, false};
+  const Variant variants[] = {{7, 3, uint64_t{32} << 20, true},
+                              {3, 2, 4096, true},
+                              {2, 5, 1000, false},  // less than some rows: one row per piece
+                              {1, 3, 6000, true}};
+  auto run = [](const Variant& v, int bits, const std::string& dir) {
+    RepackOptions o;
+    o.bits = bits;
+    o.threads = v.threads;
+    o.in_flight = v.in_flight;
+    o.piece_bytes = v.piece_bytes;
+    o.direct = v.direct;
+    return Repack(K3_TEST_TINY, dir, o).status();
+  };
+  for (int bits : {4, 8}) {
+    const std::string ref = TempDir("ref");
+    ASSERT_OK(run(reference, bits, ref));
+    const std::vector<std::string> shards = Shards(ref);
+    ASSERT_EQ(shards.size(), 14u);
+    for (const Variant& v : variants) {
+      const std::string dir = TempDir("variant");
+      ASSERT_OK(run(v, bits, dir));
+      ASSERT_EQ(shards, Shards(dir));
+      for (const std::string& s : shards) {
+        EXPECT_EQ(ReadAll(ref + "/" + s), ReadAll(dir + "/" + s))
+            << s << " bits " << bits << " threads " << v.threads << " in_flight " << v.in_flight
+            << " piece " << v.piece_bytes;
+      }
+      fs::remove_all(dir);
+    }
+    fs::remove_all(ref);
+  }
+  RepackOptions bad;
+  bad.in_flight = 0;
+  const std::string bad_dir = TempDir("bad");
+  EXPECT_THAT(Repack(K3_TEST_TINY, bad_dir, bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--in-flight 0")));
+  fs::remove_all(bad_dir);
 }
 
 TEST(RepackResumeTest, DuplicateTensorNameAbortsTheIndexUpdate) {
@@ -639,6 +678,108 @@ TEST(RepackBadInputTest, TruncatedSourceShard) {
   EXPECT_FALSE(fs::exists(dst + "/model-00003-of-000016.safetensors"));
   EXPECT_FALSE(fs::exists(dst + "/model-00003-of-000016.safetensors.tmp"));
   fs::remove_all(src);
+  fs::remove_all(dst);
+}
+
+// Threads of this process (the pipeline's reader and writer must be gone after an error).
+int ThreadCount() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// The largest tensor of `shard` that starts past the first quarter of the file.
+st::TensorInfo LargestLaterTensor(const std::string& shard) {
+  auto h = ReadHeader(shard);
+  EXPECT_TRUE(h.ok()) << h.status();
+  st::TensorInfo best;
+  best.nbytes = 0;
+  for (const st::TensorInfo& t : h->tensors) {
+    if (t.file_offset > fs::file_size(shard) / 4 && t.nbytes > best.nbytes) best = t;
+  }
+  return best;
+}
+
+// The source shrinks after its header was checked (another process truncating it, a network
+// filesystem losing it): the reader hits the end in the middle of a later tensor (a matrix to
+// quantize, cut into 4 KiB pieces) while earlier pieces are being quantized and written. The
+// error names the file and the tensor, no output or .tmp is left, the pipeline's threads are
+// joined, and a rerun on the repaired source completes. With O_DIRECT and buffered reads.
+TEST(RepackBadInputTest, SourceTruncatedInALaterTensorStopsThePipeline) {
+  const std::string src = TempDir("midtrunc_src"), warm = TempDir("midtrunc_warm");
+  CopyDir(K3_TEST_TINY, src);
+  const std::string name = "model-00003-of-000016.safetensors";
+  const std::string shard = src + "/" + name;
+  const std::string intact = ReadAll(shard);
+  const st::TensorInfo later = LargestLaterTensor(shard);
+  ASSERT_GT(later.nbytes, 16384u) << later.name;  // at least 4 pieces
+  ASSERT_EQ(later.dtype, st::DType::kBF16) << later.name;
+  {  // Warm up (anything a first run starts for good exists before the count).
+    RepackOptions o;
+    o.shards = {1};
+    ASSERT_OK(Repack(src, warm, o).status());
+  }
+  for (bool direct : {true, false}) {
+    const std::string dst = TempDir("midtrunc_dst");
+    RepackOptions o;
+    o.shards = {3};
+    o.direct = direct;
+    o.piece_bytes = 4096;  // many pieces in flight before the cut
+    bool cut = false;
+    o.progress = [&](std::string_view line) {
+      if (line.find(name) != line.npos && line.find("reading") != line.npos) {
+        fs::resize_file(shard, later.file_offset + later.nbytes / 2);
+        cut = true;
+      }
+    };
+    const int threads_before = ThreadCount();
+    EXPECT_THAT(Repack(src, dst, o).status(),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr(name), HasSubstr("tensor '" + later.name + "'"))))
+        << "direct " << direct;
+    EXPECT_TRUE(cut);
+    EXPECT_EQ(ThreadCount(), threads_before);
+    EXPECT_FALSE(fs::exists(dst + "/" + name));
+    EXPECT_FALSE(fs::exists(dst + "/" + name + ".tmp"));
+    WriteAll(shard, intact);
+    o.progress = nullptr;
+    ASSERT_OK(Repack(src, dst, o).status());
+    EXPECT_TRUE(fs::exists(dst + "/" + name));
+    fs::remove_all(dst);
+  }
+  fs::remove_all(src);
+  fs::remove_all(warm);
+}
+
+// A write fails in the middle of a shard (the disk fills up; here RLIMIT_FSIZE makes every
+// write past half the shard fail with EFBIG): the writer's error stops the reader and the
+// quantizer, names the output file and the tensor being written, and no partial output stays.
+TEST(RepackBadInputTest, WriteFailureInTheMiddleOfAShardLeavesNoOutput) {
+  const std::string ok_dir = TempDir("wfail_ok"), dst = TempDir("wfail_dst");
+  const std::string name = "model-00003-of-000016.safetensors";
+  RepackOptions o;
+  o.shards = {3};
+  o.piece_bytes = 4096;
+  ASSERT_OK(Repack(K3_TEST_TINY, ok_dir, o).status());
+  const uint64_t size = fs::file_size(ok_dir + "/" + name);
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = size / 2;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  const int threads_before = ThreadCount();
+  const absl::Status status = Repack(K3_TEST_TINY, dst, o).status();
+  const int threads_after = ThreadCount();
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInternal,
+                               AllOf(HasSubstr(name + ".tmp"), HasSubstr("cannot write"),
+                                     HasSubstr("tensor '"))));
+  EXPECT_EQ(threads_after, threads_before);
+  EXPECT_FALSE(fs::exists(dst + "/" + name));
+  EXPECT_FALSE(fs::exists(dst + "/" + name + ".tmp"));
+  fs::remove_all(ok_dir);
   fs::remove_all(dst);
 }
 
