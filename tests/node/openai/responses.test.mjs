@@ -1,0 +1,362 @@
+// OpenAI's Responses API (`client.responses.*` of the official openai npm SDK) against
+// `coli serve` (tools/coli/serve_responses.h).
+//
+// Servers on free loopback ports:
+//  * tiny: the tiny Kimi K3 fixture (random weights). Greedy decoding is a function of the exact
+//    prompt tokens, so "same output as /v1/chat/completions for the equivalent messages" checks
+//    that the request mapping renders the same prompt;
+//  * tiny8: the same model decoding at 5 ms a token, for the mid-stream disconnect;
+//  * scripted: the k3_scripted test family (tools/k3_scripted): K3's real renderer and output
+//    parser around a scripted reply, so a function_call really comes out and its output is really
+//    rendered back (the reply changes once a tool message is in the prompt).
+//
+// Environment (set by CMakeLists.txt): COLI_BIN, COLI_TINY_MODEL, COLI_SCRIPTED_MODEL,
+// COLI_SCRIPTED_PLUGIN_DIR.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+
+import { TINY, SCRIPTED, SCRIPTED_PLUGINS, startServer, stopServer, post } from './serve_helpers.mjs';
+
+let tiny, tiny8, scripted, client, client8, toolClient, modelId;
+
+before(async () => {
+  [tiny, tiny8, scripted] = await Promise.all([
+    startServer(TINY),
+    startServer(TINY, { COLI_DECODE_DELAY_MS: '5' }),
+    startServer(SCRIPTED, { COLI_PLUGIN_DIR: SCRIPTED_PLUGINS }),
+  ]);
+  client = new OpenAI({ baseURL: `${tiny.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  client8 = new OpenAI({ baseURL: `${tiny8.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  toolClient = new OpenAI({ baseURL: `${scripted.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  modelId = (await client.models.list()).data[0].id;
+});
+
+after(async () => {
+  await Promise.all([stopServer(tiny), stopServer(tiny8), stopServer(scripted)]);
+});
+
+const question = 'Hello, who are you?';
+
+// The text of a response's items of one type.
+const reasoningOf = (r) => r.output.filter((o) => o.type === 'reasoning')
+  .map((o) => o.content.map((c) => c.text).join('')).join('');
+const messageOf = (r) => r.output.filter((o) => o.type === 'message')
+  .map((o) => o.content.map((c) => c.text).join('')).join('');
+
+// The finish a chat choice had, as the Responses status says it.
+function checkStatus(response, finishReason) {
+  if (finishReason === 'length') {
+    assert.equal(response.status, 'incomplete');
+    assert.deepEqual(response.incomplete_details, { reason: 'max_output_tokens' });
+  } else {
+    assert.equal(response.status, 'completed');
+    assert.equal(response.incomplete_details, null);
+  }
+}
+
+test('non-streaming: the same greedy output as the chat endpoint, with and without thinking', async () => {
+  for (const effort of [undefined, 'none']) {
+    const chat = await client.chat.completions.create({
+      model: modelId, max_tokens: 12, temperature: 0,
+      messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: question }],
+      ...(effort ? { reasoning_effort: effort } : {}),
+    });
+    const r = await client.responses.create({
+      model: modelId, instructions: 'Be brief.', input: question, max_output_tokens: 12,
+      temperature: 0, ...(effort ? { reasoning: { effort } } : {}),
+    });
+    const c = chat.choices[0];
+    assert.equal(r.object, 'response');
+    assert.match(r.id, /^resp_/);
+    assert.equal(r.model, modelId);
+    assert.equal(r.instructions, 'Be brief.');
+    assert.equal(r.max_output_tokens, 12);
+    assert.equal(reasoningOf(r), c.message.reasoning_content ?? '');
+    assert.equal(messageOf(r), c.message.content ?? '');
+    assert.equal(r.output_text, c.message.content ?? '');  // computed by the SDK from the items
+    if (effort === 'none') assert.ok(r.output_text.length > 0, 'no answer text to compare');
+    else assert.ok(reasoningOf(r).length > 0, 'no reasoning text to compare');
+    checkStatus(r, c.finish_reason);
+    assert.equal(r.usage.input_tokens, chat.usage.prompt_tokens);
+    assert.equal(r.usage.output_tokens, chat.usage.completion_tokens);
+    assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+    assert.equal(r.usage.input_tokens_details.cached_tokens >= 0, true);
+    const reasoningTokens = r.usage.output_tokens_details.reasoning_tokens;
+    if (effort === 'none') assert.equal(reasoningTokens, 0);
+    else assert.ok(reasoningTokens > 0 && reasoningTokens <= r.usage.output_tokens);
+    for (const item of r.output) {
+      if (item.type === 'message') {
+        assert.match(item.id, /^msg_/);
+        assert.equal(item.role, 'assistant');
+        assert.deepEqual(item.content.map((p) => p.type), ['output_text']);
+        assert.deepEqual(item.content[0].annotations, []);
+      }
+    }
+  }
+  // output_text is the SDK's convenience: the server does not send it.
+  const raw = await post(tiny.base, '/v1/responses', {
+    model: modelId, input: question, max_output_tokens: 2, temperature: 0,
+  });
+  assert.equal(raw.status, 200);
+  assert.equal('output_text' in raw.json, false);
+});
+
+// Streams through responses.stream() and checks what the SDK's accumulator does not: sequence
+// numbers 0, 1, 2, ...; lifecycle order; every delta inside its item's added/done pair.
+async function streamed(c, params) {
+  const stream = c.responses.stream(params);
+  const events = [];
+  for await (const e of stream) events.push(e);
+  const final = await stream.finalResponse();
+  events.forEach((e, i) => assert.equal(e.sequence_number, i, JSON.stringify(e)));
+  assert.equal(events[0].type, 'response.created');
+  assert.equal(events[1].type, 'response.in_progress');
+  assert.ok(['response.completed', 'response.incomplete'].includes(events.at(-1).type));
+  assert.equal(events.at(-1).response.id, events[0].response.id);
+  const open = new Set();
+  for (const e of events.slice(2, -1)) {
+    if (e.type === 'response.output_item.added') open.add(e.output_index);
+    else if (e.type === 'response.output_item.done') open.delete(e.output_index);
+    else assert.ok(open.has(e.output_index), `${e.type} outside its item`);
+  }
+  assert.equal(open.size, 0);
+  const text = events.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+  const thought = events.filter((e) => e.type === 'response.reasoning_text.delta').map((e) => e.delta).join('');
+  return { events, final, text, thought };
+}
+
+test('streaming: responses.stream() deltas add up to the final response, in sequence', async () => {
+  for (const effort of [undefined, 'none']) {
+    const params = {
+      model: modelId, input: question, max_output_tokens: 16, temperature: 0,
+      ...(effort ? { reasoning: { effort } } : {}),
+    };
+    const whole = await client.responses.create(params);
+    const { events, final, text, thought } = await streamed(client, params);
+    assert.equal(text, final.output_text);
+    assert.equal(thought, reasoningOf(final));
+    assert.equal(final.output_text, whole.output_text);
+    assert.equal(reasoningOf(final), reasoningOf(whole));
+    assert.equal(final.status, whole.status);
+    // (cached_tokens may differ: the host may reuse the earlier request's prompt state.)
+    for (const k of ['input_tokens', 'output_tokens', 'total_tokens']) assert.equal(final.usage[k], whole.usage[k]);
+    assert.deepEqual(final.usage.output_tokens_details, whole.usage.output_tokens_details);
+    assert.ok((effort ? text : thought).length > 0);
+    // The done events carry the whole texts.
+    const done = events.filter((e) => e.type === 'response.output_text.done').map((e) => e.text);
+    assert.equal(done.join(''), text);
+  }
+  // create({stream: true}) yields the same events to a plain iterator.
+  const stream = await client.responses.create({
+    model: modelId, input: question, max_output_tokens: 4, temperature: 0, stream: true,
+  });
+  const types = [];
+  for await (const e of stream) types.push(e.type);
+  assert.equal(types[0], 'response.created');
+  assert.ok(['response.completed', 'response.incomplete'].includes(types.at(-1)), types.join());
+});
+
+test('max_output_tokens: status incomplete with reason max_output_tokens (plain and streamed)', async () => {
+  const params = { model: modelId, input: question, max_output_tokens: 3, temperature: 0 };
+  const r = await client.responses.create(params);
+  assert.equal(r.status, 'incomplete');
+  assert.deepEqual(r.incomplete_details, { reason: 'max_output_tokens' });
+  assert.equal(r.usage.output_tokens, 3);
+  assert.equal(r.output.at(-1).status, 'incomplete');
+  const { events, final } = await streamed(client, params);
+  assert.equal(events.at(-1).type, 'response.incomplete');
+  assert.equal(final.status, 'incomplete');
+  assert.deepEqual(final.incomplete_details, { reason: 'max_output_tokens' });
+});
+
+const weatherTool = {
+  type: 'function', name: 'get_weather', description: 'Weather of a city',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+};
+const chatWeatherTool = {
+  type: 'function',
+  function: { name: weatherTool.name, description: weatherTool.description, parameters: weatherTool.parameters },
+};
+
+test('function_call + function_call_output items render as the chat endpoint\'s tool messages', async () => {
+  const ask = 'What is the weather in Paris?';
+  const items = [
+    { role: 'user', content: [{ type: 'input_text', text: ask }] },
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+    { type: 'function_call_output', call_id: 'call_1', output: '{"temp_c": 21}' },
+  ];
+  const messages = [
+    { role: 'user', content: ask },
+    { role: 'assistant', content: null,
+      tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '{"temp_c": 21}' },
+  ];
+  const tokens = await post(tiny.base, '/tokenize', { messages, tools: [chatWeatherTool] });
+  assert.equal(tokens.status, 200);
+  const counted = await client.responses.inputTokens.count({ model: modelId, input: items, tools: [weatherTool] });
+  assert.equal(counted.object, 'response.input_tokens');
+  assert.equal(counted.input_tokens, tokens.json.count);
+  // Same prompt tokens: the same greedy continuation (random weights react to any difference).
+  const chat = await client.chat.completions.create({
+    model: modelId, messages, tools: [chatWeatherTool], max_tokens: 8, temperature: 0,
+  });
+  const r = await client.responses.create({
+    model: modelId, input: items, tools: [weatherTool], max_output_tokens: 8, temperature: 0,
+  });
+  assert.equal(r.usage.input_tokens, chat.usage.prompt_tokens);
+  assert.equal(reasoningOf(r), chat.choices[0].message.reasoning_content ?? '');
+  assert.equal(r.output_text, chat.choices[0].message.content ?? '');
+  assert.deepEqual(r.tools, [weatherTool]);
+  // Without the tool output the prompt is shorter: the count follows the items.
+  const fewer = await client.responses.inputTokens.count({ model: modelId, input: items.slice(0, 2), tools: [weatherTool] });
+  assert.ok(fewer.input_tokens < counted.input_tokens);
+});
+
+test('tool round trip on the scripted model: function_call out, output back, previous_response_id', async () => {
+  const tools = [{ ...weatherTool, parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'number' } } } }];
+  const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const first = await toolClient.responses.create({ model: 'k3_scripted', input: ask, tools });
+  assert.equal(first.status, 'completed');
+  assert.deepEqual(first.output.map((o) => o.type), ['reasoning', 'function_call']);
+  assert.equal(reasoningOf(first), 'I should call the weather tool.');
+  const call = first.output[1];
+  assert.match(call.call_id, /^call_/);
+  assert.match(call.id, /^fc_/);
+  assert.equal(call.name, 'get_weather');
+  assert.deepEqual(JSON.parse(call.arguments), { city: 'Paris', days: 3 });
+  assert.equal(first.output_text, '');
+
+  // The client sends the whole conversation back (the SDK's documented pattern) ...
+  const result = { type: 'function_call_output', call_id: call.call_id, output: '{"temp_c": 21}' };
+  const second = await toolClient.responses.create({
+    model: 'k3_scripted', input: [...ask, ...first.output, result], tools,
+  });
+  assert.equal(second.output_text, 'It is 21 degrees in Paris.');
+  assert.equal(reasoningOf(second), 'The tool answered.');
+  // ... or only the new item after previous_response_id: the same prompt either way.
+  const chained = await toolClient.responses.create({
+    model: 'k3_scripted', previous_response_id: first.id, input: [result], tools,
+  });
+  assert.equal(chained.previous_response_id, first.id);
+  assert.equal(chained.output_text, 'It is 21 degrees in Paris.');
+  assert.equal(chained.usage.input_tokens, second.usage.input_tokens);
+  // And both equal the chat endpoint's rendering of the same turn.
+  const chatTokens = await post(scripted.base, '/tokenize', {
+    tools: tools.map((t) => ({ type: 'function', function: { name: t.name, description: t.description, parameters: t.parameters } })),
+    messages: [...ask,
+      { role: 'assistant', content: null, reasoning_content: 'I should call the weather tool.',
+        tool_calls: [{ id: call.call_id, type: 'function', function: { name: call.name, arguments: call.arguments } }] },
+      { role: 'tool', tool_call_id: call.call_id, content: '{"temp_c": 21}' }],
+  });
+  assert.equal(chatTokens.json.count, second.usage.input_tokens);
+
+  // Stored responses: GET returns the same object; DELETE removes it.
+  const got = await toolClient.responses.retrieve(first.id);
+  assert.deepEqual(got, first);
+  await toolClient.responses.delete(first.id);
+  await assert.rejects(toolClient.responses.retrieve(first.id), (e) => e.status === 404);
+  await assert.rejects(
+    toolClient.responses.create({ model: 'k3_scripted', previous_response_id: first.id, input: [result] }),
+    (e) => e.status === 400 && e.param === 'previous_response_id' && e.code === 'previous_response_not_found');
+  // store: false keeps nothing.
+  const unstored = await toolClient.responses.create({ model: 'k3_scripted', input: 'hi', store: false });
+  assert.equal(unstored.store, false);
+  assert.equal(unstored.output_text, 'Hello from the script.');
+  await assert.rejects(toolClient.responses.retrieve(unstored.id), (e) => e.status === 404);
+});
+
+test('streamed function call (scripted model): argument events and the final item', async () => {
+  const { events, final } = await streamed(toolClient, {
+    model: 'k3_scripted', input: 'weather in Paris?', tools: [weatherTool],
+  });
+  const args = events.filter((e) => e.type === 'response.function_call_arguments.delta').map((e) => e.delta).join('');
+  const done = events.find((e) => e.type === 'response.function_call_arguments.done');
+  assert.deepEqual(JSON.parse(args), { city: 'Paris', days: 3 });
+  assert.equal(done.arguments, args);
+  assert.equal(done.name, 'get_weather');
+  assert.equal(final.status, 'completed');
+  assert.deepEqual(final.output.map((o) => o.type), ['reasoning', 'function_call']);
+  assert.equal(final.output[1].arguments, args);
+  assert.equal(final.output[1].status, 'completed');
+});
+
+test('bad requests: 400 naming the field, 404 for another model', async () => {
+  const m = modelId;
+  const cases = [
+    [{ model: m, input: 'x', frobnicate: true }, 'frobnicate'],
+    [{ model: m, input: 'x', background: true }, 'background'],
+    [{ model: m, input: 'x', conversation: 'conv_1' }, 'conversation'],
+    [{ model: m }, 'input'],
+    [{ model: m, input: [{ type: 'web_search_call', id: 'ws_1' }] }, 'input[0].type'],
+    [{ model: m, input: [{ role: 'robot', content: 'x' }] }, 'input[0].role'],
+    [{ model: m, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x' }] }] }, 'input[0].content[0].type'],
+    [{ model: m, input: 'x', tools: [{ type: 'web_search' }] }, 'tools[0].type'],
+    [{ model: m, input: 'x', tool_choice: 'sometimes' }, 'tool_choice'],
+    [{ model: m, input: 'x', text: { format: { type: 'xml' } } }, 'text.format.type'],
+    [{ model: m, input: 'x', temperature: 5 }, 'temperature'],
+    [{ model: m, input: 'x', max_output_tokens: 0 }, 'max_output_tokens'],
+    [{ model: m, input: 'x', include: ['reasoning.encrypted_content'] }, 'include'],
+    // Refused by the model family's renderer at the host, restated in this API's names.
+    [{ model: m, input: 'x', reasoning: { effort: 'medium' } }, 'reasoning.effort'],
+    [{ model: m, input: [{ role: 'user', content: 'a' },
+      { type: 'function_call_output', call_id: 'nobody', output: 'o' }] }, 'input[1]'],
+  ];
+  for (const [body, param] of cases) {
+    const r = await post(tiny.base, '/v1/responses', body);
+    assert.equal(r.status, 400, `${JSON.stringify(body)} -> ${r.text}`);
+    assert.equal(r.json.error.type, 'invalid_request_error');
+    assert.equal(r.json.error.param, param, `${JSON.stringify(body)} -> ${r.text}`);
+    assert.ok(r.json.error.message.length > 0);
+  }
+  // Through the SDK: an APIError carrying the param; streaming requests are refused before
+  // any event.
+  await assert.rejects(client.responses.create({ model: m, input: 'x', temperature: 9 }),
+    (e) => e.status === 400 && e.param === 'temperature');
+  await assert.rejects(client.responses.create({ model: m, input: 'x', temperature: 9, stream: true }),
+    (e) => e.status === 400 && e.param === 'temperature');
+  await assert.rejects(client.responses.create({ model: 'no-such-model', input: 'x' }),
+    (e) => e.status === 404 && e.code === 'model_not_found' && e.param === 'model');
+  // The server still answers.
+  const ok = await client.responses.create({ model: m, input: 'x', max_output_tokens: 1 });
+  assert.equal(ok.usage.output_tokens, 1);
+});
+
+async function metrics(base) {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  return (name) => {
+    const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+}
+
+test('a client that disconnects mid-stream cancels its generation', async () => {
+  const before = await metrics(tiny8.base);
+  const controller = new AbortController();
+  const stream = await client8.responses.create({
+    model: modelId, input: question, max_output_tokens: 100000, temperature: 0, stream: true,
+  }, { signal: controller.signal });
+  let deltas = 0;
+  try {
+    for await (const e of stream) {
+      if (e.type.endsWith('.delta')) deltas++;
+      if (deltas >= 3) controller.abort();
+    }
+  } catch (e) {
+    assert.equal(e.name, 'AbortError');
+  }
+  assert.ok(deltas >= 3);
+  let value;
+  for (let i = 0; i < 100; i++) {
+    value = await metrics(tiny8.base);
+    if (value('coli_requests_active') === 0 &&
+        value('coli_http_client_disconnects_total') > before('coli_http_client_disconnects_total')) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(value('coli_requests_active'), 0);
+  assert.equal(value('coli_http_streams_active'), 0);
+  assert.ok(value('coli_requests_cancelled_total') > before('coli_requests_cancelled_total'));
+  const tokens = value('coli_completion_tokens_total');
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal((await metrics(tiny8.base))('coli_completion_tokens_total'), tokens);
+});
