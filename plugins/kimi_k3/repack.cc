@@ -172,6 +172,10 @@ struct OutTensor {
   std::tuple<int, int, int, int> expert_key;
 };
 
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 // One piece of the pipeline: a byte range of one source tensor, at most piece_bytes (a whole
 // number of rows when the tensor is quantized: both formats are per row).
 struct Piece {
@@ -180,12 +184,76 @@ struct Piece {
   uint64_t length = 0;
 };
 
+// `n` persistent helper threads for the quantizer: Run(parts, fn) calls fn(0) on the caller and
+// fn(k), k in [1, parts), on helper k, and returns when all have returned (parts <= n + 1).
+// Persistent rather than one thread per piece: each helper's quantized blocks go back to the
+// malloc arena it allocates the next ones from. The destructor stops and joins the helpers.
+class Helpers {
+ public:
+  explicit Helpers(int n) {
+    for (int k = 1; k <= n; ++k) threads_.emplace_back([this, k] { Loop(k); });
+  }
+  ~Helpers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  Helpers(const Helpers&) = delete;
+  Helpers& operator=(const Helpers&) = delete;
+
+  void Run(int parts, const std::function<void(int)>& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = &fn;
+      parts_ = parts;
+      pending_ = parts - 1;
+      ++generation_;
+    }
+    start_.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    fn_ = nullptr;
+  }
+
+ private:
+  void Loop(int k) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* fn = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (k >= parts_) continue;  // not needed this time
+        fn = fn_;
+      }
+      (*fn)(k);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable start_, done_;
+  bool stop_ = false;                             // guarded by mu_
+  uint64_t generation_ = 0;                       // guarded by mu_: one per Run
+  int parts_ = 0, pending_ = 0;                   // guarded by mu_
+  const std::function<void(int)>* fn_ = nullptr;  // guarded by mu_
+};
+
 // The bounded read → quantize → write pipeline of one shard. Piece i lives in slot i % n from
 // the moment the reader starts reading it until the writer has written it, so at most n pieces
 // are in flight (n = RepackOptions::in_flight) and memory stays at n × (piece_bytes + its
-// quantized bytes) whatever the shard size. Three roles, each walking the pieces in order:
+// quantized bytes) + the helpers' transient blocks (≈ (1.5 n + 0.5) × piece_bytes for int8)
+// whatever the shard size. Three roles, each walking the pieces in order:
 //   reader (own thread): waits for a free slot, reads the piece into it (O_DIRECT or pread);
-//   quantizer (the calling thread + threads-1 helpers per piece): BF16 rows → QuantizedMatrix,
+//   quantizer (the calling thread + threads-1 Helpers): BF16 rows → QuantizedMatrix,
 //     split by rows exactly as the serial tool did (copies pass straight through);
 //   writer (own thread): pwrites the piece where the planned header puts it, frees the slot.
 // The bytes written are the same for any n and any thread count. The first error of any role
@@ -209,12 +277,19 @@ class ShardPipeline {
         w_(w),
         slots_(static_cast<size_t>(std::max(in_flight, 1))) {}
 
-  absl::Status Run() {
+  // Seconds each role was busy (not waiting for another): read, quantize, write.
+  struct Seconds {
+    double read = 0, quantize = 0, write = 0;
+  };
+
+  // Runs the pipeline to the end or the first error; *seconds gets the busy times.
+  absl::Status Run(Seconds* seconds) {
     std::thread reader([this] { Reader(); });
     std::thread writer([this] { Writer(); });
     Quantizer();
     reader.join();
     writer.join();
+    *seconds = seconds_;
     std::lock_guard<std::mutex> lock(mu_);
     return error_;
   }
@@ -224,8 +299,8 @@ class ShardPipeline {
   struct Slot {
     State state = State::kFree;
     io::AlignedBuffer buffer;
-    const uint8_t* bytes = nullptr;      // the piece's bytes inside buffer
-    std::vector<QuantizedMatrix> parts;  // quantized: row ranges in order
+    const uint8_t* bytes = nullptr;  // the piece's bytes inside buffer
+    io::AlignedBuffer data, scales;  // quantized: the piece's rows, data and scales
   };
 
   Slot& SlotOf(size_t piece) { return slots_[piece % slots_.size()]; }
@@ -259,6 +334,7 @@ class ShardPipeline {
   void Reader() {
     for (size_t i = 0; i < pieces_.size(); ++i) {
       if (!Wait(i, State::kFree)) return;
+      const double t0 = Now();
       const Piece& p = pieces_[i];
       Slot& slot = SlotOf(i);
       absl::StatusOr<const uint8_t*> bytes =
@@ -270,39 +346,51 @@ class ShardPipeline {
         std::memmove(slot.buffer.data(), slot.bytes, p.length);
         slot.bytes = slot.buffer.data();
       }
+      seconds_.read += Now() - t0;
       Set(i, State::kRead);
     }
   }
 
   void Quantizer() {
+    Helpers helpers(threads_ - 1);
     for (size_t i = 0; i < pieces_.size(); ++i) {
       if (!Wait(i, State::kRead)) return;
+      const double t0 = Now();
       const Piece& p = pieces_[i];
       Slot& slot = SlotOf(i);
       if (const std::optional<WeightFormat> f = out_[p.source].format) {
         const int64_t cols = in_[p.source].shape[1];
         const int64_t n = static_cast<int64_t>(p.length / 2) / cols;
+        const kernels::MatrixBytes per_row = kernels::FormatBytes(*f, 1, cols);
         const auto* raw = reinterpret_cast<const uint16_t*>(slot.bytes);
         const int parts = static_cast<int>(std::min<int64_t>(threads_, n));
-        std::vector<absl::StatusOr<QuantizedMatrix>> q(parts, absl::UnknownError("not run"));
-        auto run = [&](int k) {
+        slot.data.Reserve(static_cast<size_t>(n) * per_row.data);
+        slot.scales.Reserve(static_cast<size_t>(n) * per_row.scales);
+        std::vector<absl::Status> status(parts);
+        helpers.Run(parts, [&](int k) {
           const int64_t a = n * k / parts, b = n * (k + 1) / parts;
-          q[k] = QuantizedMatrix::FromBf16(raw + a * cols, b - a, cols, *f);
-        };
-        std::vector<std::thread> pool;
-        for (int k = 1; k < parts; ++k) pool.emplace_back(run, k);
-        run(0);
-        for (std::thread& th : pool) th.join();
-        slot.parts.clear();
-        for (int k = 0; k < parts; ++k) {
-          if (!q[k].ok()) {
-            const int64_t row = static_cast<int64_t>(p.offset / 2) / cols + n * k / parts;
-            return Fail(Annotate(q[k].status(), Cat("tensor '", in_[p.source].name, "' (rows from ",
-                                                    row, ") in '", src_.path(), "'")));
+          absl::StatusOr<QuantizedMatrix> q =
+              QuantizedMatrix::FromBf16(raw + a * cols, b - a, cols, *f);
+          if (!q.ok()) {
+            status[k] = q.status();
+            return;
           }
-          slot.parts.push_back(std::move(q[k]).value());
+          // Copied into the slot and freed here, on the thread that allocated it: the next
+          // piece's block reuses the same memory (handing blocks to the writer thread instead
+          // let the heap grow by ~5 MB/s).
+          std::memcpy(slot.data.data() + a * per_row.data, q->data().data(), q->data().size());
+          std::memcpy(slot.scales.data() + a * per_row.scales, q->scales().data(),
+                      q->scales().size());
+        });
+        for (int k = 0; k < parts; ++k) {
+          if (!status[k].ok()) {
+            const int64_t row = static_cast<int64_t>(p.offset / 2) / cols + n * k / parts;
+            return Fail(Annotate(status[k], Cat("tensor '", in_[p.source].name, "' (rows from ",
+                                                row, ") in '", src_.path(), "'")));
+          }
         }
       }
+      seconds_.quantize += Now() - t0;
       Set(i, State::kReady);
     }
   }
@@ -310,6 +398,7 @@ class ShardPipeline {
   void Writer() {
     for (size_t i = 0; i < pieces_.size(); ++i) {
       if (!Wait(i, State::kReady)) return;
+      const double t0 = Now();
       const Piece& p = pieces_[i];
       Slot& slot = SlotOf(i);
       const Output& o = out_[p.source];
@@ -317,26 +406,21 @@ class ShardPipeline {
       if (o.format) {
         const int64_t cols = in_[p.source].shape[1];
         const kernels::MatrixBytes per_row = kernels::FormatBytes(*o.format, 1, cols);
-        int64_t row = static_cast<int64_t>(p.offset / 2) / cols;
-        for (const QuantizedMatrix& q : slot.parts) {
-          const auto& d = q.data();
-          const auto& sc = q.scales();
-          s.Update(w_.WriteAt(o.index[0], row * per_row.data,
-                              std::string_view(reinterpret_cast<const char*>(d.data()), d.size())));
-          if (s.ok()) {
-            s.Update(
-                w_.WriteAt(o.index[1], row * per_row.scales,
-                           std::string_view(reinterpret_cast<const char*>(sc.data()), sc.size())));
-          }
-          if (!s.ok()) break;
-          row += q.view().rows;
+        const uint64_t row = p.offset / 2 / cols, rows = p.length / 2 / cols;
+        s.Update(w_.WriteAt(o.index[0], row * per_row.data,
+                            std::string_view(reinterpret_cast<const char*>(slot.data.data()),
+                                             rows * per_row.data)));
+        if (s.ok()) {
+          s.Update(w_.WriteAt(o.index[1], row * per_row.scales,
+                              std::string_view(reinterpret_cast<const char*>(slot.scales.data()),
+                                               rows * per_row.scales)));
         }
-        slot.parts.clear();  // the quantized bytes are not held past their write
       } else {
         s = w_.WriteAt(o.index[0], p.offset,
                        std::string_view(reinterpret_cast<const char*>(slot.bytes), p.length));
       }
       if (!s.ok()) return Fail(Annotate(s, Where(p)));
+      seconds_.write += Now() - t0;
       Set(i, State::kFree);
     }
   }
@@ -351,6 +435,7 @@ class ShardPipeline {
   std::condition_variable cv_;
   std::vector<Slot> slots_;  // states guarded by mu_; contents owned by the role holding them
   absl::Status error_;       // guarded by mu_: the first failure
+  Seconds seconds_;          // each field written by its own role only
 };
 
 // Cuts every kept source tensor into pieces of at most piece_bytes, in file order (quantized
@@ -381,8 +466,6 @@ void FsyncDir(const std::string& dir) {
   }
 }
 
-// Converts one source shard into dst_path (via dst_path.tmp). false when it holds only vision
-// tensors (no output).
 // How ConvertShard runs (from RepackOptions) and reports.
 struct RunOptions {
   int threads = 1;
@@ -393,8 +476,11 @@ struct RunOptions {
   std::function<void(std::string_view)> say;
 };
 
+// Converts one source shard into dst_path (via dst_path.tmp), adding its bytes and stage times
+// to *summary. false when it holds only vision tensors (no output).
 absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string& dst_path,
-                                  const Config& cfg, const Bits& bits, const RunOptions& run) {
+                                  const Config& cfg, const Bits& bits, const RunOptions& run,
+                                  RepackSummary* summary) {
   COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
   const std::vector<st::TensorInfo>& in = src.header.tensors;  // file-offset order
   std::vector<OutTensor> plain, experts;
@@ -476,8 +562,11 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
   run.say(Cat(run.tag, "reading ", pieces.size(), " pieces of ", in.size(), " tensors (",
               read_bytes, " bytes, ", reader->is_direct() ? "O_DIRECT" : "buffered", ")"));
   // One pass over the source in file order; each tensor lands where the header puts it.
+  ShardPipeline::Seconds busy;
   COLI_RETURN_IF_ERROR(
-      ShardPipeline(*reader, in, where, std::move(pieces), run.in_flight, run.threads, *w).Run());
+      ShardPipeline(*reader, in, where, std::move(pieces), run.in_flight, run.threads, *w)
+          .Run(&busy));
+  const double t0 = Now();
   COLI_RETURN_IF_ERROR(w->Finish());
   if (::rename(tmp.c_str(), dst_path.c_str()) != 0) {
     return absl::InternalError(
@@ -485,6 +574,11 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
   }
   cleanup.keep = true;
   FsyncDir(fs::path(dst_path).parent_path().string());
+  summary->read_bytes += read_bytes;
+  summary->read_seconds += busy.read;
+  summary->quantize_seconds += busy.quantize;
+  summary->write_seconds += busy.write;
+  summary->finish_seconds += Now() - t0;
   return true;
 }
 
@@ -495,10 +589,6 @@ int ShardNumber(std::string_view name) {
   int n = 0;
   if (!ParseNumber(name, &pos, &n) || name.substr(pos, 4) != "-of-") return -1;
   return n;
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 absl::Status CopyFiles(const std::string& src, const std::string& dst) {
@@ -641,7 +731,7 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
       const double t0 = Now();
       const RunOptions run{threads, options.in_flight, options.piece_bytes, options.direct, tag,
                            say};
-      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits, run));
+      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits, run, &summary));
       if (!written) {
         ++summary.dropped;
         say(tag + "vision only, dropped");

@@ -50,7 +50,7 @@ struct RepackOptions {
   // hardware thread.
   int threads = 0;
   // Pieces in flight between reading, quantizing and writing; 1 = the three never overlap
-  // (the tool before the pipeline). Peak memory ≈ in_flight × 1.5 × piece_bytes.
+  // (the tool before the pipeline). Peak memory ≈ (in_flight × 1.5 + 0.5) × piece_bytes.
   int in_flight = 3;
   // Bytes per piece (a quantized tensor is cut at whole rows, at least one). Neither this nor
   // in_flight changes the output bytes.
@@ -74,6 +74,11 @@ struct RepackSummary {
   int verified = 0;         // shards compared by verify_full
   int index_shards = 0;     // shards in the rebuilt index
   uint64_t total_size = 0;  // the rebuilt index's total_size
+  // Shards converted by this run: source bytes read, and the seconds each pipeline stage was
+  // busy (summed over shards; the stages overlap, so the three can add up to more than the
+  // wall time), and in the final fsync + rename.
+  uint64_t read_bytes = 0;
+  double read_seconds = 0, quantize_seconds = 0, write_seconds = 0, finish_seconds = 0;
 };
 
 absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& dst,

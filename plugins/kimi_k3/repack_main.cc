@@ -6,6 +6,7 @@
 //
 // Progress on stderr; exit 0 on success, 1 on an error (message naming file and tensor),
 // 2 on a usage error.
+#include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -87,5 +88,14 @@ int main(int argc, char** argv) {
   std::cerr << "k3-repack: " << summary->written << " written, " << summary->existing
             << " already there, " << summary->missing_source << " source missing, "
             << summary->dropped << " dropped (vision), " << summary->verified << " verified\n";
+  if (summary->written > 0) {
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "k3-repack: %.1f MB read; stages busy: read %.2f s, quantize %.2f s, write "
+                  "%.2f s (overlapping), then fsync + rename %.2f s\n",
+                  summary->read_bytes / 1e6, summary->read_seconds, summary->quantize_seconds,
+                  summary->write_seconds, summary->finish_seconds);
+    std::cerr << line;
+  }
   return 0;
 }
