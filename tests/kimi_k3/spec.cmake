@@ -5,8 +5,9 @@ coli_cc_test(NAME k3_spec_lookup_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/spec_lookup_test.cc
   DEPS kimi_k3_spec)
 
+# spec_replay_test.cc: replay instead of a re-run after a rejected draft (Session::Replay).
 coli_cc_test(NAME k3_spec_decode_test
-  SRCS ${CMAKE_CURRENT_LIST_DIR}/spec_decode_test.cc
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/spec_decode_test.cc ${CMAKE_CURRENT_LIST_DIR}/spec_replay_test.cc
   DEPS kimi_k3_spec kimi_k3_core coli_sampling)
 target_compile_definitions(k3_spec_decode_test PRIVATE
   K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny")
@@ -25,15 +26,4 @@ if(TARGET kimi_k3)
   if(TARGET k3_tiny_fixture)
     add_dependencies(k3_spec_plugin_test k3_tiny_fixture)
   endif()
-endif()
-
-# Replay instead of a re-run after a rejected draft (Session::Replay, KdaReplay): the state after
-# a replay byte-identical to plain steps, for every rejection point and every rewind.
-coli_cc_test(NAME k3_spec_replay_test
-  SRCS ${CMAKE_CURRENT_LIST_DIR}/spec_replay_test.cc
-  DEPS kimi_k3_spec kimi_k3_core coli_sampling)
-target_compile_definitions(k3_spec_replay_test PRIVATE
-  K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny")
-if(TARGET k3_tiny_fixture)
-  add_dependencies(k3_spec_replay_test k3_tiny_fixture)
 endif()
