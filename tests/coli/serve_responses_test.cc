@@ -150,11 +150,11 @@ TEST(ResponsesRequest, ToolsToolChoiceFormatAndEffortMapToTheChatFields) {
 
 TEST(ResponsesRequest, TextAndJsonObjectFormats) {
   EXPECT_JSON_EQ(Parse(J(R"({"input": "x", "text": {"format": {"type": "json_object"}}})"))
-                .chat["response_format"],
-            J(R"({"type": "json_object"})"));
-  EXPECT_JSON_EQ(Parse(J(R"({"input": "x", "text": {"format": {"type": "text"}}})"))
-                .chat["response_format"],
-            J(R"({"type": "text"})"));
+                     .chat["response_format"],
+                 J(R"({"type": "json_object"})"));
+  EXPECT_JSON_EQ(
+      Parse(J(R"({"input": "x", "text": {"format": {"type": "text"}}})")).chat["response_format"],
+      J(R"({"type": "text"})"));
 }
 
 TEST(ResponsesRequest, RefusalsNameTheField) {
@@ -251,7 +251,7 @@ TEST(ResponsesRequest, PreviousResponseContinuesItsConversation) {
   EXPECT_EQ(e.param, "previous_response_id");
   EXPECT_EQ(e.code, "previous_response_not_found");
   EXPECT_JSON_EQ(Refused(J(R"({"previous_response_id": "resp_1", "input": "c"})"), nullptr).param,
-            "previous_response_id");
+                 "previous_response_id");
 }
 
 TEST(ResponseStore, EvictsTheOldestByCountAndBytes) {

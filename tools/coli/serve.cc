@@ -143,6 +143,8 @@ class Gateway {
   void Responses(const Req& req, Res& res);
   void ResponseById(const Req& req, Res& res);
   void ResponsesInputTokens(const Req& req, Res& res);
+  // Authorizes, parses and maps a /v1/responses body (nullopt: the error is answered).
+  std::optional<ResponsesRequest> ResponsesBody(const Req& req, Res& res);
   void Tokenize(const Req& req, Res& res);
   void Detokenize(const Req& req, Res& res);
   void ApplyTemplate(const Req& req, Res& res);
@@ -797,23 +799,30 @@ void Gateway::Completions(const Req& req, Res& res) {
       });
 }
 
-void Gateway::Responses(const Req& req, Res& res) {
-  if (!Authorized(req, res)) return;
+std::optional<ResponsesRequest> Gateway::ResponsesBody(const Req& req, Res& res) {
   Json body;
-  if (!Body(req, res, &body)) return;
+  if (!Authorized(req, res) || !Body(req, res, &body)) return std::nullopt;
   ApiError error;
-  std::optional<ResponsesRequest> parsed = ParseResponsesRequest(body, &responses_, &error);
-  if (!parsed) return Fail(res, error);
-  if (!ModelOk(parsed->fields.model, res)) return;
+  std::optional<ResponsesRequest> r = ParseResponsesRequest(body, &responses_, &error);
+  if (!r) {
+    Fail(res, error);
+    return std::nullopt;
+  }
+  if (!ModelOk(r->fields.model, res)) return std::nullopt;
+  return r;
+}
+
+void Gateway::Responses(const Req& req, Res& res) {
+  std::optional<ResponsesRequest> parsed = ResponsesBody(req, res);
+  if (!parsed) return;
   auto r = std::make_shared<const ResponsesRequest>(std::move(*parsed));
   const std::string request_json = Dump(r->chat);
   Json object = NewResponseObject(*r, info_.id(), NowSeconds());
   // One chat generation into `b`; a finished response is stored unless store is false.
   auto run = [this, r](Call& call, const v1::ChatEvent* first, ResponseBuilder& b) {
     ChoiceResult out;
-    grpc::Status s = RunChoice(r->fields, call, &out, first, [&b](const char* kind, const Json& p) {
-      return b.Delta(kind, p);
-    });
+    grpc::Status s = RunChoice(r->fields, call, &out, first,
+                               [&b](const char* kind, const Json& p) { return b.Delta(kind, p); });
     if (!s.ok()) return s;
     b.Finish({out.finish_reason, out.prompt_tokens, out.completion_tokens, out.reasoning_tokens,
               out.cached_tokens});
@@ -839,8 +848,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, call, first, object, run](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, call, first, object, run](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         ResponseBuilder::Sink events;
         events.send = [&sink](const Json& e) {
@@ -887,13 +895,8 @@ void Gateway::ResponseById(const Req& req, Res& res) {
 }
 
 void Gateway::ResponsesInputTokens(const Req& req, Res& res) {
-  if (!Authorized(req, res)) return;
-  Json body;
-  if (!Body(req, res, &body)) return;
-  ApiError error;
-  std::optional<ResponsesRequest> r = ParseResponsesRequest(body, &responses_, &error);
-  if (!r) return Fail(res, error);
-  if (!ModelOk(r->fields.model, res)) return;
+  std::optional<ResponsesRequest> r = ResponsesBody(req, res);
+  if (!r) return;
   grpc::ClientContext ctx;
   v1::ApplyTemplateRequest a;
   a.set_model(info_.id());

@@ -21,26 +21,44 @@ std::string Index(std::string_view root, size_t i) {
   return std::string(root) + "[" + std::to_string(i) + "]";
 }
 
-// Top-level fields of POST /v1/responses this gateway maps, and the vLLM sampling extensions
-// the chat path takes under the same names (validated there).
-constexpr const char* kMapped[] = {
-    "model",         "input",       "instructions",     "max_output_tokens",
-    "temperature",   "top_p",       "tools",            "tool_choice",
-    "parallel_tool_calls", "stream", "store",           "previous_response_id",
-    "reasoning",     "text",        "metadata",         "user",
-    "safety_identifier", "seed",    "truncation",       "background",
-    "service_tier",  "include",     "stream_options",   "top_logprobs",
-    "top_k",         "min_p",       "repetition_penalty", "frequency_penalty",
-    "presence_penalty", "logit_bias"};
+// Top-level fields of POST /v1/responses this gateway maps (kPassThrough below too).
+constexpr const char* kMapped[] = {"model",
+                                   "input",
+                                   "instructions",
+                                   "max_output_tokens",
+                                   "tools",
+                                   "tool_choice",
+                                   "parallel_tool_calls",
+                                   "stream",
+                                   "store",
+                                   "previous_response_id",
+                                   "reasoning",
+                                   "text",
+                                   "metadata",
+                                   "user",
+                                   "safety_identifier",
+                                   "truncation",
+                                   "background",
+                                   "service_tier",
+                                   "include",
+                                   "stream_options",
+                                   "top_logprobs"};
 // Fields of the Responses API this engine has no counterpart for.
 constexpr const char* kUnsupported[] = {
-    "conversation",     "prompt",       "prompt_cache_key", "prompt_cache_retention",
+    "conversation",         "prompt",         "prompt_cache_key",   "prompt_cache_retention",
     "prompt_cache_options", "max_tool_calls", "context_management", "moderation",
     "personality"};
-// Passed to the chat body unchanged (same name, same meaning, validated by ParseChatParams).
-constexpr const char* kPassThrough[] = {"temperature", "top_p",  "seed",
-                                        "top_k",       "min_p",  "repetition_penalty",
-                                        "frequency_penalty", "presence_penalty", "logit_bias"};
+// Passed to the chat body unchanged (same name, same meaning, validated by ParseChatParams):
+// OpenAI's sampling fields and the vLLM extensions the chat path takes.
+constexpr const char* kPassThrough[] = {"temperature",
+                                        "top_p",
+                                        "seed",
+                                        "top_k",
+                                        "min_p",
+                                        "repetition_penalty",
+                                        "frequency_penalty",
+                                        "presence_penalty",
+                                        "logit_bias"};
 
 bool Contains(const auto& list, const std::string& key) {
   for (const char* k : list) {
@@ -160,10 +178,10 @@ class InputMapper {
     if (type == "function_call") return FunctionCall(item, path, error);
     if (type == "function_call_output") return FunctionCallOutput(item, path, error);
     if (type == "reasoning") return Reasoning(item, path, error);
-    *error = BadField(path + ".type",
-                      "input item type '" + type +
-                          "' is unsupported (this engine takes message, function_call, "
-                          "function_call_output and reasoning items)");
+    *error =
+        BadField(path + ".type", "input item type '" + type +
+                                     "' is unsupported (this engine takes message, function_call, "
+                                     "function_call_output and reasoning items)");
     return false;
   }
 
@@ -293,8 +311,10 @@ class InputMapper {
   bool NoPendingReasoning(const std::string& path, ApiError* error) {
     assistant_open_ = false;
     if (pending_path_.empty()) return true;
-    *error = BadField(pending_path_, "a reasoning item must be followed by the assistant message "
-                                     "or function_call it belongs to, not by " + path);
+    *error = BadField(pending_path_,
+                      "a reasoning item must be followed by the assistant message "
+                      "or function_call it belongs to, not by " +
+                          path);
     return false;
   }
 
@@ -307,10 +327,8 @@ class InputMapper {
 
   // The message's index in the chat body (instructions, when given, come first).
   size_t ChatIndex(size_t conversation_index) const {
-    return conversation_index + (r_->echo.contains("instructions") &&
-                                         !r_->echo["instructions"].is_null()
-                                     ? 1
-                                     : 0);
+    return conversation_index +
+           (r_->echo.contains("instructions") && !r_->echo["instructions"].is_null() ? 1 : 0);
   }
 
   void Push(Json message, const std::string& path, bool tool_output) {
@@ -477,8 +495,7 @@ bool CheckNeutral(const Json& body, ApiError* error) {
   if (const Json* v = Find(body, "truncation"); v != nullptr && *v != "disabled") {
     return refuse("truncation", "is not supported by this engine (use \"disabled\")");
   }
-  if (const Json* v = Find(body, "service_tier");
-      v != nullptr && *v != "auto" && *v != "default") {
+  if (const Json* v = Find(body, "service_tier"); v != nullptr && *v != "auto" && *v != "default") {
     return refuse("service_tier", "must be auto or default on this engine");
   }
   if (const Json* v = Find(body, "include"); v != nullptr && !(v->is_array() && v->empty())) {
@@ -501,7 +518,8 @@ bool CheckNeutral(const Json& body, ApiError* error) {
       return refuse("metadata", "must be an object of at most 16 string values");
     }
     for (auto it = m->begin(); it != m->end(); ++it) {
-      if (!it->is_string() || it.key().size() > 64 || it->get_ref<const std::string&>().size() > 512) {
+      if (!it->is_string() || it.key().size() > 64 ||
+          it->get_ref<const std::string&>().size() > 512) {
         *error = BadField("metadata." + it.key(),
                           "metadata values must be strings (keys <= 64, values <= 512 chars)");
         return false;
@@ -591,7 +609,7 @@ size_t ResponseStore::size() const {
 std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const ResponseStore* store,
                                                       ApiError* error) {
   for (auto it = body.begin(); it != body.end(); ++it) {
-    if (Contains(kMapped, it.key())) continue;
+    if (Contains(kMapped, it.key()) || Contains(kPassThrough, it.key())) continue;
     if (Contains(kUnsupported, it.key())) {
       if (it->is_null()) continue;
       *error = BadField(it.key(), it.key() + " is not supported by this engine");
@@ -727,8 +745,7 @@ ApiError ToResponsesError(ApiError error, const ResponsesRequest& request) {
       if (suffix == ".tool_call_id") suffix = ".call_id";
     }
     // A whole field (instructions, a string input, the stored conversation) has no sub-paths.
-    p = best->responses.find('[') == std::string::npos ? best->responses
-                                                        : best->responses + suffix;
+    p = best->responses.find('[') == std::string::npos ? best->responses : best->responses + suffix;
   } else {
     static const std::pair<const char*, const char*> kRenames[] = {
         {"max_completion_tokens", "max_output_tokens"},
@@ -847,7 +864,7 @@ bool ResponseBuilder::CloseItem(const char* status) {
   const Json& part = item["content"][0];
   const std::string id = item["id"].get<std::string>();
   Json done{{"type", open_ == Open::kReasoning ? "response.reasoning_text.done"
-                                                : "response.output_text.done"},
+                                               : "response.output_text.done"},
             {"item_id", id},
             {"output_index", open_index_},
             {"content_index", 0},
@@ -886,18 +903,13 @@ bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
     if (!CloseItem("completed")) return false;
     const Json& fn = payload["function"];
     const std::string arguments = fn["arguments"].get<std::string>();
-    Json item{{"id", NewId("fc_")},
-              {"type", "function_call"},
-              {"status", "in_progress"},
-              {"arguments", ""},
-              {"call_id", payload["id"]},
-              {"name", fn["name"]}};
+    Json item{{"id", NewId("fc_")}, {"type", "function_call"},  {"status", "in_progress"},
+              {"arguments", ""},    {"call_id", payload["id"]}, {"name", fn["name"]}};
     Json& output = response_["output"];
     const int index = static_cast<int>(output.size());
     const std::string id = item["id"].get<std::string>();
-    if (!Send(Json{{"type", "response.output_item.added"},
-                   {"output_index", index},
-                   {"item", item}})) {
+    if (!Send(Json{
+            {"type", "response.output_item.added"}, {"output_index", index}, {"item", item}})) {
       return false;
     }
     item["arguments"] = arguments;
@@ -968,9 +980,10 @@ Json ResponseBuilder::ChatMessage() const {
       has_message = true;
       content += item["content"][0]["text"].get<std::string>();
     } else if (item["type"] == "function_call") {
-      calls.push_back(Json{{"id", item["call_id"]},
-                           {"type", "function"},
-                           {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
+      calls.push_back(
+          Json{{"id", item["call_id"]},
+               {"type", "function"},
+               {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
     }
   }
   Json m{{"role", "assistant"}};

@@ -67,17 +67,17 @@ class ResponseStore {
 
 // Where a chat-body path came from in the Responses request, for error messages.
 struct ParamSource {
-  std::string chat;       // "messages[3]", "messages[1].tool_calls[0]", "tools[2]"
-  std::string responses;  // "input[4]", "input[2]", "tools[2]"
+  std::string chat;          // "messages[3]", "messages[1].tool_calls[0]", "tools[2]"
+  std::string responses;     // "input[4]", "input[2]", "tools[2]"
   bool tool_output = false;  // a function_call_output: the chat `content` is its `output`
 };
 
 // A Responses request mapped onto the chat-completions path.
 struct ResponsesRequest {
-  Json chat;              // the equivalent /v1/chat/completions body
-  SamplingFields fields;  // ParseChatParams(chat)
+  Json chat;                          // the equivalent /v1/chat/completions body
+  SamplingFields fields;              // ParseChatParams(chat)
   Json conversation = Json::array();  // chat messages a follow-up continues (no instructions)
-  Json echo = Json::object();  // the request fields the response object repeats
+  Json echo = Json::object();         // the request fields the response object repeats
   bool store = true;
   std::vector<ParamSource> sources;
 };
