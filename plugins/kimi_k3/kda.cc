@@ -27,14 +27,14 @@ absl::Status KdaRowInputs::Check(const KdaConfig& c, int64_t want, int layer) co
   const size_t rn = static_cast<size_t>(n);
   if (beta.size() != rn * c.num_heads || q.size() != rn * C || k.size() != rn * C ||
       v.size() != rn * C || alpha.size() != rn * C) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "KDA layer ", layer, " replay record: inconsistent buffers (q ", q.size(), ", k ",
-        k.size(), ", v ", v.size(), ", alpha ", alpha.size(), ", beta ", beta.size(),
-        " floats for C = ", C, ", H = ", c.num_heads, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("KDA layer ", layer, " replay record: inconsistent buffers (q ", q.size(),
+                     ", k ", k.size(), ", v ", v.size(), ", alpha ", alpha.size(), ", beta ",
+                     beta.size(), " floats for C = ", C, ", H = ", c.num_heads, ")"));
   }
   if (want < 0 || want > n) {
-    return absl::FailedPreconditionError(absl::StrCat("KDA layer ", layer, " replay record holds ",
-                                                      n, " rows, ", want, " asked"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("KDA layer ", layer, " replay record holds ", n, " rows, ", want, " asked"));
   }
   return absl::OkStatus();
 }

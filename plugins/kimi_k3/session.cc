@@ -229,8 +229,8 @@ absl::StatusOr<std::vector<float>> Session::Step(int32_t token) {
   return Run(x.data(), ids, /*prefill=*/false);
 }
 
-absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tokens,
-                                                    bool every_row, ReplayRecord* record) {
+absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tokens, bool every_row,
+                                                    ReplayRecord* record) {
   if (record) record->Clear();
   COLI_RETURN_IF_ERROR(CheckUsable());
   if (tokens.empty()) return absl::InvalidArgumentError("StepAll needs at least one token");
@@ -257,21 +257,19 @@ absl::StatusOr<std::vector<float>> Session::StepAll(std::span<const int32_t> tok
   return out;
 }
 
-absl::Status Session::Replay(const Checkpoint& before, const ReplayRecord& record,
-                             int64_t rows) {
+absl::Status Session::Replay(const Checkpoint& before, const ReplayRecord& record, int64_t rows) {
   const int64_t p = static_cast<int64_t>(before.tokens.size());
   const int64_t n = static_cast<int64_t>(record.tokens.size());
   if (record.position != p) {
-    return absl::FailedPreconditionError(absl::StrCat("replay record starts at position ",
-                                                      record.position, ", the checkpoint is at ",
-                                                      p));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replay record starts at position ", record.position, ", the checkpoint is at ", p));
   }
   if (rows < 0 || rows > n) {
     return absl::FailedPreconditionError(
         absl::StrCat("replay of ", rows, " rows from a record of ", n));
   }
-  if (p + rows > position() || !std::equal(before.tokens.begin(), before.tokens.end(),
-                                           tokens_.begin()) ||
+  if (p + rows > position() ||
+      !std::equal(before.tokens.begin(), before.tokens.end(), tokens_.begin()) ||
       !std::equal(record.tokens.begin(), record.tokens.begin() + rows, tokens_.begin() + p)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "replay of ", rows, " rows at position ", p,

@@ -111,8 +111,7 @@ class Session {
   // (nothing runs). Nothing goes to the K3_LOGITS file (decode rows never do); under K3_TRACE
   // the rows are traced like prefill rows. With `record`, it is refilled with the pass's replay
   // inputs (see Replay; its previous content is dropped; emptied again when the pass fails).
-  absl::StatusOr<std::vector<float>> StepAll(std::span<const int32_t> tokens,
-                                             bool every_row = true,
+  absl::StatusOr<std::vector<float>> StepAll(std::span<const int32_t> tokens, bool every_row = true,
                                              ReplayRecord* record = nullptr);
   // Puts the session exactly where it would be after consuming `before`'s record and then the
   // first `rows` tokens of `record`'s chunk (0 ≤ rows ≤ chunk length), without a forward pass:

@@ -265,7 +265,8 @@ TEST(K3SpecReplay, RecordSizeAndRefusals) {
     }
   }
   EXPECT_THAT(s->Replay(before, other, 2),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("KDA layer 0 replay record: inconsistent")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("KDA layer 0 replay record: inconsistent")));
   EXPECT_THAT(s->Replay(before, ReplayRecord(), 0),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("-1")));
   EXPECT_EQ(s->tokens(), ahead);
