@@ -20,7 +20,7 @@
 // sampler draws it (so the real sampler later draws the same tokens: seeded streams unchanged).
 // Sampling knobs (ABI 1.3, docs/status/sampling.md): each session keeps the history the
 // penalties read (the prompt of its last prefill and the tokens sampled since); a row with any
-// penalty or logit_bias never drafts (its token depends on a history the verify does not advance).
+// penalty or logit_bias is verified with a copy of that history too, advanced row by row.
 #include <unistd.h>
 
 #include <algorithm>
@@ -717,12 +717,11 @@ sampling::SamplerOptions RowKnobs(const coli_decode_row_t& row) {
 // The draft for a row of a spec model (greedy or sampled): up to K prompt-lookup tokens after the
 // record and the pending token, K shrunk so the verify chunk fits the context, cut before the
 // first stop token (a stop ends the turn: no row after it is needed). Empty: take the normal
-// step. A row with a penalty or logit_bias (ABI 1.3) keeps the one-step path: its token depends
-// on the history of the tokens before it, which a verify of several rows does not advance.
+// step. Rows with a penalty or logit_bias (ABI 1.3) draft too (VerifyDraft advances a copy of
+// their history).
 std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   const K3Model& m = *s->m;
   if (m.spec_max <= 0 || s->spec.undelivered() > 0) return {};
-  if (sampling::HasPenalties(RowKnobs(row))) return {};
   const int64_t room = s->capacity - s->session->position() - 1;
   const int k = s->spec_budget.Next(static_cast<int>(std::min<int64_t>(m.spec_max, room)));
   if (k <= 0) return {};
@@ -765,23 +764,30 @@ sampling::Sampler& RowSampler(K3Session* s, const coli_decode_row_t& row) {
 // tokens wait in s->spec. A greedy row accepts a draft token while it is the row's argmax; a
 // sampled row while a COPY of the sampler `Sample` will use draws it (no draw of the real
 // sampler is spent: it draws the same tokens from the same logits when they are handed out).
+// A row with a penalty or logit_bias (greedy or sampled) draws with a copy of the sampler AND of
+// the session's history, each row's token added to the copy before the next row draws — as
+// `Sample` adds each delivered token to the real history — so the copy draws exactly what the
+// real sampler will draw step by step.
 // On failure the session is back before the pending token and unusable until its next prefill
 // (its logits are dropped, as on the normal path).
 absl::Status VerifyDraft(K3Session* s, const coli_decode_row_t& row,
                          std::span<const int32_t> draft) {
   absl::StatusOr<SpecDecoder::Verified> v;
   {
-    // Greedy by the sampler's own rule (temperature <= 0). No penalties here (SpecDraft), so the
-    // copy's draws need no history.
+    // Plain greedy by the sampler's own rule (temperature <= 0): the argmax of the raw logits.
     std::optional<sampling::Sampler> draw;
-    if (const sampling::Sampler& real = RowSampler(s, row); !(real.options().temperature <= 0.0f)) {
-      draw.emplace(real);
-    }
+    std::optional<sampling::TokenHistory> history;
+    const sampling::Sampler& real = RowSampler(s, row);
+    if (sampling::HasPenalties(real.options())) history.emplace(s->history);
+    if (history || !(real.options().temperature <= 0.0f)) draw.emplace(real);
     ForwardLock lock(*s->m);
     const auto t0 = Clock::now();
     if (draw) {
-      v = s->spec.Verify(*s->session, s->pending, draft,
-                         [&](std::span<const float> logits) { return draw->Next(logits).id; });
+      v = s->spec.Verify(*s->session, s->pending, draft, [&](std::span<const float> logits) {
+        const int32_t id = draw->Next(logits, history ? &*history : nullptr).id;
+        if (history) history->AddOutput(id);
+        return id;
+      });
     } else {
       v = s->spec.Verify(*s->session, s->pending, draft);
     }

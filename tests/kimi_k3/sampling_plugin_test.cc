@@ -4,13 +4,15 @@
 // vocabulary): log_softmax is the logits minus one constant per step, so the greedy token under
 // frequency / presence penalties is the first maximum of logprob - f * count - p * (count > 0)
 // over the tokens generated so far. Also: logit_bias +100 forces its token at every step, -100
-// on the plain greedy token moves the first token to the runner-up, rows with penalties never
-// draft on a speculative-decoding model, the same seed and knobs give the same tokens, an older
-// host's shorter row is read as neutral, and bad knobs are refused naming the field.
+// on the plain greedy token moves the first token to the runner-up, rows with penalties are
+// speculated on a speculative-decoding model with outputs bit for bit those of spec off, the
+// same seed and knobs give the same tokens, an older host's shorter row is read as neutral, and
+// bad knobs are refused naming the field.
 // Where repetition must happen the model is opened with K3_LAYERS=0 (embedding, final norm and
 // head only): the next greedy token is then a function of the last one, so plain greedy soon
 // cycles through tokens it has generated — what the penalties are for — and a "walk prompt" (a
 // start token, its greedy successors, the start again) gives prompt lookup drafts to verify.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -138,7 +140,7 @@ TEST_F(K3SamplingPluginTest, LogitBiasMinus100OnTheGreedyTokenMovesTheFirstToken
   EXPECT_EQ(moved[0].top[0].id, greedy);
 }
 
-TEST_F(K3SamplingPluginTest, PenalisedRowsNeverDraftOnASpecModel) {
+TEST_F(K3SamplingPluginTest, PenalisedRowsDraftOnASpecModel) {
   coli_model_t* spec = Open({{"spec", "4"}}, /*layers=*/0);
   coli_model_t* off = Open({}, /*layers=*/0);
   ASSERT_NE(spec, nullptr);
@@ -146,23 +148,126 @@ TEST_F(K3SamplingPluginTest, PenalisedRowsNeverDraftOnASpecModel) {
   std::vector<int32_t> prompt = {5};  // the walk prompt: 5, its greedy successors, 5
   for (const Out& o : Fresh(off, {5}, 16)) prompt.push_back(o.token);
   prompt.push_back(5);
-  // Plain greedy rows draft (so the zero below means something).
-  coli_session_t* plain = NewSession(spec);
-  Prefill(plain, prompt);
-  Generate(plain, 12);
-  EXPECT_GT(Stats(plain)["spec_drafts"], 0);
-
-  for (const Knobs& k : {Knobs{.frequency_penalty = 1.0f}, Knobs{.repetition_penalty = 1.3f},
+  for (const Knobs& k : {Knobs{.frequency_penalty = 1.0f}, Knobs{.repetition_penalty = 1.05f},
                          Knobs{.presence_penalty = 0.5f},
                          Knobs{.logit_bias = {{3, 0.5f}}}}) {
     coli_session_t* a = NewSession(spec);
     Prefill(a, prompt);
     const std::vector<Out> got = Generate(a, 12, k);
-    EXPECT_EQ(Stats(a)["spec_drafts"], 0);
+    EXPECT_GT(Stats(a)["spec_drafts"], 0) << "repetition " << k.repetition_penalty;
     coli_session_t* b = NewSession(off);
     Prefill(b, prompt);
     abi_test::ExpectSameOuts(got, Generate(b, 12, k));
   }
+}
+
+// Penalised rows (greedy and seeded sampled; frequency / presence / repetition penalty,
+// logit_bias) on a speculative-decoding model, 120 tokens each: tokens, finish, text, logprob and
+// top logprobs bit for bit against spec off. The verify draws with a copy of the row's sampler
+// and of its history, each row's token added to the copy before the next row draws, so every
+// draft it accepts is what the real sampler then draws from the buffer: no rewind (a buffered
+// token the real sampler does not draw would force one), and along a walk prompt — start, the
+// row's own continuation of start with these knobs and seed, start — the drafts are that
+// continuation again, so most of it comes from the buffer. (On the bigram model, layers = 0, the
+// logits depend on the last token only; frequency and presence penalties and logit_bias read the
+// output, empty at both starts, so the same knobs and seed continue the walk. The repetition
+// penalty also reads the prompt, which now holds the walk: a mild one keeps the greedy walk,
+// a sampled row need not come back.) Also a random prompt, on the bigram model and for two
+// cases on the full stack, where drafts are mostly rejected (the full stack replays the rejected
+// rows of its KDA layers and cuts its MLA caches).
+TEST_F(K3SamplingPluginTest, PenalisedRowsSpeculatedSameOutputs) {
+  constexpr int kLong = 120, kWalk = 40;
+  coli_model_t* off = Open({}, /*layers=*/0);
+  coli_model_t* on = Open({{"spec", "6"}}, /*layers=*/0);
+  coli_model_t* full_off = Open({});
+  coli_model_t* full_on = Open({{"spec", "4"}});
+  ASSERT_NE(off, nullptr);
+  ASSERT_NE(on, nullptr);
+  ASSERT_NE(full_off, nullptr);
+  ASSERT_NE(full_on, nullptr);
+  struct Case {
+    Knobs k;
+    bool walk_returns;  // the walk comes back (so most of it must come from the buffer)
+    bool full;          // also a random prompt on the full stack
+    bool plain_walk = false;  // the plain greedy walk up to its cycle instead of the row's own
+  };
+  const std::vector<Case> cases = {
+      {{.logprobs = 3, .frequency_penalty = 0.5f}, true, false},
+      {{.logprobs = 2, .presence_penalty = 0.8f, .logit_bias = {{3, 0.5f}, {600, -1.0f}}}, true,
+       false},
+      {{.logprobs = 1, .repetition_penalty = 1.05f}, true, true},
+      {{.temperature = 0.8f, .top_k = 8, .logprobs = 2, .seed = 11, .frequency_penalty = 0.4f,
+        .presence_penalty = 0.2f},
+       true, false},
+      {{.temperature = 1.0f, .top_p = 0.9f, .logprobs = 3, .seed = 12, .min_p = 0.02f,
+        .logit_bias = {{7, 2.0f}, {9, -1.0f}}},
+       true, true},
+      {{.temperature = 0.7f, .top_k = 20, .logprobs = 2, .seed = 13, .repetition_penalty = 1.05f,
+        .frequency_penalty = 0.3f},
+       false, false},
+      // The plain greedy walk ends in a cycle (4 tokens on the fixture). The prompt stops two
+      // tokens before the cycle starts, so the first verify's draft is the cycle and its repeat,
+      // which a strong presence / frequency penalty forbids once emitted — here emitted earlier
+      // in the same draft, which only a copy of the history advanced row by row knows: a copy
+      // that is not advanced accepts the repeat, which the real sampler then does not draw (a
+      // rewind). Greedy, and sampled through the sampler's cut (top_k 1, so the draws are sure).
+      {{.logprobs = 2, .presence_penalty = 2.0f}, false, false, true},
+      {{.temperature = 0.5f, .top_k = 1, .logprobs = 2, .seed = 14, .frequency_penalty = 1.5f,
+        .presence_penalty = 0.5f},
+       false, false, true},
+  };
+  double random_drafts = 0, full_drafts = 0;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Knobs& k = cases[c].k;
+    SCOPED_TRACE(::testing::Message() << "case " << c);
+    // The walk prompt, generated by these knobs and seed (or plain greedy).
+    std::vector<int32_t> walk = {5};
+    for (const Out& o : Fresh(off, {5}, kWalk, cases[c].plain_walk ? Knobs{} : k)) {
+      if (o.finish == COLI_FINISH_NONE) walk.push_back(o.token);
+    }
+    if (cases[c].plain_walk) {
+      // The cycle starts at the first token that comes again; end the prompt with the token two
+      // before it (its successor, the row's first token, is then followed by the cycle).
+      size_t start = walk.size();
+      for (size_t i = 0; i < walk.size() && start == walk.size(); ++i) {
+        if (std::find(walk.begin() + i + 1, walk.end(), walk[i]) != walk.end()) start = i;
+      }
+      ASSERT_TRUE(start >= 2 && start + 6 <= walk.size())
+          << "the plain walk's cycle should start after 2 tokens and repeat within kWalk";
+      walk.push_back(walk[start - 2]);
+    } else {
+      walk.push_back(5);
+    }
+    const std::vector<int32_t> random = Ids(12, static_cast<int>(c) + 20);
+    struct Run {
+      const std::vector<int32_t>* prompt;
+      coli_model_t* spec;
+      coli_model_t* plain;
+    };
+    for (const Run& r : {Run{&walk, on, off}, Run{&random, on, off},
+                         Run{&random, full_on, full_off}}) {
+      const auto& [prompt, spec, plain] = r;
+      if (spec == full_on && !cases[c].full) continue;
+      const bool is_walk = prompt == &walk;
+      SCOPED_TRACE(is_walk ? "walk" : spec == full_on ? "random, full stack" : "random");
+      coli_session_t* s = NewSession(spec);
+      Prefill(s, *prompt, k.seed);
+      abi_test::ExpectSameOuts(Generate(s, kLong, k), Fresh(plain, *prompt, kLong, k));
+      auto st = Stats(s);
+      EXPECT_EQ(st["spec_rewinds"], 0);  // every accepted draft was the real sampler's draw
+      if (is_walk) {
+        EXPECT_GT(st["spec_drafts"], 0);
+        if (cases[c].walk_returns) {
+          EXPECT_GE(st["spec_accepted_tokens"], static_cast<double>(walk.size()) / 2)
+              << st["spec_draft_tokens"] << " draft tokens";
+        }
+      } else {
+        (spec == full_on ? full_drafts : random_drafts) += st["spec_drafts"];
+      }
+    }
+  }
+  EXPECT_GT(random_drafts, 0);
+  EXPECT_GT(full_drafts, 0);
 }
 
 TEST_F(K3SamplingPluginTest, SameSeedAndKnobsGiveTheSameTokens) {

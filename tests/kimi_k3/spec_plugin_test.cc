@@ -401,7 +401,8 @@ TEST_F(K3SpecPluginTest, SampledKnobChangesMidGeneration) {
 }
 
 // One decode call per step with a sampled walk row (drafts), a greedy walk row (drafts), a
-// penalised row (never drafts) and a sampled random row: every row as alone with spec off.
+// penalised sampled walk row (drafts too: its verify advances a copy of its history) and a
+// sampled random row: every row as alone with spec off.
 TEST_F(K3SpecPluginTest, SampledRowBatchedWithGreedyAndPenalisedRows) {
   coli_model_t* off = Open(0, 0);
   coli_model_t* on = Open(6, 0);
@@ -433,8 +434,9 @@ TEST_F(K3SpecPluginTest, SampledRowBatchedWithGreedyAndPenalisedRows) {
   }
   EXPECT_GT(Stats(batch[0])["spec_tokens_from_buffer"], 0);
   EXPECT_GT(Stats(batch[1])["spec_tokens_from_buffer"], 0);
-  EXPECT_EQ(Stats(batch[2])["spec_drafts"], 0);
-  EXPECT_GT(Stats(batch[2])["batched_steps"], 0);  // the undrafted rows still shared passes
+  EXPECT_GT(Stats(batch[2])["spec_drafts"], 0);
+  EXPECT_EQ(Stats(batch[2])["spec_rewinds"], 0);  // its accepted drafts were its real draws
+  EXPECT_GT(Stats(batch[2])["batched_steps"], 0);  // rows without a draft still shared passes
 }
 
 // One decode call per step with a spec greedy row (verified alone), a sampled row (drafts when
