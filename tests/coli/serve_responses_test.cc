@@ -254,6 +254,50 @@ TEST(ResponsesRequest, PreviousResponseContinuesItsConversation) {
                  "previous_response_id");
 }
 
+// Every value of a rich request replaced by every JSON type: a refusal or a mapping, never an
+// exception (nlohmann throws on a wrong-typed get) or a crash.
+void Replace(const Json& node, Json& root, Json& at, int* calls) {
+  static const Json kValues[] = {nullptr,          Json(1),        Json(-1),
+                                 Json(1.5),        Json("s"),      Json(true),
+                                 Json::array(),    Json::object(), Json::array({1, "x"}),
+                                 Json{{"type", 1}}};
+  for (const Json& v : kValues) {
+    Json saved = at;
+    at = v;
+    ApiError error;
+    EXPECT_NO_THROW(ParseResponsesRequest(root, nullptr, &error)) << root.dump();
+    ++*calls;
+    at = saved;
+  }
+  if (node.is_object()) {
+    for (auto it = at.begin(); it != at.end(); ++it) Replace(node[it.key()], root, *it, calls);
+  } else if (node.is_array()) {
+    for (size_t i = 0; i < at.size(); ++i) Replace(node[i], root, at[i], calls);
+  }
+}
+
+TEST(ResponsesRequest, WrongTypesAnywhereAreRefusedNotThrown) {
+  const Json body = J(R"({"model": "m", "instructions": "i", "max_output_tokens": 5,
+    "temperature": 0.5, "top_p": 0.9, "seed": 1, "store": true, "stream": false,
+    "metadata": {"k": "v"}, "user": "u", "parallel_tool_calls": true,
+    "reasoning": {"effort": "low", "summary": "auto"},
+    "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
+    "tools": [{"type": "function", "name": "f", "description": "d", "parameters": {}}],
+    "tool_choice": {"type": "function", "name": "f"},
+    "stream_options": {"include_obfuscation": false},
+    "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+              {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}],
+               "content": [{"type": "reasoning_text", "text": "r"}]},
+              {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": "c",
+               "output": [{"type": "input_text", "text": "o"}]}]})");
+  Parse(body);  // the unmodified body maps
+  Json root = body;
+  int calls = 0;
+  Replace(body, root, root, &calls);
+  EXPECT_GT(calls, 500);
+}
+
 TEST(ResponseStore, EvictsTheOldestByCountAndBytes) {
   ResponseStore store(2, 1 << 20);
   for (const char* id : {"a", "b", "c"}) store.Put(id, Json{{"id", id}}, Json::array());

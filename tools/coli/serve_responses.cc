@@ -608,6 +608,10 @@ size_t ResponseStore::size() const {
 
 std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const ResponseStore* store,
                                                       ApiError* error) {
+  if (!body.is_object()) {
+    *error = BadField("", "request body must be a JSON object");
+    return std::nullopt;
+  }
   for (auto it = body.begin(); it != body.end(); ++it) {
     if (Contains(kMapped, it.key()) || Contains(kPassThrough, it.key())) continue;
     if (Contains(kUnsupported, it.key())) {
