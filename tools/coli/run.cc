@@ -298,9 +298,11 @@ int RunCommand(int argc, char** argv) {
   if (stat("spec_drafts") > 0) {
     std::fprintf(stderr,
                  "coli run: speculative decoding: %.0f forward passes, %.0f verify passes, %.0f "
-                 "draft tokens, %.0f accepted, %.0f tokens without a pass\n",
+                 "draft tokens, %.0f accepted, %.0f tokens without a pass, %.0f rejections "
+                 "(%.0f rows replayed)\n",
                  stat("decode_passes"), stat("spec_drafts"), stat("spec_draft_tokens"),
-                 stat("spec_accepted_tokens"), stat("spec_tokens_from_buffer"));
+                 stat("spec_accepted_tokens"), stat("spec_tokens_from_buffer"),
+                 stat("spec_rejections"), stat("spec_replays"));
   }
   if (stat("vk_matmuls") > 0 || stat("vk_tier_resident") > 0) {
     std::fprintf(stderr,
