@@ -284,9 +284,19 @@ class ShardPipeline {
 
   // Runs the pipeline to the end or the first error; *seconds gets the busy times.
   absl::Status Run(Seconds* seconds) {
-    std::thread reader([this] { Reader(); });
-    std::thread writer([this] { Writer(); });
-    Quantizer();
+    std::thread reader([this] {
+      Walk(State::kFree, State::kRead, &seconds_.read,
+           [this](const Piece& p, Slot& slot) { return Read(p, slot); });
+    });
+    std::thread writer([this] {
+      Walk(State::kReady, State::kFree, &seconds_.write,
+           [this](const Piece& p, Slot& slot) { return Write(p, slot); });
+    });
+    {
+      Helpers helpers(threads_ - 1);  // the quantizer runs on this thread
+      Walk(State::kRead, State::kReady, &seconds_.quantize,
+           [&](const Piece& p, Slot& slot) { return Quantize(p, slot, helpers); });
+    }
     reader.join();
     writer.join();
     *seconds = seconds_;
@@ -331,98 +341,89 @@ class ShardPipeline {
                ")");
   }
 
-  void Reader() {
+  // One role: for each piece in order, waits until its slot is `from`, runs `step` on it and
+  // hands it on as `to`, adding the time spent in `step` to *busy. The first error stops every
+  // role.
+  void Walk(State from, State to, double* busy,
+            const std::function<absl::Status(const Piece&, Slot&)>& step) {
     for (size_t i = 0; i < pieces_.size(); ++i) {
-      if (!Wait(i, State::kFree)) return;
+      if (!Wait(i, from)) return;
       const double t0 = Now();
-      const Piece& p = pieces_[i];
-      Slot& slot = SlotOf(i);
-      absl::StatusOr<const uint8_t*> bytes =
-          src_.ReadInto(in_[p.source].file_offset + p.offset, p.length, &slot.buffer);
-      if (!bytes.ok()) return Fail(Annotate(bytes.status(), Where(p)));
-      slot.bytes = *bytes;
-      if (out_[p.source].format && reinterpret_cast<uintptr_t>(slot.bytes) % 2 != 0) {
-        // BF16 rows at an odd file offset: move them to the (4 KiB-aligned) buffer start.
-        std::memmove(slot.buffer.data(), slot.bytes, p.length);
-        slot.bytes = slot.buffer.data();
-      }
-      seconds_.read += Now() - t0;
-      Set(i, State::kRead);
+      if (absl::Status s = step(pieces_[i], SlotOf(i)); !s.ok()) return Fail(s);
+      *busy += Now() - t0;
+      Set(i, to);
     }
   }
 
-  void Quantizer() {
-    Helpers helpers(threads_ - 1);
-    for (size_t i = 0; i < pieces_.size(); ++i) {
-      if (!Wait(i, State::kRead)) return;
-      const double t0 = Now();
-      const Piece& p = pieces_[i];
-      Slot& slot = SlotOf(i);
-      if (const std::optional<WeightFormat> f = out_[p.source].format) {
-        const int64_t cols = in_[p.source].shape[1];
-        const int64_t n = static_cast<int64_t>(p.length / 2) / cols;
-        const kernels::MatrixBytes per_row = kernels::FormatBytes(*f, 1, cols);
-        const auto* raw = reinterpret_cast<const uint16_t*>(slot.bytes);
-        const int parts = static_cast<int>(std::min<int64_t>(threads_, n));
-        slot.data.Reserve(static_cast<size_t>(n) * per_row.data);
-        slot.scales.Reserve(static_cast<size_t>(n) * per_row.scales);
-        std::vector<absl::Status> status(parts);
-        helpers.Run(parts, [&](int k) {
-          const int64_t a = n * k / parts, b = n * (k + 1) / parts;
-          absl::StatusOr<QuantizedMatrix> q =
-              QuantizedMatrix::FromBf16(raw + a * cols, b - a, cols, *f);
-          if (!q.ok()) {
-            status[k] = q.status();
-            return;
-          }
-          // Copied into the slot and freed here, on the thread that allocated it: the next
-          // piece's block reuses the same memory (handing blocks to the writer thread instead
-          // let the heap grow by ~5 MB/s).
-          std::memcpy(slot.data.data() + a * per_row.data, q->data().data(), q->data().size());
-          std::memcpy(slot.scales.data() + a * per_row.scales, q->scales().data(),
-                      q->scales().size());
-        });
-        for (int k = 0; k < parts; ++k) {
-          if (!status[k].ok()) {
-            const int64_t row = static_cast<int64_t>(p.offset / 2) / cols + n * k / parts;
-            return Fail(Annotate(status[k], Cat("tensor '", in_[p.source].name, "' (rows from ",
-                                                row, ") in '", src_.path(), "'")));
-          }
-        }
-      }
-      seconds_.quantize += Now() - t0;
-      Set(i, State::kReady);
+  absl::Status Read(const Piece& p, Slot& slot) {
+    absl::StatusOr<const uint8_t*> bytes =
+        src_.ReadInto(in_[p.source].file_offset + p.offset, p.length, &slot.buffer);
+    if (!bytes.ok()) return Annotate(bytes.status(), Where(p));
+    slot.bytes = *bytes;
+    if (out_[p.source].format && reinterpret_cast<uintptr_t>(slot.bytes) % 2 != 0) {
+      // BF16 rows at an odd file offset: move them to the (4 KiB-aligned) buffer start.
+      std::memmove(slot.buffer.data(), slot.bytes, p.length);
+      slot.bytes = slot.buffer.data();
     }
+    return absl::OkStatus();
   }
 
-  void Writer() {
-    for (size_t i = 0; i < pieces_.size(); ++i) {
-      if (!Wait(i, State::kReady)) return;
-      const double t0 = Now();
-      const Piece& p = pieces_[i];
-      Slot& slot = SlotOf(i);
-      const Output& o = out_[p.source];
-      absl::Status s;
-      if (o.format) {
-        const int64_t cols = in_[p.source].shape[1];
-        const kernels::MatrixBytes per_row = kernels::FormatBytes(*o.format, 1, cols);
-        const uint64_t row = p.offset / 2 / cols, rows = p.length / 2 / cols;
-        s.Update(w_.WriteAt(o.index[0], row * per_row.data,
-                            std::string_view(reinterpret_cast<const char*>(slot.data.data()),
-                                             rows * per_row.data)));
-        if (s.ok()) {
-          s.Update(w_.WriteAt(o.index[1], row * per_row.scales,
-                              std::string_view(reinterpret_cast<const char*>(slot.scales.data()),
-                                               rows * per_row.scales)));
-        }
-      } else {
-        s = w_.WriteAt(o.index[0], p.offset,
-                       std::string_view(reinterpret_cast<const char*>(slot.bytes), p.length));
+  // Quantizes the piece's rows into slot.data / slot.scales (copies pass through untouched).
+  absl::Status Quantize(const Piece& p, Slot& slot, Helpers& helpers) {
+    const std::optional<WeightFormat> f = out_[p.source].format;
+    if (!f) return absl::OkStatus();
+    const int64_t cols = in_[p.source].shape[1];
+    const int64_t n = static_cast<int64_t>(p.length / 2) / cols;
+    const kernels::MatrixBytes per_row = kernels::FormatBytes(*f, 1, cols);
+    const auto* raw = reinterpret_cast<const uint16_t*>(slot.bytes);
+    const int parts = static_cast<int>(std::min<int64_t>(threads_, n));
+    slot.data.Reserve(static_cast<size_t>(n) * per_row.data);
+    slot.scales.Reserve(static_cast<size_t>(n) * per_row.scales);
+    std::vector<absl::Status> status(parts);
+    helpers.Run(parts, [&](int k) {
+      const int64_t a = n * k / parts, b = n * (k + 1) / parts;
+      absl::StatusOr<QuantizedMatrix> q =
+          QuantizedMatrix::FromBf16(raw + a * cols, b - a, cols, *f);
+      if (!q.ok()) {
+        status[k] = q.status();
+        return;
       }
-      if (!s.ok()) return Fail(Annotate(s, Where(p)));
-      seconds_.write += Now() - t0;
-      Set(i, State::kFree);
+      // Copied into the slot and freed here, on the thread that allocated it: the next piece's
+      // block reuses the same memory (handing blocks to the writer thread instead let the heap
+      // grow by ~5 MB/s).
+      std::memcpy(slot.data.data() + a * per_row.data, q->data().data(), q->data().size());
+      std::memcpy(slot.scales.data() + a * per_row.scales, q->scales().data(), q->scales().size());
+    });
+    for (int k = 0; k < parts; ++k) {
+      if (!status[k].ok()) {
+        const int64_t row = static_cast<int64_t>(p.offset / 2) / cols + n * k / parts;
+        return Annotate(status[k], Cat("tensor '", in_[p.source].name, "' (rows from ", row,
+                                       ") in '", src_.path(), "'"));
+      }
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status Write(const Piece& p, Slot& slot) {
+    const Output& o = out_[p.source];
+    absl::Status s;
+    if (o.format) {
+      const int64_t cols = in_[p.source].shape[1];
+      const kernels::MatrixBytes per_row = kernels::FormatBytes(*o.format, 1, cols);
+      const uint64_t row = p.offset / 2 / cols, rows = p.length / 2 / cols;
+      s.Update(w_.WriteAt(
+          o.index[0], row * per_row.data,
+          std::string_view(reinterpret_cast<const char*>(slot.data.data()), rows * per_row.data)));
+      if (s.ok()) {
+        s.Update(w_.WriteAt(o.index[1], row * per_row.scales,
+                            std::string_view(reinterpret_cast<const char*>(slot.scales.data()),
+                                             rows * per_row.scales)));
+      }
+    } else {
+      s = w_.WriteAt(o.index[0], p.offset,
+                     std::string_view(reinterpret_cast<const char*>(slot.bytes), p.length));
+    }
+    return Annotate(s, Where(p));
   }
 
   const io::DirectReader& src_;

@@ -10,7 +10,9 @@
 //       overlap, the tool before the pipeline): the page cache is evicted again, the shards are
 //       repacked into OUT/in-flight-N (removed first), and the wall time, the source rate and
 //       its ratio to (a), and each stage's busy seconds are reported. The stages overlap when
-//       their busy seconds add up to more than the wall time.
+//       their busy seconds add up to more than the wall time. With --repeat N the depths
+//       alternate N times (1, 3, 1, 3, ...) and each reports its median round: on a shared
+//       machine the load drifts between runs.
 //   (c) every output shard of every run is compared byte for byte with the first run's
 //       (identical: the bytes do not depend on the pipeline depth).
 //
@@ -51,17 +53,18 @@ namespace fs = std::filesystem;
 constexpr char kUsage[] =
     "usage: coli bench repack --model DIR [--out DIR] [--bits 8|4] [--threads N]\n"
     "                         [--in-flight 1,3] [--piece-mib 32] [--shards 1,2] [--buffered]\n"
-    "                         [--keep] [--json]\n"
+    "                         [--repeat N] [--keep] [--json]\n"
     "  --model      a Kimi K3 Hugging Face snapshot (config.json + index + shards)\n"
     "  --out        where the containers are written (default: a new folder in $TMPDIR or\n"
     "               /tmp, removed at the end unless --keep)\n"
     "  --in-flight  pipeline depths to compare (default 1,3)\n"
     "  --shards     only these shard numbers (default: all)\n"
+    "  --repeat     rounds over the depths, alternating; each depth reports its median\n"
     "  --buffered   the repack reads through the page cache (evicted before each run)\n";
 
 struct Args {
   std::string model, out;
-  int bits = 8, threads = 0, piece_mib = 32;
+  int bits = 8, threads = 0, piece_mib = 32, repeat = 1;
   std::vector<int> in_flight = {1, 3}, shards;
   bool direct = true, keep = false, json = false;
 };
@@ -105,6 +108,8 @@ bool ParseArgs(int argc, char** argv, Args* a, std::string* error) {
       if (!number(&a->bits, 4, 8)) return false;
     } else if (f == "--threads") {
       if (!number(&a->threads, 1, 1024)) return false;
+    } else if (f == "--repeat") {
+      if (!number(&a->repeat, 1, 100)) return false;
     } else if (f == "--piece-mib") {
       if (!number(&a->piece_mib, 1, 4096)) return false;
     } else if (f == "--in-flight" || f == "--shards") {
@@ -201,6 +206,7 @@ absl::StatusOr<DiskRate> MeasureDisk(const std::vector<std::string>& files, uint
 struct RunResult {
   int in_flight = 0;
   double wall = 0, gbs = 0;
+  std::string walls;  // every round's wall seconds, "a, b, c" (on the median run only)
   k3::RepackSummary summary;
 };
 
@@ -270,33 +276,48 @@ int RunBenchRepack(int argc, char** argv) {
                disk_before->direct ? "O_DIRECT" : "buffered: O_DIRECT refused", files->size(),
                source_bytes / 1e6);
 
-  std::vector<RunResult> runs;
-  for (int depth : args.in_flight) {
-    RunResult r;
-    r.in_flight = depth;
-    const std::string dst = (fs::path(args.out) / absl::StrCat("in-flight-", depth)).string();
-    std::error_code ec;
-    fs::remove_all(dst, ec);
-    if (absl::Status s = Evict(*files); !s.ok()) return Fail(s);
-    k3::RepackOptions o;
-    o.bits = args.bits;
-    o.threads = args.threads;
-    o.in_flight = depth;
-    o.piece_bytes = piece;
-    o.direct = args.direct;
-    o.shards = args.shards;
-    const double t0 = Now();
-    absl::StatusOr<k3::RepackSummary> s = k3::Repack(args.model, dst, o);
-    r.wall = Now() - t0;
-    if (!s.ok()) return Fail(s.status());
-    r.summary = *s;
-    r.gbs = s->read_bytes / 1e9 / std::max(r.wall, 1e-9);
-    std::fprintf(stderr,
-                 "bench repack: in-flight %d: %.2f s, %.3f GB/s; busy read %.2f, quantize %.2f, "
-                 "write %.2f, fsync %.2f s\n",
-                 depth, r.wall, r.gbs, s->read_seconds, s->quantize_seconds, s->write_seconds,
-                 s->finish_seconds);
-    runs.push_back(r);
+  // Rounds alternate the depths (1, 3, 1, 3, ...) so a change in the machine's load hits them
+  // alike; each depth reports its median round.
+  std::vector<std::vector<RunResult>> rounds(args.in_flight.size());
+  for (int round = 0; round < args.repeat; ++round) {
+    for (size_t d = 0; d < args.in_flight.size(); ++d) {
+      const int depth = args.in_flight[d];
+      RunResult r;
+      r.in_flight = depth;
+      const std::string dst = (fs::path(args.out) / absl::StrCat("in-flight-", depth)).string();
+      std::error_code ec;
+      fs::remove_all(dst, ec);
+      if (absl::Status s = Evict(*files); !s.ok()) return Fail(s);
+      k3::RepackOptions o;
+      o.bits = args.bits;
+      o.threads = args.threads;
+      o.in_flight = depth;
+      o.piece_bytes = piece;
+      o.direct = args.direct;
+      o.shards = args.shards;
+      const double t0 = Now();
+      absl::StatusOr<k3::RepackSummary> s = k3::Repack(args.model, dst, o);
+      r.wall = Now() - t0;
+      if (!s.ok()) return Fail(s.status());
+      r.summary = *s;
+      r.gbs = s->read_bytes / 1e9 / std::max(r.wall, 1e-9);
+      std::fprintf(stderr,
+                   "bench repack: round %d, in-flight %d: %.2f s, %.3f GB/s; busy read %.2f, "
+                   "quantize %.2f, write %.2f, fsync %.2f s\n",
+                   round + 1, depth, r.wall, r.gbs, s->read_seconds, s->quantize_seconds,
+                   s->write_seconds, s->finish_seconds);
+      rounds[d].push_back(r);
+    }
+  }
+  std::vector<RunResult> runs;  // the median round of each depth
+  for (std::vector<RunResult>& v : rounds) {
+    std::sort(v.begin(), v.end(),
+              [](const RunResult& a, const RunResult& b) { return a.wall < b.wall; });
+    runs.push_back(v[v.size() / 2]);
+    for (const RunResult& r : v) {
+      absl::StrAppend(&runs.back().walls, runs.back().walls.empty() ? "" : ", ",
+                      absl::StrFormat("%.3f", r.wall));
+    }
   }
   absl::StatusOr<DiskRate> disk_after = MeasureDisk(*files, piece);
   if (!disk_after.ok()) return Fail(disk_after.status());
@@ -333,22 +354,23 @@ int RunBenchRepack(int argc, char** argv) {
       absl::StrAppend(
           &list, list.empty() ? "" : ", ",
           absl::StrFormat(
-              "{\"in_flight\": %d, \"wall_s\": %.3f, \"gbs\": %.4f, \"ratio_to_disk\": %.4f, "
+              "{\"in_flight\": %d, \"wall_s\": %.3f, \"walls_s\": [%s], \"gbs\": %.4f, "
+              "\"ratio_to_disk\": %.4f, "
               "\"read_s\": %.3f, \"quantize_s\": %.3f, \"write_s\": %.3f, \"finish_s\": %.3f, "
               "\"shards_written\": %d}",
-              r.in_flight, r.wall, r.gbs, r.gbs / disk, s.read_seconds, s.quantize_seconds,
-              s.write_seconds, s.finish_seconds, s.written));
+              r.in_flight, r.wall, r.walls.c_str(), r.gbs, r.gbs / disk, s.read_seconds,
+              s.quantize_seconds, s.write_seconds, s.finish_seconds, s.written));
     }
     std::printf(
         "{\"bench\": \"repack\", \"source_bytes\": %llu, \"shards\": %zu, \"bits\": %d, "
-        "\"threads\": %d, \"cores\": %u, \"piece_bytes\": %llu, \"reads\": \"%s\", "
+        "\"threads\": %d, \"cores\": %u, \"piece_bytes\": %llu, \"reads\": \"%s\", \"rounds\": %d, "
         "\"disk_gbs\": %.4f, \"disk_gbs_before\": %.4f, \"disk_gbs_after\": %.4f, "
         "\"disk_direct\": %s, \"page_cache\": \"evicted per file (posix_fadvise DONTNEED)\", "
         "\"runs\": [%s], \"identical\": %s, \"max_rss_kb\": %ld, \"load_before\": \"%s\", "
         "\"load_after\": \"%s\"}\n",
         static_cast<unsigned long long>(source_bytes), files->size(), args.bits, threads,
         std::thread::hardware_concurrency(), static_cast<unsigned long long>(piece),
-        args.direct ? "O_DIRECT" : "buffered", disk, disk_before->gbs, disk_after->gbs,
+        args.direct ? "O_DIRECT" : "buffered", args.repeat, disk, disk_before->gbs, disk_after->gbs,
         disk_before->direct && disk_after->direct ? "true" : "false", list.c_str(),
         identical ? "true" : "false", usage.ru_maxrss, load_before.c_str(), load_after.c_str());
   } else {
@@ -364,9 +386,10 @@ int RunBenchRepack(int argc, char** argv) {
       const k3::RepackSummary& s = r.summary;
       std::printf(
           "  (b) in-flight %-2d %.2f s, %.3f GB/s = %.2f of the disk; busy: read %.2f, "
-          "quantize %.2f, write %.2f s (sum %.2f), fsync + rename %.2f s\n",
+          "quantize %.2f, write %.2f s (sum %.2f), fsync + rename %.2f s; rounds: %s s\n",
           r.in_flight, r.wall, r.gbs, r.gbs / disk, s.read_seconds, s.quantize_seconds,
-          s.write_seconds, s.read_seconds + s.quantize_seconds + s.write_seconds, s.finish_seconds);
+          s.write_seconds, s.read_seconds + s.quantize_seconds + s.write_seconds, s.finish_seconds,
+          r.walls.c_str());
     }
     std::printf("  (c) outputs      %s\n",
                 identical ? "identical for every depth" : ("DIFFER: " + differs).c_str());
