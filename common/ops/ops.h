@@ -69,6 +69,29 @@ void KdaStepReference(int dk, int dv, const float* q, const float* k, const floa
 void KdaStepHeads(int heads, int dk, int dv, const float* q, const float* k, const float* v,
                   const float* alpha, const float* beta, float* S, float* o, int threads);
 
+// The rows of one sequence for KdaStepSequences: its state and the indices of its rows (into the
+// row-major q/k/v/alpha/beta/o arrays), in position order.
+struct KdaSequence {
+  float* S = nullptr;             // [heads, dk, dv]
+  const int32_t* rows = nullptr;  // row indices, in order
+  int count = 0;
+};
+
+// KdaStepHeads over many rows: each sequence's state is advanced through its rows in order, one
+// head at a time, so a head's S (dk·dv floats; 64 KB on K3) stays in cache across the rows
+// instead of the whole state crossing memory once per row. Row r's q, k, alpha are at
+// r·heads·dk (head h at + h·dk), v and o at r·heads·dv (+ h·dv), beta at r·heads (+ h).
+// Every (sequence, head) pair performs, row after row, exactly KdaStep's f32 operations in
+// KdaStep's order (per S element: decay, then update; per output j the sums over i in index
+// order; products and sums rounded separately, no FMA), so the result equals KdaStepHeads called
+// row by row, bit for bit, whatever the ISA (kernels::ActiveIsa: AVX-512 or AVX2 sweeps,
+// vectorised over j only; scalar otherwise) and thread count. Pairs run in parallel (`threads`,
+// 0 = OpenMP default). The sequences' states must not overlap; a row index may appear in one
+// sequence only.
+void KdaStepSequences(int heads, int dk, int dv, const float* q, const float* k, const float* v,
+                      const float* alpha, const float* beta, const KdaSequence* seqs,
+                      int num_seqs, float* o, int threads);
+
 // Causal depthwise convolution step for one token (spec §3.3 step 2) over `channels` channels
 // with kernel length `taps`:
 //   y[c] = Σ_{j<taps-1} w[c·taps + j] · window[j·channels + c]  +  w[c·taps + taps-1] · x[c]

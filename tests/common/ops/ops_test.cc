@@ -3,9 +3,13 @@
 #include "common/ops/ops.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "common/kernels/kernels.h"
+#include "common/ops/kda_sweep.h"
 #include "gtest/gtest.h"
 
 namespace coli::ops {
@@ -149,6 +153,154 @@ TEST(Ops, KdaStepHeadsIndependentOfThreads) {
   KdaStepReference(dk, dv, q.data() + 2 * dk, k.data() + 2 * dk, v.data() + 2 * dv,
                    a.data() + 2 * dk, beta[2], S3.data() + 2 * dk * dv, o3.data());
   for (int j = 0; j < dv; ++j) EXPECT_EQ(o3[j], o1[2 * dv + j]);
+}
+
+// KdaStepSequences inputs: `rows` rows of H heads, q scaled and k normalised per head as the
+// model does, α in (0.0067, 1] (exp of −5·σ), β in (0, 1), S random.
+struct KdaRows {
+  int H, dk, dv, rows;
+  std::vector<float> q, k, v, alpha, beta;
+  KdaRows(int H_, int dk_, int dv_, int rows_, uint32_t seed)
+      : H(H_), dk(dk_), dv(dv_), rows(rows_) {
+    q = Random(int64_t{rows} * H * dk, seed);
+    k = Random(int64_t{rows} * H * dk, seed + 1);
+    v = Random(int64_t{rows} * H * dv, seed + 2);
+    for (int r = 0; r < rows * H; ++r) {
+      L2Normalize(q.data() + int64_t{r} * dk, dk, 1e-6f, 1.0f / std::sqrt(float(dk)));
+      L2Normalize(k.data() + int64_t{r} * dk, dk, 1e-6f, 1.0f);
+    }
+    std::mt19937 rng(seed + 3);
+    std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+    alpha.resize(q.size());
+    for (auto& a : alpha) a = std::exp(-5.0f * Sigmoid(u(rng)));
+    beta.resize(int64_t{rows} * H);
+    for (auto& b : beta) b = Sigmoid(u(rng));
+  }
+};
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<kernels::Isa> KdaIsas() {
+  std::vector<kernels::Isa> isas;
+  for (kernels::Isa isa : {kernels::Isa::kScalar, kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+    if (KdaIsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+// The sequence sweep of every ISA this CPU has equals the row-by-row KdaStepHeads (the path the
+// model ran before) bit for bit: states and read-outs, one sequence of many rows and several
+// sequences whose rows interleave (batched decode), d = 128 (K3), odd widths (24, 72: masked
+// tails on both SIMD widths) and dk != dv, one and three threads.
+TEST(Ops, KdaStepSequencesEqualsRowByRowOnEveryIsa) {
+  struct Case {
+    int H, dk, dv, rows, seqs;
+  };
+  const Case cases[] = {{3, 128, 128, 33, 1}, {2, 128, 128, 1, 1}, {4, 24, 24, 7, 2},
+                        {3, 72, 72, 9, 3},    {2, 16, 40, 6, 2},   {5, 8, 8, 12, 4},
+                        {2, 128, 128, 10, 5}, {1, 1, 17, 3, 1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "H " << c.H << " dk " << c.dk << " dv " << c.dv
+                                      << " rows " << c.rows << " seqs " << c.seqs);
+    KdaRows in(c.H, c.dk, c.dv, c.rows, 17u + c.dk + c.rows);
+    const int64_t state = int64_t{c.H} * c.dk * c.dv;
+    const std::vector<float> S0 = Random(state * c.seqs, 99, 0.3f);
+    // Row r belongs to sequence r % seqs (interleaved, in order within each).
+    std::vector<std::vector<int32_t>> idx(c.seqs);
+    for (int r = 0; r < c.rows; ++r) idx[r % c.seqs].push_back(r);
+    // Reference: the old path, KdaStepHeads row after row.
+    std::vector<float> S_ref = S0, o_ref(int64_t{c.rows} * c.H * c.dv);
+    for (int r = 0; r < c.rows; ++r) {
+      const int64_t qk = int64_t{r} * c.H * c.dk, vo = int64_t{r} * c.H * c.dv;
+      KdaStepHeads(c.H, c.dk, c.dv, in.q.data() + qk, in.k.data() + qk, in.v.data() + vo,
+                   in.alpha.data() + qk, in.beta.data() + int64_t{r} * c.H,
+                   S_ref.data() + (r % c.seqs) * state, o_ref.data() + vo, 1);
+    }
+    for (kernels::Isa isa : KdaIsas()) {
+      for (int threads : {1, 3}) {
+        SCOPED_TRACE(::testing::Message() << kernels::IsaName(isa) << ", " << threads
+                                          << " threads");
+        std::vector<float> S = S0, o(o_ref.size(), -1.0f);
+        std::vector<KdaSequence> seqs;
+        for (int s = 0; s < c.seqs; ++s) {
+          seqs.push_back({S.data() + s * state, idx[s].data(), static_cast<int>(idx[s].size())});
+        }
+        ASSERT_TRUE(KdaStepSequencesWithIsa(isa, c.H, c.dk, c.dv, in.q.data(), in.k.data(),
+                                            in.v.data(), in.alpha.data(), in.beta.data(),
+                                            seqs.data(), c.seqs, o.data(), threads)
+                        .ok());
+        EXPECT_TRUE(SameBits(S, S_ref)) << "state";
+        EXPECT_TRUE(SameBits(o, o_ref)) << "read-out";
+      }
+    }
+    // The default entry (kernels::ActiveIsa) too.
+    std::vector<float> S = S0, o(o_ref.size());
+    std::vector<KdaSequence> seqs;
+    for (int s = 0; s < c.seqs; ++s) {
+      seqs.push_back({S.data() + s * state, idx[s].data(), static_cast<int>(idx[s].size())});
+    }
+    KdaStepSequences(c.H, c.dk, c.dv, in.q.data(), in.k.data(), in.v.data(), in.alpha.data(),
+                     in.beta.data(), seqs.data(), c.seqs, o.data(), 0);
+    EXPECT_TRUE(SameBits(S, S_ref));
+    EXPECT_TRUE(SameBits(o, o_ref));
+  }
+}
+
+// Against the float64 closed form (independent of KdaStep): 40 rows of one head, K3's d.
+TEST(Ops, KdaStepSequencesMatchesFloat64) {
+  const int dk = 128, dv = 128, rows = 40;
+  KdaRows in(1, dk, dv, rows, 5);
+  std::vector<int32_t> idx(rows);
+  for (int r = 0; r < rows; ++r) idx[r] = r;
+  for (kernels::Isa isa : KdaIsas()) {
+    SCOPED_TRACE(kernels::IsaName(isa));
+    std::vector<float> S(dk * dv, 0.0f), o(rows * dv);
+    const KdaSequence seq{S.data(), idx.data(), rows};
+    ASSERT_TRUE(KdaStepSequencesWithIsa(isa, 1, dk, dv, in.q.data(), in.k.data(), in.v.data(),
+                                        in.alpha.data(), in.beta.data(), &seq, 1, o.data(), 1)
+                    .ok());
+    std::vector<double> S64(dk * dv, 0.0), o64(dv);
+    for (int r = 0; r < rows; ++r) {
+      KdaFloat64(dk, dv, in.q.data() + r * dk, in.k.data() + r * dk, in.v.data() + r * dv,
+                 in.alpha.data() + r * dk, in.beta[r], S64, o64);
+      EXPECT_LT(RelL2(o64, o.data() + r * dv), 1e-5) << "row " << r;
+    }
+    EXPECT_LT(RelL2(S64, S.data()), 1e-5);
+  }
+}
+
+// Row order within a sequence matters (the test above would notice a kernel that reordered rows
+// or that advanced a state with another sequence's rows).
+TEST(Ops, KdaStepSequencesRowOrderMatters) {
+  KdaRows in(2, 16, 16, 4, 21);
+  std::vector<float> S1(2 * 16 * 16, 0.0f), S2 = S1, o(4 * 2 * 16);
+  const std::vector<int32_t> forward = {0, 1, 2, 3}, reversed = {3, 2, 1, 0};
+  const KdaSequence a{S1.data(), forward.data(), 4}, b{S2.data(), reversed.data(), 4};
+  KdaStepSequences(2, 16, 16, in.q.data(), in.k.data(), in.v.data(), in.alpha.data(),
+                   in.beta.data(), &a, 1, o.data(), 1);
+  KdaStepSequences(2, 16, 16, in.q.data(), in.k.data(), in.v.data(), in.alpha.data(),
+                   in.beta.data(), &b, 1, o.data(), 1);
+  EXPECT_FALSE(SameBits(S1, S2));
+}
+
+TEST(Ops, KdaSweepIsaChoiceAndRefusal) {
+  EXPECT_TRUE(KdaIsaSupported(kernels::Isa::kScalar));
+  EXPECT_TRUE(KdaIsaSupported(KdaActiveIsa()));
+  EXPECT_NE(KdaActiveIsa(), kernels::Isa::kAvxVnni);  // runs the AVX2 sweep
+  if (KdaIsaSupported(kernels::Isa::kAvx512)) {
+    GTEST_SKIP() << "this CPU has every KDA sweep; the refusal cannot be reached";
+  }
+  std::vector<float> S(4, 1.0f), o(2, 7.0f), x(2, 0.5f);
+  const int32_t row = 0;
+  const KdaSequence seq{S.data(), &row, 1};
+  const absl::Status st = KdaStepSequencesWithIsa(kernels::Isa::kAvx512, 1, 2, 2, x.data(),
+                                                  x.data(), x.data(), x.data(), x.data(), &seq,
+                                                  1, o.data(), 1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(st.message()).find("avx512"), std::string::npos) << st;
+  EXPECT_EQ(S, std::vector<float>(4, 1.0f));  // untouched
 }
 
 TEST(Ops, CausalConvStepIsCausalWithZeroHistory) {
