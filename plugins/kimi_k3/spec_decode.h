@@ -38,11 +38,11 @@
 // knobs changed).
 //
 // A buffered token is sampled by the caller from its buffered logits with its normal sampler, so
-// logprobs are the normal path's. Rows with penalties or logit_bias are not verified (their token
-// depends on the history, which the copy does not advance). Cost: one checkpoint copy of the
-// recurrent state per verify (K3: 434 MB), a chunk of K+1 rows, and when a draft token is
-// rejected a replay of m+1 rows (K3: one pass over the 6.3 MB state per row and KDA layer,
-// plus a copy back of the checkpoint). Memory: the checkpoint while tokens are buffered, and the
+// logprobs are the normal path's. Rows with penalties or logit_bias are verified by an `emit` that
+// draws with a copy of the sampler and of its token history, advanced row by row. Cost: one
+// checkpoint copy of the recurrent state per verify (K3: 434 MB), a chunk of K+1 rows, and when a
+// draft token is rejected a replay of m+1 rows (K3: one pass over the 6.3 MB state per row and KDA
+// layer, plus a copy back of the checkpoint). Memory: the checkpoint while tokens are buffered, and the
 // replay record (K3: 13.6 MB per chunk row), whose buffers are kept between verifies (Clear()
 // releases them).
 //
