@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -184,14 +185,16 @@ struct Piece {
   uint64_t length = 0;
 };
 
-// `n` persistent helper threads for the quantizer: Run(parts, fn) calls fn(0) on the caller and
-// fn(k), k in [1, parts), on helper k, and returns when all have returned (parts <= n + 1).
-// Persistent rather than one thread per piece: each helper's quantized blocks go back to the
-// malloc arena it allocates the next ones from. The destructor stops and joins the helpers.
+// `n` persistent helper threads for the quantizer: Run(parts, fn) calls fn(k) once for every k
+// in [0, parts), the caller and the helpers each taking the next k until none is left, and
+// returns when all have returned. Taking parts as they come (rather than one fixed share per
+// thread) keeps a thread that the reader, the writer or another process preempts from holding
+// up the piece. Persistent rather than one thread per piece: each helper's quantized blocks go
+// back to the malloc arena it allocates the next ones from. The destructor joins the helpers.
 class Helpers {
  public:
   explicit Helpers(int n) {
-    for (int k = 1; k <= n; ++k) threads_.emplace_back([this, k] { Loop(k); });
+    for (int k = 0; k < n; ++k) threads_.emplace_back([this] { Loop(); });
   }
   ~Helpers() {
     {
@@ -209,32 +212,38 @@ class Helpers {
       std::lock_guard<std::mutex> lock(mu_);
       fn_ = &fn;
       parts_ = parts;
-      pending_ = parts - 1;
+      next_.store(0);
+      running_ = static_cast<int>(threads_.size());
       ++generation_;
     }
     start_.notify_all();
-    fn(0);
+    Drain(parts, fn);
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    done_.wait(lock, [&] { return running_ == 0; });
     fn_ = nullptr;
   }
 
  private:
-  void Loop(int k) {
+  void Drain(int parts, const std::function<void(int)>& fn) {
+    for (int k; (k = next_.fetch_add(1)) < parts;) fn(k);
+  }
+
+  void Loop() {
     uint64_t seen = 0;
     for (;;) {
       const std::function<void(int)>* fn = nullptr;
+      int parts = 0;
       {
         std::unique_lock<std::mutex> lock(mu_);
         start_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
-        if (k >= parts_) continue;  // not needed this time
         fn = fn_;
+        parts = parts_;
       }
-      (*fn)(k);
+      Drain(parts, *fn);
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_.notify_one();
+      if (--running_ == 0) done_.notify_one();
     }
   }
 
@@ -243,7 +252,8 @@ class Helpers {
   std::condition_variable start_, done_;
   bool stop_ = false;                             // guarded by mu_
   uint64_t generation_ = 0;                       // guarded by mu_: one per Run
-  int parts_ = 0, pending_ = 0;                   // guarded by mu_
+  int parts_ = 0, running_ = 0;                   // guarded by mu_
+  std::atomic<int> next_{0};                      // the next part to take
   const std::function<void(int)>* fn_ = nullptr;  // guarded by mu_
 };
 
@@ -376,7 +386,9 @@ class ShardPipeline {
     const int64_t n = static_cast<int64_t>(p.length / 2) / cols;
     const kernels::MatrixBytes per_row = kernels::FormatBytes(*f, 1, cols);
     const auto* raw = reinterpret_cast<const uint16_t*>(slot.bytes);
-    const int parts = static_cast<int>(std::min<int64_t>(threads_, n));
+    // A few parts per thread (taken as they come): rows are independent, so the split does not
+    // change the bytes.
+    const int parts = static_cast<int>(std::min<int64_t>(4 * threads_, n));
     slot.data.Reserve(static_cast<size_t>(n) * per_row.data);
     slot.scales.Reserve(static_cast<size_t>(n) * per_row.scales);
     std::vector<absl::Status> status(parts);

@@ -13,6 +13,8 @@
 //       their busy seconds add up to more than the wall time. With --repeat N the depths
 //       alternate N times (1, 3, 1, 3, ...) and each reports its median round: on a shared
 //       machine the load drifts between runs.
+//       The process's CPU seconds per run say how many cores it got: on a shared box a repack
+//       that is short of CPU cannot gain from overlapping its stages.
 //   (c) every output shard of every run is compared byte for byte with the first run's
 //       (identical: the bytes do not depend on the pipeline depth).
 //
@@ -134,6 +136,14 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// User + system CPU seconds of this process so far.
+double CpuSeconds() {
+  struct rusage u;
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "coli bench repack: %s\n", s.ToString().c_str());
   return 1;
@@ -206,6 +216,7 @@ absl::StatusOr<DiskRate> MeasureDisk(const std::vector<std::string>& files, uint
 struct RunResult {
   int in_flight = 0;
   double wall = 0, gbs = 0;
+  double cpu = 0;     // user + system seconds of this process during the run
   std::string walls;  // every round's wall seconds, "a, b, c" (on the median run only)
   k3::RepackSummary summary;
 };
@@ -295,9 +306,10 @@ int RunBenchRepack(int argc, char** argv) {
       o.piece_bytes = piece;
       o.direct = args.direct;
       o.shards = args.shards;
-      const double t0 = Now();
+      const double t0 = Now(), cpu0 = CpuSeconds();
       absl::StatusOr<k3::RepackSummary> s = k3::Repack(args.model, dst, o);
       r.wall = Now() - t0;
+      r.cpu = CpuSeconds() - cpu0;
       if (!s.ok()) return Fail(s.status());
       r.summary = *s;
       r.gbs = s->read_bytes / 1e9 / std::max(r.wall, 1e-9);
@@ -354,11 +366,12 @@ int RunBenchRepack(int argc, char** argv) {
       absl::StrAppend(
           &list, list.empty() ? "" : ", ",
           absl::StrFormat(
-              "{\"in_flight\": %d, \"wall_s\": %.3f, \"walls_s\": [%s], \"gbs\": %.4f, "
+              "{\"in_flight\": %d, \"wall_s\": %.3f, \"walls_s\": [%s], \"cpu_s\": %.3f, \"gbs\": "
+              "%.4f, "
               "\"ratio_to_disk\": %.4f, "
               "\"read_s\": %.3f, \"quantize_s\": %.3f, \"write_s\": %.3f, \"finish_s\": %.3f, "
               "\"shards_written\": %d}",
-              r.in_flight, r.wall, r.walls.c_str(), r.gbs, r.gbs / disk, s.read_seconds,
+              r.in_flight, r.wall, r.walls.c_str(), r.cpu, r.gbs, r.gbs / disk, s.read_seconds,
               s.quantize_seconds, s.write_seconds, s.finish_seconds, s.written));
     }
     std::printf(
@@ -386,10 +399,11 @@ int RunBenchRepack(int argc, char** argv) {
       const k3::RepackSummary& s = r.summary;
       std::printf(
           "  (b) in-flight %-2d %.2f s, %.3f GB/s = %.2f of the disk; busy: read %.2f, "
-          "quantize %.2f, write %.2f s (sum %.2f), fsync + rename %.2f s; rounds: %s s\n",
+          "quantize %.2f, write %.2f s (sum %.2f), fsync + rename %.2f s; CPU %.2f s = %.2f "
+          "cores; rounds: %s s\n",
           r.in_flight, r.wall, r.gbs, r.gbs / disk, s.read_seconds, s.quantize_seconds,
           s.write_seconds, s.read_seconds + s.quantize_seconds + s.write_seconds, s.finish_seconds,
-          r.walls.c_str());
+          r.cpu, r.cpu / std::max(r.wall, 1e-9), r.walls.c_str());
     }
     std::printf("  (c) outputs      %s\n",
                 identical ? "identical for every depth" : ("DIFFER: " + differs).c_str());
