@@ -1,5 +1,6 @@
 #include "plugins/kimi_k3/kda.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -51,29 +52,50 @@ size_t KdaRowInputs::bytes() const {
   return (q.size() + k.size() + v.size() + alpha.size() + beta.size()) * sizeof(float);
 }
 
-void KdaRowStep(const KdaConfig& cfg, const KdaWeights& w, int threads, const float* q_raw,
-                const float* k_raw, const float* v_raw, const float* alpha, const float* beta,
-                KdaState& st, float* scratch, float* o) {
+void KdaRows(const KdaConfig& cfg, const KdaWeights& w, int threads, int64_t n,
+             const float* q_raw, const float* k_raw, const float* v_raw, const float* alpha,
+             const float* beta, std::span<KdaState* const> states, float* scratch, float* o) {
   const int H = cfg.num_heads, d = cfg.head_dim, taps = cfg.conv_size;
   const int64_t C = cfg.channels();
   float* qc = scratch;
-  float* kc = scratch + C;
-  float* vc = scratch + 2 * C;
-  // 2. Causal conv (window = the previous taps−1 raw projections) + SiLU.
-  ops::CausalConvStep(C, taps, w.q_conv.data(), st.q_win.data(), q_raw, qc);
-  ops::CausalConvStep(C, taps, w.k_conv.data(), st.k_win.data(), k_raw, kc);
-  ops::CausalConvStep(C, taps, w.v_conv.data(), st.v_win.data(), v_raw, vc);
-  ops::SiluInPlace(qc, C);
-  ops::SiluInPlace(kc, C);
-  ops::SiluInPlace(vc, C);
-  // 3. Per-head L2 norms; q scaled by d^-1/2.
+  float* kc = scratch + n * C;
+  float* vc = scratch + 2 * n * C;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  for (int h = 0; h < H; ++h) {
-    ops::L2Normalize(qc + h * d, d, 1e-6f, q_scale);
-    ops::L2Normalize(kc + h * d, d, 1e-6f, 1.0f);
+  // The rows of each distinct state, in row order (rows of one sequence are in position order).
+  std::vector<KdaState*> owners;
+  std::vector<std::vector<int32_t>> rows_of;
+  for (int64_t r = 0; r < n; ++r) {
+    KdaState& st = *states[r];
+    // 2. Causal conv (window = the previous taps−1 raw projections) + SiLU, in row order.
+    float* qr = qc + r * C;
+    float* kr = kc + r * C;
+    float* vr = vc + r * C;
+    ops::CausalConvStep(C, taps, w.q_conv.data(), st.q_win.data(), q_raw + r * C, qr);
+    ops::CausalConvStep(C, taps, w.k_conv.data(), st.k_win.data(), k_raw + r * C, kr);
+    ops::CausalConvStep(C, taps, w.v_conv.data(), st.v_win.data(), v_raw + r * C, vr);
+    ops::SiluInPlace(qr, C);
+    ops::SiluInPlace(kr, C);
+    ops::SiluInPlace(vr, C);
+    // 3. Per-head L2 norms; q scaled by d^-1/2.
+    for (int h = 0; h < H; ++h) {
+      ops::L2Normalize(qr + h * d, d, 1e-6f, q_scale);
+      ops::L2Normalize(kr + h * d, d, 1e-6f, 1.0f);
+    }
+    const size_t i = static_cast<size_t>(
+        std::find(owners.begin(), owners.end(), &st) - owners.begin());
+    if (i == owners.size()) {
+      owners.push_back(&st);
+      rows_of.emplace_back();
+    }
+    rows_of[i].push_back(static_cast<int32_t>(r));
   }
-  // 6. Delta-rule update and read-out, all heads.
-  ops::KdaStepHeads(H, d, d, qc, kc, vc, alpha, beta, st.S.data(), o, threads);
+  // 6. Delta-rule update and read-out: each state's heads over all of its rows.
+  std::vector<ops::KdaSequence> seqs(owners.size());
+  for (size_t i = 0; i < owners.size(); ++i) {
+    seqs[i] = {owners[i]->S.data(), rows_of[i].data(), static_cast<int>(rows_of[i].size())};
+  }
+  ops::KdaStepSequences(H, d, d, qc, kc, vc, alpha, beta, seqs.data(),
+                        static_cast<int>(seqs.size()), o, threads);
 }
 
 absl::Status KdaForward(const Config& cfg, const KdaWeights& w, const Compute& c, const float* x,
@@ -90,32 +112,36 @@ absl::Status KdaForward(const Config& cfg, const KdaWeights& w, const Compute& c
   COLI_RETURN_IF_ERROR(MatMul(c, w.f_b_proj, fa.data(), n, graw.data()));
   COLI_RETURN_IF_ERROR(MatMul(c, w.b_proj, x, n, blog.data()));
 
-  std::vector<float> scratch(3 * C), alpha(C), beta(H), o(n * C);
+  std::vector<float> alpha(n * C), beta(n * H), o(n * C);
   const float lb = cfg.kda.gate_lower_bound;
   for (int r = 0; r < n; ++r) {
-    KdaState& st = *states[r];
     // 4–5. Decay gate (A_log per head) and β.
     const float* gr = graw.data() + r * C;
+    float* ar = alpha.data() + r * C;
+    float* br = beta.data() + r * H;
     for (int h = 0; h < H; ++h) {
       for (int j = 0; j < d; ++j) {
         const int64_t ch = int64_t{h} * d + j;
-        alpha[ch] = std::exp(lb * ops::Sigmoid(w.a_exp[h] * (gr[ch] + w.dt_bias[ch])));
+        ar[ch] = std::exp(lb * ops::Sigmoid(w.a_exp[h] * (gr[ch] + w.dt_bias[ch])));
       }
-      beta[h] = ops::Sigmoid(blog[r * H + h]);
+      br[h] = ops::Sigmoid(blog[r * H + h]);
     }
-    const float* qr = q.data() + r * C;
-    const float* kr = k.data() + r * C;
-    const float* vr = v.data() + r * C;
-    if (KdaRowInputs* rec = st.record) {
+    if (KdaRowInputs* rec = states[r]->record) {
+      const float* qr = q.data() + r * C;
+      const float* kr = k.data() + r * C;
+      const float* vr = v.data() + r * C;
       rec->q.insert(rec->q.end(), qr, qr + C);
       rec->k.insert(rec->k.end(), kr, kr + C);
       rec->v.insert(rec->v.end(), vr, vr + C);
-      rec->alpha.insert(rec->alpha.end(), alpha.begin(), alpha.end());
-      rec->beta.insert(rec->beta.end(), beta.begin(), beta.end());
+      rec->alpha.insert(rec->alpha.end(), ar, ar + C);
+      rec->beta.insert(rec->beta.end(), br, br + H);
     }
-    // 2, 3, 6. Conv, norms, delta rule and read-out of this row.
-    KdaRowStep(cfg.kda, w, c.threads, qr, kr, vr, alpha.data(), beta.data(), st, scratch.data(),
-               o.data() + r * C);
+  }
+  // 2, 3, 6. Conv, norms, delta rule and read-out of all rows.
+  {
+    std::vector<float> scratch(3 * static_cast<size_t>(n) * C);
+    KdaRows(cfg.kda, w, c.threads, n, q.data(), k.data(), v.data(), alpha.data(), beta.data(),
+            states, scratch.data(), o.data());
   }
   // 7. Shared per-head RMSNorm, sigmoid output gate, o_proj.
   for (int r = 0; r < n; ++r) {
@@ -134,10 +160,16 @@ absl::Status KdaReplay(const KdaConfig& cfg, const KdaWeights& w, int threads,
   COLI_RETURN_IF_ERROR(in.Check(cfg, rows, layer));
   const int H = cfg.num_heads;
   const int64_t C = cfg.channels();
-  std::vector<float> scratch(3 * C), o(C);
-  for (int64_t r = 0; r < rows; ++r) {
-    KdaRowStep(cfg, w, threads, in.q.data() + r * C, in.k.data() + r * C, in.v.data() + r * C,
-               in.alpha.data() + r * C, in.beta.data() + r * H, st, scratch.data(), o.data());
+  // Blocks of rows bound the scratch; splitting does not change the result (as chunking does not).
+  constexpr int64_t kBlock = 64;
+  const int64_t block = std::min(rows, kBlock);
+  std::vector<float> scratch(3 * block * C), o(block * C);
+  const std::vector<KdaState*> states(block, &st);
+  for (int64_t r0 = 0; r0 < rows; r0 += block) {
+    const int64_t m = std::min(block, rows - r0);
+    KdaRows(cfg, w, threads, m, in.q.data() + r0 * C, in.k.data() + r0 * C, in.v.data() + r0 * C,
+            in.alpha.data() + r0 * C, in.beta.data() + r0 * H,
+            std::span<KdaState* const>(states.data(), m), scratch.data(), o.data());
   }
   return absl::OkStatus();
 }

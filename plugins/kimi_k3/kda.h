@@ -11,12 +11,16 @@
 //   o'_h = RMSNorm(o_h; o_norm, rms_norm_eps) ⊙ σ(gout_h);  a = Wo o'
 // State per layer and sequence (KdaState): S [H, d, d] (rows = key dim) and the last taps−1
 // raw projections of q, k and v (conv windows). Constant in sequence length.
-// A batch of rows is processed with every matmul batched; the conv and the recurrence then
-// advance row by row in order (KdaRowStep), so results do not depend on how rows are chunked.
+// A batch of rows is processed with every matmul batched. Then KdaRows: the per-row work that
+// does not read S (conv windows in row order, SiLU, L2 norms) for all rows, and the recurrence
+// one head at a time over all of a sequence's rows in order (ops::KdaStepSequences), so a head's
+// S (d² floats, 64 KB on K3) stays in cache across a prefill chunk instead of the whole state
+// (6.3 MB per layer) crossing memory once per row. Each head's arithmetic per row is unchanged
+// and heads are independent, so results do not depend on how rows are chunked or batched.
 // Replay (speculative decoding, spec_decode.h): on request (KdaState::record) KdaForward keeps
 // the inputs of each row's state update — the raw projections q̃, k̃, ṽ that enter the conv
 // windows, α and β — and KdaReplay advances a state over those rows again with the same
-// KdaRowStep: no matmul, no weight read but the conv taps; bit-identical to the forward pass.
+// KdaRows: no matmul, no weight read but the conv taps; bit-identical to the forward pass.
 // Per row 4C + H floats (K3: 196,992 bytes per layer, 13.6 MB over the 69 KDA layers).
 #ifndef COLI_PLUGINS_KIMI_K3_KDA_H_
 #define COLI_PLUGINS_KIMI_K3_KDA_H_
@@ -32,7 +36,7 @@
 
 namespace coli::k3 {
 
-// The inputs of the per-row state update (KdaRowStep) of one layer, row after row, as KdaForward
+// The inputs of the per-row state update (KdaRows) of one layer, row after row, as KdaForward
 // computed them: what KdaReplay needs to advance a state over the same rows again.
 struct KdaRowInputs {
   std::vector<float> q, k, v;  // [rows, C] raw projections q̃, k̃, ṽ (the conv inputs)
@@ -62,17 +66,20 @@ struct KdaState {
 absl::Status KdaForward(const Config& cfg, const KdaWeights& w, const Compute& c, const float* x,
                         int n, std::span<KdaState* const> states, float* out);
 
-// One row's state update and read-out (spec §3.3 steps 2, 3, 6), shared by KdaForward and
-// KdaReplay so the two cannot drift: the conv windows take the raw projections q_raw, k_raw,
-// v_raw ([C] each) and give q, k, v (conv + SiLU, per-head L2 norms, q scaled by d^-1/2), then
-// the delta rule with alpha [C] and beta [H] advances st.S and writes o [C] = Sᵀq. scratch: 3C
-// floats. `threads` for the heads (results do not depend on it).
-void KdaRowStep(const KdaConfig& cfg, const KdaWeights& w, int threads, const float* q_raw,
-                const float* k_raw, const float* v_raw, const float* alpha, const float* beta,
-                KdaState& st, float* scratch, float* o);
+// The state updates and read-outs of n rows (spec §3.3 steps 2, 3, 6), shared by KdaForward and
+// KdaReplay so the two cannot drift. states[r] is row r's state; rows of one state appear in
+// position order (rows of several states may interleave: batched decode). First, row by row, the
+// conv windows of the row's state take the raw projections q_raw, k_raw, v_raw ([n, C]) and give
+// q, k, v (conv + SiLU, per-head L2 norms, q scaled by d^-1/2) into scratch (3·n·C floats); then
+// the delta rule with alpha [n, C] and beta [n, H] advances every state over its rows, a head at
+// a time (ops::KdaStepSequences), and writes o [n, C] = Sᵀq. Bit-identical to advancing the
+// states row by row; `threads` for the heads (results do not depend on it).
+void KdaRows(const KdaConfig& cfg, const KdaWeights& w, int threads, int64_t n,
+             const float* q_raw, const float* k_raw, const float* v_raw, const float* alpha,
+             const float* beta, std::span<KdaState* const> states, float* scratch, float* o);
 
 // Advances `st` over rows [0, rows) of `in` exactly as KdaForward advanced the state they were
-// recorded on (KdaRowStep row by row; the read-out is discarded). FAILED_PRECONDITION (from
+// recorded on (KdaRows; the read-out is discarded). FAILED_PRECONDITION (from
 // KdaRowInputs::Check, naming `layer`) when `in` holds fewer rows; `st` is then unchanged.
 absl::Status KdaReplay(const KdaConfig& cfg, const KdaWeights& w, int threads,
                        const KdaRowInputs& in, int64_t rows, KdaState& st, int layer);
