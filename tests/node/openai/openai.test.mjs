@@ -525,6 +525,15 @@ test('speculative decoding (COLI_K3_SPEC) through the openai SDK: same text and 
     assert.equal(await stat(plain, 'spec_drafts'), 0);
     assert.ok(await stat(spec, 'spec_accepted_tokens') > accepted,
       'no draft token of the sampled request was accepted');
+
+    // Penalised requests are speculated too: the verify advances a copy of the token history.
+    const drafts = await stat(spec, 'spec_drafts');
+    for (const knobs of [{ temperature: 0, presence_penalty: 0.2 },
+      { ...hot, repetition_penalty: 1.05, frequency_penalty: 0.1, logit_bias: { 7: -5 } }]) {
+      const r = { ...knobs, prompt: sampled.prompt };
+      same(await ask(spec, r), await ask(plain, r));
+    }
+    assert.ok(await stat(spec, 'spec_drafts') > drafts, 'the penalised requests did not draft');
   } finally {
     await Promise.all([stopServer(plain), stopServer(spec)]);
   }
