@@ -263,8 +263,8 @@ class Helpers {
 // quantized bytes) + the helpers' transient blocks (≈ (1.5 n + 0.5) × piece_bytes for int8)
 // whatever the shard size. Three roles, each walking the pieces in order:
 //   reader (own thread): waits for a free slot, reads the piece into it (O_DIRECT or pread);
-//   quantizer (the calling thread + threads-1 Helpers): BF16 rows → QuantizedMatrix,
-//     split by rows exactly as the serial tool did (copies pass straight through);
+//   quantizer (the calling thread + threads-1 Helpers): BF16 rows → QuantizedMatrix in row
+//     parts (rows are independent: the split does not change the bytes); copies pass through;
 //   writer (own thread): pwrites the piece where the planned header puts it, frees the slot.
 // The bytes written are the same for any n and any thread count. The first error of any role
 // stops all three (the others see it at their next wait); Run joins both threads before it
