@@ -156,7 +156,7 @@ TEST_F(K3Kda, InterleavedSequencesEqualSeparateRuns) {
   const int n = static_cast<int>(owner.size());
   const auto x = RandomRows(n, 5);
   // A non-zero starting state for each sequence (a prefix run first).
-  const auto prefix = RandomRows(4, 6);
+  const auto prefix = RandomRows(6, 6);  // sequence s runs rows [s, 2s + 1)
   KdaState start[3];
   for (int s = 0; s < 3; ++s) {
     start[s] = Fresh();

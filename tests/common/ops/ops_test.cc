@@ -200,7 +200,8 @@ TEST(Ops, KdaStepSequencesEqualsRowByRowOnEveryIsa) {
   };
   const Case cases[] = {{3, 128, 128, 33, 1}, {2, 128, 128, 1, 1}, {4, 24, 24, 7, 2},
                         {3, 72, 72, 9, 3},    {2, 16, 40, 6, 2},   {5, 8, 8, 12, 4},
-                        {2, 128, 128, 10, 5}, {1, 1, 17, 3, 1}};
+                        {2, 128, 128, 10, 5}, {1, 1, 17, 3, 1},   {3, 72, 72, 3, 3},
+                        {2, 24, 40, 2, 2},    {2, 128, 200, 4, 4}};
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "H " << c.H << " dk " << c.dk << " dv " << c.dv
                                       << " rows " << c.rows << " seqs " << c.seqs);
