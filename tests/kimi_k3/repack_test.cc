@@ -800,10 +800,12 @@ TEST(RepackBadInputTest, WrongDtypeAndMissingConfigAndMissingShard) {
   EXPECT_EQ(s.missing_source, 1);
   EXPECT_EQ(s.written + s.existing, 13);  // shard 1 was written before the failure above
   fs::remove(src + "/config.json");
-  EXPECT_THAT(Repack(src, TempDir("noconfig"), o).status(),
+  const std::string noconfig = TempDir("noconfig");
+  EXPECT_THAT(Repack(src, noconfig, o).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
   fs::remove_all(src);
   fs::remove_all(dst);
+  fs::remove_all(noconfig);
 }
 
 TEST_F(RepackTest, BadContainerMatricesAreRefusedByName) {
