@@ -181,6 +181,16 @@ double TimedPass(const uint8_t* buf, size_t bytes, int threads, bool prefetch, b
 
 }  // namespace
 
+double ClockSeconds(bool cpu_time) {
+  if (!cpu_time) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time) {
   bytes = bytes / 4096 * 4096;
   AlignedBytes buf(bytes);

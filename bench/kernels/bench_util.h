@@ -53,6 +53,10 @@ struct ReadBandwidth {
 };
 ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu_time = false);
 
+// Seconds on the wall clock (steady), or of this process's CPU time when `cpu_time` (for single-
+// thread figures on a shared machine); only differences of two readings mean anything.
+double ClockSeconds(bool cpu_time);
+
 // One probe pass at a time over a buffer kept between passes, to time the read rate right next to
 // a kernel's window (paired ratios: on a shared host the bandwidth can halve within a minute, so a
 // kernel and a probe measured seconds apart disagree by more than the kernel's own gap).

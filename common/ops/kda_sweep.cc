@@ -9,9 +9,9 @@
 namespace coli::ops {
 namespace {
 
-using kernels::Isa;
 using internal::KdaHeadArgs;
 using internal::KdaHeadFn;
+using kernels::Isa;
 
 // As KdaStepHeads: below this many multiply-adds one thread is faster than waking a team.
 constexpr int64_t kParallelWork = int64_t{1} << 16;
@@ -89,8 +89,8 @@ bool KdaIsaSupported(Isa isa) {
 }
 
 void KdaStepSequences(int heads, int dk, int dv, const float* q, const float* k, const float* v,
-                      const float* alpha, const float* beta, const KdaSequence* seqs,
-                      int num_seqs, float* o, int threads) {
+                      const float* alpha, const float* beta, const KdaSequence* seqs, int num_seqs,
+                      float* o, int threads) {
   static const KdaHeadFn fn = HeadFnFor(KdaActiveIsa());
   Run(fn, heads, dk, dv, q, k, v, alpha, beta, seqs, num_seqs, o, threads);
 }

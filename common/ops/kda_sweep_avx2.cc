@@ -1,8 +1,9 @@
 // The KDA per-head sweep on AVX2 (kda_sweep.h, kda_sweep_kernel.inc): 8 lanes; over several rows,
 // column blocks of 16 (2 ymm each for k·S, e and o: 6 accumulators + temporaries in the 16
 // registers); a single row (decode) takes blocks of 64 (8 ymm: some spill, but S is read in
-// longer runs, measured faster than 32); a partial last vector masked (vmaskmov). Target attributes per function: the file builds without -march
-// flags and runs only when the dispatcher saw AVX2 in cpuid.
+// longer runs, measured faster than 32); a partial last vector masked (vmaskmov). Target attributes
+// per function: the file builds without -march flags and runs only when the dispatcher saw AVX2 in
+// cpuid.
 #include <immintrin.h>
 
 #include "common/ops/kda_sweep.h"

@@ -2,8 +2,9 @@
 // rows, column blocks of 64 (4 zmm each for k·S, e and o: 12 accumulators + temporaries in the
 // 32 registers; the block's S, 32 KB at d = 128, stays in L1); a single row (decode) takes whole
 // rows of 128 (8 zmm each for k·S, then e and o); a partial last block masked. Block widths
-// measured with `coli bench kda --threads 1 --cpu-time` (docs/status/kda.md). Target attributes per function: the file builds without -march
-// flags and runs only when the dispatcher saw AVX-512 in cpuid.
+// measured with `coli bench kda --threads 1 --cpu-time` (docs/status/kda.md). Target attributes per
+// function: the file builds without -march flags and runs only when the dispatcher saw AVX-512 in
+// cpuid.
 #include <immintrin.h>
 
 #include "common/ops/kda_sweep.h"

@@ -89,8 +89,8 @@ struct KdaSequence {
 // 0 = OpenMP default). The sequences' states must not overlap; a row index may appear in one
 // sequence only.
 void KdaStepSequences(int heads, int dk, int dv, const float* q, const float* k, const float* v,
-                      const float* alpha, const float* beta, const KdaSequence* seqs,
-                      int num_seqs, float* o, int threads);
+                      const float* alpha, const float* beta, const KdaSequence* seqs, int num_seqs,
+                      float* o, int threads);
 
 // Causal depthwise convolution step for one token (spec §3.3 step 2) over `channels` channels
 // with kernel length `taps`:

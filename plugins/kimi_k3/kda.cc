@@ -52,9 +52,9 @@ size_t KdaRowInputs::bytes() const {
   return (q.size() + k.size() + v.size() + alpha.size() + beta.size()) * sizeof(float);
 }
 
-void KdaRows(const KdaConfig& cfg, const KdaWeights& w, int threads, int64_t n,
-             const float* q_raw, const float* k_raw, const float* v_raw, const float* alpha,
-             const float* beta, std::span<KdaState* const> states, float* scratch, float* o) {
+void KdaRows(const KdaConfig& cfg, const KdaWeights& w, int threads, int64_t n, const float* q_raw,
+             const float* k_raw, const float* v_raw, const float* alpha, const float* beta,
+             std::span<KdaState* const> states, float* scratch, float* o) {
   const int H = cfg.num_heads, d = cfg.head_dim, taps = cfg.conv_size;
   const int64_t C = cfg.channels();
   float* qc = scratch;
@@ -81,8 +81,8 @@ void KdaRows(const KdaConfig& cfg, const KdaWeights& w, int threads, int64_t n,
       ops::L2Normalize(qr + h * d, d, 1e-6f, q_scale);
       ops::L2Normalize(kr + h * d, d, 1e-6f, 1.0f);
     }
-    const size_t i = static_cast<size_t>(
-        std::find(owners.begin(), owners.end(), &st) - owners.begin());
+    const size_t i =
+        static_cast<size_t>(std::find(owners.begin(), owners.end(), &st) - owners.begin());
     if (i == owners.size()) {
       owners.push_back(&st);
       rows_of.emplace_back();

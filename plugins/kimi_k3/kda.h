@@ -74,9 +74,9 @@ absl::Status KdaForward(const Config& cfg, const KdaWeights& w, const Compute& c
 // the delta rule with alpha [n, C] and beta [n, H] advances every state over its rows, a head at
 // a time (ops::KdaStepSequences), and writes o [n, C] = Sᵀq. Bit-identical to advancing the
 // states row by row; `threads` for the heads (results do not depend on it).
-void KdaRows(const KdaConfig& cfg, const KdaWeights& w, int threads, int64_t n,
-             const float* q_raw, const float* k_raw, const float* v_raw, const float* alpha,
-             const float* beta, std::span<KdaState* const> states, float* scratch, float* o);
+void KdaRows(const KdaConfig& cfg, const KdaWeights& w, int threads, int64_t n, const float* q_raw,
+             const float* k_raw, const float* v_raw, const float* alpha, const float* beta,
+             std::span<KdaState* const> states, float* scratch, float* o);
 
 // Advances `st` over rows [0, rows) of `in` exactly as KdaForward advanced the state they were
 // recorded on (KdaRows; the read-out is discarded). FAILED_PRECONDITION (from

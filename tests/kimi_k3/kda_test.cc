@@ -5,6 +5,8 @@
 // conv windows) and read-outs, one prefill chunk, token at a time, interleaved sequences
 // (batched decode), the replay of a record, and several thread counts. The float64 agreement of
 // the layer itself is K3Layers.KdaAloneMatchesReference (model_test.cc).
+#include "plugins/kimi_k3/kda.h"
+
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -14,7 +16,6 @@
 
 #include "common/ops/ops.h"
 #include "gtest/gtest.h"
-#include "plugins/kimi_k3/kda.h"
 #include "plugins/kimi_k3/model.h"
 
 namespace coli::k3 {
@@ -139,8 +140,8 @@ TEST_F(K3Kda, ChunkEqualsTokenAtATimeAndTheRowByRowPath) {
   const int64_t C = cfg().kda.channels();
   std::vector<float> scratch(3 * T * C), o(T * C);
   KdaRows(cfg().kda, w(), 2, T, record.q.data(), record.k.data(), record.v.data(),
-          record.alpha.data(), record.beta.data(), std::vector<KdaState*>(T, &rows),
-          scratch.data(), o.data());
+          record.alpha.data(), record.beta.data(), std::vector<KdaState*>(T, &rows), scratch.data(),
+          o.data());
   EXPECT_TRUE(SameBits(o, o_ref)) << "read-out vs the row-by-row path";
   ExpectSameState(rows, ref);
   // Not vacuous: the state moved.

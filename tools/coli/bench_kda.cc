@@ -1,5 +1,6 @@
-// `coli bench kda [--json] [--threads N] [--rows 1,8,32] [--layers L] [--quick] [--cpu-time]`: the KDA
-// recurrence (spec §3.3 step 6) at Kimi K3's shapes against this machine's memory read bandwidth.
+// `coli bench kda [--json] [--threads N] [--rows 1,8,32] [--layers L] [--quick] [--cpu-time]`: the
+// KDA recurrence (spec §3.3 step 6) at Kimi K3's shapes against this machine's memory read
+// bandwidth.
 //
 // K3 keeps per sequence and KDA layer S [H = 96, d = 128, d = 128] f32 = 6.3 MB, 434 MB over its 69
 // KDA layers: far more than any cache, so a token's recurrence is bounded by memory traffic.
@@ -11,8 +12,8 @@
 //            2·state bytes per token);
 //   heads    ops::KdaStepSequences: per layer, each head over all n rows while its S (64 KB)
 //            stays in cache, so the state crosses memory once per chunk (2·state/n per token).
-// n = 1 is a decode token. Each path is timed in 5 windows of >= 0.25 s (2 of 0.03 s with --quick), a
-// 1 GiB probe pass right before each (bw_ratio_paired: median of window GB/s / that probe, which
+// n = 1 is a decode token. Each path is timed in 5 windows of >= 0.25 s (2 of 0.03 s with --quick),
+// a 1 GiB probe pass right before each (bw_ratio_paired: median of window GB/s / that probe, which
 // the host's bandwidth drifting does not skew). Reported per (path, n): tokens/s of the recurrence
 // alone (the best window), ms per token and per chunk scaled to K3's 69 layers, the modelled state
 // bytes moved per token, gbs = those bytes · tokens/s, bw_ratio = gbs / read_bw_gbs, and speedup
@@ -24,10 +25,8 @@
 // Only meaningful with --threads 1: on a shared machine other processes' load makes wall-clock
 // figures swing several-fold, while a single thread's CPU time stays comparable.
 #include <omp.h>
-#include <time.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -59,16 +58,6 @@ int Usage() {
                "usage: coli bench kda [--json] [--threads N] [--rows 1,8,32] [--layers L] "
                "[--quick] [--cpu-time]\n");
   return 2;
-}
-
-double Now(bool cpu_time) {
-  if (!cpu_time) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 bool ParsePositive(const char* s, long max, long* out) {
@@ -137,8 +126,8 @@ void RowwiseChunk(const Inputs& in, int n, float* states, int layers, int64_t st
   }
 }
 
-void HeadsChunk(const Inputs& in, const std::vector<int32_t>& idx, int n, float* states,
-                int layers, int64_t state_floats, float* o, int threads) {
+void HeadsChunk(const Inputs& in, const std::vector<int32_t>& idx, int n, float* states, int layers,
+                int64_t state_floats, float* o, int threads) {
   for (int l = 0; l < layers; ++l) {
     const ops::KdaSequence seq{states + l * state_floats, idx.data(), n};
     ops::KdaStepSequences(kHeads, kDim, kDim, in.q.data(), in.k.data(), in.v.data(),
@@ -229,8 +218,9 @@ int RunBenchKda(int argc, char** argv) {
                 std::memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)) == 0;
   }
   if (!identical) {
-    std::fprintf(stderr, "coli bench kda: the head-at-a-time sweep differs from the row-by-row "
-                         "path (isa %s)\n",
+    std::fprintf(stderr,
+                 "coli bench kda: the head-at-a-time sweep differs from the row-by-row "
+                 "path (isa %s)\n",
                  kernels::IsaName(isa));
     return 1;
   }
@@ -264,12 +254,12 @@ int RunBenchKda(int argc, char** argv) {
       for (int rep = 0; rep < reps; ++rep) {
         const double probe_gbs = probe.Pass();
         int chunks = 0;
-        const double t0 = Now(cpu_time);
+        const double t0 = bench::ClockSeconds(cpu_time);
         double elapsed = 0;
         while (chunks == 0 || elapsed < window_seconds) {
           chunk();
           ++chunks;
-          elapsed = Now(cpu_time) - t0;
+          elapsed = bench::ClockSeconds(cpu_time) - t0;
         }
         const double per_chunk = elapsed / chunks;
         const double bytes_per_chunk = heads ? 2 * all_state_bytes : 2 * all_state_bytes * n;
@@ -292,8 +282,7 @@ int RunBenchKda(int argc, char** argv) {
       std::fprintf(stderr,
                    "[bench kda] %-7s rows %3d: %9.1f tokens/s, %8.2f ms/token (K3 69 layers), "
                    "%6.1f GB/s state (paired ratio %.2f), x%.2f\n",
-                   path, n, r.tokens_per_s, r.ms_per_token_k3, r.gbs, r.bw_ratio_paired,
-                   r.speedup);
+                   path, n, r.tokens_per_s, r.ms_per_token_k3, r.gbs, r.bw_ratio_paired, r.speedup);
     }
   }
 
@@ -334,10 +323,11 @@ int RunBenchKda(int argc, char** argv) {
         "|---------|------|----------|---------------|---------------|----------|-------|"
         "----------|--------|---------|\n");
     for (const Result& r : results) {
-      std::printf("| %-7s | %4d | %8.1f | %13.2f | %13.2f | %8.1f | %5.1f | %8.2f | %6.2f | "
-                  "%7.2f |\n",
-                  r.path.c_str(), r.rows, r.tokens_per_s, r.ms_per_token_k3, r.ms_per_chunk_k3,
-                  r.bytes_per_token / 1e6, r.gbs, r.bw_ratio, r.bw_ratio_paired, r.speedup);
+      std::printf(
+          "| %-7s | %4d | %8.1f | %13.2f | %13.2f | %8.1f | %5.1f | %8.2f | %6.2f | "
+          "%7.2f |\n",
+          r.path.c_str(), r.rows, r.tokens_per_s, r.ms_per_token_k3, r.ms_per_chunk_k3,
+          r.bytes_per_token / 1e6, r.gbs, r.bw_ratio, r.bw_ratio_paired, r.speedup);
     }
   }
   return 0;

@@ -47,7 +47,8 @@ TEST(Ops, RmsNormMatchesFloat64) {
   // In place and without weight.
   std::vector<float> z = x;
   RmsNorm(z.data(), nullptr, n, 1e-5f, z.data());
-  for (int i = 0; i < n; ++i) EXPECT_NEAR(z[i], ref[i] / w[i], 1e-4 * std::fabs(ref[i] / w[i]) + 1e-6);
+  for (int i = 0; i < n; ++i)
+    EXPECT_NEAR(z[i], ref[i] / w[i], 1e-4 * std::fabs(ref[i] / w[i]) + 1e-6);
 }
 
 TEST(Ops, RmsNormEpsilonMatters) {
@@ -142,10 +143,10 @@ TEST(Ops, KdaStepHeadsIndependentOfThreads) {
   for (auto& x : a) x = 1.0f / (1.0f + std::fabs(x));
   std::vector<float> beta = {0.1f, 0.5f, 0.9f, 0.3f, 0.7f};
   std::vector<float> S1 = Random(H * dk * dv, 5), S2 = S1, o1(H * dv), o2(H * dv);
-  KdaStepHeads(H, dk, dv, q.data(), k.data(), v.data(), a.data(), beta.data(), S1.data(),
-               o1.data(), 1);
-  KdaStepHeads(H, dk, dv, q.data(), k.data(), v.data(), a.data(), beta.data(), S2.data(),
-               o2.data(), 3);
+  KdaStepHeads(H, dk, dv, q.data(), k.data(), v.data(), a.data(), beta.data(), S1.data(), o1.data(),
+               1);
+  KdaStepHeads(H, dk, dv, q.data(), k.data(), v.data(), a.data(), beta.data(), S2.data(), o2.data(),
+               3);
   EXPECT_EQ(S1, S2);
   EXPECT_EQ(o1, o2);
   std::vector<float> S3(S1.size()), o3(dv);
@@ -200,11 +201,11 @@ TEST(Ops, KdaStepSequencesEqualsRowByRowOnEveryIsa) {
   };
   const Case cases[] = {{3, 128, 128, 33, 1}, {2, 128, 128, 1, 1}, {4, 24, 24, 7, 2},
                         {3, 72, 72, 9, 3},    {2, 16, 40, 6, 2},   {5, 8, 8, 12, 4},
-                        {2, 128, 128, 10, 5}, {1, 1, 17, 3, 1},   {3, 72, 72, 3, 3},
+                        {2, 128, 128, 10, 5}, {1, 1, 17, 3, 1},    {3, 72, 72, 3, 3},
                         {2, 24, 40, 2, 2},    {2, 128, 200, 4, 4}};
   for (const Case& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "H " << c.H << " dk " << c.dk << " dv " << c.dv
-                                      << " rows " << c.rows << " seqs " << c.seqs);
+    SCOPED_TRACE(::testing::Message() << "H " << c.H << " dk " << c.dk << " dv " << c.dv << " rows "
+                                      << c.rows << " seqs " << c.seqs);
     KdaRows in(c.H, c.dk, c.dv, c.rows, 17u + c.dk + c.rows);
     const int64_t state = int64_t{c.H} * c.dk * c.dv;
     const std::vector<float> S0 = Random(state * c.seqs, 99, 0.3f);
@@ -221,8 +222,8 @@ TEST(Ops, KdaStepSequencesEqualsRowByRowOnEveryIsa) {
     }
     for (kernels::Isa isa : KdaIsas()) {
       for (int threads : {1, 3}) {
-        SCOPED_TRACE(::testing::Message() << kernels::IsaName(isa) << ", " << threads
-                                          << " threads");
+        SCOPED_TRACE(::testing::Message()
+                     << kernels::IsaName(isa) << ", " << threads << " threads");
         std::vector<float> S = S0, o(o_ref.size(), -1.0f);
         std::vector<KdaSequence> seqs;
         for (int s = 0; s < c.seqs; ++s) {
@@ -296,9 +297,9 @@ TEST(Ops, KdaSweepIsaChoiceAndRefusal) {
   std::vector<float> S(4, 1.0f), o(2, 7.0f), x(2, 0.5f);
   const int32_t row = 0;
   const KdaSequence seq{S.data(), &row, 1};
-  const absl::Status st = KdaStepSequencesWithIsa(kernels::Isa::kAvx512, 1, 2, 2, x.data(),
-                                                  x.data(), x.data(), x.data(), x.data(), &seq,
-                                                  1, o.data(), 1);
+  const absl::Status st =
+      KdaStepSequencesWithIsa(kernels::Isa::kAvx512, 1, 2, 2, x.data(), x.data(), x.data(),
+                              x.data(), x.data(), &seq, 1, o.data(), 1);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(st.message()).find("avx512"), std::string::npos) << st;
   EXPECT_EQ(S, std::vector<float>(4, 1.0f));  // untouched
@@ -341,7 +342,8 @@ TEST(Ops, LatentAttentionMatchesFloat64) {
     }
     for (int t = 0; t < T; ++t) sum += std::exp(s[t] - mx);
     for (int t = 0; t < T; ++t)
-      for (int i = 0; i < L; ++i) ref[h * L + i] += std::exp(s[t] - mx) / sum * cache[t * stride + i];
+      for (int i = 0; i < L; ++i)
+        ref[h * L + i] += std::exp(s[t] - mx) / sum * cache[t * stride + i];
   }
   EXPECT_LT(RelL2(ref, ctx.data()), 1e-6);
 }
