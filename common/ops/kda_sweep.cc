@@ -82,11 +82,13 @@ Isa KdaActiveIsa() {
   return isa;
 }
 
-bool KdaIsaSupported(Isa isa) {
-  const Isa want = SweepIsa(isa);
-  const Isa have = SweepIsa(kernels::DetectedIsa());
-  return static_cast<int>(want) <= static_cast<int>(have);
+bool KdaIsaSupported(Isa isa) { return internal::KdaIsaSupportedOn(isa, kernels::DetectedIsa()); }
+
+namespace internal {
+bool KdaIsaSupportedOn(Isa isa, Isa detected) {
+  return static_cast<int>(SweepIsa(isa)) <= static_cast<int>(SweepIsa(detected));
 }
+}  // namespace internal
 
 void KdaStepSequences(int heads, int dk, int dv, const float* q, const float* k, const float* v,
                       const float* alpha, const float* beta, const KdaSequence* seqs, int num_seqs,

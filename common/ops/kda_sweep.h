@@ -54,6 +54,8 @@ struct KdaHeadArgs {
   float* o = nullptr;
 };
 using KdaHeadFn = void (*)(const KdaHeadArgs&);
+// KdaIsaSupported on a CPU whose best ISA is `detected` (tests reach every CPU through it).
+bool KdaIsaSupportedOn(kernels::Isa isa, kernels::Isa detected);
 void KdaHeadScalar(const KdaHeadArgs& a);  // KdaStep row after row (kda_sweep.cc)
 void KdaHeadAvx2(const KdaHeadArgs& a);    // kda_sweep_avx2.cc
 void KdaHeadAvx512(const KdaHeadArgs& a);  // kda_sweep_avx512.cc

@@ -291,9 +291,20 @@ TEST(Ops, KdaSweepIsaChoiceAndRefusal) {
   EXPECT_TRUE(KdaIsaSupported(kernels::Isa::kScalar));
   EXPECT_TRUE(KdaIsaSupported(KdaActiveIsa()));
   EXPECT_NE(KdaActiveIsa(), kernels::Isa::kAvxVnni);  // runs the AVX2 sweep
-  if (KdaIsaSupported(kernels::Isa::kAvx512)) {
-    GTEST_SKIP() << "this CPU has every KDA sweep; the refusal cannot be reached";
+  // Every CPU, through the detected ISA: a sweep runs where the CPU has its ISA (AVX-VNNI = AVX2).
+  using kernels::Isa;
+  const Isa all[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvxVnni, Isa::kAvx512};
+  for (Isa cpu : all) {
+    for (Isa want : all) {
+      const auto level = [](Isa i) {
+        return i == Isa::kAvxVnni ? 1 : i == Isa::kAvx512 ? 2 : i == Isa::kAvx2 ? 1 : 0;
+      };
+      EXPECT_EQ(internal::KdaIsaSupportedOn(want, cpu), level(want) <= level(cpu))
+          << kernels::IsaName(want) << " on " << kernels::IsaName(cpu);
+    }
   }
+  // The refusal itself, where this CPU lacks AVX-512 (not on an AVX-512 machine).
+  if (KdaIsaSupported(kernels::Isa::kAvx512)) return;
   std::vector<float> S(4, 1.0f), o(2, 7.0f), x(2, 0.5f);
   const int32_t row = 0;
   const KdaSequence seq{S.data(), &row, 1};
