@@ -64,16 +64,6 @@ int Usage() {
   return 2;
 }
 
-double Now(bool cpu_time) {
-  if (!cpu_time) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 int RunBenchKernels(int argc, char** argv) {
   bool json = false, quick = false, cpu_time = false;
   int threads = omp_get_max_threads();
@@ -156,14 +146,14 @@ int RunBenchKernels(int argc, char** argv) {
           const double probe_gbs = paired_probe.Pass();
           int64_t window_calls = 0;
           double elapsed = 0;
-          const double t0 = Now(cpu_time);
+          const double t0 = bench::ClockSeconds(cpu_time);
           while (window_calls == 0 || (static_cast<double>(window_calls * one) < window_bytes &&
                                        elapsed < window_seconds)) {
             for (int64_t i = 0; i < step; ++i, ++calls, ++window_calls) {
               (void)kernels::Matmul(mats.view(static_cast<int>(calls % mats.copies())), x.data(),
                                     batch, y.data(), opt);
             }
-            elapsed = Now(cpu_time) - t0;
+            elapsed = bench::ClockSeconds(cpu_time) - t0;
             step =
                 std::clamp<int64_t>(static_cast<int64_t>(1e-3 * static_cast<double>(window_calls) /
                                                          std::max(elapsed, 1e-9)),
