@@ -89,6 +89,12 @@ Checkpoint Session::TakeCheckpoint(std::vector<float> logits) const {
   return Checkpoint{tokens_, state_.kda, std::move(logits)};
 }
 
+void Session::TakeCheckpointInto(Checkpoint* c) const {
+  c->tokens = tokens_;
+  c->kda = state_.kda;  // element-wise copy-assignment: same-sized vectors keep their buffers
+  c->logits.clear();
+}
+
 absl::Status Session::Restore(const Checkpoint& c) {
   const size_t p = c.tokens.size();
   if (p > tokens_.size() || !std::equal(c.tokens.begin(), c.tokens.end(), tokens_.begin())) {

@@ -14,12 +14,12 @@ void SpecDecoder::Forget() {
   ahead_.clear();
   logits_.clear();
   next_ = 0;
-  before_.reset();
   record_.Clear();
 }
 
 void SpecDecoder::Clear() {
   Forget();
+  before_ = Checkpoint();
   record_ = ReplayRecord();
 }
 
@@ -46,7 +46,8 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
   chunk.reserve(K + 1);
   chunk.push_back(token);
   chunk.insert(chunk.end(), draft.begin(), draft.end());
-  Checkpoint before = session.TakeCheckpoint({});
+  session.TakeCheckpointInto(&before_);
+  const Checkpoint& before = before_;
   // Any failure after the first pass: back to `before` (Restore also clears a broken pass).
   auto fail = [&](absl::Status s) -> absl::Status {
     record_.Clear();
@@ -79,7 +80,6 @@ absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int3
     fed_ = token;
     ahead_.assign(draft.begin(), draft.begin() + m);
     for (size_t i = 0; i <= m; ++i) logits_.emplace_back(row(i).begin(), row(i).end());
-    before_.emplace(std::move(before));
   } else {
     record_.Clear();  // nothing buffered, nothing to rewind
   }
@@ -104,7 +104,7 @@ absl::StatusOr<std::optional<std::vector<float>>> SpecDecoder::Rewind(Session& s
   }
   // t and the delivered drafts are rows 0…next_ of the verify chunk.
   const int64_t rows = static_cast<int64_t>(next_) + 1;
-  absl::Status s = session.Replay(*before_, record_, rows);
+  absl::Status s = session.Replay(before_, record_, rows);
   std::vector<float> logits = std::move(logits_[next_]);
   Forget();
   COLI_RETURN_IF_ERROR(s);

@@ -42,8 +42,8 @@
 // draws with a copy of the sampler and of its token history, advanced row by row. Cost: one
 // checkpoint copy of the recurrent state per verify (K3: 434 MB), a chunk of K+1 rows, and when a
 // draft token is rejected a replay of m+1 rows (K3: one pass over the 6.3 MB state per row and KDA
-// layer, plus a copy back of the checkpoint). Memory: the checkpoint while tokens are buffered, and the
-// replay record (K3: 13.6 MB per chunk row), whose buffers are kept between verifies (Clear()
+// layer, plus a copy back of the checkpoint). Memory: the checkpoint (K3: 434 MB) and the replay
+// record (K3: 13.6 MB per chunk row), whose buffers are both kept between verifies (Clear()
 // releases them).
 //
 // Threading: as Session (one thread at a time, the caller holds the model's forward lock).
@@ -98,21 +98,22 @@ class SpecDecoder {
   // (the caller resets it).
   absl::StatusOr<std::optional<std::vector<float>>> Rewind(Session& session);
   // Forgets the buffer and the checkpoint without touching a session (after a Reset), and
-  // releases the replay record's buffers.
+  // releases the checkpoint's and the replay record's buffers.
   void Clear();
   // Rows replayed by Verify and Rewind since construction (each a pass over every KDA layer's
   // state instead of a forward pass).
   int64_t replayed_rows() const { return replayed_rows_; }
 
  private:
-  // Clear() that keeps the replay record's buffers for the next verify.
+  // Clear() that keeps the checkpoint's and the replay record's buffers for the next verify.
   void Forget();
 
   int32_t fed_ = -1;                        // t of the last verify
   std::vector<int32_t> ahead_;              // x1…xm, consumed by the session
   std::vector<std::vector<float>> logits_;  // logits_[0]: after fed_; logits_[i]: after ahead_[i-1]
   size_t next_ = 0;                         // ahead_[0, next_) were handed out
-  std::optional<Checkpoint> before_;        // the state before `fed_`, kept while buffered
+  Checkpoint before_;  // the state before `fed_` (valid while buffered; buffers kept between
+                       // verifies, released by Clear())
   ReplayRecord record_;                     // the verify chunk's rows, kept while buffered
   int64_t replayed_rows_ = 0;
 };
