@@ -112,8 +112,7 @@ class SpecDecoder {
   std::vector<int32_t> ahead_;              // x1…xm, consumed by the session
   std::vector<std::vector<float>> logits_;  // logits_[0]: after fed_; logits_[i]: after ahead_[i-1]
   size_t next_ = 0;                         // ahead_[0, next_) were handed out
-  Checkpoint before_;  // the state before `fed_` (valid while buffered; buffers kept between
-                       // verifies, released by Clear())
+  Checkpoint before_;                       // the state before `fed_`, valid while buffered
   ReplayRecord record_;                     // the verify chunk's rows, kept while buffered
   int64_t replayed_rows_ = 0;
 };
