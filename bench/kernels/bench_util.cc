@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -227,6 +228,43 @@ double ReadProbe::Pass() {
   const double plain = TimedPass(buf_.data, buf_.size, threads_, /*prefetch=*/false, cpu_time_);
   const double ahead = TimedPass(buf_.data, buf_.size, threads_, /*prefetch=*/true, cpu_time_);
   return static_cast<double>(buf_.size) / std::min(plain, ahead) / 1e9;
+}
+
+bool ParsePositive(const char* s, long max, long* out) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (end == s || *end != '\0' || v < 1 || v > max) return false;
+  *out = v;
+  return true;
+}
+
+ComputeFlags DefaultComputeFlags() {
+  ComputeFlags flags;
+  flags.threads = omp_get_max_threads();
+  return flags;
+}
+
+int TakeComputeFlag(const char* command, int argc, char** argv, int* i, ComputeFlags* flags) {
+  const char* arg = argv[*i];
+  if (!std::strcmp(arg, "--json")) {
+    flags->json = true;
+  } else if (!std::strcmp(arg, "--quick")) {
+    flags->quick = true;
+  } else if (!std::strcmp(arg, "--cpu-time")) {
+    flags->cpu_time = true;
+  } else if (!std::strcmp(arg, "--threads") && *i + 1 < argc) {
+    long v = 0;
+    if (!ParsePositive(argv[*i + 1], 1024, &v)) {
+      std::fprintf(stderr, "%s: --threads needs a positive integer (got '%s')\n", command,
+                   argv[*i + 1]);
+      return -1;
+    }
+    flags->threads = static_cast<int>(v);
+    ++*i;
+  } else {
+    return 0;
+  }
+  return 1;
 }
 
 }  // namespace coli::bench

@@ -57,6 +57,20 @@ ReadBandwidth MeasureReadBandwidth(size_t bytes, int threads, int reps, bool cpu
 // thread figures on a shared machine); only differences of two readings mean anything.
 double ClockSeconds(bool cpu_time);
 
+// A positive integer in [1, max] from `s` (the whole string); false on anything else.
+bool ParsePositive(const char* s, long max, long* out);
+
+// The flags every compute benchmark takes (`coli bench kernels`, `coli bench kda`): --json,
+// --quick, --cpu-time and --threads N (1…1024; default: OpenMP's thread count).
+struct ComputeFlags {
+  bool json = false, quick = false, cpu_time = false;
+  int threads = 1;
+};
+ComputeFlags DefaultComputeFlags();
+// Takes argv[*i] (and the value after it) when it is one of those flags: 1 taken (*i moved past
+// it), 0 not one of them (nothing moved), -1 a bad value (an error naming `command` printed).
+int TakeComputeFlag(const char* command, int argc, char** argv, int* i, ComputeFlags* flags);
+
 // One probe pass at a time over a buffer kept between passes, to time the read rate right next to
 // a kernel's window (paired ratios: on a shared host the bandwidth can halve within a minute, so a
 // kernel and a probe measured seconds apart disagree by more than the kernel's own gap).

@@ -60,14 +60,6 @@ int Usage() {
   return 2;
 }
 
-bool ParsePositive(const char* s, long max, long* out) {
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (end == s || *end != '\0' || v < 1 || v > max) return false;
-  *out = v;
-  return true;
-}
-
 // "1,8,32" -> {1, 8, 32}; false on anything else.
 bool ParseRows(const char* s, std::vector<int>* rows) {
   rows->clear();
@@ -78,7 +70,7 @@ bool ParseRows(const char* s, std::vector<int>* rows) {
     const std::string item =
         text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     long v = 0;
-    if (!ParsePositive(item.c_str(), 4096, &v)) return false;
+    if (!bench::ParsePositive(item.c_str(), 4096, &v)) return false;
     rows->push_back(static_cast<int>(v));
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -142,27 +134,18 @@ double Median(std::vector<double> v) {
 }
 
 int RunBenchKda(int argc, char** argv) {
-  bool json = false, quick = false, cpu_time = false;
-  int threads = omp_get_max_threads();
+  bench::ComputeFlags flags = bench::DefaultComputeFlags();
   int layers = -1;
   std::vector<int> row_counts = {1, 8, 32};
   bool rows_given = false;
   for (int i = 1; i < argc; ++i) {
     long v = 0;
-    if (!std::strcmp(argv[i], "--json")) {
-      json = true;
-    } else if (!std::strcmp(argv[i], "--quick")) {
-      quick = true;
-    } else if (!std::strcmp(argv[i], "--cpu-time")) {
-      cpu_time = true;
-    } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
-      if (!ParsePositive(argv[++i], 1024, &v)) {
-        std::fprintf(stderr, "coli bench kda: --threads needs a positive integer\n");
-        return 2;
-      }
-      threads = static_cast<int>(v);
+    const int taken = bench::TakeComputeFlag("coli bench kda", argc, argv, &i, &flags);
+    if (taken < 0) return 2;
+    if (taken > 0) {
+      continue;
     } else if (!std::strcmp(argv[i], "--layers") && i + 1 < argc) {
-      if (!ParsePositive(argv[++i], 1024, &v)) {
+      if (!bench::ParsePositive(argv[++i], 1024, &v)) {
         std::fprintf(stderr, "coli bench kda: --layers needs a positive integer\n");
         return 2;
       }
@@ -180,6 +163,8 @@ int RunBenchKda(int argc, char** argv) {
       return Usage();
     }
   }
+  const bool json = flags.json, quick = flags.quick, cpu_time = flags.cpu_time;
+  const int threads = flags.threads;
   if (layers < 0) layers = quick ? 8 : kK3Layers;
   if (quick && !rows_given) row_counts = {1, 4};
   const int max_rows = *std::max_element(row_counts.begin(), row_counts.end());

@@ -65,27 +65,14 @@ int Usage() {
 }
 
 int RunBenchKernels(int argc, char** argv) {
-  bool json = false, quick = false, cpu_time = false;
-  int threads = omp_get_max_threads();
+  bench::ComputeFlags flags = bench::DefaultComputeFlags();
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json")) {
-      json = true;
-    } else if (!std::strcmp(argv[i], "--quick")) {
-      quick = true;
-    } else if (!std::strcmp(argv[i], "--cpu-time")) {
-      cpu_time = true;
-    } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
-      char* end = nullptr;
-      const long v = std::strtol(argv[++i], &end, 10);
-      if (end == argv[i] || *end != '\0' || v < 1 || v > 1024) {
-        std::fprintf(stderr, "coli bench kernels: --threads needs a positive integer\n");
-        return 2;
-      }
-      threads = static_cast<int>(v);
-    } else {
-      return Usage();
-    }
+    const int taken = bench::TakeComputeFlag("coli bench kernels", argc, argv, &i, &flags);
+    if (taken < 0) return 2;
+    if (taken == 0) return Usage();
   }
+  const bool json = flags.json, quick = flags.quick, cpu_time = flags.cpu_time;
+  const int threads = flags.threads;
   const Config configs[] = {{"mxfp4", WeightFormat::kMxfp4, false},
                             {"mxfp4_idot", WeightFormat::kMxfp4, true},
                             {"int8", WeightFormat::kInt8Row, true},
