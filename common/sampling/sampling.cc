@@ -265,32 +265,35 @@ Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(option
 
 double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
-Sample Sampler::Next(std::span<const float> logits, const TokenHistory* history) {
-  Sample s;
-  if (logits.empty()) return s;
+int32_t Sampler::Draw(std::span<const float> logits, const TokenHistory* history) {
+  if (logits.empty()) return -1;
   std::span<const float> work = logits;
   if (HasPenalties(options_)) {
     penalised_.v.assign(logits.begin(), logits.end());
     ApplyPenalties(penalised_.v, options_, history);
     work = penalised_.v;
   }
-  if (options_.temperature <= 0.0f) {
-    s.id = Greedy(work);
-  } else {
-    // Walk the kept candidates in sorted order until the cumulative probability passes u·mass,
-    // sorting only as far as the walk goes (a peaked distribution stops within the first few).
-    Kept k = Cut(work, options_, candidates_.v);
-    const double u = Uniform() * k.mass;
-    double cum = 0.0;
-    size_t i = 0;
-    for (; i < k.keep; ++i) {
-      k.SortPast(i);
-      cum += k.cand[i].first;
-      if (u < cum) break;
-    }
-    // Rounding (the sorted-order sum ending just below mass): the last kept candidate.
-    s.id = k.cand[std::min(i, k.keep - 1)].second;
+  if (options_.temperature <= 0.0f) return Greedy(work);
+  // Walk the kept candidates in sorted order until the cumulative probability passes u·mass,
+  // sorting only as far as the walk goes (a peaked distribution stops within the first few).
+  Kept k = Cut(work, options_, candidates_.v);
+  const double u = Uniform() * k.mass;
+  double cum = 0.0;
+  size_t i = 0;
+  for (; i < k.keep; ++i) {
+    k.SortPast(i);
+    cum += k.cand[i].first;
+    if (u < cum) break;
   }
+  // Rounding (the sorted-order sum ending just below mass): the last kept candidate.
+  return k.cand[std::min(i, k.keep - 1)].second;
+}
+
+// Next is Draw plus the reports, so the two cannot drift apart.
+Sample Sampler::Next(std::span<const float> logits, const TokenHistory* history) {
+  Sample s;
+  if (logits.empty()) return s;
+  s.id = Draw(logits, history);
   s.logprob = Logprob(logits, s.id);
   if (options_.logprobs > 0) s.top = TopLogprobs(logits, options_.logprobs);
   return s;

@@ -1,8 +1,10 @@
 #include "plugins/kimi_k3/spec_decode.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/sampling/sampling.h"
 #include "common/status/status.h"
@@ -26,6 +28,21 @@ void SpecDecoder::Clear() {
 absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int32_t token,
                                                           std::span<const int32_t> draft) {
   return Verify(session, token, draft, sampling::Greedy);
+}
+
+absl::StatusOr<SpecDecoder::Verified> SpecDecoder::VerifyWithSampler(
+    Session& session, int32_t token, std::span<const int32_t> draft,
+    const sampling::Sampler& sampler, const sampling::TokenHistory* history) {
+  const bool penalised = sampling::HasPenalties(sampler.options());
+  if (!penalised && sampler.options().temperature <= 0.0f) return Verify(session, token, draft);
+  sampling::Sampler draw = sampler;  // the copy: the real sampler's RNG is not spent here
+  std::optional<sampling::TokenHistory> seen;
+  if (penalised && history != nullptr) seen.emplace(*history);
+  return Verify(session, token, draft, [&](std::span<const float> logits) {
+    const int32_t id = draw.Draw(logits, seen ? &*seen : nullptr);
+    if (seen) seen->AddOutput(id);
+    return id;
+  });
 }
 
 absl::StatusOr<SpecDecoder::Verified> SpecDecoder::Verify(Session& session, int32_t token,
@@ -112,8 +129,75 @@ absl::StatusOr<std::optional<std::vector<float>>> SpecDecoder::Rewind(Session& s
   return std::optional<std::vector<float>>(std::move(logits));
 }
 
+absl::StatusOr<bool> ParseDraftPolicySwitch(std::string_view option, std::string_view value,
+                                            DraftPolicy* policy) {
+  const DraftPolicySwitch* sw = nullptr;
+  for (const DraftPolicySwitch& s : kDraftPolicySwitches) {
+    if (option == s.option) sw = &s;
+  }
+  if (sw == nullptr) return false;
+  const std::string text(value);  // absl::string_view is not std::string_view in this Abseil
+  int v = 0;
+  const bool number = absl::SimpleAtoi(text, &v);
+  auto bad = [&](const char* what) {
+    return absl::InvalidArgumentError(absl::StrCat("kimi_k3: option ", sw->option, " (", sw->env,
+                                                   ") = '", text, "' is not ", what));
+  };
+  if (option == "spec_min") {
+    if (!number || v < 1 || v > 16) return bad("a draft length in 1…16");
+    policy->min_tokens = v;
+  } else if (option == "spec_sampled_ngram") {
+    if (!number || v < 1 || v > 8) return bad("an n-gram length in 1…8");
+    policy->sampled_ngram = v;
+  } else {  // spec_adapt
+    if (text != "0" && text != "1") return bad("0 or 1");
+    policy->adaptive = text == "1";
+  }
+  return true;
+}
+
+std::vector<int32_t> DraftBudget::Propose(std::span<const int32_t> context, int max_k,
+                                          const LookupOptions& lookup, bool sampled,
+                                          std::span<const int32_t> stop_ids) {
+  const bool paused = pause_ > 0;
+  int k = Next(max_k);  // counts a pause down
+  if (max_k <= 0) return {};
+  LookupOptions o = lookup;
+  o.max_tokens = max_k;
+  LookupMatch match = LookupDraftMatch(context, o);
+  if (match.draft.empty()) return {};
+  if (k == 0 && paused) {
+    // The text is being quoted again: a match as long as the lookup tries ends the pause.
+    if (!policy_.adaptive || lookup.ngram_max < 2 || match.ngram < lookup.ngram_max) {
+      ++skips_.paused;
+      return {};
+    }
+    pause_ = 0;
+    ++skips_.pause_ended;
+    k = std::clamp(length_, 1, max_k);
+  }
+  if (sampled && match.ngram < std::min(policy_.sampled_ngram, lookup.ngram_max)) {
+    ++skips_.short_match;
+    return {};
+  }
+  k = std::max(k, policy_.min_tokens);
+  std::vector<int32_t>& draft = match.draft;
+  if (draft.size() > static_cast<size_t>(k)) draft.resize(static_cast<size_t>(k));
+  const auto stop = std::find_if(draft.begin(), draft.end(), [&](int32_t id) {
+    return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+  });
+  draft.erase(stop, draft.end());
+  if (draft.empty()) return {};
+  if (draft.size() < static_cast<size_t>(policy_.min_tokens)) {
+    ++skips_.short_draft;
+    return {};
+  }
+  return std::move(draft);
+}
+
 int DraftBudget::Next(int max_k) {
   if (max_k <= 0) return 0;
+  if (!policy_.adaptive) return max_k;
   if (pause_ > 0) {
     --pause_;
     return 0;
@@ -123,7 +207,7 @@ int DraftBudget::Next(int max_k) {
 }
 
 void DraftBudget::Observe(size_t drafted, int accepted) {
-  if (drafted == 0) return;
+  if (drafted == 0 || !policy_.adaptive) return;
   if (accepted <= 0) {
     ++misses_;
     pause_ = std::min(kMaxPause, 1 << std::min(misses_ - 1, 5));

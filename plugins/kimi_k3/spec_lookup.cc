@@ -4,7 +4,7 @@
 
 namespace coli::k3 {
 
-std::vector<int32_t> LookupDraft(std::span<const int32_t> context, const LookupOptions& options) {
+LookupMatch LookupDraftMatch(std::span<const int32_t> context, const LookupOptions& options) {
   const int64_t size = static_cast<int64_t>(context.size());
   if (options.max_tokens <= 0 || options.ngram_min < 1 || options.ngram_min > options.ngram_max) {
     return {};
@@ -16,10 +16,15 @@ std::vector<int32_t> LookupDraft(std::span<const int32_t> context, const LookupO
       if (!std::equal(suffix.begin(), suffix.end(), context.begin() + i)) continue;
       const int64_t from = i + n;
       const int64_t to = std::min(size, from + options.max_tokens);
-      return std::vector<int32_t>(context.begin() + from, context.begin() + to);
+      return {.draft = std::vector<int32_t>(context.begin() + from, context.begin() + to),
+              .ngram = static_cast<int>(n)};
     }
   }
   return {};
+}
+
+std::vector<int32_t> LookupDraft(std::span<const int32_t> context, const LookupOptions& options) {
+  return LookupDraftMatch(context, options).draft;
 }
 
 }  // namespace coli::k3

@@ -32,6 +32,15 @@ struct LookupOptions {
 // end of the context.
 std::vector<int32_t> LookupDraft(std::span<const int32_t> context, const LookupOptions& options);
 
+// LookupDraft's draft together with the length n of the suffix it matched (0 when the draft is
+// empty): a longer match is stronger evidence that the text is being repeated, which the draft
+// policy (spec_decode.h, DraftBudget::Propose) reads.
+struct LookupMatch {
+  std::vector<int32_t> draft;
+  int ngram = 0;
+};
+LookupMatch LookupDraftMatch(std::span<const int32_t> context, const LookupOptions& options);
+
 }  // namespace coli::k3
 
 #endif  // COLI_PLUGINS_KIMI_K3_SPEC_LOOKUP_H_

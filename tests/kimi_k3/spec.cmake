@@ -6,8 +6,10 @@ coli_cc_test(NAME k3_spec_lookup_test
   DEPS kimi_k3_spec)
 
 # spec_replay_test.cc: replay instead of a re-run after a rejected draft (Session::Replay).
+# spec_policy_test.cc: the draft policy and the draw-only verify against spec off.
 coli_cc_test(NAME k3_spec_decode_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/spec_decode_test.cc ${CMAKE_CURRENT_LIST_DIR}/spec_replay_test.cc
+       ${CMAKE_CURRENT_LIST_DIR}/spec_policy_test.cc
   DEPS kimi_k3_spec kimi_k3_core coli_sampling)
 target_compile_definitions(k3_spec_decode_test PRIVATE
   K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny")

@@ -230,5 +230,95 @@ TEST(Sampling, DrawEqualsAFullSortWalkDrawForDraw) {
   EXPECT_GT(past_first_step, 40u) << past_first_step;
 }
 
+// Draw is Next without the reports: over many seeds, every knob (penalties with a history that
+// grows as the caller adds each token) and vocabularies up to K3's 163,840 ids, a sampler that
+// only draws picks exactly the tokens a twin sampler's Next picks, step by step, and its RNG
+// advances identically (the twins keep agreeing afterwards on flat logits, where a draw that
+// skipped or added an RNG step would pick other tokens). A copy that draws (speculative decoding's
+// verify) leaves the original untouched: the original's Next then draws the same tokens.
+TEST(Sampling, DrawPicksNextsTokenWithTheSameRngAdvance) {
+  const SamplerOptions cases[] = {
+      {},  // greedy
+      {.temperature = 1.0f},
+      {.temperature = 0.7f, .top_p = 0.9f, .logprobs = 3},
+      {.temperature = 1.3f, .top_k = 50},
+      {.temperature = 1.0f, .top_p = 0.95f, .top_k = 20, .min_p = 0.05f},
+      {.repetition_penalty = 1.3f, .frequency_penalty = 0.5f, .presence_penalty = 0.3f},
+      {.temperature = 0.9f,
+       .top_p = 0.8f,
+       .logprobs = 2,
+       .repetition_penalty = 1.2f,
+       .frequency_penalty = 1.0f,
+       .presence_penalty = -0.5f,
+       .logit_bias = {{1, 5.0f}, {3, -100.0f}}},
+  };
+  struct Size {
+    size_t vocab;
+    int seeds, steps;
+  };
+  const Size sizes[] = {{5, 40, 30}, {768, 20, 30}, {163840, 2, 4}};
+  size_t sampled_draws = 0, distinct_ids = 0;
+  for (const Size& size : sizes) {
+    std::mt19937_64 gen(size.vocab);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    // Alternating peaked and flat rows (the flat ones walk far into the sorted list).
+    std::vector<std::vector<float>> rows(2, std::vector<float>(size.vocab));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (float& v : rows[r]) v = std::round(normal(gen) * (r == 0 ? 6.f : 0.5f) * 8.f) / 8.f;
+    }
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 6; ++i) prompt.push_back(static_cast<int32_t>(gen() % size.vocab));
+    for (const SamplerOptions& base : cases) {
+      for (int seed = 0; seed < size.seeds; ++seed) {
+        SamplerOptions o = base;
+        o.seed = static_cast<uint64_t>(seed) * 104729 + size.vocab;
+        Sampler next(o), draw(o);
+        TokenHistory hn, hd;
+        hn.Reset(prompt);
+        hd.Reset(prompt);
+        std::map<int32_t, int> seen;
+        for (int step = 0; step < size.steps; ++step) {
+          const std::vector<float>& l = rows[step % 2];
+          const int32_t want = next.Next(l, &hn).id;
+          const int32_t got = draw.Draw(l, &hd);
+          ASSERT_EQ(got, want) << "vocab " << size.vocab << " T " << o.temperature << " top_p "
+                               << o.top_p << " top_k " << o.top_k << " seed " << o.seed << " step "
+                               << step;
+          hn.AddOutput(want);
+          hd.AddOutput(got);
+          ++seen[got];
+          sampled_draws += o.temperature > 0 ? 1 : 0;
+        }
+        distinct_ids += seen.size();
+        // The same RNG state afterwards: both go on drawing the same from the flat row.
+        for (int more = 0; more < 3; ++more) {
+          ASSERT_EQ(draw.Next(rows[1], &hd).id, next.Next(rows[1], &hn).id)
+              << "vocab " << size.vocab << " seed " << o.seed << " after draw " << more;
+        }
+        // A drawing copy spends none of the original's RNG.
+        Sampler copy = next;
+        TokenHistory hc = hn;
+        std::vector<int32_t> by_copy, by_original;
+        for (int step = 0; step < 3; ++step) {
+          by_copy.push_back(copy.Draw(rows[step % 2], &hc));
+          hc.AddOutput(by_copy.back());
+        }
+        for (int step = 0; step < 3; ++step) {
+          by_original.push_back(next.Next(rows[step % 2], &hn).id);
+          hn.AddOutput(by_original.back());
+        }
+        EXPECT_EQ(by_copy, by_original) << "vocab " << size.vocab << " seed " << o.seed;
+      }
+    }
+  }
+  EXPECT_GT(sampled_draws, 5000u);
+  // The draws vary (so an RNG step skipped or added would show as another token).
+  EXPECT_GT(distinct_ids, 2000u) << distinct_ids;
+  std::vector<float> empty;
+  Sampler s({.temperature = 1.0f});
+  EXPECT_EQ(s.Draw(empty), -1);
+  EXPECT_EQ(s.Draw(empty), s.Next(empty).id);
+}
+
 }  // namespace
 }  // namespace coli::sampling
