@@ -125,7 +125,8 @@ int Usage() {
                "              [--temp T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]\n"
                "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_MMAP K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
                "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n"
-               "     COLI_K3_SPEC (max prompt-lookup draft tokens)\n";
+               "     COLI_K3_SPEC (max prompt-lookup draft tokens), COLI_K3_SPEC_MIN,\n"
+               "     COLI_K3_SPEC_SAMPLED_NGRAM, COLI_K3_SPEC_ADAPT (the draft policy)\n";
   return 2;
 }
 
@@ -143,6 +144,12 @@ absl::Status Main(int argc, char** argv) {
   if (spec_k < 0 || spec_k > 16)
     return absl::InvalidArgumentError("COLI_K3_SPEC=" + std::to_string(spec_k) +
                                       ": expected a draft length in 0…16");
+  DraftPolicy spec_policy;  // COLI_K3_SPEC_MIN, COLI_K3_SPEC_SAMPLED_NGRAM, COLI_K3_SPEC_ADAPT
+  for (const DraftPolicySwitch& sw : kDraftPolicySwitches) {
+    if (const char* v = std::getenv(sw.env); v != nullptr && *v != '\0') {
+      COLI_RETURN_IF_ERROR(ParseDraftPolicySwitch(sw.option, v, &spec_policy).status());
+    }
+  }
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -262,7 +269,9 @@ absl::Status Main(int argc, char** argv) {
   const bool spec_on = spec_k > 0 && !sampling::HasPenalties(sopt) && opt.trace_path.empty() &&
                        opt.logits_path.empty();
   SpecDecoder spec;
-  DraftBudget spec_budget;
+  DraftBudget spec_budget(spec_policy);
+  std::vector<int32_t> stop_ids;
+  for (int64_t e : model->config().eos_token_ids) stop_ids.push_back(static_cast<int32_t>(e));
   int64_t spec_verifies = 0, spec_drafted = 0, spec_accepted = 0, spec_from_buffer = 0,
           spec_passes = 0, spec_replayed = 0;
   const double td = Seconds();
@@ -301,22 +310,13 @@ absl::Status Main(int argc, char** argv) {
       context.push_back(s.id);
       int64_t k = spec_k;
       if (opt.max_context > 0) k = std::min<int64_t>(k, opt.max_context - session->position() - 1);
-      k = spec_budget.Next(static_cast<int>(k));
-      std::vector<int32_t> draft;
-      if (k > 0) draft = LookupDraft(context, {.max_tokens = static_cast<int>(k)});
-      for (size_t i = 0; i < draft.size(); ++i) {
-        bool stop = false;
-        for (int64_t e : model->config().eos_token_ids) stop |= (e == draft[i]);
-        if (stop) draft.resize(i);
-      }
+      const std::vector<int32_t> draft = spec_budget.Propose(
+          context, static_cast<int>(k), {}, sopt.temperature > 0, stop_ids);
       if (!draft.empty()) {
-        // Greedy: the argmax accepts; sampled: a copy of the sampler (its RNG state included)
-        // draws each row, and the real one later draws the same tokens from the same logits.
-        sampling::Sampler draw = sampler;
-        auto emit = [&](std::span<const float> l) { return draw.Next(l).id; };
+        // Greedy: the argmax accepts; sampled: draws of a copy of the sampler (its RNG state
+        // included), and the real one later draws the same tokens from the same logits.
         COLI_ASSIGN_OR_RETURN(SpecDecoder::Verified v,
-                              sopt.temperature <= 0 ? spec.Verify(*session, s.id, draft)
-                                                    : spec.Verify(*session, s.id, draft, emit));
+                              spec.VerifyWithSampler(*session, s.id, draft, sampler, nullptr));
         spec_budget.Observe(draft.size(), v.accepted);
         logits = std::move(v.logits);
         ++spec_verifies;
@@ -354,6 +354,11 @@ absl::Status Main(int argc, char** argv) {
                  static_cast<long long>(spec_passes), steps, static_cast<long long>(spec_verifies),
                  static_cast<long long>(spec_drafted), static_cast<long long>(spec_accepted),
                  static_cast<long long>(spec_from_buffer), static_cast<long long>(spec_replayed));
+    const DraftBudget::Skips& k = spec_budget.skips();
+    std::fprintf(stderr, "[k3-run] spec policy: matches not drafted: %lld paused, %lld short "
+                 "(sampled row), %lld drafts below the minimum; %lld pauses ended by a full match\n",
+                 static_cast<long long>(k.paused), static_cast<long long>(k.short_match),
+                 static_cast<long long>(k.short_draft), static_cast<long long>(k.pause_ended));
   }
   std::fprintf(stderr, "[k3-run] experts: %lld unique expert computations for %lld (row, expert) pairs\n",
                static_cast<long long>(t.moe_stats.expert_calls),
