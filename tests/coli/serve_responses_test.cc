@@ -165,8 +165,12 @@ TEST(ResponsesRequest, RefusalsNameTheField) {
   const Case cases[] = {
       {R"({"input": "x", "frobnicate": 1})", "frobnicate"},
       {R"({"input": "x", "conversation": "c"})", "conversation"},
-      {R"({"input": "x", "background": true})", "background"},
+      {R"({"input": "x", "background": "yes"})", "background"},
+      {R"({"input": "x", "background": true, "store": false})", "background"},
+      {R"({"input": "x", "background": true, "stream": true})", "stream"},
       {R"({"input": "x", "include": ["reasoning.encrypted_content"]})", "include"},
+      {R"({"input": "x", "include": "message.output_text.logprobs"})", "include"},
+      {R"({"input": "x", "include": [7]})", "include"},
       {R"({"input": "x", "truncation": "auto"})", "truncation"},
       {R"({})", "input"},
       {R"({"input": 5})", "input"},
@@ -197,7 +201,11 @@ TEST(ResponsesRequest, RefusalsNameTheField) {
       {R"({"input": "x", "stream": "yes"})", "stream"},
       {R"({"input": "x", "metadata": {"k": 1}})", "metadata.k"},
       {R"({"input": "x", "store": "no"})", "store"},
-      {R"({"input": "x", "top_logprobs": 3})", "top_logprobs"},
+      {R"({"input": "x", "top_logprobs": 21})", "top_logprobs"},
+      {R"({"input": "x", "top_logprobs": -1})", "top_logprobs"},
+      {R"({"input": "x", "top_logprobs": 1.5})", "top_logprobs"},
+      {R"({"input": "x", "top_logprobs": "3"})", "top_logprobs"},
+      {R"({"input": "x", "top_logprobs": true})", "top_logprobs"},
   };
   for (const Case& c : cases) {
     ApiError e = Refused(J(c.body));
@@ -254,6 +262,138 @@ TEST(ResponsesRequest, PreviousResponseContinuesItsConversation) {
                  "previous_response_id");
 }
 
+TEST(ResponsesRequest, LogprobsMapToTheChatFields) {
+  // OpenAI's switch: include message.output_text.logprobs; top_logprobs sets the alternatives.
+  ResponsesRequest r =
+      Parse(J(R"({"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 4})"));
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.chat["logprobs"], true);
+  EXPECT_EQ(r.chat["top_logprobs"], 4);
+  EXPECT_EQ(r.fields.top_logprobs, 4);
+  Json object = NewResponseObject(r, "m", 0);
+  EXPECT_EQ(object["top_logprobs"], 4);
+  EXPECT_EQ(object["background"], false);
+  // include alone: the sampled token's logprob, no alternatives.
+  r = Parse(J(R"({"input": "x", "include": ["message.output_text.logprobs"]})"));
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.fields.top_logprobs, 0);
+  EXPECT_TRUE(NewResponseObject(r, "m", 0)["top_logprobs"].is_null());
+  // top_logprobs > 0 alone asks for them too; 0 alone (or an empty include) does not.
+  r = Parse(J(R"({"input": "x", "top_logprobs": 20})"));
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.fields.top_logprobs, 20);
+  for (const char* body : {R"({"input": "x", "top_logprobs": 0})", R"({"input": "x"})",
+                           R"({"input": "x", "include": []})"}) {
+    r = Parse(J(body));
+    EXPECT_FALSE(r.logprobs) << body;
+    EXPECT_EQ(r.fields.top_logprobs, -1) << body;
+    EXPECT_FALSE(r.chat.contains("logprobs")) << body;
+  }
+}
+
+TEST(ResponsesRequest, BackgroundIsStoredAndNotStreamed) {
+  ResponsesRequest r = Parse(J(R"({"input": "x", "background": true})"));
+  EXPECT_TRUE(r.background);
+  EXPECT_TRUE(r.store);
+  EXPECT_EQ(NewResponseObject(r, "m", 0)["background"], true);
+  EXPECT_FALSE(Parse(J(R"({"input": "x", "background": false, "stream": true})")).background);
+  // A response that has not finished (or was cancelled) cannot be continued.
+  ResponseStore store;
+  store.Put("resp_q", J(R"({"id": "resp_q", "status": "in_progress"})"), nullptr);
+  ApiError e = Refused(J(R"({"previous_response_id": "resp_q", "input": "c"})"), &store);
+  EXPECT_EQ(e.param, "previous_response_id");
+  EXPECT_NE(e.message.find("in_progress"), std::string::npos) << e.message;
+}
+
+TEST(InputItems, EveryItemGetsAnIdAStatusAndPartsAsTheApiListsThem) {
+  Json one = InputItemsOf(Json("Hi"));
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["id"].get<std::string>().rfind("msg_", 0), 0u);
+  one[0].erase("id");
+  EXPECT_JSON_EQ(one, J(R"([{"type": "message", "role": "user", "status": "completed",
+                             "content": [{"type": "input_text", "text": "Hi"}]}])"));
+
+  Json items = InputItemsOf(J(R"([
+    {"role": "user", "content": "q"},
+    {"type": "message", "role": "assistant", "id": "msg_given", "content": "a"},
+    {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "id": null},
+    {"type": "function_call_output", "call_id": "c1", "output": "o", "status": "incomplete"}])"));
+  ASSERT_EQ(items.size(), 5u);
+  const char* prefixes[] = {"msg_", "msg_given", "rs_", "fc_", "fco_"};
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ(items[i]["id"].get<std::string>().rfind(prefixes[i], 0), 0u) << items[i].dump();
+    items[i].erase("id");
+  }
+  EXPECT_JSON_EQ(items, J(R"([
+    {"type": "message", "role": "user", "status": "completed",
+     "content": [{"type": "input_text", "text": "q"}]},
+    {"type": "message", "role": "assistant", "status": "completed",
+     "content": [{"type": "output_text", "text": "a", "annotations": []}]},
+    {"type": "reasoning", "summary": [], "status": "completed",
+     "content": [{"type": "reasoning_text", "text": "r"}]},
+    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}",
+     "status": "completed"},
+    {"type": "function_call_output", "call_id": "c1", "output": "o", "status": "incomplete"}])"));
+  // The request keeps them for the store.
+  EXPECT_EQ(Parse(J(R"({"input": [{"role": "user", "content": "q", "id": "msg_7"}]})"))
+                .input_items[0]["id"],
+            "msg_7");
+}
+
+std::vector<std::string> Ids(const Json& page) {
+  std::vector<std::string> ids;
+  for (const Json& item : page["data"]) ids.push_back(item["id"].get<std::string>());
+  return ids;
+}
+
+TEST(InputItems, PagesInEitherOrderAfterACursor) {
+  Json items = Json::array();
+  for (const char* id : {"a", "b", "c", "d", "e"}) items.push_back(Json{{"id", id}});
+  ApiError error;
+  // The default: newest first, 20 at most.
+  std::optional<Json> page = ListInputItems(items, "", "", "", &error);
+  ASSERT_TRUE(page.has_value());
+  EXPECT_EQ(Ids(*page), (std::vector<std::string>{"e", "d", "c", "b", "a"}));
+  EXPECT_EQ((*page)["object"], "list");
+  EXPECT_EQ((*page)["first_id"], "e");
+  EXPECT_EQ((*page)["last_id"], "a");
+  EXPECT_EQ((*page)["has_more"], false);
+  // Walking asc pages of 2 with `after` = the last id: every item once, has_more until the end.
+  std::vector<std::string> walked;
+  std::string after;
+  for (int i = 0; i < 3; ++i) {
+    page = ListInputItems(items, "2", "asc", after, &error);
+    ASSERT_TRUE(page.has_value()) << error.message;
+    for (const std::string& id : Ids(*page)) walked.push_back(id);
+    EXPECT_EQ((*page)["has_more"], i < 2) << i;
+    after = (*page)["last_id"].get<std::string>();
+  }
+  EXPECT_EQ(walked, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+  page = ListInputItems(items, "3", "desc", "d", &error);
+  ASSERT_TRUE(page.has_value());
+  EXPECT_EQ(Ids(*page), (std::vector<std::string>{"c", "b", "a"}));
+  EXPECT_EQ((*page)["has_more"], false);
+  page = ListInputItems(items, "", "desc", "a", &error);  // after the last: an empty page
+  ASSERT_TRUE(page.has_value());
+  EXPECT_TRUE((*page)["data"].empty());
+  EXPECT_TRUE((*page)["first_id"].is_null());
+  EXPECT_EQ((*page)["has_more"], false);
+
+  struct Bad {
+    const char *limit, *order, *after, *param;
+  };
+  for (const Bad& b :
+       {Bad{"0", "", "", "limit"}, Bad{"101", "", "", "limit"}, Bad{"x", "", "", "limit"},
+        Bad{"-1", "", "", "limit"}, Bad{"99999999999", "", "", "limit"}, Bad{"", "up", "", "order"},
+        Bad{"", "", "zz", "after"}}) {
+    ApiError e;
+    EXPECT_FALSE(ListInputItems(items, b.limit, b.order, b.after, &e).has_value()) << b.param;
+    EXPECT_EQ(e.param, b.param);
+    EXPECT_EQ(e.http_status, 400);
+  }
+}
+
 // Every value of a rich request replaced by every JSON type: a refusal or a mapping, never an
 // exception (nlohmann throws on a wrong-typed get) or a crash.
 void Replace(const Json& node, Json& root, Json& at, int* calls) {
@@ -285,6 +425,7 @@ TEST(ResponsesRequest, WrongTypesAnywhereAreRefusedNotThrown) {
     "tools": [{"type": "function", "name": "f", "description": "d", "parameters": {}}],
     "tool_choice": {"type": "function", "name": "f"},
     "stream_options": {"include_obfuscation": false},
+    "include": ["message.output_text.logprobs"], "top_logprobs": 2, "background": false,
     "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]},
               {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}],
                "content": [{"type": "reasoning_text", "text": "r"}]},
@@ -307,6 +448,13 @@ TEST(ResponseStore, EvictsTheOldestByCountAndBytes) {
   EXPECT_TRUE(store.Erase("b"));
   EXPECT_FALSE(store.Erase("b"));
   EXPECT_FALSE(store.Conversation("b").has_value());
+  // Input items are kept beside the response; a null conversation (a background response
+  // that has not finished) is not one a follow-up can continue.
+  store.Put("d", Json{{"id", "d"}}, nullptr, J(R"([{"id": "msg_1"}])"));
+  EXPECT_TRUE(store.Response("d").has_value());
+  EXPECT_FALSE(store.Conversation("d").has_value());
+  EXPECT_JSON_EQ(*store.InputItems("d"), J(R"([{"id": "msg_1"}])"));
+  EXPECT_FALSE(store.InputItems("a").has_value());
 
   ResponseStore small(100, 200);
   const std::string big(150, 'x');
@@ -475,6 +623,104 @@ TEST(ResponseBuilder, ToolCallOnlyTurnHasNullContent) {
   ASSERT_TRUE(b.Finish({"tool_calls", 1, 1, 0, 0}));
   EXPECT_JSON_EQ(b.ChatMessage(), J(R"({"role": "assistant", "content": null, "tool_calls":
       [{"id": "call_9", "type": "function", "function": {"name": "g", "arguments": "{}"}}]})"));
+}
+
+// A chat-path logprob entry as Gateway::LogprobEntry makes it.
+Json Entry(const char* token, double logprob, const char* alt, double alt_logprob) {
+  auto bytes = [](const std::string& t) {
+    Json b = Json::array();
+    for (unsigned char c : t) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  return Json{
+      {"token", token},
+      {"logprob", logprob},
+      {"bytes", bytes(token)},
+      {"top_logprobs",
+       Json::array({Json{{"token", alt}, {"logprob", alt_logprob}, {"bytes", bytes(alt)}}})}};
+}
+
+// The stream events' form of entries (no bytes), as the SDK's ResponseTextDeltaEvent has it.
+Json Short(std::initializer_list<Json> entries) {
+  Json out = Json::array();
+  for (const Json& e : entries) {
+    out.push_back(
+        Json{{"token", e["token"]},
+             {"logprob", e["logprob"]},
+             {"top_logprobs", Json::array({Json{{"token", e["top_logprobs"][0]["token"]},
+                                                {"logprob", e["top_logprobs"][0]["logprob"]}}})}});
+  }
+  return out;
+}
+
+TEST(ResponseBuilder, LogprobsRideOnTheirTokensDeltasAndFillThePart) {
+  const Json e0 = Entry("<", -2.0, "x", -3.0);  // its text held back (a possible stop)
+  const Json e1 = Entry("Hel", -0.5, "He", -1.5);
+  const Json e2 = Entry("lo", -0.25, "l", -2.5);
+  const Json e3 = Entry("!", -0.125, ".", -4.0);  // after the last text: cut by a stop
+  Recorder rec;
+  ResponseBuilder b(Skeleton(), rec.Sink(), /*logprobs=*/true);
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("reasoning", "r"));  // reasoning tokens carry none
+  ASSERT_TRUE(b.Delta("logprob", e0));     // before any message item exists
+  ASSERT_TRUE(b.Delta("content", "<Hel"));
+  ASSERT_TRUE(b.Delta("logprob", e1));
+  ASSERT_TRUE(b.Delta("content", "lo"));
+  ASSERT_TRUE(b.Delta("logprob", e2));
+  ASSERT_TRUE(b.Delta("tick", nullptr));
+  ASSERT_TRUE(b.Delta("logprob", e3));
+  ASSERT_TRUE(b.Finish({"stop", 5, 5, 1, 0}));
+
+  std::vector<Json> deltas;
+  for (const Json& e : rec.events) {
+    if (e["type"] == "response.output_text.delta") deltas.push_back(e);
+  }
+  ASSERT_EQ(deltas.size(), 3u);
+  EXPECT_EQ(deltas[0]["delta"], "<Hel");
+  EXPECT_JSON_EQ(deltas[0]["logprobs"], Short({e0, e1}));
+  EXPECT_EQ(deltas[1]["delta"], "lo");
+  EXPECT_JSON_EQ(deltas[1]["logprobs"], Short({e2}));
+  EXPECT_EQ(deltas[2]["delta"], "");
+  EXPECT_JSON_EQ(deltas[2]["logprobs"], Short({e3}));
+  for (size_t i = 0; i < rec.events.size(); ++i) {
+    EXPECT_EQ(rec.events[i]["sequence_number"], static_cast<int64_t>(i));
+  }
+  // The part holds every entry with its bytes; the done events repeat them.
+  const Json& output = b.response()["output"];
+  ASSERT_EQ(output.size(), 2u);
+  EXPECT_JSON_EQ(output[1]["content"][0]["logprobs"], Json::array({e0, e1, e2, e3}));
+  EXPECT_EQ(output[1]["content"][0]["text"], "<Hello");
+  for (const Json& e : rec.events) {
+    if (e["type"] == "response.output_text.done") {
+      EXPECT_JSON_EQ(e["logprobs"], Short({e0, e1, e2, e3}));
+    }
+    if (e["type"] == "response.content_part.done" && e["part"]["type"] == "output_text") {
+      EXPECT_JSON_EQ(e["part"]["logprobs"], Json::array({e0, e1, e2, e3}));
+    }
+  }
+  EXPECT_JSON_EQ(output[0]["content"][0], J(R"({"type": "reasoning_text", "text": "r"})"));
+}
+
+TEST(ResponseBuilder, WithoutLogprobsDeltasGoAtOnceAndEntriesAreIgnored) {
+  Recorder rec;
+  ResponseBuilder b(Skeleton(), rec.Sink());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("content", "a"));
+  EXPECT_EQ(rec.events.back()["type"], "response.output_text.delta");  // not held
+  EXPECT_JSON_EQ(rec.events.back()["logprobs"], Json::array());
+  ASSERT_TRUE(b.Delta("logprob", Entry("a", -1, "b", -2)));
+  ASSERT_TRUE(b.Finish({"stop", 1, 1, 0, 0}));
+  EXPECT_JSON_EQ(b.response()["output"][0]["content"][0]["logprobs"], Json::array());
+}
+
+TEST(ResponseBuilder, CancelledBackgroundResponse) {
+  ResponseBuilder b(Skeleton(), {}, /*logprobs=*/true);
+  ASSERT_TRUE(b.Delta("content", "par"));
+  ASSERT_TRUE(b.Delta("logprob", Entry("par", -1, "x", -2)));
+  b.Cancel();
+  EXPECT_EQ(b.response()["status"], "cancelled");
+  EXPECT_EQ(b.response()["output"][0]["status"], "incomplete");
+  EXPECT_EQ(b.response()["output"][0]["content"][0]["text"], "par");
 }
 
 TEST(SseEventFrame, NamesTheEvent) {

@@ -1,13 +1,15 @@
 // `coli serve`: an OpenAI-compatible HTTP gateway (cpp-httplib) over the host's gRPC API.
 //
 //   coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]
-//              [--connect ADDR] [--model-id ID]
+//              [--connect ADDR] [--model-id ID] [--max-background N]
 //
 // Without --connect it starts a private `coli-host` (tools/coli/client.h), loads DIR there (the
 // K3_* switches apply) and stops it on exit; with --connect it uses a running host. Endpoints:
 // GET /v1/models[/ID], POST /v1/chat/completions and POST /v1/completions (SSE when
 // stream=true), POST /v1/responses (OpenAI's Responses API over the chat path, see
-// serve_responses.h; GET/DELETE /v1/responses/ID, POST /v1/responses/input_tokens),
+// serve_responses.h; GET/DELETE /v1/responses/ID, GET /v1/responses/ID/input_items,
+// POST /v1/responses/ID/cancel, POST /v1/responses/input_tokens; `background: true` runs at most
+// --max-background responses at once, cancelled and joined when the server stops),
 // POST /tokenize, /detokenize, /apply-template,
 // GET /health, GET /metrics (Prometheus). Errors use OpenAI's error object and name the field.
 // Loopback only unless --host names another address, which then requires --api-key (bearer).
@@ -41,6 +43,7 @@
 #include "tools/coli/command.h"
 #include "tools/coli/serve_openai.h"
 #include "tools/coli/serve_responses.h"
+#include "tools/coli/serve_responses_background.h"
 #include "tools/web/web_assets.h"
 
 namespace coli::cli::serve {
@@ -105,11 +108,13 @@ struct ChoiceResult {
 
 class Gateway {
  public:
-  Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key, bool serve_web_page)
+  Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key, bool serve_web_page,
+          size_t max_background)
       : stub_(stub),
         info_(std::move(info)),
         api_key_(std::move(api_key)),
-        serve_web_page_(serve_web_page) {
+        serve_web_page_(serve_web_page),
+        background_(max_background) {
     // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
     // where they start. None of them is answer text.
     first_special_ = info_.vocab_size();
@@ -117,6 +122,8 @@ class Gateway {
   }
 
   void Register(httplib::Server* server);
+  // Cancels the background responses and joins their threads (before the host goes away).
+  void Shutdown() { background_.Shutdown(); }
 
  private:
   using Req = httplib::Request;
@@ -142,9 +149,20 @@ class Gateway {
   // /v1/responses (serve_responses.h): create, GET/DELETE by id, input_tokens.
   void Responses(const Req& req, Res& res);
   void ResponseById(const Req& req, Res& res);
+  void ResponseInputItems(const Req& req, Res& res);
+  void CancelResponse(const Req& req, Res& res);
+  void ResponseNotFound(Res& res, const std::string& id) {
+    ApiError e;
+    e.http_status = 404;
+    e.message = "Response with id '" + id + "' not found (store=false, evicted, or never made)";
+    Fail(res, e);
+  }
   void ResponsesInputTokens(const Req& req, Res& res);
   // Authorizes, parses and maps a /v1/responses body (nullopt: the error is answered).
   std::optional<ResponsesRequest> ResponsesBody(const Req& req, Res& res);
+  // background: true — stores `object` as queued and generates it on a BackgroundJobs thread
+  // (429 when --max-background are running).
+  void StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r, Json object, Res& res);
   void Tokenize(const Req& req, Res& res);
   void Detokenize(const Req& req, Res& res);
   void ApplyTemplate(const Req& req, Res& res);
@@ -184,6 +202,10 @@ class Gateway {
   // (the client went away). `first` is an event already read, or nullptr.
   grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                          const v1::ChatEvent* first, const DeltaFn& on_delta);
+  // One chat generation of response `r` into `b`; a finished response is stored unless store
+  // is false. `first` is an event already read, or nullptr.
+  grpc::Status RunResponse(const ResponsesRequest& r, Call& call, const v1::ChatEvent* first,
+                           ResponseBuilder& b);
   // A streamed response as its body sees it (see StreamSse).
   struct SseSink {
     Json header;  // id, object, created, model: what every frame starts with
@@ -268,6 +290,8 @@ class Gateway {
   std::atomic<int> streams_active_{0};
   std::atomic<uint64_t> disconnects_{0};
   ResponseStore responses_;  // stored /v1/responses results (previous_response_id, GET)
+  // Last: destroyed first, so its threads are joined while everything they use still exists.
+  BackgroundJobs background_;
 };
 
 bool Gateway::Authorized(const Req& req, Res& res) {
@@ -812,31 +836,34 @@ std::optional<ResponsesRequest> Gateway::ResponsesBody(const Req& req, Res& res)
   return r;
 }
 
+grpc::Status Gateway::RunResponse(const ResponsesRequest& r, Call& call, const v1::ChatEvent* first,
+                                  ResponseBuilder& b) {
+  ChoiceResult out;
+  grpc::Status s = RunChoice(r.fields, call, &out, first,
+                             [&b](const char* kind, const Json& p) { return b.Delta(kind, p); });
+  if (!s.ok()) return s;
+  b.Finish({out.finish_reason, out.prompt_tokens, out.completion_tokens, out.reasoning_tokens,
+            out.cached_tokens});
+  if (r.store) {
+    Json conversation = r.conversation;
+    conversation.push_back(b.ChatMessage());
+    responses_.Put(b.response()["id"].get<std::string>(), b.response(), std::move(conversation),
+                   r.input_items);
+  }
+  return s;
+}
+
 void Gateway::Responses(const Req& req, Res& res) {
   std::optional<ResponsesRequest> parsed = ResponsesBody(req, res);
   if (!parsed) return;
   auto r = std::make_shared<const ResponsesRequest>(std::move(*parsed));
   const std::string request_json = Dump(r->chat);
   Json object = NewResponseObject(*r, info_.id(), NowSeconds());
-  // One chat generation into `b`; a finished response is stored unless store is false.
-  auto run = [this, r](Call& call, const v1::ChatEvent* first, ResponseBuilder& b) {
-    ChoiceResult out;
-    grpc::Status s = RunChoice(r->fields, call, &out, first,
-                               [&b](const char* kind, const Json& p) { return b.Delta(kind, p); });
-    if (!s.ok()) return s;
-    b.Finish({out.finish_reason, out.prompt_tokens, out.completion_tokens, out.reasoning_tokens,
-              out.cached_tokens});
-    if (r->store) {
-      Json conversation = r->conversation;
-      conversation.push_back(b.ChatMessage());
-      responses_.Put(b.response()["id"].get<std::string>(), b.response(), std::move(conversation));
-    }
-    return s;
-  };
+  if (r->background) return StartBackgroundResponse(r, std::move(object), res);
   if (!r->fields.stream) {
     auto call = StartChat(r->fields, request_json, 0);
-    ResponseBuilder b(std::move(object));
-    grpc::Status s = run(*call, nullptr, b);
+    ResponseBuilder b(std::move(object), {}, r->logprobs);
+    grpc::Status s = RunResponse(*r, *call, nullptr, b);
     if (!s.ok()) return Fail(res, ToResponsesError(FromHostStatus(s), *r));
     return Reply(res, 200, b.response());
   }
@@ -848,7 +875,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, call, first, object, run](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, call, first, object, r](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         ResponseBuilder::Sink events;
         events.send = [&sink](const Json& e) {
@@ -856,10 +883,10 @@ void Gateway::Responses(const Req& req, Res& res) {
           return sink.is_writable() && sink.write(frame.data(), frame.size());
         };
         events.alive = [&sink] { return sink.is_writable(); };
-        ResponseBuilder b(object, events);
+        ResponseBuilder b(object, events, r->logprobs);
         grpc::Status s(grpc::StatusCode::CANCELLED, "client disconnected");
         if (b.Start()) {
-          s = run(*call, first.get(), b);
+          s = RunResponse(*r, *call, first.get(), b);
         } else {
           call->ctx.TryCancel();
           call->reader->Finish();
@@ -875,10 +902,53 @@ void Gateway::Responses(const Req& req, Res& res) {
       });
 }
 
+void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r, Json object,
+                                      Res& res) {
+  const std::string id = object["id"].get<std::string>();
+  object["status"] = "queued";
+  // Stored before the job starts so a poll (or cancel) right after this reply finds it; no
+  // conversation until it finishes (a follow-up cannot continue it yet).
+  responses_.Put(id, object, nullptr, r->input_items);
+  const bool started = background_.Start(id, [this, r, object, id](BackgroundJobs::Job& job) {
+    Json running = object;
+    running["status"] = "in_progress";
+    ResponseBuilder b(running, {}, r->logprobs);
+    grpc::Status s(grpc::StatusCode::CANCELLED, "cancelled before it started");
+    if (!job.cancelled()) {
+      responses_.Put(id, running, nullptr, r->input_items);
+      std::unique_ptr<Call> call = StartChat(r->fields, Dump(r->chat), 0);
+      job.OnCancel([c = call.get()] { c->ctx.TryCancel(); });
+      s = RunResponse(*r, *call, nullptr, b);  // stores the finished response
+      job.OnCancel(nullptr);                   // before `call` goes away
+    }
+    if (s.ok()) return;
+    if (s.error_code() == grpc::StatusCode::CANCELLED && job.cancelled()) {
+      b.Cancel();
+    } else {
+      b.Fail(ToResponsesError(FromHostStatus(s), *r));
+    }
+    responses_.Put(id, b.response(), nullptr, r->input_items);
+  });
+  if (!started) {
+    responses_.Erase(id);
+    ApiError e;
+    e.http_status = 429;
+    e.type = "rate_limit_error";
+    e.code = "too_many_background_responses";
+    e.param = "background";
+    e.message = "this server runs at most " + std::to_string(background_.max_jobs()) +
+                " background responses at once (coli serve --max-background): wait for one to "
+                "finish or cancel one";
+    return Fail(res, e);
+  }
+  Reply(res, 200, object);
+}
+
 void Gateway::ResponseById(const Req& req, Res& res) {
   if (!Authorized(req, res)) return;
   const std::string id = req.matches[1];
   if (req.method == "DELETE") {
+    background_.CancelAndWait(id);  // a background response still running stops first
     if (responses_.Erase(id)) {
       return Reply(res, 200, Json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
     }
@@ -888,10 +958,42 @@ void Gateway::ResponseById(const Req& req, Res& res) {
     }
     return Reply(res, 200, *found);
   }
-  ApiError e;
-  e.http_status = 404;
-  e.message = "Response with id '" + id + "' not found (store=false, evicted, or never made)";
-  Fail(res, e);
+  ResponseNotFound(res, id);
+}
+
+void Gateway::ResponseInputItems(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  const std::string id = req.matches[1];
+  std::optional<Json> items = responses_.InputItems(id);
+  if (!items) return ResponseNotFound(res, id);
+  ApiError error;
+  std::optional<Json> page =
+      ListInputItems(*items, req.get_param_value("limit"), req.get_param_value("order"),
+                     req.get_param_value("after"), &error);
+  if (!page) return Fail(res, error);
+  Reply(res, 200, *page);
+}
+
+void Gateway::CancelResponse(const Req& req, Res& res) {
+  if (!Authorized(req, res)) return;
+  const std::string id = req.matches[1];
+  std::optional<Json> found = responses_.Response(id);
+  if (!found) return ResponseNotFound(res, id);
+  if ((*found)["background"] != true) {
+    return Fail(res, BadField("",
+                              "Only responses created with background=true can be cancelled "
+                              "(response '" +
+                                  id + "' was not)"));
+  }
+  // Stops the generation within one token and waits for the job to record how it ended.
+  background_.CancelAndWait(id);
+  found = responses_.Response(id);  // as the job left it (it may have finished first)
+  if (!found) return ResponseNotFound(res, id);
+  const Json& status = (*found)["status"];
+  if (status == "cancelled") return Reply(res, 200, *found);  // cancelling twice: the same
+  Fail(res, BadField("", "Cannot cancel a response with status " + Dump(status) +
+                             ": only a queued or in_progress background response can be "
+                             "cancelled"));
 }
 
 void Gateway::ResponsesInputTokens(const Req& req, Res& res) {
@@ -1118,6 +1220,8 @@ void Gateway::Register(httplib::Server* server) {
   server->Post("/v1/responses", bind(&Gateway::Responses));
   server->Post("/v1/responses/input_tokens", bind(&Gateway::ResponsesInputTokens));
   server->Get(R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
+  server->Get(R"(/v1/responses/([^/]+)/input_items)", bind(&Gateway::ResponseInputItems));
+  server->Post(R"(/v1/responses/([^/]+)/cancel)", bind(&Gateway::CancelResponse));
   server->Delete(R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
   server->Post("/tokenize", bind(&Gateway::Tokenize));
   server->Post("/detokenize", bind(&Gateway::Detokenize));
@@ -1173,11 +1277,12 @@ void Usage(bool web) {
             "  the chat page and the OpenAI API on one port; without --model (or\n"
             "  COLI_MODEL) the embedded tiny Kimi K3 fixture (random weights)\n"
           : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
-            "                  [--connect ADDR] [--model-id ID]\n");
+            "                  [--connect ADDR] [--model-id ID] [--max-background N]\n");
   std::fprintf(stderr,
                "  --host ADDR    listen address; anything but loopback requires --api-key\n"
                "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
-               "  --connect ADDR use a running coli-host instead of starting one\n");
+               "  --connect ADDR use a running coli-host instead of starting one\n"
+               "  --max-background N  background /v1/responses running at once (default 16)\n");
 }
 
 // `coli serve` and `coli web` share everything but the page and the default model.
@@ -1185,6 +1290,7 @@ int RunGateway(int argc, char** argv, bool web) {
   const char* name = web ? "coli web" : "coli serve";
   std::string model_dir, host = "127.0.0.1", api_key, connect, model_id;
   int port = 8000;
+  long max_background = 16;
   if (const char* k = std::getenv("COLI_API_KEY"); k && *k) api_key = k;
   if (const char* m = std::getenv("COLI_MODEL"); m && *m) model_dir = m;
   for (int i = 1; i < argc; ++i) {
@@ -1215,6 +1321,15 @@ int RunGateway(int argc, char** argv, bool web) {
         return 2;
       }
       port = static_cast<int>(p);
+    } else if (arg == "--max-background") {
+      const std::string v = value();
+      char* end = nullptr;
+      max_background = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || max_background < 0 || max_background > 1024) {
+        std::fprintf(stderr, "%s: --max-background '%s' is not a count in [0, 1024]\n", name,
+                     v.c_str());
+        return 2;
+      }
     } else if (arg == "--help" || arg == "-h") {
       Usage(web);
       return 0;
@@ -1284,7 +1399,7 @@ int RunGateway(int argc, char** argv, bool web) {
   }
 
   httplib::Server server;
-  Gateway gateway(&(*client)->stub(), info, api_key, web);
+  Gateway gateway(&(*client)->stub(), info, api_key, web, static_cast<size_t>(max_background));
   gateway.Register(&server);
   int bound = port;
   if (port == 0) {
@@ -1311,6 +1426,7 @@ int RunGateway(int argc, char** argv, bool web) {
   });
   server.listen_after_bind();
   g_server = nullptr;
+  gateway.Shutdown();  // background responses: cancelled and joined while the host still runs
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
   return 0;  // `client` stops the private host

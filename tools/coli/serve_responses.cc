@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 #include <string_view>
+#include <utility>
 
 namespace coli::cli::serve {
 namespace {
@@ -43,6 +44,8 @@ constexpr const char* kMapped[] = {"model",
                                    "include",
                                    "stream_options",
                                    "top_logprobs"};
+// The one `include` value this engine has data for.
+constexpr const char kLogprobsInclude[] = "message.output_text.logprobs";
 // Fields of the Responses API this engine has no counterpart for.
 constexpr const char* kUnsupported[] = {
     "conversation",         "prompt",         "prompt_cache_key",   "prompt_cache_retention",
@@ -489,8 +492,8 @@ bool CheckNeutral(const Json& body, ApiError* error) {
     *error = BadField(key, std::string(key) + " " + why);
     return false;
   };
-  if (const Json* v = Find(body, "background"); v != nullptr && *v != false) {
-    return refuse("background", "is not supported by this engine (use false)");
+  if (const Json* v = Find(body, "background"); v != nullptr && !v->is_boolean()) {
+    return refuse("background", "must be a boolean");
   }
   if (const Json* v = Find(body, "truncation"); v != nullptr && *v != "disabled") {
     return refuse("truncation", "is not supported by this engine (use \"disabled\")");
@@ -498,11 +501,23 @@ bool CheckNeutral(const Json& body, ApiError* error) {
   if (const Json* v = Find(body, "service_tier"); v != nullptr && *v != "auto" && *v != "default") {
     return refuse("service_tier", "must be auto or default on this engine");
   }
-  if (const Json* v = Find(body, "include"); v != nullptr && !(v->is_array() && v->empty())) {
-    return refuse("include", "is not supported by this engine (no extra output data)");
+  if (const Json* v = Find(body, "include")) {
+    if (!v->is_array()) return refuse("include", "must be an array of strings");
+    for (const Json& what : *v) {
+      if (what != kLogprobsInclude) {
+        *error = BadField("include", "include value " + Dump(what) +
+                                         " is not supported by this engine (it has only \"" +
+                                         kLogprobsInclude + "\")");
+        return false;
+      }
+    }
   }
-  if (const Json* v = Find(body, "top_logprobs"); v != nullptr && *v != 0) {
-    return refuse("top_logprobs", "is not supported on /v1/responses (use /v1/chat/completions)");
+  if (const Json* v = Find(body, "top_logprobs")) {
+    if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 20) {
+      *error = BadField("top_logprobs",
+                        "top_logprobs must be an integer between 0 and 20, got " + Dump(*v));
+      return false;
+    }
   }
   if (const Json* so = Find(body, "stream_options")) {
     if (!so->is_object()) return refuse("stream_options", "must be an object");
@@ -552,11 +567,12 @@ void ReplaceFirst(std::string* s, std::string_view from, std::string_view to) {
 
 // ---- the store ----------------------------------------------------------------------------
 
-void ResponseStore::Put(const std::string& id, Json response, Json conversation) {
+void ResponseStore::Put(const std::string& id, Json response, Json conversation, Json input_items) {
   Entry e;
-  e.bytes = Dump(response).size() + Dump(conversation).size();
+  e.bytes = Dump(response).size() + Dump(conversation).size() + Dump(input_items).size();
   e.response = std::move(response);
   e.conversation = std::move(conversation);
+  e.input_items = std::move(input_items);
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = entries_.find(id); it != entries_.end()) {
     bytes_ -= it->second.bytes;
@@ -585,8 +601,15 @@ std::optional<Json> ResponseStore::Response(const std::string& id) const {
 std::optional<Json> ResponseStore::Conversation(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);
-  if (it == entries_.end()) return std::nullopt;
+  if (it == entries_.end() || it->second.conversation.is_null()) return std::nullopt;
   return it->second.conversation;
+}
+
+std::optional<Json> ResponseStore::InputItems(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.input_items;
 }
 
 bool ResponseStore::Erase(const std::string& id) {
@@ -637,6 +660,16 @@ std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const Re
   if (const Json* prev = Find(body, "previous_response_id")) {
     const std::string id = prev->get<std::string>();
     std::optional<Json> earlier = store ? store->Conversation(id) : std::nullopt;
+    if (!earlier && store != nullptr) {
+      if (std::optional<Json> known = store->Response(id)) {
+        // A background response still running, or one that was cancelled or failed.
+        *error = BadField("previous_response_id",
+                          "Previous response with id '" + id + "' has status " +
+                              Dump((*known)["status"]) +
+                              ": only a completed or incomplete response can be continued");
+        return std::nullopt;
+      }
+    }
     if (!earlier) {
       *error = BadField("previous_response_id",
                         "Previous response with id '" + id +
@@ -658,6 +691,7 @@ std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const Re
     return std::nullopt;
   }
   if (input != nullptr && !InputMapper(&r).Map(*input, error)) return std::nullopt;
+  if (input != nullptr) r.input_items = InputItemsOf(*input);
   if (r.conversation.empty()) {
     *error = BadField("input", "input must not be empty");
     return std::nullopt;
@@ -709,6 +743,33 @@ std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const Re
     if (const Json* v = Find(body, key)) chat[key] = *v;
   }
   if (const Json* v = Find(body, "stream")) chat["stream"] = *v;
+  // Logprobs: asked for by include (OpenAI's switch) or by a top_logprobs above 0; the chat
+  // path's logprobs / top_logprobs then produce the entries.
+  echo["top_logprobs"] = nullptr;
+  int64_t top_logprobs = 0;
+  if (const Json* v = Find(body, "top_logprobs")) {
+    top_logprobs = v->get<int64_t>();
+    echo["top_logprobs"] = *v;
+  }
+  if (const Json* v = Find(body, "include")) {
+    r.logprobs = std::find(v->begin(), v->end(), Json(kLogprobsInclude)) != v->end();
+  }
+  r.logprobs = r.logprobs || top_logprobs > 0;
+  if (r.logprobs) {
+    chat["logprobs"] = true;
+    chat["top_logprobs"] = top_logprobs;
+  }
+  if (const Json* v = Find(body, "background")) r.background = v->get<bool>();
+  if (r.background && !r.store) {
+    *error = BadField("background", "background responses must be stored: use store true");
+    return std::nullopt;
+  }
+  if (r.background && chat.contains("stream") && chat["stream"] == true) {
+    *error = BadField("stream",
+                      "streaming a background response is not supported by this server: create "
+                      "it without stream and poll GET /v1/responses/{id}");
+    return std::nullopt;
+  }
   echo["temperature"] = chat.contains("temperature") ? chat["temperature"] : Json(1.0);
   echo["top_p"] = chat.contains("top_p") ? chat["top_p"] : Json(1.0);
   echo["store"] = r.store;
@@ -784,7 +845,7 @@ Json NewResponseObject(const ResponsesRequest& request, const std::string& model
   r["object"] = "response";
   r["created_at"] = created_at;
   r["status"] = "in_progress";
-  r["background"] = false;
+  r["background"] = request.background;
   r["error"] = nullptr;
   r["incomplete_details"] = nullptr;
   r["instructions"] = e["instructions"];
@@ -799,6 +860,7 @@ Json NewResponseObject(const ResponsesRequest& request, const std::string& model
   r["text"] = e["text"];
   r["tool_choice"] = e["tool_choice"];
   r["tools"] = e["tools"];
+  r["top_logprobs"] = e["top_logprobs"];
   r["top_p"] = e["top_p"];
   r["truncation"] = e["truncation"];
   r["usage"] = nullptr;
@@ -811,8 +873,35 @@ Json NewResponseObject(const ResponsesRequest& request, const std::string& model
 
 // ---- the response ---------------------------------------------------------------------------
 
-ResponseBuilder::ResponseBuilder(Json response, Sink sink)
-    : response_(std::move(response)), sink_(std::move(sink)) {}
+namespace {
+
+// A logprob entry as the stream events carry it (the SDK's ResponseTextDeltaEvent.Logprob:
+// token, logprob, top_logprobs of token + logprob; the output_text part keeps the bytes).
+Json EventLogprobs(const Json& entries) {
+  Json out = Json::array();
+  for (const Json& e : entries) {
+    Json top = Json::array();
+    for (const Json& t : e["top_logprobs"]) {
+      top.push_back(Json{{"token", t["token"]}, {"logprob", t["logprob"]}});
+    }
+    out.push_back(Json{{"token", e["token"]}, {"logprob", e["logprob"]}, {"top_logprobs", top}});
+  }
+  return out;
+}
+
+}  // namespace
+
+ResponseBuilder::ResponseBuilder(Json response, Sink sink, bool logprobs)
+    : response_(std::move(response)), sink_(std::move(sink)), logprobs_(logprobs) {}
+
+bool ResponseBuilder::FlushDelta() {
+  if (!held_delta_) return true;
+  Json event = std::move(*held_delta_);
+  held_delta_.reset();
+  event["logprobs"] = EventLogprobs(pending_logprobs_);
+  pending_logprobs_ = Json::array();
+  return Send(std::move(event));
+}
 
 bool ResponseBuilder::Send(Json event) {
   if (!sink_.send) return true;
@@ -851,6 +940,11 @@ bool ResponseBuilder::OpenItem(Open kind) {
   open_index_ = static_cast<int>(output.size());
   output.push_back(item);
   output.back()["content"].push_back(part);
+  if (kind == Open::kMessage && !orphan_logprobs_.empty()) {
+    // Entries of tokens whose text a stop sequence held back before this item opened.
+    output.back()["content"][0]["logprobs"] = std::move(orphan_logprobs_);
+    orphan_logprobs_ = Json::array();
+  }
   const std::string id = item["id"].get<std::string>();
   return Send(Json{{"type", "response.output_item.added"},
                    {"output_index", open_index_},
@@ -864,6 +958,17 @@ bool ResponseBuilder::OpenItem(Open kind) {
 
 bool ResponseBuilder::CloseItem(const char* status) {
   if (open_ == Open::kNone) return true;
+  if (!FlushDelta()) return false;
+  if (open_ == Open::kMessage && !pending_logprobs_.empty()) {
+    // Entries that arrived after the item's last text (held back, then cut by a stop sequence):
+    // an empty delta carries them so the events hold every entry the part has.
+    held_delta_ = Json{{"type", "response.output_text.delta"},
+                       {"item_id", response_["output"][open_index_]["id"]},
+                       {"output_index", open_index_},
+                       {"content_index", 0},
+                       {"delta", ""}};
+    if (!FlushDelta()) return false;
+  }
   Json& item = response_["output"][open_index_];
   const Json& part = item["content"][0];
   const std::string id = item["id"].get<std::string>();
@@ -873,7 +978,7 @@ bool ResponseBuilder::CloseItem(const char* status) {
             {"output_index", open_index_},
             {"content_index", 0},
             {"text", part["text"]}};
-  if (open_ == Open::kMessage) done["logprobs"] = Json::array();
+  if (open_ == Open::kMessage) done["logprobs"] = EventLogprobs(part["logprobs"]);
   item["status"] = status;
   const int index = open_index_;
   open_ = Open::kNone;
@@ -888,6 +993,18 @@ bool ResponseBuilder::CloseItem(const char* status) {
 }
 
 bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
+  if (!std::strcmp(kind, "logprob")) {
+    if (!logprobs_) return true;
+    pending_logprobs_.push_back(payload);
+    if (open_ == Open::kMessage) {
+      response_["output"][open_index_]["content"][0]["logprobs"].push_back(payload);
+    } else {
+      orphan_logprobs_.push_back(payload);
+    }
+    return true;
+  }
+  // Whatever comes next follows the held delta's token: its entry, if any, has arrived.
+  if (!FlushDelta()) return false;
   const bool reasoning = !std::strcmp(kind, "reasoning");
   if (reasoning || !std::strcmp(kind, "content")) {
     const Open want = reasoning ? Open::kReasoning : Open::kMessage;
@@ -900,8 +1017,11 @@ bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
                {"output_index", open_index_},
                {"content_index", 0},
                {"delta", delta}};
-    if (!reasoning) event["logprobs"] = Json::array();
-    return Send(std::move(event));
+    if (reasoning) return Send(std::move(event));
+    event["logprobs"] = Json::array();
+    if (!logprobs_) return Send(std::move(event));
+    held_delta_ = std::move(event);  // sent with its tokens' entries (FlushDelta)
+    return true;
   }
   if (!std::strcmp(kind, "tool_call")) {
     if (!CloseItem("completed")) return false;
@@ -933,7 +1053,7 @@ bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
                      {"item", std::move(item)}});
   }
   if (!std::strcmp(kind, "tick")) return !sink_.alive || sink_.alive();
-  return true;  // progress / logprob: not requested by this endpoint
+  return true;  // progress: not requested by this endpoint
 }
 
 bool ResponseBuilder::Finish(const ResponseOutcome& outcome) {
@@ -973,6 +1093,15 @@ bool ResponseBuilder::Fail(const ApiError& error) {
   return open && Send(Json{{"type", "response.failed"}, {"response", response_}});
 }
 
+void ResponseBuilder::Cancel() {
+  held_delta_.reset();
+  pending_logprobs_ = Json::array();
+  const Sink sink = std::exchange(sink_, Sink{});  // no events: nobody streams it
+  CloseItem("incomplete");
+  sink_ = sink;
+  response_["status"] = "cancelled";
+}
+
 Json ResponseBuilder::ChatMessage() const {
   std::string reasoning, content;
   bool has_message = false;
@@ -995,6 +1124,91 @@ Json ResponseBuilder::ChatMessage() const {
   if (!reasoning.empty()) m["reasoning_content"] = reasoning;
   if (!calls.empty()) m["tool_calls"] = std::move(calls);
   return m;
+}
+
+// ---- input items -----------------------------------------------------------------------------
+
+Json InputItemsOf(const Json& input) {
+  Json items = Json::array();
+  if (input.is_string()) {
+    items.push_back(Json{{"id", NewId("msg_")},
+                         {"type", "message"},
+                         {"role", "user"},
+                         {"content", Json::array({Json{{"type", "input_text"}, {"text", input}}})},
+                         {"status", "completed"}});
+    return items;
+  }
+  for (const Json& given : input) {  // validated by ParseResponsesRequest
+    Json item = Json::object();
+    for (auto it = given.begin(); it != given.end(); ++it) {
+      if (!it->is_null()) item[it.key()] = *it;
+    }
+    if (!item.contains("type")) item["type"] = "message";
+    const std::string type = item["type"].get<std::string>();
+    if (type == "message" && item["content"].is_string()) {
+      const bool assistant = item["role"] == "assistant";
+      Json part{{"type", assistant ? "output_text" : "input_text"}, {"text", item["content"]}};
+      if (assistant) part["annotations"] = Json::array();
+      item["content"] = Json::array({std::move(part)});
+    }
+    if (!item.contains("id") || !item["id"].is_string()) {
+      const char* prefix = type == "function_call"          ? "fc_"
+                           : type == "function_call_output" ? "fco_"
+                           : type == "reasoning"            ? "rs_"
+                                                            : "msg_";
+      item["id"] = NewId(prefix);
+    }
+    if (!item.contains("status")) item["status"] = "completed";
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
+std::optional<Json> ListInputItems(const Json& items, const std::string& limit,
+                                   const std::string& order, const std::string& after,
+                                   ApiError* error) {
+  size_t count = 20;
+  if (!limit.empty()) {
+    size_t used = 0;
+    int value = 0;
+    bool ok = limit.size() <= 3 && limit.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) value = std::stoi(limit, &used);
+    if (!ok || value < 1 || value > 100) {
+      *error = BadField("limit", "limit must be an integer between 1 and 100, got '" + limit + "'");
+      return std::nullopt;
+    }
+    count = static_cast<size_t>(value);
+  }
+  if (!order.empty() && order != "asc" && order != "desc") {
+    *error = BadField("order", "order must be asc or desc, got '" + order + "'");
+    return std::nullopt;
+  }
+  std::vector<const Json*> ordered;
+  for (const Json& item : items) ordered.push_back(&item);
+  if (order != "asc") std::reverse(ordered.begin(), ordered.end());  // desc is the default
+  size_t start = 0;
+  if (!after.empty()) {
+    auto at = std::find_if(ordered.begin(), ordered.end(),
+                           [&](const Json* item) { return (*item)["id"] == after; });
+    if (at == ordered.end()) {
+      *error = BadField("after", "after '" + after + "' is not an input item of this response");
+      return std::nullopt;
+    }
+    start = static_cast<size_t>(at - ordered.begin()) + 1;
+  }
+  Json data = Json::array();
+  for (size_t i = start; i < ordered.size() && data.size() < count; ++i)
+    data.push_back(*ordered[i]);
+  Json page;
+  page["object"] = "list";
+  const Json first = data.empty() ? Json(nullptr) : data.front()["id"];
+  const Json last = data.empty() ? Json(nullptr) : data.back()["id"];
+  const bool more = start + data.size() < ordered.size();
+  page["data"] = std::move(data);
+  page["first_id"] = first;
+  page["last_id"] = last;
+  page["has_more"] = more;
+  return page;
 }
 
 std::string SseEventFrame(const Json& event) {

@@ -13,6 +13,12 @@
 //   b.Delta("content", "Hello");      // output_item.added, content_part.added, output_text.delta
 //   b.Finish(outcome);                // ... .done events, response.completed / .incomplete
 //
+// Logprobs (`include: ["message.output_text.logprobs"]` or `top_logprobs` > 0) come from the
+// chat path's "logprob" deltas: the output_text part's `logprobs` and each
+// `response.output_text.delta` event's. Stored responses keep their input items for
+// GET /v1/responses/{id}/input_items (ListInputItems). Background responses run through
+// BackgroundJobs (serve_responses_background.h).
+//
 // Mapping (documented in docs/status/responses.md): `instructions` -> a first system message;
 // input messages (user/system/developer/assistant, string or input_text/output_text parts) ->
 // chat messages; `function_call` items -> the assistant message's tool_calls (consecutive ones
@@ -45,17 +51,23 @@ class ResponseStore {
   explicit ResponseStore(size_t max_entries = 512, size_t max_bytes = size_t{64} << 20)
       : max_entries_(max_entries), max_bytes_(max_bytes) {}
 
-  // Keeps `response` (the object GET returns) and `conversation` (the chat messages a follow-up
-  // continues from: the stored input plus this response's assistant turn, no instructions).
-  void Put(const std::string& id, Json response, Json conversation);
+  // Keeps `response` (the object GET returns), `conversation` (the chat messages a follow-up
+  // continues from: the stored input plus this response's assistant turn, no instructions; null
+  // while a background response runs, or when it ended cancelled or failed) and `input_items`
+  // (the request's input as items with ids, for GET .../input_items). Replaces an entry with
+  // the same id (a background response's updates) and makes it the newest.
+  void Put(const std::string& id, Json response, Json conversation,
+           Json input_items = Json::array());
   std::optional<Json> Response(const std::string& id) const;
+  // Nullopt when absent or when its conversation is null (see Put).
   std::optional<Json> Conversation(const std::string& id) const;
+  std::optional<Json> InputItems(const std::string& id) const;
   bool Erase(const std::string& id);
   size_t size() const;
 
  private:
   struct Entry {
-    Json response, conversation;
+    Json response, conversation, input_items;
     size_t bytes = 0;
   };
   const size_t max_entries_, max_bytes_;
@@ -78,7 +90,10 @@ struct ResponsesRequest {
   SamplingFields fields;              // ParseChatParams(chat)
   Json conversation = Json::array();  // chat messages a follow-up continues (no instructions)
   Json echo = Json::object();         // the request fields the response object repeats
+  Json input_items = Json::array();   // this request's `input` as items with ids (input_items)
   bool store = true;
+  bool background = false;  // `background: true` (requires store; not with stream)
+  bool logprobs = false;    // include message.output_text.logprobs, or top_logprobs > 0
   std::vector<ParamSource> sources;
 };
 
@@ -114,20 +129,27 @@ class ResponseBuilder {
     std::function<bool()> alive;  // the client still reads (checked without writing)
   };
 
-  explicit ResponseBuilder(Json response, Sink sink = {});
+  // `logprobs`: the request asked for them; "logprob" deltas (the chat path's entries
+  // {token, logprob, bytes, top_logprobs}) then go into the output_text part and onto the
+  // output_text.delta events (each delta event is held until its token's entry arrives).
+  explicit ResponseBuilder(Json response, Sink sink = {}, bool logprobs = false);
 
   // response.created, response.in_progress.
   bool Start();
   // One delta of the chat path (Gateway::RunChoice's kinds): "reasoning" / "content" text, a
-  // "tool_call" (a chat tool call {id, type, function: {name, arguments}}), "tick" (a token
-  // that showed nothing: checks the client). Other kinds carry nothing for this API. Returns
-  // false when the client is gone.
+  // "tool_call" (a chat tool call {id, type, function: {name, arguments}}), "logprob" (a
+  // content token's entry, after that token's "content" delta), "tick" (a token that showed
+  // nothing: checks the client). Other kinds carry nothing for this API. Returns false when
+  // the client is gone.
   bool Delta(const char* kind, const Json& payload);
   // Closes the open item, sets status (incomplete with reason max_output_tokens when the chat
   // path says "length"), usage, and sends response.completed / response.incomplete.
   bool Finish(const ResponseOutcome& outcome);
   // The generation failed after it started: status failed with `error`, response.failed.
   bool Fail(const ApiError& error);
+  // A background response stopped by POST /v1/responses/{id}/cancel: status cancelled, the
+  // open item incomplete (no event: background responses are not streamed).
+  void Cancel();
 
   const Json& response() const { return response_; }
   // This response's assistant turn as one chat message (reasoning_content, content,
@@ -139,13 +161,33 @@ class ResponseBuilder {
   bool Send(Json event);
   bool OpenItem(Open kind);
   bool CloseItem(const char* status);
+  // Sends the held output_text.delta event (with logprobs) with the entries that arrived.
+  bool FlushDelta();
 
   Json response_;
   Sink sink_;
+  bool logprobs_ = false;
+  std::optional<Json> held_delta_;         // an output_text.delta waiting for its logprobs
+  Json pending_logprobs_ = Json::array();  // entries not yet on a delta event
+  Json orphan_logprobs_ = Json::array();   // entries that came before their message item
   int64_t sequence_ = 0;
   Open open_ = Open::kNone;
   int open_index_ = -1;
 };
+
+// This request's input as the items GET /v1/responses/{id}/input_items lists
+// (OpenAI's ResponseItem shapes): a string input is one user message; a message's string
+// content becomes one input_text (output_text for assistant) part; items keep the id the
+// client gave (else msg_/fc_/fco_/rs_ + hex) and get status "completed" when they have none.
+Json InputItemsOf(const Json& input);
+
+// One page of GET /v1/responses/{id}/input_items: {"object": "list", data, first_id, last_id,
+// has_more}. `limit` 1..100 (default 20), `order` asc|desc (default desc: newest item first),
+// `after` an item id: the items after it in that order. Empty strings: the defaults. A bad
+// value (or an `after` that names no item) is a 400 naming the query parameter.
+std::optional<Json> ListInputItems(const Json& items, const std::string& limit,
+                                   const std::string& order, const std::string& after,
+                                   ApiError* error);
 
 // "event: <type>\ndata: <json>\n\n", the frame the Responses API streams.
 std::string SseEventFrame(const Json& event);

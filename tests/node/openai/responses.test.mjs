@@ -285,7 +285,11 @@ test('bad requests: 400 naming the field, 404 for another model', async () => {
   const m = modelId;
   const cases = [
     [{ model: m, input: 'x', frobnicate: true }, 'frobnicate'],
-    [{ model: m, input: 'x', background: true }, 'background'],
+    [{ model: m, input: 'x', background: true, store: false }, 'background'],
+    [{ model: m, input: 'x', background: true, stream: true }, 'stream'],
+    [{ model: m, input: 'x', top_logprobs: 21 }, 'top_logprobs'],
+    [{ model: m, input: 'x', top_logprobs: -1 }, 'top_logprobs'],
+    [{ model: m, input: 'x', top_logprobs: 2.5 }, 'top_logprobs'],
     [{ model: m, input: 'x', conversation: 'conv_1' }, 'conversation'],
     [{ model: m }, 'input'],
     [{ model: m, input: [{ type: 'web_search_call', id: 'ws_1' }] }, 'input[0].type'],
