@@ -13,6 +13,13 @@
 // same lock, so they are attributed to the session(s) that caused them.
 // Decode batches: one decode call's rows (distinct sessions) are fed in one forward pass per
 // model (Session::StepBatch), then each row samples from its own logits (Decode, Feed).
+// Mixed passes (option "mix_rows", docs/status/batching.md): while a prefill of the model runs
+// its chunks, a decode call's plain rows of that model do not wait for the lock to run a pass
+// of their own: they queue (Ride) and the prefill's next chunk pass carries them
+// (Session::Prefill's Riders, PrefillRiders) — one Model::Forward for the chunk and those rows —
+// then each row samples as usual. Rows that need their own pass (speculative verify rows, a
+// group over the per-pass bound) and rows under K3_TRACE never ride; rows still queued when the
+// model's last running prefill ends (done, failed or cancelled) run on their own.
 // Speculative decoding (option "spec" = K, COLI_K3_SPEC; docs/status/spec-decoding.md): a row
 // whose record offers a prompt-lookup draft (spec_lookup.h) is verified alone as one chunk
 // (spec_decode.h); the tokens it accepts are handed out by the next decode calls without a pass.
@@ -26,6 +33,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -72,6 +81,8 @@ constexpr int64_t kDefaultContext = 8192;
 
 const coli_host_api_t* g_host = nullptr;
 
+class Ride;
+
 struct K3Model {
   std::string dir;
   std::unique_ptr<Model> model;
@@ -101,6 +112,15 @@ struct K3Model {
   std::mutex forward_mu;
   std::atomic<int> forward_waiting{0};
   std::atomic<uint64_t> forward_entries{0};  // times the lock was taken
+  // Mixed passes: at most `mix_rows` decode rows ride one prefill chunk pass (option mix_rows,
+  // COLI_K3_MIX_ROWS; 0 = off; default max(8, K3_CHUNK)). Under mix_mu: the prefills running
+  // their chunks now and the rides waiting for one of their passes (FIFO); mix_cv wakes the
+  // decode threads whose ride was carried or released.
+  int mix_rows = -1;
+  mutable std::mutex mix_mu;
+  std::condition_variable mix_cv;
+  int mix_prefills = 0;
+  std::deque<Ride*> mix_queue;
 };
 
 // The model's forward lock, counted while waited for.
@@ -168,6 +188,10 @@ struct K3Session {
   double decode_passes = 0;
   double spec_drafts = 0, spec_draft_tokens = 0, spec_accepted = 0, spec_from_buffer = 0;
   double spec_rejections = 0, spec_replays = 0, spec_rewinds = 0;
+  // Mixed passes: prefill chunk passes of this session that carried decode rows of others
+  // (mixed_passes) and those rows summed (mixed_rows); decode steps of this session carried by
+  // another session's prefill pass (decode_rides; not in decode_passes: no pass of their own).
+  double mixed_passes = 0, mixed_rows = 0, decode_rides = 0;
   ExpertStoreStats experts;
   // Vulkan tier counters attributed to this session (passes split like the expert stats).
   double vk_matmuls = 0, vk_hits = 0, vk_promotions = 0, vk_evictions = 0;
@@ -236,7 +260,8 @@ constexpr int kMaxSpec = 16;
 // The family's own options (coli_model_options_t::extra): "ckpt" = checkpoint slots per
 // session (COLI_K3_CKPT), "ckpt_dir" (COLI_K3_CKPT_DIR), "spec" = max draft tokens of
 // speculative decoding (COLI_K3_SPEC, 0 = off), "spec_ngram_max" / "spec_ngram_min" = the
-// prompt-lookup n-gram lengths (default 3 / 1).
+// prompt-lookup n-gram lengths (default 3 / 1), "mix_rows" = most decode rows one prefill
+// chunk pass carries (COLI_K3_MIX_ROWS; 0 = off; default max(8, K3_CHUNK)).
 absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
   for (size_t i = 0; o != nullptr && i < o->n_extra; ++i) {
     const std::string key(View(o->extra[i].key)), value(View(o->extra[i].value));
@@ -251,6 +276,12 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
       if (!absl::SimpleAtoi(value, n) || *n < 1 || *n > 8) {
         return absl::InvalidArgumentError(absl::StrCat("kimi_k3: option ", key, " = '", value,
                                                        "' is not an n-gram length in 1…8"));
+      }
+    } else if (key == "mix_rows") {
+      if (!absl::SimpleAtoi(value, &k->mix_rows) || k->mix_rows < 0 || k->mix_rows > 4096) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option mix_rows (COLI_K3_MIX_ROWS) = '", value,
+            "' is not a row count in 0…4096 (0 = decode rows never ride a prefill pass)"));
       }
     } else if (key == "ckpt") {
       if (!absl::SimpleAtoi(value, &k->checkpoint_slots) || k->checkpoint_slots < 0 ||
@@ -340,6 +371,7 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   if (!model.ok()) return model.status();
   k->model = std::move(model).value();
   k->capacity = options.max_context > 0 ? options.max_context : kDefaultContext;
+  if (k->mix_rows < 0) k->mix_rows = std::max(8, options.chunk);
   if (k->spec_max > 0 && (!options.trace_path.empty() || !options.logits_path.empty())) {
     // Verify and rewind passes would add rows that were never delivered to those dumps.
     COLI_LOG(kWarning) << "kimi_k3: speculative decoding (spec) is off under K3_TRACE/K3_LOGITS";
@@ -433,15 +465,206 @@ void LogVkTurn(const K3Session& s) {
   COLI_LOG(kInfo) << lines;
 }
 
-void TakeExpertStats(K3Session* s) {
-  if (s->m->store != nullptr) s->experts.Add(s->m->store->TakeStats());
-  const VkTierStats vk = TakeVkStats(s->m);
-  s->vk_matmuls += static_cast<double>(vk.matmuls);
-  s->vk_hits += static_cast<double>(vk.hits);
-  s->vk_promotions += static_cast<double>(vk.promotions);
-  s->vk_evictions += static_cast<double>(vk.evictions);
-  s->vk_dense_calls += static_cast<double>(vk.dense.calls);
+// What forward passes cost since the last take: wall seconds (measured by the caller), the
+// expert store's and the Vulkan tier's counters.
+struct PassCosts {
+  double seconds = 0;
+  ExpertStoreStats experts;
+  VkTierStats vk;  // counters only (matmuls, hits, promotions, evictions, dense.calls)
+
+  // The share of rows [first, first + count) of a pass of n rows: each row 1/n; integer counts
+  // give their remainder to the first rows, so the shares of the n rows sum to the whole.
+  PassCosts Share(size_t first, size_t count, size_t n) const {
+    auto part = [&](uint64_t v) {
+      uint64_t sum = 0;
+      for (size_t i = first; i < first + count; ++i) sum += v / n + (i < v % n ? 1 : 0);
+      return sum;
+    };
+    const double f = static_cast<double>(count) / static_cast<double>(n);
+    PassCosts c;
+    c.seconds = seconds * f;
+    c.experts.calls = part(experts.calls);
+    c.experts.selections = part(experts.selections);
+    c.experts.hits = part(experts.hits);
+    c.experts.misses = part(experts.misses);
+    c.experts.bytes_read = part(experts.bytes_read);
+    c.experts.preads = part(experts.preads);
+    c.experts.read_seconds = experts.read_seconds * f;
+    c.experts.compute_seconds = experts.compute_seconds * f;
+    c.experts.wait_seconds = experts.wait_seconds * f;
+    c.experts.wall_seconds = experts.wall_seconds * f;
+    c.vk.matmuls = part(vk.matmuls);
+    c.vk.hits = part(vk.hits);
+    c.vk.promotions = part(vk.promotions);
+    c.vk.evictions = part(vk.evictions);
+    c.vk.dense.calls = part(vk.dense.calls);
+    return c;
+  }
+};
+
+// The model's counters since the last take, with `seconds` of wall time (caller holds the
+// model's forward lock).
+PassCosts TakeCosts(K3Model* m, double seconds) {
+  PassCosts c;
+  c.seconds = seconds;
+  if (m->store != nullptr) c.experts = m->store->TakeStats();
+  c.vk = TakeVkStats(m);
+  return c;
 }
+
+void AddCosts(K3Session* s, const PassCosts& c) {
+  s->compute_seconds += c.seconds;
+  s->experts.Add(c.experts);
+  s->vk_matmuls += static_cast<double>(c.vk.matmuls);
+  s->vk_hits += static_cast<double>(c.vk.hits);
+  s->vk_promotions += static_cast<double>(c.vk.promotions);
+  s->vk_evictions += static_cast<double>(c.vk.evictions);
+  s->vk_dense_calls += static_cast<double>(c.vk.dense.calls);
+}
+
+void TakeExpertStats(K3Session* s) { AddCosts(s, TakeCosts(s->m, 0)); }
+
+// ---- mixed passes: decode rows riding a prefill's chunk passes ------------------------------
+
+// One decode call's plain rows of one model (a Feed group) waiting for, or riding, a prefill's
+// chunk pass. It lives on the decode thread's stack; from its queueing until `state` becomes
+// kDone or kReleased (under the model's mix_mu) only the carrying prefill touches it.
+class Ride {
+ public:
+  enum class State { kQueued, kBoarded, kDone, kReleased };
+  std::vector<Session*> sessions;
+  std::vector<int32_t> tokens;
+  State state = State::kQueued;
+  // kDone: each row's logits, or the carrying pass's error; each row's share of that pass.
+  absl::StatusOr<std::vector<std::vector<float>>> logits = absl::UnknownError("not carried");
+  std::vector<PassCosts> costs;
+};
+
+// Hands `sessions`/`tokens` (a Feed group: distinct sessions of `m`) to a running prefill of
+// `m` and waits until its next chunk pass carried them (true: `ride` holds the outcome) or
+// until no prefill is left to carry them (false: run them as usual). False at once when no
+// prefill runs, mixing is off, under K3_TRACE, or the group exceeds the per-pass bound.
+bool RideAlong(K3Model* m, std::span<Session* const> sessions, std::span<const int32_t> tokens,
+               Ride* ride) {
+  if (m->mix_rows <= 0 || sessions.size() > static_cast<size_t>(m->mix_rows) ||
+      !m->model->options().trace_path.empty()) {
+    return false;
+  }
+  std::unique_lock<std::mutex> lock(m->mix_mu);
+  if (m->mix_prefills == 0) return false;
+  ride->sessions.assign(sessions.begin(), sessions.end());
+  ride->tokens.assign(tokens.begin(), tokens.end());
+  m->mix_queue.push_back(ride);
+  // Never forever: every prefill that registered releases the queue when it is the last to end.
+  m->mix_cv.wait(lock, [&] {
+    return ride->state == Ride::State::kDone || ride->state == Ride::State::kReleased;
+  });
+  return ride->state == Ride::State::kDone;
+}
+
+// A prefill's riders (Session::Prefill's `riders`), registered with the model while the
+// prefill runs its chunks. Before each chunk pass it boards whole rides from the model's queue
+// in arrival order while their rows fit the per-pass bound (a ride that does not fit waits for
+// the next pass); after the pass it hands each row its logits and its share of the pass's costs.
+// Statistics rule: the costs before a mixed pass are the prefill's own; a mixed pass's wall
+// time and store/tier counters are split by rows (PassCosts::Share): the chunk's rows go to the
+// prefilling session, one row's share to each rider.
+// Its destruction unregisters; the last running prefill of the model to end releases every
+// ride still queued, which then runs on its own (none waits forever, none is dropped).
+class PrefillRiders : public Riders {
+ public:
+  // `locked_at`: where the prefill's own compute time restarts counting (advanced past a
+  // mixed pass, whose time is split here).
+  PrefillRiders(K3Session* s, Clock::time_point* locked_at)
+      : s_(s), m_(s->m), locked_at_(locked_at) {
+    std::lock_guard<std::mutex> lock(m_->mix_mu);
+    ++m_->mix_prefills;
+  }
+  ~PrefillRiders() override {
+    {
+      std::lock_guard<std::mutex> lock(m_->mix_mu);
+      // Boarded rides always alight (Session::Prefill's contract); this only guards against a
+      // broken promise: they get an error instead of a wait without end.
+      for (Ride* r : boarded_) {
+        r->logits = absl::InternalError("kimi_k3: the prefill pass carrying this row ended early");
+        r->costs.assign(r->sessions.size(), PassCosts());
+        r->state = Ride::State::kDone;
+      }
+      if (--m_->mix_prefills == 0) {
+        for (Ride* r : m_->mix_queue) r->state = Ride::State::kReleased;
+        m_->mix_queue.clear();
+      }
+    }
+    m_->mix_cv.notify_all();
+  }
+
+  void Board(int64_t chunk_rows, std::vector<Session*>* sessions,
+             std::vector<int32_t>* tokens) override {
+    {
+      std::lock_guard<std::mutex> lock(m_->mix_mu);
+      size_t rows = 0;
+      while (!m_->mix_queue.empty() &&
+             rows + m_->mix_queue.front()->sessions.size() <= static_cast<size_t>(m_->mix_rows)) {
+        Ride* r = m_->mix_queue.front();
+        m_->mix_queue.pop_front();
+        r->state = Ride::State::kBoarded;
+        boarded_.push_back(r);
+        rows += r->sessions.size();
+        sessions->insert(sessions->end(), r->sessions.begin(), r->sessions.end());
+        tokens->insert(tokens->end(), r->tokens.begin(), r->tokens.end());
+      }
+    }
+    if (boarded_.empty()) return;
+    // What ran before this pass is the prefill's own.
+    chunk_rows_ = static_cast<size_t>(chunk_rows);
+    pass_start_ = Clock::now();
+    AddCosts(s_, TakeCosts(m_, std::chrono::duration<double>(pass_start_ - *locked_at_).count()));
+    *locked_at_ = pass_start_;
+  }
+
+  void Alight(absl::StatusOr<std::vector<std::vector<float>>> logits, bool ran) override {
+    size_t riders = 0;
+    for (const Ride* r : boarded_) riders += r->sessions.size();
+    if (ran) {
+      const auto now = Clock::now();
+      const size_t n = chunk_rows_ + riders;
+      const PassCosts pass =
+          TakeCosts(m_, std::chrono::duration<double>(now - pass_start_).count());
+      AddCosts(s_, pass.Share(0, chunk_rows_, n));
+      *locked_at_ = now;
+      s_->mixed_passes += 1;
+      s_->mixed_rows += static_cast<double>(riders);
+      size_t row = 0;
+      for (Ride* r : boarded_) {
+        r->costs.clear();
+        std::vector<std::vector<float>> mine;
+        for (size_t i = 0; i < r->sessions.size(); ++i, ++row) {
+          r->costs.push_back(pass.Share(chunk_rows_ + row, 1, n));
+          if (logits.ok()) mine.push_back(std::move((*logits)[row]));
+        }
+        if (logits.ok()) {
+          r->logits = std::move(mine);
+        } else {
+          r->logits = logits.status();
+        }
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(m_->mix_mu);
+      for (Ride* r : boarded_) r->state = ran ? Ride::State::kDone : Ride::State::kReleased;
+      boarded_.clear();
+    }
+    m_->mix_cv.notify_all();
+  }
+
+ private:
+  K3Session* s_;
+  K3Model* m_;
+  Clock::time_point* locked_at_;
+  std::vector<Ride*> boarded_;
+  size_t chunk_rows_ = 0;
+  Clock::time_point pass_start_;
+};
 
 // Returns the session to its delivered record when verified tokens are still buffered (the host
 // ended the turn early or fed another token): checkpoint + replay of the delivered rows under
@@ -567,14 +790,17 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   {
     held.emplace(*s->m);
     locked_at = Clock::now();
+    // Decode rows of other sessions of the model ride the chunk passes from here on; those
+    // still queued when this (and every other running) prefill ends run on their own.
+    PrefillRiders riders(s, &locked_at);
     for (size_t from = keep, i = 0; from < prompt.size() && i < ends.size(); from = ends[i++]) {
       const int64_t offset = static_cast<int64_t>(from - keep);
       Session::Progress progress = [&](int64_t done, int64_t) {
         last_done = offset + done;
         between_chunks(last_done);
       };
-      logits =
-          s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel, interrupt);
+      logits = s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel,
+                                   interrupt, &riders);
       if (!logits.ok()) break;
       if (s->checkpoints != nullptr) {
         // A checkpoint that cannot be parked costs only a longer prefill later.
@@ -638,8 +864,10 @@ void ClearOutputs(K3Session* s, coli_decode_row_t* row) {
 // that model's lock. Statistics: the pass's wall time and expert-store counts are split evenly
 // over the sessions (integer counts: the remainder to the first rows), so each is summed exactly
 // once over all sessions; a pass of more than one row also counts in batched_steps (+1) and
-// batched_rows (+rows) of each of its sessions. On failure every session of the group is
-// unusable until its next prefill (its logits are dropped, as on the single-row path).
+// batched_rows (+rows) of each of its sessions. While a prefill of the model runs, the group
+// rides that prefill's next chunk pass instead (RideAlong; decode_rides +1 per session, no
+// decode pass). On failure every session of the group is unusable until its next prefill (its
+// logits are dropped, as on the single-row path).
 absl::Status Feed(std::span<K3Session* const> group) {
   K3Model* m = group[0]->m;
   const size_t n = group.size();
@@ -650,35 +878,24 @@ absl::Status Feed(std::span<K3Session* const> group) {
     tokens.push_back(s->pending);
   }
   absl::StatusOr<std::vector<std::vector<float>>> logits;
-  {
+  // While a prefill of the model runs its chunks, the rows ride its next chunk pass (costs:
+  // their shares of that pass, PrefillRiders); otherwise, or when no prefill is left to carry
+  // them, one pass of their own.
+  if (Ride ride; RideAlong(m, sessions, tokens, &ride)) {
+    for (size_t i = 0; i < n; ++i) {
+      AddCosts(group[i], ride.costs[i]);
+      group[i]->decode_rides += 1;
+    }
+    logits = std::move(ride.logits);
+  } else {
     ForwardLock lock(*m);
     const auto t0 = Clock::now();
     logits = Session::StepBatch(sessions, tokens);
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    ExpertStoreStats taken;
-    if (m->store != nullptr) taken = m->store->TakeStats();
-    const VkTierStats vk = TakeVkStats(m);
+    const PassCosts pass =
+        TakeCosts(m, std::chrono::duration<double>(Clock::now() - t0).count());
     for (size_t i = 0; i < n; ++i) {
       K3Session* s = group[i];
-      s->compute_seconds += seconds / static_cast<double>(n);
-      auto share = [&](uint64_t v) { return v / n + (i < v % n ? 1 : 0); };
-      ExpertStoreStats part;
-      part.calls = share(taken.calls);
-      part.selections = share(taken.selections);
-      part.hits = share(taken.hits);
-      part.misses = share(taken.misses);
-      part.bytes_read = share(taken.bytes_read);
-      part.preads = share(taken.preads);
-      part.read_seconds = taken.read_seconds / static_cast<double>(n);
-      part.compute_seconds = taken.compute_seconds / static_cast<double>(n);
-      part.wait_seconds = taken.wait_seconds / static_cast<double>(n);
-      part.wall_seconds = taken.wall_seconds / static_cast<double>(n);
-      s->experts.Add(part);
-      s->vk_matmuls += static_cast<double>(share(vk.matmuls));
-      s->vk_hits += static_cast<double>(share(vk.hits));
-      s->vk_promotions += static_cast<double>(share(vk.promotions));
-      s->vk_evictions += static_cast<double>(share(vk.evictions));
-      s->vk_dense_calls += static_cast<double>(share(vk.dense.calls));
+      AddCosts(s, pass.Share(i, 1, n));
       s->decode_passes += 1;
       if (n > 1) {
         s->batched_steps += 1;
@@ -940,6 +1157,7 @@ const char* const kStatNames[] = {
     "batched_steps", "batched_rows", "decode_passes",
     "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_tokens_from_buffer",
     "spec_rejections", "spec_replays", "spec_rewinds",
+    "mixed_passes", "mixed_rows", "decode_rides",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -966,7 +1184,10 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.spec_from_buffer,
                            s.spec_rejections,
                            s.spec_replays,
-                           s.spec_rewinds};
+                           s.spec_rewinds,
+                           s.mixed_passes,
+                           s.mixed_rows,
+                           s.decode_rides};
   std::vector<coli_stat_t> out = abi::NamedStats(kStatNames, values);
   // The Vulkan tier and shared experts: counters attributed to this session; resident experts,
   // matrices and their bytes are the model's now (0 without the device).
@@ -994,12 +1215,18 @@ const char* const kModelStatNames[] = {
     "weights_resident_bytes", "weights_mapped_bytes", "expert_cache_bytes",
     "vk_tier_resident",       "vk_tier_bytes",        "vk_tier_slots",
     "vk_dense_matrices",      "vk_dense_bytes",
+    "mix_queued_rows",  // decode rows waiting now for a running prefill's next chunk pass
 };
 
 std::vector<coli_stat_t> ModelStats(const K3Model& m) {
   const Weights& w = m.model->weights();
   VkTierStats vk;
   if (m.vk_tier != nullptr) vk = m.vk_tier->Stats();
+  size_t queued = 0;
+  {
+    std::lock_guard<std::mutex> lock(m.mix_mu);
+    for (const Ride* r : m.mix_queue) queued += r->sessions.size();
+  }
   const double values[] = {static_cast<double>(w.resident_bytes),
                            static_cast<double>(w.mapped_bytes),
                            m.store != nullptr ? static_cast<double>(m.store->plan().total_bytes)
@@ -1008,7 +1235,8 @@ std::vector<coli_stat_t> ModelStats(const K3Model& m) {
                            static_cast<double>(vk.bytes),
                            static_cast<double>(vk.slots),
                            static_cast<double>(vk.dense.matrices),
-                           static_cast<double>(vk.dense.bytes)};
+                           static_cast<double>(vk.dense.bytes),
+                           static_cast<double>(queued)};
   return abi::NamedStats(kModelStatNames, values);
 }
 

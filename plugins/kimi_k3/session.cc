@@ -22,15 +22,20 @@ absl::Status WriteAll(FILE* f, const float* data, size_t count, const std::strin
   return absl::OkStatus();
 }
 
-// Adds `t` / n to `out`, the `i`-th of n shares (integer counts: the remainder goes to the
-// first shares, so the n shares sum to `t`).
-void AddShare(const Timings& t, int i, int n, Timings* out) {
-  out->attention += t.attention / n;
-  out->moe += t.moe / n;
-  out->head += t.head / n;
-  out->mix += t.mix / n;
-  out->embed += t.embed / n;
-  auto share = [&](int64_t v) { return v / n + (i < v % n ? 1 : 0); };
+// Adds to `out` the share of `t` of rows [first, first + count) of a pass of n rows: each row
+// gets 1/n (integer counts: the remainder goes to the first rows, so the n shares sum to `t`).
+void AddShare(const Timings& t, int first, int count, int n, Timings* out) {
+  const double part = static_cast<double>(count) / n;
+  out->attention += t.attention * part;
+  out->moe += t.moe * part;
+  out->head += t.head * part;
+  out->mix += t.mix * part;
+  out->embed += t.embed * part;
+  auto share = [&](int64_t v) {
+    int64_t sum = 0;
+    for (int i = first; i < first + count; ++i) sum += v / n + (i < v % n ? 1 : 0);
+    return sum;
+  };
   out->moe_stats.rows += share(t.moe_stats.rows);
   out->moe_stats.expert_calls += share(t.moe_stats.expert_calls);
   out->moe_stats.expert_rows += share(t.moe_stats.expert_rows);
@@ -151,7 +156,7 @@ absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const 
 absl::StatusOr<std::vector<float>> Session::Chunked(
     int64_t n,
     const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
-    const Progress& progress, const Cancel& cancel, const Cancel& interrupt) {
+    const Progress& progress, const Cancel& cancel, const Cancel& interrupt, Riders* riders) {
   COLI_RETURN_IF_ERROR(CheckUsable());
   if (n <= 0) return absl::InvalidArgumentError("prefill needs at least one token");
   const int64_t max_ctx = model_.options().max_context;
@@ -165,13 +170,39 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
   std::vector<int32_t> ids;
   std::vector<float> logits;
   Checkpoint before;  // with an interrupt: the state at the current chunk's start
+  std::vector<Session*> aboard;  // riders of the current chunk's pass
+  std::vector<int32_t> aboard_tokens;
+  std::vector<float> rider_x;
   for (int64_t start = 0; start < n; start += chunk) {
     if (cancel && cancel()) return absl::CancelledError("prefill cancelled");
     const int64_t len = std::min(chunk, n - start);
     x.resize(len * D);
     ids.clear();
     COLI_RETURN_IF_ERROR(rows(start, len, x.data(), &ids));
-    if (!interrupt) {
+    aboard.clear();
+    aboard_tokens.clear();
+    // Under K3_TRACE nobody rides (StepBatch's fallback: each session's trace stays its own).
+    if (riders != nullptr && trace_file_ == nullptr) riders->Board(len, &aboard, &aboard_tokens);
+    double rider_embed = 0;
+    if (!aboard.empty()) {
+      // Refused riders change nothing: the chunk then runs alone (they may run on their own).
+      absl::Status ok = CheckDecodeRows(aboard, aboard_tokens, "riding decode", this);
+      rider_x.resize(aboard.size() * D);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (ok.ok()) ok = model_.Embed(aboard_tokens, rider_x.data());
+      rider_embed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!ok.ok()) {
+        riders->Alight(ok, /*ran=*/false);
+        aboard.clear();
+      }
+    }
+    if (!aboard.empty()) {
+      bool stop = false;
+      COLI_ASSIGN_OR_RETURN(logits,
+                            RunMixed(x.data(), ids, aboard, aboard_tokens, rider_x.data(),
+                                     rider_embed, *riders, interrupt ? &interrupt : nullptr, &stop));
+      if (stop) return absl::CancelledError("prefill cancelled (after a pass with riders)");
+    } else if (!interrupt) {
       COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true));
     } else {
       // The chunk's start, to return to when the pass is interrupted between layers; assigned
@@ -194,7 +225,7 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
 absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tokens,
                                                     const Progress& progress,
                                                     const Cancel& cancel,
-                                                    const Cancel& interrupt) {
+                                                    const Cancel& interrupt, Riders* riders) {
   return Chunked(
       static_cast<int64_t>(tokens.size()),
       [&](int64_t start, int64_t len, float* x, std::vector<int32_t>* ids) {
@@ -205,7 +236,7 @@ absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tok
         timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return s;
       },
-      progress, cancel, interrupt);
+      progress, cancel, interrupt, riders);
 }
 
 absl::StatusOr<std::vector<float>> Session::PrefillRows(std::span<const float> x0,
@@ -324,36 +355,106 @@ absl::Status Session::Replay(const Checkpoint& before, const ReplayRecord& recor
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> Session::StepBatch(
-    std::span<Session* const> sessions, std::span<const int32_t> tokens) {
-  if (sessions.empty()) return absl::InvalidArgumentError("StepBatch: no sessions");
+absl::Status Session::CheckDecodeRows(std::span<Session* const> sessions,
+                                      std::span<const int32_t> tokens, const char* what,
+                                      const Session* busy) {
+  if (sessions.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no sessions"));
   if (sessions.size() != tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("StepBatch: ", sessions.size(),
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", sessions.size(),
                                                    " sessions but ", tokens.size(), " tokens"));
   }
-  const Model& model = sessions[0]->model_;
+  const Model& model = busy != nullptr ? busy->model_ : sessions[0]->model_;
   const int n = static_cast<int>(sessions.size());
   const int64_t max_ctx = model.options().max_context;
   for (int i = 0; i < n; ++i) {
     Session* s = sessions[i];
     if (&s->model_ != &model) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": row ", i, " is a session of another model than ",
+          busy != nullptr ? "the prefilling session" : "row 0"));
+    }
+    if (s == busy) {
       return absl::InvalidArgumentError(
-          absl::StrCat("StepBatch: row ", i, " is a session of another model than row 0"));
+          absl::StrCat(what, ": row ", i, " names the prefilling session"));
     }
     for (int j = 0; j < i; ++j) {
       if (sessions[j] == s) {
         return absl::InvalidArgumentError(
-            absl::StrCat("StepBatch: rows ", j, " and ", i, " name the same session"));
+            absl::StrCat(what, ": rows ", j, " and ", i, " name the same session"));
       }
     }
     if (absl::Status usable = s->CheckUsable(); !usable.ok()) {
-      return absl::Status(usable.code(), absl::StrCat("StepBatch row ", i, ": ", usable.message()));
+      return absl::Status(usable.code(), absl::StrCat(what, " row ", i, ": ", usable.message()));
     }
     if (max_ctx > 0 && s->position() + 1 > max_ctx) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "StepBatch row ", i, ": context capacity ", max_ctx, " tokens exceeded (K3_MAXT)"));
+          what, " row ", i, ": context capacity ", max_ctx, " tokens exceeded (K3_MAXT)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Session::RunMixed(const float* x, std::span<const int32_t> ids,
+                                                     std::span<Session* const> riders,
+                                                     std::span<const int32_t> rider_tokens,
+                                                     const float* rider_x, double rider_embed,
+                                                     Riders& board, const Cancel* interrupt,
+                                                     bool* stop) {
+  const int n = static_cast<int>(ids.size()), k = static_cast<int>(riders.size());
+  const int total = n + k;
+  const int64_t D = model_.hidden_size(), V = model_.vocab_size();
+  Timings t;
+  t.embed = rider_embed;
+  std::vector<float> xs(static_cast<size_t>(total) * D);
+  std::copy_n(x, static_cast<size_t>(n) * D, xs.data());
+  std::copy_n(rider_x, static_cast<size_t>(k) * D, xs.data() + static_cast<size_t>(n) * D);
+  // The chunk's rows first (the head on its last row, or on every row for K3_LOGITS), then one
+  // row per rider, each at its own sequence's position and always with logits. Kernels are
+  // row-independent; MLA attends per row to its own cache up to its own position, KDA advances
+  // each state over its own rows in order, the MoE sums each row's experts in a fixed order.
+  const bool dump_logits = logits_file_ != nullptr;
+  const int chunk_logits = dump_logits ? n : 1;
+  std::vector<Model::Row> rows(total);
+  for (int r = 0; r < n; ++r) rows[r] = {&state_, position() + r, dump_logits || r == n - 1};
+  for (int i = 0; i < k; ++i) rows[n + i] = {&riders[i]->state_, riders[i]->position(), true};
+  std::vector<float> logits(static_cast<size_t>(chunk_logits + k) * V);
+  // No interrupt is taken while riders are aboard (their states cannot go back): a true answer
+  // is kept and acted on after the pass.
+  Cancel noted = [&]() {
+    if (!*stop && (*interrupt)()) *stop = true;
+    return false;
+  };
+  absl::Status s = model_.Forward(rows, xs.data(), logits.data(), nullptr, &t,
+                                  interrupt != nullptr ? &noted : nullptr);
+  AddShare(t, 0, n, total, &timings_);
+  for (int i = 0; i < k; ++i) AddShare(t, n + i, 1, total, &riders[i]->timings_);
+  if (!s.ok()) {
+    broken_ = true;
+    for (Session* r : riders) r->broken_ = true;
+    board.Alight(s, /*ran=*/true);
+    return s;
+  }
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  std::vector<std::vector<float>> out(k);
+  for (int i = 0; i < k; ++i) {
+    riders[i]->tokens_.push_back(rider_tokens[i]);
+    const float* row = logits.data() + static_cast<size_t>(chunk_logits + i) * V;
+    out[i].assign(row, row + V);
+  }
+  board.Alight(std::move(out), /*ran=*/true);
+  if (dump_logits) {
+    COLI_RETURN_IF_ERROR(WriteAll(logits_file_, logits.data(), static_cast<size_t>(n) * V,
+                                  model_.options().logits_path));
+  }
+  return std::vector<float>(logits.begin() + static_cast<size_t>(chunk_logits - 1) * V,
+                            logits.begin() + static_cast<size_t>(chunk_logits) * V);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> Session::StepBatch(
+    std::span<Session* const> sessions, std::span<const int32_t> tokens) {
+  COLI_RETURN_IF_ERROR(CheckDecodeRows(sessions, tokens, "StepBatch", nullptr));
+  const Model& model = sessions[0]->model_;
+  const int n = static_cast<int>(sessions.size());
   std::vector<std::vector<float>> out;
   out.reserve(n);
   if (sessions[0]->trace_file_ != nullptr || n == 1) {
@@ -374,7 +475,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Session::StepBatch(
   for (int i = 0; i < n; ++i) rows[i] = {&sessions[i]->state_, sessions[i]->position(), true};
   std::vector<float> logits(static_cast<size_t>(n) * V);
   absl::Status s = model.Forward(rows, x.data(), logits.data(), nullptr, &t);
-  for (int i = 0; i < n; ++i) AddShare(t, i, n, &sessions[i]->timings_);
+  for (int i = 0; i < n; ++i) AddShare(t, i, 1, n, &sessions[i]->timings_);
   if (!s.ok()) {
     for (Session* session : sessions) session->broken_ = true;
     return s;

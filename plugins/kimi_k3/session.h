@@ -22,6 +22,11 @@
 // session). Failure: an error inside a forward pass leaves the state half-advanced; the
 // session then refuses further work (FAILED_PRECONDITION) until Reset(). Cancellation is
 // honoured between chunks (CANCELLED); the chunks already run stay valid and recorded.
+// Mixed passes (Riders): a prefill may carry decode rows of OTHER sessions of the same model in
+// its chunk passes — one Model::Forward for the chunk's rows and theirs, each row at its own
+// sequence's position, so the dense weights and the union of routed experts stream once for
+// both (vLLM's chunked prefill); every kernel is row-independent, so each row's logits are
+// bit-identical to the same row run alone (docs/status/batching.md).
 #ifndef COLI_PLUGINS_KIMI_K3_SESSION_H_
 #define COLI_PLUGINS_KIMI_K3_SESSION_H_
 
@@ -61,6 +66,27 @@ struct ReplayRecord {
   void Clear();
 };
 
+class Session;
+
+// Decode rows of other sessions that ride along a prefill's chunk passes (Session::Prefill's
+// `riders`). Called on the prefilling thread, between the chunk's embedding and its pass, i.e.
+// wherever the caller holds the model for the pass (the kimi_k3 plugin: its forward lock).
+class Riders {
+ public:
+  virtual ~Riders() = default;
+  // Before a chunk pass of `chunk_rows` prompt rows: appends the decode rows to carry in it
+  // (sessions[i] runs tokens[i] at its own position, as Session::StepBatch); appending none
+  // runs the chunk alone. Not asked under K3_TRACE (each session's trace stays its own).
+  virtual void Board(int64_t chunk_rows, std::vector<Session*>* sessions,
+                     std::vector<int32_t>* tokens) = 0;
+  // After Board appended rows, exactly once: `ran` false = the rows were refused before the
+  // pass (`logits` holds why, as StepBatch would refuse them; nothing changed, they may run on
+  // their own); `ran` true = the pass ran: each row's logits [V] in boarding order (its token is
+  // on its session's record), or the pass's error (then every session of the pass, the
+  // prefilling one included, is broken, as StepBatch documents).
+  virtual void Alight(absl::StatusOr<std::vector<std::vector<float>>> logits, bool ran) = 0;
+};
+
 class Session {
  public:
   // Tokens done so far / total of this call.
@@ -79,10 +105,18 @@ class Session {
   // drops the chunk in flight (the state returns to the chunk's start: a copy of the recurrent
   // state is taken per chunk for that, the MLA caches are truncated) and answers CANCELLED, with
   // the chunks before it kept. It must be cheap and must not run model work.
+  // `riders`, when given, is asked before every chunk pass for decode rows of other sessions to
+  // carry in it (Riders). A pass with riders aboard takes no interrupt: `interrupt` is still
+  // asked between its layers, but a true answer lets the pass finish (the riders' states cannot
+  // return to the chunk's start) and Prefill answers CANCELLED right after it, that chunk kept.
+  // Riders are checked as StepBatch checks its rows (plus: not this session); a refusal runs
+  // the chunk alone. The pass's Timings are split by rows: the chunk's rows to this session,
+  // one row's share to each rider.
   absl::StatusOr<std::vector<float>> Prefill(std::span<const int32_t> tokens,
                                              const Progress& progress = nullptr,
                                              const Cancel& cancel = nullptr,
-                                             const Cancel& interrupt = nullptr);
+                                             const Cancel& interrupt = nullptr,
+                                             Riders* riders = nullptr);
   // Like Prefill on injected input rows x0 [n, D] instead of embeddings (K3_X0). The token
   // record gets -1 for these positions.
   absl::StatusOr<std::vector<float>> PrefillRows(std::span<const float> x0,
@@ -146,6 +180,20 @@ class Session {
 
  private:
   absl::Status CheckUsable() const;
+  // StepBatch's checks of decode rows (`what` names the caller in messages); `busy`, when
+  // given, is a session that may not be among them (the prefilling one).
+  static absl::Status CheckDecodeRows(std::span<Session* const> sessions,
+                                      std::span<const int32_t> tokens, const char* what,
+                                      const Session* busy);
+  // A chunk pass with riders aboard (Chunked; riders checked): the chunk's rows x [n, D] /
+  // `ids` of this session, then one row per rider (embedded: rider_x [riders, D], in
+  // rider_embed seconds); tells `board` the outcome and returns the chunk's logits as Run does.
+  // `stop` is set when `interrupt` answered true during the pass (not taken: see Prefill).
+  absl::StatusOr<std::vector<float>> RunMixed(const float* x, std::span<const int32_t> ids,
+                                              std::span<Session* const> riders,
+                                              std::span<const int32_t> rider_tokens,
+                                              const float* rider_x, double rider_embed,
+                                              Riders& board, const Cancel* interrupt, bool* stop);
   // Runs rows [n, D] at positions position()…; records `ids`; returns the last row's logits
   // (every row's, [n, V], when `every_row`).
   absl::StatusOr<std::vector<float>> Run(const float* x, std::span<const int32_t> ids, bool prefill,
@@ -153,7 +201,8 @@ class Session {
                                          const Cancel* interrupt = nullptr);
   absl::StatusOr<std::vector<float>> Chunked(int64_t n, const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
                                              const Progress& progress, const Cancel& cancel,
-                                             const Cancel& interrupt = nullptr);
+                                             const Cancel& interrupt = nullptr,
+                                             Riders* riders = nullptr);
 
   const Model& model_;
   SequenceState state_;
