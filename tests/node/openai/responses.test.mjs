@@ -5,7 +5,9 @@
 //  * tiny: the tiny Kimi K3 fixture (random weights). Greedy decoding is a function of the exact
 //    prompt tokens, so "same output as /v1/chat/completions for the equivalent messages" checks
 //    that the request mapping renders the same prompt;
-//  * tiny8: the same model decoding at 5 ms a token, for the mid-stream disconnect;
+//  * tiny8: the same model decoding at 5 ms a token, for the mid-stream disconnect and the
+//    background responses (--max-background 2); the last test stops it with background work
+//    running;
 //  * scripted: the k3_scripted test family (tools/k3_scripted): K3's real renderer and output
 //    parser around a scripted reply, so a function_call really comes out and its output is really
 //    rendered back (the reply changes once a tool message is in the prompt).
@@ -23,7 +25,7 @@ let tiny, tiny8, scripted, client, client8, toolClient, modelId;
 before(async () => {
   [tiny, tiny8, scripted] = await Promise.all([
     startServer(TINY),
-    startServer(TINY, { COLI_DECODE_DELAY_MS: '5' }),
+    startServer(TINY, { COLI_DECODE_DELAY_MS: '5' }, ['--max-background', '2']),
     startServer(SCRIPTED, { COLI_PLUGIN_DIR: SCRIPTED_PLUGINS }),
   ]);
   client = new OpenAI({ baseURL: `${tiny.base}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -326,6 +328,203 @@ test('bad requests: 400 naming the field, 404 for another model', async () => {
   assert.equal(ok.usage.output_tokens, 1);
 });
 
+// ---- logprobs ----------------------------------------------------------------------------------
+
+const logprobParams = {
+  model: undefined, input: question, max_output_tokens: 10, temperature: 0,
+  reasoning: { effort: 'none' }, include: ['message.output_text.logprobs'], top_logprobs: 3,
+};
+
+// Same greedy tokens on both endpoints; the logprobs agree to 1e-4 (the chat request may be
+// computed from a cold prompt and this one from kept state: the same math, maybe other sums).
+function checkLogprobs(got, want) {
+  assert.equal(got.length, want.length);
+  assert.ok(got.length > 0, 'no tokens to compare');
+  got.forEach((g, i) => {
+    const w = want[i];
+    assert.equal(g.token, w.token, `token ${i}`);
+    assert.deepEqual(g.bytes, w.bytes, `bytes ${i}`);
+    assert.ok(Math.abs(g.logprob - w.logprob) <= 1e-4, `logprob ${i}: ${g.logprob} vs ${w.logprob}`);
+    assert.ok(g.logprob <= 0);
+    assert.equal(g.top_logprobs.length, w.top_logprobs.length, `top ${i}`);
+    g.top_logprobs.forEach((t, k) => {
+      assert.equal(t.token, w.top_logprobs[k].token, `top ${i}.${k}`);
+      assert.deepEqual(t.bytes, w.top_logprobs[k].bytes);
+      assert.ok(Math.abs(t.logprob - w.top_logprobs[k].logprob) <= 1e-4);
+    });
+  });
+}
+
+test('logprobs: include + top_logprobs give the chat endpoint\'s entries, plain and streamed', async () => {
+  const params = { ...logprobParams, model: modelId };
+  const chat = await client.chat.completions.create({
+    model: modelId, messages: [{ role: 'user', content: question }], max_tokens: 10,
+    temperature: 0, reasoning_effort: 'none', logprobs: true, top_logprobs: 3,
+  });
+  const want = chat.choices[0].logprobs.content;
+  assert.ok(want.every((e) => e.top_logprobs.length === 3));
+  const r = await client.responses.create(params);
+  assert.equal(r.top_logprobs, 3);
+  assert.equal(r.output_text, chat.choices[0].message.content);
+  const part = r.output.find((o) => o.type === 'message').content[0];
+  checkLogprobs(part.logprobs, want);
+  assert.equal(part.logprobs.map((e) => e.token).join(''), r.output_text);
+
+  // Streamed: each output_text.delta carries its tokens' entries (token, logprob, top_logprobs);
+  // together they are the final part's, and the done event repeats them.
+  const { events, final, text } = await streamed(client, params);
+  assert.equal(text, r.output_text);
+  const deltas = events.filter((e) => e.type === 'response.output_text.delta');
+  const fromDeltas = deltas.flatMap((e) => e.logprobs);
+  assert.ok(deltas.every((e) => Array.isArray(e.logprobs)));
+  const finalPart = events.at(-1).response.output.find((o) => o.type === 'message').content[0];
+  checkLogprobs(finalPart.logprobs, want);
+  assert.deepEqual(fromDeltas, finalPart.logprobs.map((e) => ({
+    token: e.token, logprob: e.logprob,
+    top_logprobs: e.top_logprobs.map((t) => ({ token: t.token, logprob: t.logprob })),
+  })));
+  const done = events.find((e) => e.type === 'response.output_text.done');
+  assert.deepEqual(done.logprobs, fromDeltas);
+  assert.equal(final.output_text, r.output_text);
+
+  // include alone: the sampled token's logprob without alternatives; neither: no entries.
+  const only = await client.responses.create({ ...params, top_logprobs: undefined });
+  const onlyPart = only.output.find((o) => o.type === 'message').content[0];
+  checkLogprobs(onlyPart.logprobs, want.map((e) => ({ ...e, top_logprobs: [] })));
+  const none = await client.responses.create({ ...params, include: undefined, top_logprobs: undefined });
+  assert.deepEqual(none.output.find((o) => o.type === 'message').content[0].logprobs, []);
+  for (const bad of [21, -1, 1.5, '3']) {
+    await assert.rejects(client.responses.create({ ...params, top_logprobs: bad }),
+      (e) => e.status === 400 && e.param === 'top_logprobs', `top_logprobs ${bad}`);
+  }
+});
+
+// ---- input items -------------------------------------------------------------------------------
+
+test('input_items: the stored input as items, paged by the SDK in both orders; 404 unknown', async () => {
+  const items = [
+    { role: 'system', content: 'Be brief.' },
+    { role: 'user', content: [{ type: 'input_text', text: 'What is the weather in Paris?' }] },
+    { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}', id: 'fc_given' },
+    { type: 'function_call_output', call_id: 'call_1', output: '{"temp_c": 21}' },
+    { role: 'user', content: 'And tomorrow?' },
+  ];
+  const r = await client.responses.create({
+    model: modelId, input: items, tools: [weatherTool], max_output_tokens: 2, temperature: 0,
+  });
+  // The SDK follows `after` = the last id of each page until has_more is false.
+  const asc = [];
+  for await (const item of client.responses.inputItems.list(r.id, { limit: 2, order: 'asc' })) asc.push(item);
+  assert.equal(asc.length, items.length);
+  assert.deepEqual(asc.map((i) => i.type), ['message', 'message', 'function_call', 'function_call_output', 'message']);
+  assert.deepEqual(asc.map((i) => i.role ?? null), ['system', 'user', null, null, 'user']);
+  assert.deepEqual(asc[0].content, [{ type: 'input_text', text: 'Be brief.' }]);
+  assert.deepEqual(asc[1].content, items[1].content);
+  assert.equal(asc[2].id, 'fc_given');
+  assert.equal(asc[2].arguments, '{"city":"Paris"}');
+  assert.equal(asc[3].output, '{"temp_c": 21}');
+  assert.ok(asc.every((i) => typeof i.id === 'string' && i.status === 'completed'));
+  assert.equal(new Set(asc.map((i) => i.id)).size, items.length);
+  // The default order is desc: newest first.
+  const page = await client.responses.inputItems.list(r.id);
+  assert.deepEqual(page.data.map((i) => i.id), asc.map((i) => i.id).reverse());
+  assert.equal(page.has_more, false);
+  const raw = await (await fetch(`${tiny.base}/v1/responses/${r.id}/input_items?limit=2`)).json();
+  assert.equal(raw.object, 'list');
+  assert.equal(raw.first_id, asc[4].id);
+  assert.equal(raw.last_id, asc[3].id);
+  assert.equal(raw.has_more, true);
+  const bad = await fetch(`${tiny.base}/v1/responses/${r.id}/input_items?limit=0`);
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, 'limit');
+  await assert.rejects(client.responses.inputItems.list('resp_nope'), (e) => e.status === 404);
+  // store: false keeps nothing to list.
+  const unstored = await client.responses.create({ model: modelId, input: 'x', max_output_tokens: 1, store: false });
+  await assert.rejects(client.responses.inputItems.list(unstored.id), (e) => e.status === 404);
+});
+
+// ---- background --------------------------------------------------------------------------------
+
+async function poll(c, id) {
+  for (let i = 0; i < 600; i++) {
+    const r = await c.responses.retrieve(id);
+    if (r.status !== 'queued' && r.status !== 'in_progress') return r;
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  throw new Error(`response ${id} did not finish`);
+}
+
+test('background: returns at once, polls to the foreground output; input_items while running', async () => {
+  const params = { model: modelId, input: question, max_output_tokens: 16, temperature: 0 };
+  const foreground = await client.responses.create(params);
+  const queued = await client.responses.create({ ...params, background: true });
+  assert.equal(queued.background, true);
+  assert.ok(['queued', 'in_progress'].includes(queued.status), queued.status);
+  assert.deepEqual(queued.output, []);
+  assert.equal(queued.usage, null);
+  const items = await client.responses.inputItems.list(queued.id);
+  assert.equal(items.data.length, 1);
+  const done = await poll(client, queued.id);
+  assert.equal(done.id, queued.id);
+  assert.equal(done.background, true);
+  assert.equal(done.status, foreground.status);
+  assert.equal(done.output_text, foreground.output_text);
+  assert.equal(reasoningOf(done), reasoningOf(foreground));
+  for (const k of ['input_tokens', 'output_tokens', 'total_tokens']) assert.equal(done.usage[k], foreground.usage[k]);
+  // A finished background response continues like any other, and cannot be cancelled.
+  const next = await client.responses.create({ model: modelId, previous_response_id: done.id, input: 'More?', max_output_tokens: 1 });
+  assert.equal(next.previous_response_id, done.id);
+  await assert.rejects(client.responses.cancel(done.id), (e) => e.status === 400 && /completed|incomplete/.test(e.message));
+  // Only background responses can be cancelled; unknown ids are 404.
+  await assert.rejects(client.responses.cancel(foreground.id), (e) => e.status === 400 && /background/.test(e.message));
+  await assert.rejects(client.responses.cancel('resp_nope'), (e) => e.status === 404);
+  // Refused: background without store, background + stream.
+  await assert.rejects(client.responses.create({ ...params, background: true, store: false }),
+    (e) => e.status === 400 && e.param === 'background');
+  await assert.rejects(client.responses.create({ ...params, background: true, stream: true }),
+    (e) => e.status === 400 && e.param === 'stream');
+});
+
+test('background: cancel stops the generation at the host; the bound gives 429', async () => {
+  const long = { model: modelId, input: question, max_output_tokens: 100000, temperature: 0, background: true };
+  const before = await metrics(tiny8.base);
+  const a = await client8.responses.create(long);
+  const b = await client8.responses.create(long);
+  // --max-background 2: a third is refused while both run.
+  await assert.rejects(client8.responses.create(long),
+    (e) => e.status === 429 && e.param === 'background' && /max-background/.test(e.message));
+  // Continuing a response that has not finished is refused.
+  await assert.rejects(client8.responses.create({ model: modelId, previous_response_id: a.id, input: 'x' }),
+    (e) => e.status === 400 && e.param === 'previous_response_id');
+  for (let i = 0; i < 200 && (await client8.responses.retrieve(a.id)).status !== 'in_progress'; i++) {
+    await new Promise((res) => setTimeout(res, 20));
+  }
+  const cancelled = await client8.responses.cancel(a.id);
+  assert.equal(cancelled.status, 'cancelled');
+  assert.equal(cancelled.id, a.id);
+  // (retrieve adds the SDK's output_text; cancel returns the plain object.)
+  const { output_text: _, ...retrieved } = await client8.responses.retrieve(a.id);
+  assert.deepEqual(retrieved, cancelled);
+  assert.deepEqual(await client8.responses.cancel(a.id), cancelled);  // idempotent
+  // A slot is free again.
+  const c = await client8.responses.create(long);
+  for (const id of [b.id, c.id]) assert.equal((await client8.responses.cancel(id)).status, 'cancelled');
+  // DELETE of a cancelled one removes it.
+  await client8.responses.delete(b.id);
+  await assert.rejects(client8.responses.retrieve(b.id), (e) => e.status === 404);
+  let value;
+  for (let i = 0; i < 100; i++) {
+    value = await metrics(tiny8.base);
+    if (value('coli_requests_active') === 0) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.equal(value('coli_requests_active'), 0);
+  assert.ok(value('coli_requests_cancelled_total') >= before('coli_requests_cancelled_total') + 3);
+  const tokens = value('coli_completion_tokens_total');
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal((await metrics(tiny8.base))('coli_completion_tokens_total'), tokens);
+});
+
 async function metrics(base) {
   const text = await (await fetch(`${base}/metrics`)).text();
   return (name) => {
@@ -363,4 +562,19 @@ test('a client that disconnects mid-stream cancels its generation', async () => 
   const tokens = value('coli_completion_tokens_total');
   await new Promise((r) => setTimeout(r, 300));
   assert.equal((await metrics(tiny8.base))('coli_completion_tokens_total'), tokens);
+});
+
+test('shutdown with background responses running: the server stops at once', async () => {
+  const long = { model: modelId, input: question, max_output_tokens: 100000, temperature: 0, background: true };
+  const a = await client8.responses.create(long);
+  await client8.responses.create(long);
+  for (let i = 0; i < 200 && (await client8.responses.retrieve(a.id)).status !== 'in_progress'; i++) {
+    await new Promise((res) => setTimeout(res, 20));
+  }
+  const t0 = Date.now();
+  const server = tiny8;
+  tiny8 = null;  // after() has nothing left to stop
+  await stopServer(server);  // resolves on exit; a hang would time the test out
+  assert.ok(Date.now() - t0 < 10000, `took ${Date.now() - t0} ms`);
+  assert.equal(server.proc.exitCode, 0);
 });
