@@ -90,7 +90,7 @@ std::vector<int32_t> Reference(const std::vector<int32_t>& c, int max_n, int min
 
 TEST(K3SpecLookup, MatchesNaiveReferenceOnRandomContexts) {
   std::mt19937 rng(7);
-  int matched = 0;
+  int matched = 0, longer = 0;
   for (int trial = 0; trial < 2000; ++trial) {
     const int size = 1 + static_cast<int>(rng() % 40);
     const int alphabet = 2 + static_cast<int>(rng() % 6);
@@ -102,8 +102,20 @@ TEST(K3SpecLookup, MatchesNaiveReferenceOnRandomContexts) {
     const auto want = Reference(c, max_n, min_n, k);
     ASSERT_EQ(Draft(c, max_n, min_n, k), want) << "trial " << trial;
     matched += want.empty() ? 0 : 1;
+    // LookupDraftMatch: the same draft and the length n of the suffix it matched (the longest
+    // n in [min, max] the reference finds a draft for; 0 with no draft).
+    int want_n = 0;
+    for (int n = max_n; n >= min_n && want_n == 0; --n) {
+      if (!Reference(c, n, n, k).empty()) want_n = n;
+    }
+    const LookupMatch got =
+        LookupDraftMatch(c, {.ngram_max = max_n, .ngram_min = min_n, .max_tokens = k});
+    ASSERT_EQ(got.draft, want) << "trial " << trial;
+    ASSERT_EQ(got.ngram, want_n) << "trial " << trial;
+    longer += want_n >= 2 ? 1 : 0;
   }
   EXPECT_GT(matched, 500);  // the comparison covered many real matches
+  EXPECT_GT(longer, 200);   // and many matches longer than one token
 }
 
 // The draft length: the maximum first, back up after full acceptance, accepted + 1 after a
@@ -133,32 +145,6 @@ TEST(K3SpecDraftBudget, AdaptsToAcceptance) {
   EXPECT_EQ(b.Next(4), 1);
   b.Observe(0, 0);  // nothing drafted: nothing learned
   EXPECT_EQ(b.Next(4), 1);
-}
-
-// The match length LookupDraftMatch reports: the naive reference's n (the longest suffix length
-// in [min, max] with an earlier occurrence), 0 with no draft; its draft is LookupDraft's.
-TEST(K3SpecLookup, MatchLengthIsTheLongestMatchingSuffix) {
-  std::mt19937 rng(11);
-  int longer = 0;
-  for (int trial = 0; trial < 2000; ++trial) {
-    const int size = 1 + static_cast<int>(rng() % 40);
-    const int alphabet = 2 + static_cast<int>(rng() % 6);
-    std::vector<int32_t> c(size);
-    for (int32_t& t : c) t = static_cast<int32_t>(rng() % alphabet);
-    const int max_n = 1 + static_cast<int>(rng() % 4);
-    const int min_n = 1 + static_cast<int>(rng() % max_n);
-    const int k = 1 + static_cast<int>(rng() % 6);
-    int want_n = 0;
-    for (int n = max_n; n >= min_n && want_n == 0; --n) {
-      if (!Reference(c, n, n, k).empty()) want_n = n;
-    }
-    const LookupMatch got =
-        LookupDraftMatch(c, {.ngram_max = max_n, .ngram_min = min_n, .max_tokens = k});
-    ASSERT_EQ(got.ngram, want_n) << "trial " << trial;
-    ASSERT_EQ(got.draft, Draft(c, max_n, min_n, k)) << "trial " << trial;
-    longer += want_n >= 2 ? 1 : 0;
-  }
-  EXPECT_GT(longer, 300);
 }
 
 // DraftBudget::Propose: a sampled row drafts only on matches of >= sampled_ngram tokens (capped
