@@ -4,7 +4,8 @@
 // worker); the plugin guarantees batched rows are bit-identical to lone rows, so the tokens must
 // be equal. That batching really happened is read from the plugin's per-session stats
 // (batched_steps: steps that ran in a pass of more than one row; batched_rows: those passes'
-// rows summed).
+// rows summed; decode_rides / mixed_rows: decode steps carried by another session's prefill
+// chunk passes).
 #include <algorithm>
 #include <condition_variable>
 #include <filesystem>
@@ -256,6 +257,83 @@ TEST_F(HostBatchedTest, LongPrefillLetsOtherSessionsDecodeBetweenChunks) {
   EXPECT_GE(decoder_tokens_at_started - decoder_tokens_at_first_report, 10)
       << "first report at " << decoder_tokens_at_first_report << " tokens, started at "
       << decoder_tokens_at_started;
+}
+
+// Mixed passes (docs/status/batching.md): while a long prompt is prefilled in chunks of 4, the
+// decode steps of two requests that are already generating ride its chunk passes instead of
+// running passes of their own. Every request's tokens equal its lone run; the reader's session
+// reports the rows its passes carried, and they are exactly the decoders' rides.
+TEST_F(HostBatchedTest, LongPromptCarriesDecodeRowsAndAllMatchLoneRuns) {
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += "The quick brown fox jumps over the lazy dog. ";
+  const std::vector<Spec> specs = {
+      {"a", "sa", "1, 2, 3, 4, 5,", 0, 0, 0, 0, 160},
+      {"b", "sb", "Once upon a time, in a land far away,", 0.8f, 0.9f, 0, 7, 160},
+      {"r", "sr", text, 0, 0, 0, 0, 4},
+  };
+  const std::vector<Out> ref = Reference(specs);
+  auto engine = std::make_unique<Engine>(
+      EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST, .workers = 3, .max_batch = 8});
+  v1::LoadModelRequest load;
+  load.set_model_dir(COLI_K3_TINY_DIR);
+  load.set_id("k3");
+  load.mutable_options()->set_chunk(4);
+  ASSERT_OK(engine->LoadModel(load, nullptr).status());
+  // The decoders first; the reader once both have tokens (they still have ~150 to go, while the
+  // reader's ~30 chunk passes each carry their next step).
+  std::vector<Out> outs(specs.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  auto submit = [&](size_t i) {
+    GenerationInput in;
+    in.model = "k3";
+    in.request_id = specs[i].id;
+    in.session = specs[i].session;
+    in.prompt = specs[i].prompt;
+    in.max_tokens = specs[i].max_tokens;
+    in.sampling.set_temperature(specs[i].temperature);
+    in.sampling.set_top_p(specs[i].top_p);
+    in.sampling.set_seed(specs[i].seed);
+    EventSink sink;
+    sink.on_token = [&, i](const v1::Token& t, std::span<const v1::ChatDelta>) {
+      std::lock_guard<std::mutex> lock(mu);
+      outs[i].ids.push_back(t.id());
+      cv.notify_all();
+    };
+    sink.on_done = [&, i](const absl::Status& st, const v1::Finished& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      outs[i].status = st;
+      outs[i].finished = f;
+      outs[i].done = true;
+      cv.notify_all();
+    };
+    ASSERT_OK(engine->Submit(std::move(in), std::move(sink)).status());
+  };
+  submit(0);
+  submit(1);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] {
+      return outs[0].ids.size() >= 2 && outs[1].ids.size() >= 2;
+    }));
+  }
+  submit(2);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] {
+      return std::all_of(outs.begin(), outs.end(), [](const Out& o) { return o.done; });
+    }));
+  }
+  double rides = 0, carried = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ASSERT_OK(outs[i].status) << specs[i].id;
+    EXPECT_EQ(outs[i].ids, ref[i].ids) << specs[i].id;
+    EXPECT_EQ(outs[i].finished.reason(), ref[i].finished.reason()) << specs[i].id;
+    rides += Stat(outs[i].finished, "decode_rides");
+    carried += Stat(outs[i].finished, "mixed_rows");
+  }
+  EXPECT_GT(Stat(outs[2].finished, "mixed_rows"), 0) << "no decode row rode the long prefill";
+  EXPECT_EQ(carried, rides);
 }
 
 TEST_F(HostBatchedTest, MaxBatchOneNeverBatches) {
