@@ -63,9 +63,9 @@
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
-#include "plugins/kimi_k3/vk_tier.h"
 #include "plugins/kimi_k3/spec_decode.h"
 #include "plugins/kimi_k3/spec_lookup.h"
+#include "plugins/kimi_k3/vk_tier.h"
 
 namespace coli::k3 {
 namespace {
@@ -891,8 +891,7 @@ absl::Status Feed(std::span<K3Session* const> group) {
     ForwardLock lock(*m);
     const auto t0 = Clock::now();
     logits = Session::StepBatch(sessions, tokens);
-    const PassCosts pass =
-        TakeCosts(m, std::chrono::duration<double>(Clock::now() - t0).count());
+    const PassCosts pass = TakeCosts(m, std::chrono::duration<double>(Clock::now() - t0).count());
     for (size_t i = 0; i < n; ++i) {
       K3Session* s = group[i];
       AddCosts(s, pass.Share(i, 1, n));
@@ -1151,13 +1150,13 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
 }
 
 const char* const kStatNames[] = {
-    "prompt_tokens", "tokens_reused", "tokens_computed", "tokens_generated", "compute_seconds",
-    "expert_hits",   "expert_misses", "bytes_read",      "read_seconds",     "expert_wait_seconds",
-    "checkpoint_restores", "checkpoint_tokens_restored", "checkpoint_bytes",
-    "batched_steps", "batched_rows", "decode_passes",
-    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_tokens_from_buffer",
-    "spec_rejections", "spec_replays", "spec_rewinds",
-    "mixed_passes", "mixed_rows", "decode_rides",
+    "prompt_tokens",    "tokens_reused",       "tokens_computed",      "tokens_generated",
+    "compute_seconds",  "expert_hits",         "expert_misses",        "bytes_read",
+    "read_seconds",     "expert_wait_seconds", "checkpoint_restores",  "checkpoint_tokens_restored",
+    "checkpoint_bytes", "batched_steps",       "batched_rows",         "decode_passes",
+    "spec_drafts",      "spec_draft_tokens",   "spec_accepted_tokens", "spec_tokens_from_buffer",
+    "spec_rejections",  "spec_replays",        "spec_rewinds",         "mixed_passes",
+    "mixed_rows",       "decode_rides",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -1212,9 +1211,8 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
 
 // The model's current values (ABI 1.2 model_stats): what is resident now, not per session.
 const char* const kModelStatNames[] = {
-    "weights_resident_bytes", "weights_mapped_bytes", "expert_cache_bytes",
-    "vk_tier_resident",       "vk_tier_bytes",        "vk_tier_slots",
-    "vk_dense_matrices",      "vk_dense_bytes",
+    "weights_resident_bytes", "weights_mapped_bytes", "expert_cache_bytes", "vk_tier_resident",
+    "vk_tier_bytes",          "vk_tier_slots",        "vk_dense_matrices",  "vk_dense_bytes",
     "mix_queued_rows",  // decode rows waiting now for a running prefill's next chunk pass
 };
 
@@ -1227,16 +1225,16 @@ std::vector<coli_stat_t> ModelStats(const K3Model& m) {
     std::lock_guard<std::mutex> lock(m.mix_mu);
     for (const Ride* r : m.mix_queue) queued += r->sessions.size();
   }
-  const double values[] = {static_cast<double>(w.resident_bytes),
-                           static_cast<double>(w.mapped_bytes),
-                           m.store != nullptr ? static_cast<double>(m.store->plan().total_bytes)
-                                              : 0.0,
-                           static_cast<double>(vk.resident),
-                           static_cast<double>(vk.bytes),
-                           static_cast<double>(vk.slots),
-                           static_cast<double>(vk.dense.matrices),
-                           static_cast<double>(vk.dense.bytes),
-                           static_cast<double>(queued)};
+  const double values[] = {
+      static_cast<double>(w.resident_bytes),
+      static_cast<double>(w.mapped_bytes),
+      m.store != nullptr ? static_cast<double>(m.store->plan().total_bytes) : 0.0,
+      static_cast<double>(vk.resident),
+      static_cast<double>(vk.bytes),
+      static_cast<double>(vk.slots),
+      static_cast<double>(vk.dense.matrices),
+      static_cast<double>(vk.dense.bytes),
+      static_cast<double>(queued)};
   return abi::NamedStats(kModelStatNames, values);
 }
 

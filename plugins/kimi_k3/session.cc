@@ -198,9 +198,9 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
     }
     if (!aboard.empty()) {
       bool stop = false;
-      COLI_ASSIGN_OR_RETURN(logits,
-                            RunMixed(x.data(), ids, aboard, aboard_tokens, rider_x.data(),
-                                     rider_embed, *riders, interrupt ? &interrupt : nullptr, &stop));
+      COLI_ASSIGN_OR_RETURN(
+          logits, RunMixed(x.data(), ids, aboard, aboard_tokens, rider_x.data(), rider_embed,
+                           *riders, interrupt ? &interrupt : nullptr, &stop));
       if (stop) return absl::CancelledError("prefill cancelled (after a pass with riders)");
     } else if (!interrupt) {
       COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true));
@@ -223,8 +223,7 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
 }
 
 absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tokens,
-                                                    const Progress& progress,
-                                                    const Cancel& cancel,
+                                                    const Progress& progress, const Cancel& cancel,
                                                     const Cancel& interrupt, Riders* riders) {
   return Chunked(
       static_cast<int64_t>(tokens.size()),
@@ -360,8 +359,8 @@ absl::Status Session::CheckDecodeRows(std::span<Session* const> sessions,
                                       const Session* busy) {
   if (sessions.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no sessions"));
   if (sessions.size() != tokens.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", sessions.size(),
-                                                   " sessions but ", tokens.size(), " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", sessions.size(), " sessions but ", tokens.size(), " tokens"));
   }
   const Model& model = busy != nullptr ? busy->model_ : sessions[0]->model_;
   const int n = static_cast<int>(sessions.size());
@@ -369,9 +368,9 @@ absl::Status Session::CheckDecodeRows(std::span<Session* const> sessions,
   for (int i = 0; i < n; ++i) {
     Session* s = sessions[i];
     if (&s->model_ != &model) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": row ", i, " is a session of another model than ",
-          busy != nullptr ? "the prefilling session" : "row 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": row ", i, " is a session of another model than ",
+                       busy != nullptr ? "the prefilling session" : "row 0"));
     }
     if (s == busy) {
       return absl::InvalidArgumentError(
@@ -387,8 +386,8 @@ absl::Status Session::CheckDecodeRows(std::span<Session* const> sessions,
       return absl::Status(usable.code(), absl::StrCat(what, " row ", i, ": ", usable.message()));
     }
     if (max_ctx > 0 && s->position() + 1 > max_ctx) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, " row ", i, ": context capacity ", max_ctx, " tokens exceeded (K3_MAXT)"));
+      return absl::ResourceExhaustedError(absl::StrCat(what, " row ", i, ": context capacity ",
+                                                       max_ctx, " tokens exceeded (K3_MAXT)"));
     }
   }
   return absl::OkStatus();

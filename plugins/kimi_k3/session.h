@@ -199,10 +199,11 @@ class Session {
   absl::StatusOr<std::vector<float>> Run(const float* x, std::span<const int32_t> ids, bool prefill,
                                          bool every_row = false,
                                          const Cancel* interrupt = nullptr);
-  absl::StatusOr<std::vector<float>> Chunked(int64_t n, const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
-                                             const Progress& progress, const Cancel& cancel,
-                                             const Cancel& interrupt = nullptr,
-                                             Riders* riders = nullptr);
+  absl::StatusOr<std::vector<float>> Chunked(
+      int64_t n,
+      const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
+      const Progress& progress, const Cancel& cancel, const Cancel& interrupt = nullptr,
+      Riders* riders = nullptr);
 
   const Model& model_;
   SequenceState state_;

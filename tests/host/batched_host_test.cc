@@ -75,6 +75,47 @@ class HostBatchedTest : public ::testing::Test {
     return engine;
   }
 
+  // Submits `spec` as a request whose tokens and end land in *out (under mu; cv notified);
+  // on_token calls hook(count) after each token.
+  static void Submit(Engine& engine, const Spec& spec, Out* out, std::mutex& mu,
+                     std::condition_variable& cv,
+                     const std::function<void(size_t)>& hook = nullptr) {
+    GenerationInput in;
+    in.model = "k3";
+    in.request_id = spec.id;
+    in.session = spec.session;
+    in.prompt = spec.prompt;
+    in.max_tokens = spec.max_tokens;
+    in.sampling.set_temperature(spec.temperature);
+    in.sampling.set_top_p(spec.top_p);
+    in.sampling.set_top_k(spec.top_k);
+    in.sampling.set_seed(spec.seed);
+    EventSink sink;
+    sink.on_token = [&mu, &cv, out, hook](const v1::Token& t, std::span<const v1::ChatDelta>) {
+      size_t n;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        out->ids.push_back(t.id());
+        n = out->ids.size();
+        cv.notify_all();
+      }
+      if (hook) hook(n);
+    };
+    sink.on_done = [&mu, &cv, out](const absl::Status& s, const v1::Finished& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      out->status = s;
+      out->finished = f;
+      out->done = true;
+      cv.notify_all();
+    };
+    auto request = engine.Submit(std::move(in), std::move(sink));
+    EXPECT_TRUE(request.ok()) << request.status();
+    if (!request.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      out->done = true;
+    }
+  }
+
   // Submits every spec at once and waits for all; on_token of spec `i` calls hook(i, count).
   static std::vector<Out> RunAll(Engine& engine, const std::vector<Spec>& specs,
                                  const std::function<void(size_t, size_t)>& hook = nullptr) {
@@ -82,36 +123,9 @@ class HostBatchedTest : public ::testing::Test {
     std::mutex mu;
     std::condition_variable cv;
     for (size_t i = 0; i < specs.size(); ++i) {
-      GenerationInput in;
-      in.model = "k3";
-      in.request_id = specs[i].id;
-      in.session = specs[i].session;
-      in.prompt = specs[i].prompt;
-      in.max_tokens = specs[i].max_tokens;
-      in.sampling.set_temperature(specs[i].temperature);
-      in.sampling.set_top_p(specs[i].top_p);
-      in.sampling.set_top_k(specs[i].top_k);
-      in.sampling.set_seed(specs[i].seed);
-      EventSink sink;
-      sink.on_token = [&, i](const v1::Token& t, std::span<const v1::ChatDelta>) {
-        size_t n;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          outs[i].ids.push_back(t.id());
-          n = outs[i].ids.size();
-        }
-        if (hook) hook(i, n);
-      };
-      sink.on_done = [&, i](const absl::Status& s, const v1::Finished& f) {
-        std::lock_guard<std::mutex> lock(mu);
-        outs[i].status = s;
-        outs[i].finished = f;
-        outs[i].done = true;
-        cv.notify_all();
-      };
-      auto request = engine.Submit(std::move(in), std::move(sink));
-      EXPECT_TRUE(request.ok()) << request.status();
-      if (!request.ok()) outs[i].done = true;
+      std::function<void(size_t)> each = nullptr;
+      if (hook) each = [&hook, i](size_t n) { hook(i, n); };
+      Submit(engine, specs[i], &outs[i], mu, cv, each);
     }
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] {
@@ -284,38 +298,13 @@ TEST_F(HostBatchedTest, LongPromptCarriesDecodeRowsAndAllMatchLoneRuns) {
   std::vector<Out> outs(specs.size());
   std::mutex mu;
   std::condition_variable cv;
-  auto submit = [&](size_t i) {
-    GenerationInput in;
-    in.model = "k3";
-    in.request_id = specs[i].id;
-    in.session = specs[i].session;
-    in.prompt = specs[i].prompt;
-    in.max_tokens = specs[i].max_tokens;
-    in.sampling.set_temperature(specs[i].temperature);
-    in.sampling.set_top_p(specs[i].top_p);
-    in.sampling.set_seed(specs[i].seed);
-    EventSink sink;
-    sink.on_token = [&, i](const v1::Token& t, std::span<const v1::ChatDelta>) {
-      std::lock_guard<std::mutex> lock(mu);
-      outs[i].ids.push_back(t.id());
-      cv.notify_all();
-    };
-    sink.on_done = [&, i](const absl::Status& st, const v1::Finished& f) {
-      std::lock_guard<std::mutex> lock(mu);
-      outs[i].status = st;
-      outs[i].finished = f;
-      outs[i].done = true;
-      cv.notify_all();
-    };
-    ASSERT_OK(engine->Submit(std::move(in), std::move(sink)).status());
-  };
+  auto submit = [&](size_t i) { Submit(*engine, specs[i], &outs[i], mu, cv); };
   submit(0);
   submit(1);
   {
     std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] {
-      return outs[0].ids.size() >= 2 && outs[1].ids.size() >= 2;
-    }));
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30),
+                            [&] { return outs[0].ids.size() >= 2 && outs[1].ids.size() >= 2; }));
   }
   submit(2);
   {

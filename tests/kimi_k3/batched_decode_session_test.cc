@@ -12,10 +12,10 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "plugins/kimi_k3/expert_source.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
 #include "tests/kimi_k3/batched_decode_util.h"
+#include "tests/kimi_k3/core_test_util.h"
 
 namespace coli::k3 {
 namespace {
@@ -25,39 +25,10 @@ using ::testing::HasSubstr;
 
 using ::coli::k3::batched_test::Ids;
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// Serves experts from the snapshot until `fail` is set, then refuses every call.
-class FailingSource : public ExpertSource {
- public:
-  FailingSource(std::unique_ptr<ExpertSource> inner, std::atomic<bool>* fail)
-      : inner_(std::move(inner)), fail_(fail) {}
-  absl::Status ForEachExpert(
-      int layer, std::span<const int32_t> experts,
-      const std::function<absl::Status(int i, const ExpertWeights&)>& fn) override {
-    if (fail_->load()) return absl::DataLossError("test: expert read failed");
-    return inner_->ForEachExpert(layer, experts, fn);
-  }
-
- private:
-  std::unique_ptr<ExpertSource> inner_;
-  std::atomic<bool>* fail_;
-};
+using core_test::SameBits;
 
 std::unique_ptr<Model> Load(const ModelOptions& o, std::atomic<bool>* fail = nullptr) {
-  Model::ExpertSourceFactory experts = nullptr;
-  if (fail != nullptr) {
-    experts = [fail](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
-                     int layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
-      COLI_ASSIGN_OR_RETURN(auto inner, PreadExpertSource::Create(snapshot, cfg, prefix, layers));
-      return std::unique_ptr<ExpertSource>(new FailingSource(std::move(inner), fail));
-    };
-  }
-  auto model = Model::Load(K3_TEST_TINY, o, nullptr, experts);
-  EXPECT_OK(model.status());
-  return model.ok() ? std::move(model).value() : nullptr;
+  return core_test::LoadTiny(K3_TEST_TINY, o, fail);
 }
 
 TEST(K3BatchedStep, LogitsBitIdenticalToStep) {

@@ -22,10 +22,10 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "plugins/kimi_k3/expert_source.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
 #include "tests/kimi_k3/batched_decode_util.h"
+#include "tests/kimi_k3/core_test_util.h"
 
 namespace coli::k3 {
 namespace {
@@ -35,26 +35,7 @@ using ::testing::HasSubstr;
 
 using ::coli::k3::batched_test::Ids;
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// Serves experts from the snapshot until `fail` is set, then refuses every call.
-class FailingSource : public ExpertSource {
- public:
-  FailingSource(std::unique_ptr<ExpertSource> inner, std::atomic<bool>* fail)
-      : inner_(std::move(inner)), fail_(fail) {}
-  absl::Status ForEachExpert(
-      int layer, std::span<const int32_t> experts,
-      const std::function<absl::Status(int i, const ExpertWeights&)>& fn) override {
-    if (fail_->load()) return absl::DataLossError("test: expert read failed");
-    return inner_->ForEachExpert(layer, experts, fn);
-  }
-
- private:
-  std::unique_ptr<ExpertSource> inner_;
-  std::atomic<bool>* fail_;
-};
+using core_test::SameBits;
 
 ModelOptions Chunked(int chunk) {
   ModelOptions o;
@@ -63,17 +44,7 @@ ModelOptions Chunked(int chunk) {
 }
 
 std::unique_ptr<Model> Load(const ModelOptions& o, std::atomic<bool>* fail = nullptr) {
-  Model::ExpertSourceFactory experts = nullptr;
-  if (fail != nullptr) {
-    experts = [fail](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
-                     int layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
-      COLI_ASSIGN_OR_RETURN(auto inner, PreadExpertSource::Create(snapshot, cfg, prefix, layers));
-      return std::unique_ptr<ExpertSource>(new FailingSource(std::move(inner), fail));
-    };
-  }
-  auto model = Model::Load(K3_TEST_TINY, o, nullptr, experts);
-  EXPECT_OK(model.status());
-  return model.ok() ? std::move(model).value() : nullptr;
+  return core_test::LoadTiny(K3_TEST_TINY, o, fail);
 }
 
 // Boards, before chunk pass c (0-based), the sessions plan(c) names with their next token
@@ -103,7 +74,8 @@ class TestRiders : public Riders {
     Outcome o{boards_ - 1, pending_, {}, logits, ran};
     for (Session* s : pending_) o.tokens.push_back((*next_)[s]);
     if (ran && logits.ok()) {
-      for (size_t i = 0; i < pending_.size(); ++i) (*next_)[pending_[i]] = sampling::Greedy((*logits)[i]);
+      for (size_t i = 0; i < pending_.size(); ++i)
+        (*next_)[pending_[i]] = sampling::Greedy((*logits)[i]);
     }
     outcomes.push_back(std::move(o));
     pending_.clear();
@@ -166,10 +138,14 @@ TEST(K3MixedPrefill, RidersAndChunksBitIdenticalToAlone) {
   TestRiders riders(
       [&](int chunk) -> std::vector<Session*> {
         switch (chunk) {
-          case 0: return {b.mixed.get(), c.mixed.get()};
-          case 1: return {c.mixed.get(), d.mixed.get(), b.mixed.get()};
-          case 2: return {};
-          default: return {d.mixed.get()};
+          case 0:
+            return {b.mixed.get(), c.mixed.get()};
+          case 1:
+            return {c.mixed.get(), d.mixed.get(), b.mixed.get()};
+          case 2:
+            return {};
+          default:
+            return {d.mixed.get()};
         }
       },
       &next);
@@ -222,9 +198,12 @@ TEST(K3MixedPrefill, RefusedRidersChangeNothingAndTheChunkRunsAlone) {
   TestRiders riders(
       [&](int chunk) -> std::vector<Session*> {
         switch (chunk) {
-          case 0: return {b.get(), a.get()};        // the prefilling session itself
-          case 1: return {foreign.get()};           // another model's session
-          default: return {b.get(), full.get()};  // a session at K3_MAXT
+          case 0:
+            return {b.get(), a.get()};  // the prefilling session itself
+          case 1:
+            return {foreign.get()};  // another model's session
+          default:
+            return {b.get(), full.get()};  // a session at K3_MAXT
         }
       },
       &next);

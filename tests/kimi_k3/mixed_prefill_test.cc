@@ -238,8 +238,8 @@ TEST_F(MixedPrefillTest, RowsLeftQueuedAtThePrefillEndRunAlone) {
       // Two rows in one call: over the bound, so it takes the model's lock itself (free now:
       // the callback runs between chunks).
       auto both = std::async(std::launch::async, [&] {
-        return Call({b, c}, {kGreedy, kSampled});
-      }).get();
+                    return Call({b, c}, {kGreedy, kSampled});
+                  }).get();
       got_b.push_back(both[0]);
       got_c.push_back(both[1]);
     } else if (done == kChunk) {
@@ -278,20 +278,23 @@ TEST_F(MixedPrefillTest, CancelWithRidersAboardLandsAtTheChunkEnd) {
   coli_session_t* a = NewSession(m);
   std::future<Out> fb, fc, fd;
   bool queued = false;
-  EXPECT_THAT(PrefillReporting(a, pa, [&](uint64_t done, uint64_t) -> int32_t {
-                if (!queued) {
-                  queued = true;
-                  fb = Async(b, kGreedy);
-                  fc = Async(c, kSampled);
-                  WaitQueued(m, 2);
-                  return 0;
-                }
-                // The first report after B and C boarded is between two layers of their pass.
-                if (ModelStats(m)["mix_queued_rows"] != 0 || fd.valid()) return fd.valid();
-                fd = Async(d, kGreedy);
-                WaitQueued(m, 1);
-                return 1;
-              }),
+  EXPECT_THAT(PrefillReporting(a, pa,
+                               [&](uint64_t done, uint64_t) -> int32_t {
+                                 if (!queued) {
+                                   queued = true;
+                                   fb = Async(b, kGreedy);
+                                   fc = Async(c, kSampled);
+                                   WaitQueued(m, 2);
+                                   return 0;
+                                 }
+                                 // The first report after B and C boarded is between two layers of
+                                 // their pass.
+                                 if (ModelStats(m)["mix_queued_rows"] != 0 || fd.valid())
+                                   return fd.valid();
+                                 fd = Async(d, kGreedy);
+                                 WaitQueued(m, 1);
+                                 return 1;
+                               }),
               StatusIs(absl::StatusCode::kCancelled));
   got_b.push_back(fb.get());
   got_c.push_back(fc.get());
