@@ -450,7 +450,8 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
        {std::pair{"COLI_VULKAN", "vulkan"}, std::pair{"K3_VK", "vk"},
         std::pair{"COLI_VK_TIER_GB", "vk_tier_gb"}, std::pair{"K3_VK_GB", "vk_gb"},
         std::pair{"COLI_VK_TIER_RATE", "vk_tier_rate"}, std::pair{"K3_VK_UP", "vk_up"},
-        std::pair{"COLI_VK_DENSE", "vk_dense"}, std::pair{"COLI_VK_TIER", "vk_tier"}}) {
+        std::pair{"COLI_VK_DENSE", "vk_dense"}, std::pair{"COLI_VK_TIER", "vk_tier"},
+        std::pair{"COLI_K3_MIX_ROWS", "mix_rows"}}) {
     if (std::string s = Env(name); !s.empty()) (*o.mutable_extra())[key] = s;
   }
   if (std::string s = Env("K3_MMAP"); !s.empty()) (*o.mutable_extra())["mmap"] = s;
