@@ -181,10 +181,10 @@ TEST_F(HostBatchedTest, ConcurrentRequestsShareDecodeCallsAndMatchLoneRuns) {
   EXPECT_GE(static_cast<double>(m.decode_rows() - m.decode_calls()), batched_steps / 2.0);
 }
 
-// A long prompt does not hold the model for its whole prefill: between two chunks the plugin
-// lets waiting passes run, so a session that is decoding keeps producing tokens while another
-// session's long prompt is read (chunked prefill interleaved with decode). The tiny model in
-// chunks of 8 with 15 ms of pacing after each chunk: ~38 chunks.
+// A long prompt does not hold the model for its whole prefill: a session that is decoding keeps
+// producing tokens while another session's long prompt is read — its steps ride the prefill's
+// chunk passes (mixed passes; before them, the plugin let waiting passes run between two
+// chunks). The tiny model in chunks of 8 with 15 ms of pacing after each chunk: ~38 chunks.
 TEST_F(HostBatchedTest, LongPrefillLetsOtherSessionsDecodeBetweenChunks) {
   auto engine = std::make_unique<Engine>(EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST,
                                                        .workers = 2,
@@ -265,9 +265,9 @@ TEST_F(HostBatchedTest, LongPrefillLetsOtherSessionsDecodeBetweenChunks) {
   ASSERT_GE(reports, 10) << "the prompt must span many paced chunks";
   ASSERT_GE(decoder_tokens_at_first_report, 0);
   ASSERT_GE(decoder_tokens_at_started, 0);
-  // While the reader's ~38 chunks ran, the decoder got passes between them (at least one per
-  // chunk boundary; measured ~2000 tokens with 65 chunks). Holding the model through the whole
-  // prefill (the behaviour before) gives 0 here.
+  // While the reader's ~38 chunks ran, the decoder got tokens (about one per chunk pass it rode;
+  // before mixed passes it ran during the pacing: ~2000 tokens with 65 chunks). Holding the
+  // model through the whole prefill (the behaviour before either) gives 0 here.
   EXPECT_GE(decoder_tokens_at_started - decoder_tokens_at_first_report, 10)
       << "first report at " << decoder_tokens_at_first_report << " tokens, started at "
       << decoder_tokens_at_started;
