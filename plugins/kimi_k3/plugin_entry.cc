@@ -94,18 +94,19 @@ struct K3Model {
   std::vector<coli_special_token_t> specials;
   std::vector<int32_t> stop_ids;
   int32_t bos = -1, eos = -1;
-  int32_t end_of_msg = -1;   // XTML message end (checkpoint placement); -1 if absent
-  int checkpoint_slots = 0;  // COLI_K3_CKPT: per session
+  int32_t end_of_msg = -1;     // XTML message end (checkpoint placement); -1 if absent
+  int checkpoint_slots = 0;    // COLI_K3_CKPT: per session
   std::string checkpoint_dir;  // COLI_K3_CKPT_DIR: parked there instead of in RAM
   // The Vulkan expert tier (vk_tier.h): its switches as the client sent them, the tier (owned
   // by `model`; null unless COLI_VULKAN=1 / K3_VK=1) and its counters at the last take.
   VkSwitches vk_switches;
   VkExpertTier* vk_tier = nullptr;
   VkTierStats vk_taken;
-  bool mmap = false;           // K3_MMAP: map a repacked container's matrices (weights.h)
+  bool mmap = false;  // K3_MMAP: map a repacked container's matrices (weights.h)
   // COLI_K3_SPEC: max draft tokens per verify (0 = off); the lookup's n-gram range.
   int spec_max = 0;
   int spec_ngram_max = 3, spec_ngram_min = 1;
+  DraftPolicy spec_policy;  // COLI_K3_SPEC_MIN / _SAMPLED_NGRAM / _ADAPT (spec_decode.h)
   uint32_t capabilities = 0;
   // One forward pass at a time per model; `forward_waiting` counts the threads waiting for it,
   // so a long prefill can let them in between its chunks (ForwardLock::LetWaitingIn).
@@ -157,8 +158,8 @@ struct K3Session {
   K3Model* m = nullptr;
   std::unique_ptr<Session> session;
   std::unique_ptr<CheckpointCache> checkpoints;
-  SpecDecoder spec;  // verified tokens not yet handed out (option "spec")
-  DraftBudget spec_budget;  // how long the next draft is (adapts to acceptance)
+  SpecDecoder spec;                   // verified tokens not yet handed out (option "spec")
+  DraftBudget spec_budget;            // how long the next draft is (adapts to acceptance)
   std::vector<int32_t> spec_context;  // scratch: the record + the pending token
   int64_t capacity = 0;
   std::vector<float> logits;  // after the last fed position; empty before the first prefill
@@ -265,11 +266,14 @@ constexpr int kMaxSpec = 16;
 absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
   for (size_t i = 0; o != nullptr && i < o->n_extra; ++i) {
     const std::string key(View(o->extra[i].key)), value(View(o->extra[i].value));
+    COLI_ASSIGN_OR_RETURN(const bool policy_switch,
+                          ParseDraftPolicySwitch(key, value, &k->spec_policy));
+    if (policy_switch) continue;
     if (key == "spec") {
       if (!absl::SimpleAtoi(value, &k->spec_max) || k->spec_max < 0 || k->spec_max > kMaxSpec) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "kimi_k3: option spec (COLI_K3_SPEC) = '", value, "' is not a draft length in 0…",
-            kMaxSpec));
+        return absl::InvalidArgumentError(absl::StrCat("kimi_k3: option spec (COLI_K3_SPEC) = '",
+                                                       value, "' is not a draft length in 0…",
+                                                       kMaxSpec));
       }
     } else if (key == "spec_ngram_max" || key == "spec_ngram_min") {
       int* n = key == "spec_ngram_max" ? &k->spec_ngram_max : &k->spec_ngram_min;
@@ -286,8 +290,8 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
     } else if (key == "ckpt") {
       if (!absl::SimpleAtoi(value, &k->checkpoint_slots) || k->checkpoint_slots < 0 ||
           k->checkpoint_slots > 1024) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "kimi_k3: option ckpt (COLI_K3_CKPT) = '", value, "' is not a slot count in 0…1024"));
+        return absl::InvalidArgumentError(absl::StrCat("kimi_k3: option ckpt (COLI_K3_CKPT) = '",
+                                                       value, "' is not a slot count in 0…1024"));
       }
     } else if (key == "mmap") {
       if (value != "0" && value != "1") {
@@ -298,9 +302,9 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
     } else if (key == "ckpt_dir") {
       std::error_code ec;
       if (!std::filesystem::is_directory(value, ec) || access(value.c_str(), W_OK) != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "kimi_k3: option ckpt_dir (COLI_K3_CKPT_DIR) = '", value,
-            "' is not a writable folder"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("kimi_k3: option ckpt_dir (COLI_K3_CKPT_DIR) = '", value,
+                         "' is not a writable folder"));
       }
       k->checkpoint_dir = value;
     } else if (key == "vulkan") {  // the Vulkan tier's switches, resolved in Open (vk_tier.h)
@@ -324,9 +328,9 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
     }
   }
   if (k->spec_ngram_min > k->spec_ngram_max) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kimi_k3: option spec_ngram_min = ", k->spec_ngram_min, " exceeds spec_ngram_max = ",
-        k->spec_ngram_max));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kimi_k3: option spec_ngram_min = ", k->spec_ngram_min,
+                     " exceeds spec_ngram_max = ", k->spec_ngram_max));
   }
   return absl::OkStatus();
 }
@@ -361,8 +365,8 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   bool cancelled = false;
   Model::Progress progress = [&](int done, int total) {
     if (args.progress != nullptr && !cancelled &&
-        args.progress(args.progress_user, static_cast<uint64_t>(done),
-                       static_cast<uint64_t>(total), "tensors", 7) != 0) {
+        args.progress(args.progress_user, static_cast<uint64_t>(done), static_cast<uint64_t>(total),
+                      "tensors", 7) != 0) {
       cancelled = true;
     }
   };
@@ -731,7 +735,8 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   }
   s->pending = -1;
   s->logits.clear();
-  s->spec_budget = DraftBudget();  // a new prompt may quote what the last one did not
+  // A new prompt may quote what the last one did not.
+  s->spec_budget = DraftBudget(s->m->spec_policy);
   s->sampler.reset();
   s->history.Reset(prompt);
   s->parser.reset();
@@ -939,18 +944,12 @@ std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   const K3Model& m = *s->m;
   if (m.spec_max <= 0 || s->spec.undelivered() > 0) return {};
   const int64_t room = s->capacity - s->session->position() - 1;
-  const int k = s->spec_budget.Next(static_cast<int>(std::min<int64_t>(m.spec_max, room)));
-  if (k <= 0) return {};
   s->spec_context.assign(s->session->tokens().begin(), s->session->tokens().end());
   s->spec_context.push_back(s->pending);
-  std::vector<int32_t> draft = LookupDraft(
-      s->spec_context,
-      {.ngram_max = m.spec_ngram_max, .ngram_min = m.spec_ngram_min, .max_tokens = k});
-  auto stop = std::find_if(draft.begin(), draft.end(), [&](int32_t id) {
-    return std::find(m.stop_ids.begin(), m.stop_ids.end(), id) != m.stop_ids.end();
-  });
-  draft.erase(stop, draft.end());
-  return draft;
+  return s->spec_budget.Propose(s->spec_context,
+                                static_cast<int>(std::min<int64_t>(m.spec_max, room)),
+                                {.ngram_max = m.spec_ngram_max, .ngram_min = m.spec_ngram_min},
+                                row.temperature > 0.0f, m.stop_ids);
 }
 
 // The sampler `Sample` draws the row's token with at this step: the session's, re-created
@@ -990,23 +989,11 @@ absl::Status VerifyDraft(K3Session* s, const coli_decode_row_t& row,
                          std::span<const int32_t> draft) {
   absl::StatusOr<SpecDecoder::Verified> v;
   {
-    // Plain greedy by the sampler's own rule (temperature <= 0): the argmax of the raw logits.
-    std::optional<sampling::Sampler> draw;
-    std::optional<sampling::TokenHistory> history;
+    // Draws of a copy of the row's sampler and history (draw-only); plain greedy: the argmax.
     const sampling::Sampler& real = RowSampler(s, row);
-    if (sampling::HasPenalties(real.options())) history.emplace(s->history);
-    if (history || !(real.options().temperature <= 0.0f)) draw.emplace(real);
     ForwardLock lock(*s->m);
     const auto t0 = Clock::now();
-    if (draw) {
-      v = s->spec.Verify(*s->session, s->pending, draft, [&](std::span<const float> logits) {
-        const int32_t id = draw->Next(logits, history ? &*history : nullptr).id;
-        if (history) history->AddOutput(id);
-        return id;
-      });
-    } else {
-      v = s->spec.Verify(*s->session, s->pending, draft);
-    }
+    v = s->spec.VerifyWithSampler(*s->session, s->pending, draft, real, &s->history);
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     TakeExpertStats(s);
   }
@@ -1079,8 +1066,8 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
     sessions[i] = reinterpret_cast<K3Session*>(rows[i].session);
     for (size_t j = 0; j < i; ++j) {
       if (sessions[j] == sessions[i]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "kimi_k3: decode rows ", j, " and ", i, " name the same session"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("kimi_k3: decode rows ", j, " and ", i, " name the same session"));
       }
     }
   }
@@ -1093,10 +1080,10 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
     if (COLI_ABI_HAS_FIELD(&rows[i], coli_decode_row_t, n_logit_bias) &&
         (rows[i].n_logit_bias > static_cast<size_t>(sampling::kMaxLogitBias) ||
          (rows[i].n_logit_bias > 0 && rows[i].logit_bias == nullptr))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "kimi_k3: decode row ", i, ": logit_bias has ", rows[i].n_logit_bias,
-          " entries at ", rows[i].logit_bias == nullptr ? "NULL" : "an array",
-          "; at most ", sampling::kMaxLogitBias, ", never NULL"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kimi_k3: decode row ", i, ": logit_bias has ", rows[i].n_logit_bias,
+                       " entries at ", rows[i].logit_bias == nullptr ? "NULL" : "an array",
+                       "; at most ", sampling::kMaxLogitBias, ", never NULL"));
     }
     if (absl::Status bad = sampling::ValidatePenalties(RowKnobs(rows[i]), vocab); !bad.ok()) {
       return absl::InvalidArgumentError(
@@ -1191,9 +1178,9 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
   // The Vulkan tier and shared experts: counters attributed to this session; resident experts,
   // matrices and their bytes are the model's now (0 without the device).
   static const char* const kVkNames[] = {
-      "vk_matmuls",         "vk_tier_resident",  "vk_tier_bytes",  "vk_tier_hits",
-      "vk_tier_promotions", "vk_tier_evictions", "vk_dense_calls", "vk_dense_matrices",
-      "vk_dense_bytes"};
+      "vk_matmuls",     "vk_tier_resident",   "vk_tier_bytes",
+      "vk_tier_hits",   "vk_tier_promotions", "vk_tier_evictions",
+      "vk_dense_calls", "vk_dense_matrices",  "vk_dense_bytes"};
   VkTierStats now;
   if (s.m->vk_tier != nullptr) now = s.m->vk_tier->Stats();
   const double vk_values[] = {s.vk_matmuls,

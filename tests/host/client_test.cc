@@ -123,9 +123,22 @@ TEST(Client, ModelOptionsFromEnvironment) {
 // The kimi_k3-only switches travel by name in `extra`, only when set; the numeric ones are
 // checked at the edge.
 TEST(Client, FamilySwitchesTravelInExtra) {
-  const char* vars[] = {"COLI_K3_CKPT", "COLI_K3_CKPT_DIR", "COLI_VULKAN", "K3_VK",
-                        "COLI_VK_TIER_GB", "K3_VK_GB", "COLI_VK_TIER_RATE", "K3_VK_UP",
-                        "K3_MMAP", "COLI_K3_SPEC", "COLI_VK_DENSE", "COLI_VK_TIER"};
+  const char* vars[] = {"COLI_K3_CKPT",
+                        "COLI_K3_CKPT_DIR",
+                        "COLI_VULKAN",
+                        "K3_VK",
+                        "COLI_VK_TIER_GB",
+                        "K3_VK_GB",
+                        "COLI_VK_TIER_RATE",
+                        "K3_VK_UP",
+                        "K3_MMAP",
+                        "COLI_K3_SPEC",
+                        "COLI_VK_DENSE",
+                        "COLI_VK_TIER",
+                        "COLI_K3_SPEC_MIN",
+                        "COLI_K3_SPEC_SAMPLED_NGRAM",
+                        "COLI_K3_SPEC_ADAPT",
+                        "COLI_K3_MIX_ROWS"};
   for (const char* v : vars) unsetenv(v);
   auto none = ModelOptionsFromEnv();
   ASSERT_OK(none.status());
@@ -138,17 +151,24 @@ TEST(Client, FamilySwitchesTravelInExtra) {
   setenv("COLI_K3_SPEC", "8", 1);
   setenv("COLI_VK_DENSE", "auto", 1);
   setenv("COLI_VK_TIER", "0", 1);
+  setenv("COLI_K3_SPEC_MIN", "2", 1);
+  setenv("COLI_K3_SPEC_SAMPLED_NGRAM", "4", 1);
+  setenv("COLI_K3_SPEC_ADAPT", "0", 1);
+  setenv("COLI_K3_MIX_ROWS", "16", 1);
   auto o = ModelOptionsFromEnv();
   ASSERT_OK(o.status());
   const std::map<std::string, std::string> extra(o->extra().begin(), o->extra().end());
-  EXPECT_EQ(extra, (std::map<std::string, std::string>{
-                       {"ckpt", "4"},
-                       {"vulkan", "1"},
-                       {"vk_gb", "2"},
-                       {"mmap", "1"},
-                       {"spec", "8"},
-                       {"vk_dense", "auto"},
-                       {"vk_tier", "0"}}));
+  EXPECT_EQ(extra, (std::map<std::string, std::string>{{"ckpt", "4"},
+                                                       {"vulkan", "1"},
+                                                       {"vk_gb", "2"},
+                                                       {"mmap", "1"},
+                                                       {"spec", "8"},
+                                                       {"vk_dense", "auto"},
+                                                       {"vk_tier", "0"},
+                                                       {"spec_min", "2"},
+                                                       {"spec_sampled_ngram", "4"},
+                                                       {"spec_adapt", "0"},
+                                                       {"mix_rows", "16"}}));
 
   setenv("COLI_K3_SPEC", "17", 1);  // more than 16 draft tokens
   EXPECT_THAT(ModelOptionsFromEnv(),

@@ -178,9 +178,11 @@ TEST_F(K3SamplingPluginTest, PenalisedRowsDraftOnASpecModel) {
 TEST_F(K3SamplingPluginTest, PenalisedRowsSpeculatedSameOutputs) {
   constexpr int kLong = 120, kWalk = 40;
   coli_model_t* off = Open({}, /*layers=*/0);
-  coli_model_t* on = Open({{"spec", "6"}}, /*layers=*/0);
+  // spec_sampled_ngram 1: sampled rows draft on every match (the default policy waits for a
+  // 3-token match), so their verifies run on the free-text walks and random prompts too.
+  coli_model_t* on = Open({{"spec", "6"}, {"spec_sampled_ngram", "1"}}, /*layers=*/0);
   coli_model_t* full_off = Open({});
-  coli_model_t* full_on = Open({{"spec", "4"}});
+  coli_model_t* full_on = Open({{"spec", "4"}, {"spec_sampled_ngram", "1"}});
   ASSERT_NE(off, nullptr);
   ASSERT_NE(on, nullptr);
   ASSERT_NE(full_off, nullptr);

@@ -61,11 +61,19 @@ void ExpectPassIdentity(std::map<std::string, double>& with,
 
 class K3SpecPluginTest : public abi_test::PluginAbiTest {
  protected:
-  // spec = max draft tokens (0 = off); layers = 0 for the bigram model of the walk prompts.
-  coli_model_t* Open(int spec, int32_t layers = -1) {
-    return PluginAbiTest::Open(spec > 0 ? Extra{{"spec", std::to_string(spec)}} : Extra{},
-                               layers);
+  // spec = max draft tokens (0 = off); layers = 0 for the bigram model of the walk prompts;
+  // `policy`: draft policy options (spec_decode.h DraftPolicy), e.g. kEveryMatch.
+  coli_model_t* Open(int spec, int32_t layers = -1, const Extra& policy = {}) {
+    Extra extra = policy;
+    if (spec > 0) extra.push_back({"spec", std::to_string(spec)});
+    return PluginAbiTest::Open(extra, layers);
   }
+  // Sampled rows draft on every match (1-grams too), so the tests whose point is exactness when
+  // sampled drafts are rejected still get such drafts on free text (the default policy drafts
+  // sampled rows only on 3-token matches).
+  const Extra kEveryMatch = {{"spec_sampled_ngram", "1"}};
+  // The fixed policy: every match, always K, no pauses.
+  const Extra kFixed = {{"spec_sampled_ngram", "1"}, {"spec_adapt", "0"}};
   // A walk prompt on `bigram` (a layers = 0 model without spec): start, its n successors as
   // the row with knobs `k` generates them (greedy by default), start again. A bigram model's
   // logits depend on the last token only and a sampler's draws on its seed and their count, so
@@ -257,7 +265,7 @@ std::vector<Knobs> SampledKnobs() {
 // prompt with another seed: drafts mostly rejected, outputs identical too.
 TEST_F(K3SpecPluginTest, SampledWalkSameOutputsDraftsAccepted) {
   coli_model_t* off = Open(0, 0);
-  coli_model_t* on = Open(6, 0);
+  coli_model_t* on = Open(6, 0, kEveryMatch);
   for (const Knobs& walk_knobs : SampledKnobs()) {
     const std::vector<int32_t> prompt = Walk(off, 5, kLong / 2, walk_knobs);
     ASSERT_GT(prompt.size(), 40u) << "the sampled walk hit a stop token early; pick another seed";
@@ -294,7 +302,7 @@ TEST_F(K3SpecPluginTest, SampledWalkSameOutputsDraftsAccepted) {
 // never copy), every rejection is replayed; outputs identical to spec off.
 TEST_F(K3SpecPluginTest, SampledFullStackSameOutputs) {
   coli_model_t* off = Open(0);
-  coli_model_t* on = Open(4);
+  coli_model_t* on = Open(4, -1, kEveryMatch);
   double drafts = 0, rejections = 0;
   const std::vector<Knobs> sets = SampledKnobs();
   for (size_t j = 0; j < 2; ++j) {  // two sets keep the binary fast; the walk test runs all
@@ -314,6 +322,47 @@ TEST_F(K3SpecPluginTest, SampledFullStackSameOutputs) {
   }
   EXPECT_GT(drafts, 0);
   EXPECT_GT(rejections, 0);  // rejected drafts replayed on the full stack
+}
+
+// The draft policy through the ABI (docs/status/spec-decoding.md "Draft policy"): on the sampled
+// walk (the repeat, then free text) the default policy drafts the repeat — its tokens come from
+// the buffer — but not the free text's short matches: fewer verifies and rejected draft tokens
+// than the fixed policy, outputs bit-identical to spec off with both. On the full stack's free
+// text a sampled row does not draft at all by default.
+TEST_F(K3SpecPluginTest, DraftPolicyFewerVerifiesSameOutputs) {
+  coli_model_t* off = Open(0, 0);
+  coli_model_t* adaptive = Open(6, 0);
+  coli_model_t* fixed = Open(6, 0, kFixed);
+  int compared = 0;
+  for (const Knobs& k : SampledKnobs()) {
+    SCOPED_TRACE(::testing::Message() << "temperature " << k.temperature << " seed " << k.seed);
+    const std::vector<int32_t> prompt = Walk(off, 5, kLong / 2, k);
+    const auto want = Fresh(off, prompt, kLong, k);
+    // Only walks followed by free text (a walk that ends in a stop token ends the turn there).
+    if (want.size() < static_cast<size_t>(kLong)) continue;
+    ++compared;
+    std::map<std::string, double> with[2];
+    coli_model_t* models[2] = {adaptive, fixed};
+    for (int i = 0; i < 2; ++i) {
+      coli_session_t* s = NewSession(models[i]);
+      Prefill(s, prompt, k.seed);
+      ExpectSame(Generate(s, kLong, k), want);
+      with[i] = Stats(s);
+    }
+    const size_t walk = prompt.size() - 2;
+    EXPECT_GE(with[0]["spec_tokens_from_buffer"], static_cast<double>(walk) / 2);
+    EXPECT_LT(with[0]["spec_drafts"], with[1]["spec_drafts"]);
+    EXPECT_LT(with[0]["spec_draft_tokens"] - with[0]["spec_accepted_tokens"],
+              with[1]["spec_draft_tokens"] - with[1]["spec_accepted_tokens"]);
+  }
+  EXPECT_GE(compared, 2);
+  coli_model_t* full_off = Open(0);
+  coli_model_t* full_on = Open(4);
+  const Knobs k = SampledKnobs()[0];
+  coli_session_t* s = NewSession(full_on);
+  Prefill(s, Repeating(10, 3), k.seed);
+  ExpectSame(Generate(s, kLong, k), Fresh(full_off, Repeating(10, 3), kLong, k));
+  EXPECT_EQ(Stats(s)["spec_drafts"], 0);
 }
 
 // A sampled row stops early (the host's max_tokens) while verified tokens are buffered; the

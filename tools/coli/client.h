@@ -162,6 +162,8 @@ std::string ResolveModelDir(const std::string& flag);
 //   K3_MMAP extra["mmap"] (0/1: map a repacked container's matrices read-only)
 //   COLI_K3_SPEC extra["spec"] (kimi_k3 speculative decoding: max prompt-lookup draft tokens
 //     per verify pass, 0…16, 0 = off; greedy and sampled rows, not penalised ones)
+//   COLI_K3_SPEC_MIN extra["spec_min"], COLI_K3_SPEC_SAMPLED_NGRAM extra["spec_sampled_ngram"],
+//     COLI_K3_SPEC_ADAPT extra["spec_adapt"] (the draft policy; the family checks the values)
 //   COLI_K3_MIX_ROWS extra["mix_rows"] (kimi_k3: most decode rows one prefill chunk pass
 //     carries, 0…4096, 0 = off; default max(8, K3_CHUNK); docs/status/batching.md)
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
