@@ -66,6 +66,7 @@ class JsonMatcher {
   int64_t consumed() const;
 
  private:
+  friend class TokenFilter;
   struct State;
   std::unique_ptr<State> state_;
 };

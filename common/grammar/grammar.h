@@ -1,0 +1,177 @@
+// common/grammar internals: the compiled form of a JSON schema (a graph of
+// Nodes) and the byte-level pushdown machine that walks it. Not part of the
+// public API (json_constraint.h).
+//
+// Design. A schema compiles to Nodes (object, array, string, number, integer,
+// literal set, anyOf, any). The machine's state is a small set of THREADS (one
+// per live alternative of an anyOf / enum / object key choice); each thread is
+// a stack of 16-byte Frames, one per open value. A byte is fed to every thread;
+// a thread that cannot take it dies; identical threads are merged. So the
+// matcher is exact (no lookahead heuristics) and cheap to copy when, as almost
+// always, one thread is alive.
+//
+// Whitespace policy (bounded, so bounded schemas terminate): between the tokens
+// of an object or array ('{' '}' '[' ']' ':' ',' and the values) a run is one
+// of: nothing, one space, or one newline followed by at most kMaxIndent spaces.
+// The top-level value has no whitespace before or after it. This covers compact
+// output, json.dumps' default ", " / ": " separators, and pretty-printing with
+// indent up to kMaxIndent.
+#ifndef COLI_COMMON_GRAMMAR_GRAMMAR_H_
+#define COLI_COMMON_GRAMMAR_GRAMMAR_H_
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/grammar/json_constraint.h"
+#include "nlohmann/json.hpp"
+
+namespace coli::grammar::internal {
+
+inline constexpr int kMaxIndent =
+    64; // spaces after a newline in one whitespace run
+inline constexpr int kMaxIntDigits = 20; // digits before '.' (uint64 fits)
+inline constexpr int kMaxFracDigits =
+    24; // digits after '.' (repr of any double fits)
+inline constexpr int kMaxExpDigits = 3; // digits of an exponent
+inline constexpr int kMaxStack = 96;    // open values (nesting) in one thread
+inline constexpr int64_t kUnbounded = std::numeric_limits<int32_t>::max();
+
+enum class Kind : uint8_t {
+  kAny,
+  kObject,
+  kArray,
+  kString,
+  kNumber,
+  kInteger,
+  kLiterals,
+  kAnyOf
+};
+
+struct Property {
+  std::string name;        // decoded
+  int32_t key_literal = 0; // literal id of its JSON-encoded key ("\"name\"")
+  int32_t node = 0;
+  bool required = false;
+};
+
+struct Node {
+  Kind kind = Kind::kAny;
+  // kObject: declared properties in schema order; additional = node for other
+  // keys or -1.
+  std::vector<Property> props;
+  int32_t additional = -1;
+  // first_required[i]: smallest required index >= i (props.size() when none);
+  // size n + 1.
+  std::vector<int32_t> first_required;
+  // kArray: item i is prefix[i] when i < prefix.size(), else items (-1: no more
+  // items).
+  std::vector<int32_t> prefix;
+  int32_t items = -1;
+  int64_t min_items = 0,
+          max_items = kUnbounded; // max already capped by prefix when items -1
+  // kString: length in characters (code points).
+  int64_t min_len = 0, max_len = kUnbounded;
+  // kLiterals: ids into Grammar::literals (whole JSON texts, compact).
+  std::vector<int32_t> literals;
+  // kAnyOf
+  std::vector<int32_t> alts;
+};
+
+// Built-in nodes present in every grammar (the "any JSON value" machinery).
+enum BuiltinNode : int32_t {
+  kAnyValue = 0,
+  kAnyObject = 1,
+  kAnyArray = 2,
+  kAnyString = 3,
+  kAnyNumber = 4,
+  kBoolNode = 5,
+  kNullNode = 6,
+  kNumBuiltins = 7,
+};
+
+struct Grammar {
+  std::vector<Node> nodes;
+  std::vector<std::string> literals;
+  int32_t root = kAnyObject;
+};
+
+// A grammar holding only the built-ins (root: any object).
+Grammar BuiltinGrammar();
+
+// Compiles a JSON schema (already parsed, keys in document order) into a
+// grammar. `path` names the schema in error messages ("schema",
+// "response_format.json_schema.schema").
+absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json &schema,
+                                      std::string path);
+
+// ---- the machine
+// -------------------------------------------------------------------------
+
+enum FrameKind : uint8_t { kValue, kObj, kArr, kStr, kNum, kLit };
+
+struct Frame {
+  uint8_t kind = kValue;
+  uint8_t phase = 0;
+  uint8_t ws =
+      0; // whitespace run state (containers) / exponent digits (numbers)
+  uint8_t flags = 0; // kStr: kKeyFlag; kNum: kIntegerFlag
+  int32_t node = 0;
+  int32_t a = 0;
+  int32_t b = 0;
+  bool operator==(const Frame &) const = default;
+};
+
+struct Thread {
+  std::vector<Frame> stack;
+  std::string
+      key; // raw bytes of an additional-property key being read (only then)
+  bool operator==(const Thread &) const = default;
+};
+
+struct MachineState {
+  std::vector<Thread> threads;
+  bool operator==(const MachineState &) const = default;
+};
+
+// Stateless rules over one grammar.
+class Machine {
+public:
+  explicit Machine(const Grammar *g);
+  // Unique per machine for the life of the process (memoisation keys name it).
+  uint64_t id() const { return id_; }
+  MachineState Initial() const;
+  // Feeds one byte; false (state unspecified) when no thread can take it.
+  bool Step(MachineState &s, uint8_t c) const;
+  bool CanEnd(const MachineState &s) const;
+  // CanEnd and no byte can follow.
+  bool MustEnd(const MachineState &s) const;
+  // A byte string identifying this machine and the state (for memoisation).
+  void Key(const MachineState &s, std::string *out) const;
+
+private:
+  bool Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const;
+  void Pop(Thread &t) const;
+  bool OpenValue(Thread &t, int32_t node) const;
+  const Grammar *g_;
+  uint64_t id_;
+};
+
+} // namespace coli::grammar::internal
+
+namespace coli::grammar {
+// A matcher made from a null constraint (response_format text) accepts every
+// byte.
+struct JsonMatcher::State {
+  std::shared_ptr<const JsonConstraint> owner;
+  const internal::Machine *machine = nullptr; // null: unconstrained
+  internal::MachineState m;
+  int64_t consumed = 0;
+};
+} // namespace coli::grammar
+
+#endif // COLI_COMMON_GRAMMAR_GRAMMAR_H_

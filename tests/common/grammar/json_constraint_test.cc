@@ -1,0 +1,237 @@
+// common/grammar: the matcher on hand-written cases (accept / reject / end),
+// the schema compiler's refusals, and TokenFilter against trying every token.
+#include "common/grammar/json_constraint.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace coli::grammar {
+namespace {
+
+using ::coli::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::shared_ptr<const JsonConstraint> Schema(const std::string &s) {
+  auto c = JsonConstraint::FromSchema(s);
+  EXPECT_TRUE(c.ok()) << c.status() << " for " << s;
+  return c.ok() ? *c : nullptr;
+}
+
+// Whether the whole of `doc` is accepted and may end there.
+bool Complete(const std::shared_ptr<const JsonConstraint> &c,
+              std::string_view doc) {
+  JsonMatcher m(c);
+  return m.Accept(doc) && m.CanEnd();
+}
+
+TEST(JsonMatcher, ObjectPropertiesInOrderRequiredAndOptional) {
+  auto c = Schema(R"({"type":"object","properties":{"a":{"type":"integer"},
+      "b":{"type":"string"},"c":{"type":"boolean"}},"required":["a","c"],
+      "additionalProperties":false})");
+  EXPECT_TRUE(Complete(c, R"({"a":1,"b":"x","c":true})"));
+  EXPECT_TRUE(Complete(c, R"({"a":1,"c":false})"));
+  EXPECT_TRUE(Complete(c, "{\"a\": -12, \"c\": true}"));
+  EXPECT_TRUE(Complete(c, "{\n  \"a\": 0,\n  \"c\": true\n}"));
+  EXPECT_FALSE(Complete(c, R"({"a":1})"));          // c missing
+  EXPECT_FALSE(Complete(c, R"({"c":true,"a":1})")); // order
+  EXPECT_FALSE(Complete(c, R"({"a":1,"c":true,"d":1})"));
+  EXPECT_FALSE(Complete(c, R"({"a":01,"c":true})")); // leading zero
+  EXPECT_FALSE(Complete(c, R"({"a":1.5,"c":true})"));
+}
+
+TEST(JsonMatcher, AcceptIsAllOrNothing) {
+  auto c = Schema(R"({"type":"array","items":{"type":"integer"}})");
+  JsonMatcher m(c);
+  EXPECT_TRUE(m.Accept("[1,"));
+  EXPECT_EQ(m.consumed(), 3);
+  EXPECT_FALSE(m.Accept("2,x"));
+  EXPECT_EQ(m.consumed(), 3);
+  EXPECT_TRUE(m.Accept("2]"));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_TRUE(m.MustEnd());
+}
+
+TEST(JsonMatcher, NumbersEndOnlyWhenComplete) {
+  auto c = Schema(R"({"type":"number"})");
+  JsonMatcher m(c);
+  EXPECT_TRUE(m.Accept("-"));
+  EXPECT_FALSE(m.CanEnd());
+  EXPECT_TRUE(m.Accept("0"));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_FALSE(m.MustEnd()); // ".5" or "e1" may follow
+  EXPECT_FALSE(m.Accept("0"));
+  EXPECT_TRUE(m.Accept(".5e+3"));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_FALSE(Complete(c, "1."));
+  EXPECT_FALSE(Complete(c, "1e"));
+  EXPECT_FALSE(Complete(c, "+1"));
+  EXPECT_FALSE(Complete(c, " 1"));
+}
+
+TEST(JsonMatcher, StringsEscapesUtf8AndLength) {
+  auto c = Schema(R"({"type":"string","minLength":2,"maxLength":3})");
+  EXPECT_TRUE(Complete(c, "\"ab\""));
+  EXPECT_FALSE(Complete(c, "\"a\""));
+  EXPECT_FALSE(Complete(c, "\"abcd\""));
+  EXPECT_TRUE(Complete(
+      c, "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"")); // 3 characters, 9 bytes
+  EXPECT_TRUE(
+      Complete(c, R"("\ud83d\ude00\n")")); // a surrogate pair is one character
+  EXPECT_FALSE(Complete(c, R"("\ud83dx")"));      // lone high surrogate
+  EXPECT_FALSE(Complete(c, R"("\ude00a")"));      // lone low surrogate
+  EXPECT_FALSE(Complete(c, "\"a\tb\""));          // raw control character
+  EXPECT_FALSE(Complete(c, "\"\xc0\xafx\""));     // overlong
+  EXPECT_FALSE(Complete(c, "\"\xed\xa0\x80x\"")); // UTF-8 surrogate
+  EXPECT_FALSE(Complete(c, R"("\x41")"));
+}
+
+TEST(JsonMatcher, EnumAnyOfRefRecursion) {
+  auto c = Schema(R"({"$defs":{"node":{"type":"object","properties":{
+      "v":{"enum":["x",1,null]},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},
+      "required":["v"]}},"anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]})");
+  EXPECT_TRUE(Complete(c, "null"));
+  EXPECT_TRUE(
+      Complete(c, R"({"v":"x","kids":[{"v":1},{"v":null,"kids":[]}]})"));
+  EXPECT_FALSE(Complete(c, R"({"v":"y"})"));
+  EXPECT_FALSE(Complete(c, R"({"v":12})"));
+  EXPECT_FALSE(Complete(c, R"({"kids":[]})"));
+}
+
+TEST(JsonConstraint, ResponseFormats) {
+  auto text = JsonConstraint::FromResponseFormat(R"({"type":"text"})");
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, nullptr);
+  auto obj = JsonConstraint::FromResponseFormat(R"({"type":"json_object"})");
+  ASSERT_TRUE(obj.ok());
+  EXPECT_TRUE(Complete(*obj, R"({"a":[1,{"b":null}],"c":"d"})"));
+  EXPECT_FALSE(Complete(*obj, "[1]"));
+  auto js = JsonConstraint::FromResponseFormat(
+      R"({"type":"json_schema","json_schema":{"name":"x","strict":true,
+          "schema":{"type":"object","properties":{"a":{"type":"integer","minimum":3}}}}})");
+  EXPECT_THAT(
+      js.status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("response_format.json_schema.schema.properties.a."
+                         "minimum: not supported")));
+  EXPECT_THAT(JsonConstraint::FromResponseFormat(R"({"type":"yaml"})").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("response_format.type")));
+  EXPECT_THAT(JsonConstraint::FromResponseFormat("{").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("response_format")));
+}
+
+// Every unsupported keyword is refused, naming its path.
+TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
+  const std::pair<const char *, const char *> cases[] = {
+      {R"({"type":"string","pattern":"a+"})", "schema.pattern: not supported"},
+      {R"({"type":"string","format":"date"})", "schema.format: not supported"},
+      {R"({"properties":{"n":{"type":"number","maximum":1}}})",
+       "schema.properties.n.maximum: not supported"},
+      {R"({"type":"array","uniqueItems":true})",
+       "schema.uniqueItems: not supported"},
+      {R"({"not":{}})", "schema.not: not supported"},
+      {R"({"if":{},"then":{}})", "schema.if: not supported"},
+      {R"({"type":"object","patternProperties":{}})",
+       "schema.patternProperties: not supported"},
+      {R"({"allOf":[{},{}]})", "schema.allOf: only allOf with a single member"},
+      {R"({"$ref":"#/$defs/missing"})",
+       "schema.$ref: '#/$defs/missing' not found"},
+      {R"({"$ref":"http://x/y"})", "schema.$ref: 'http://x/y': only local"},
+      {R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})",
+       "reference cycle"},
+      {R"({"type":"object","properties":{"a":{}},"required":["b"]})",
+       "schema.required[0]: 'b' is not in properties"},
+      {R"({"type":"string","minLength":3,"maxLength":2})",
+       "schema.minLength: greater than"},
+      {R"({"type":"strin"})", "schema.type: unknown type \"strin\""},
+      {R"({"anyOf":[{"type":"string"}],"type":"string"})",
+       "schema.type: not supported beside"},
+      {R"({"type":"array","items":[{}]})", "schema.items: an array of schemas"},
+      {R"({"enum":[1,2],"type":"string"})",
+       "schema.enum: no member has the schema's type"},
+      {R"(false)", "schema: the schema false"},
+  };
+  for (const auto &[schema, message] : cases) {
+    EXPECT_THAT(
+        JsonConstraint::FromSchema(schema).status(),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
+        << schema;
+  }
+}
+
+// A vocabulary of byte strings that exercises the grammar: JSON punctuation,
+// partial UTF-8, escapes, digits, keys.
+std::vector<std::string> TestVocabulary() {
+  std::vector<std::string> v = {
+      "",         "{",        "}",        "[",
+      "]",        ",",        ":",        "\"",
+      " ",        "\n",       "  ",       "\n  ",
+      "\"a\"",    "\"a",      "a",        "b",
+      "\"b\":",   "\":",      "\",",      "1",
+      "0",        "-",        ".",        "e",
+      "E+",       "12",       "01",       "-0",
+      "1.5",      "true",     "tr",       "ue",
+      "null",     "false",    "\\",       "\\u",
+      "d83d",     "\\ud83d",  "\\ude00",  "00",
+      "\\n",      "\\\"",     "\xc3",     "\xa9",
+      "\xc3\xa9", "\xe2\x82", "\xac",     "\xf0\x9f\x98\x80",
+      "\xed\xa0", "\x80",     "\x01",     "},",
+      "],",       "\"}",      "\"]",      "\":\"",
+      "{\"",      "[{",       "x\"",      ", ",
+      ": ",       "\"v\"",    "\"kids\"", "\"c\"",
+      "1,",       "2]",       "\t"};
+  for (int b = 0; b < 256; ++b)
+    v.push_back(std::string(1, static_cast<char>(b)));
+  return v;
+}
+
+TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
+  const std::vector<std::string> vocab = TestVocabulary();
+  TokenFilter filter(vocab);
+  EXPECT_EQ(filter.vocab_size(), static_cast<int32_t>(vocab.size()));
+  const char *schemas[] = {
+      R"({"type":"object","properties":{"a":{"type":"string","maxLength":4},
+          "b":{"type":"array","items":{"type":"number"},"maxItems":3},
+          "c":{"enum":[1,12,"x"]}},"required":["c"]})",
+      R"({"$defs":{"n":{"type":"object","properties":{"v":{"type":"integer"},
+          "kids":{"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":2}},"required":["v"]}},
+          "$ref":"#/$defs/n"})",
+      R"({"type":"object","properties":{"s":{"type":"string"}},"additionalProperties":true})",
+  };
+  std::mt19937 rng(7);
+  std::vector<uint8_t> allowed;
+  int checked = 0;
+  for (const char *s : schemas) {
+    auto c = Schema(s);
+    for (int walk = 0; walk < 6; ++walk) {
+      JsonMatcher m(c);
+      for (int step = 0; step < 40 && !m.MustEnd(); ++step) {
+        filter.Allowed(m, &allowed);
+        ASSERT_EQ(allowed.size(), vocab.size());
+        std::vector<int32_t> ok;
+        for (size_t i = 0; i < vocab.size(); ++i) {
+          JsonMatcher copy = m;
+          const bool expect = !vocab[i].empty() && copy.Accept(vocab[i]);
+          ASSERT_EQ(allowed[i] != 0, expect)
+              << "token " << i << " after " << m.consumed();
+          if (expect)
+            ok.push_back(static_cast<int32_t>(i));
+        }
+        ++checked;
+        if (ok.empty())
+          break;
+        ASSERT_TRUE(m.Accept(vocab[ok[rng() % ok.size()]]));
+      }
+    }
+  }
+  EXPECT_GT(checked, 50);
+}
+
+} // namespace
+} // namespace coli::grammar
