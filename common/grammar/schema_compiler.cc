@@ -32,7 +32,7 @@ const std::set<std::string, std::less<>> kSupported = {
     "items",      "prefixItems", "minItems",
     "maxItems",   "minLength",   "maxLength",
     "anyOf",      "oneOf",       "allOf",
-    "$ref",       "nullable"};
+    "$ref"};
 const std::set<std::string, std::less<>> kObjectWords = {
     "properties", "required", "additionalProperties"};
 const std::set<std::string, std::less<>> kArrayWords = {"items", "prefixItems",
@@ -155,22 +155,6 @@ private:
       return absl::OkStatus();
     };
 
-    if (s.contains("nullable")) {
-      const Json &nullable = s["nullable"];
-      if (!nullable.is_boolean()) {
-        return Error(Join(path, "nullable"), "expected true or false");
-      }
-      if (nullable.get<bool>()) {
-        Json rest = s;
-        rest.erase("nullable");
-        COLI_ASSIGN_OR_RETURN(int32_t inner, Compile(rest, path));
-        Node n;
-        n.kind = Kind::kAnyOf;
-        n.alts = {inner, kNullNode};
-        return AddNode(std::move(n));
-      }
-      std::erase(constraints, std::string("nullable"));
-    }
     if (s.contains("$ref")) {
       COLI_RETURN_IF_ERROR(only("$ref"));
       const std::string at = Join(path, "$ref");

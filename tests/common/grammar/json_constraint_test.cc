@@ -156,6 +156,10 @@ TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
       {R"({"enum":[1,2],"type":"string"})",
        "schema.enum: no member has the schema's type"},
       {R"(false)", "schema: the schema false"},
+      // OpenAPI's nullable is no JSON Schema keyword (validators ignore it):
+      // say type [..,"null"].
+      {R"({"type":"string","nullable":true})",
+       "schema.nullable: not supported"},
   };
   for (const auto &[schema, message] : cases) {
     EXPECT_THAT(
