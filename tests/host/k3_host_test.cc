@@ -34,7 +34,8 @@ class K3HostTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(std::filesystem::exists(std::string(COLI_K3_TINY_DIR) + "/config.json"))
         << "tiny fixture missing: build target k3_tiny_fixture";
-    engine_ = std::make_unique<Engine>(EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST});
+    engine_ = std::make_unique<Engine>(
+        EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST, .decode_delay_ms = decode_delay_ms_});
     const std::string dir = ::testing::TempDir() + "/k3_host_" + std::to_string(getpid());
     std::filesystem::create_directories(dir);
     auto server = HostServer::Start(engine_.get(), {.listen = "unix:" + dir + "/h.sock"});
@@ -58,6 +59,8 @@ class K3HostTest : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->Shutdown();
   }
+
+  int decode_delay_ms_ = 0;  // set by a subclass's constructor (paced tests)
 
   // The tiny model again as "k3c8", prefilled in chunks of 8 tokens (K3_CHUNK=8).
   void LoadChunk8() {
@@ -157,7 +160,15 @@ TEST_F(K3HostTest, GenerateThroughGrpcMatchesTheCoreLibrary) {
   EXPECT_EQ(local, out.ids);
 }
 
-TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
+// Decoding paced at 5 ms a token, so a cancel sent after the 2nd token lands long before
+// max_tokens whatever the machine's load (unpaced, the tiny model's ~1 ms tokens could run out
+// the 400 before a loaded machine delivers the cancel).
+class K3HostPacedTest : public K3HostTest {
+ protected:
+  K3HostPacedTest() { decode_delay_ms_ = 5; }
+};
+
+TEST_F(K3HostPacedTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
   v1::GenerateRequest first;
   first.set_prompt(kPrompt);
   first.set_max_tokens(4);
@@ -178,9 +189,9 @@ TEST_F(K3HostTest, FollowUpReusesThePrefixAndCancelKeepsTheSessionUsable) {
   follow.push_back(a.ids.front());  // one more token of "new turn"
   v1::GenerateRequest second;
   second.mutable_prompt_ids()->Add(follow.begin(), follow.end());
-  // A tiny-model token takes about a millisecond, so how many arrive after the client sent the
-  // cancel depends on the machine's load; the bounds below only need the cancel to land long
-  // before max_tokens (the host-side "within one token" is HostTest's, with a paced plugin).
+  // How many tokens arrive after the client sent the cancel depends on the machine's load; the
+  // bounds below only need the cancel to land long before max_tokens (400 paced tokens: 2 s;
+  // the host-side "within one token" is HostTest's, with a paced plugin).
   second.set_max_tokens(400);
   second.set_request_id("k3-cancel");
   Out b = Generate(second, [&](int n) {
@@ -371,10 +382,9 @@ TEST_F(K3HostTest, CheckpointsServeRegenerateAndAnEditedLastMessage) {
     grpc::Status status = reader->Finish();
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
-  const nlohmann::json history = {
-      {{"role", "system"}, {"content", "You are a terse assistant."}},
-      {{"role", "user"}, {"content", "Hi there, who are you?"}},
-      {{"role", "assistant"}, {"content", "A small test model."}}};
+  const nlohmann::json history = {{{"role", "system"}, {"content", "You are a terse assistant."}},
+                                  {{"role", "user"}, {"content", "Hi there, who are you?"}},
+                                  {{"role", "assistant"}, {"content", "A small test model."}}};
   auto render = [&](const std::string& last_user, bool add_generation_prompt = true) {
     nlohmann::json body = {{"messages", history}};
     if (!last_user.empty()) {
@@ -392,8 +402,7 @@ TEST_F(K3HostTest, CheckpointsServeRegenerateAndAnEditedLastMessage) {
   const std::vector<int32_t> first = render("Tell me about foxes, please.");
   const std::vector<int32_t> edited = render("Tell me about dogs instead.");
   const size_t common =
-      std::mismatch(first.begin(), first.end(), edited.begin(), edited.end()).first -
-      first.begin();
+      std::mismatch(first.begin(), first.end(), edited.begin(), edited.end()).first - first.begin();
   ASSERT_GT(common, 16u) << "the two prompts must share their history";
   const std::vector<int32_t> stops(info_.stop_ids().begin(), info_.stop_ids().end());
   auto run = [&](const std::string& model, const std::vector<int32_t>& prompt) {
