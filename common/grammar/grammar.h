@@ -32,29 +32,18 @@
 
 namespace coli::grammar::internal {
 
-inline constexpr int kMaxIndent =
-    64; // spaces after a newline in one whitespace run
-inline constexpr int kMaxIntDigits = 20; // digits before '.' (uint64 fits)
-inline constexpr int kMaxFracDigits =
-    24; // digits after '.' (repr of any double fits)
-inline constexpr int kMaxExpDigits = 3; // digits of an exponent
-inline constexpr int kMaxStack = 96;    // open values (nesting) in one thread
+inline constexpr int kMaxIndent = 64;      // spaces after a newline in one whitespace run
+inline constexpr int kMaxIntDigits = 20;   // digits before '.' (uint64 fits)
+inline constexpr int kMaxFracDigits = 24;  // digits after '.' (repr of any double fits)
+inline constexpr int kMaxExpDigits = 3;    // digits of an exponent
+inline constexpr int kMaxStack = 96;       // open values (nesting) in one thread
 inline constexpr int64_t kUnbounded = std::numeric_limits<int32_t>::max();
 
-enum class Kind : uint8_t {
-  kAny,
-  kObject,
-  kArray,
-  kString,
-  kNumber,
-  kInteger,
-  kLiterals,
-  kAnyOf
-};
+enum class Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kLiterals, kAnyOf };
 
 struct Property {
-  std::string name;        // decoded
-  int32_t key_literal = 0; // literal id of its JSON-encoded key ("\"name\"")
+  std::string name;         // decoded
+  int32_t key_literal = 0;  // literal id of its JSON-encoded key ("\"name\"")
   int32_t node = 0;
   bool required = false;
 };
@@ -73,7 +62,7 @@ struct Node {
   std::vector<int32_t> prefix;
   int32_t items = -1;
   int64_t min_items = 0,
-          max_items = kUnbounded; // max already capped by prefix when items -1
+          max_items = kUnbounded;  // max already capped by prefix when items -1
   // kString: length in characters (code points).
   int64_t min_len = 0, max_len = kUnbounded;
   // kLiterals: ids into Grammar::literals (whole JSON texts, compact).
@@ -106,8 +95,7 @@ Grammar BuiltinGrammar();
 // Compiles a JSON schema (already parsed, keys in document order) into a
 // grammar. `path` names the schema in error messages ("schema",
 // "response_format.json_schema.schema").
-absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json &schema,
-                                      std::string path);
+absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json &schema, std::string path);
 
 // ---- the machine
 // -------------------------------------------------------------------------
@@ -117,9 +105,8 @@ enum FrameKind : uint8_t { kValue, kObj, kArr, kStr, kNum, kLit };
 struct Frame {
   uint8_t kind = kValue;
   uint8_t phase = 0;
-  uint8_t ws =
-      0; // whitespace run state (containers) / exponent digits (numbers)
-  uint8_t flags = 0; // kStr: kKeyFlag; kNum: kIntegerFlag
+  uint8_t ws = 0;     // whitespace run state (containers) / exponent digits (numbers)
+  uint8_t flags = 0;  // kStr: kKeyFlag; kNum: kIntegerFlag
   int32_t node = 0;
   int32_t a = 0;
   int32_t b = 0;
@@ -128,8 +115,7 @@ struct Frame {
 
 struct Thread {
   std::vector<Frame> stack;
-  std::string
-      key; // raw bytes of an additional-property key being read (only then)
+  std::string key;  // raw bytes of an additional-property key being read (only then)
   bool operator==(const Thread &) const = default;
 };
 
@@ -140,7 +126,7 @@ struct MachineState {
 
 // Stateless rules over one grammar.
 class Machine {
-public:
+ public:
   explicit Machine(const Grammar *g);
   // Unique per machine for the life of the process (memoisation keys name it).
   uint64_t id() const { return id_; }
@@ -153,7 +139,7 @@ public:
   // A byte string identifying this machine and the state (for memoisation).
   void Key(const MachineState &s, std::string *out) const;
 
-private:
+ private:
   bool Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const;
   void Pop(Thread &t) const;
   bool OpenValue(Thread &t, int32_t node) const;
@@ -161,17 +147,17 @@ private:
   uint64_t id_;
 };
 
-} // namespace coli::grammar::internal
+}  // namespace coli::grammar::internal
 
 namespace coli::grammar {
 // A matcher made from a null constraint (response_format text) accepts every
 // byte.
 struct JsonMatcher::State {
   std::shared_ptr<const JsonConstraint> owner;
-  const internal::Machine *machine = nullptr; // null: unconstrained
+  const internal::Machine *machine = nullptr;  // null: unconstrained
   internal::MachineState m;
   int64_t consumed = 0;
 };
-} // namespace coli::grammar
+}  // namespace coli::grammar
 
-#endif // COLI_COMMON_GRAMMAR_GRAMMAR_H_
+#endif  // COLI_COMMON_GRAMMAR_GRAMMAR_H_

@@ -22,12 +22,11 @@ using Ordered = nlohmann::ordered_json;
 
 // The one implementation of JsonConstraint.
 class CompiledConstraint final : public JsonConstraint {
-public:
-  explicit CompiledConstraint(Grammar g)
-      : grammar_(std::move(g)), machine_(&grammar_) {}
+ public:
+  explicit CompiledConstraint(Grammar g) : grammar_(std::move(g)), machine_(&grammar_) {}
   const Machine &machine() const { return machine_; }
 
-private:
+ private:
   Grammar grammar_;
   Machine machine_;
 };
@@ -35,87 +34,72 @@ private:
 // Parses with coli::json::Parse for its errors (line/column, duplicate keys,
 // depth), then keeps the key order (property order is part of the constraint)
 // with ordered_json.
-absl::StatusOr<Ordered> ParseOrdered(std::string_view text,
-                                     std::string_view source) {
+absl::StatusOr<Ordered> ParseOrdered(std::string_view text, std::string_view source) {
   COLI_RETURN_IF_ERROR(json::Parse(text, source).status());
   Ordered doc = Ordered::parse(text.begin(), text.end(), nullptr,
                                /*allow_exceptions=*/false);
-  if (doc.is_discarded())
-    return absl::InvalidArgumentError(Cat(std::string(source), ": not JSON"));
+  if (doc.is_discarded()) return absl::InvalidArgumentError(Cat(std::string(source), ": not JSON"));
   return doc;
 }
 
-absl::StatusOr<std::shared_ptr<const JsonConstraint>>
-Make(const Ordered &schema, std::string path) {
-  COLI_ASSIGN_OR_RETURN(Grammar g,
-                        internal::CompileSchema(schema, std::move(path)));
-  return std::shared_ptr<const JsonConstraint>(
-      std::make_shared<CompiledConstraint>(std::move(g)));
+absl::StatusOr<std::shared_ptr<const JsonConstraint>> Make(const Ordered &schema,
+                                                           std::string path) {
+  COLI_ASSIGN_OR_RETURN(Grammar g, internal::CompileSchema(schema, std::move(path)));
+  return std::shared_ptr<const JsonConstraint>(std::make_shared<CompiledConstraint>(std::move(g)));
 }
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<std::shared_ptr<const JsonConstraint>>
-JsonConstraint::FromResponseFormat(std::string_view response_format_json) {
-  COLI_ASSIGN_OR_RETURN(Ordered f,
-                        ParseOrdered(response_format_json, "response_format"));
-  if (!f.is_object())
-    return absl::InvalidArgumentError("response_format: expected an object");
+absl::StatusOr<std::shared_ptr<const JsonConstraint>> JsonConstraint::FromResponseFormat(
+    std::string_view response_format_json) {
+  COLI_ASSIGN_OR_RETURN(Ordered f, ParseOrdered(response_format_json, "response_format"));
+  if (!f.is_object()) return absl::InvalidArgumentError("response_format: expected an object");
   auto type = f.find("type");
   if (type == f.end() || !type->is_string()) {
-    return absl::InvalidArgumentError(
-        "response_format.type: expected a string");
+    return absl::InvalidArgumentError("response_format.type: expected a string");
   }
   const std::string &t = type->get_ref<const std::string &>();
-  if (t == "text")
-    return std::shared_ptr<const JsonConstraint>();
+  if (t == "text") return std::shared_ptr<const JsonConstraint>();
   if (t == "json_object") {
     // llama.cpp's server also takes {"type":"json_object","schema":{...}}.
     auto schema = f.find("schema");
-    if (schema != f.end())
-      return Make(*schema, "response_format.schema");
+    if (schema != f.end()) return Make(*schema, "response_format.schema");
     return std::shared_ptr<const JsonConstraint>(
         std::make_shared<CompiledConstraint>(internal::BuiltinGrammar()));
   }
   if (t == "json_schema") {
     auto js = f.find("json_schema");
     if (js == f.end() || !js->is_object()) {
-      return absl::InvalidArgumentError(
-          "response_format.json_schema: expected an object");
+      return absl::InvalidArgumentError("response_format.json_schema: expected an object");
     }
     auto schema = js->find("schema");
     if (schema == js->end()) {
-      return absl::InvalidArgumentError(
-          "response_format.json_schema.schema: missing");
+      return absl::InvalidArgumentError("response_format.json_schema.schema: missing");
     }
     return Make(*schema, "response_format.json_schema.schema");
   }
   return absl::InvalidArgumentError(
-      Cat("response_format.type: unknown type \"", t,
-          "\" (text, json_object or json_schema)"));
+      Cat("response_format.type: unknown type \"", t, "\" (text, json_object or json_schema)"));
 }
 
-absl::StatusOr<std::shared_ptr<const JsonConstraint>>
-JsonConstraint::FromSchema(std::string_view schema_json) {
+absl::StatusOr<std::shared_ptr<const JsonConstraint>> JsonConstraint::FromSchema(
+    std::string_view schema_json) {
   COLI_ASSIGN_OR_RETURN(Ordered s, ParseOrdered(schema_json, "schema"));
   return Make(s, "schema");
 }
 
 JsonMatcher::JsonMatcher(std::shared_ptr<const JsonConstraint> constraint)
     : state_(std::make_unique<State>()) {
-  const auto *compiled =
-      dynamic_cast<const CompiledConstraint *>(constraint.get());
+  const auto *compiled = dynamic_cast<const CompiledConstraint *>(constraint.get());
   state_->owner = std::move(constraint);
   if (compiled != nullptr) {
     state_->machine = &compiled->machine();
     state_->m = compiled->machine().Initial();
   }
 }
-JsonMatcher::JsonMatcher(const JsonMatcher &o)
-    : state_(std::make_unique<State>(*o.state_)) {}
+JsonMatcher::JsonMatcher(const JsonMatcher &o) : state_(std::make_unique<State>(*o.state_)) {}
 JsonMatcher &JsonMatcher::operator=(const JsonMatcher &o) {
-  if (this != &o)
-    state_ = std::make_unique<State>(*o.state_);
+  if (this != &o) state_ = std::make_unique<State>(*o.state_);
   return *this;
 }
 JsonMatcher::JsonMatcher(JsonMatcher &&) noexcept = default;
@@ -127,12 +111,10 @@ bool JsonMatcher::Accept(std::string_view bytes) {
     state_->consumed += static_cast<int64_t>(bytes.size());
     return true;
   }
-  if (bytes.empty())
-    return true;
+  if (bytes.empty()) return true;
   MachineState next = state_->m;
   for (char c : bytes) {
-    if (!state_->machine->Step(next, static_cast<uint8_t>(c)))
-      return false;
+    if (!state_->machine->Step(next, static_cast<uint8_t>(c))) return false;
   }
   state_->m = std::move(next);
   state_->consumed += static_cast<int64_t>(bytes.size());
@@ -149,4 +131,4 @@ bool JsonMatcher::MustEnd() const {
 
 int64_t JsonMatcher::consumed() const { return state_->consumed; }
 
-} // namespace coli::grammar
+}  // namespace coli::grammar

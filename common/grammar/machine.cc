@@ -9,9 +9,8 @@
 namespace coli::grammar::internal {
 namespace {
 
-constexpr uint8_t kKeyFlag =
-    1; // kStr: an additional-property key (bytes kept in Thread::key)
-constexpr uint8_t kIntegerFlag = 1; // kNum: no fraction, no exponent
+constexpr uint8_t kKeyFlag = 1;      // kStr: an additional-property key (bytes kept in Thread::key)
+constexpr uint8_t kIntegerFlag = 1;  // kNum: no fraction, no exponent
 
 // Object phases.
 enum : uint8_t {
@@ -52,12 +51,9 @@ enum : uint8_t {
 
 bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
 int HexValue(uint8_t c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
 }
 
@@ -83,8 +79,7 @@ bool TakeWhitespace(Frame &f, uint8_t c) {
 }
 
 bool NumberAccepting(const Frame &f) {
-  return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac ||
-         f.phase == kNumExp;
+  return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExp;
 }
 
 // Decodes the raw content of a JSON string the machine has validated.
@@ -110,8 +105,7 @@ std::string DecodeJsonString(std::string_view raw) {
   auto hex4 = [&raw](size_t at) {
     uint32_t v = 0;
     for (size_t k = 0; k < 4 && at + k < raw.size(); ++k) {
-      v = v * 16 +
-          static_cast<uint32_t>(HexValue(static_cast<uint8_t>(raw[at + k])));
+      v = v * 16 + static_cast<uint32_t>(HexValue(static_cast<uint8_t>(raw[at + k])));
     }
     return v;
   };
@@ -122,41 +116,41 @@ std::string DecodeJsonString(std::string_view raw) {
     }
     const char e = raw[++i];
     switch (e) {
-    case 'b':
-      out += '\b';
-      break;
-    case 'f':
-      out += '\f';
-      break;
-    case 'n':
-      out += '\n';
-      break;
-    case 'r':
-      out += '\r';
-      break;
-    case 't':
-      out += '\t';
-      break;
-    case 'u': {
-      uint32_t cp = hex4(i + 1);
-      i += 4;
-      if (cp >= 0xD800 && cp <= 0xDBFF && i + 6 < raw.size()) {
-        const uint32_t lo = hex4(i + 3);
-        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-        i += 6;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'u': {
+        uint32_t cp = hex4(i + 1);
+        i += 4;
+        if (cp >= 0xD800 && cp <= 0xDBFF && i + 6 < raw.size()) {
+          const uint32_t lo = hex4(i + 3);
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          i += 6;
+        }
+        put(cp);
+        break;
       }
-      put(cp);
-      break;
-    }
-    default:
-      out += e;
-      break; // " \ /
+      default:
+        out += e;
+        break;  // " \ /
     }
   }
   return out;
 }
 
-} // namespace
+}  // namespace
 
 Grammar BuiltinGrammar() {
   Grammar g;
@@ -199,8 +193,7 @@ MachineState Machine::Initial() const {
 // Pops the finished top value and tells its container.
 void Machine::Pop(Thread &t) const {
   t.stack.pop_back();
-  if (t.stack.empty())
-    return;
+  if (t.stack.empty()) return;
   Frame &p = t.stack.back();
   p.ws = 0;
   if (p.kind == kObj) {
@@ -210,10 +203,8 @@ void Machine::Pop(Thread &t) const {
     const Node &n = g_->nodes[p.node];
     // Counts past every bound that matters are equivalent: saturate (keeps
     // states canonical).
-    const int64_t saturate =
-        std::max<int64_t>(n.min_items, static_cast<int64_t>(n.prefix.size()));
-    if (n.max_items == kUnbounded && p.a >= saturate)
-      return;
+    const int64_t saturate = std::max<int64_t>(n.min_items, static_cast<int64_t>(n.prefix.size()));
+    if (n.max_items == kUnbounded && p.a >= saturate) return;
     ++p.a;
   }
 }
@@ -221,8 +212,7 @@ void Machine::Pop(Thread &t) const {
 // Replaces the top kValue frame by the opening of a value of `node`'s container
 // kind; false when nesting would pass kMaxStack.
 bool Machine::OpenValue(Thread &t, int32_t node) const {
-  if (t.stack.size() >= static_cast<size_t>(kMaxStack))
-    return false;
+  if (t.stack.size() >= static_cast<size_t>(kMaxStack)) return false;
   Frame &f = t.stack.back();
   f = Frame{};
   f.kind = g_->nodes[node].kind == Kind::kObject ? kObj : kArr;
@@ -233,491 +223,453 @@ bool Machine::OpenValue(Thread &t, int32_t node) const {
 
 bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
   for (;;) {
-    if (t.stack.empty())
-      return false;
+    if (t.stack.empty()) return false;
     Frame &f = t.stack.back();
     switch (f.kind) {
-    case kValue: {
-      const Node &n = g_->nodes[f.node];
-      switch (n.kind) {
-      case Kind::kAny:
-        if (c == '{') {
-          f.node = kAnyObject;
-        } else if (c == '[') {
-          f.node = kAnyArray;
-        } else if (c == '"') {
-          f.node = kAnyString;
-        } else if (c == '-' || IsDigit(c)) {
-          f.node = kAnyNumber;
-        } else if (c == 't' || c == 'f') {
-          f.node = kBoolNode;
-        } else if (c == 'n') {
-          f.node = kNullNode;
-        } else {
-          return false;
-        }
-        continue;
-      case Kind::kAnyOf: {
-        // Alternatives 1.. run on copies; alternative 0 continues in t.
-        for (size_t i = 1; i < n.alts.size(); ++i) {
-          Thread copy = t;
-          copy.stack.back().node = n.alts[i];
-          if (Advance(copy, c, forks))
-            forks.push_back(std::move(copy));
-        }
-        f.node = n.alts[0];
-        continue;
-      }
-      case Kind::kLiterals: {
-        int32_t first = -1;
-        for (int32_t id : n.literals) {
-          if (static_cast<uint8_t>(g_->literals[id][0]) != c)
-            continue;
-          if (first < 0) {
-            first = id;
-            continue;
-          }
-          Thread copy = t;
-          Frame &lf = copy.stack.back();
-          lf = Frame{};
-          lf.kind = kLit;
-          lf.a = id;
-          if (Advance(copy, c, forks))
-            forks.push_back(std::move(copy));
-        }
-        if (first < 0)
-          return false;
-        f = Frame{};
-        f.kind = kLit;
-        f.a = first;
-        continue;
-      }
-      case Kind::kString: {
-        if (c != '"')
-          return false;
-        const int32_t node = f.node;
-        f = Frame{};
-        f.kind = kStr;
-        f.node = node;
-        return true;
-      }
-      case Kind::kNumber:
-      case Kind::kInteger: {
-        const bool integer = n.kind == Kind::kInteger;
-        f = Frame{};
-        f.kind = kNum;
-        f.flags = integer ? kIntegerFlag : 0;
-        continue;
-      }
-      case Kind::kObject:
-        if (c != '{')
-          return false;
-        return OpenValue(t, f.node);
-      case Kind::kArray:
-        if (c != '[')
-          return false;
-        return OpenValue(t, f.node);
-      }
-      return false;
-    }
-
-    case kObj: {
-      const Node &n = g_->nodes[f.node];
-      const int32_t np = static_cast<int32_t>(n.props.size());
-      switch (f.phase) {
-      case kObjOpen:
-      case kObjAfterComma: {
-        if (TakeWhitespace(f, c))
-          return true;
-        if (c == '}' && f.phase == kObjOpen && n.first_required[f.a] == np) {
-          Pop(t);
-          return true;
-        }
-        if (c != '"')
-          return false;
-        // One thread per key that may come next: declared properties from f.a
-        // up to the first required one, and (when allowed) an additional key.
-        const int32_t last = std::min(n.first_required[f.a], np - 1);
-        const int32_t from = f.a;
-        const Frame base = f;
-        bool kept = false; // whether t itself carries one candidate
-        auto candidate = [&](Thread &th, int32_t prop) {
-          Frame &of = th.stack.back();
-          of = base;
-          of.phase = kObjInKey;
-          of.ws = 0;
-          of.b = prop;
-          Frame k;
-          if (prop >= 0) {
-            of.a = prop + 1;
-            k.kind = kLit;
-            k.a = n.props[prop].key_literal;
-            k.b = 1; // the opening quote
-          } else {
-            k.kind = kStr;
-            k.flags = kKeyFlag;
-            k.node = base.node;
-            th.key.clear();
-          }
-          th.stack.push_back(k);
-        };
-        const Thread original = t;
-        for (int32_t i = from; i <= last; ++i) {
-          if (!kept) {
-            candidate(t, i);
-            kept = true;
-          } else {
-            Thread copy = original;
-            candidate(copy, i);
-            forks.push_back(std::move(copy));
-          }
-        }
-        if (n.additional >= 0) {
-          if (!kept) {
-            candidate(t, -1);
-            kept = true;
-          } else {
-            Thread copy = original;
-            candidate(copy, -1);
-            forks.push_back(std::move(copy));
-          }
-        }
-        return kept;
-      }
-      case kObjAfterKey:
-        if (TakeWhitespace(f, c))
-          return true;
-        if (c != ':')
-          return false;
-        f.phase = kObjAfterColon;
-        f.ws = 0;
-        return true;
-      case kObjAfterColon: {
-        if (TakeWhitespace(f, c))
-          return true;
-        f.phase = kObjInValue;
-        f.ws = 0;
-        Frame v;
-        v.kind = kValue;
-        v.node = f.b >= 0 ? n.props[f.b].node : n.additional;
-        t.stack.push_back(v);
-        continue;
-      }
-      case kObjAfterValue:
-        if (TakeWhitespace(f, c))
-          return true;
-        if (c == ',') {
-          if (f.a >= np && n.additional < 0)
-            return false; // no key could follow
-          f.phase = kObjAfterComma;
-          f.ws = 0;
-          return true;
-        }
-        if (c == '}' && n.first_required[f.a] == np) {
-          Pop(t);
-          return true;
-        }
-        return false;
-      default:
-        return false;
-      }
-    }
-
-    case kArr: {
-      const Node &n = g_->nodes[f.node];
-      auto item_node = [&n](int32_t i) {
-        return i < static_cast<int32_t>(n.prefix.size()) ? n.prefix[i]
-                                                         : n.items;
-      };
-      switch (f.phase) {
-      case kArrOpen:
-      case kArrAfterComma: {
-        if (TakeWhitespace(f, c))
-          return true;
-        if (c == ']' && f.phase == kArrOpen && n.min_items == 0) {
-          Pop(t);
-          return true;
-        }
-        if (f.a >= n.max_items)
-          return false;
-        const int32_t item = item_node(f.a);
-        if (item < 0)
-          return false;
-        f.phase = kArrInValue;
-        f.ws = 0;
-        Frame v;
-        v.kind = kValue;
-        v.node = item;
-        t.stack.push_back(v);
-        continue;
-      }
-      case kArrAfterValue:
-        if (TakeWhitespace(f, c))
-          return true;
-        if (c == ',' && f.a < n.max_items && item_node(f.a) >= 0) {
-          f.phase = kArrAfterComma;
-          f.ws = 0;
-          return true;
-        }
-        if (c == ']' && f.a >= n.min_items) {
-          Pop(t);
-          return true;
-        }
-        return false;
-      default:
-        return false;
-      }
-    }
-
-    case kStr: {
-      const bool is_key = (f.flags & kKeyFlag) != 0;
-      const Node *sn = is_key ? nullptr : &g_->nodes[f.node];
-      const int64_t min_len = sn ? sn->min_len : 0;
-      const int64_t max_len = sn ? sn->max_len : kUnbounded;
-      auto count_char = [&f, min_len, max_len]() {
-        // With no upper bound, counts past min_len are equivalent: saturate.
-        if (max_len == kUnbounded && f.a >= min_len)
-          return;
-        ++f.a;
-      };
-      bool ok = false;
-      switch (f.phase) {
-      case kStrNormal:
-        if (c == '"') {
-          if (f.a < min_len)
-            return false;
-          if (is_key) {
-            const std::string name = DecodeJsonString(t.key);
-            for (const Property &p : g_->nodes[f.node].props) {
-              if (p.name == name)
-                return false; // a declared key read as an extra one
+      case kValue: {
+        const Node &n = g_->nodes[f.node];
+        switch (n.kind) {
+          case Kind::kAny:
+            if (c == '{') {
+              f.node = kAnyObject;
+            } else if (c == '[') {
+              f.node = kAnyArray;
+            } else if (c == '"') {
+              f.node = kAnyString;
+            } else if (c == '-' || IsDigit(c)) {
+              f.node = kAnyNumber;
+            } else if (c == 't' || c == 'f') {
+              f.node = kBoolNode;
+            } else if (c == 'n') {
+              f.node = kNullNode;
+            } else {
+              return false;
             }
-            t.key.clear();
+            continue;
+          case Kind::kAnyOf: {
+            // Alternatives 1.. run on copies; alternative 0 continues in t.
+            for (size_t i = 1; i < n.alts.size(); ++i) {
+              Thread copy = t;
+              copy.stack.back().node = n.alts[i];
+              if (Advance(copy, c, forks)) forks.push_back(std::move(copy));
+            }
+            f.node = n.alts[0];
+            continue;
           }
-          Pop(t);
-          return true;
+          case Kind::kLiterals: {
+            int32_t first = -1;
+            for (int32_t id : n.literals) {
+              if (static_cast<uint8_t>(g_->literals[id][0]) != c) continue;
+              if (first < 0) {
+                first = id;
+                continue;
+              }
+              Thread copy = t;
+              Frame &lf = copy.stack.back();
+              lf = Frame{};
+              lf.kind = kLit;
+              lf.a = id;
+              if (Advance(copy, c, forks)) forks.push_back(std::move(copy));
+            }
+            if (first < 0) return false;
+            f = Frame{};
+            f.kind = kLit;
+            f.a = first;
+            continue;
+          }
+          case Kind::kString: {
+            if (c != '"') return false;
+            const int32_t node = f.node;
+            f = Frame{};
+            f.kind = kStr;
+            f.node = node;
+            return true;
+          }
+          case Kind::kNumber:
+          case Kind::kInteger: {
+            const bool integer = n.kind == Kind::kInteger;
+            f = Frame{};
+            f.kind = kNum;
+            f.flags = integer ? kIntegerFlag : 0;
+            continue;
+          }
+          case Kind::kObject:
+            if (c != '{') return false;
+            return OpenValue(t, f.node);
+          case Kind::kArray:
+            if (c != '[') return false;
+            return OpenValue(t, f.node);
         }
-        if (c < 0x20)
-          return false;
-        if (f.a >= max_len)
-          return false;
-        if (c == '\\') {
-          f.phase = kStrEscape;
-          ok = true;
-        } else if (c < 0x80) {
-          count_char();
-          ok = true;
-        } else {
-          int rem = 0;
-          uint8_t lo = 0x80, hi = 0xBF;
-          if (c >= 0xC2 && c <= 0xDF) {
-            rem = 1;
-          } else if (c == 0xE0) {
-            rem = 2, lo = 0xA0;
-          } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
-            rem = 2;
-          } else if (c == 0xED) {
-            rem = 2, hi = 0x9F;
-          } else if (c == 0xF0) {
-            rem = 3, lo = 0x90;
-          } else if (c >= 0xF1 && c <= 0xF3) {
-            rem = 3;
-          } else if (c == 0xF4) {
-            rem = 3, hi = 0x8F;
-          } else {
+        return false;
+      }
+
+      case kObj: {
+        const Node &n = g_->nodes[f.node];
+        const int32_t np = static_cast<int32_t>(n.props.size());
+        switch (f.phase) {
+          case kObjOpen:
+          case kObjAfterComma: {
+            if (TakeWhitespace(f, c)) return true;
+            if (c == '}' && f.phase == kObjOpen && n.first_required[f.a] == np) {
+              Pop(t);
+              return true;
+            }
+            if (c != '"') return false;
+            // One thread per key that may come next: declared properties from f.a
+            // up to the first required one, and (when allowed) an additional key.
+            const int32_t last = std::min(n.first_required[f.a], np - 1);
+            const int32_t from = f.a;
+            const Frame base = f;
+            bool kept = false;  // whether t itself carries one candidate
+            auto candidate = [&](Thread &th, int32_t prop) {
+              Frame &of = th.stack.back();
+              of = base;
+              of.phase = kObjInKey;
+              of.ws = 0;
+              of.b = prop;
+              Frame k;
+              if (prop >= 0) {
+                of.a = prop + 1;
+                k.kind = kLit;
+                k.a = n.props[prop].key_literal;
+                k.b = 1;  // the opening quote
+              } else {
+                k.kind = kStr;
+                k.flags = kKeyFlag;
+                k.node = base.node;
+                th.key.clear();
+              }
+              th.stack.push_back(k);
+            };
+            const Thread original = t;
+            for (int32_t i = from; i <= last; ++i) {
+              if (!kept) {
+                candidate(t, i);
+                kept = true;
+              } else {
+                Thread copy = original;
+                candidate(copy, i);
+                forks.push_back(std::move(copy));
+              }
+            }
+            if (n.additional >= 0) {
+              if (!kept) {
+                candidate(t, -1);
+                kept = true;
+              } else {
+                Thread copy = original;
+                candidate(copy, -1);
+                forks.push_back(std::move(copy));
+              }
+            }
+            return kept;
+          }
+          case kObjAfterKey:
+            if (TakeWhitespace(f, c)) return true;
+            if (c != ':') return false;
+            f.phase = kObjAfterColon;
+            f.ws = 0;
+            return true;
+          case kObjAfterColon: {
+            if (TakeWhitespace(f, c)) return true;
+            f.phase = kObjInValue;
+            f.ws = 0;
+            Frame v;
+            v.kind = kValue;
+            v.node = f.b >= 0 ? n.props[f.b].node : n.additional;
+            t.stack.push_back(v);
+            continue;
+          }
+          case kObjAfterValue:
+            if (TakeWhitespace(f, c)) return true;
+            if (c == ',') {
+              if (f.a >= np && n.additional < 0) return false;  // no key could follow
+              f.phase = kObjAfterComma;
+              f.ws = 0;
+              return true;
+            }
+            if (c == '}' && n.first_required[f.a] == np) {
+              Pop(t);
+              return true;
+            }
             return false;
-          }
-          count_char();
-          f.phase = kStrUtf8;
-          f.b = rem | (lo << 8) | (hi << 16);
-          ok = true;
+          default:
+            return false;
         }
-        break;
-      case kStrUtf8: {
-        const int rem = f.b & 0xFF;
-        const int lo = (f.b >> 8) & 0xFF, hi = (f.b >> 16) & 0xFF;
-        if (c < lo || c > hi)
-          return false;
-        if (rem == 1) {
-          f.phase = kStrNormal;
-          f.b = 0;
-        } else {
-          f.b = (rem - 1) | (0x80 << 8) | (0xBF << 16);
-        }
-        ok = true;
-        break;
       }
-      case kStrEscape:
-        if (c == 'u') {
-          f.phase = kStrHex;
-          f.b = 0;
-        } else if (std::strchr("\"\\/bfnrt", c) != nullptr && c != 0) {
-          count_char();
-          f.phase = kStrNormal;
-        } else {
-          return false;
-        }
-        ok = true;
-        break;
-      case kStrHex:
-      case kStrHex + 1:
-      case kStrHex + 2:
-      case kStrHex + 3: {
-        const int h = HexValue(c);
-        if (h < 0)
-          return false;
-        f.b = f.b * 16 + h;
-        // A lone low surrogate (DC00-DFFF) is refused as soon as it is visible.
-        if (f.phase == kStrHex + 1 && f.b >= 0xDC && f.b <= 0xDF)
-          return false;
-        if (f.phase == kStrHex + 3) {
-          count_char();
-          if (f.b >= 0xD800 && f.b <= 0xDBFF) {
-            f.phase = kStrNeedBackslash;
-          } else {
-            f.phase = kStrNormal;
-          }
-          f.b = 0;
-        } else {
-          ++f.phase;
-        }
-        ok = true;
-        break;
-      }
-      case kStrNeedBackslash:
-        if (c != '\\')
-          return false;
-        f.phase = kStrNeedU;
-        ok = true;
-        break;
-      case kStrNeedU:
-        if (c != 'u')
-          return false;
-        f.phase = kStrLow;
-        f.b = 0;
-        ok = true;
-        break;
-      case kStrLow:
-      case kStrLow + 1:
-      case kStrLow + 2:
-      case kStrLow + 3: {
-        const int h = HexValue(c);
-        if (h < 0)
-          return false;
-        if (f.phase == kStrLow && h != 0xD)
-          return false;
-        if (f.phase == kStrLow + 1 && h < 0xC)
-          return false;
-        if (f.phase == kStrLow + 3) {
-          f.phase = kStrNormal;
-          f.b = 0;
-        } else {
-          ++f.phase;
-        }
-        ok = true;
-        break;
-      }
-      default:
-        return false;
-      }
-      if (ok && is_key)
-        t.key += static_cast<char>(c);
-      return ok;
-    }
 
-    case kNum: {
-      const bool integer = (f.flags & kIntegerFlag) != 0;
-      switch (f.phase) {
-      case kNumStart:
-        if (c == '-') {
-          f.phase = kNumMinus;
-          return true;
+      case kArr: {
+        const Node &n = g_->nodes[f.node];
+        auto item_node = [&n](int32_t i) {
+          return i < static_cast<int32_t>(n.prefix.size()) ? n.prefix[i] : n.items;
+        };
+        switch (f.phase) {
+          case kArrOpen:
+          case kArrAfterComma: {
+            if (TakeWhitespace(f, c)) return true;
+            if (c == ']' && f.phase == kArrOpen && n.min_items == 0) {
+              Pop(t);
+              return true;
+            }
+            if (f.a >= n.max_items) return false;
+            const int32_t item = item_node(f.a);
+            if (item < 0) return false;
+            f.phase = kArrInValue;
+            f.ws = 0;
+            Frame v;
+            v.kind = kValue;
+            v.node = item;
+            t.stack.push_back(v);
+            continue;
+          }
+          case kArrAfterValue:
+            if (TakeWhitespace(f, c)) return true;
+            if (c == ',' && f.a < n.max_items && item_node(f.a) >= 0) {
+              f.phase = kArrAfterComma;
+              f.ws = 0;
+              return true;
+            }
+            if (c == ']' && f.a >= n.min_items) {
+              Pop(t);
+              return true;
+            }
+            return false;
+          default:
+            return false;
         }
-        [[fallthrough]];
-      case kNumMinus:
-        if (c == '0') {
-          f.phase = kNumZero;
-          return true;
-        }
-        if (c >= '1' && c <= '9') {
-          f.phase = kNumInt;
-          f.a = 1;
-          return true;
-        }
-        return false;
-      case kNumInt:
-        if (IsDigit(c) && f.a < kMaxIntDigits) {
+      }
+
+      case kStr: {
+        const bool is_key = (f.flags & kKeyFlag) != 0;
+        const Node *sn = is_key ? nullptr : &g_->nodes[f.node];
+        const int64_t min_len = sn ? sn->min_len : 0;
+        const int64_t max_len = sn ? sn->max_len : kUnbounded;
+        auto count_char = [&f, min_len, max_len]() {
+          // With no upper bound, counts past min_len are equivalent: saturate.
+          if (max_len == kUnbounded && f.a >= min_len) return;
           ++f.a;
-          return true;
+        };
+        bool ok = false;
+        switch (f.phase) {
+          case kStrNormal:
+            if (c == '"') {
+              if (f.a < min_len) return false;
+              if (is_key) {
+                const std::string name = DecodeJsonString(t.key);
+                for (const Property &p : g_->nodes[f.node].props) {
+                  if (p.name == name) return false;  // a declared key read as an extra one
+                }
+                t.key.clear();
+              }
+              Pop(t);
+              return true;
+            }
+            if (c < 0x20) return false;
+            if (f.a >= max_len) return false;
+            if (c == '\\') {
+              f.phase = kStrEscape;
+              ok = true;
+            } else if (c < 0x80) {
+              count_char();
+              ok = true;
+            } else {
+              int rem = 0;
+              uint8_t lo = 0x80, hi = 0xBF;
+              if (c >= 0xC2 && c <= 0xDF) {
+                rem = 1;
+              } else if (c == 0xE0) {
+                rem = 2, lo = 0xA0;
+              } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
+                rem = 2;
+              } else if (c == 0xED) {
+                rem = 2, hi = 0x9F;
+              } else if (c == 0xF0) {
+                rem = 3, lo = 0x90;
+              } else if (c >= 0xF1 && c <= 0xF3) {
+                rem = 3;
+              } else if (c == 0xF4) {
+                rem = 3, hi = 0x8F;
+              } else {
+                return false;
+              }
+              count_char();
+              f.phase = kStrUtf8;
+              f.b = rem | (lo << 8) | (hi << 16);
+              ok = true;
+            }
+            break;
+          case kStrUtf8: {
+            const int rem = f.b & 0xFF;
+            const int lo = (f.b >> 8) & 0xFF, hi = (f.b >> 16) & 0xFF;
+            if (c < lo || c > hi) return false;
+            if (rem == 1) {
+              f.phase = kStrNormal;
+              f.b = 0;
+            } else {
+              f.b = (rem - 1) | (0x80 << 8) | (0xBF << 16);
+            }
+            ok = true;
+            break;
+          }
+          case kStrEscape:
+            if (c == 'u') {
+              f.phase = kStrHex;
+              f.b = 0;
+            } else if (std::strchr("\"\\/bfnrt", c) != nullptr && c != 0) {
+              count_char();
+              f.phase = kStrNormal;
+            } else {
+              return false;
+            }
+            ok = true;
+            break;
+          case kStrHex:
+          case kStrHex + 1:
+          case kStrHex + 2:
+          case kStrHex + 3: {
+            const int h = HexValue(c);
+            if (h < 0) return false;
+            f.b = f.b * 16 + h;
+            // A lone low surrogate (DC00-DFFF) is refused as soon as it is visible.
+            if (f.phase == kStrHex + 1 && f.b >= 0xDC && f.b <= 0xDF) return false;
+            if (f.phase == kStrHex + 3) {
+              count_char();
+              if (f.b >= 0xD800 && f.b <= 0xDBFF) {
+                f.phase = kStrNeedBackslash;
+              } else {
+                f.phase = kStrNormal;
+              }
+              f.b = 0;
+            } else {
+              ++f.phase;
+            }
+            ok = true;
+            break;
+          }
+          case kStrNeedBackslash:
+            if (c != '\\') return false;
+            f.phase = kStrNeedU;
+            ok = true;
+            break;
+          case kStrNeedU:
+            if (c != 'u') return false;
+            f.phase = kStrLow;
+            f.b = 0;
+            ok = true;
+            break;
+          case kStrLow:
+          case kStrLow + 1:
+          case kStrLow + 2:
+          case kStrLow + 3: {
+            const int h = HexValue(c);
+            if (h < 0) return false;
+            if (f.phase == kStrLow && h != 0xD) return false;
+            if (f.phase == kStrLow + 1 && h < 0xC) return false;
+            if (f.phase == kStrLow + 3) {
+              f.phase = kStrNormal;
+              f.b = 0;
+            } else {
+              ++f.phase;
+            }
+            ok = true;
+            break;
+          }
+          default:
+            return false;
         }
-        [[fallthrough]];
-      case kNumZero:
-        if (!integer && c == '.') {
-          f.phase = kNumDot;
-          return true;
-        }
-        if (!integer && (c == 'e' || c == 'E')) {
-          f.phase = kNumE;
-          return true;
-        }
-        break; // complete: the byte belongs to the container
-      case kNumDot:
-        if (!IsDigit(c))
-          return false;
-        f.phase = kNumFrac;
-        f.b = 1;
-        return true;
-      case kNumFrac:
-        if (IsDigit(c) && f.b < kMaxFracDigits) {
-          ++f.b;
-          return true;
-        }
-        if (c == 'e' || c == 'E') {
-          f.phase = kNumE;
-          return true;
-        }
-        break;
-      case kNumE:
-        if (c == '+' || c == '-') {
-          f.phase = kNumESign;
-          return true;
-        }
-        [[fallthrough]];
-      case kNumESign:
-        if (!IsDigit(c))
-          return false;
-        f.phase = kNumExp;
-        f.ws = 1;
-        return true;
-      case kNumExp:
-        if (IsDigit(c) && f.ws < kMaxExpDigits) {
-          ++f.ws;
-          return true;
-        }
-        break;
-      default:
-        return false;
+        if (ok && is_key) t.key += static_cast<char>(c);
+        return ok;
       }
-      Pop(t);
-      continue;
-    }
 
-    case kLit: {
-      const std::string &lit = g_->literals[f.a];
-      const size_t pos = static_cast<size_t>(f.b);
-      if (pos < lit.size()) {
-        if (static_cast<uint8_t>(lit[pos]) != c)
-          return false;
-        ++f.b;
-        // A literal that cannot grow ends at its last byte; a number waits for
-        // the next byte.
-        if (pos + 1 == lit.size() && !IsDigit(static_cast<uint8_t>(lit.back())))
-          Pop(t);
-        return true;
+      case kNum: {
+        const bool integer = (f.flags & kIntegerFlag) != 0;
+        switch (f.phase) {
+          case kNumStart:
+            if (c == '-') {
+              f.phase = kNumMinus;
+              return true;
+            }
+            [[fallthrough]];
+          case kNumMinus:
+            if (c == '0') {
+              f.phase = kNumZero;
+              return true;
+            }
+            if (c >= '1' && c <= '9') {
+              f.phase = kNumInt;
+              f.a = 1;
+              return true;
+            }
+            return false;
+          case kNumInt:
+            if (IsDigit(c) && f.a < kMaxIntDigits) {
+              ++f.a;
+              return true;
+            }
+            [[fallthrough]];
+          case kNumZero:
+            if (!integer && c == '.') {
+              f.phase = kNumDot;
+              return true;
+            }
+            if (!integer && (c == 'e' || c == 'E')) {
+              f.phase = kNumE;
+              return true;
+            }
+            break;  // complete: the byte belongs to the container
+          case kNumDot:
+            if (!IsDigit(c)) return false;
+            f.phase = kNumFrac;
+            f.b = 1;
+            return true;
+          case kNumFrac:
+            if (IsDigit(c) && f.b < kMaxFracDigits) {
+              ++f.b;
+              return true;
+            }
+            if (c == 'e' || c == 'E') {
+              f.phase = kNumE;
+              return true;
+            }
+            break;
+          case kNumE:
+            if (c == '+' || c == '-') {
+              f.phase = kNumESign;
+              return true;
+            }
+            [[fallthrough]];
+          case kNumESign:
+            if (!IsDigit(c)) return false;
+            f.phase = kNumExp;
+            f.ws = 1;
+            return true;
+          case kNumExp:
+            if (IsDigit(c) && f.ws < kMaxExpDigits) {
+              ++f.ws;
+              return true;
+            }
+            break;
+          default:
+            return false;
+        }
+        Pop(t);
+        continue;
       }
-      Pop(t);
-      continue;
-    }
+
+      case kLit: {
+        const std::string &lit = g_->literals[f.a];
+        const size_t pos = static_cast<size_t>(f.b);
+        if (pos < lit.size()) {
+          if (static_cast<uint8_t>(lit[pos]) != c) return false;
+          ++f.b;
+          // A literal that cannot grow ends at its last byte; a number waits for
+          // the next byte.
+          if (pos + 1 == lit.size() && !IsDigit(static_cast<uint8_t>(lit.back()))) Pop(t);
+          return true;
+        }
+        Pop(t);
+        continue;
+      }
     }
     return false;
   }
@@ -729,15 +681,13 @@ bool Machine::Step(MachineState &s, uint8_t c) const {
   size_t w = 0;
   for (size_t i = 0; i < n; ++i) {
     if (Advance(s.threads[i], c, forks)) {
-      if (w != i)
-        s.threads[w] = std::move(s.threads[i]);
+      if (w != i) s.threads[w] = std::move(s.threads[i]);
       ++w;
     }
   }
   s.threads.resize(w);
   if (!forks.empty() || w > 1) {
-    for (Thread &f : forks)
-      s.threads.push_back(std::move(f));
+    for (Thread &f : forks) s.threads.push_back(std::move(f));
     // Merge identical threads (the alternatives of an anyOf often converge).
     std::vector<Thread> unique;
     unique.reserve(s.threads.size());
@@ -752,26 +702,20 @@ bool Machine::Step(MachineState &s, uint8_t c) const {
 
 bool Machine::CanEnd(const MachineState &s) const {
   for (const Thread &t : s.threads) {
-    if (t.stack.empty())
-      return true;
-    if (t.stack.size() != 1)
-      continue;
+    if (t.stack.empty()) return true;
+    if (t.stack.size() != 1) continue;
     const Frame &f = t.stack.back();
-    if (f.kind == kNum && NumberAccepting(f))
-      return true;
-    if (f.kind == kLit && static_cast<size_t>(f.b) == g_->literals[f.a].size())
-      return true;
+    if (f.kind == kNum && NumberAccepting(f)) return true;
+    if (f.kind == kLit && static_cast<size_t>(f.b) == g_->literals[f.a].size()) return true;
   }
   return false;
 }
 
 bool Machine::MustEnd(const MachineState &s) const {
-  if (!CanEnd(s))
-    return false;
+  if (!CanEnd(s)) return false;
   for (int c = 0; c < 256; ++c) {
     MachineState copy = s;
-    if (Step(copy, static_cast<uint8_t>(c)))
-      return false;
+    if (Step(copy, static_cast<uint8_t>(c))) return false;
   }
   return true;
 }
@@ -783,11 +727,10 @@ void Machine::Key(const MachineState &s, std::string *out) const {
     const uint32_t frames = static_cast<uint32_t>(t.stack.size());
     const uint32_t key = static_cast<uint32_t>(t.key.size());
     out->append(reinterpret_cast<const char *>(&frames), sizeof frames);
-    out->append(reinterpret_cast<const char *>(t.stack.data()),
-                frames * sizeof(Frame));
+    out->append(reinterpret_cast<const char *>(t.stack.data()), frames * sizeof(Frame));
     out->append(reinterpret_cast<const char *>(&key), sizeof key);
     out->append(t.key);
   }
 }
 
-} // namespace coli::grammar::internal
+}  // namespace coli::grammar::internal

@@ -22,32 +22,26 @@ using Json = nlohmann::ordered_json;
 
 // Keywords that never change what is valid.
 const std::set<std::string, std::less<>> kAnnotations = {
-    "$schema",     "$id",       "$comment", "title",
-    "description", "default",   "examples", "deprecated",
-    "readOnly",    "writeOnly", "$defs",    "definitions"};
+    "$schema",  "$id",        "$comment", "title",     "description", "default",
+    "examples", "deprecated", "readOnly", "writeOnly", "$defs",       "definitions"};
 // Keywords compiled below.
 const std::set<std::string, std::less<>> kSupported = {
-    "type",       "enum",        "const",
-    "properties", "required",    "additionalProperties",
-    "items",      "prefixItems", "minItems",
-    "maxItems",   "minLength",   "maxLength",
-    "anyOf",      "oneOf",       "allOf",
-    "$ref"};
-const std::set<std::string, std::less<>> kObjectWords = {
-    "properties", "required", "additionalProperties"};
-const std::set<std::string, std::less<>> kArrayWords = {"items", "prefixItems",
-                                                        "minItems", "maxItems"};
-const std::set<std::string, std::less<>> kStringWords = {"minLength",
-                                                         "maxLength"};
+    "type",  "enum",        "const",    "properties", "required",  "additionalProperties",
+    "items", "prefixItems", "minItems", "maxItems",   "minLength", "maxLength",
+    "anyOf", "oneOf",       "allOf",    "$ref"};
+const std::set<std::string, std::less<>> kObjectWords = {"properties", "required",
+                                                         "additionalProperties"};
+const std::set<std::string, std::less<>> kArrayWords = {"items", "prefixItems", "minItems",
+                                                        "maxItems"};
+const std::set<std::string, std::less<>> kStringWords = {"minLength", "maxLength"};
 
 // path + "." + key; keys that are not identifiers ($ and - allowed) are quoted
 // like json::JoinKey does: schema.properties["a b"].
 std::string Join(std::string_view path, std::string_view key) {
   bool plain = !key.empty() && !(key[0] >= '0' && key[0] <= '9');
   for (char c : key) {
-    plain =
-        plain && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                  (c >= '0' && c <= '9') || c == '_' || c == '$' || c == '-');
+    plain = plain && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '$' || c == '-');
   }
   return plain ? Cat(path, ".", key) : json::JoinKey(path, key);
 }
@@ -57,35 +51,26 @@ absl::Status Error(std::string_view path, std::string_view what) {
 }
 
 std::string_view JsonType(const Json &v) {
-  if (v.is_object())
-    return "object";
-  if (v.is_array())
-    return "array";
-  if (v.is_string())
-    return "string";
-  if (v.is_boolean())
-    return "boolean";
-  if (v.is_null())
-    return "null";
-  if (v.is_number_integer())
-    return "integer";
+  if (v.is_object()) return "object";
+  if (v.is_array()) return "array";
+  if (v.is_string()) return "string";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_null()) return "null";
+  if (v.is_number_integer()) return "integer";
   return "number";
 }
 
 // Whether a JSON value is an instance of a JSON schema type name.
 bool HasType(const Json &v, std::string_view type) {
-  if (type == "number")
-    return v.is_number();
-  if (type == "integer")
-    return v.is_number_integer();
+  if (type == "number") return v.is_number();
+  if (type == "integer") return v.is_number_integer();
   return JsonType(v) == type;
 }
 
-absl::StatusOr<int64_t> NonNegative(const Json &s, std::string_view key,
-                                    std::string_view path, int64_t fallback) {
+absl::StatusOr<int64_t> NonNegative(const Json &s, std::string_view key, std::string_view path,
+                                    int64_t fallback) {
   auto it = s.find(std::string(key));
-  if (it == s.end())
-    return fallback;
+  if (it == s.end()) return fallback;
   const std::string at = Join(path, key);
   if (it->is_number_float()) {
     const double d = it->get<double>();
@@ -95,16 +80,14 @@ absl::StatusOr<int64_t> NonNegative(const Json &s, std::string_view key,
     return Error(at, "expected a non-negative integer");
   }
   if (it->is_number_unsigned()) {
-    return std::min<uint64_t>(it->get<uint64_t>(),
-                              static_cast<uint64_t>(kUnbounded));
+    return std::min<uint64_t>(it->get<uint64_t>(), static_cast<uint64_t>(kUnbounded));
   }
-  if (it->is_number_integer() && it->get<int64_t>() >= 0)
-    return it->get<int64_t>();
+  if (it->is_number_integer() && it->get<int64_t>() >= 0) return it->get<int64_t>();
   return Error(at, "expected a non-negative integer");
 }
 
 class Compiler {
-public:
+ public:
   Compiler(const Json &root, std::string root_path)
       : root_(root), root_path_(std::move(root_path)), g_(BuiltinGrammar()) {}
 
@@ -114,36 +97,29 @@ public:
     return std::move(g_);
   }
 
-private:
+ private:
   int32_t AddNode(Node n) {
     g_.nodes.push_back(std::move(n));
     return static_cast<int32_t>(g_.nodes.size() - 1);
   }
   int32_t AddLiteral(const Json &v) {
-    g_.literals.push_back(
-        v.dump(-1, ' ', false, Json::error_handler_t::strict));
+    g_.literals.push_back(v.dump(-1, ' ', false, Json::error_handler_t::strict));
     return static_cast<int32_t>(g_.literals.size() - 1);
   }
 
   absl::StatusOr<int32_t> Compile(const Json &s, const std::string &path) {
     if (s.is_boolean()) {
-      if (s.get<bool>())
-        return kAnyValue;
-      return Error(path,
-                   "the schema false (no valid value) is not supported here");
+      if (s.get<bool>()) return kAnyValue;
+      return Error(path, "the schema false (no valid value) is not supported here");
     }
     if (!s.is_object()) {
-      return Error(path, Cat("expected a schema (object or boolean), got ",
-                             JsonType(s)));
+      return Error(path, Cat("expected a schema (object or boolean), got ", JsonType(s)));
     }
-    std::vector<std::string>
-        constraints; // supported keywords present, in document order
+    std::vector<std::string> constraints;  // supported keywords present, in document order
     for (auto it = s.begin(); it != s.end(); ++it) {
       const std::string &key = it.key();
-      if (kAnnotations.contains(key) || key.rfind("x-", 0) == 0)
-        continue;
-      if (!kSupported.contains(key))
-        return Error(Join(path, key), "not supported");
+      if (kAnnotations.contains(key) || key.rfind("x-", 0) == 0) continue;
+      if (!kSupported.contains(key)) return Error(Join(path, key), "not supported");
       constraints.push_back(key);
     }
     auto only = [&](std::string_view word) -> absl::Status {
@@ -158,8 +134,7 @@ private:
     if (s.contains("$ref")) {
       COLI_RETURN_IF_ERROR(only("$ref"));
       const std::string at = Join(path, "$ref");
-      if (!s["$ref"].is_string())
-        return Error(at, "expected a string");
+      if (!s["$ref"].is_string()) return Error(at, "expected a string");
       return Ref(s["$ref"].get<std::string>(), at);
     }
     if (s.contains("allOf")) {
@@ -172,18 +147,15 @@ private:
       return Compile(all[0], json::JoinIndex(at, 0));
     }
     for (const char *word : {"anyOf", "oneOf"}) {
-      if (!s.contains(word))
-        continue;
+      if (!s.contains(word)) continue;
       COLI_RETURN_IF_ERROR(only(word));
       const std::string at = Join(path, word);
       const Json &alts = s[word];
-      if (!alts.is_array() || alts.empty())
-        return Error(at, "expected a non-empty array");
+      if (!alts.is_array() || alts.empty()) return Error(at, "expected a non-empty array");
       Node n;
       n.kind = Kind::kAnyOf;
       for (size_t i = 0; i < alts.size(); ++i) {
-        COLI_ASSIGN_OR_RETURN(int32_t alt,
-                              Compile(alts[i], json::JoinIndex(at, i)));
+        COLI_ASSIGN_OR_RETURN(int32_t alt, Compile(alts[i], json::JoinIndex(at, i)));
         n.alts.push_back(alt);
       }
       return AddNode(std::move(n));
@@ -194,22 +166,17 @@ private:
     if (s.contains("type")) {
       const Json &t = s["type"];
       const std::string at = Join(path, "type");
-      std::vector<Json> names = t.is_array()
-                                    ? std::vector<Json>(t.begin(), t.end())
-                                    : std::vector<Json>{t};
-      if (names.empty())
-        return Error(at, "expected a type name or a non-empty array of them");
+      std::vector<Json> names =
+          t.is_array() ? std::vector<Json>(t.begin(), t.end()) : std::vector<Json>{t};
+      if (names.empty()) return Error(at, "expected a type name or a non-empty array of them");
       for (size_t i = 0; i < names.size(); ++i) {
         static const std::set<std::string, std::less<>> kTypes = {
-            "string", "number", "integer", "boolean",
-            "null",   "object", "array"};
+            "string", "number", "integer", "boolean", "null", "object", "array"};
         const std::string name_at = t.is_array() ? json::JoinIndex(at, i) : at;
-        if (!names[i].is_string() ||
-            !kTypes.contains(names[i].get<std::string>())) {
+        if (!names[i].is_string() || !kTypes.contains(names[i].get<std::string>())) {
           return Error(name_at, Cat("unknown type ", names[i].dump()));
         }
-        if (std::find(types.begin(), types.end(),
-                      names[i].get<std::string>()) == types.end()) {
+        if (std::find(types.begin(), types.end(), names[i].get<std::string>()) == types.end()) {
           types.push_back(names[i].get<std::string>());
         }
       }
@@ -234,34 +201,25 @@ private:
       n.kind = Kind::kLiterals;
       for (const Json &m : members) {
         bool typed = types.empty();
-        for (const std::string &t : types)
-          typed = typed || HasType(m, t);
-        if (typed)
-          n.literals.push_back(AddLiteral(m));
+        for (const std::string &t : types) typed = typed || HasType(m, t);
+        if (typed) n.literals.push_back(AddLiteral(m));
       }
-      if (n.literals.empty())
-        return Error(at, "no member has the schema's type");
+      if (n.literals.empty()) return Error(at, "no member has the schema's type");
       return AddNode(std::move(n));
     }
 
     if (types.empty()) {
       for (const std::string &k : constraints) {
         auto add = [&types](const char *t) {
-          if (std::find(types.begin(), types.end(), t) == types.end())
-            types.push_back(t);
+          if (std::find(types.begin(), types.end(), t) == types.end()) types.push_back(t);
         };
-        if (kObjectWords.contains(k))
-          add("object");
-        if (kArrayWords.contains(k))
-          add("array");
-        if (kStringWords.contains(k))
-          add("string");
+        if (kObjectWords.contains(k)) add("object");
+        if (kArrayWords.contains(k)) add("array");
+        if (kStringWords.contains(k)) add("string");
       }
-      if (types.empty())
-        return kAnyValue;
+      if (types.empty()) return kAnyValue;
     }
-    const bool has_number =
-        std::find(types.begin(), types.end(), "number") != types.end();
+    const bool has_number = std::find(types.begin(), types.end(), "number") != types.end();
     std::vector<int32_t> alts;
     for (const std::string &t : types) {
       if (t == "object") {
@@ -274,19 +232,16 @@ private:
         Node n;
         n.kind = Kind::kString;
         COLI_ASSIGN_OR_RETURN(n.min_len, NonNegative(s, "minLength", path, 0));
-        COLI_ASSIGN_OR_RETURN(n.max_len,
-                              NonNegative(s, "maxLength", path, kUnbounded));
+        COLI_ASSIGN_OR_RETURN(n.max_len, NonNegative(s, "maxLength", path, kUnbounded));
         if (n.min_len > n.max_len) {
           return Error(Join(path, "minLength"), "greater than maxLength");
         }
-        alts.push_back(n.min_len == 0 && n.max_len == kUnbounded
-                           ? int32_t{kAnyString}
-                           : AddNode(std::move(n)));
+        alts.push_back(n.min_len == 0 && n.max_len == kUnbounded ? int32_t{kAnyString}
+                                                                 : AddNode(std::move(n)));
       } else if (t == "number") {
         alts.push_back(kAnyNumber);
       } else if (t == "integer") {
-        if (has_number)
-          continue; // numbers include the integers
+        if (has_number) continue;  // numbers include the integers
         Node n;
         n.kind = Kind::kInteger;
         alts.push_back(AddNode(std::move(n)));
@@ -296,23 +251,20 @@ private:
         alts.push_back(kNullNode);
       }
     }
-    if (alts.size() == 1)
-      return alts[0];
+    if (alts.size() == 1) return alts[0];
     Node n;
     n.kind = Kind::kAnyOf;
     n.alts = std::move(alts);
     return AddNode(std::move(n));
   }
 
-  absl::StatusOr<int32_t> CompileObject(const Json &s,
-                                        const std::string &path) {
+  absl::StatusOr<int32_t> CompileObject(const Json &s, const std::string &path) {
     Node n;
     n.kind = Kind::kObject;
     if (s.contains("properties")) {
       const Json &props = s["properties"];
       const std::string at = Join(path, "properties");
-      if (!props.is_object())
-        return Error(at, "expected an object");
+      if (!props.is_object()) return Error(at, "expected an object");
       for (auto it = props.begin(); it != props.end(); ++it) {
         Property p;
         p.name = it.key();
@@ -324,19 +276,15 @@ private:
     if (s.contains("required")) {
       const Json &req = s["required"];
       const std::string at = Join(path, "required");
-      if (!req.is_array())
-        return Error(at, "expected an array of property names");
+      if (!req.is_array()) return Error(at, "expected an array of property names");
       for (size_t i = 0; i < req.size(); ++i) {
-        if (!req[i].is_string())
-          return Error(json::JoinIndex(at, i), "expected a string");
+        if (!req[i].is_string()) return Error(json::JoinIndex(at, i), "expected a string");
         const std::string &name = req[i].get_ref<const std::string &>();
-        auto p =
-            std::find_if(n.props.begin(), n.props.end(),
-                         [&name](const Property &q) { return q.name == name; });
+        auto p = std::find_if(n.props.begin(), n.props.end(),
+                              [&name](const Property &q) { return q.name == name; });
         if (p == n.props.end()) {
-          return Error(
-              json::JoinIndex(at, i),
-              Cat("'", name, "' is not in properties (not supported)"));
+          return Error(json::JoinIndex(at, i),
+                       Cat("'", name, "' is not in properties (not supported)"));
         }
         p->required = true;
       }
@@ -346,8 +294,7 @@ private:
       if (extra.is_boolean()) {
         n.additional = extra.get<bool>() ? int32_t{kAnyValue} : -1;
       } else {
-        COLI_ASSIGN_OR_RETURN(
-            n.additional, Compile(extra, Join(path, "additionalProperties")));
+        COLI_ASSIGN_OR_RETURN(n.additional, Compile(extra, Join(path, "additionalProperties")));
       }
     } else {
       // Absent: free-form only when no property is declared (OpenAI strict /
@@ -368,11 +315,9 @@ private:
     if (s.contains("prefixItems")) {
       const Json &pre = s["prefixItems"];
       const std::string at = Join(path, "prefixItems");
-      if (!pre.is_array())
-        return Error(at, "expected an array of schemas");
+      if (!pre.is_array()) return Error(at, "expected an array of schemas");
       for (size_t i = 0; i < pre.size(); ++i) {
-        COLI_ASSIGN_OR_RETURN(int32_t item,
-                              Compile(pre[i], json::JoinIndex(at, i)));
+        COLI_ASSIGN_OR_RETURN(int32_t item, Compile(pre[i], json::JoinIndex(at, i)));
         n.prefix.push_back(item);
       }
     }
@@ -381,8 +326,9 @@ private:
       const Json &items = s["items"];
       const std::string at = Join(path, "items");
       if (items.is_array()) {
-        return Error(at, "an array of schemas (draft-4 tuples) is not "
-                         "supported; use prefixItems");
+        return Error(at,
+                     "an array of schemas (draft-4 tuples) is not "
+                     "supported; use prefixItems");
       }
       if (items.is_boolean()) {
         n.items = items.get<bool>() ? int32_t{kAnyValue} : -1;
@@ -391,11 +337,9 @@ private:
       }
     }
     COLI_ASSIGN_OR_RETURN(n.min_items, NonNegative(s, "minItems", path, 0));
-    COLI_ASSIGN_OR_RETURN(n.max_items,
-                          NonNegative(s, "maxItems", path, kUnbounded));
+    COLI_ASSIGN_OR_RETURN(n.max_items, NonNegative(s, "maxItems", path, kUnbounded));
     if (n.items < 0) {
-      n.max_items =
-          std::min<int64_t>(n.max_items, static_cast<int64_t>(n.prefix.size()));
+      n.max_items = std::min<int64_t>(n.max_items, static_cast<int64_t>(n.prefix.size()));
     }
     if (n.min_items > n.max_items) {
       return Error(Join(path, "minItems"),
@@ -409,24 +353,20 @@ private:
   // A local reference "#" or "#/a/b" (JSON pointer, ~0 ~1 escapes).
   absl::StatusOr<int32_t> Ref(const std::string &ref, const std::string &at) {
     if (ref.empty() || ref[0] != '#' || (ref.size() > 1 && ref[1] != '/')) {
-      return Error(at, Cat("'", ref,
-                           "': only local references ('#/...') are supported"));
+      return Error(at, Cat("'", ref, "': only local references ('#/...') are supported"));
     }
     auto cached = refs_.find(ref);
-    if (cached != refs_.end())
-      return cached->second;
+    if (cached != refs_.end()) return cached->second;
     const Json *target = &root_;
     std::string target_path = root_path_;
     size_t pos = 1;
     while (pos < ref.size()) {
       size_t next = ref.find('/', pos + 1);
-      if (next == std::string::npos)
-        next = ref.size();
+      if (next == std::string::npos) next = ref.size();
       std::string seg = ref.substr(pos + 1, next - pos - 1);
       std::string decoded;
       for (size_t i = 0; i < seg.size(); ++i) {
-        if (seg[i] == '~' && i + 1 < seg.size() &&
-            (seg[i + 1] == '0' || seg[i + 1] == '1')) {
+        if (seg[i] == '~' && i + 1 < seg.size() && (seg[i + 1] == '0' || seg[i + 1] == '1')) {
           decoded += seg[i + 1] == '0' ? '~' : '/';
           ++i;
         } else {
@@ -462,17 +402,15 @@ private:
   // {"$ref": "#/A"}).
   absl::Status CheckCycles() const {
     const int32_t count = static_cast<int32_t>(g_.nodes.size());
-    std::vector<int8_t> color(count, 0); // 0 new, 1 on the path, 2 done
+    std::vector<int8_t> color(count, 0);  // 0 new, 1 on the path, 2 done
     std::vector<int32_t> path;
     std::function<bool(int32_t)> visit = [&](int32_t v) {
-      if (g_.nodes[v].kind != Kind::kAnyOf)
-        return false;
+      if (g_.nodes[v].kind != Kind::kAnyOf) return false;
       if (color[v] == 1) {
         path.push_back(v);
         return true;
       }
-      if (color[v] == 2)
-        return false;
+      if (color[v] == 2) return false;
       color[v] = 1;
       for (int32_t w : g_.nodes[v].alts) {
         if (visit(w)) {
@@ -484,17 +422,14 @@ private:
       return false;
     };
     for (int32_t v = 0; v < count; ++v) {
-      if (!visit(v))
-        continue;
+      if (!visit(v)) continue;
       for (int32_t p : path) {
         auto named = ref_paths_.find(p);
         if (named != ref_paths_.end()) {
-          return Error(named->second,
-                       "reference cycle that reads no input (left recursion)");
+          return Error(named->second, "reference cycle that reads no input (left recursion)");
         }
       }
-      return Error(root_path_,
-                   "reference cycle that reads no input (left recursion)");
+      return Error(root_path_, "reference cycle that reads no input (left recursion)");
     }
     return absl::OkStatus();
   }
@@ -506,12 +441,11 @@ private:
   std::map<int32_t, std::string> ref_paths_;
 };
 
-} // namespace
+}  // namespace
 
-absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json &schema,
-                                      std::string path) {
+absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json &schema, std::string path) {
   Compiler c(schema, std::move(path));
   return c.Run();
 }
 
-} // namespace coli::grammar::internal
+}  // namespace coli::grammar::internal

@@ -19,16 +19,15 @@ using internal::MachineState;
 
 struct TokenFilter::Trie {
   struct Node {
-    uint32_t edges_begin = 0, edges_end = 0; // into edge_byte / edge_child
+    uint32_t edges_begin = 0, edges_end = 0;  // into edge_byte / edge_child
     uint32_t tokens_begin = 0,
-             tokens_end = 0; // into tokens: ids whose bytes end here
+             tokens_end = 0;  // into tokens: ids whose bytes end here
   };
   std::vector<Node> nodes;
   std::vector<uint8_t> edge_byte;
   std::vector<uint32_t> edge_child;
   std::vector<int32_t> tokens;
-  std::vector<int32_t>
-      nonempty; // every token with bytes (the unconstrained answer)
+  std::vector<int32_t> nonempty;  // every token with bytes (the unconstrained answer)
   int32_t vocab = 0;
   int max_depth = 0;
 
@@ -42,17 +41,15 @@ struct TokenFilter::Trie {
 
   // Builds the subtree of the tokens order[lo, hi), all sharing their first
   // `depth` bytes.
-  uint32_t Build(const std::vector<std::string> &bytes,
-                 const std::vector<int32_t> &order, size_t lo, size_t hi,
-                 size_t depth) {
+  uint32_t Build(const std::vector<std::string> &bytes, const std::vector<int32_t> &order,
+                 size_t lo, size_t hi, size_t depth) {
     const uint32_t id = static_cast<uint32_t>(nodes.size());
     nodes.emplace_back();
     max_depth = std::max(max_depth, static_cast<int>(depth));
     // Sorted order puts the tokens that end here first.
     size_t i = lo;
     nodes[id].tokens_begin = static_cast<uint32_t>(tokens.size());
-    while (i < hi && bytes[order[i]].size() == depth)
-      tokens.push_back(order[i++]);
+    while (i < hi && bytes[order[i]].size() == depth) tokens.push_back(order[i++]);
     nodes[id].tokens_end = static_cast<uint32_t>(tokens.size());
     // Group the rest by their next byte; reserve the edges before building the
     // children.
@@ -60,8 +57,7 @@ struct TokenFilter::Trie {
     while (i < hi) {
       const uint8_t b = static_cast<uint8_t>(bytes[order[i]][depth]);
       size_t j = i;
-      while (j < hi && static_cast<uint8_t>(bytes[order[j]][depth]) == b)
-        ++j;
+      while (j < hi && static_cast<uint8_t>(bytes[order[j]][depth]) == b) ++j;
       groups.emplace_back(i, j);
       i = j;
     }
@@ -73,24 +69,21 @@ struct TokenFilter::Trie {
       edge_child.push_back(0);
     }
     for (size_t g = 0; g < groups.size(); ++g) {
-      const uint32_t child =
-          Build(bytes, order, groups[g].first, groups[g].second, depth + 1);
+      const uint32_t child = Build(bytes, order, groups[g].first, groups[g].second, depth + 1);
       edge_child[first_edge + g] = child;
     }
     return id;
   }
 
-  void Walk(const Machine &m, uint32_t node, int depth,
-            std::vector<MachineState> &slots, uint8_t *out) const {
+  void Walk(const Machine &m, uint32_t node, int depth, std::vector<MachineState> &slots,
+            uint8_t *out) const {
     const Node &n = nodes[node];
     for (uint32_t e = n.edges_begin; e < n.edges_end; ++e) {
       MachineState &next = slots[depth + 1];
       next = slots[depth];
-      if (!m.Step(next, edge_byte[e]))
-        continue;
+      if (!m.Step(next, edge_byte[e])) continue;
       const Node &child = nodes[edge_child[e]];
-      for (uint32_t t = child.tokens_begin; t < child.tokens_end; ++t)
-        out[tokens[t]] = 1;
+      for (uint32_t t = child.tokens_begin; t < child.tokens_end; ++t) out[tokens[t]] = 1;
       Walk(m, edge_child[e], depth + 1, slots, out);
     }
   }
@@ -101,13 +94,11 @@ TokenFilter::TokenFilter(const std::vector<std::string> &token_bytes)
   trie_->vocab = static_cast<int32_t>(token_bytes.size());
   std::vector<int32_t> order;
   for (int32_t i = 0; i < trie_->vocab; ++i) {
-    if (!token_bytes[i].empty())
-      order.push_back(i);
+    if (!token_bytes[i].empty()) order.push_back(i);
   }
   trie_->nonempty = order;
   std::sort(order.begin(), order.end(), [&token_bytes](int32_t a, int32_t b) {
-    return token_bytes[a] < token_bytes[b] ||
-           (token_bytes[a] == token_bytes[b] && a < b);
+    return token_bytes[a] < token_bytes[b] || (token_bytes[a] == token_bytes[b] && a < b);
   });
   trie_->Build(token_bytes, order, 0, order.size(), 0);
 }
@@ -116,13 +107,11 @@ TokenFilter::~TokenFilter() = default;
 
 int32_t TokenFilter::vocab_size() const { return trie_->vocab; }
 
-void TokenFilter::Allowed(const JsonMatcher &matcher,
-                          std::vector<uint8_t> *allowed) const {
+void TokenFilter::Allowed(const JsonMatcher &matcher, std::vector<uint8_t> *allowed) const {
   allowed->assign(static_cast<size_t>(trie_->vocab), 0);
   const JsonMatcher::State &st = *matcher.state_;
   if (st.machine == nullptr) {
-    for (int32_t id : trie_->nonempty)
-      (*allowed)[id] = 1;
+    for (int32_t id : trie_->nonempty) (*allowed)[id] = 1;
     return;
   }
   std::string key;
@@ -140,9 +129,8 @@ void TokenFilter::Allowed(const JsonMatcher &matcher,
   slots[0] = st.m;
   trie_->Walk(*st.machine, 0, 0, slots, allowed->data());
   std::lock_guard<std::mutex> lock(trie_->mu);
-  if (trie_->cache.size() >= Trie::kCacheEntries)
-    trie_->cache.pop_front();
+  if (trie_->cache.size() >= Trie::kCacheEntries) trie_->cache.pop_front();
   trie_->cache.push_back({std::move(key), *allowed});
 }
 
-} // namespace coli::grammar
+}  // namespace coli::grammar

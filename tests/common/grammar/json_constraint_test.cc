@@ -23,8 +23,7 @@ std::shared_ptr<const JsonConstraint> Schema(const std::string &s) {
 }
 
 // Whether the whole of `doc` is accepted and may end there.
-bool Complete(const std::shared_ptr<const JsonConstraint> &c,
-              std::string_view doc) {
+bool Complete(const std::shared_ptr<const JsonConstraint> &c, std::string_view doc) {
   JsonMatcher m(c);
   return m.Accept(doc) && m.CanEnd();
 }
@@ -37,10 +36,10 @@ TEST(JsonMatcher, ObjectPropertiesInOrderRequiredAndOptional) {
   EXPECT_TRUE(Complete(c, R"({"a":1,"c":false})"));
   EXPECT_TRUE(Complete(c, "{\"a\": -12, \"c\": true}"));
   EXPECT_TRUE(Complete(c, "{\n  \"a\": 0,\n  \"c\": true\n}"));
-  EXPECT_FALSE(Complete(c, R"({"a":1})"));          // c missing
-  EXPECT_FALSE(Complete(c, R"({"c":true,"a":1})")); // order
+  EXPECT_FALSE(Complete(c, R"({"a":1})"));           // c missing
+  EXPECT_FALSE(Complete(c, R"({"c":true,"a":1})"));  // order
   EXPECT_FALSE(Complete(c, R"({"a":1,"c":true,"d":1})"));
-  EXPECT_FALSE(Complete(c, R"({"a":01,"c":true})")); // leading zero
+  EXPECT_FALSE(Complete(c, R"({"a":01,"c":true})"));  // leading zero
   EXPECT_FALSE(Complete(c, R"({"a":1.5,"c":true})"));
 }
 
@@ -63,7 +62,7 @@ TEST(JsonMatcher, NumbersEndOnlyWhenComplete) {
   EXPECT_FALSE(m.CanEnd());
   EXPECT_TRUE(m.Accept("0"));
   EXPECT_TRUE(m.CanEnd());
-  EXPECT_FALSE(m.MustEnd()); // ".5" or "e1" may follow
+  EXPECT_FALSE(m.MustEnd());  // ".5" or "e1" may follow
   EXPECT_FALSE(m.Accept("0"));
   EXPECT_TRUE(m.Accept(".5e+3"));
   EXPECT_TRUE(m.CanEnd());
@@ -78,15 +77,13 @@ TEST(JsonMatcher, StringsEscapesUtf8AndLength) {
   EXPECT_TRUE(Complete(c, "\"ab\""));
   EXPECT_FALSE(Complete(c, "\"a\""));
   EXPECT_FALSE(Complete(c, "\"abcd\""));
-  EXPECT_TRUE(Complete(
-      c, "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"")); // 3 characters, 9 bytes
-  EXPECT_TRUE(
-      Complete(c, R"("\ud83d\ude00\n")")); // a surrogate pair is one character
-  EXPECT_FALSE(Complete(c, R"("\ud83dx")"));      // lone high surrogate
-  EXPECT_FALSE(Complete(c, R"("\ude00a")"));      // lone low surrogate
-  EXPECT_FALSE(Complete(c, "\"a\tb\""));          // raw control character
-  EXPECT_FALSE(Complete(c, "\"\xc0\xafx\""));     // overlong
-  EXPECT_FALSE(Complete(c, "\"\xed\xa0\x80x\"")); // UTF-8 surrogate
+  EXPECT_TRUE(Complete(c, "\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\""));  // 3 characters, 9 bytes
+  EXPECT_TRUE(Complete(c, R"("\ud83d\ude00\n")"));  // a surrogate pair is one character
+  EXPECT_FALSE(Complete(c, R"("\ud83dx")"));        // lone high surrogate
+  EXPECT_FALSE(Complete(c, R"("\ude00a")"));        // lone low surrogate
+  EXPECT_FALSE(Complete(c, "\"a\tb\""));            // raw control character
+  EXPECT_FALSE(Complete(c, "\"\xc0\xafx\""));       // overlong
+  EXPECT_FALSE(Complete(c, "\"\xed\xa0\x80x\""));   // UTF-8 surrogate
   EXPECT_FALSE(Complete(c, R"("\x41")"));
 }
 
@@ -95,8 +92,7 @@ TEST(JsonMatcher, EnumAnyOfRefRecursion) {
       "v":{"enum":["x",1,null]},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},
       "required":["v"]}},"anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]})");
   EXPECT_TRUE(Complete(c, "null"));
-  EXPECT_TRUE(
-      Complete(c, R"({"v":"x","kids":[{"v":1},{"v":null,"kids":[]}]})"));
+  EXPECT_TRUE(Complete(c, R"({"v":"x","kids":[{"v":1},{"v":null,"kids":[]}]})"));
   EXPECT_FALSE(Complete(c, R"({"v":"y"})"));
   EXPECT_FALSE(Complete(c, R"({"v":12})"));
   EXPECT_FALSE(Complete(c, R"({"kids":[]})"));
@@ -113,17 +109,13 @@ TEST(JsonConstraint, ResponseFormats) {
   auto js = JsonConstraint::FromResponseFormat(
       R"({"type":"json_schema","json_schema":{"name":"x","strict":true,
           "schema":{"type":"object","properties":{"a":{"type":"integer","minimum":3}}}}})");
-  EXPECT_THAT(
-      js.status(),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("response_format.json_schema.schema.properties.a."
-                         "minimum: not supported")));
+  EXPECT_THAT(js.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("response_format.json_schema.schema.properties.a."
+                                              "minimum: not supported")));
   EXPECT_THAT(JsonConstraint::FromResponseFormat(R"({"type":"yaml"})").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("response_format.type")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("response_format.type")));
   EXPECT_THAT(JsonConstraint::FromResponseFormat("{").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("response_format")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("response_format")));
 }
 
 // Every unsupported keyword is refused, naming its path.
@@ -133,38 +125,29 @@ TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
       {R"({"type":"string","format":"date"})", "schema.format: not supported"},
       {R"({"properties":{"n":{"type":"number","maximum":1}}})",
        "schema.properties.n.maximum: not supported"},
-      {R"({"type":"array","uniqueItems":true})",
-       "schema.uniqueItems: not supported"},
+      {R"({"type":"array","uniqueItems":true})", "schema.uniqueItems: not supported"},
       {R"({"not":{}})", "schema.not: not supported"},
       {R"({"if":{},"then":{}})", "schema.if: not supported"},
-      {R"({"type":"object","patternProperties":{}})",
-       "schema.patternProperties: not supported"},
+      {R"({"type":"object","patternProperties":{}})", "schema.patternProperties: not supported"},
       {R"({"allOf":[{},{}]})", "schema.allOf: only allOf with a single member"},
-      {R"({"$ref":"#/$defs/missing"})",
-       "schema.$ref: '#/$defs/missing' not found"},
+      {R"({"$ref":"#/$defs/missing"})", "schema.$ref: '#/$defs/missing' not found"},
       {R"({"$ref":"http://x/y"})", "schema.$ref: 'http://x/y': only local"},
-      {R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})",
-       "reference cycle"},
+      {R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})", "reference cycle"},
       {R"({"type":"object","properties":{"a":{}},"required":["b"]})",
        "schema.required[0]: 'b' is not in properties"},
-      {R"({"type":"string","minLength":3,"maxLength":2})",
-       "schema.minLength: greater than"},
+      {R"({"type":"string","minLength":3,"maxLength":2})", "schema.minLength: greater than"},
       {R"({"type":"strin"})", "schema.type: unknown type \"strin\""},
-      {R"({"anyOf":[{"type":"string"}],"type":"string"})",
-       "schema.type: not supported beside"},
+      {R"({"anyOf":[{"type":"string"}],"type":"string"})", "schema.type: not supported beside"},
       {R"({"type":"array","items":[{}]})", "schema.items: an array of schemas"},
-      {R"({"enum":[1,2],"type":"string"})",
-       "schema.enum: no member has the schema's type"},
+      {R"({"enum":[1,2],"type":"string"})", "schema.enum: no member has the schema's type"},
       {R"(false)", "schema: the schema false"},
       // OpenAPI's nullable is no JSON Schema keyword (validators ignore it):
       // say type [..,"null"].
-      {R"({"type":"string","nullable":true})",
-       "schema.nullable: not supported"},
+      {R"({"type":"string","nullable":true})", "schema.nullable: not supported"},
   };
   for (const auto &[schema, message] : cases) {
-    EXPECT_THAT(
-        JsonConstraint::FromSchema(schema).status(),
-        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
+    EXPECT_THAT(JsonConstraint::FromSchema(schema).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
         << schema;
   }
 }
@@ -173,25 +156,16 @@ TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
 // partial UTF-8, escapes, digits, keys.
 std::vector<std::string> TestVocabulary() {
   std::vector<std::string> v = {
-      "",         "{",        "}",        "[",
-      "]",        ",",        ":",        "\"",
-      " ",        "\n",       "  ",       "\n  ",
-      "\"a\"",    "\"a",      "a",        "b",
-      "\"b\":",   "\":",      "\",",      "1",
-      "0",        "-",        ".",        "e",
-      "E+",       "12",       "01",       "-0",
-      "1.5",      "true",     "tr",       "ue",
-      "null",     "false",    "\\",       "\\u",
-      "d83d",     "\\ud83d",  "\\ude00",  "00",
-      "\\n",      "\\\"",     "\xc3",     "\xa9",
-      "\xc3\xa9", "\xe2\x82", "\xac",     "\xf0\x9f\x98\x80",
-      "\xed\xa0", "\x80",     "\x01",     "},",
-      "],",       "\"}",      "\"]",      "\":\"",
-      "{\"",      "[{",       "x\"",      ", ",
-      ": ",       "\"v\"",    "\"kids\"", "\"c\"",
-      "1,",       "2]",       "\t"};
-  for (int b = 0; b < 256; ++b)
-    v.push_back(std::string(1, static_cast<char>(b)));
+      "",         "{",     "}",    "[",    "]",        ",",        ":",        "\"",
+      " ",        "\n",    "  ",   "\n  ", "\"a\"",    "\"a",      "a",        "b",
+      "\"b\":",   "\":",   "\",",  "1",    "0",        "-",        ".",        "e",
+      "E+",       "12",    "01",   "-0",   "1.5",      "true",     "tr",       "ue",
+      "null",     "false", "\\",   "\\u",  "d83d",     "\\ud83d",  "\\ude00",  "00",
+      "\\n",      "\\\"",  "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82", "\xac",     "\xf0\x9f\x98\x80",
+      "\xed\xa0", "\x80",  "\x01", "},",   "],",       "\"}",      "\"]",      "\":\"",
+      "{\"",      "[{",    "x\"",  ", ",   ": ",       "\"v\"",    "\"kids\"", "\"c\"",
+      "1,",       "2]",    "\t"};
+  for (int b = 0; b < 256; ++b) v.push_back(std::string(1, static_cast<char>(b)));
   return v;
 }
 
@@ -222,14 +196,11 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
         for (size_t i = 0; i < vocab.size(); ++i) {
           JsonMatcher copy = m;
           const bool expect = !vocab[i].empty() && copy.Accept(vocab[i]);
-          ASSERT_EQ(allowed[i] != 0, expect)
-              << "token " << i << " after " << m.consumed();
-          if (expect)
-            ok.push_back(static_cast<int32_t>(i));
+          ASSERT_EQ(allowed[i] != 0, expect) << "token " << i << " after " << m.consumed();
+          if (expect) ok.push_back(static_cast<int32_t>(i));
         }
         ++checked;
-        if (ok.empty())
-          break;
+        if (ok.empty()) break;
         ASSERT_TRUE(m.Accept(vocab[ok[rng() % ok.size()]]));
       }
     }
@@ -237,5 +208,5 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
   EXPECT_GT(checked, 50);
 }
 
-} // namespace
-} // namespace coli::grammar
+}  // namespace
+}  // namespace coli::grammar

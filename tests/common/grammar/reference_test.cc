@@ -22,8 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grammar/json_constraint.h"
-#include "nlohmann/json.hpp"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace coli::grammar {
 namespace {
@@ -97,9 +97,8 @@ std::string Unhex(const std::string &h) {
 // matcher may end (with probability 1/3) or must end. nullopt when longer than
 // `budget` bytes. A state that allows no byte but cannot end is a dead end: a
 // failure.
-std::optional<std::string>
-RandomWalk(const std::shared_ptr<const JsonConstraint> &c, std::mt19937 &rng,
-           size_t budget) {
+std::optional<std::string> RandomWalk(const std::shared_ptr<const JsonConstraint> &c,
+                                      std::mt19937 &rng, size_t budget) {
   JsonMatcher m(c);
   std::string doc;
   while (doc.size() < budget) {
@@ -107,8 +106,7 @@ RandomWalk(const std::shared_ptr<const JsonConstraint> &c, std::mt19937 &rng,
     for (int b = 0; b < 256; ++b) {
       JsonMatcher copy = m;
       const char byte = static_cast<char>(b);
-      if (copy.Accept(std::string_view(&byte, 1)))
-        next.push_back(byte);
+      if (copy.Accept(std::string_view(&byte, 1))) next.push_back(byte);
     }
     if (next.empty()) {
       EXPECT_TRUE(m.CanEnd()) << "dead end after " << doc;
@@ -116,8 +114,7 @@ RandomWalk(const std::shared_ptr<const JsonConstraint> &c, std::mt19937 &rng,
       return doc;
     }
     EXPECT_FALSE(m.MustEnd()) << doc;
-    if (m.CanEnd() && rng() % 3 == 0)
-      return doc;
+    if (m.CanEnd() && rng() % 3 == 0) return doc;
     const char b = next[rng() % next.size()];
     EXPECT_TRUE(m.Accept(std::string_view(&b, 1)));
     doc += b;
@@ -125,27 +122,22 @@ RandomWalk(const std::shared_ptr<const JsonConstraint> &c, std::mt19937 &rng,
   return std::nullopt;
 }
 
-bool Complete(const std::shared_ptr<const JsonConstraint> &c,
-              std::string_view doc) {
+bool Complete(const std::shared_ptr<const JsonConstraint> &c, std::string_view doc) {
   JsonMatcher m(c);
   return m.Accept(doc) && m.CanEnd();
 }
 
 nlohmann::json RunReference(const nlohmann::ordered_json &cases) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "/grammar_ref_", getpid(), ".json");
+  const std::string path = absl::StrCat(::testing::TempDir(), "/grammar_ref_", getpid(), ".json");
   std::ofstream(path) << cases.dump();
-  const std::string cmd =
-      absl::StrCat(GRAMMAR_TEST_PYTHON, " ", GRAMMAR_TEST_REF, " ", path);
+  const std::string cmd = absl::StrCat(GRAMMAR_TEST_PYTHON, " ", GRAMMAR_TEST_REF, " ", path);
   FILE *p = ::popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr) << cmd;
-  if (p == nullptr)
-    return {};
+  if (p == nullptr) return {};
   std::string all;
   char buf[4096];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
-    all.append(buf, n);
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) all.append(buf, n);
   EXPECT_EQ(::pclose(p), 0) << cmd;
   std::remove(path.c_str());
   return nlohmann::json::parse(all, nullptr, /*allow_exceptions=*/false);
@@ -153,8 +145,7 @@ nlohmann::json RunReference(const nlohmann::ordered_json &cases) {
 
 TEST(JsonMatcherReference, WalksValidateAndReferenceDocumentsMatch) {
   std::mt19937 rng(20261129);
-  nlohmann::ordered_json input = {{"seed", 7},
-                                  {"cases", nlohmann::ordered_json::array()}};
+  nlohmann::ordered_json input = {{"seed", 7}, {"cases", nlohmann::ordered_json::array()}};
   std::vector<std::shared_ptr<const JsonConstraint>> constraints;
   for (const Case &k : kCases) {
     auto c = JsonConstraint::FromSchema(k.schema);
@@ -164,17 +155,13 @@ TEST(JsonMatcherReference, WalksValidateAndReferenceDocumentsMatch) {
     int finished = 0;
     for (int i = 0; i < 30; ++i) {
       std::optional<std::string> doc = RandomWalk(*c, rng, 4000);
-      if (!doc)
-        continue;
+      if (!doc) continue;
       ++finished;
       walks.push_back(Hex(*doc));
     }
-    EXPECT_GE(finished, 20)
-        << k.name << ": most walks must end within the budget";
+    EXPECT_GE(finished, 20) << k.name << ": most walks must end within the budget";
     input["cases"].push_back(nlohmann::ordered_json{
-        {"name", k.name},
-        {"schema", nlohmann::ordered_json::parse(k.schema)},
-        {"walks", walks}});
+        {"name", k.name}, {"schema", nlohmann::ordered_json::parse(k.schema)}, {"walks", walks}});
   }
   const nlohmann::json out = RunReference(input);
   ASSERT_TRUE(out.is_object() && out.contains("cases")) << "reference failed";
@@ -182,22 +169,19 @@ TEST(JsonMatcherReference, WalksValidateAndReferenceDocumentsMatch) {
   for (size_t i = 0; i < std::size(kCases); ++i) {
     const nlohmann::json &r = out["cases"][i];
     SCOPED_TRACE(kCases[i].name);
-    for (const auto &e : r["walk_errors"])
-      ADD_FAILURE() << "reference refuses: " << e;
+    for (const auto &e : r["walk_errors"]) ADD_FAILURE() << "reference refuses: " << e;
     EXPECT_GT(r["valid"].size(), 0u);
     for (const auto &h : r["valid"]) {
       const std::string doc = Unhex(h.get<std::string>());
-      EXPECT_TRUE(Complete(constraints[i], doc))
-          << "refused a valid document: " << doc;
+      EXPECT_TRUE(Complete(constraints[i], doc)) << "refused a valid document: " << doc;
     }
     EXPECT_GT(r["invalid"].size(), 10u);
     for (const auto &h : r["invalid"]) {
       const std::string doc = Unhex(h.get<std::string>());
-      EXPECT_FALSE(Complete(constraints[i], doc))
-          << "accepted an invalid document: " << doc;
+      EXPECT_FALSE(Complete(constraints[i], doc)) << "accepted an invalid document: " << doc;
     }
   }
 }
 
-} // namespace
-} // namespace coli::grammar
+}  // namespace
+}  // namespace coli::grammar

@@ -1,0 +1,138 @@
+// grammar_filter_bench: milliseconds per TokenFilter::Allowed call at Kimi K3's vocabulary size
+// for typical matcher states (not a test: performance lives outside ctest).
+//
+//   build/bin/grammar_filter_bench [TOKENIZER_DIR]
+//
+// TOKENIZER_DIR holds tiktoken.model (or tokenizer.json) + tokenizer_config.json, e.g. the
+// 163,840-token fixture build/fixtures/tiktoken/kimi made by tests/node/tiktoken. Without one, a
+// synthetic 163,840-token vocabulary is made from the tiny fixture's tokens (random
+// concatenations of 1-4 of them). Special tokens count as empty (never allowed).
+//
+// "cold" calls see a state for the first time (a string with maxLength 10^6 whose character
+// count differs at each call, so the memo never hits); "memo" calls repeat a state.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/grammar/json_constraint.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace {
+
+using coli::grammar::JsonConstraint;
+using coli::grammar::JsonMatcher;
+using coli::grammar::TokenFilter;
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> Vocabulary(int argc, char** argv, std::string* source) {
+  std::vector<std::string> bytes;
+  const std::string dir =
+      argc > 1 ? argv[1]
+               : std::string(COLI_BENCH_SOURCE_DIR) + "/tests/common/tokenizer/data/kimi_tiny";
+  auto tok = coli::tok::Tokenizer::LoadDir(dir);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "%s: %s\n", dir.c_str(), std::string(tok.status().message()).c_str());
+    std::exit(1);
+  }
+  for (int32_t i = 0; i < (*tok)->vocab_size(); ++i) {
+    bytes.push_back((*tok)->IsSpecial(i) ? std::string() : std::string((*tok)->TokenBytes(i)));
+  }
+  *source = dir;
+  if (argc > 1) return bytes;
+  // Synthetic: random concatenations of the tiny vocabulary's tokens, unique, 163,840 in all.
+  std::vector<std::string> base;
+  for (const std::string& b : bytes) {
+    if (!b.empty()) base.push_back(b);
+  }
+  std::mt19937 rng(1);
+  std::set<std::string> seen(base.begin(), base.end());
+  std::vector<std::string> out(base.begin(), base.end());
+  while (out.size() < 163840 - 256) {
+    std::string t;
+    const int parts = 1 + static_cast<int>(rng() % 4);
+    for (int p = 0; p < parts; ++p) t += base[rng() % base.size()];
+    if (seen.insert(t).second) out.push_back(t);
+  }
+  out.resize(163840, std::string());
+  *source += " (synthetic 163,840 tokens from its vocabulary)";
+  return out;
+}
+
+struct Scenario {
+  const char* name;
+  const char* schema;
+  const char* prefix;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string source;
+  const std::vector<std::string> vocab = Vocabulary(argc, argv, &source);
+  const auto t0 = Clock::now();
+  TokenFilter filter(vocab);
+  const double build_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  std::printf("vocabulary: %s, %d tokens; trie built in %.1f ms\n", source.c_str(),
+              filter.vocab_size(), build_ms);
+
+  const char* kObject =
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":1000000},
+      "age":{"type":"integer"},"score":{"type":"number"},"tags":{"type":"array",
+      "items":{"type":"string"}},"address":{"type":"object","properties":{
+      "city":{"type":"string"}},"required":["city"]}},"required":["name","age"],
+      "additionalProperties":false})";
+  const Scenario scenarios[] = {
+      {"inside a string", kObject, R"({"name": "Ada Lovelace, born )"},
+      {"after '{'", kObject, "{"},
+      {"inside an integer", kObject, R"({"name": "x", "age": 3)"},
+      {"inside a number", kObject, R"({"name": "x", "age": 3, "score": -1.2)"},
+      {"after ',' in an array", kObject, R"({"name": "x", "age": 3, "tags": ["a",)"},
+      {"json_object after '{'", R"({"type":"object"})", "{"},
+      {"json_object value start", R"({"type":"object"})", R"({"k": )"},
+  };
+  std::vector<uint8_t> allowed;
+  for (const Scenario& s : scenarios) {
+    auto c = JsonConstraint::FromSchema(s.schema);
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(c.status().message()).c_str());
+      return 1;
+    }
+    JsonMatcher m(*c);
+    if (!m.Accept(s.prefix)) {
+      std::fprintf(stderr, "prefix refused: %s\n", s.prefix);
+      return 1;
+    }
+    // Cold: first call on this state; then repeated (memoised) calls.
+    auto start = Clock::now();
+    filter.Allowed(m, &allowed);
+    const double cold = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    const int64_t count = std::count(allowed.begin(), allowed.end(), 1);
+    constexpr int kRepeat = 20;
+    start = Clock::now();
+    for (int i = 0; i < kRepeat; ++i) filter.Allowed(m, &allowed);
+    const double memo =
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count() / kRepeat;
+    std::printf("%-26s allowed %7lld  cold %7.2f ms  memo %6.3f ms\n", s.name,
+                static_cast<long long>(count), cold, memo);
+  }
+  // Cold calls inside a long bounded string: every call is a new state (the count changes).
+  auto c = JsonConstraint::FromSchema(kObject);
+  JsonMatcher m(*c);
+  m.Accept(R"({"name": ")");
+  constexpr int kCalls = 30;
+  std::vector<double> ms;
+  for (int i = 0; i < kCalls; ++i) {
+    const auto start = Clock::now();
+    filter.Allowed(m, &allowed);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    m.Accept("a");
+  }
+  std::sort(ms.begin(), ms.end());
+  std::printf("string, new state per call: median %.2f ms, max %.2f ms over %d calls\n",
+              ms[ms.size() / 2], ms.back(), kCalls);
+  return 0;
+}
