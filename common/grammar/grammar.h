@@ -95,7 +95,7 @@ Grammar BuiltinGrammar();
 // Compiles a JSON schema (already parsed, keys in document order) into a
 // grammar. `path` names the schema in error messages ("schema",
 // "response_format.json_schema.schema").
-absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json &schema, std::string path);
+absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json& schema, std::string path);
 
 // ---- the machine
 // -------------------------------------------------------------------------
@@ -110,40 +110,40 @@ struct Frame {
   int32_t node = 0;
   int32_t a = 0;
   int32_t b = 0;
-  bool operator==(const Frame &) const = default;
+  bool operator==(const Frame&) const = default;
 };
 
 struct Thread {
   std::vector<Frame> stack;
   std::string key;  // raw bytes of an additional-property key being read (only then)
-  bool operator==(const Thread &) const = default;
+  bool operator==(const Thread&) const = default;
 };
 
 struct MachineState {
   std::vector<Thread> threads;
-  bool operator==(const MachineState &) const = default;
+  bool operator==(const MachineState&) const = default;
 };
 
 // Stateless rules over one grammar.
 class Machine {
  public:
-  explicit Machine(const Grammar *g);
+  explicit Machine(const Grammar* g);
   // Unique per machine for the life of the process (memoisation keys name it).
   uint64_t id() const { return id_; }
   MachineState Initial() const;
   // Feeds one byte; false (state unspecified) when no thread can take it.
-  bool Step(MachineState &s, uint8_t c) const;
-  bool CanEnd(const MachineState &s) const;
+  bool Step(MachineState& s, uint8_t c) const;
+  bool CanEnd(const MachineState& s) const;
   // CanEnd and no byte can follow.
-  bool MustEnd(const MachineState &s) const;
+  bool MustEnd(const MachineState& s) const;
   // A byte string identifying this machine and the state (for memoisation).
-  void Key(const MachineState &s, std::string *out) const;
+  void Key(const MachineState& s, std::string* out) const;
 
  private:
-  bool Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const;
-  void Pop(Thread &t) const;
-  bool OpenValue(Thread &t, int32_t node) const;
-  const Grammar *g_;
+  bool Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const;
+  void Pop(Thread& t) const;
+  bool OpenValue(Thread& t, int32_t node) const;
+  const Grammar* g_;
   uint64_t id_;
 };
 
@@ -154,7 +154,7 @@ namespace coli::grammar {
 // byte.
 struct JsonMatcher::State {
   std::shared_ptr<const JsonConstraint> owner;
-  const internal::Machine *machine = nullptr;  // null: unconstrained
+  const internal::Machine* machine = nullptr;  // null: unconstrained
   internal::MachineState m;
   int64_t consumed = 0;
 };

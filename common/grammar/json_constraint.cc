@@ -24,7 +24,7 @@ using Ordered = nlohmann::ordered_json;
 class CompiledConstraint final : public JsonConstraint {
  public:
   explicit CompiledConstraint(Grammar g) : grammar_(std::move(g)), machine_(&grammar_) {}
-  const Machine &machine() const { return machine_; }
+  const Machine& machine() const { return machine_; }
 
  private:
   Grammar grammar_;
@@ -42,7 +42,7 @@ absl::StatusOr<Ordered> ParseOrdered(std::string_view text, std::string_view sou
   return doc;
 }
 
-absl::StatusOr<std::shared_ptr<const JsonConstraint>> Make(const Ordered &schema,
+absl::StatusOr<std::shared_ptr<const JsonConstraint>> Make(const Ordered& schema,
                                                            std::string path) {
   COLI_ASSIGN_OR_RETURN(Grammar g, internal::CompileSchema(schema, std::move(path)));
   return std::shared_ptr<const JsonConstraint>(std::make_shared<CompiledConstraint>(std::move(g)));
@@ -58,7 +58,7 @@ absl::StatusOr<std::shared_ptr<const JsonConstraint>> JsonConstraint::FromRespon
   if (type == f.end() || !type->is_string()) {
     return absl::InvalidArgumentError("response_format.type: expected a string");
   }
-  const std::string &t = type->get_ref<const std::string &>();
+  const std::string& t = type->get_ref<const std::string&>();
   if (t == "text") return std::shared_ptr<const JsonConstraint>();
   if (t == "json_object") {
     // llama.cpp's server also takes {"type":"json_object","schema":{...}}.
@@ -90,20 +90,20 @@ absl::StatusOr<std::shared_ptr<const JsonConstraint>> JsonConstraint::FromSchema
 
 JsonMatcher::JsonMatcher(std::shared_ptr<const JsonConstraint> constraint)
     : state_(std::make_unique<State>()) {
-  const auto *compiled = dynamic_cast<const CompiledConstraint *>(constraint.get());
+  const auto* compiled = dynamic_cast<const CompiledConstraint*>(constraint.get());
   state_->owner = std::move(constraint);
   if (compiled != nullptr) {
     state_->machine = &compiled->machine();
     state_->m = compiled->machine().Initial();
   }
 }
-JsonMatcher::JsonMatcher(const JsonMatcher &o) : state_(std::make_unique<State>(*o.state_)) {}
-JsonMatcher &JsonMatcher::operator=(const JsonMatcher &o) {
+JsonMatcher::JsonMatcher(const JsonMatcher& o) : state_(std::make_unique<State>(*o.state_)) {}
+JsonMatcher& JsonMatcher::operator=(const JsonMatcher& o) {
   if (this != &o) state_ = std::make_unique<State>(*o.state_);
   return *this;
 }
-JsonMatcher::JsonMatcher(JsonMatcher &&) noexcept = default;
-JsonMatcher &JsonMatcher::operator=(JsonMatcher &&) noexcept = default;
+JsonMatcher::JsonMatcher(JsonMatcher&&) noexcept = default;
+JsonMatcher& JsonMatcher::operator=(JsonMatcher&&) noexcept = default;
 JsonMatcher::~JsonMatcher() = default;
 
 bool JsonMatcher::Accept(std::string_view bytes) {

@@ -59,7 +59,7 @@ int HexValue(uint8_t c) {
 
 // Whitespace inside containers: "", " ", or "\n" + up to kMaxIndent spaces. ws:
 // 0 nothing yet, 1 one space (closed), 2 + k newline and k spaces.
-bool TakeWhitespace(Frame &f, uint8_t c) {
+bool TakeWhitespace(Frame& f, uint8_t c) {
   if (c == ' ') {
     if (f.ws == 0) {
       f.ws = 1;
@@ -78,7 +78,7 @@ bool TakeWhitespace(Frame &f, uint8_t c) {
   return false;
 }
 
-bool NumberAccepting(const Frame &f) {
+bool NumberAccepting(const Frame& f) {
   return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExp;
 }
 
@@ -156,11 +156,11 @@ Grammar BuiltinGrammar() {
   Grammar g;
   g.nodes.resize(kNumBuiltins);
   g.nodes[kAnyValue].kind = Kind::kAny;
-  Node &obj = g.nodes[kAnyObject];
+  Node& obj = g.nodes[kAnyObject];
   obj.kind = Kind::kObject;
   obj.additional = kAnyValue;
   obj.first_required = {0};
-  Node &arr = g.nodes[kAnyArray];
+  Node& arr = g.nodes[kAnyArray];
   arr.kind = Kind::kArray;
   arr.items = kAnyValue;
   g.nodes[kAnyString].kind = Kind::kString;
@@ -174,7 +174,7 @@ Grammar BuiltinGrammar() {
   return g;
 }
 
-Machine::Machine(const Grammar *g) : g_(g) {
+Machine::Machine(const Grammar* g) : g_(g) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id.fetch_add(1);
 }
@@ -191,16 +191,16 @@ MachineState Machine::Initial() const {
 }
 
 // Pops the finished top value and tells its container.
-void Machine::Pop(Thread &t) const {
+void Machine::Pop(Thread& t) const {
   t.stack.pop_back();
   if (t.stack.empty()) return;
-  Frame &p = t.stack.back();
+  Frame& p = t.stack.back();
   p.ws = 0;
   if (p.kind == kObj) {
     p.phase = p.phase == kObjInKey ? kObjAfterKey : kObjAfterValue;
   } else if (p.kind == kArr) {
     p.phase = kArrAfterValue;
-    const Node &n = g_->nodes[p.node];
+    const Node& n = g_->nodes[p.node];
     // Counts past every bound that matters are equivalent: saturate (keeps
     // states canonical).
     const int64_t saturate = std::max<int64_t>(n.min_items, static_cast<int64_t>(n.prefix.size()));
@@ -211,9 +211,9 @@ void Machine::Pop(Thread &t) const {
 
 // Replaces the top kValue frame by the opening of a value of `node`'s container
 // kind; false when nesting would pass kMaxStack.
-bool Machine::OpenValue(Thread &t, int32_t node) const {
+bool Machine::OpenValue(Thread& t, int32_t node) const {
   if (t.stack.size() >= static_cast<size_t>(kMaxStack)) return false;
-  Frame &f = t.stack.back();
+  Frame& f = t.stack.back();
   f = Frame{};
   f.kind = g_->nodes[node].kind == Kind::kObject ? kObj : kArr;
   f.node = node;
@@ -221,13 +221,13 @@ bool Machine::OpenValue(Thread &t, int32_t node) const {
   return true;
 }
 
-bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
+bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
   for (;;) {
     if (t.stack.empty()) return false;
-    Frame &f = t.stack.back();
+    Frame& f = t.stack.back();
     switch (f.kind) {
       case kValue: {
-        const Node &n = g_->nodes[f.node];
+        const Node& n = g_->nodes[f.node];
         switch (n.kind) {
           case Kind::kAny:
             if (c == '{') {
@@ -265,7 +265,7 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
                 continue;
               }
               Thread copy = t;
-              Frame &lf = copy.stack.back();
+              Frame& lf = copy.stack.back();
               lf = Frame{};
               lf.kind = kLit;
               lf.a = id;
@@ -304,7 +304,7 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
       }
 
       case kObj: {
-        const Node &n = g_->nodes[f.node];
+        const Node& n = g_->nodes[f.node];
         const int32_t np = static_cast<int32_t>(n.props.size());
         switch (f.phase) {
           case kObjOpen:
@@ -321,8 +321,8 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
             const int32_t from = f.a;
             const Frame base = f;
             bool kept = false;  // whether t itself carries one candidate
-            auto candidate = [&](Thread &th, int32_t prop) {
-              Frame &of = th.stack.back();
+            auto candidate = [&](Thread& th, int32_t prop) {
+              Frame& of = th.stack.back();
               of = base;
               of.phase = kObjInKey;
               of.ws = 0;
@@ -399,7 +399,7 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
       }
 
       case kArr: {
-        const Node &n = g_->nodes[f.node];
+        const Node& n = g_->nodes[f.node];
         auto item_node = [&n](int32_t i) {
           return i < static_cast<int32_t>(n.prefix.size()) ? n.prefix[i] : n.items;
         };
@@ -441,7 +441,7 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
 
       case kStr: {
         const bool is_key = (f.flags & kKeyFlag) != 0;
-        const Node *sn = is_key ? nullptr : &g_->nodes[f.node];
+        const Node* sn = is_key ? nullptr : &g_->nodes[f.node];
         const int64_t min_len = sn ? sn->min_len : 0;
         const int64_t max_len = sn ? sn->max_len : kUnbounded;
         auto count_char = [&f, min_len, max_len]() {
@@ -456,7 +456,7 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
               if (f.a < min_len) return false;
               if (is_key) {
                 const std::string name = DecodeJsonString(t.key);
-                for (const Property &p : g_->nodes[f.node].props) {
+                for (const Property& p : g_->nodes[f.node].props) {
                   if (p.name == name) return false;  // a declared key read as an extra one
                 }
                 t.key.clear();
@@ -657,7 +657,7 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
       }
 
       case kLit: {
-        const std::string &lit = g_->literals[f.a];
+        const std::string& lit = g_->literals[f.a];
         const size_t pos = static_cast<size_t>(f.b);
         if (pos < lit.size()) {
           if (static_cast<uint8_t>(lit[pos]) != c) return false;
@@ -675,7 +675,7 @@ bool Machine::Advance(Thread &t, uint8_t c, std::vector<Thread> &forks) const {
   }
 }
 
-bool Machine::Step(MachineState &s, uint8_t c) const {
+bool Machine::Step(MachineState& s, uint8_t c) const {
   std::vector<Thread> forks;
   const size_t n = s.threads.size();
   size_t w = 0;
@@ -687,11 +687,11 @@ bool Machine::Step(MachineState &s, uint8_t c) const {
   }
   s.threads.resize(w);
   if (!forks.empty() || w > 1) {
-    for (Thread &f : forks) s.threads.push_back(std::move(f));
+    for (Thread& f : forks) s.threads.push_back(std::move(f));
     // Merge identical threads (the alternatives of an anyOf often converge).
     std::vector<Thread> unique;
     unique.reserve(s.threads.size());
-    for (Thread &t : s.threads) {
+    for (Thread& t : s.threads) {
       if (std::find(unique.begin(), unique.end(), t) == unique.end())
         unique.push_back(std::move(t));
     }
@@ -700,18 +700,18 @@ bool Machine::Step(MachineState &s, uint8_t c) const {
   return !s.threads.empty();
 }
 
-bool Machine::CanEnd(const MachineState &s) const {
-  for (const Thread &t : s.threads) {
+bool Machine::CanEnd(const MachineState& s) const {
+  for (const Thread& t : s.threads) {
     if (t.stack.empty()) return true;
     if (t.stack.size() != 1) continue;
-    const Frame &f = t.stack.back();
+    const Frame& f = t.stack.back();
     if (f.kind == kNum && NumberAccepting(f)) return true;
     if (f.kind == kLit && static_cast<size_t>(f.b) == g_->literals[f.a].size()) return true;
   }
   return false;
 }
 
-bool Machine::MustEnd(const MachineState &s) const {
+bool Machine::MustEnd(const MachineState& s) const {
   if (!CanEnd(s)) return false;
   for (int c = 0; c < 256; ++c) {
     MachineState copy = s;
@@ -720,15 +720,15 @@ bool Machine::MustEnd(const MachineState &s) const {
   return true;
 }
 
-void Machine::Key(const MachineState &s, std::string *out) const {
+void Machine::Key(const MachineState& s, std::string* out) const {
   out->clear();
-  out->append(reinterpret_cast<const char *>(&id_), sizeof id_);
-  for (const Thread &t : s.threads) {
+  out->append(reinterpret_cast<const char*>(&id_), sizeof id_);
+  for (const Thread& t : s.threads) {
     const uint32_t frames = static_cast<uint32_t>(t.stack.size());
     const uint32_t key = static_cast<uint32_t>(t.key.size());
-    out->append(reinterpret_cast<const char *>(&frames), sizeof frames);
-    out->append(reinterpret_cast<const char *>(t.stack.data()), frames * sizeof(Frame));
-    out->append(reinterpret_cast<const char *>(&key), sizeof key);
+    out->append(reinterpret_cast<const char*>(&frames), sizeof frames);
+    out->append(reinterpret_cast<const char*>(t.stack.data()), frames * sizeof(Frame));
+    out->append(reinterpret_cast<const char*>(&key), sizeof key);
     out->append(t.key);
   }
 }

@@ -50,7 +50,7 @@ absl::Status Error(std::string_view path, std::string_view what) {
   return absl::InvalidArgumentError(Cat(path, ": ", what));
 }
 
-std::string_view JsonType(const Json &v) {
+std::string_view JsonType(const Json& v) {
   if (v.is_object()) return "object";
   if (v.is_array()) return "array";
   if (v.is_string()) return "string";
@@ -61,13 +61,13 @@ std::string_view JsonType(const Json &v) {
 }
 
 // Whether a JSON value is an instance of a JSON schema type name.
-bool HasType(const Json &v, std::string_view type) {
+bool HasType(const Json& v, std::string_view type) {
   if (type == "number") return v.is_number();
   if (type == "integer") return v.is_number_integer();
   return JsonType(v) == type;
 }
 
-absl::StatusOr<int64_t> NonNegative(const Json &s, std::string_view key, std::string_view path,
+absl::StatusOr<int64_t> NonNegative(const Json& s, std::string_view key, std::string_view path,
                                     int64_t fallback) {
   auto it = s.find(std::string(key));
   if (it == s.end()) return fallback;
@@ -88,7 +88,7 @@ absl::StatusOr<int64_t> NonNegative(const Json &s, std::string_view key, std::st
 
 class Compiler {
  public:
-  Compiler(const Json &root, std::string root_path)
+  Compiler(const Json& root, std::string root_path)
       : root_(root), root_path_(std::move(root_path)), g_(BuiltinGrammar()) {}
 
   absl::StatusOr<Grammar> Run() {
@@ -102,12 +102,12 @@ class Compiler {
     g_.nodes.push_back(std::move(n));
     return static_cast<int32_t>(g_.nodes.size() - 1);
   }
-  int32_t AddLiteral(const Json &v) {
+  int32_t AddLiteral(const Json& v) {
     g_.literals.push_back(v.dump(-1, ' ', false, Json::error_handler_t::strict));
     return static_cast<int32_t>(g_.literals.size() - 1);
   }
 
-  absl::StatusOr<int32_t> Compile(const Json &s, const std::string &path) {
+  absl::StatusOr<int32_t> Compile(const Json& s, const std::string& path) {
     if (s.is_boolean()) {
       if (s.get<bool>()) return kAnyValue;
       return Error(path, "the schema false (no valid value) is not supported here");
@@ -117,13 +117,13 @@ class Compiler {
     }
     std::vector<std::string> constraints;  // supported keywords present, in document order
     for (auto it = s.begin(); it != s.end(); ++it) {
-      const std::string &key = it.key();
+      const std::string& key = it.key();
       if (kAnnotations.contains(key) || key.rfind("x-", 0) == 0) continue;
       if (!kSupported.contains(key)) return Error(Join(path, key), "not supported");
       constraints.push_back(key);
     }
     auto only = [&](std::string_view word) -> absl::Status {
-      for (const std::string &k : constraints) {
+      for (const std::string& k : constraints) {
         if (k != word) {
           return Error(Join(path, k), Cat("not supported beside '", word, "'"));
         }
@@ -140,17 +140,17 @@ class Compiler {
     if (s.contains("allOf")) {
       COLI_RETURN_IF_ERROR(only("allOf"));
       const std::string at = Join(path, "allOf");
-      const Json &all = s["allOf"];
+      const Json& all = s["allOf"];
       if (!all.is_array() || all.size() != 1) {
         return Error(at, "only allOf with a single member is supported");
       }
       return Compile(all[0], json::JoinIndex(at, 0));
     }
-    for (const char *word : {"anyOf", "oneOf"}) {
+    for (const char* word : {"anyOf", "oneOf"}) {
       if (!s.contains(word)) continue;
       COLI_RETURN_IF_ERROR(only(word));
       const std::string at = Join(path, word);
-      const Json &alts = s[word];
+      const Json& alts = s[word];
       if (!alts.is_array() || alts.empty()) return Error(at, "expected a non-empty array");
       Node n;
       n.kind = Kind::kAnyOf;
@@ -164,7 +164,7 @@ class Compiler {
     // The types this schema allows (empty: any).
     std::vector<std::string> types;
     if (s.contains("type")) {
-      const Json &t = s["type"];
+      const Json& t = s["type"];
       const std::string at = Join(path, "type");
       std::vector<Json> names =
           t.is_array() ? std::vector<Json>(t.begin(), t.end()) : std::vector<Json>{t};
@@ -199,9 +199,9 @@ class Compiler {
       }
       Node n;
       n.kind = Kind::kLiterals;
-      for (const Json &m : members) {
+      for (const Json& m : members) {
         bool typed = types.empty();
-        for (const std::string &t : types) typed = typed || HasType(m, t);
+        for (const std::string& t : types) typed = typed || HasType(m, t);
         if (typed) n.literals.push_back(AddLiteral(m));
       }
       if (n.literals.empty()) return Error(at, "no member has the schema's type");
@@ -209,8 +209,8 @@ class Compiler {
     }
 
     if (types.empty()) {
-      for (const std::string &k : constraints) {
-        auto add = [&types](const char *t) {
+      for (const std::string& k : constraints) {
+        auto add = [&types](const char* t) {
           if (std::find(types.begin(), types.end(), t) == types.end()) types.push_back(t);
         };
         if (kObjectWords.contains(k)) add("object");
@@ -221,7 +221,7 @@ class Compiler {
     }
     const bool has_number = std::find(types.begin(), types.end(), "number") != types.end();
     std::vector<int32_t> alts;
-    for (const std::string &t : types) {
+    for (const std::string& t : types) {
       if (t == "object") {
         COLI_ASSIGN_OR_RETURN(int32_t n, CompileObject(s, path));
         alts.push_back(n);
@@ -258,11 +258,11 @@ class Compiler {
     return AddNode(std::move(n));
   }
 
-  absl::StatusOr<int32_t> CompileObject(const Json &s, const std::string &path) {
+  absl::StatusOr<int32_t> CompileObject(const Json& s, const std::string& path) {
     Node n;
     n.kind = Kind::kObject;
     if (s.contains("properties")) {
-      const Json &props = s["properties"];
+      const Json& props = s["properties"];
       const std::string at = Join(path, "properties");
       if (!props.is_object()) return Error(at, "expected an object");
       for (auto it = props.begin(); it != props.end(); ++it) {
@@ -274,14 +274,14 @@ class Compiler {
       }
     }
     if (s.contains("required")) {
-      const Json &req = s["required"];
+      const Json& req = s["required"];
       const std::string at = Join(path, "required");
       if (!req.is_array()) return Error(at, "expected an array of property names");
       for (size_t i = 0; i < req.size(); ++i) {
         if (!req[i].is_string()) return Error(json::JoinIndex(at, i), "expected a string");
-        const std::string &name = req[i].get_ref<const std::string &>();
+        const std::string& name = req[i].get_ref<const std::string&>();
         auto p = std::find_if(n.props.begin(), n.props.end(),
-                              [&name](const Property &q) { return q.name == name; });
+                              [&name](const Property& q) { return q.name == name; });
         if (p == n.props.end()) {
           return Error(json::JoinIndex(at, i),
                        Cat("'", name, "' is not in properties (not supported)"));
@@ -290,7 +290,7 @@ class Compiler {
       }
     }
     if (s.contains("additionalProperties")) {
-      const Json &extra = s["additionalProperties"];
+      const Json& extra = s["additionalProperties"];
       if (extra.is_boolean()) {
         n.additional = extra.get<bool>() ? int32_t{kAnyValue} : -1;
       } else {
@@ -309,11 +309,11 @@ class Compiler {
     return AddNode(std::move(n));
   }
 
-  absl::StatusOr<int32_t> CompileArray(const Json &s, const std::string &path) {
+  absl::StatusOr<int32_t> CompileArray(const Json& s, const std::string& path) {
     Node n;
     n.kind = Kind::kArray;
     if (s.contains("prefixItems")) {
-      const Json &pre = s["prefixItems"];
+      const Json& pre = s["prefixItems"];
       const std::string at = Join(path, "prefixItems");
       if (!pre.is_array()) return Error(at, "expected an array of schemas");
       for (size_t i = 0; i < pre.size(); ++i) {
@@ -323,7 +323,7 @@ class Compiler {
     }
     n.items = kAnyValue;
     if (s.contains("items")) {
-      const Json &items = s["items"];
+      const Json& items = s["items"];
       const std::string at = Join(path, "items");
       if (items.is_array()) {
         return Error(at,
@@ -351,13 +351,13 @@ class Compiler {
   }
 
   // A local reference "#" or "#/a/b" (JSON pointer, ~0 ~1 escapes).
-  absl::StatusOr<int32_t> Ref(const std::string &ref, const std::string &at) {
+  absl::StatusOr<int32_t> Ref(const std::string& ref, const std::string& at) {
     if (ref.empty() || ref[0] != '#' || (ref.size() > 1 && ref[1] != '/')) {
       return Error(at, Cat("'", ref, "': only local references ('#/...') are supported"));
     }
     auto cached = refs_.find(ref);
     if (cached != refs_.end()) return cached->second;
-    const Json *target = &root_;
+    const Json* target = &root_;
     std::string target_path = root_path_;
     size_t pos = 1;
     while (pos < ref.size()) {
@@ -434,7 +434,7 @@ class Compiler {
     return absl::OkStatus();
   }
 
-  const Json &root_;
+  const Json& root_;
   std::string root_path_;
   Grammar g_;
   std::map<std::string, int32_t> refs_;
@@ -443,7 +443,7 @@ class Compiler {
 
 }  // namespace
 
-absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json &schema, std::string path) {
+absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json& schema, std::string path) {
   Compiler c(schema, std::move(path));
   return c.Run();
 }

@@ -41,7 +41,7 @@ struct TokenFilter::Trie {
 
   // Builds the subtree of the tokens order[lo, hi), all sharing their first
   // `depth` bytes.
-  uint32_t Build(const std::vector<std::string> &bytes, const std::vector<int32_t> &order,
+  uint32_t Build(const std::vector<std::string>& bytes, const std::vector<int32_t>& order,
                  size_t lo, size_t hi, size_t depth) {
     const uint32_t id = static_cast<uint32_t>(nodes.size());
     nodes.emplace_back();
@@ -64,7 +64,7 @@ struct TokenFilter::Trie {
     const uint32_t first_edge = static_cast<uint32_t>(edge_byte.size());
     nodes[id].edges_begin = first_edge;
     nodes[id].edges_end = first_edge + static_cast<uint32_t>(groups.size());
-    for (const auto &[a, b] : groups) {
+    for (const auto& [a, b] : groups) {
       edge_byte.push_back(static_cast<uint8_t>(bytes[order[a]][depth]));
       edge_child.push_back(0);
     }
@@ -75,21 +75,21 @@ struct TokenFilter::Trie {
     return id;
   }
 
-  void Walk(const Machine &m, uint32_t node, int depth, std::vector<MachineState> &slots,
-            uint8_t *out) const {
-    const Node &n = nodes[node];
+  void Walk(const Machine& m, uint32_t node, int depth, std::vector<MachineState>& slots,
+            uint8_t* out) const {
+    const Node& n = nodes[node];
     for (uint32_t e = n.edges_begin; e < n.edges_end; ++e) {
-      MachineState &next = slots[depth + 1];
+      MachineState& next = slots[depth + 1];
       next = slots[depth];
       if (!m.Step(next, edge_byte[e])) continue;
-      const Node &child = nodes[edge_child[e]];
+      const Node& child = nodes[edge_child[e]];
       for (uint32_t t = child.tokens_begin; t < child.tokens_end; ++t) out[tokens[t]] = 1;
       Walk(m, edge_child[e], depth + 1, slots, out);
     }
   }
 };
 
-TokenFilter::TokenFilter(const std::vector<std::string> &token_bytes)
+TokenFilter::TokenFilter(const std::vector<std::string>& token_bytes)
     : trie_(std::make_unique<Trie>()) {
   trie_->vocab = static_cast<int32_t>(token_bytes.size());
   std::vector<int32_t> order;
@@ -107,9 +107,9 @@ TokenFilter::~TokenFilter() = default;
 
 int32_t TokenFilter::vocab_size() const { return trie_->vocab; }
 
-void TokenFilter::Allowed(const JsonMatcher &matcher, std::vector<uint8_t> *allowed) const {
+void TokenFilter::Allowed(const JsonMatcher& matcher, std::vector<uint8_t>* allowed) const {
   allowed->assign(static_cast<size_t>(trie_->vocab), 0);
-  const JsonMatcher::State &st = *matcher.state_;
+  const JsonMatcher::State& st = *matcher.state_;
   if (st.machine == nullptr) {
     for (int32_t id : trie_->nonempty) (*allowed)[id] = 1;
     return;
@@ -118,7 +118,7 @@ void TokenFilter::Allowed(const JsonMatcher &matcher, std::vector<uint8_t> *allo
   st.machine->Key(st.m, &key);
   {
     std::lock_guard<std::mutex> lock(trie_->mu);
-    for (const Trie::Entry &e : trie_->cache) {
+    for (const Trie::Entry& e : trie_->cache) {
       if (e.key == key) {
         *allowed = e.allowed;
         return;

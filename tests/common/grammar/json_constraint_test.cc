@@ -4,6 +4,7 @@
 
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status/status_matchers.h"
@@ -16,14 +17,14 @@ namespace {
 using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::shared_ptr<const JsonConstraint> Schema(const std::string &s) {
+std::shared_ptr<const JsonConstraint> Schema(const std::string& s) {
   auto c = JsonConstraint::FromSchema(s);
   EXPECT_TRUE(c.ok()) << c.status() << " for " << s;
   return c.ok() ? *c : nullptr;
 }
 
 // Whether the whole of `doc` is accepted and may end there.
-bool Complete(const std::shared_ptr<const JsonConstraint> &c, std::string_view doc) {
+bool Complete(const std::shared_ptr<const JsonConstraint>& c, std::string_view doc) {
   JsonMatcher m(c);
   return m.Accept(doc) && m.CanEnd();
 }
@@ -120,7 +121,7 @@ TEST(JsonConstraint, ResponseFormats) {
 
 // Every unsupported keyword is refused, naming its path.
 TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
-  const std::pair<const char *, const char *> cases[] = {
+  const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"string","pattern":"a+"})", "schema.pattern: not supported"},
       {R"({"type":"string","format":"date"})", "schema.format: not supported"},
       {R"({"properties":{"n":{"type":"number","maximum":1}}})",
@@ -145,11 +146,154 @@ TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
       // say type [..,"null"].
       {R"({"type":"string","nullable":true})", "schema.nullable: not supported"},
   };
-  for (const auto &[schema, message] : cases) {
+  for (const auto& [schema, message] : cases) {
     EXPECT_THAT(JsonConstraint::FromSchema(schema).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
         << schema;
   }
+}
+
+TEST(JsonConstraint, ResponseFormatErrorsNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"([])", "response_format: expected an object"},
+      {R"({"json_schema":{}})", "response_format.type: expected a string"},
+      {R"({"type":"json_schema"})", "response_format.json_schema: expected an object"},
+      {R"({"type":"json_schema","json_schema":{"name":"x"}})",
+       "response_format.json_schema.schema: missing"},
+      {R"({"type":"json_schema","json_schema":{"schema":3}})",
+       "response_format.json_schema.schema: expected a schema (object or boolean), got integer"},
+      {R"({"type":"json_object","schema":{"type":"object","minProperties":1}})",
+       "response_format.schema.minProperties: not supported"},
+      {R"({"type":"json_schema","json_schema":{"schema":{"type":"object","a":1,"a":2}}})",
+       "duplicate key"},
+  };
+  for (const auto& [format, message] : cases) {
+    EXPECT_THAT(JsonConstraint::FromResponseFormat(format).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
+        << format;
+  }
+}
+
+TEST(JsonMatcher, AdditionalPropertiesSchemaAndDeclaredNames) {
+  auto c = Schema(R"({"type":"object","properties":{"a":{"type":"integer"}},
+      "additionalProperties":{"type":"string"}})");
+  EXPECT_TRUE(Complete(c, R"({"x":"1","a":2,"y":""})"));
+  EXPECT_TRUE(Complete(c, R"({})"));
+  EXPECT_FALSE(Complete(c, R"({"x":1})"));
+  // A declared name may not come in as an extra key (it would skip its own schema), however
+  // it is spelled.
+  EXPECT_FALSE(Complete(c, R"({"a":"1"})"));
+  EXPECT_FALSE(Complete(c, R"({"\u0061":"1"})"));
+  auto closed = Schema(R"({"type":"object","properties":{"a":{}}})");  // absent: closed
+  EXPECT_TRUE(Complete(closed, R"({"a":[1,{"b":null}]})"));
+  EXPECT_FALSE(Complete(closed, R"({"b":1})"));
+  auto open = Schema(R"({"type":"object"})");  // no properties: any object
+  EXPECT_TRUE(Complete(open, R"({"b":{"c":[true,false,null,-0.5e-3,"\u00e9"]}})"));
+}
+
+TEST(JsonMatcher, WhitespaceIsBounded) {
+  auto c = Schema(R"({"type":"array","items":{"type":"integer"}})");
+  EXPECT_TRUE(Complete(c, "[ 1 , 2 ]"));
+  EXPECT_TRUE(Complete(c, "[\n" + std::string(64, ' ') + "1\n]"));
+  EXPECT_FALSE(Complete(c, "[\n" + std::string(65, ' ') + "1\n]"));
+  EXPECT_FALSE(Complete(c, "[  1]"));  // two spaces: one run is "", " " or "\n" + spaces
+  EXPECT_FALSE(Complete(c, "[\t1]"));
+  EXPECT_FALSE(Complete(c, "[1] "));  // nothing after the top-level value
+  EXPECT_FALSE(Complete(c, " [1]"));
+}
+
+TEST(JsonMatcher, ArrayBoundsAndPrefixItems) {
+  auto c = Schema(R"({"type":"array","prefixItems":[{"type":"string"},{"type":"boolean"}],
+      "items":false,"minItems":1})");
+  EXPECT_TRUE(Complete(c, R"(["a"])"));
+  EXPECT_TRUE(Complete(c, R"(["a",true])"));
+  EXPECT_FALSE(Complete(c, R"([])"));
+  EXPECT_FALSE(Complete(c, R"(["a",true,1])"));
+  EXPECT_FALSE(Complete(c, R"([true])"));
+  JsonMatcher m(c);
+  ASSERT_TRUE(m.Accept(R"(["a",false)"));
+  EXPECT_FALSE(m.Accept(","));  // no third item may follow, so no comma either
+  EXPECT_TRUE(m.Accept("]"));
+  EXPECT_TRUE(m.MustEnd());
+}
+
+TEST(JsonMatcher, TextFormatIsUnconstrained) {
+  JsonMatcher m(nullptr);
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_TRUE(m.Accept("not json at all \xff"));
+  EXPECT_EQ(m.consumed(), 17);
+  EXPECT_FALSE(m.MustEnd());
+  TokenFilter filter({"a", "", "\xff"});
+  std::vector<uint8_t> allowed;
+  filter.Allowed(m, &allowed);
+  EXPECT_EQ(allowed, (std::vector<uint8_t>{1, 0, 1}));
+}
+
+TEST(JsonMatcher, CopiesAreIndependent) {
+  auto c = Schema(R"({"type":"object","properties":{"a":{"type":"string"}}})");
+  JsonMatcher m(c);
+  ASSERT_TRUE(m.Accept(R"({"a":"x)"));
+  JsonMatcher copy = m;
+  EXPECT_TRUE(copy.Accept(R"("})"));
+  EXPECT_TRUE(copy.MustEnd());
+  EXPECT_FALSE(m.CanEnd());
+  EXPECT_TRUE(m.Accept("yz"));
+  EXPECT_EQ(m.consumed(), 9);
+  EXPECT_EQ(copy.consumed(), 9);
+  m = copy;
+  EXPECT_TRUE(m.MustEnd());
+}
+
+// The memo of the filter is keyed by the constraint too: two grammars whose states are laid out
+// alike must not share answers.
+TEST(TokenFilter, MemoDoesNotMixConstraints) {
+  TokenFilter filter({"a", "\"", "ab"});
+  auto one = Schema(R"({"type":"string","maxLength":1})");
+  auto three = Schema(R"({"type":"string","maxLength":3})");
+  JsonMatcher m1(one), m3(three);
+  ASSERT_TRUE(m1.Accept("\"a"));
+  ASSERT_TRUE(m3.Accept("\"a"));
+  std::vector<uint8_t> a1, a3;
+  for (int round = 0; round < 2; ++round) {
+    filter.Allowed(m1, &a1);
+    filter.Allowed(m3, &a3);
+    EXPECT_EQ(a1, (std::vector<uint8_t>{0, 1, 0}));
+    EXPECT_EQ(a3, (std::vector<uint8_t>{1, 1, 1}));
+  }
+}
+
+// Allowed is const and shared by concurrent generations.
+TEST(TokenFilter, ConcurrentCallsAgree) {
+  const std::vector<std::string> vocab = {"{", "}", "\"", "\"a\"",  ":", "1", "12",
+                                          ",", " ", "x",  "\"b\":", "[", "]", "true"};
+  TokenFilter filter(vocab);
+  auto c = Schema(R"({"type":"object","properties":{"a":{"type":"integer"},
+      "b":{"type":"array","items":{"type":"boolean"}}}})");
+  const std::vector<std::string> prefixes = {"{", "{\"a\":1", "{\"a\":12,\"b\":[", "{\"b\":[true"};
+  std::vector<std::vector<uint8_t>> expected;
+  for (const std::string& p : prefixes) {
+    JsonMatcher m(c);
+    EXPECT_TRUE(m.Accept(p));
+    std::vector<uint8_t> v(vocab.size());
+    for (size_t i = 0; i < vocab.size(); ++i) v[i] = JsonMatcher(m).Accept(vocab[i]) ? 1 : 0;
+    expected.push_back(v);
+  }
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> allowed;
+      for (int i = 0; i < 200; ++i) {
+        const size_t k = static_cast<size_t>(i + t) % prefixes.size();
+        JsonMatcher m(c);
+        m.Accept(prefixes[k]);
+        filter.Allowed(m, &allowed);
+        mismatches[t] += allowed != expected[k];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(mismatches, (std::vector<int>{0, 0, 0, 0}));
 }
 
 // A vocabulary of byte strings that exercises the grammar: JSON punctuation,
@@ -173,7 +317,7 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
   const std::vector<std::string> vocab = TestVocabulary();
   TokenFilter filter(vocab);
   EXPECT_EQ(filter.vocab_size(), static_cast<int32_t>(vocab.size()));
-  const char *schemas[] = {
+  const char* schemas[] = {
       R"({"type":"object","properties":{"a":{"type":"string","maxLength":4},
           "b":{"type":"array","items":{"type":"number"},"maxItems":3},
           "c":{"enum":[1,12,"x"]}},"required":["c"]})",
@@ -185,7 +329,7 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
   std::mt19937 rng(7);
   std::vector<uint8_t> allowed;
   int checked = 0;
-  for (const char *s : schemas) {
+  for (const char* s : schemas) {
     auto c = Schema(s);
     for (int walk = 0; walk < 6; ++walk) {
       JsonMatcher m(c);

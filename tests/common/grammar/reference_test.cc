@@ -29,8 +29,8 @@ namespace coli::grammar {
 namespace {
 
 struct Case {
-  const char *name;
-  const char *schema;
+  const char* name;
+  const char* schema;
 };
 
 const Case kCases[] = {
@@ -76,7 +76,7 @@ const Case kCases[] = {
 };
 
 std::string Hex(std::string_view s) {
-  static const char *kDigits = "0123456789abcdef";
+  static const char* kDigits = "0123456789abcdef";
   std::string out;
   for (unsigned char c : s) {
     out += kDigits[c >> 4];
@@ -85,7 +85,7 @@ std::string Hex(std::string_view s) {
   return out;
 }
 
-std::string Unhex(const std::string &h) {
+std::string Unhex(const std::string& h) {
   std::string out;
   for (size_t i = 0; i + 1 < h.size(); i += 2) {
     out += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
@@ -97,8 +97,8 @@ std::string Unhex(const std::string &h) {
 // matcher may end (with probability 1/3) or must end. nullopt when longer than
 // `budget` bytes. A state that allows no byte but cannot end is a dead end: a
 // failure.
-std::optional<std::string> RandomWalk(const std::shared_ptr<const JsonConstraint> &c,
-                                      std::mt19937 &rng, size_t budget) {
+std::optional<std::string> RandomWalk(const std::shared_ptr<const JsonConstraint>& c,
+                                      std::mt19937& rng, size_t budget) {
   JsonMatcher m(c);
   std::string doc;
   while (doc.size() < budget) {
@@ -122,16 +122,16 @@ std::optional<std::string> RandomWalk(const std::shared_ptr<const JsonConstraint
   return std::nullopt;
 }
 
-bool Complete(const std::shared_ptr<const JsonConstraint> &c, std::string_view doc) {
+bool Complete(const std::shared_ptr<const JsonConstraint>& c, std::string_view doc) {
   JsonMatcher m(c);
   return m.Accept(doc) && m.CanEnd();
 }
 
-nlohmann::json RunReference(const nlohmann::ordered_json &cases) {
+nlohmann::json RunReference(const nlohmann::ordered_json& cases) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/grammar_ref_", getpid(), ".json");
   std::ofstream(path) << cases.dump();
   const std::string cmd = absl::StrCat(GRAMMAR_TEST_PYTHON, " ", GRAMMAR_TEST_REF, " ", path);
-  FILE *p = ::popen(cmd.c_str(), "r");
+  FILE* p = ::popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr) << cmd;
   if (p == nullptr) return {};
   std::string all;
@@ -147,7 +147,7 @@ TEST(JsonMatcherReference, WalksValidateAndReferenceDocumentsMatch) {
   std::mt19937 rng(20261129);
   nlohmann::ordered_json input = {{"seed", 7}, {"cases", nlohmann::ordered_json::array()}};
   std::vector<std::shared_ptr<const JsonConstraint>> constraints;
-  for (const Case &k : kCases) {
+  for (const Case& k : kCases) {
     auto c = JsonConstraint::FromSchema(k.schema);
     ASSERT_TRUE(c.ok()) << k.name << ": " << c.status();
     constraints.push_back(*c);
@@ -167,16 +167,16 @@ TEST(JsonMatcherReference, WalksValidateAndReferenceDocumentsMatch) {
   ASSERT_TRUE(out.is_object() && out.contains("cases")) << "reference failed";
   ASSERT_EQ(out["cases"].size(), std::size(kCases));
   for (size_t i = 0; i < std::size(kCases); ++i) {
-    const nlohmann::json &r = out["cases"][i];
+    const nlohmann::json& r = out["cases"][i];
     SCOPED_TRACE(kCases[i].name);
-    for (const auto &e : r["walk_errors"]) ADD_FAILURE() << "reference refuses: " << e;
+    for (const auto& e : r["walk_errors"]) ADD_FAILURE() << "reference refuses: " << e;
     EXPECT_GT(r["valid"].size(), 0u);
-    for (const auto &h : r["valid"]) {
+    for (const auto& h : r["valid"]) {
       const std::string doc = Unhex(h.get<std::string>());
       EXPECT_TRUE(Complete(constraints[i], doc)) << "refused a valid document: " << doc;
     }
     EXPECT_GT(r["invalid"].size(), 10u);
-    for (const auto &h : r["invalid"]) {
+    for (const auto& h : r["invalid"]) {
       const std::string doc = Unhex(h.get<std::string>());
       EXPECT_FALSE(Complete(constraints[i], doc)) << "accepted an invalid document: " << doc;
     }
