@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/status/status.h"
+#include "nlohmann/json.hpp"
 
 namespace coli::host {
 namespace {
@@ -21,6 +22,24 @@ std::string DefaultModelId(const std::string& dir) {
   while (!p.empty() && p.filename().empty()) p = p.parent_path();
   std::string name = p.filename().string();
   return name.empty() ? dir : name;
+}
+
+// The "response_format" member of an OpenAI chat body as JSON text ("" when absent, null or
+// "text"); a bare string ("json_object", as the family's renderer also accepts) becomes
+// {"type": ...}. The body was rendered first, so it is valid JSON; INVALID_ARGUMENT otherwise.
+absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json) {
+  const nlohmann::json body = nlohmann::json::parse(request_json, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return absl::InvalidArgumentError("request_json: not a JSON object");
+  }
+  auto it = body.find("response_format");
+  if (it == body.end() || it->is_null()) return std::string();
+  nlohmann::json format = *it;
+  if (format.is_string()) format = nlohmann::json{{"type", format.get<std::string>()}};
+  if (format.is_object() && format.value("type", nlohmann::json()) == "text") {
+    return std::string();
+  }
+  return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 ModelOptions ToOptions(const v1::ModelOptions& o) {
@@ -131,6 +150,7 @@ GenerationInput GenerationInput::From(const v1::GenerateRequest& r) {
   in.max_tokens = r.max_tokens();
   in.sampling = r.sampling();
   in.report_progress = r.report_progress();
+  in.response_format = r.response_format();
   return in;
 }
 
@@ -144,6 +164,7 @@ GenerationInput GenerationInput::From(const v1::ChatRequest& r) {
   in.max_tokens = r.max_tokens();
   in.sampling = r.sampling();
   in.report_progress = r.report_progress();
+  in.response_format = r.response_format();
   return in;
 }
 
@@ -420,6 +441,12 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     COLI_ASSIGN_OR_RETURN(prompt, model.Tokenize(in.prompt, /*allow_special=*/false));
   }
   if (prompt.empty()) return absl::InvalidArgumentError("EMPTY_PROMPT");
+  // The response_format to enforce: the request's own field, else the chat body's member.
+  std::string response_format = in.response_format;
+  if (in.chat && response_format.empty()) {
+    COLI_ASSIGN_OR_RETURN(response_format, ResponseFormatOf(in.request_json));
+  }
+  COLI_RETURN_IF_ERROR(model.CheckResponseFormat(response_format));
   // The sampling knobs are checked before any work (ranges, logit_bias ids against the
   // vocabulary, and a plugin too old to apply the ABI 1.3 knobs).
   Sampling sampling;
@@ -480,7 +507,8 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
       }
     }
   };
-  auto prefill = session.Prefill(prompt, parse_mode, in.sampling.seed(), cancelled, on_progress);
+  auto prefill = session.Prefill(prompt, parse_mode, in.sampling.seed(), cancelled, on_progress,
+                                 response_format);
   if (!prefill.ok()) {
     // A cancelled prefill reports the request's own reason (deadline, shutdown, cancel).
     absl::Status why = request.CancelStatus();

@@ -67,6 +67,9 @@ struct GenerationInput {
   std::string prompt;               // Generate: text (when prompt_ids is empty)
   std::vector<int32_t> prompt_ids;  // Generate: ids
   std::string request_json;         // Chat: the OpenAI request body
+  // The response_format to enforce (JSON text, ABI 1.4); empty: for Chat the request body's
+  // "response_format" member, for Generate none.
+  std::string response_format;
   int32_t max_tokens = 0;
   v1::SamplingParams sampling;
   bool report_progress = false;  // on_progress events during prefill

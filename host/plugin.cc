@@ -39,7 +39,8 @@ size_t TableSizeFor(uint32_t minor) {
   return minor == 0   ? COLI_PLUGIN_API_SIZE_V1_0
          : minor == 1 ? COLI_PLUGIN_API_SIZE_V1_1
          : minor == 2 ? COLI_PLUGIN_API_SIZE_V1_2
-                      : COLI_PLUGIN_API_SIZE_V1_3;
+         : minor == 3 ? COLI_PLUGIN_API_SIZE_V1_3
+                      : COLI_PLUGIN_API_SIZE_V1_4;
 }
 
 // The entries of minor 0 that must not be NULL (shutdown is optional).
@@ -346,6 +347,22 @@ absl::StatusOr<std::unique_ptr<Session>> Model::NewSession(int64_t max_context) 
 
 // ---- Session ------------------------------------------------------------------------------
 
+namespace {
+
+absl::Status RefuseResponseFormat(const Plugin& plugin, std::string_view response_format) {
+  if (plugin.minor() >= 4 || response_format.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "response_format: needs plugin ABI 1.4, but family '", plugin.family(), "' (",
+      plugin.file(), ") speaks 1.", plugin.minor(),
+      " and would not enforce it; leave response_format unset"));
+}
+
+}  // namespace
+
+absl::Status Model::CheckResponseFormat(std::string_view response_format) const {
+  return RefuseResponseFormat(*plugin_, response_format);
+}
+
 Session::~Session() {
   if (handle_ != nullptr) plugin_->api().session_destroy(handle_);
 }
@@ -353,8 +370,15 @@ Session::~Session() {
 absl::StatusOr<PrefillResult> Session::Prefill(
     std::span<const int32_t> tokens, int32_t chat_parse_mode, uint64_t seed,
     const std::function<bool()>& cancel,
-    const std::function<void(uint64_t done, uint64_t total)>& progress) {
+    const std::function<void(uint64_t done, uint64_t total)>& progress,
+    std::string_view response_format) {
+  COLI_RETURN_IF_ERROR(RefuseResponseFormat(*plugin_, response_format));
   auto args = Init<coli_prefill_args_t>();
+  if (plugin_->minor() < 4) {
+    args.struct_size = COLI_PREFILL_ARGS_SIZE_V1_0;  // an older plugin's args end before 1.4's
+  } else {
+    args.response_format = Str(response_format);
+  }
   args.tokens = tokens.data();
   args.n_tokens = tokens.size();
   args.chat_parse_mode = chat_parse_mode;

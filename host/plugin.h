@@ -112,10 +112,15 @@ class Session {
   // `cancel` is polled between prefill chunks; returning true cancels (CANCELLED). `progress`
   // (may be empty) sees the plugin's reports as they come: `done` of `total` tokens computed
   // for this prompt (the reused prefix is not part of either; a plugin may repeat a report).
+  // `response_format` (ABI 1.4): the OpenAI response_format object as JSON text, empty = none;
+  // the plugin then keeps this generation's answer inside it (docs/status/constrained.md). A
+  // plugin whose negotiated minor predates 1.4 would ignore it: INVALID_ARGUMENT
+  // ("response_format: needs plugin ABI 1.4 ...") before the plugin is called.
   absl::StatusOr<PrefillResult> Prefill(
       std::span<const int32_t> tokens, int32_t chat_parse_mode, uint64_t seed,
       const std::function<bool()>& cancel,
-      const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr);
+      const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr,
+      std::string_view response_format = {});
   absl::StatusOr<StepResult> Step(const Sampling& sampling);
   // One decode step for each of `sessions` (distinct, all of one plugin, none used by another
   // thread during the call) in ONE decode call, so a plugin that batches rows runs them in one
@@ -156,6 +161,9 @@ class Model {
   // plugin's negotiated minor predates them (it would ignore them). Messages start with the
   // field's name.
   absl::Status CheckSampling(const Sampling& sampling) const;
+  // INVALID_ARGUMENT naming response_format when it is set (non-empty) and the plugin's
+  // negotiated minor predates ABI 1.4 (it would ignore it); OK otherwise.
+  absl::Status CheckResponseFormat(std::string_view response_format) const;
   // The model's current values (ABI 1.2 model_stats); empty for a plugin of an older minor.
   absl::StatusOr<std::map<std::string, double>> Stats() const;
 

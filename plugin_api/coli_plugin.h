@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.3 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.4 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 3
+#define COLI_ABI_VERSION_MINOR 4
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -295,7 +295,24 @@ typedef struct coli_prefill_args_t {
   uint64_t seed;              /* v1.0 seeds the session's sampler for this generation */
   coli_progress_fn progress;  /* v1.0 tokens done/total between chunks; non-zero cancels */
   void* progress_user;        /* v1.0 */
+  /* v1.4 The OpenAI `response_format` object as UTF-8 JSON text (borrowed for the call), e.g.
+   * {"type":"json_schema","json_schema":{"name":"x","schema":{...}}} or {"type":"json_object"};
+   * empty (size 0) or {"type":"text"} = no constraint. With one, every token decode samples for
+   * this generation keeps the answer a prefix of a value the format allows, and the row's stop
+   * tokens are sampled only once the value is complete (docs/status/constrained.md). For a chat
+   * session (chat_parse_mode != 0) the constraint covers the answer (content channel), not the
+   * reasoning; for plain text the whole output. A format the plugin cannot enforce is refused
+   * with INVALID_ARGUMENT naming its path ("response_format.json_schema.schema.x: ..."). Read
+   * only when struct_size reaches it (COLI_PREFILL_ARGS_SIZE_V1_4); the host never sends a
+   * non-empty one to a plugin whose negotiated minor is older (it refuses the request). */
+  coli_string_t response_format;
 } coli_prefill_args_t;
+
+/* The prefill args' size per minor: a plugin reads response_format only when the host's args
+ * reach it; otherwise the generation is unconstrained. */
+#define COLI_PREFILL_ARGS_SIZE_V1_0 (offsetof(coli_prefill_args_t, progress_user) + sizeof(void*))
+#define COLI_PREFILL_ARGS_SIZE_V1_4 \
+  (offsetof(coli_prefill_args_t, response_format) + sizeof(coli_string_t))
 
 typedef struct coli_prefill_result_t {
   size_t struct_size;
@@ -480,6 +497,8 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 #define COLI_PLUGIN_API_SIZE_V1_2 (offsetof(coli_plugin_api_t, model_stats) + sizeof(void*))
 /* 1.3 added decode-row inputs, no table entry: its table is 1.2's. */
 #define COLI_PLUGIN_API_SIZE_V1_3 COLI_PLUGIN_API_SIZE_V1_2
+/* 1.4 added a prefill input (response_format), no table entry: its table is 1.2's. */
+#define COLI_PLUGIN_API_SIZE_V1_4 COLI_PLUGIN_API_SIZE_V1_2
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -59,6 +59,7 @@
 #include "plugin_api/cpp/plugin_table.h"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
+#include "plugins/kimi_k3/constrained.h"
 #include "plugins/kimi_k3/checkpoints.h"
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
@@ -122,6 +123,10 @@ struct K3Model {
   std::condition_variable mix_cv;
   int mix_prefills = 0;
   std::deque<Ride*> mix_queue;
+  // response_format (ABI 1.4): the vocabulary's token filter, built by the first constrained
+  // prefill (a trie over every token's bytes) and kept for the model's life.
+  std::mutex constraint_mu;
+  std::unique_ptr<ConstraintVocab> constraint_vocab;
 };
 
 // The model's forward lock, counted while waited for.
@@ -170,6 +175,10 @@ struct K3Session {
   sampling::TokenHistory history;  // the penalties' view: the prompt + the tokens sampled since
   std::unique_ptr<tok::StreamDecoder> decoder;
   std::optional<OutputParser> parser;
+  // response_format (ABI 1.4): this generation's constraint (none without one) and the masked
+  // copy of the logits the constrained row samples from.
+  std::optional<AnswerConstraint> constraint;
+  std::vector<float> masked;
   // Outputs of the last step (valid until the next call on the session).
   std::string text;
   std::vector<coli_logprob_t> top;
@@ -698,8 +707,37 @@ absl::Status RewindSpec(K3Session* s) {
   return absl::OkStatus();
 }
 
+// The generation's constraint from the prefill args' response_format (ABI 1.4): nullopt when
+// there is none (older args, empty, {"type":"text"}); INVALID_ARGUMENT naming the path of a
+// format the grammar cannot enforce. The model's vocabulary filter is built on first use.
+absl::StatusOr<std::optional<AnswerConstraint>> ConstraintFor(K3Model* m,
+                                                              const coli_prefill_args_t& a) {
+  if (!COLI_ABI_HAS_FIELD(&a, coli_prefill_args_t, response_format)) return std::nullopt;
+  const std::string_view format = View(a.response_format);
+  if (format.empty()) return std::nullopt;
+  COLI_ASSIGN_OR_RETURN(std::shared_ptr<const grammar::JsonConstraint> compiled,
+                        grammar::JsonConstraint::FromResponseFormat(format));
+  if (compiled == nullptr) return std::nullopt;
+  const ConstraintVocab* vocab = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(m->constraint_mu);
+    if (m->constraint_vocab == nullptr) {
+      COLI_ASSIGN_OR_RETURN(m->constraint_vocab,
+                            ConstraintVocab::Build(*m->tokenizer,
+                                                   static_cast<int32_t>(m->model->vocab_size()),
+                                                   m->stop_ids));
+    }
+    vocab = m->constraint_vocab.get();
+  }
+  COLI_ASSIGN_OR_RETURN(AnswerConstraint c,
+                        AnswerConstraint::Create(std::move(compiled), *vocab, a.chat_parse_mode));
+  return c;
+}
+
 absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_result_t* r) {
   if (a->n_tokens == 0) return absl::InvalidArgumentError("EMPTY_PROMPT");
+  // A format that cannot be enforced is refused before any work (the session is untouched).
+  COLI_ASSIGN_OR_RETURN(std::optional<AnswerConstraint> constraint, ConstraintFor(s->m, *a));
   if (static_cast<int64_t>(a->n_tokens) > s->capacity) {
     return absl::ResourceExhaustedError(
         absl::StrCat("CONTEXT_EXCEEDED prompt_tokens=", a->n_tokens, " capacity=", s->capacity));
@@ -740,6 +778,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   s->sampler.reset();
   s->history.Reset(prompt);
   s->parser.reset();
+  s->constraint.reset();
   s->decoder = std::make_unique<tok::StreamDecoder>(*s->m->tokenizer);
   bool cancelled = false;
   int64_t last_done = 0;
@@ -832,6 +871,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
                           OutputParser::Create(*s->m->tokenizer, a->chat_parse_mode));
     s->parser.emplace(std::move(parser));
   }
+  s->constraint = std::move(constraint);
   s->prompt_tokens += static_cast<double>(prompt.size());
   s->reused += static_cast<double>(keep);
   s->computed += static_cast<double>(prompt.size() - keep);
@@ -942,7 +982,9 @@ sampling::SamplerOptions RowKnobs(const coli_decode_row_t& row) {
 // their history).
 std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   const K3Model& m = *s->m;
-  if (m.spec_max <= 0 || s->spec.undelivered() > 0) return {};
+  // A constrained row does not speculate: its tokens are drawn from masked logits, which a
+  // verify of unmasked draft rows would not reproduce (docs/status/constrained.md).
+  if (m.spec_max <= 0 || s->spec.undelivered() > 0 || s->constraint.has_value()) return {};
   const int64_t room = s->capacity - s->session->position() - 1;
   s->spec_context.assign(s->session->tokens().begin(), s->session->tokens().end());
   s->spec_context.push_back(s->pending);
@@ -1013,9 +1055,25 @@ absl::Status VerifyDraft(K3Session* s, const coli_decode_row_t& row,
   return absl::OkStatus();
 }
 
-// Samples the row's token from its session's logits (after the pending token was fed).
-void Sample(K3Session* s, coli_decode_row_t* row) {
-  const sampling::Sample sample = RowSampler(s, *row).Next(s->logits, &s->history);
+// Samples the row's token from its session's logits (after the pending token was fed). A
+// constrained row (response_format) draws from a copy of the logits with every token the
+// constraint disallows at -inf, before every other knob; its reported logprob and top logprobs
+// stay those of the raw logits, as for every row (Sampler::Next is Draw + Logprob + TopLogprobs).
+absl::Status Sample(K3Session* s, coli_decode_row_t* row) {
+  sampling::Sampler& sampler = RowSampler(s, *row);
+  sampling::Sample sample;
+  if (s->constraint.has_value() && !s->constraint->ended()) {
+    s->masked.assign(s->logits.begin(), s->logits.end());
+    COLI_RETURN_IF_ERROR(s->constraint->Mask(s->masked));
+    sample.id = sampler.Draw(s->masked, &s->history);
+    sample.logprob = sampling::Logprob(s->logits, sample.id);
+    if (sampler.options().logprobs > 0) {
+      sample.top = sampling::TopLogprobs(s->logits, sampler.options().logprobs);
+    }
+    s->constraint->Accept(sample.id);
+  } else {
+    sample = sampler.Next(s->logits, &s->history);
+  }
   s->history.AddOutput(sample.id);
   ++s->steps;
   s->generated += 1;
@@ -1041,6 +1099,7 @@ void Sample(K3Session* s, coli_decode_row_t* row) {
   row->n_top_logprobs = s->top.size();
   row->events = s->events.data();
   row->n_events = s->events.size();
+  return absl::OkStatus();
 }
 
 // One decode step for every row (continuous batching). Every row is checked first and a
@@ -1131,7 +1190,7 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
     COLI_RETURN_IF_ERROR(VerifyDraft(sessions[i], rows[i], draft));
   }
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (!full[i]) Sample(sessions[i], &rows[i]);
+    if (!full[i]) COLI_RETURN_IF_ERROR(Sample(sessions[i], &rows[i]));
   }
   return absl::OkStatus();
 }

@@ -35,7 +35,7 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.3 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin (the
+// ABI 1.4 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin (the
 // function table grows with each minor, at its end; no existing offset moves).
 const Frozen kFrozen[] = {
     {"coli_error_t.struct_size", 0, 32},
@@ -112,13 +112,14 @@ const Frozen kFrozen[] = {
     {"coli_chat_render_result_t.chat_parse_mode", 72, 80},
     {"coli_session_options_t.struct_size", 0, 16},
     {"coli_session_options_t.max_context", 8, 16},
-    {"coli_prefill_args_t.struct_size", 0, 56},
-    {"coli_prefill_args_t.tokens", 8, 56},
-    {"coli_prefill_args_t.n_tokens", 16, 56},
-    {"coli_prefill_args_t.chat_parse_mode", 24, 56},
-    {"coli_prefill_args_t.seed", 32, 56},
-    {"coli_prefill_args_t.progress", 40, 56},
-    {"coli_prefill_args_t.progress_user", 48, 56},
+    {"coli_prefill_args_t.struct_size", 0, 72},
+    {"coli_prefill_args_t.tokens", 8, 72},
+    {"coli_prefill_args_t.n_tokens", 16, 72},
+    {"coli_prefill_args_t.chat_parse_mode", 24, 72},
+    {"coli_prefill_args_t.seed", 32, 72},
+    {"coli_prefill_args_t.progress", 40, 72},
+    {"coli_prefill_args_t.progress_user", 48, 72},
+    {"coli_prefill_args_t.response_format", 56, 72},  // v1.4 input
     {"coli_prefill_result_t.struct_size", 0, 40},
     {"coli_prefill_result_t.tokens_reused", 8, 40},
     {"coli_prefill_result_t.tokens_computed", 16, 40},
@@ -209,6 +210,10 @@ TEST(AbiLayout, TableSizesPerMinor) {
   // 1.3 appended the sampling knobs to the decode row; 1.0's row ends at n_events.
   EXPECT_EQ(COLI_DECODE_ROW_SIZE_V1_0, 96u);
   EXPECT_EQ(COLI_DECODE_ROW_SIZE_V1_3, sizeof(coli_decode_row_t));
+  // 1.4 appended response_format to the prefill args and added no entry.
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_4, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_0, 56u);
+  EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_4, sizeof(coli_prefill_args_t));
 }
 
 TEST(AbiStatus, CodesAreAbslCodes) {
@@ -330,11 +335,11 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.3"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.3, host 1.3)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.4"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.4, host 1.4)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.3 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.4 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
   };
@@ -447,6 +452,42 @@ TEST_F(LoaderTest, A12PluginGetsAClearRefusalForTheAbi13SamplingKnobs) {
   // The refusals changed nothing: the neutral step still echoes.
   ASSERT_OK_AND_ASSIGN(host::StepResult step, session->Step({}));
   EXPECT_EQ(step.token, 'h');
+}
+
+// ABI 1.4: response_format travels in the prefill args. A 1.2 plugin never receives one: the
+// host refuses the request (naming the field, the plugin and both versions) before calling it;
+// a 1.4 plugin receives the text as given (the echo family quotes it in its own refusal).
+TEST_F(LoaderTest, ResponseFormatReachesOnlyA14Plugin) {
+  const std::string dir = EchoModelDir("echo_model_format");
+  const std::string format = R"({"type":"json_object"})";
+  const int32_t prompt[] = {'h', 'i'};
+  host::PluginReport report;
+  auto v12 =
+      host::Plugin::Load(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_2.so", &report);
+  ASSERT_OK(v12.status());
+  ASSERT_OK_AND_ASSIGN(auto old_model, (*v12)->Open(dir, host::ModelOptions(), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto old_session, old_model->NewSession());
+  const auto needs = StatusIs(absl::StatusCode::kInvalidArgument,
+                              AllOf(HasSubstr("response_format: needs plugin ABI 1.4"),
+                                    HasSubstr("speaks 1.2"), HasSubstr("libcoli_fake_echo_v1_2.so")));
+  EXPECT_THAT(old_model->CheckResponseFormat(format), needs);
+  EXPECT_THAT(old_session->Prefill(prompt, 0, 0, nullptr, nullptr, format).status(), needs);
+  EXPECT_OK(old_model->CheckResponseFormat(""));
+  // Unconstrained, the old plugin still serves (the refusal changed nothing).
+  ASSERT_OK(old_session->Prefill(prompt, 0, 0, nullptr).status());
+  ASSERT_OK_AND_ASSIGN(host::StepResult step, old_session->Step({}));
+  EXPECT_EQ(step.token, 'h');
+
+  auto current = host::Plugin::Load(COLI_ECHO_PLUGIN, &report);
+  ASSERT_OK(current.status());
+  ASSERT_EQ((*current)->minor(), 4u);
+  ASSERT_OK_AND_ASSIGN(auto model, (*current)->Open(dir, host::ModelOptions(), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto session, model->NewSession());
+  EXPECT_OK(model->CheckResponseFormat(format));
+  EXPECT_THAT(session->Prefill(prompt, 0, 0, nullptr, nullptr, format).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the echo family cannot enforce " + format)));
+  ASSERT_OK(session->Prefill(prompt, 0, 0, nullptr).status());
 }
 
 TEST_F(LoaderTest, MissingDirectoryIsLoggedNotFatal) {

@@ -1,0 +1,104 @@
+// plugins/kimi_k3/constrained: enforcing an OpenAI `response_format` (ABI 1.4) on what a K3
+// session generates, with common/grammar's JSON matcher and token filter.
+//
+//   COLI_ASSIGN_OR_RETURN(auto vocab, ConstraintVocab::Build(tokenizer, model_vocab, stop_ids));
+//   // per generation (prefill):
+//   COLI_ASSIGN_OR_RETURN(auto c, grammar::JsonConstraint::FromResponseFormat(format_json));
+//   AnswerConstraint answer(c, *vocab, chat_parse_mode);
+//   // per step, before sampling:
+//   COLI_RETURN_IF_ERROR(answer.Mask(&logits));    // disallowed ids -> -inf
+//   ... sample id ...
+//   answer.Accept(id);
+//
+// K3 is a thinking model, so the constraint covers the ANSWER, not the reasoning (XTML, spec §6):
+//  - plain text (mode 0) and a chat whose prompt ends in the response channel (or has no
+//    generation prompt): the answer starts at the first generated token;
+//  - a chat that starts in the think channel: reasoning is free text, but no structural token
+//    may open anything and the message may not end there (the only special token allowed is
+//    <|close|>). When the model samples <|close|>, the rest of the transition is forced:
+//    `think<|sep|><|open|>response<|sep|>`, and the answer starts.
+// While answering, only tokens whose bytes keep the answer a prefix of a value the format allows
+// are allowed (no special token, no structure). Once the matcher can end (CanEnd) the row's stop
+// tokens are allowed too and, in chat, <|close|>, after which the well-formed end of the message
+// is forced (`response<|sep|><|close|>message<|sep|><|end_of_msg|>`); when it must end (MustEnd)
+// those are the only choices. So a message that ends always holds one complete valid value.
+#ifndef COLI_PLUGINS_KIMI_K3_CONSTRAINED_H_
+#define COLI_PLUGINS_KIMI_K3_CONSTRAINED_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/grammar/json_constraint.h"
+#include "common/tokenizer/tokenizer.h"
+
+namespace coli::k3 {
+
+// One model's vocabulary as the constraint sees it; built once per model, immutable after.
+class ConstraintVocab {
+ public:
+  // `vocab_size` is the model's (ids past the tokenizer's are never allowed); `stop_ids` the
+  // model-owned stops. INVALID_ARGUMENT when a stop id is outside the vocabulary.
+  static absl::StatusOr<std::unique_ptr<ConstraintVocab>> Build(const tok::Tokenizer& tokenizer,
+                                                                int32_t vocab_size,
+                                                                std::span<const int32_t> stop_ids);
+
+  int32_t vocab_size() const { return static_cast<int32_t>(bytes_.size()); }
+  const std::string& bytes(int32_t id) const { return bytes_[id]; }  // empty for specials
+  const grammar::TokenFilter& filter() const { return *filter_; }
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  bool has_structure() const { return open_ >= 0; }
+
+ private:
+  friend class AnswerConstraint;
+  ConstraintVocab() = default;
+  std::vector<std::string> bytes_;
+  std::unique_ptr<grammar::TokenFilter> filter_;
+  std::vector<int32_t> stop_ids_;
+  // XTML (-1 / empty when the tokenizer lacks them: chat constraints are then refused).
+  int32_t open_ = -1, close_ = -1, sep_ = -1, end_of_msg_ = -1;
+  std::vector<int32_t> think_, response_, message_;  // the tag names' ordinary tokens
+};
+
+// One generation's constraint. Copyable.
+class AnswerConstraint {
+ public:
+  // `chat_parse_mode`: 0 = plain text, else the K3 ParseMode of the session's render.
+  // INVALID_ARGUMENT for a chat mode when the vocabulary has no XTML tokens, or an unknown mode.
+  static absl::StatusOr<AnswerConstraint> Create(
+      std::shared_ptr<const grammar::JsonConstraint> constraint, const ConstraintVocab& vocab,
+      int32_t chat_parse_mode);
+
+  // allowed[id] = 1 for the ids the next token may be (resized to the vocabulary).
+  void Allowed(std::vector<uint8_t>* allowed) const;
+  // Sets every disallowed logit to -inf (logits.size() must be the vocabulary's). INTERNAL
+  // naming the answer's byte position when no token at all is allowed (a vocabulary that
+  // cannot spell the value).
+  absl::Status Mask(std::span<float> logits) const;
+  // The token sampled. An id Allowed did not allow ends the constraint (nothing more is masked).
+  void Accept(int32_t id);
+
+  bool answering() const { return phase_ == Phase::kAnswer; }
+  bool ended() const { return phase_ == Phase::kDone; }
+  const grammar::JsonMatcher& matcher() const { return matcher_; }
+
+ private:
+  enum class Phase { kThink, kForced, kAnswer, kDone };
+  AnswerConstraint(std::shared_ptr<const grammar::JsonConstraint> constraint,
+                   const ConstraintVocab& vocab, bool chat);
+  const ConstraintVocab* vocab_;
+  grammar::JsonMatcher matcher_;
+  bool chat_;
+  Phase phase_ = Phase::kAnswer;
+  std::vector<int32_t> forced_;  // kForced: ids still to come, in order
+  size_t forced_pos_ = 0;
+  Phase after_forced_ = Phase::kAnswer;
+};
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_CONSTRAINED_H_
