@@ -82,72 +82,72 @@ bool NumberAccepting(const Frame& f) {
   return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExp;
 }
 
-// Decodes the raw content of a JSON string the machine has validated.
+// Decodes the raw content of a JSON string the machine has validated (nlohmann's decoder:
+// escapes, surrogate pairs).
 std::string DecodeJsonString(std::string_view raw) {
-  std::string out;
-  auto put = [&out](uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
+  std::string quoted;
+  quoted.reserve(raw.size() + 2);
+  quoted += '"';
+  quoted.append(raw);
+  quoted += '"';
+  const nlohmann::json v = nlohmann::json::parse(quoted, nullptr, /*allow_exceptions=*/false);
+  return v.is_string() ? v.get<std::string>() : std::string(raw);
+}
+
+enum class NumStep { kTaken, kRejected, kEnded };
+
+// One byte of the JSON number grammar (RFC 8259 section 6) with bounded digit runs: integer
+// digits in f.a, fraction digits in f.b, exponent digits in f.ws. kEnded: the number is complete
+// and the byte belongs to the container.
+NumStep NumberStep(Frame& f, uint8_t c) {
+  const bool integer = (f.flags & kIntegerFlag) != 0;
+  const bool digit = IsDigit(c);
+  auto to = [&f](uint8_t phase) {
+    f.phase = phase;
+    return NumStep::kTaken;
   };
-  auto hex4 = [&raw](size_t at) {
-    uint32_t v = 0;
-    for (size_t k = 0; k < 4 && at + k < raw.size(); ++k) {
-      v = v * 16 + static_cast<uint32_t>(HexValue(static_cast<uint8_t>(raw[at + k])));
-    }
-    return v;
+  auto more = [digit](auto& count, int limit) {
+    if (!digit || count >= limit) return false;
+    ++count;
+    return true;
   };
-  for (size_t i = 0; i < raw.size(); ++i) {
-    if (raw[i] != '\\' || i + 1 >= raw.size()) {
-      out += raw[i];
-      continue;
-    }
-    const char e = raw[++i];
-    switch (e) {
-      case 'b':
-        out += '\b';
-        break;
-      case 'f':
-        out += '\f';
-        break;
-      case 'n':
-        out += '\n';
-        break;
-      case 'r':
-        out += '\r';
-        break;
-      case 't':
-        out += '\t';
-        break;
-      case 'u': {
-        uint32_t cp = hex4(i + 1);
-        i += 4;
-        if (cp >= 0xD800 && cp <= 0xDBFF && i + 6 < raw.size()) {
-          const uint32_t lo = hex4(i + 3);
-          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          i += 6;
-        }
-        put(cp);
-        break;
-      }
-      default:
-        out += e;
-        break;  // " \ /
-    }
+  switch (f.phase) {
+    case kNumStart:
+      if (c == '-') return to(kNumMinus);
+      [[fallthrough]];
+    case kNumMinus:
+      if (c == '0') return to(kNumZero);
+      if (!digit) return NumStep::kRejected;
+      f.a = 1;
+      return to(kNumInt);
+    case kNumInt:
+      if (more(f.a, kMaxIntDigits)) return NumStep::kTaken;
+      [[fallthrough]];
+    case kNumZero:
+      if (!integer && c == '.') return to(kNumDot);
+      break;
+    case kNumDot:
+      if (!digit) return NumStep::kRejected;
+      f.b = 1;
+      return to(kNumFrac);
+    case kNumFrac:
+      if (more(f.b, kMaxFracDigits)) return NumStep::kTaken;
+      break;
+    case kNumE:
+      if (c == '+' || c == '-') return to(kNumESign);
+      [[fallthrough]];
+    case kNumESign:
+      if (!digit) return NumStep::kRejected;
+      f.ws = 1;
+      return to(kNumExp);
+    case kNumExp:
+      return more(f.ws, kMaxExpDigits) ? NumStep::kTaken : NumStep::kEnded;
+    default:
+      return NumStep::kRejected;
   }
-  return out;
+  // After the integer or fraction digits: an exponent may start, else the number has ended.
+  if (!integer && (c == 'e' || c == 'E')) return to(kNumE);
+  return NumStep::kEnded;
 }
 
 }  // namespace
@@ -582,76 +582,8 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
       }
 
       case kNum: {
-        const bool integer = (f.flags & kIntegerFlag) != 0;
-        switch (f.phase) {
-          case kNumStart:
-            if (c == '-') {
-              f.phase = kNumMinus;
-              return true;
-            }
-            [[fallthrough]];
-          case kNumMinus:
-            if (c == '0') {
-              f.phase = kNumZero;
-              return true;
-            }
-            if (c >= '1' && c <= '9') {
-              f.phase = kNumInt;
-              f.a = 1;
-              return true;
-            }
-            return false;
-          case kNumInt:
-            if (IsDigit(c) && f.a < kMaxIntDigits) {
-              ++f.a;
-              return true;
-            }
-            [[fallthrough]];
-          case kNumZero:
-            if (!integer && c == '.') {
-              f.phase = kNumDot;
-              return true;
-            }
-            if (!integer && (c == 'e' || c == 'E')) {
-              f.phase = kNumE;
-              return true;
-            }
-            break;  // complete: the byte belongs to the container
-          case kNumDot:
-            if (!IsDigit(c)) return false;
-            f.phase = kNumFrac;
-            f.b = 1;
-            return true;
-          case kNumFrac:
-            if (IsDigit(c) && f.b < kMaxFracDigits) {
-              ++f.b;
-              return true;
-            }
-            if (c == 'e' || c == 'E') {
-              f.phase = kNumE;
-              return true;
-            }
-            break;
-          case kNumE:
-            if (c == '+' || c == '-') {
-              f.phase = kNumESign;
-              return true;
-            }
-            [[fallthrough]];
-          case kNumESign:
-            if (!IsDigit(c)) return false;
-            f.phase = kNumExp;
-            f.ws = 1;
-            return true;
-          case kNumExp:
-            if (IsDigit(c) && f.ws < kMaxExpDigits) {
-              ++f.ws;
-              return true;
-            }
-            break;
-          default:
-            return false;
-        }
+        const NumStep r = NumberStep(f, c);
+        if (r != NumStep::kEnded) return r == NumStep::kTaken;
         Pop(t);
         continue;
       }
