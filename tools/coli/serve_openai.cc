@@ -299,6 +299,13 @@ ApiError FromHostStatus(const grpc::Status& status) {
       e.http_status = 400;
       e.param = ParamFromMessage(msg);
       if (msg.find("EMPTY_PROMPT") != std::string::npos && e.param.empty()) e.param = "messages";
+      // A response_format the model cannot enforce (a schema keyword the grammar refuses, a
+      // plugin older than ABI 1.4): OpenAI names the request field; the message keeps the path
+      // inside the schema ("response_format.json_schema.schema.properties.a.pattern: ...").
+      if (e.param.rfind("response_format", 0) == 0 ||
+          (e.param.empty() && msg.find("response_format") != std::string::npos)) {
+        e.param = "response_format";
+      }
       return e;
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       if (msg.find("CONTEXT_EXCEEDED") != std::string::npos ||
