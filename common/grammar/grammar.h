@@ -133,11 +133,15 @@ class Machine {
   MachineState Initial() const;
   // Feeds one byte; false (state unspecified) when no thread can take it.
   bool Step(MachineState& s, uint8_t c) const;
+  // Whether Step(s, c) would succeed and leave s exactly as it is (plain ASCII content of a
+  // string whose length no longer matters, in every thread): lets the token filter skip the copy.
+  bool IsNoOp(const MachineState& s, uint8_t c) const;
   bool CanEnd(const MachineState& s) const;
   // CanEnd and no byte can follow.
   bool MustEnd(const MachineState& s) const;
-  // A byte string identifying this machine and the state (for memoisation).
-  void Key(const MachineState& s, std::string* out) const;
+  // A byte string identifying this machine and the state (for memoisation) as far as any input
+  // of at most `horizon` bytes can tell: states with equal keys accept the same such inputs.
+  void Key(const MachineState& s, int horizon, std::string* out) const;
 
  private:
   bool Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const;

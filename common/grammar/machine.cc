@@ -333,6 +333,9 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
                 k.kind = kLit;
                 k.a = n.props[prop].key_literal;
                 k.b = 1;  // the opening quote
+              } else if (n.props.empty()) {
+                k.kind = kStr;  // any key: no declared name to keep it apart from
+                k.node = kAnyString;
               } else {
                 k.kind = kStr;
                 k.flags = kKeyFlag;
@@ -632,6 +635,19 @@ bool Machine::Step(MachineState& s, uint8_t c) const {
   return !s.threads.empty();
 }
 
+bool Machine::IsNoOp(const MachineState& s, uint8_t c) const {
+  if (c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || s.threads.empty()) return false;
+  for (const Thread& t : s.threads) {
+    if (t.stack.empty()) return false;
+    const Frame& f = t.stack.back();
+    if (f.kind != kStr || f.phase != kStrNormal || (f.flags & kKeyFlag) != 0) return false;
+    // Counts saturate at min_len when there is no maxLength (see count_char in Advance).
+    const Node& n = g_->nodes[f.node];
+    if (n.max_len != kUnbounded || f.a < n.min_len) return false;
+  }
+  return true;
+}
+
 bool Machine::CanEnd(const MachineState& s) const {
   for (const Thread& t : s.threads) {
     if (t.stack.empty()) return true;
@@ -652,14 +668,22 @@ bool Machine::MustEnd(const MachineState& s) const {
   return true;
 }
 
-void Machine::Key(const MachineState& s, std::string* out) const {
+void Machine::Key(const MachineState& s, int horizon, std::string* out) const {
   out->clear();
   out->append(reinterpret_cast<const char*>(&id_), sizeof id_);
   for (const Thread& t : s.threads) {
     const uint32_t frames = static_cast<uint32_t>(t.stack.size());
     const uint32_t key = static_cast<uint32_t>(t.key.size());
     out->append(reinterpret_cast<const char*>(&frames), sizeof frames);
-    out->append(reinterpret_cast<const char*>(t.stack.data()), frames * sizeof(Frame));
+    for (Frame f : t.stack) {
+      // A string's length cannot matter within `horizon` more characters when it has reached
+      // minLength and maxLength is further away: one key for all such lengths.
+      if (f.kind == kStr && (f.flags & kKeyFlag) == 0) {
+        const Node& n = g_->nodes[f.node];
+        if (f.a >= n.min_len && n.max_len - f.a > horizon) f.a = -1;
+      }
+      out->append(reinterpret_cast<const char*>(&f), sizeof f);
+    }
     out->append(reinterpret_cast<const char*>(&key), sizeof key);
     out->append(t.key);
   }

@@ -75,16 +75,22 @@ struct TokenFilter::Trie {
     return id;
   }
 
-  void Walk(const Machine& m, uint32_t node, int depth, std::vector<MachineState>& slots,
-            uint8_t* out) const {
+  // Marks the tokens below `node` that `cur` (the state after the node's bytes) allows. slots
+  // [depth + 1 ..] are scratch states for the deeper levels.
+  void Walk(const Machine& m, uint32_t node, int depth, const MachineState& cur,
+            std::vector<MachineState>& slots, uint8_t* out) const {
     const Node& n = nodes[node];
     for (uint32_t e = n.edges_begin; e < n.edges_end; ++e) {
-      MachineState& next = slots[depth + 1];
-      next = slots[depth];
-      if (!m.Step(next, edge_byte[e])) continue;
+      const MachineState* next = &cur;
+      if (!m.IsNoOp(cur, edge_byte[e])) {
+        MachineState& s = slots[depth + 1];
+        s = cur;
+        if (!m.Step(s, edge_byte[e])) continue;
+        next = &s;
+      }
       const Node& child = nodes[edge_child[e]];
       for (uint32_t t = child.tokens_begin; t < child.tokens_end; ++t) out[tokens[t]] = 1;
-      Walk(m, edge_child[e], depth + 1, slots, out);
+      Walk(m, edge_child[e], depth + 1, *next, slots, out);
     }
   }
 };
@@ -115,7 +121,7 @@ void TokenFilter::Allowed(const JsonMatcher& matcher, std::vector<uint8_t>* allo
     return;
   }
   std::string key;
-  st.machine->Key(st.m, &key);
+  st.machine->Key(st.m, trie_->max_depth, &key);
   {
     std::lock_guard<std::mutex> lock(trie_->mu);
     for (const Trie::Entry& e : trie_->cache) {
@@ -126,8 +132,7 @@ void TokenFilter::Allowed(const JsonMatcher& matcher, std::vector<uint8_t>* allo
     }
   }
   std::vector<MachineState> slots(static_cast<size_t>(trie_->max_depth) + 1);
-  slots[0] = st.m;
-  trie_->Walk(*st.machine, 0, 0, slots, allowed->data());
+  trie_->Walk(*st.machine, 0, 0, st.m, slots, allowed->data());
   std::lock_guard<std::mutex> lock(trie_->mu);
   if (trie_->cache.size() >= Trie::kCacheEntries) trie_->cache.pop_front();
   trie_->cache.push_back({std::move(key), *allowed});
