@@ -494,6 +494,54 @@ TEST_F(HostTest, ChatStreamsContentDeltasAndEndOfMessage) {
   EXPECT_THAT(status.error_message(), HasSubstr("wizard"));
 }
 
+// ABI 1.4: the response_format reaches the plugin's prefill from the Chat body's member (a bare
+// "json_object" string becomes an object; {"type":"text"} is none), from ChatRequest's own field
+// (which wins) and from GenerateRequest's. The echo family enforces none and refuses one quoting
+// the text it received, so each refusal shows what the host sent.
+TEST_F(HostTest, ResponseFormatReachesThePlugin) {
+  Start();
+  auto chat = [&](const std::string& body, const std::string& field) {
+    v1::ChatRequest request;
+    request.set_model("echo");
+    request.set_request_json(body);
+    request.set_response_format(field);
+    grpc::ClientContext ctx;
+    auto reader = stub_->Chat(&ctx, request);
+    v1::ChatEvent e;
+    std::string content;
+    while (reader->Read(&e)) {
+      if (!e.has_token()) continue;
+      for (const auto& d : e.token().deltas()) content += d.text();
+    }
+    grpc::Status status = reader->Finish();
+    return std::make_pair(status, content);
+  };
+  const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
+  auto [object, unused1] = chat("{" + messages + R"(, "response_format": {"type": "json_object"}})",
+                                "");
+  EXPECT_EQ(object.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(object.error_message(),
+              HasSubstr(R"(response_format: the echo family cannot enforce {"type":"json_object"})"));
+  auto [bare, unused2] = chat("{" + messages + R"(, "response_format": "json_object"})", "");
+  EXPECT_THAT(bare.error_message(), HasSubstr(R"(cannot enforce {"type":"json_object"})"));
+  auto [field, unused3] = chat("{" + messages + R"(, "response_format": {"type": "json_object"}})",
+                               R"({"type":"json_schema","json_schema":{"schema":{}}})");
+  EXPECT_THAT(field.error_message(),
+              HasSubstr(R"(cannot enforce {"type":"json_schema","json_schema":{"schema":{}}})"));
+  auto [text, content] = chat("{" + messages + R"(, "response_format": {"type": "text"}})", "");
+  EXPECT_TRUE(text.ok()) << text.error_message();
+  EXPECT_EQ(content, "hi");
+  auto [none, unused4] = chat("{" + messages + "}", "");
+  EXPECT_TRUE(none.ok()) << none.error_message();
+
+  v1::GenerateRequest generate = Request("hello", 3);
+  generate.set_response_format(R"({"type":"json_object"})");
+  Stream refused = Generate(generate);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr(R"(cannot enforce {"type":"json_object"})"));
+  EXPECT_TRUE(refused.ids.empty());
+}
+
 TEST_F(HostTest, TokenizeDetokenizeApplyTemplate) {
   Start();
   grpc::ClientContext c1;
