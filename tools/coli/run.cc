@@ -6,10 +6,13 @@
 //            [--temperature T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]
 //            [--frequency-penalty F] [--presence-penalty P] [--repetition-penalty R]
 //            [--min-p M] [--logit-bias ID=BIAS,...]
-//            [--chat [--system TEXT] [--no-think]]
+//            [--chat [--system TEXT] [--no-think]] [--json-schema FILE | --json-object]
 //
 // --chat renders the prompt as one user turn with the family's template (K3_THINK=0 or
 // --no-think opens the answer directly); reasoning goes to stderr, the answer to stdout.
+// --json-schema FILE (a JSON schema, or a whole OpenAI response_format object) and --json-object
+// enforce the output's form (plugin ABI 1.4): with --chat the answer, otherwise the whole output
+// (docs/status/constrained.md).
 // Ctrl-C cancels the request (the host stops within one token).
 #include <signal.h>
 #include <unistd.h>
@@ -41,7 +44,7 @@ int Usage() {
                "usage: coli run [--model DIR] [--host ADDR] \"prompt\" [--ngen N] [--ids 1,2,3]\n"
                "                [--print-ids] [--temperature T] [--top-p P] [--top-k K]\n"
                "                [--seed S] [--logprobs K] [--chat [--system TEXT] [--no-think]]\n"
-               "                %s\n",
+               "                [--json-schema FILE | --json-object] %s\n",
                client::kSamplingKnobUsage);
   return 2;
 }
@@ -51,8 +54,23 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// The response_format for --json-schema FILE: the file's JSON as a whole response_format object
+// when it is one ({"type": ...}), else as the schema. INVALID_ARGUMENT naming the file.
+absl::StatusOr<nlohmann::json> SchemaFormatFromFile(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return absl::InvalidArgumentError("--json-schema: cannot read '" + path + "'");
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  std::fclose(f);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError("--json-schema: '" + path + "' is not a JSON object");
+  }
+  if (j.contains("json_schema") && j.value("type", nlohmann::json()) == "json_schema") return j;
+  return nlohmann::json{{"type", "json_schema"}, {"json_schema", {{"name", "schema"}, {"schema", j}}}};
+}
+
 int RunCommand(int argc, char** argv) {
   std::string model_flag, host, prompt, system, ids_flag;
+  nlohmann::json response_format;  // null: none
   bool print_ids = false, chat = false, think = true, have_prompt = false;
   int ngen = 64;
   v1::SamplingParams sampling;
@@ -103,6 +121,16 @@ int RunCommand(int argc, char** argv) {
       system = value();
     else if (arg == "--no-think")
       think = false;
+    else if (arg == "--json-object")
+      response_format = {{"type", "json_object"}};
+    else if (arg == "--json-schema") {
+      auto format = SchemaFormatFromFile(value());
+      if (!format.ok()) {
+        std::fprintf(stderr, "coli run: %s\n", std::string(format.status().message()).c_str());
+        return 2;
+      }
+      response_format = *std::move(format);
+    }
     else if (arg == "--temperature") {
       float t;
       number(&t);
@@ -238,6 +266,7 @@ int RunCommand(int argc, char** argv) {
     if (!system.empty()) request["messages"].push_back({{"role", "system"}, {"content", system}});
     request["messages"].push_back({{"role", "user"}, {"content", prompt}});
     request["enable_thinking"] = think;
+    if (!response_format.is_null()) request["response_format"] = response_format;
     v1::ChatRequest r;
     r.set_model(model->id());
     r.set_request_json(request.dump());
@@ -251,6 +280,7 @@ int RunCommand(int argc, char** argv) {
       r.mutable_prompt_ids()->Add(ids.begin(), ids.end());
     else
       r.set_prompt(prompt);
+    if (!response_format.is_null()) r.set_response_format(response_format.dump());
     r.set_max_tokens(ngen);
     *r.mutable_sampling() = sampling;
     finished = c.Generate(r, cb, &cancel);
