@@ -101,7 +101,11 @@ class K3ConstrainedTest : public ::testing::Test {
         host::Plugin::Load(std::string(COLI_PLUGIN_DIR_FOR_TEST) + "/libcoli_kimi_k3.so", &report);
     ASSERT_OK(plugin.status());
     plugin_ = std::move(plugin).value().release();
-    auto model = plugin_->Open(COLI_K3_TINY_DIR, host::ModelOptions(), nullptr);
+    // One thread: the tiny model's passes are too small to share, and OpenMP's spinning on a
+    // loaded 2-core CI machine costs more than it saves.
+    host::ModelOptions options;
+    options.fields.threads = 1;
+    auto model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
     ASSERT_OK(model.status());
     model_ = std::move(model).value().release();
   }
@@ -358,6 +362,7 @@ TEST_F(K3ConstrainedTest, BatchedRowsEqualLoneRuns) {
 
 TEST_F(K3ConstrainedTest, ConstrainedRowsDoNotSpeculate) {
   host::ModelOptions options;
+  options.fields.threads = 1;
   options.extra["spec"] = "4";
   auto spec_model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
   ASSERT_OK(spec_model.status());

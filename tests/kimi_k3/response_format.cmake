@@ -3,6 +3,7 @@
 if(TARGET kimi_k3)
   coli_cc_test(NAME k3_constrained_plugin_test
     SRCS ${CMAKE_CURRENT_LIST_DIR}/constrained_plugin_test.cc
+         ${CMAKE_CURRENT_LIST_DIR}/constrained_ride_test.cc
     DEPS coli_host_core coli_plugin_api nlohmann_json::nlohmann_json)
   target_compile_definitions(k3_constrained_plugin_test PRIVATE
     COLI_K3_TINY_DIR="${PROJECT_BINARY_DIR}/fixtures/k3_tiny"
