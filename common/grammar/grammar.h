@@ -65,8 +65,9 @@ struct Node {
           max_items = kUnbounded;  // max already capped by prefix when items -1
   // kString: length in characters (code points).
   int64_t min_len = 0, max_len = kUnbounded;
-  // kLiterals: ids into Grammar::literals (whole JSON texts, compact).
-  std::vector<int32_t> literals;
+  // kLiterals: the range [lit_begin, lit_end) of Grammar::literals (whole JSON texts, compact,
+  // sorted bytewise and unique, so the members sharing a prefix stay a contiguous range).
+  int32_t lit_begin = 0, lit_end = 0;
   // kAnyOf
   std::vector<int32_t> alts;
 };
@@ -97,11 +98,11 @@ Grammar BuiltinGrammar();
 // "response_format.json_schema.schema").
 absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json& schema, std::string path);
 
-// ---- the machine
-// -------------------------------------------------------------------------
+// ---- the machine ----------------------------------------------------------------------------
 
 enum FrameKind : uint8_t { kValue, kObj, kArr, kStr, kNum, kLit };
 
+// kLit frames: [a, b) is the range of literals still matching, node the bytes matched so far.
 struct Frame {
   uint8_t kind = kValue;
   uint8_t phase = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "common/grammar/grammar.h"
 
@@ -94,6 +95,29 @@ std::string DecodeJsonString(std::string_view raw) {
   return v.is_string() ? v.get<std::string>() : std::string(raw);
 }
 
+// The sub-range of literals [lo, hi) (sorted, sharing their first pos bytes) whose byte pos is c.
+std::pair<int32_t, int32_t> Narrow(const std::vector<std::string>& lits, int32_t lo, int32_t hi,
+                                   size_t pos, uint8_t c) {
+  // Byte pos of literal i, -1 past its end: non-decreasing over the range.
+  auto at = [&lits, pos](int32_t i) {
+    return lits[i].size() > pos ? static_cast<int>(static_cast<uint8_t>(lits[i][pos])) : -1;
+  };
+  auto first_above = [&](int32_t from, int bound) {  // first i in [from, hi) with at(i) > bound
+    int32_t a = from, b = hi;
+    while (a < b) {
+      const int32_t mid = a + (b - a) / 2;
+      if (at(mid) > bound) {
+        b = mid;
+      } else {
+        a = mid + 1;
+      }
+    }
+    return a;
+  };
+  const int32_t first = first_above(lo, static_cast<int>(c) - 1);
+  return {first, first_above(first, c)};
+}
+
 enum class NumStep { kTaken, kRejected, kEnded };
 
 // One byte of the JSON number grammar (RFC 8259 section 6) with bounded digit runs: integer
@@ -165,11 +189,13 @@ Grammar BuiltinGrammar() {
   arr.items = kAnyValue;
   g.nodes[kAnyString].kind = Kind::kString;
   g.nodes[kAnyNumber].kind = Kind::kNumber;
-  g.literals = {"true", "false", "null"};
+  g.literals = {"false", "true", "null"};
   g.nodes[kBoolNode].kind = Kind::kLiterals;
-  g.nodes[kBoolNode].literals = {0, 1};
+  g.nodes[kBoolNode].lit_begin = 0;
+  g.nodes[kBoolNode].lit_end = 2;
   g.nodes[kNullNode].kind = Kind::kLiterals;
-  g.nodes[kNullNode].literals = {2};
+  g.nodes[kNullNode].lit_begin = 2;
+  g.nodes[kNullNode].lit_end = 3;
   g.root = kAnyObject;
   return g;
 }
@@ -257,24 +283,11 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
             continue;
           }
           case Kind::kLiterals: {
-            int32_t first = -1;
-            for (int32_t id : n.literals) {
-              if (static_cast<uint8_t>(g_->literals[id][0]) != c) continue;
-              if (first < 0) {
-                first = id;
-                continue;
-              }
-              Thread copy = t;
-              Frame& lf = copy.stack.back();
-              lf = Frame{};
-              lf.kind = kLit;
-              lf.a = id;
-              if (Advance(copy, c, forks)) forks.push_back(std::move(copy));
-            }
-            if (first < 0) return false;
+            const int32_t lo = n.lit_begin, hi = n.lit_end;
             f = Frame{};
             f.kind = kLit;
-            f.a = first;
+            f.a = lo;
+            f.b = hi;
             continue;
           }
           case Kind::kString: {
@@ -332,7 +345,8 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
                 of.a = prop + 1;
                 k.kind = kLit;
                 k.a = n.props[prop].key_literal;
-                k.b = 1;  // the opening quote
+                k.b = k.a + 1;
+                k.node = 1;  // the opening quote
               } else if (n.props.empty()) {
                 k.kind = kStr;  // any key: no declared name to keep it apart from
                 k.node = kAnyString;
@@ -592,18 +606,28 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
       }
 
       case kLit: {
-        const std::string& lit = g_->literals[f.a];
-        const size_t pos = static_cast<size_t>(f.b);
-        if (pos < lit.size()) {
-          if (static_cast<uint8_t>(lit[pos]) != c) return false;
-          ++f.b;
-          // A literal that cannot grow ends at its last byte; a number waits for
-          // the next byte.
-          if (pos + 1 == lit.size() && !IsDigit(static_cast<uint8_t>(lit.back()))) Pop(t);
+        const std::vector<std::string>& lits = g_->literals;
+        const size_t pos = static_cast<size_t>(f.node);
+        const auto [lo, hi] = Narrow(lits, f.a, f.b, pos, c);
+        if (lo < hi) {
+          f.a = lo;
+          f.b = hi;
+          ++f.node;
+          // A literal that cannot grow (not a number) ends at its last byte; no other literal
+          // extends it (a JSON text other than a number is no prefix of another).
+          const std::string& first = lits[lo];
+          if (hi - lo == 1 && first.size() == pos + 1 &&
+              !IsDigit(static_cast<uint8_t>(first.back()))) {
+            Pop(t);
+          }
           return true;
         }
-        Pop(t);
-        continue;
+        // No literal continues with c: a complete number literal (sorted first) ends here.
+        if (lits[f.a].size() == pos) {
+          Pop(t);
+          continue;
+        }
+        return false;
       }
     }
     return false;
@@ -654,7 +678,7 @@ bool Machine::CanEnd(const MachineState& s) const {
     if (t.stack.size() != 1) continue;
     const Frame& f = t.stack.back();
     if (f.kind == kNum && NumberAccepting(f)) return true;
-    if (f.kind == kLit && static_cast<size_t>(f.b) == g_->literals[f.a].size()) return true;
+    if (f.kind == kLit && static_cast<size_t>(f.node) == g_->literals[f.a].size()) return true;
   }
   return false;
 }

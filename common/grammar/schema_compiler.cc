@@ -102,8 +102,11 @@ class Compiler {
     g_.nodes.push_back(std::move(n));
     return static_cast<int32_t>(g_.nodes.size() - 1);
   }
+  static std::string Dump(const Json& v) {
+    return v.dump(-1, ' ', false, Json::error_handler_t::strict);
+  }
   int32_t AddLiteral(const Json& v) {
-    g_.literals.push_back(v.dump(-1, ' ', false, Json::error_handler_t::strict));
+    g_.literals.push_back(Dump(v));
     return static_cast<int32_t>(g_.literals.size() - 1);
   }
 
@@ -199,12 +202,18 @@ class Compiler {
       }
       Node n;
       n.kind = Kind::kLiterals;
+      std::vector<std::string> texts;
       for (const Json& m : members) {
         bool typed = types.empty();
         for (const std::string& t : types) typed = typed || HasType(m, t);
-        if (typed) n.literals.push_back(AddLiteral(m));
+        if (typed) texts.push_back(Dump(m));
       }
-      if (n.literals.empty()) return Error(at, "no member has the schema's type");
+      if (texts.empty()) return Error(at, "no member has the schema's type");
+      std::sort(texts.begin(), texts.end());
+      texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+      n.lit_begin = static_cast<int32_t>(g_.literals.size());
+      for (std::string& t : texts) g_.literals.push_back(std::move(t));
+      n.lit_end = static_cast<int32_t>(g_.literals.size());
       return AddNode(std::move(n));
     }
 

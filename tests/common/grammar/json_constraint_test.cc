@@ -99,6 +99,39 @@ TEST(JsonMatcher, EnumAnyOfRefRecursion) {
   EXPECT_FALSE(Complete(c, R"({"kids":[]})"));
 }
 
+TEST(JsonMatcher, EnumMembersSharingPrefixes) {
+  auto c = Schema(R"({"enum":[12,1,1.5,-1,10,"1","ab","a",[1,2],{"b":1,"a":[]},true,null]})");
+  for (const char* member : {"12", "1", "1.5", "-1", "10", R"("1")", R"("ab")", R"("a")", "[1,2]",
+                             R"({"b":1,"a":[]})", "true", "null"}) {
+    EXPECT_TRUE(Complete(c, member)) << member;
+  }
+  for (const char* other : {"13", "1.", "15", "-", "100", R"("abc")", R"("b")", "[1]", "[1,2,3]",
+                            R"({"a":[],"b":1})", "false", "2"}) {
+    EXPECT_FALSE(Complete(c, other)) << other;
+  }
+  JsonMatcher m(c);
+  ASSERT_TRUE(m.Accept("1"));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_FALSE(m.MustEnd());  // "12", "1.5" and "10" go on
+  ASSERT_TRUE(m.Accept("0"));
+  EXPECT_TRUE(m.MustEnd());
+  // Inside an array the container takes the byte after a complete number member.
+  auto arr = Schema(R"({"type":"array","items":{"enum":[1,12]}})");
+  EXPECT_TRUE(Complete(arr, "[1,12,1]"));
+  EXPECT_FALSE(Complete(arr, "[1,123]"));
+}
+
+TEST(JsonMatcher, LargeEnumIsOneThread) {
+  std::string schema = R"({"enum":[)";
+  for (int i = 0; i < 5000; ++i) schema += (i ? ",\"v" : "\"v") + std::to_string(i) + "\"";
+  schema += "]}";
+  auto c = Schema(schema);
+  EXPECT_TRUE(Complete(c, R"("v4999")"));
+  EXPECT_TRUE(Complete(c, R"("v0")"));
+  EXPECT_FALSE(Complete(c, R"("v5000")"));
+  EXPECT_FALSE(Complete(c, R"("v01")"));
+}
+
 TEST(JsonConstraint, ResponseFormats) {
   auto text = JsonConstraint::FromResponseFormat(R"({"type":"text"})");
   ASSERT_TRUE(text.ok());
