@@ -37,6 +37,10 @@ inline constexpr int kMaxIntDigits = 20;   // digits before '.' (uint64 fits)
 inline constexpr int kMaxFracDigits = 24;  // digits after '.' (repr of any double fits)
 inline constexpr int kMaxExpDigits = 3;    // digits of an exponent
 inline constexpr int kMaxStack = 96;       // open values (nesting) in one thread
+// Live alternatives kept per state. Dropping threads past this is sound (each kept thread is a
+// valid parse that can complete) and only narrows what is allowed; only pathological schemas
+// (nested overlapping anyOf) get near it.
+inline constexpr size_t kMaxThreads = 256;
 inline constexpr int64_t kUnbounded = std::numeric_limits<int32_t>::max();
 
 enum class Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kLiterals, kAnyOf };

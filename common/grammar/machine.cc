@@ -654,6 +654,7 @@ bool Machine::Step(MachineState& s, uint8_t c) const {
       if (std::find(unique.begin(), unique.end(), t) == unique.end())
         unique.push_back(std::move(t));
     }
+    if (unique.size() > kMaxThreads) unique.resize(kMaxThreads);
     s.threads = std::move(unique);
   }
   return !s.threads.empty();

@@ -132,6 +132,20 @@ TEST(JsonMatcher, LargeEnumIsOneThread) {
   EXPECT_FALSE(Complete(c, R"("v01")"));
 }
 
+// Two overlapping alternatives per level would double the live threads at every '['; the cap
+// keeps the state small and the document still completes.
+TEST(JsonMatcher, NestedOverlappingAnyOfStaysBounded) {
+  auto c = Schema(R"({"$defs":{"x":{"anyOf":[{"type":"array","items":{"$ref":"#/$defs/x"}},
+      {"type":"array","items":{"$ref":"#/$defs/x"},"maxItems":9},{"type":"null"}]}},
+      "$ref":"#/$defs/x"})");
+  const std::string doc = std::string(24, '[') + "null" + std::string(24, ']');
+  JsonMatcher m(c);
+  ASSERT_TRUE(m.Accept(doc.substr(0, 24)));
+  ASSERT_TRUE(m.Accept(doc.substr(24)));
+  EXPECT_TRUE(m.MustEnd());
+  EXPECT_FALSE(Complete(c, std::string(24, '[') + "null" + std::string(23, ']')));
+}
+
 TEST(JsonConstraint, ResponseFormats) {
   auto text = JsonConstraint::FromResponseFormat(R"({"type":"text"})");
   ASSERT_TRUE(text.ok());
