@@ -141,6 +141,13 @@ class Machine {
   // Whether Step(s, c) would succeed and leave s exactly as it is (plain ASCII content of a
   // string whose length no longer matters, in every thread): lets the token filter skip the copy.
   bool IsNoOp(const MachineState& s, uint8_t c) const;
+  // Whether every thread is inside a string (plain content, not an object key) that takes n
+  // more characters: then any n plain bytes are accepted.
+  bool TakesPlainRun(const MachineState& s, int n) const;
+  // A byte that is one whole character of string content: ASCII 0x20-0x7F but '"' and '\\'.
+  static bool IsPlainStringByte(uint8_t c) {
+    return c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+  }
   bool CanEnd(const MachineState& s) const;
   // CanEnd and no byte can follow.
   bool MustEnd(const MachineState& s) const;

@@ -661,7 +661,7 @@ bool Machine::Step(MachineState& s, uint8_t c) const {
 }
 
 bool Machine::IsNoOp(const MachineState& s, uint8_t c) const {
-  if (c < 0x20 || c >= 0x80 || c == '"' || c == '\\' || s.threads.empty()) return false;
+  if (!IsPlainStringByte(c) || s.threads.empty()) return false;
   for (const Thread& t : s.threads) {
     if (t.stack.empty()) return false;
     const Frame& f = t.stack.back();
@@ -669,6 +669,17 @@ bool Machine::IsNoOp(const MachineState& s, uint8_t c) const {
     // Counts saturate at min_len when there is no maxLength (see count_char in Advance).
     const Node& n = g_->nodes[f.node];
     if (n.max_len != kUnbounded || f.a < n.min_len) return false;
+  }
+  return true;
+}
+
+bool Machine::TakesPlainRun(const MachineState& s, int n) const {
+  if (s.threads.empty()) return false;
+  for (const Thread& t : s.threads) {
+    if (t.stack.empty()) return false;
+    const Frame& f = t.stack.back();
+    if (f.kind != kStr || f.phase != kStrNormal || (f.flags & kKeyFlag) != 0) return false;
+    if (g_->nodes[f.node].max_len - f.a < n) return false;
   }
   return true;
 }

@@ -19,9 +19,10 @@ using internal::MachineState;
 
 struct TokenFilter::Trie {
   struct Node {
-    uint32_t edges_begin = 0, edges_end = 0;  // into edge_byte / edge_child
-    uint32_t tokens_begin = 0,
-             tokens_end = 0;  // into tokens: ids whose bytes end here
+    uint32_t edges_begin = 0, edges_end = 0;    // into edge_byte / edge_child
+    uint32_t tokens_begin = 0, tokens_end = 0;  // into tokens: ids whose bytes end here
+    uint32_t subtree_end = 0;  // tokens[tokens_begin, subtree_end): every token at or below
+    bool plain_below = true;   // every byte below this node is Machine::IsPlainStringByte
   };
   std::vector<Node> nodes;
   std::vector<uint8_t> edge_byte;
@@ -68,10 +69,15 @@ struct TokenFilter::Trie {
       edge_byte.push_back(static_cast<uint8_t>(bytes[order[a]][depth]));
       edge_child.push_back(0);
     }
+    bool plain = true;
     for (size_t g = 0; g < groups.size(); ++g) {
       const uint32_t child = Build(bytes, order, groups[g].first, groups[g].second, depth + 1);
       edge_child[first_edge + g] = child;
+      plain = plain && nodes[child].plain_below &&
+              Machine::IsPlainStringByte(edge_byte[first_edge + g]);
     }
+    nodes[id].plain_below = plain;
+    nodes[id].subtree_end = static_cast<uint32_t>(tokens.size());
     return id;
   }
 
@@ -89,8 +95,12 @@ struct TokenFilter::Trie {
         next = &s;
       }
       const Node& child = nodes[edge_child[e]];
-      for (uint32_t t = child.tokens_begin; t < child.tokens_end; ++t) out[tokens[t]] = 1;
-      Walk(m, edge_child[e], depth + 1, *next, slots, out);
+      // Inside a string with room for the rest of every token below, a subtree of only plain
+      // bytes is allowed whole, unwalked.
+      const bool whole = child.plain_below && m.TakesPlainRun(*next, max_depth - depth - 1);
+      const uint32_t end = whole ? child.subtree_end : child.tokens_end;
+      for (uint32_t t = child.tokens_begin; t < end; ++t) out[tokens[t]] = 1;
+      if (!whole) Walk(m, edge_child[e], depth + 1, *next, slots, out);
     }
   }
 };
@@ -134,8 +144,14 @@ void TokenFilter::Allowed(const JsonMatcher& matcher, std::vector<uint8_t>* allo
   std::vector<MachineState> slots(static_cast<size_t>(trie_->max_depth) + 1);
   trie_->Walk(*st.machine, 0, 0, st.m, slots, allowed->data());
   std::lock_guard<std::mutex> lock(trie_->mu);
-  if (trie_->cache.size() >= Trie::kCacheEntries) trie_->cache.pop_front();
-  trie_->cache.push_back({std::move(key), *allowed});
+  Trie::Entry entry;
+  if (trie_->cache.size() >= Trie::kCacheEntries) {
+    entry = std::move(trie_->cache.front());  // reuse its buffer: no fresh pages per miss
+    trie_->cache.pop_front();
+  }
+  entry.key = std::move(key);
+  entry.allowed.assign(allowed->begin(), allowed->end());
+  trie_->cache.push_back(std::move(entry));
 }
 
 }  // namespace coli::grammar
