@@ -28,7 +28,8 @@ std::string DefaultModelId(const std::string& dir) {
 // "text"); a bare string ("json_object", as the family's renderer also accepts) becomes
 // {"type": ...}. The body was rendered first, so it is valid JSON; INVALID_ARGUMENT otherwise.
 absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json) {
-  const nlohmann::json body = nlohmann::json::parse(request_json, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json body =
+      nlohmann::json::parse(request_json, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return absl::InvalidArgumentError("request_json: not a JSON object");
   }
@@ -541,7 +542,6 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   started.set_tokens_computed(static_cast<int64_t>(prefill->tokens_computed));
   started.set_max_tokens(max_tokens);
   if (request.sink_.on_started) request.sink_.on_started(started);
-
 
   int64_t generated = 0;
   bool saw_tool_call = false;

@@ -352,9 +352,8 @@ namespace {
 absl::Status RefuseResponseFormat(const Plugin& plugin, std::string_view response_format) {
   if (plugin.minor() >= 4 || response_format.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "response_format: needs plugin ABI 1.4, but family '", plugin.family(), "' (",
-      plugin.file(), ") speaks 1.", plugin.minor(),
-      " and would not enforce it; leave response_format unset"));
+      "response_format: needs plugin ABI 1.4, but family '", plugin.family(), "' (", plugin.file(),
+      ") speaks 1.", plugin.minor(), " and would not enforce it; leave response_format unset"));
 }
 
 }  // namespace

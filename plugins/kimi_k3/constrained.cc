@@ -115,9 +115,10 @@ absl::Status AnswerConstraint::Mask(std::span<float> logits) const {
     }
   }
   if (!any) {
-    return absl::InternalError(absl::StrCat("response_format: no token of the vocabulary continues "
-                                            "the answer after byte ",
-                                            matcher_.consumed()));
+    return absl::InternalError(
+        absl::StrCat("response_format: no token of the vocabulary continues "
+                     "the answer after byte ",
+                     matcher_.consumed()));
   }
   return absl::OkStatus();
 }

@@ -59,8 +59,8 @@
 #include "plugin_api/cpp/plugin_table.h"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
-#include "plugins/kimi_k3/constrained.h"
 #include "plugins/kimi_k3/checkpoints.h"
+#include "plugins/kimi_k3/constrained.h"
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
@@ -722,10 +722,10 @@ absl::StatusOr<std::optional<AnswerConstraint>> ConstraintFor(K3Model* m,
   {
     std::lock_guard<std::mutex> lock(m->constraint_mu);
     if (m->constraint_vocab == nullptr) {
-      COLI_ASSIGN_OR_RETURN(m->constraint_vocab,
-                            ConstraintVocab::Build(*m->tokenizer,
-                                                   static_cast<int32_t>(m->model->vocab_size()),
-                                                   m->stop_ids));
+      COLI_ASSIGN_OR_RETURN(
+          m->constraint_vocab,
+          ConstraintVocab::Build(*m->tokenizer, static_cast<int32_t>(m->model->vocab_size()),
+                                 m->stop_ids));
     }
     vocab = m->constraint_vocab.get();
   }

@@ -222,11 +222,10 @@ absl::Status Prefill(EchoSession* s, const coli_prefill_args_t* a, coli_prefill_
   if (a->n_tokens == 0) return absl::InvalidArgumentError("EMPTY_PROMPT");
   // ABI 1.4: the echo family enforces no response_format; it refuses one by name (quoting it, so
   // the ABI test sees what the host sent) instead of ignoring it.
-  if (COLI_ABI_HAS_FIELD(a, coli_prefill_args_t, response_format) &&
-      a->response_format.size > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "response_format: the echo family cannot enforce ",
-        std::string(a->response_format.data, a->response_format.size)));
+  if (COLI_ABI_HAS_FIELD(a, coli_prefill_args_t, response_format) && a->response_format.size > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("response_format: the echo family cannot enforce ",
+                     std::string(a->response_format.data, a->response_format.size)));
   }
   if (static_cast<int64_t>(a->n_tokens) > s->capacity) {
     return absl::ResourceExhaustedError(

@@ -517,11 +517,12 @@ TEST_F(HostTest, ResponseFormatReachesThePlugin) {
     return std::make_pair(status, content);
   };
   const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
-  auto [object, unused1] = chat("{" + messages + R"(, "response_format": {"type": "json_object"}})",
-                                "");
+  auto [object, unused1] =
+      chat("{" + messages + R"(, "response_format": {"type": "json_object"}})", "");
   EXPECT_EQ(object.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(object.error_message(),
-              HasSubstr(R"(response_format: the echo family cannot enforce {"type":"json_object"})"));
+  EXPECT_THAT(
+      object.error_message(),
+      HasSubstr(R"(response_format: the echo family cannot enforce {"type":"json_object"})"));
   auto [bare, unused2] = chat("{" + messages + R"(, "response_format": "json_object"})", "");
   EXPECT_THAT(bare.error_message(), HasSubstr(R"(cannot enforce {"type":"json_object"})"));
   auto [field, unused3] = chat("{" + messages + R"(, "response_format": {"type": "json_object"}})",
@@ -538,7 +539,8 @@ TEST_F(HostTest, ResponseFormatReachesThePlugin) {
   generate.set_response_format(R"({"type":"json_object"})");
   Stream refused = Generate(generate);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(refused.status.error_message(), HasSubstr(R"(cannot enforce {"type":"json_object"})"));
+  EXPECT_THAT(refused.status.error_message(),
+              HasSubstr(R"(cannot enforce {"type":"json_object"})"));
   EXPECT_TRUE(refused.ids.empty());
 }
 

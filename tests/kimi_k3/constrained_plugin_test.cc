@@ -21,6 +21,7 @@
 #include "host/plugin.h"
 #include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
+#include "tests/kimi_k3/plugin_abi_test_util.h"
 
 namespace coli::k3 {
 namespace {
@@ -49,8 +50,9 @@ constexpr char kSchema[] = R"({
 })";
 
 std::string SchemaFormat() {
-  Json f = {{"type", "json_schema"},
-            {"json_schema", {{"name", "thing"}, {"strict", true}, {"schema", Json::parse(kSchema)}}}};
+  Json f = {
+      {"type", "json_schema"},
+      {"json_schema", {{"name", "thing"}, {"strict", true}, {"schema", Json::parse(kSchema)}}}};
   return f.dump();
 }
 
@@ -93,14 +95,13 @@ struct Output {
   bool end_of_message = false;
 };
 
-class K3ConstrainedTest : public ::testing::Test {
+// The plugin is loaded by PluginAbiTest (once per suite); the model here is opened through the
+// host's wrapper so requests go through host::Session like the engine's.
+class K3ConstrainedTest : public k3::abi_test::PluginAbiTest {
  protected:
   static void SetUpTestSuite() {
-    host::PluginReport report;
-    auto plugin =
-        host::Plugin::Load(std::string(COLI_PLUGIN_DIR_FOR_TEST) + "/libcoli_kimi_k3.so", &report);
-    ASSERT_OK(plugin.status());
-    plugin_ = std::move(plugin).value().release();
+    PluginAbiTest::SetUpTestSuite();
+    ASSERT_NE(plugin_, nullptr);
     // One thread: the tiny model's passes are too small to share, and OpenMP's spinning on a
     // loaded 2-core CI machine costs more than it saves.
     host::ModelOptions options;
@@ -111,9 +112,13 @@ class K3ConstrainedTest : public ::testing::Test {
   }
   static void TearDownTestSuite() {
     delete model_;
-    delete plugin_;
+    model_ = nullptr;
+    PluginAbiTest::TearDownTestSuite();
   }
-  void SetUp() override { ASSERT_NE(model_, nullptr); }
+  void SetUp() override {
+    PluginAbiTest::SetUp();
+    ASSERT_NE(model_, nullptr);
+  }
 
   static std::vector<int32_t> Tokens(const std::string& text) {
     auto ids = model_->Tokenize(text, false);
@@ -123,8 +128,8 @@ class K3ConstrainedTest : public ::testing::Test {
 
   // Prefills `prompt` (chat when parse_mode != 0) and steps until a finish or `max_steps`.
   static Output Generate(host::Session* session, const std::vector<int32_t>& prompt,
-                      int32_t parse_mode, const std::string& format, const host::Sampling& knobs,
-                      uint64_t seed, int max_steps = 400) {
+                         int32_t parse_mode, const std::string& format, const host::Sampling& knobs,
+                         uint64_t seed, int max_steps = 400) {
     Output run;
     EXPECT_OK(session->Prefill(prompt, parse_mode, seed, nullptr, nullptr, format).status());
     for (int i = 0; i < max_steps; ++i) {
@@ -151,7 +156,7 @@ class K3ConstrainedTest : public ::testing::Test {
   }
 
   static Output Chat(const std::string& format, bool thinking, const host::Sampling& knobs,
-                  uint64_t seed = 0, int max_steps = 400) {
+                     uint64_t seed = 0, int max_steps = 400) {
     Json body = {{"messages", {{{"role", "user"}, {"content", "Describe a thing."}}}},
                  {"enable_thinking", thinking}};
     if (!format.empty()) body["response_format"] = Json::parse(format);
@@ -174,19 +179,16 @@ class K3ConstrainedTest : public ::testing::Test {
     return std::find(stops.begin(), stops.end(), id) != stops.end();
   }
 
-  static host::Plugin* plugin_;
-  static host::Model* model_;
+  static inline host::Model* model_ = nullptr;
 };
-
-host::Plugin* K3ConstrainedTest::plugin_ = nullptr;
-host::Model* K3ConstrainedTest::model_ = nullptr;
 
 const host::Sampling kGreedy = {.logprobs = 2};
 const host::Sampling kSampled = {.temperature = 1.0f, .logprobs = 2};
 
 TEST_F(K3ConstrainedTest, PlainTextOutputMatchesTheSchemaGreedyAndSeeded) {
-  for (const auto& [knobs, seed] : {std::pair{kGreedy, uint64_t{0}}, std::pair{kSampled, uint64_t{7}},
-                                    std::pair{kSampled, uint64_t{8}}}) {
+  for (const auto& [knobs, seed] :
+       {std::pair{kGreedy, uint64_t{0}}, std::pair{kSampled, uint64_t{7}},
+        std::pair{kSampled, uint64_t{8}}}) {
     SCOPED_TRACE(::testing::Message() << "temperature " << knobs.temperature << " seed " << seed);
     const Output run = Plain(SchemaFormat(), knobs, seed);
     EXPECT_EQ(run.finish, COLI_FINISH_STOP) << run.text;
@@ -197,7 +199,8 @@ TEST_F(K3ConstrainedTest, PlainTextOutputMatchesTheSchemaGreedyAndSeeded) {
 }
 
 TEST_F(K3ConstrainedTest, WithoutTheConstraintTheTinyModelWritesNoJson) {
-  for (const auto& [knobs, seed] : {std::pair{kGreedy, uint64_t{0}}, std::pair{kSampled, uint64_t{7}}}) {
+  for (const auto& [knobs, seed] :
+       {std::pair{kGreedy, uint64_t{0}}, std::pair{kSampled, uint64_t{7}}}) {
     const Output plain = Plain("", knobs, seed);
     EXPECT_NE(SchemaErrors(plain.text), "") << plain.text;
     const Output chat = Chat("", false, knobs, seed, 120);
@@ -227,7 +230,8 @@ TEST_F(K3ConstrainedTest, LogprobsStayThoseOfTheRawLogits) {
 }
 
 TEST_F(K3ConstrainedTest, ChatAnswerMatchesTheSchemaAndEndsTheMessageAfterIt) {
-  for (const auto& [knobs, seed] : {std::pair{kGreedy, uint64_t{0}}, std::pair{kSampled, uint64_t{3}}}) {
+  for (const auto& [knobs, seed] :
+       {std::pair{kGreedy, uint64_t{0}}, std::pair{kSampled, uint64_t{3}}}) {
     SCOPED_TRACE(::testing::Message() << "temperature " << knobs.temperature);
     const Output run = Chat(SchemaFormat(), false, knobs, seed);
     EXPECT_EQ(run.finish, COLI_FINISH_STOP);
@@ -368,8 +372,8 @@ TEST_F(K3ConstrainedTest, ConstrainedRowsDoNotSpeculate) {
   ASSERT_OK(spec_model.status());
   auto session = (*spec_model)->NewSession();
   ASSERT_OK(session.status());
-  const Output run = Generate(session->get(), Tokens("Describe a thing as JSON:"), 0, SchemaFormat(),
-                           kGreedy, 0);
+  const Output run =
+      Generate(session->get(), Tokens("Describe a thing as JSON:"), 0, SchemaFormat(), kGreedy, 0);
   EXPECT_EQ(run.text, Plain(SchemaFormat(), kGreedy).text);
   EXPECT_EQ(SchemaErrors(run.text), "");
   auto stats = (*session)->Stats();

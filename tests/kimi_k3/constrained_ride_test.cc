@@ -71,7 +71,8 @@ TEST_F(K3ConstrainedRideTest, ConstrainedRowsRideAPrefillAndMatchLoneRuns) {
   ASSERT_OK(opened.status());
   coli_model_t* m = *opened;
   constexpr int kRides = 6;
-  for (const Knobs& k : {Knobs{.logprobs = 3}, Knobs{.temperature = 0.9f, .logprobs = 3, .seed = 5}}) {
+  for (const Knobs& k :
+       {Knobs{.logprobs = 3}, Knobs{.temperature = 0.9f, .logprobs = 3, .seed = 5}}) {
     SCOPED_TRACE(::testing::Message() << "temperature " << k.temperature);
     const std::vector<int32_t> prompt_b = Ids(5, 1);
     coli_session_t* lone = NewSession(m);
@@ -112,8 +113,7 @@ TEST_F(K3ConstrainedRideTest, ConstrainedRowsRideAPrefillAndMatchLoneRuns) {
       args.tokens = args_a.data();
       args.n_tokens = args_a.size();
       args.progress = [](void* user, uint64_t done, uint64_t total, const char*, size_t) {
-        return (*static_cast<const std::function<int32_t(uint64_t, uint64_t)>*>(user))(done,
-                                                                                       total);
+        return (*static_cast<const std::function<int32_t(uint64_t, uint64_t)>*>(user))(done, total);
       };
       args.progress_user = const_cast<std::function<int32_t(uint64_t, uint64_t)>*>(&report);
       auto result = abi::Init<coli_prefill_result_t>();

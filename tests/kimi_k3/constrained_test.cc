@@ -52,13 +52,14 @@ class ConstrainedTest : public ::testing::Test {
     return tokenizer_->Encode(text, false);
   }
   bool Special(int32_t id) const { return tokenizer_->IsSpecial(id); }
-  bool IsStop(int32_t id) const { return std::find(stops_.begin(), stops_.end(), id) != stops_.end(); }
+  bool IsStop(int32_t id) const {
+    return std::find(stops_.begin(), stops_.end(), id) != stops_.end();
+  }
 
   // Walks the answer of `c` (already answering) to one of `texts` (JSON texts of the literals)
   // taking the longest allowed token each step, checking the allowed set against the reference
   // at every step. Returns the output.
-  std::string WalkLiteral(AnswerConstraint* c, const std::vector<std::string>& texts,
-                          bool chat) {
+  std::string WalkLiteral(AnswerConstraint* c, const std::vector<std::string>& texts, bool chat) {
     std::string out;
     for (int step = 0; step < 64; ++step) {
       std::vector<uint8_t> allowed;
@@ -72,8 +73,8 @@ class ConstrainedTest : public ::testing::Test {
           want = whole && (IsStop(id) || (chat && id == ids_.close));
         } else {
           const std::string next = out + std::string(tokenizer_->TokenBytes(id));
-          for (const std::string& t : texts) want |= t.compare(0, next.size(), next) == 0 &&
-                                                    next.size() <= t.size();
+          for (const std::string& t : texts)
+            want |= t.compare(0, next.size(), next) == 0 && next.size() <= t.size();
         }
         EXPECT_EQ(allowed[id] != 0, want) << "step " << step << " id " << id << " output '" << out
                                           << "' token '" << tokenizer_->TokenBytes(id) << "'";

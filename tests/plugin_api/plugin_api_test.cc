@@ -467,9 +467,10 @@ TEST_F(LoaderTest, ResponseFormatReachesOnlyA14Plugin) {
   ASSERT_OK(v12.status());
   ASSERT_OK_AND_ASSIGN(auto old_model, (*v12)->Open(dir, host::ModelOptions(), nullptr));
   ASSERT_OK_AND_ASSIGN(auto old_session, old_model->NewSession());
-  const auto needs = StatusIs(absl::StatusCode::kInvalidArgument,
-                              AllOf(HasSubstr("response_format: needs plugin ABI 1.4"),
-                                    HasSubstr("speaks 1.2"), HasSubstr("libcoli_fake_echo_v1_2.so")));
+  const auto needs =
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("response_format: needs plugin ABI 1.4"), HasSubstr("speaks 1.2"),
+                     HasSubstr("libcoli_fake_echo_v1_2.so")));
   EXPECT_THAT(old_model->CheckResponseFormat(format), needs);
   EXPECT_THAT(old_session->Prefill(prompt, 0, 0, nullptr, nullptr, format).status(), needs);
   EXPECT_OK(old_model->CheckResponseFormat(""));

@@ -65,7 +65,8 @@ absl::StatusOr<nlohmann::json> SchemaFormatFromFile(const std::string& path) {
     return absl::InvalidArgumentError("--json-schema: '" + path + "' is not a JSON object");
   }
   if (j.contains("json_schema") && j.value("type", nlohmann::json()) == "json_schema") return j;
-  return nlohmann::json{{"type", "json_schema"}, {"json_schema", {{"name", "schema"}, {"schema", j}}}};
+  return nlohmann::json{{"type", "json_schema"},
+                        {"json_schema", {{"name", "schema"}, {"schema", j}}}};
 }
 
 int RunCommand(int argc, char** argv) {
@@ -130,8 +131,7 @@ int RunCommand(int argc, char** argv) {
         return 2;
       }
       response_format = *std::move(format);
-    }
-    else if (arg == "--temperature") {
+    } else if (arg == "--temperature") {
       float t;
       number(&t);
       sampling.set_temperature(t);
