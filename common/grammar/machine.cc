@@ -543,24 +543,29 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
           case kStrHex:
           case kStrHex + 1:
           case kStrHex + 2:
-          case kStrHex + 3: {
+          case kStrHex + 3:
+          case kStrLow:
+          case kStrLow + 1:
+          case kStrLow + 2:
+          case kStrLow + 3: {
+            // The four hex digits of \uXXXX (kStrHex) or of the low half of a surrogate pair
+            // (kStrLow, which must be DC00-DFFF).
+            const bool low = f.phase >= kStrLow;
+            const int k = f.phase - (low ? kStrLow : kStrHex);  // digits read before this one
             const int h = HexValue(c);
             if (h < 0) return false;
             f.b = f.b * 16 + h;
+            if (low && ((k == 0 && h != 0xD) || (k == 1 && h < 0xC))) return false;
             // A lone low surrogate (DC00-DFFF) is refused as soon as it is visible.
-            if (f.phase == kStrHex + 1 && f.b >= 0xDC && f.b <= 0xDF) return false;
-            if (f.phase == kStrHex + 3) {
-              count_char();
-              if (f.b >= 0xD800 && f.b <= 0xDBFF) {
-                f.phase = kStrNeedBackslash;
-              } else {
-                f.phase = kStrNormal;
-              }
-              f.b = 0;
-            } else {
-              ++f.phase;
-            }
+            if (!low && k == 1 && f.b >= 0xDC && f.b <= 0xDF) return false;
             ok = true;
+            if (k < 3) {
+              ++f.phase;
+              break;
+            }
+            if (!low) count_char();
+            f.phase = !low && f.b >= 0xD800 && f.b <= 0xDBFF ? kStrNeedBackslash : kStrNormal;
+            f.b = 0;
             break;
           }
           case kStrNeedBackslash:
@@ -574,23 +579,6 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
             f.b = 0;
             ok = true;
             break;
-          case kStrLow:
-          case kStrLow + 1:
-          case kStrLow + 2:
-          case kStrLow + 3: {
-            const int h = HexValue(c);
-            if (h < 0) return false;
-            if (f.phase == kStrLow && h != 0xD) return false;
-            if (f.phase == kStrLow + 1 && h < 0xC) return false;
-            if (f.phase == kStrLow + 3) {
-              f.phase = kStrNormal;
-              f.b = 0;
-            } else {
-              ++f.phase;
-            }
-            ok = true;
-            break;
-          }
           default:
             return false;
         }

@@ -82,6 +82,10 @@ TEST(JsonMatcher, StringsEscapesUtf8AndLength) {
   EXPECT_TRUE(Complete(c, R"("\ud83d\ude00\n")"));  // a surrogate pair is one character
   EXPECT_FALSE(Complete(c, R"("\ud83dx")"));        // lone high surrogate
   EXPECT_FALSE(Complete(c, R"("\ude00a")"));        // lone low surrogate
+  EXPECT_FALSE(Complete(c, R"("\ud83d\u0041")"));   // high surrogate, then no low one
+  EXPECT_FALSE(Complete(c, R"("\ud83d\ud83d")"));   // two high surrogates
+  EXPECT_TRUE(Complete(c, R"("\uD83D\uDE00")"));    // upper-case hex
+  EXPECT_TRUE(Complete(c, R"("\u00e9\u20AC")"));    // two characters
   EXPECT_FALSE(Complete(c, "\"a\tb\""));            // raw control character
   EXPECT_FALSE(Complete(c, "\"\xc0\xafx\""));       // overlong
   EXPECT_FALSE(Complete(c, "\"\xed\xa0\x80x\""));   // UTF-8 surrogate
