@@ -84,7 +84,7 @@ TEST(JsonMatcher, StringsEscapesUtf8AndLength) {
   EXPECT_FALSE(Complete(c, R"("\ude00a")"));        // lone low surrogate
   EXPECT_FALSE(Complete(c, R"("\ud83d\u0041")"));   // high surrogate, then no low one
   EXPECT_FALSE(Complete(c, R"("\ud83d\ud83d")"));   // two high surrogates
-  EXPECT_TRUE(Complete(c, R"("\uD83D\uDE00")"));    // upper-case hex
+  EXPECT_TRUE(Complete(c, R"("\uD83D\uDE00x")"));   // upper-case hex (2 characters)
   EXPECT_TRUE(Complete(c, R"("\u00e9\u20AC")"));    // two characters
   EXPECT_FALSE(Complete(c, "\"a\tb\""));            // raw control character
   EXPECT_FALSE(Complete(c, "\"\xc0\xafx\""));       // overlong
