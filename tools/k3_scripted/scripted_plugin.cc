@@ -181,6 +181,11 @@ absl::Status Render(ScriptedModel* m, const coli_chat_render_args_t* args,
 
 absl::Status Prefill(ScriptedSession* s, const coli_prefill_args_t* a, coli_prefill_result_t* r) {
   if (a->n_tokens == 0) return absl::InvalidArgumentError("EMPTY_PROMPT");
+  // ABI 1.4: scripted replies cannot follow a response_format; refuse one instead of ignoring it.
+  if (COLI_ABI_HAS_FIELD(a, coli_prefill_args_t, response_format) && a->response_format.size > 0) {
+    return absl::InvalidArgumentError(
+        "response_format: the scripted K3 test family does not enforce one");
+  }
   if (static_cast<int64_t>(a->n_tokens) > s->model->capacity) {
     return absl::ResourceExhaustedError("CONTEXT_EXCEEDED prompt_tokens=" +
                                         std::to_string(a->n_tokens) +
