@@ -74,8 +74,9 @@ absl::StatusOr<int64_t> NonNegative(const Json& s, std::string_view key, std::st
   const std::string at = Join(path, key);
   if (it->is_number_float()) {
     const double d = it->get<double>();
+    if (d >= static_cast<double>(kUnbounded)) return kUnbounded;  // (no cast of huge doubles)
     if (d >= 0 && d == static_cast<double>(static_cast<int64_t>(d))) {
-      return std::min<int64_t>(static_cast<int64_t>(d), kUnbounded);
+      return static_cast<int64_t>(d);
     }
     return Error(at, "expected a non-negative integer");
   }
@@ -387,8 +388,8 @@ class Compiler {
         target_path = Join(target_path, decoded);
       } else if (target->is_array() && !decoded.empty() &&
                  decoded.find_first_not_of("0123456789") == std::string::npos &&
-                 std::stoull(decoded) < target->size()) {
-        const size_t index = std::stoull(decoded);
+                 decoded.size() <= 9 && std::stoull(decoded) < target->size()) {
+        const size_t index = std::stoull(decoded);  // <= 9 digits: cannot throw
         target = &(*target)[index];
         target_path = json::JoinIndex(target_path, index);
       } else {

@@ -347,6 +347,46 @@ TEST(TokenFilter, ConcurrentCallsAgree) {
   EXPECT_EQ(mismatches, (std::vector<int>{0, 0, 0, 0}));
 }
 
+// Malformed keyword values are refused with the path, never a crash or an exception.
+TEST(JsonConstraint, MalformedKeywordValuesAreRefused) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"properties":{"a":5}})", "schema.properties.a: expected a schema"},
+      {R"({"properties":[]})", "schema.properties: expected an object"},
+      {R"({"type":"object","required":"a"})", "schema.required: expected an array"},
+      {R"({"type":"object","properties":{"a":{}},"required":[1]})", "schema.required[0]"},
+      {R"({"type":"array","minItems":-1})", "schema.minItems: expected a non-negative integer"},
+      {R"({"type":"string","maxLength":1.5})", "schema.maxLength: expected a non-negative"},
+      {R"({"type":"string","maxLength":"3"})", "schema.maxLength: expected a non-negative"},
+      {R"({"type":[]})", "schema.type: expected a type name"},
+      {R"({"type":["string",3]})", "schema.type[1]: unknown type 3"},
+      {R"({"enum":[]})", "schema.enum: expected a non-empty array"},
+      {R"({"enum":1})", "schema.enum: expected a non-empty array"},
+      {R"({"$ref":5})", "schema.$ref: expected a string"},
+      {R"({"$ref":"#/anyOf/99999999999999999999999"})", "not found"},
+      {R"({"anyOf":[]})", "schema.anyOf: expected a non-empty array"},
+      {R"({"oneOf":{}})", "schema.oneOf: expected a non-empty array"},
+      {R"({"type":"array","items":7})", "schema.items: expected a schema"},
+      {R"({"type":"array","prefixItems":{}})", "schema.prefixItems: expected an array"},
+      {R"({"type":"object","additionalProperties":"no"})", "schema.additionalProperties"},
+      {R"({"type":"array","prefixItems":[{}],"items":false,"minItems":2})",
+       "schema.minItems: greater than"},
+      {R"({"const":1,"enum":[1]})", "schema.const: not supported beside 'enum'"},
+      {R"("string")", "schema: expected a schema (object or boolean), got string"},
+  };
+  for (const auto& [schema, message] : cases) {
+    EXPECT_THAT(JsonConstraint::FromSchema(schema).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
+        << schema;
+  }
+  // Huge bounds are "no bound", not an overflow.
+  auto huge = Schema(R"({"type":"string","maxLength":1e300,"minLength":1})");
+  EXPECT_TRUE(Complete(huge, R"("abc")"));
+  EXPECT_FALSE(Complete(huge, R"("")"));
+  // A reference into an array by index.
+  auto indexed = Schema(R"({"anyOf":[{"type":"integer"},{"$ref":"#/anyOf/0"}]})");
+  EXPECT_TRUE(Complete(indexed, "7"));
+}
+
 // A vocabulary of byte strings that exercises the grammar: JSON punctuation,
 // partial UTF-8, escapes, digits, keys.
 std::vector<std::string> TestVocabulary() {
