@@ -377,8 +377,9 @@ typedef struct coli_decode_row_t {
    * row zeroed by an older host asks for none. The plugin applies them to the logits in this
    * order: logit_bias, repetition, frequency, presence penalty (greedy takes the first maximum of
    * the result), then temperature, top_k, top_p, min_p. The penalties read the session's
-   * history since its last prefill: the prompt and the tokens decode sampled. Reported logprobs
-   * stay those of the raw logits. The host never sends a non-neutral value to a plugin whose
+   * history since its last prefill: the prompt and the tokens decode sampled. A generation
+   * prefilled with a response_format (v1.4) first has the tokens it disallows set to -inf.
+   * Reported logprobs stay those of the raw logits. The host never sends a non-neutral value to a plugin whose
    * negotiated minor is older (it refuses the request instead). */
   float repetition_penalty; /* v1.3 > 0; 1 (or 0) = off; prompt and generated tokens:
                                logit > 0 ? logit / r : logit * r */
