@@ -3,6 +3,7 @@
 #include "common/grammar/json_constraint.h"
 
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -509,6 +510,56 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
     }
   }
   EXPECT_GT(checked, 50);
+}
+
+// The same at scale: 40,000 random tokens of up to 24 bytes (mostly plain ASCII runs, so the
+// whole-subtree and memo-length shortcuts fire, with JSON punctuation, escapes and UTF-8 pieces
+// mixed in), on walks through long bounded and unbounded strings.
+TEST(TokenFilter, EqualsTryingEveryTokenOnALargeRandomVocabulary) {
+  std::mt19937 rng(11);
+  const std::vector<std::string> pieces = {
+      "a", "b", "e", " ", "x",  "1", "0", ".",  "-",        "\"",       ",",    ":",
+      "{", "}", "[", "]", "\\", "n", "u", "\n", "\xc3\xa9", "\xe2\x82", "\xac", "\xf0\x9f\x98\x80"};
+  std::set<std::string> unique;
+  while (unique.size() < 40000) {
+    std::string t;
+    const int n = 1 + static_cast<int>(rng() % 24);
+    while (static_cast<int>(t.size()) < n) {
+      t += rng() % 3 != 0 ? std::string(1, static_cast<char>('a' + rng() % 26))
+                          : pieces[rng() % pieces.size()];
+    }
+    unique.insert(t);
+  }
+  std::vector<std::string> vocab(unique.begin(), unique.end());
+  vocab.push_back("");
+  TokenFilter filter(vocab);
+  const char* schemas[] = {
+      R"({"type":"object","properties":{"s":{"type":"string","maxLength":60},
+          "t":{"type":"string"},"n":{"type":"number"}},"required":["s","t"]})",
+      R"({"type":"array","items":{"type":"string","minLength":30}})",
+  };
+  std::vector<uint8_t> allowed;
+  int states = 0;
+  for (const char* s : schemas) {
+    auto c = Schema(s);
+    for (int walk = 0; walk < 2; ++walk) {
+      JsonMatcher m(c);
+      for (int step = 0; step < 12 && !m.MustEnd(); ++step) {
+        filter.Allowed(m, &allowed);
+        std::vector<int32_t> ok;
+        for (size_t i = 0; i < vocab.size(); ++i) {
+          JsonMatcher copy = m;
+          const bool expect = !vocab[i].empty() && copy.Accept(vocab[i]);
+          ASSERT_EQ(allowed[i] != 0, expect) << "token '" << vocab[i] << "' after " << m.consumed();
+          if (expect) ok.push_back(static_cast<int32_t>(i));
+        }
+        ++states;
+        if (ok.empty()) break;
+        ASSERT_TRUE(m.Accept(vocab[ok[rng() % ok.size()]]));
+      }
+    }
+  }
+  EXPECT_GT(states, 20);
 }
 
 }  // namespace
