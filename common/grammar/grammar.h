@@ -46,8 +46,7 @@ inline constexpr int64_t kUnbounded = std::numeric_limits<int32_t>::max();
 enum class Kind : uint8_t { kAny, kObject, kArray, kString, kNumber, kInteger, kLiterals, kAnyOf };
 
 struct Property {
-  std::string name;         // decoded
-  int32_t key_literal = 0;  // literal id of its JSON-encoded key ("\"name\"")
+  std::string name;  // decoded
   int32_t node = 0;
   bool required = false;
 };
@@ -61,6 +60,10 @@ struct Node {
   // first_required[i]: smallest required index >= i (props.size() when none);
   // size n + 1.
   std::vector<int32_t> first_required;
+  // The JSON-encoded keys ("\"name\"") are literals [key_begin, key_end), sorted bytewise;
+  // key_prop[i - key_begin] is the property literal i names.
+  int32_t key_begin = 0, key_end = 0;
+  std::vector<int32_t> key_prop;
   // kArray: item i is prefix[i] when i < prefix.size(), else items (-1: no more
   // items).
   std::vector<int32_t> prefix;
@@ -104,9 +107,10 @@ absl::StatusOr<Grammar> CompileSchema(const nlohmann::ordered_json& schema, std:
 
 // ---- the machine ----------------------------------------------------------------------------
 
-enum FrameKind : uint8_t { kValue, kObj, kArr, kStr, kNum, kLit };
+enum FrameKind : uint8_t { kValue, kObj, kArr, kStr, kNum, kLit, kKey };
 
-// kLit frames: [a, b) is the range of literals still matching, node the bytes matched so far.
+// kLit / kKey frames: [a, b) is the range of literals still matching, node the bytes matched
+// so far (a kKey frame sits on its object's frame, which gives the allowed properties).
 struct Frame {
   uint8_t kind = kValue;
   uint8_t phase = 0;

@@ -328,58 +328,40 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
               return true;
             }
             if (c != '"') return false;
-            // One thread per key that may come next: declared properties from f.a
-            // up to the first required one, and (when allowed) an additional key.
-            const int32_t last = std::min(n.first_required[f.a], np - 1);
-            const int32_t from = f.a;
-            const Frame base = f;
-            bool kept = false;  // whether t itself carries one candidate
-            auto candidate = [&](Thread& th, int32_t prop) {
-              Frame& of = th.stack.back();
-              of = base;
-              of.phase = kObjInKey;
-              of.ws = 0;
-              of.b = prop;
-              Frame k;
-              if (prop >= 0) {
-                of.a = prop + 1;
-                k.kind = kLit;
-                k.a = n.props[prop].key_literal;
-                k.b = k.a + 1;
-                k.node = 1;  // the opening quote
-              } else if (n.props.empty()) {
-                k.kind = kStr;  // any key: no declared name to keep it apart from
-                k.node = kAnyString;
-              } else {
-                k.kind = kStr;
-                k.flags = kKeyFlag;
-                k.node = base.node;
-                th.key.clear();
-              }
-              th.stack.push_back(k);
-            };
-            const Thread original = t;
-            for (int32_t i = from; i <= last; ++i) {
-              if (!kept) {
-                candidate(t, i);
-                kept = true;
-              } else {
-                Thread copy = original;
-                candidate(copy, i);
-                forks.push_back(std::move(copy));
-              }
-            }
+            // The key that may come next: one of the declared properties from f.a up to the
+            // first required one (one kKey thread over the sorted key table), or, when allowed,
+            // an additional key (a second thread).
+            f.phase = kObjInKey;
+            f.ws = 0;
+            const bool declared = f.a < np;
             if (n.additional >= 0) {
-              if (!kept) {
-                candidate(t, -1);
-                kept = true;
+              Thread extra = t;
+              Frame& of = extra.stack.back();
+              of.b = -1;
+              Frame k;
+              k.kind = kStr;
+              if (n.props.empty()) {
+                k.node = kAnyString;  // any key: no declared name to keep it apart from
               } else {
-                Thread copy = original;
-                candidate(copy, -1);
-                forks.push_back(std::move(copy));
+                k.flags = kKeyFlag;
+                k.node = of.node;
+                extra.key.clear();
               }
+              extra.stack.push_back(k);
+              if (!declared) {
+                t = std::move(extra);
+                return true;
+              }
+              forks.push_back(std::move(extra));
             }
-            return kept;
+            if (!declared) return false;
+            Frame k;
+            k.kind = kKey;
+            k.a = n.key_begin;
+            k.b = n.key_end;
+            k.node = 1;  // the opening quote
+            t.stack.push_back(k);
+            return true;
           }
           case kObjAfterKey:
             if (TakeWhitespace(f, c)) return true;
@@ -591,6 +573,37 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
         if (r != NumStep::kEnded) return r == NumStep::kTaken;
         Pop(t);
         continue;
+      }
+
+      case kKey: {
+        // A declared key of the object below (its allowed window: f.a up to the first
+        // required property), matched over the object's sorted key table.
+        const Frame& obj = t.stack[t.stack.size() - 2];
+        const Node& on = g_->nodes[obj.node];
+        const int32_t last = on.first_required[obj.a];
+        const size_t pos = static_cast<size_t>(f.node);
+        const auto [lo, hi] = Narrow(g_->literals, f.a, f.b, pos, c);
+        int32_t live = 0;  // keys in range and in the window
+        int32_t prop = -1;
+        for (int32_t i = lo; i < hi; ++i) {
+          const int32_t p = on.key_prop[i - on.key_begin];
+          if (p >= obj.a && p <= last) {
+            ++live;
+            prop = p;
+          }
+        }
+        if (live == 0) return false;
+        f.a = lo;
+        f.b = hi;
+        ++f.node;
+        // Keys end with '"' and none is a prefix of another: the range is down to one.
+        if (live == 1 && g_->literals[lo].size() == pos + 1 && hi - lo == 1) {
+          Frame& parent = t.stack[t.stack.size() - 2];
+          parent.b = prop;
+          parent.a = prop + 1;
+          Pop(t);
+        }
+        return true;
       }
 
       case kLit: {

@@ -106,10 +106,6 @@ class Compiler {
   static std::string Dump(const Json& v) {
     return v.dump(-1, ' ', false, Json::error_handler_t::strict);
   }
-  int32_t AddLiteral(const Json& v) {
-    g_.literals.push_back(Dump(v));
-    return static_cast<int32_t>(g_.literals.size() - 1);
-  }
 
   absl::StatusOr<int32_t> Compile(const Json& s, const std::string& path) {
     if (s.is_boolean()) {
@@ -278,7 +274,6 @@ class Compiler {
       for (auto it = props.begin(); it != props.end(); ++it) {
         Property p;
         p.name = it.key();
-        p.key_literal = AddLiteral(Json(it.key()));
         COLI_ASSIGN_OR_RETURN(p.node, Compile(it.value(), Join(at, it.key())));
         n.props.push_back(std::move(p));
       }
@@ -312,6 +307,15 @@ class Compiler {
       n.additional = n.props.empty() ? int32_t{kAnyValue} : -1;
     }
     const int32_t np = static_cast<int32_t>(n.props.size());
+    std::vector<std::pair<std::string, int32_t>> keys;
+    for (int32_t i = 0; i < np; ++i) keys.emplace_back(Dump(Json(n.props[i].name)), i);
+    std::sort(keys.begin(), keys.end());
+    n.key_begin = static_cast<int32_t>(g_.literals.size());
+    for (auto& [text, prop] : keys) {
+      g_.literals.push_back(std::move(text));
+      n.key_prop.push_back(prop);
+    }
+    n.key_end = static_cast<int32_t>(g_.literals.size());
     n.first_required.assign(np + 1, np);
     for (int32_t i = np - 1; i >= 0; --i) {
       n.first_required[i] = n.props[i].required ? i : n.first_required[i + 1];

@@ -38,8 +38,12 @@ TEST(JsonMatcher, ObjectPropertiesInOrderRequiredAndOptional) {
   EXPECT_TRUE(Complete(c, R"({"a":1,"c":false})"));
   EXPECT_TRUE(Complete(c, "{\"a\": -12, \"c\": true}"));
   EXPECT_TRUE(Complete(c, "{\n  \"a\": 0,\n  \"c\": true\n}"));
-  EXPECT_FALSE(Complete(c, R"({"a":1})"));           // c missing
-  EXPECT_FALSE(Complete(c, R"({"c":true,"a":1})"));  // order
+  EXPECT_FALSE(Complete(c, R"({"a":1})"));                 // c missing
+  EXPECT_FALSE(Complete(c, R"({"c":true,"a":1})"));        // order
+  EXPECT_FALSE(Complete(c, R"({"a":1,"a":2,"c":true})"));  // a key twice
+  EXPECT_FALSE(Complete(c, R"({"a":1,"b":"x","b":"y","c":true})"));
+  EXPECT_FALSE(Complete(c, R"({"a":1,"c":true,"b":"x"})"));  // b after c: out of order
+  EXPECT_FALSE(Complete(c, R"({"ab":1,"c":true})"));         // a prefix of no key
   EXPECT_FALSE(Complete(c, R"({"a":1,"c":true,"d":1})"));
   EXPECT_FALSE(Complete(c, R"({"a":01,"c":true})"));  // leading zero
   EXPECT_FALSE(Complete(c, R"({"a":1.5,"c":true})"));
