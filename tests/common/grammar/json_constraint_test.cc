@@ -4,6 +4,7 @@
 
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -474,6 +475,44 @@ std::vector<std::string> TestVocabulary() {
   return v;
 }
 
+// Random walks over each schema (`walks` per schema, up to `steps` tokens each, a random allowed
+// token at a time): at every state Allowed must equal trying every token (Accept on a copy).
+// Returns the number of states compared; stops at the first mismatch (a failure).
+int CompareWithBruteForce(const std::vector<std::string>& vocab, const TokenFilter& filter,
+                          std::span<const char* const> schemas, int walks, int steps,
+                          std::mt19937& rng) {
+  std::vector<uint8_t> allowed;
+  int states = 0;
+  for (const char* s : schemas) {
+    auto c = Schema(s);
+    for (int walk = 0; walk < walks; ++walk) {
+      JsonMatcher m(c);
+      for (int step = 0; step < steps && !m.MustEnd(); ++step) {
+        filter.Allowed(m, &allowed);
+        if (allowed.size() != vocab.size()) {
+          ADD_FAILURE() << "Allowed gave " << allowed.size() << " entries";
+          return states;
+        }
+        std::vector<int32_t> ok;
+        for (size_t i = 0; i < vocab.size(); ++i) {
+          JsonMatcher copy = m;
+          const bool expect = !vocab[i].empty() && copy.Accept(vocab[i]);
+          if ((allowed[i] != 0) != expect) {
+            ADD_FAILURE() << "token " << i << " '" << vocab[i] << "' after " << m.consumed()
+                          << " bytes: filter " << int{allowed[i]} << ", trying it " << expect;
+            return states;
+          }
+          if (expect) ok.push_back(static_cast<int32_t>(i));
+        }
+        ++states;
+        if (ok.empty()) break;
+        EXPECT_TRUE(m.Accept(vocab[ok[rng() % ok.size()]]));
+      }
+    }
+  }
+  return states;
+}
+
 TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
   const std::vector<std::string> vocab = TestVocabulary();
   TokenFilter filter(vocab);
@@ -491,29 +530,7 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
           "required":["t"]})",
   };
   std::mt19937 rng(7);
-  std::vector<uint8_t> allowed;
-  int checked = 0;
-  for (const char* s : schemas) {
-    auto c = Schema(s);
-    for (int walk = 0; walk < 6; ++walk) {
-      JsonMatcher m(c);
-      for (int step = 0; step < 48 && !m.MustEnd(); ++step) {
-        filter.Allowed(m, &allowed);
-        ASSERT_EQ(allowed.size(), vocab.size());
-        std::vector<int32_t> ok;
-        for (size_t i = 0; i < vocab.size(); ++i) {
-          JsonMatcher copy = m;
-          const bool expect = !vocab[i].empty() && copy.Accept(vocab[i]);
-          ASSERT_EQ(allowed[i] != 0, expect) << "token " << i << " after " << m.consumed();
-          if (expect) ok.push_back(static_cast<int32_t>(i));
-        }
-        ++checked;
-        if (ok.empty()) break;
-        ASSERT_TRUE(m.Accept(vocab[ok[rng() % ok.size()]]));
-      }
-    }
-  }
-  EXPECT_GT(checked, 50);
+  EXPECT_GT(CompareWithBruteForce(vocab, filter, schemas, 6, 48, rng), 50);
 }
 
 // The same at scale: 40,000 random tokens of up to 24 bytes (mostly plain ASCII runs, so the
@@ -542,28 +559,7 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnALargeRandomVocabulary) {
           "t":{"type":"string"},"n":{"type":"number"}},"required":["s","t"]})",
       R"({"type":"array","items":{"type":"string","minLength":30}})",
   };
-  std::vector<uint8_t> allowed;
-  int states = 0;
-  for (const char* s : schemas) {
-    auto c = Schema(s);
-    for (int walk = 0; walk < 2; ++walk) {
-      JsonMatcher m(c);
-      for (int step = 0; step < 12 && !m.MustEnd(); ++step) {
-        filter.Allowed(m, &allowed);
-        std::vector<int32_t> ok;
-        for (size_t i = 0; i < vocab.size(); ++i) {
-          JsonMatcher copy = m;
-          const bool expect = !vocab[i].empty() && copy.Accept(vocab[i]);
-          ASSERT_EQ(allowed[i] != 0, expect) << "token '" << vocab[i] << "' after " << m.consumed();
-          if (expect) ok.push_back(static_cast<int32_t>(i));
-        }
-        ++states;
-        if (ok.empty()) break;
-        ASSERT_TRUE(m.Accept(vocab[ok[rng() % ok.size()]]));
-      }
-    }
-  }
-  EXPECT_GT(states, 20);
+  EXPECT_GT(CompareWithBruteForce(vocab, filter, schemas, 2, 12, rng), 20);
 }
 
 }  // namespace
