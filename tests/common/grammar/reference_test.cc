@@ -138,7 +138,7 @@ nlohmann::json RunReference(const nlohmann::ordered_json& cases) {
   char buf[4096];
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) all.append(buf, n);
-  EXPECT_EQ(::pclose(p), 0) << cmd;
+  EXPECT_EQ(::pclose(p), 0) << cmd << " failed (the reference needs Debian's python3-jsonschema)";
   std::remove(path.c_str());
   return nlohmann::json::parse(all, nullptr, /*allow_exceptions=*/false);
 }
