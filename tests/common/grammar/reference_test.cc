@@ -31,6 +31,8 @@ namespace {
 struct Case {
   const char* name;
   const char* schema;
+  // Strings, arrays and numbers all bounded: every walk must end (bounded whitespace).
+  bool bounded = false;
 };
 
 const Case kCases[] = {
@@ -40,21 +42,25 @@ const Case kCases[] = {
          "tags":{"type":"array","items":{"type":"string","maxLength":3},"maxItems":3},
          "owner":{"type":"object","properties":{"email":{"type":"string","maxLength":5},
            "active":{"type":"boolean"}},"required":["active"],"additionalProperties":false}},
-         "required":["id","owner"],"additionalProperties":false})"},
+         "required":["id","owner"],"additionalProperties":false})",
+     true},
     {"bounded_arrays",
      R"({"type":"array","prefixItems":[{"type":"integer"},{"enum":["a","b"]}],
-         "items":{"type":"number"},"minItems":2,"maxItems":4})"},
+         "items":{"type":"number"},"minItems":2,"maxItems":4})",
+     true},
     {"enums_and_nullable",
      R"({"type":"object","properties":{"color":{"enum":["red","green",null,3,1.5,true]},
          "k":{"const":"fixed"},"maybe":{"type":["string","null"],"maxLength":2},
          "n":{"type":["integer","boolean"]},"o":{"type":["integer","null"]}},
-         "required":["color","k","maybe","n"],"additionalProperties":false})"},
+         "required":["color","k","maybe","n"],"additionalProperties":false})",
+     true},
     {"any_of",
      R"({"anyOf":[{"type":"object","properties":{"kind":{"const":"circle"},"r":{"type":"number"}},
            "required":["kind","r"],"additionalProperties":false},
          {"type":"object","properties":{"kind":{"const":"rect"},"w":{"type":"integer"},
            "h":{"type":"integer"}},"required":["kind","w","h"],"additionalProperties":false},
-         {"type":"array","items":{"type":"integer"},"maxItems":2}]})"},
+         {"type":"array","items":{"type":"integer"},"maxItems":2}]})",
+     true},
     {"ref_tree",
      R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},
          "kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},
@@ -72,7 +78,7 @@ const Case kCases[] = {
      R"({"type":"object","properties":{"a":{"type":"integer"}},
          "additionalProperties":{"type":"string","maxLength":2}})"},
     {"free_object", R"({"type":"object"})"},
-    {"top_level_number", R"({"type":["number","null"]})"},
+    {"top_level_number", R"({"type":["number","null"]})", true},
 };
 
 std::string Hex(std::string_view s) {
@@ -159,7 +165,7 @@ TEST(JsonMatcherReference, WalksValidateAndReferenceDocumentsMatch) {
       ++finished;
       walks.push_back(Hex(*doc));
     }
-    EXPECT_GE(finished, 20) << k.name << ": most walks must end within the budget";
+    EXPECT_GE(finished, k.bounded ? 30 : 20) << k.name << ": walks must end within the budget";
     input["cases"].push_back(nlohmann::ordered_json{
         {"name", k.name}, {"schema", nlohmann::ordered_json::parse(k.schema)}, {"walks", walks}});
   }
