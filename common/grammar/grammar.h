@@ -5,7 +5,7 @@
 // Design. A schema compiles to Nodes (object, array, string, number, integer,
 // literal set, anyOf, any). The machine's state is a small set of THREADS (one
 // per live alternative of an anyOf / enum / object key choice); each thread is
-// a stack of 16-byte Frames, one per open value. A byte is fed to every thread;
+// a stack of 20-byte Frames, one per open value. A byte is fed to every thread;
 // a thread that cannot take it dies; identical threads are merged. So the
 // matcher is exact (no lookahead heuristics) and cheap to copy when, as almost
 // always, one thread is alive.
@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/grammar/json_constraint.h"
+#include "common/grammar/regex.h"
 #include "nlohmann/json.hpp"
 
 namespace coli::grammar::internal {
@@ -70,8 +71,11 @@ struct Node {
   int32_t items = -1;
   int64_t min_items = 0,
           max_items = kUnbounded;  // max already capped by prefix when items -1
-  // kString: length in characters (code points).
+  // kString: length in characters (code points); dfa: index into Grammar::dfas of the
+  // `pattern` / `format` the decoded value must match (-1: none). A string with a dfa takes no
+  // escapes (regex.h) and has no length bounds.
   int64_t min_len = 0, max_len = kUnbounded;
+  int32_t dfa = -1;
   // kLiterals: the range [lit_begin, lit_end) of Grammar::literals (whole JSON texts, compact,
   // sorted bytewise and unique, so the members sharing a prefix stay a contiguous range).
   int32_t lit_begin = 0, lit_end = 0;
@@ -94,6 +98,7 @@ enum BuiltinNode : int32_t {
 struct Grammar {
   std::vector<Node> nodes;
   std::vector<std::string> literals;
+  std::vector<Dfa> dfas;
   int32_t root = kAnyObject;
 };
 
@@ -119,6 +124,7 @@ struct Frame {
   int32_t node = 0;
   int32_t a = 0;
   int32_t b = 0;
+  int32_t r = 0;  // kStr with a pattern: the DFA state
   bool operator==(const Frame&) const = default;
 };
 

@@ -301,8 +301,10 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
           case Kind::kNumber:
           case Kind::kInteger: {
             const bool integer = n.kind == Kind::kInteger;
+            const int32_t node = f.node;
             f = Frame{};
             f.kind = kNum;
+            f.node = node;
             f.flags = integer ? kIntegerFlag : 0;
             continue;
           }
@@ -453,6 +455,7 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
           case kStrNormal:
             if (c == '"') {
               if (f.a < min_len) return false;
+              if (sn != nullptr && sn->dfa >= 0 && !g_->dfas[sn->dfa].accept[f.r]) return false;
               if (is_key) {
                 const std::string name = DecodeJsonString(t.key);
                 for (const Property& p : g_->nodes[f.node].props) {
@@ -465,6 +468,17 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
             }
             if (c < 0x20) return false;
             if (f.a >= max_len) return false;
+            if (sn != nullptr && sn->dfa >= 0) {
+              // A pattern string: unescaped characters only, each moving the DFA (a multi-byte
+              // character is one kNonAscii symbol, taken at its lead byte).
+              if (c == '\\') return false;
+              const Dfa& dfa = g_->dfas[sn->dfa];
+              const int32_t next = dfa.Next(f.r, c < 0x80 ? c : kNonAscii);
+              if (next < 0) return false;
+              // maxLength: the shortest match from here must still fit.
+              if (max_len != kUnbounded && f.a + 1 + dfa.dist[next] > max_len) return false;
+              f.r = next;
+            }
             if (c == '\\') {
               f.phase = kStrEscape;
               ok = true;
@@ -569,6 +583,18 @@ bool Machine::Advance(Thread& t, uint8_t c, std::vector<Thread>& forks) const {
       }
 
       case kNum: {
+        const int32_t dfa = g_->nodes[f.node].dfa;
+        if (dfa >= 0) {
+          // A bounded integer: its DFA (every state it reaches can still end in range).
+          const int32_t next = c < 0x80 ? g_->dfas[dfa].Next(f.r, c) : -1;
+          if (next >= 0) {
+            f.r = next;
+            return true;
+          }
+          if (!g_->dfas[dfa].accept[f.r]) return false;
+          Pop(t);
+          continue;
+        }
         const NumStep r = NumberStep(f, c);
         if (r != NumStep::kEnded) return r == NumStep::kTaken;
         Pop(t);
@@ -667,6 +693,7 @@ bool Machine::IsNoOp(const MachineState& s, uint8_t c) const {
     if (t.stack.empty()) return false;
     const Frame& f = t.stack.back();
     if (f.kind != kStr || f.phase != kStrNormal || (f.flags & kKeyFlag) != 0) return false;
+    if (g_->nodes[f.node].dfa >= 0) return false;
     // Counts saturate at min_len when there is no maxLength (see count_char in Advance).
     const Node& n = g_->nodes[f.node];
     if (n.max_len != kUnbounded || f.a < n.min_len) return false;
@@ -680,6 +707,7 @@ bool Machine::TakesPlainRun(const MachineState& s, int n) const {
     if (t.stack.empty()) return false;
     const Frame& f = t.stack.back();
     if (f.kind != kStr || f.phase != kStrNormal || (f.flags & kKeyFlag) != 0) return false;
+    if (g_->nodes[f.node].dfa >= 0) return false;
     if (g_->nodes[f.node].max_len - f.a < n) return false;
   }
   return true;
@@ -690,7 +718,10 @@ bool Machine::CanEnd(const MachineState& s) const {
     if (t.stack.empty()) return true;
     if (t.stack.size() != 1) continue;
     const Frame& f = t.stack.back();
-    if (f.kind == kNum && NumberAccepting(f)) return true;
+    if (f.kind == kNum) {
+      const int32_t dfa = g_->nodes[f.node].dfa;
+      if (dfa >= 0 ? g_->dfas[dfa].accept[f.r] != 0 : NumberAccepting(f)) return true;
+    }
     if (f.kind == kLit && static_cast<size_t>(f.node) == g_->literals[f.a].size()) return true;
   }
   return false;
@@ -717,7 +748,8 @@ void Machine::Key(const MachineState& s, int horizon, std::string* out) const {
       // minLength and maxLength is further away: one key for all such lengths.
       if (f.kind == kStr && (f.flags & kKeyFlag) == 0) {
         const Node& n = g_->nodes[f.node];
-        if (f.a >= n.min_len && n.max_len - f.a > horizon) f.a = -1;
+        // (With a pattern the shortest match decides, whatever the horizon.)
+        if (n.dfa < 0 && f.a >= n.min_len && n.max_len - f.a > horizon) f.a = -1;
       }
       out->append(reinterpret_cast<const char*>(&f), sizeof f);
     }

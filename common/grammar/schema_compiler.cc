@@ -2,6 +2,7 @@
 // rest are listed in docs/status/grammar.md; anything that would change what is
 // valid and is not supported is refused with INVALID_ARGUMENT naming its path.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -28,12 +29,61 @@ const std::set<std::string, std::less<>> kAnnotations = {
 const std::set<std::string, std::less<>> kSupported = {
     "type",  "enum",        "const",    "properties", "required",  "additionalProperties",
     "items", "prefixItems", "minItems", "maxItems",   "minLength", "maxLength",
-    "anyOf", "oneOf",       "allOf",    "$ref"};
+    "anyOf", "oneOf",       "allOf",    "$ref",       "pattern",   "format",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const std::set<std::string, std::less<>> kObjectWords = {"properties", "required",
                                                          "additionalProperties"};
 const std::set<std::string, std::less<>> kArrayWords = {"items", "prefixItems", "minItems",
                                                         "maxItems"};
-const std::set<std::string, std::less<>> kStringWords = {"minLength", "maxLength"};
+const std::set<std::string, std::less<>> kStringWords = {"minLength", "maxLength", "pattern"};
+const std::set<std::string, std::less<>> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
+                                                         "exclusiveMaximum"};
+
+// Integers a bounded integer node can spell: |value| < 10^19 (19 digits).
+constexpr uint64_t kMaxMagnitude = 9'999'999'999'999'999'999ULL;
+
+// A regex (regex.h syntax) for the decimal spellings, without leading zeros, of the integers
+// in [a, b] (a <= b) that have the same number of digits.
+std::string SameLengthRange(const std::string& a, const std::string& b) {
+  if (a.empty()) return "";
+  const std::string_view a0(a.data(), 1), b0(b.data(), 1);
+  if (a[0] == b[0]) return Cat(a0, SameLengthRange(a.substr(1), b.substr(1)));
+  const size_t rest = a.size() - 1;
+  const std::string digits = rest == 0 ? std::string() : Cat("\\d{", rest, "}");
+  // Leading digits whose every tail is in range form one class; the first (last) leading digit
+  // is a branch of its own unless a's tail is all zeros (b's all nines).
+  const bool a_full = a.find_first_not_of('0', 1) == std::string::npos;
+  const bool b_full = b.find_first_not_of('9', 1) == std::string::npos;
+  const char lo = a_full ? a[0] : static_cast<char>(a[0] + 1);
+  const char hi = b_full ? b[0] : static_cast<char>(b[0] - 1);
+  std::vector<std::string> branches;
+  if (!a_full) branches.push_back(Cat(a0, SameLengthRange(a.substr(1), std::string(rest, '9'))));
+  if (lo <= hi) {
+    branches.push_back(Cat("[", std::string(1, lo), "-", std::string(1, hi), "]", digits));
+  }
+  if (!b_full) branches.push_back(Cat(b0, SameLengthRange(std::string(rest, '0'), b.substr(1))));
+  std::string out = "(";
+  for (size_t i = 0; i < branches.size(); ++i) out += Cat(i ? "|" : "", branches[i]);
+  return out + ")";
+}
+
+// A regex for the integers in [a, b] (0 <= a <= b), canonical decimal.
+std::string MagnitudeRange(uint64_t a, uint64_t b) {
+  std::string out;
+  uint64_t lo = a;
+  for (;;) {
+    const std::string ls = std::to_string(lo);
+    // The largest number with as many digits as lo.
+    uint64_t top = 9;
+    for (size_t i = 1; i < ls.size(); ++i) top = top * 10 + 9;
+    const uint64_t hi = std::min(top, b);
+    if (!out.empty()) out += "|";
+    out += SameLengthRange(ls, std::to_string(hi));
+    if (hi >= b) break;
+    lo = hi + 1;
+  }
+  return "(" + out + ")";
+}
 
 // path + "." + key; keys that are not identifiers ($ and - allowed) are quoted
 // like json::JoinKey does: schema.properties["a b"].
@@ -186,6 +236,13 @@ class Compiler {
       if (s.contains("enum") && s.contains("const")) {
         return Error(Join(path, "const"), "not supported beside 'enum'");
       }
+      // The members are the whole set of values: other constraints would have to filter them.
+      for (const std::string& k : constraints) {
+        if (k != "enum" && k != "const" && k != "type" && k != "format") {
+          return Error(Join(path, k),
+                       Cat("not supported beside '", s.contains("enum") ? "enum" : "const", "'"));
+        }
+      }
       const bool is_enum = s.contains("enum");
       const std::string at = Join(path, is_enum ? "enum" : "const");
       std::vector<Json> members;
@@ -222,6 +279,7 @@ class Compiler {
         if (kObjectWords.contains(k)) add("object");
         if (kArrayWords.contains(k)) add("array");
         if (kStringWords.contains(k)) add("string");
+        if (kNumberWords.contains(k)) add("number");
       }
       if (types.empty()) return kAnyValue;
     }
@@ -242,15 +300,44 @@ class Compiler {
         if (n.min_len > n.max_len) {
           return Error(Join(path, "minLength"), "greater than maxLength");
         }
+        COLI_ASSIGN_OR_RETURN(n.dfa, StringPattern(s, path));
+        if (n.dfa >= 0) {
+          // maxLength is exact with a pattern (the DFA's shortest completions), minLength is not.
+          if (n.min_len > 0) {
+            return Error(Join(path, "minLength"), "not supported beside 'pattern' / 'format'");
+          }
+          if (s.contains("format") && s["format"] == "hostname") {
+            n.max_len = std::min<int64_t>(n.max_len, 253);  // RFC 1123: the whole name
+          }
+          if (n.max_len != kUnbounded && g_.dfas[n.dfa].dist[0] > n.max_len) {
+            return Error(Join(path, "maxLength"), "shorter than any string the pattern matches");
+          }
+        }
         alts.push_back(n.min_len == 0 && n.max_len == kUnbounded ? int32_t{kAnyString}
                                                                  : AddNode(std::move(n)));
       } else if (t == "number") {
-        alts.push_back(kAnyNumber);
+        const bool bounded = std::any_of(kNumberWords.begin(), kNumberWords.end(),
+                                         [&s](const std::string& w) { return s.contains(w); });
+        if (!bounded) {
+          alts.push_back(kAnyNumber);
+          continue;
+        }
+        // Only integer values can be bounded exactly here (see docs/status/grammar.md).
+        if (!s.contains("type")) {
+          COLI_ASSIGN_OR_RETURN(int32_t n, BoundedInteger(s, path));
+          alts.push_back(n);
+          continue;
+        }
+        for (const std::string& w : kNumberWords) {
+          if (s.contains(w)) {
+            return Error(Join(path, w),
+                         "not supported for type number (only for integers: use type integer)");
+          }
+        }
       } else if (t == "integer") {
         if (has_number) continue;  // numbers include the integers
-        Node n;
-        n.kind = Kind::kInteger;
-        alts.push_back(AddNode(std::move(n)));
+        COLI_ASSIGN_OR_RETURN(int32_t n, BoundedInteger(s, path));
+        alts.push_back(n);
       } else if (t == "boolean") {
         alts.push_back(kBoolNode);
       } else {
@@ -261,6 +348,94 @@ class Compiler {
     Node n;
     n.kind = Kind::kAnyOf;
     n.alts = std::move(alts);
+    return AddNode(std::move(n));
+  }
+
+  // The DFA of the schema's `pattern` or known `format` (index into g_.dfas), -1 when neither.
+  // Unknown formats are annotations (what validators do by default).
+  absl::StatusOr<int32_t> StringPattern(const Json& s, const std::string& path) {
+    std::string pattern, at;
+    if (s.contains("format")) {
+      at = Join(path, "format");
+      if (!s["format"].is_string()) return Error(at, "expected a string");
+      pattern = std::string(FormatPattern(s["format"].get<std::string>()));
+    }
+    if (s.contains("pattern")) {
+      if (!pattern.empty()) return Error(Join(path, "pattern"), "not supported beside 'format'");
+      at = Join(path, "pattern");
+      if (!s["pattern"].is_string()) return Error(at, "expected a string");
+      pattern = s["pattern"].get<std::string>();
+      if (pattern.empty()) return -1;  // matches every string
+    }
+    if (pattern.empty()) return -1;
+    COLI_ASSIGN_OR_RETURN(Dfa dfa, CompileRegex(pattern, at));
+    g_.dfas.push_back(std::move(dfa));
+    return static_cast<int32_t>(g_.dfas.size() - 1);
+  }
+
+  // One bound (minimum / maximum / exclusive*) as the integer bound it implies, clamped to
+  // +-kMaxMagnitude; `lower` says which side.
+  static absl::StatusOr<__int128> IntegerBound(const Json& v, const std::string& at, bool lower,
+                                               bool exclusive) {
+    constexpr __int128 kMax = static_cast<__int128>(kMaxMagnitude);
+    __int128 b;
+    if (v.is_number_unsigned()) {
+      b = static_cast<__int128>(v.get<uint64_t>());
+    } else if (v.is_number_integer()) {
+      b = static_cast<__int128>(v.get<int64_t>());
+    } else if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!std::isfinite(d)) return Error(at, "expected a finite number");
+      if (d > 1e19) return lower ? kMax + 1 : kMax;
+      if (d < -1e19) return lower ? -kMax : -kMax - 1;
+      const double r = lower ? std::ceil(d) : std::floor(d);
+      b = static_cast<__int128>(r);
+      if (exclusive && r == d) b += lower ? 1 : -1;
+      return std::clamp<__int128>(b, -kMax - 1, kMax + 1);
+    } else {
+      return Error(at, "expected a number");
+    }
+    if (exclusive) b += lower ? 1 : -1;
+    return std::clamp<__int128>(b, -kMax - 1, kMax + 1);
+  }
+
+  // An integer node, bounded by minimum / maximum / exclusiveMinimum / exclusiveMaximum when
+  // given: a DFA over its decimal spelling (no leading zeros, no "-0"), so every prefix it takes
+  // can still be completed within the range.
+  absl::StatusOr<int32_t> BoundedInteger(const Json& s, const std::string& path) {
+    Node n;
+    n.kind = Kind::kInteger;
+    constexpr __int128 kMax = static_cast<__int128>(kMaxMagnitude);
+    __int128 lo = -kMax, hi = kMax;
+    bool bounded = false;
+    for (const std::string& w : kNumberWords) {
+      if (!s.contains(w)) continue;
+      bounded = true;
+      const bool lower = w == "minimum" || w == "exclusiveMinimum";
+      const bool exclusive = w.rfind("exclusive", 0) == 0;
+      COLI_ASSIGN_OR_RETURN(__int128 b, IntegerBound(s[w], Join(path, w), lower, exclusive));
+      if (lower) {
+        lo = std::max(lo, b);
+      } else {
+        hi = std::min(hi, b);
+      }
+    }
+    if (!bounded) return AddNode(std::move(n));
+    if (lo > hi) {
+      return Error(path, "no integer satisfies its minimum / maximum (not supported)");
+    }
+    std::string re;
+    if (lo < 0) {  // negative values -|hi'| .. -|lo|
+      const uint64_t a = static_cast<uint64_t>(hi < 0 ? -hi : 1);
+      re += Cat("-", MagnitudeRange(a, static_cast<uint64_t>(-lo)));
+    }
+    if (hi >= 0) {
+      if (!re.empty()) re += "|";
+      re += MagnitudeRange(static_cast<uint64_t>(lo > 0 ? lo : 0), static_cast<uint64_t>(hi));
+    }
+    COLI_ASSIGN_OR_RETURN(Dfa dfa, CompileRegex(Cat("^(", re, ")$"), path));
+    g_.dfas.push_back(std::move(dfa));
+    n.dfa = static_cast<int32_t>(g_.dfas.size() - 1);
     return AddNode(std::move(n));
   }
 
