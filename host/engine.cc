@@ -24,6 +24,75 @@ std::string DefaultModelId(const std::string& dir) {
   return name.empty() ? dir : name;
 }
 
+// The tool-call constraint of an OpenAI chat body, as the plugin-family extension of ABI 1.4's
+// response_format (abi.md, docs/status/constrained.md):
+//   {"type":"coli_tool_calls","mode":"required"|"named",
+//    "tools":[{"name":…,"parameters":{…},"strict":bool}, …]}
+// "" when nothing is enforced: no tools, tool_choice none or auto.
+// tool_choice "required" → mode required over every tool; {"type":"function","function":
+// {"name":"f"}} → mode named with only f. `with_format`: the body also has a
+// response_format, which a forced call cannot honour (INVALID_ARGUMENT naming tool_choice).
+absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body, bool with_format) {
+  auto tools_it = body.find("tools");
+  const bool has_tools = tools_it != body.end() && tools_it->is_array() && !tools_it->empty();
+  auto tc_it = body.find("tool_choice");
+  std::string mode = "auto";
+  std::string named;
+  if (tc_it != body.end() && !tc_it->is_null()) {
+    if (tc_it->is_string()) {
+      mode = tc_it->get<std::string>();
+    } else if (tc_it->is_object()) {
+      auto fn = tc_it->find("function");
+      auto name = fn != tc_it->end() && fn->is_object() ? fn->find("name") : tc_it->end();
+      if (name == tc_it->end() || !name->is_string()) {
+        return absl::InvalidArgumentError(
+            "tool_choice.function.name: a named tool_choice needs a function name");
+      }
+      mode = "named";
+      named = name->get<std::string>();
+    }
+  }
+  if (mode == "none") return std::string();
+  if ((mode == "required" || mode == "named") && !has_tools) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tool_choice: '", mode == "named" ? named : mode,
+                     "' needs the request's tools, and it has none"));
+  }
+  if (!has_tools) return std::string();
+  nlohmann::json tools = nlohmann::json::array();
+  for (size_t i = 0; i < tools_it->size(); ++i) {
+    const nlohmann::json& tool = (*tools_it)[i];
+    auto fn = tool.is_object() ? tool.find("function") : tool.end();
+    if (fn == tool.end() || !fn->is_object()) continue;  // the renderer names a bad tool
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools[", i, "].function.name: a function tool needs a name"));
+    }
+    const bool strict = fn->value("strict", nlohmann::json(false)) == true;
+    if (mode == "named" && *name != named) continue;
+    nlohmann::json entry{{"name", *name}, {"strict", strict}};
+    auto params = fn->find("parameters");
+    entry["parameters"] = params == fn->end() || params->is_null()
+                              ? nlohmann::json{{"type", "object"}}
+                              : *params;
+    tools.push_back(std::move(entry));
+  }
+  if (mode == "named" && tools.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tool_choice.function.name: '", named, "' is not one of the request's tools"));
+  }
+  // Strict tools under auto are not enforced yet (docs/status/constrained.md, Missing).
+  if (mode == "auto") return std::string();
+  if (with_format) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tool_choice: '", mode == "named" ? named : mode,
+                     "' forces a tool call, which cannot be combined with response_format"));
+  }
+  nlohmann::json format{{"type", "coli_tool_calls"}, {"mode", mode}, {"tools", std::move(tools)}};
+  return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // The "response_format" member of an OpenAI chat body as JSON text ("" when absent, null or
 // "text"); a bare string ("json_object", as the family's renderer also accepts) becomes
 // {"type": ...}. The body was rendered first, so it is valid JSON; INVALID_ARGUMENT otherwise.
@@ -34,12 +103,13 @@ absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json) {
     return absl::InvalidArgumentError("request_json: not a JSON object");
   }
   auto it = body.find("response_format");
-  if (it == body.end() || it->is_null()) return std::string();
+  if (it == body.end() || it->is_null()) return ToolCallFormatOf(body, false);
   nlohmann::json format = *it;
   if (format.is_string()) format = nlohmann::json{{"type", format.get<std::string>()}};
   if (format.is_object() && format.value("type", nlohmann::json()) == "text") {
-    return std::string();
+    return ToolCallFormatOf(body, false);
   }
+  COLI_RETURN_IF_ERROR(ToolCallFormatOf(body, true).status());
   return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

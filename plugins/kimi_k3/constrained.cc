@@ -6,10 +6,81 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status/status.h"
+#include "nlohmann/json.hpp"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
 
 namespace coli::k3 {
+namespace {
+
+constexpr std::string_view kToolCallsType = "coli_tool_calls";
+
+// OpenAI's function-name alphabet: nothing that XTML attribute escaping would change.
+bool IsPlainToolName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+void Append(std::vector<int32_t>* out, std::initializer_list<const std::vector<int32_t>*> parts) {
+  for (const std::vector<int32_t>* p : parts) out->insert(out->end(), p->begin(), p->end());
+}
+
+}  // namespace
+
+bool IsToolCallFormat(std::string_view format_json) {
+  const nlohmann::json f = nlohmann::json::parse(format_json, nullptr, false);
+  return f.is_object() && f.value("type", nlohmann::json()) == kToolCallsType;
+}
+
+absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
+    std::string_view format_json) {
+  const nlohmann::json f = nlohmann::json::parse(format_json, nullptr, false);
+  if (!f.is_object() || f.value("type", nlohmann::json()) != kToolCallsType) {
+    return absl::InvalidArgumentError("tool_choice: not a coli_tool_calls constraint");
+  }
+  auto spec = std::make_shared<ToolCallSpec>();
+  const nlohmann::json mode = f.value("mode", nlohmann::json());
+  if (mode != "required" && mode != "named") {
+    return absl::InvalidArgumentError(
+        "tool_choice: coli_tool_calls mode must be \"required\" or \"named\"");
+  }
+  spec->named = mode == "named";
+  auto tools = f.find("tools");
+  if (tools == f.end() || !tools->is_array() || tools->empty()) {
+    return absl::InvalidArgumentError("tools: a tool-call constraint needs at least one tool");
+  }
+  if (spec->named && tools->size() != 1) {
+    return absl::InvalidArgumentError("tool_choice: a named tool_choice carries exactly one tool");
+  }
+  for (const nlohmann::json& t : *tools) {
+    const nlohmann::json name = t.is_object() ? t.value("name", nlohmann::json()) : nullptr;
+    if (!name.is_string() || !IsPlainToolName(name.get<std::string>())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tools: function name ", name.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+          " cannot be enforced (expected 1-64 of a-z A-Z 0-9 _ - .)"));
+    }
+    const std::string n = name.get<std::string>();
+    if (std::find(spec->names.begin(), spec->names.end(), n) != spec->names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("tools: function '", n, "' is declared twice"));
+    }
+    const nlohmann::json params = t.value("parameters", nlohmann::json{{"type", "object"}});
+    absl::StatusOr<std::shared_ptr<const grammar::JsonConstraint>> c = grammar::JsonConstraint::FromSchema(
+        params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("tools: function '", n, "' parameters: ",
+                                                     c.status().message()));
+    }
+    spec->names.push_back(n);
+    spec->parameters.push_back(*std::move(c));
+  }
+  return std::shared_ptr<const ToolCallSpec>(std::move(spec));
+}
 
 absl::StatusOr<std::unique_ptr<ConstraintVocab>> ConstraintVocab::Build(
     const tok::Tokenizer& tokenizer, int32_t vocab_size, std::span<const int32_t> stop_ids) {
@@ -34,6 +105,16 @@ absl::StatusOr<std::unique_ptr<ConstraintVocab>> ConstraintVocab::Build(
     v->think_ = tokenizer.Encode("think", false);
     v->response_ = tokenizer.Encode("response", false);
     v->message_ = tokenizer.Encode("message", false);
+    v->tools_ = tokenizer.Encode("tools", false);
+    v->call_ = tokenizer.Encode("call", false);
+    v->json_ = tokenizer.Encode("json", false);
+    v->tool_attr_ = tokenizer.Encode(" tool", false);
+    v->index_attr_ = tokenizer.Encode(" index", false);
+    v->type_attr_ = tokenizer.Encode(" type", false);
+    v->eq_quote_ = tokenizer.Encode("=\"", false);
+    v->quote_ = tokenizer.Encode("\"", false);
+    v->object_ = tokenizer.Encode("object", false);
+    for (char d = '0'; d <= '9'; ++d) v->digits_.push_back(tokenizer.Encode(std::string(1, d), false));
   }
   v->filter_ = std::make_unique<grammar::TokenFilter>(v->bytes_);
   return v;
@@ -66,6 +147,76 @@ absl::StatusOr<AnswerConstraint> AnswerConstraint::Create(
   return a;
 }
 
+absl::StatusOr<AnswerConstraint> AnswerConstraint::CreateToolCalls(
+    std::shared_ptr<const ToolCallSpec> spec, const ConstraintVocab& vocab,
+    int32_t chat_parse_mode) {
+  if (spec == nullptr || spec->names.empty()) {
+    return absl::InvalidArgumentError("tool_choice: no tool to call");
+  }
+  if (chat_parse_mode != kParseInThink && chat_parse_mode != kParseInResponse) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tool_choice: a forced tool call needs a chat with a generation prompt "
+                     "(parse mode ",
+                     chat_parse_mode, ")"));
+  }
+  if (!vocab.has_structure()) {
+    return absl::InvalidArgumentError(
+        "tool_choice: the tokenizer has no XTML tokens, so a tool call cannot be written");
+  }
+  AnswerConstraint a(spec->parameters[0], vocab, true);
+  a.tools_ = std::move(spec);
+  if (chat_parse_mode == kParseInThink) {
+    a.phase_ = Phase::kThink;
+  } else {
+    // The prompt opened the response: close it empty and open the tool calls.
+    const ConstraintVocab& v = vocab;
+    a.forced_ = {v.close_};
+    Append(&a.forced_, {&v.response_});
+    a.forced_.push_back(v.sep_);
+    a.forced_.push_back(v.open_);
+    Append(&a.forced_, {&v.tools_});
+    a.forced_.push_back(v.sep_);
+    a.forced_pos_ = 0;
+    a.StartCall();
+  }
+  return a;
+}
+
+void AnswerConstraint::Force(std::vector<int32_t> ids, Phase after) {
+  forced_ = std::move(ids);
+  forced_pos_ = 0;
+  after_forced_ = after;
+  phase_ = forced_.empty() ? after : Phase::kForced;
+}
+
+// Appends `<|open|>call tool="` to what is being forced (kept), then chooses the name.
+void AnswerConstraint::StartCall() {
+  const ConstraintVocab& v = *vocab_;
+  std::vector<int32_t> ids(forced_.begin() + static_cast<std::ptrdiff_t>(forced_pos_),
+                           forced_.end());
+  ids.push_back(v.open_);
+  Append(&ids, {&v.call_, &v.tool_attr_, &v.eq_quote_});
+  name_.clear();
+  Force(std::move(ids), Phase::kToolName);
+}
+
+void AnswerConstraint::AfterName() {
+  const ConstraintVocab& v = *vocab_;
+  const std::string name = name_.substr(0, name_.size() - 1);  // without the closing quote
+  const auto it = std::find(tools_->names.begin(), tools_->names.end(), name);
+  matcher_ = grammar::JsonMatcher(tools_->parameters[static_cast<size_t>(it - tools_->names.begin())]);
+  // ` index="K"<|sep|><|open|>json type="object"<|sep|>`
+  std::vector<int32_t> ids;
+  Append(&ids, {&v.index_attr_, &v.eq_quote_});
+  for (char d : std::to_string(calls_ + 1)) Append(&ids, {&v.digits_[static_cast<size_t>(d - '0')]});
+  Append(&ids, {&v.quote_});
+  ids.push_back(v.sep_);
+  ids.push_back(v.open_);
+  Append(&ids, {&v.json_, &v.type_attr_, &v.eq_quote_, &v.object_, &v.quote_});
+  ids.push_back(v.sep_);
+  Force(std::move(ids), Phase::kArgs);
+}
+
 void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
   const ConstraintVocab& v = *vocab_;
   const size_t n = v.bytes_.size();
@@ -82,6 +233,33 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
       allowed->resize(n);
       for (size_t i = 0; i < n; ++i) (*allowed)[i] = v.bytes_[i].empty() ? 0 : 1;
       (*allowed)[v.close_] = 1;
+      return;
+    case Phase::kToolName:
+      // Ordinary tokens whose bytes keep `NAME"` a prefix of an allowed name's.
+      allowed->assign(n, 0);
+      for (const std::string& name : tools_->names) {
+        const std::string cand = name + '"';
+        if (cand.size() <= name_.size() || cand.compare(0, name_.size(), name_) != 0) continue;
+        const std::string_view rest = std::string_view(cand).substr(name_.size());
+        for (size_t i = 0; i < n; ++i) {
+          const std::string& b = v.bytes_[i];
+          if (!b.empty() && rest.substr(0, b.size()) == b) (*allowed)[i] = 1;
+        }
+      }
+      return;
+    case Phase::kAfterCall:
+      allowed->assign(n, 0);
+      if (!tools_->named) (*allowed)[v.open_] = 1;  // another call
+      (*allowed)[v.close_] = 1;                      // or the end of the calls
+      return;
+    case Phase::kArgs:
+      if (matcher_.MustEnd()) {
+        allowed->assign(n, 0);
+      } else {
+        v.filter_->Allowed(matcher_, allowed);
+        allowed->resize(n, 0);
+      }
+      if (matcher_.CanEnd()) (*allowed)[v.close_] = 1;
       return;
     case Phase::kAnswer:
       break;
@@ -151,8 +329,76 @@ void AnswerConstraint::Accept(int32_t id) {
         forced_pos_ = 0;
         phase_ = Phase::kForced;
         after_forced_ = Phase::kAnswer;
+        if (tools_ != nullptr) {
+          // An empty response, then the calls: `<|close|>response<|sep|><|open|>tools<|sep|>`.
+          forced_.push_back(v.close_);
+          Append(&forced_, {&v.response_});
+          forced_.push_back(v.sep_);
+          forced_.push_back(v.open_);
+          Append(&forced_, {&v.tools_});
+          forced_.push_back(v.sep_);
+          StartCall();
+        }
       } else if (v.bytes_[id].empty()) {
         phase_ = Phase::kDone;  // not an allowed token
+      }
+      return;
+    case Phase::kToolName: {
+      name_ += v.bytes_[id];
+      bool prefix = false;
+      for (const std::string& name : tools_->names) {
+        const std::string cand = name + '"';
+        if (cand == name_) {
+          AfterName();
+          return;
+        }
+        prefix = prefix || (cand.size() > name_.size() && cand.compare(0, name_.size(), name_) == 0);
+      }
+      if (!prefix || v.bytes_[id].empty()) phase_ = Phase::kDone;
+      return;
+    }
+    case Phase::kArgs:
+      if (id == v.close_ && matcher_.CanEnd()) {
+        ++calls_;
+        // `json<|sep|><|close|>call<|sep|>`, then (named) the end of the message.
+        std::vector<int32_t> ids = v.json_;
+        ids.push_back(v.sep_);
+        ids.push_back(v.close_);
+        Append(&ids, {&v.call_});
+        ids.push_back(v.sep_);
+        if (!tools_->named) {
+          Force(std::move(ids), Phase::kAfterCall);
+          return;
+        }
+        ids.push_back(v.close_);
+        Append(&ids, {&v.tools_});
+        ids.push_back(v.sep_);
+        ids.push_back(v.close_);
+        Append(&ids, {&v.message_});
+        ids.push_back(v.sep_);
+        ids.push_back(v.end_of_msg_);
+        Force(std::move(ids), Phase::kDone);
+        return;
+      }
+      if (v.bytes_[id].empty() || !matcher_.Accept(v.bytes_[id])) phase_ = Phase::kDone;
+      return;
+    case Phase::kAfterCall:
+      if (id == v.open_) {
+        std::vector<int32_t> ids;
+        Append(&ids, {&v.call_, &v.tool_attr_, &v.eq_quote_});
+        name_.clear();
+        Force(std::move(ids), Phase::kToolName);
+      } else if (id == v.close_) {
+        // `tools<|sep|><|close|>message<|sep|><|end_of_msg|>`
+        std::vector<int32_t> ids = v.tools_;
+        ids.push_back(v.sep_);
+        ids.push_back(v.close_);
+        Append(&ids, {&v.message_});
+        ids.push_back(v.sep_);
+        ids.push_back(v.end_of_msg_);
+        Force(std::move(ids), Phase::kDone);
+      } else {
+        phase_ = Phase::kDone;
       }
       return;
     case Phase::kAnswer:

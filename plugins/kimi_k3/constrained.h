@@ -22,6 +22,18 @@
 // tokens are allowed too and, in chat, <|close|>, after which the well-formed end of the message
 // is forced (`response<|sep|><|close|>message<|sep|><|end_of_msg|>`); when it must end (MustEnd)
 // those are the only choices. So a message that ends always holds one complete valid value.
+//
+// Tool calls (tool_choice "required" or a named function; the host passes them as the plugin
+// family's response_format extension {"type":"coli_tool_calls",…}, see ToolCallSpec): after the
+// reasoning, the answer is one or more calls in the vendor's form, as the renderer writes an
+// assistant's tool_calls (chat.cc):
+//   <|close|>response<|sep|><|open|>tools<|sep|>
+//   <|open|>call tool="NAME" index="K"<|sep|><|open|>json type="object"<|sep|>ARGS<|close|>json
+//   <|sep|><|close|>call<|sep|> … <|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>
+// Everything but NAME and ARGS is forced. NAME is chosen among the allowed names byte by byte
+// (ordinary tokens whose bytes keep `NAME"` a prefix of an allowed one); ARGS is constrained by
+// that function's parameters schema, and <|close|> is allowed once it can end. After a call, a
+// named choice ends the message; "required" lets the model open another call or end.
 #ifndef COLI_PLUGINS_KIMI_K3_CONSTRAINED_H_
 #define COLI_PLUGINS_KIMI_K3_CONSTRAINED_H_
 
@@ -29,6 +41,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +50,19 @@
 #include "common/tokenizer/tokenizer.h"
 
 namespace coli::k3 {
+
+// The calls a tool-call constraint allows (from the host's {"type":"coli_tool_calls","mode":
+// "required"|"named","tools":[{"name":…,"parameters":{…}},…]}).
+struct ToolCallSpec {
+  bool named = false;  // exactly one call (of the only tool), else one or more
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<const grammar::JsonConstraint>> parameters;  // per name
+};
+// True when `format_json` is a coli_tool_calls object (checked cheaply; Parse validates).
+bool IsToolCallFormat(std::string_view format_json);
+// INVALID_ARGUMENT naming the tool (a name that is not [A-Za-z0-9_.-]{1,64}, a parameters schema
+// the grammar refuses, with its path) or the malformed member.
+absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(std::string_view format_json);
 
 // One model's vocabulary as the constraint sees it; built once per model, immutable after.
 class ConstraintVocab {
@@ -62,6 +88,10 @@ class ConstraintVocab {
   // XTML (-1 / empty when the tokenizer lacks them: chat constraints are then refused).
   int32_t open_ = -1, close_ = -1, sep_ = -1, end_of_msg_ = -1;
   std::vector<int32_t> think_, response_, message_;  // the tag names' ordinary tokens
+  // Tool-call pieces, each encoded alone as the renderer's segments are.
+  std::vector<int32_t> tools_, call_, json_, tool_attr_, index_attr_, type_attr_, eq_quote_,
+      quote_, object_;
+  std::vector<std::vector<int32_t>> digits_;  // "0".."9"
 };
 
 // One generation's constraint. Copyable.
@@ -72,6 +102,11 @@ class AnswerConstraint {
   static absl::StatusOr<AnswerConstraint> Create(
       std::shared_ptr<const grammar::JsonConstraint> constraint, const ConstraintVocab& vocab,
       int32_t chat_parse_mode);
+  // A tool-call constraint; INVALID_ARGUMENT unless the chat has a generation prompt (think or
+  // response) and the vocabulary has XTML tokens.
+  static absl::StatusOr<AnswerConstraint> CreateToolCalls(std::shared_ptr<const ToolCallSpec> spec,
+                                                          const ConstraintVocab& vocab,
+                                                          int32_t chat_parse_mode);
 
   // allowed[id] = 1 for the ids the next token may be (resized to the vocabulary).
   void Allowed(std::vector<uint8_t>* allowed) const;
@@ -84,10 +119,14 @@ class AnswerConstraint {
 
   bool answering() const { return phase_ == Phase::kAnswer; }
   bool ended() const { return phase_ == Phase::kDone; }
+  int calls() const { return calls_; }  // tool calls whose arguments were closed
   const grammar::JsonMatcher& matcher() const { return matcher_; }
 
  private:
-  enum class Phase { kThink, kForced, kAnswer, kDone };
+  enum class Phase { kThink, kForced, kAnswer, kToolName, kArgs, kAfterCall, kDone };
+  void Force(std::vector<int32_t> ids, Phase after);
+  void StartCall();     // forces `<|open|>call tool="` (or `call tool="` after a sampled open)
+  void AfterName();     // the name is complete: forces ` index="K"<|sep|><|open|>json …<|sep|>`
   AnswerConstraint(std::shared_ptr<const grammar::JsonConstraint> constraint,
                    const ConstraintVocab& vocab, bool chat);
   const ConstraintVocab* vocab_;
@@ -97,6 +136,10 @@ class AnswerConstraint {
   std::vector<int32_t> forced_;  // kForced: ids still to come, in order
   size_t forced_pos_ = 0;
   Phase after_forced_ = Phase::kAnswer;
+  // Tool calls (null for a response_format).
+  std::shared_ptr<const ToolCallSpec> tools_;
+  std::string name_;  // kToolName: bytes of `NAME"` chosen so far
+  int calls_ = 0;
 };
 
 }  // namespace coli::k3

@@ -715,9 +715,15 @@ absl::StatusOr<std::optional<AnswerConstraint>> ConstraintFor(K3Model* m,
   if (!COLI_ABI_HAS_FIELD(&a, coli_prefill_args_t, response_format)) return std::nullopt;
   const std::string_view format = View(a.response_format);
   if (format.empty()) return std::nullopt;
-  COLI_ASSIGN_OR_RETURN(std::shared_ptr<const grammar::JsonConstraint> compiled,
-                        grammar::JsonConstraint::FromResponseFormat(format));
-  if (compiled == nullptr) return std::nullopt;
+  // The family's extension: tool_choice required / named (docs/status/constrained.md).
+  std::shared_ptr<const ToolCallSpec> tools;
+  std::shared_ptr<const grammar::JsonConstraint> compiled;
+  if (IsToolCallFormat(format)) {
+    COLI_ASSIGN_OR_RETURN(tools, ParseToolCallSpec(format));
+  } else {
+    COLI_ASSIGN_OR_RETURN(compiled, grammar::JsonConstraint::FromResponseFormat(format));
+    if (compiled == nullptr) return std::nullopt;
+  }
   const ConstraintVocab* vocab = nullptr;
   {
     std::lock_guard<std::mutex> lock(m->constraint_mu);
@@ -728,6 +734,11 @@ absl::StatusOr<std::optional<AnswerConstraint>> ConstraintFor(K3Model* m,
                                  m->stop_ids));
     }
     vocab = m->constraint_vocab.get();
+  }
+  if (tools != nullptr) {
+    COLI_ASSIGN_OR_RETURN(AnswerConstraint c, AnswerConstraint::CreateToolCalls(
+                                                  std::move(tools), *vocab, a.chat_parse_mode));
+    return c;
   }
   COLI_ASSIGN_OR_RETURN(AnswerConstraint c,
                         AnswerConstraint::Create(std::move(compiled), *vocab, a.chat_parse_mode));
