@@ -313,7 +313,7 @@ class Compiler {
             return Error(Join(path, "maxLength"), "shorter than any string the pattern matches");
           }
         }
-        alts.push_back(n.min_len == 0 && n.max_len == kUnbounded ? int32_t{kAnyString}
+        alts.push_back(n.min_len == 0 && n.max_len == kUnbounded && n.dfa < 0 ? int32_t{kAnyString}
                                                                  : AddNode(std::move(n)));
       } else if (t == "number") {
         const bool bounded = std::any_of(kNumberWords.begin(), kNumberWords.end(),

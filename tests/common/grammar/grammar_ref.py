@@ -18,6 +18,7 @@ it is used.
 """
 import json
 import random
+import re
 import sys
 
 import jsonschema
@@ -65,8 +66,10 @@ class Generator:
                 types = 'object'
             elif 'items' in s or 'prefixItems' in s:
                 types = 'array'
-            elif 'minLength' in s or 'maxLength' in s:
+            elif 'minLength' in s or 'maxLength' in s or 'pattern' in s:
                 types = 'string'
+            elif any(k in s for k in BOUNDS):
+                types = 'integer'
             else:
                 return self.any_value(depth)
         t = r.choice(types) if isinstance(types, list) else types
@@ -74,11 +77,18 @@ class Generator:
             return self.gen_object(s, depth)
         if t == 'array':
             return self.gen_array(s, depth)
+        if t == 'string' and ('pattern' in s or 'format' in s):
+            return self.matching_string(s)
         if t == 'string':
             lo = s.get('minLength', 0)
             hi = min(s.get('maxLength', lo + 6), lo + 6)
             return self.string(r.randint(lo, hi))
-        if t == 'integer':
+        if t == 'integer' or (t == 'number' and any(k in s for k in BOUNDS)):
+            lo, hi = integer_bounds(s)
+            if lo is not None or hi is not None:
+                lo = -10**6 if lo is None else lo
+                hi = 10**6 if hi is None else hi
+                return r.choice([lo, hi, r.randint(lo, hi), min(max(0, lo), hi)])
             return r.choice([0, -1, 7, 12345678901234, -42, r.randint(-10**6, 10**6)])
         if t == 'number':
             return r.choice([0, -0.0, 1.5, -2.25e-7, 3e20, 0.1 + 0.2, r.uniform(-1e3, 1e3),
@@ -86,6 +96,21 @@ class Generator:
         if t == 'boolean':
             return r.random() < 0.5
         return None
+
+    def matching_string(self, s):
+        """A string valid for a pattern / format schema: one of its examples or a random
+        candidate that this subschema's validator accepts (re.search + FormatChecker)."""
+        v = jsonschema.Draft202012Validator(s, format_checker=FORMATS)
+        pool = list(s.get('examples', []))
+        pool += [self.string(self.rng.randint(0, 6)) for _ in range(20)]
+        # Only values spelled without escapes (no '"', '\\' or control characters): the
+        # matcher's documented reading of pattern strings.
+        # The matcher's class shorthands are ASCII-only (a subset of Python's Unicode ones):
+        # for patterns using them, only ASCII candidates are expected to be accepted.
+        ascii_only = re.search(r'\\[wWdDsS]', s.get('pattern', '')) is not None
+        ok = [x for x in pool if v.is_valid(x) and not any(c in x for c in '"\\')
+              and all(ord(c) >= 0x20 for c in x) and (not ascii_only or x.isascii())]
+        return self.rng.choice(ok) if ok else pool[0]
 
     def string(self, n):
         return ''.join(self.rng.choice(ALPHABET) for _ in range(n))
@@ -131,6 +156,88 @@ class Generator:
                 'null': lambda: None}[k]()
 
 
+BOUNDS = ('minimum', 'maximum', 'exclusiveMinimum', 'exclusiveMaximum')
+
+
+def integer_bounds(s):
+    """The integer interval [lo, hi] (None: open) the bounds of s allow."""
+    import math
+    lo = hi = None
+    if 'minimum' in s:
+        lo = math.ceil(s['minimum'])
+    if 'exclusiveMinimum' in s:
+        b = math.floor(s['exclusiveMinimum']) + 1
+        lo = b if lo is None else max(lo, b)
+    if 'maximum' in s:
+        hi = math.floor(s['maximum'])
+    if 'exclusiveMaximum' in s:
+        b = math.ceil(s['exclusiveMaximum']) - 1
+        hi = b if hi is None else min(hi, b)
+    return lo, hi
+
+
+# Draft 2020-12's format checkers (FormatChecker() mixes in draft 3's "time" = %H:%M:%S).
+FORMATS = jsonschema.FormatChecker(formats=())
+FORMATS.checkers = dict(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
+if 'hostname' not in FORMATS.checkers:  # jsonschema checks hostnames only with python3-fqdn
+    @FORMATS.checks('hostname')
+    def is_hostname(value):
+        """RFC 1123 host name: dot-separated labels of 1-63 letters, digits and hyphens, not
+        starting or ending with a hyphen, 253 characters at most."""
+        if not isinstance(value, str):
+            return True
+        if len(value) > 253:
+            return False
+        allowed = set('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-')
+        return all(0 < len(label) <= 63 and set(label) <= allowed and label[0] != '-'
+                   and label[-1] != '-' for label in value.split('.'))
+
+
+def is_rfc3339_time(value):
+    """RFC 3339 full-time: HH:MM:SS, optional fraction, then Z or +-HH:MM (Python's
+    datetime.time.fromisoformat judges the values)."""
+    import datetime
+    if not isinstance(value, str):
+        return True
+    v = value.upper()
+    if v.endswith('Z'):
+        main, offset = v[:-1], '+00:00'
+    elif len(v) > 6 and v[-6] in '+-' and v[-3] == ':':
+        main, offset = v[:-6], v[-6:]
+    else:
+        return False
+    if len(main) < 8 or main[2] != ':' or main[5] != ':' or not main[:8].replace(':', '').isdigit():
+        return False
+    if len(main) > 8 and (main[8] != '.' or not main[9:].isdigit() or len(main) == 9):
+        return False
+    try:
+        datetime.time.fromisoformat(main[:15] + offset)
+        return int(offset[1:3]) < 24 and int(offset[4:6]) < 60
+    except ValueError:
+        return False
+
+
+def is_rfc3339_date_time(value):
+    import datetime
+    if not isinstance(value, str):
+        return True
+    date, sep, time = value.upper().partition('T')
+    if not sep or len(date) != 10:
+        return False
+    try:
+        datetime.date.fromisoformat(date)
+    except ValueError:
+        return False
+    return is_rfc3339_time(time)
+
+
+# Debian's python3-jsonschema checks time / date-time only with rfc3339-validator (not
+# packaged) and hostname only with fqdn: these stand in for them where they are missing.
+for _name, _check in (('time', is_rfc3339_time), ('date-time', is_rfc3339_date_time)):
+    if _name not in FORMATS.checkers:
+        FORMATS.checks(_name)(_check)
+
+
 def accepts(validator, text):
     """Whether the reference accepts the text: strict JSON, valid UTF-8, no lone surrogate,
     and valid under the schema."""
@@ -165,7 +272,7 @@ def main():
     out = []
     for case in spec['cases']:
         schema = case['schema']
-        validator = jsonschema.Draft202012Validator(schema)
+        validator = jsonschema.Draft202012Validator(schema, format_checker=FORMATS)
         errors = []
         for h in case['walks']:
             raw = bytes.fromhex(h)
@@ -189,8 +296,11 @@ def main():
                 continue
             forms = [json.dumps(value, ensure_ascii=False, separators=(',', ':')),
                      json.dumps(value, ensure_ascii=False),
-                     json.dumps(value, ensure_ascii=False, indent=2),
-                     json.dumps(value, ensure_ascii=True, separators=(',', ':'))]
+                     json.dumps(value, ensure_ascii=False, indent=2)]
+            # Pattern / format strings take unescaped characters only (docs/status/grammar.md):
+            # their ASCII-escaped form is no reference-valid spelling the matcher must accept.
+            if not case.get('unescaped_only'):
+                forms.append(json.dumps(value, ensure_ascii=True, separators=(',', ':')))
             valid.extend(x.encode('utf-8').hex() for x in forms)
             for _ in range(6):
                 m = mutate(forms[rng.randrange(2)], rng)

@@ -527,6 +527,11 @@ TEST(TokenFilter, EqualsTryingEveryTokenOnRandomWalks) {
       // Long enough that the memo treats some lengths alike (far from maxLength), not others.
       R"({"type":"object","properties":{"t":{"type":"string","minLength":3,"maxLength":24}},
           "required":["t"]})",
+      // Pattern / format strings and bounded integers (DFA states in the frames).
+      R"({"type":"object","properties":{"p":{"type":"string","pattern":"^[a-z]+(-\\d{1,3})?$"},
+          "q":{"type":"string","pattern":"x.y","maxLength":12},
+          "d":{"type":"string","format":"date"},
+          "n":{"type":"integer","minimum":-40,"maximum":1234}},"required":["p","q","d","n"]})",
   };
   std::mt19937 rng(7);
   EXPECT_GT(CompareWithBruteForce(vocab, filter, schemas, 6, 48, rng), 50);
