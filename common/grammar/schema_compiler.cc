@@ -238,7 +238,7 @@ class Compiler {
       }
       // The members are the whole set of values: other constraints would have to filter them.
       for (const std::string& k : constraints) {
-        if (k != "enum" && k != "const" && k != "type" && k != "format") {
+        if (k != "enum" && k != "const" && k != "type") {
           return Error(Join(path, k),
                        Cat("not supported beside '", s.contains("enum") ? "enum" : "const", "'"));
         }

@@ -116,6 +116,18 @@ int main(int argc, char** argv) {
       {"enum of 1,000 strings, after \"value_1", wide_enum.c_str(), R"({"e": "value_1)"},
       {"100 optional properties, after '{'", wide_object.c_str(), "{"},
       {"100 optional properties, after ','", wide_object.c_str(), R"({"field_3": 1,)"},
+      {"inside a pattern string (unanchored)",
+       R"({"type":"object","properties":{"p":{"type":"string","pattern":"[0-9]{3}-x"}}})",
+       R"({"p": "call me at 55)"},
+      {"inside a date-time (format)",
+       R"({"type":"object","properties":{"t":{"type":"string","format":"date-time"}}})",
+       R"({"t": "2024-02-2)"},
+      {"inside an email (format)",
+       R"({"type":"object","properties":{"e":{"type":"string","format":"email"}}})",
+       R"({"e": "ada.love)"},
+      {"inside a bounded integer [-40, 1234]",
+       R"({"type":"object","properties":{"n":{"type":"integer","minimum":-40,"maximum":1234}}})",
+       R"({"n": 12)"},
   };
   std::vector<uint8_t> allowed;
   auto ms_since = [](Clock::time_point start) {

@@ -176,6 +176,7 @@ TEST(PatternFormatBounds, RefusalsNameThePath) {
       {R"j({"type":"integer","minimum":"3"})j", "schema.minimum: expected a number"},
       {R"j({"type":"number","minimum":0})j", "schema.minimum: not supported for type number"},
       {R"j({"enum":["a","b"],"pattern":"a"})j", "schema.pattern: not supported beside 'enum'"},
+      {R"j({"const":"x","format":"date"})j", "schema.format: not supported beside 'const'"},
   };
   for (const auto& [schema, message] : cases) {
     EXPECT_THAT(JsonConstraint::FromSchema(schema).status(),
