@@ -322,18 +322,9 @@ class Compiler {
           alts.push_back(kAnyNumber);
           continue;
         }
-        // Only integer values can be bounded exactly here (see docs/status/grammar.md).
-        if (!s.contains("type")) {
-          COLI_ASSIGN_OR_RETURN(int32_t n, BoundedInteger(s, path));
-          alts.push_back(n);
-          continue;
-        }
-        for (const std::string& w : kNumberWords) {
-          if (s.contains(w)) {
-            return Error(Join(path, w),
-                         "not supported for type number (only for integers: use type integer)");
-          }
-        }
+        // Integer-valued bounds are exact for numbers (see docs/status/grammar.md).
+        COLI_ASSIGN_OR_RETURN(int32_t n, BoundedNumber(s, path));
+        alts.push_back(n);
       } else if (t == "integer") {
         if (has_number) continue;  // numbers include the integers
         COLI_ASSIGN_OR_RETURN(int32_t n, BoundedInteger(s, path));
@@ -434,6 +425,81 @@ class Compiler {
       re += MagnitudeRange(static_cast<uint64_t>(lo > 0 ? lo : 0), static_cast<uint64_t>(hi));
     }
     COLI_ASSIGN_OR_RETURN(Dfa dfa, CompileRegex(Cat("^(", re, ")$"), path));
+    g_.dfas.push_back(std::move(dfa));
+    n.dfa = static_cast<int32_t>(g_.dfas.size() - 1);
+    return AddNode(std::move(n));
+  }
+
+  // A number node bounded by integer-valued minimum / maximum / exclusive*: a DFA over
+  // "-"? int ("." digits)? (no exponent, at most 24 fraction digits), exact: an integer part
+  // strictly inside the range takes any fraction, a bound itself only zeros (inclusive) or a
+  // non-zero fraction on the inner side (exclusive lower end).
+  absl::StatusOr<int32_t> BoundedNumber(const Json& s, const std::string& path) {
+    constexpr __int128 kMax = static_cast<__int128>(kMaxMagnitude) - 1;
+    __int128 lo = -kMax, hi = kMax;
+    bool lo_excl = false, hi_excl = false;
+    for (const std::string& w : kNumberWords) {
+      if (!s.contains(w)) continue;
+      const Json& v = s[w];
+      const std::string at = Join(path, w);
+      __int128 b;
+      if (v.is_number_unsigned()) {
+        b = static_cast<__int128>(v.get<uint64_t>());
+      } else if (v.is_number_integer()) {
+        b = static_cast<__int128>(v.get<int64_t>());
+      } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                 std::floor(v.get<double>()) == v.get<double>() &&
+                 std::fabs(v.get<double>()) < 1e18) {
+        b = static_cast<__int128>(v.get<double>());
+      } else if (v.is_number()) {
+        return Error(at, "only integer-valued bounds are supported for type number");
+      } else {
+        return Error(at, "expected a number");
+      }
+      if (b > kMax || b < -kMax) return Error(at, "bound too large (not supported)");
+      const bool exclusive = w.rfind("exclusive", 0) == 0;
+      if (w == "minimum" || w == "exclusiveMinimum") {
+        if (b > lo || (b == lo && exclusive)) lo = b, lo_excl = exclusive;
+      } else {
+        if (b < hi || (b == hi && exclusive)) hi = b, hi_excl = exclusive;
+      }
+    }
+    if (lo > hi || (lo == hi && (lo_excl || hi_excl))) {
+      return Error(path, "no number satisfies its minimum / maximum (not supported)");
+    }
+    // Unsigned values m in [a, b] (flags: the end itself excluded).
+    auto part = [](__int128 a, bool a_excl, __int128 b, bool b_excl) {
+      const std::string any_frac = "(\\.\\d{1,24})?", zeros = "(\\.0{1,24})?";
+      const std::string nonzero = "\\.0{0,23}[1-9]\\d{0,23}";
+      auto num = [](__int128 v) { return std::to_string(static_cast<uint64_t>(v)); };
+      if (a == b) return Cat(num(a), zeros);
+      std::vector<std::string> branches;
+      branches.push_back(Cat(num(a), a_excl ? nonzero : any_frac));
+      if (a + 1 <= b - 1) {
+        branches.push_back(Cat(MagnitudeRange(static_cast<uint64_t>(a + 1),
+                                              static_cast<uint64_t>(b - 1)), any_frac));
+      }
+      if (!b_excl) branches.push_back(Cat(num(b), zeros));
+      std::string out = "(";
+      for (size_t i = 0; i < branches.size(); ++i) out += Cat(i ? "|" : "", branches[i]);
+      return out + ")";
+    };
+    std::vector<std::string> sides;
+    if (hi > 0 || (hi == 0 && !hi_excl)) {
+      sides.push_back(lo >= 0 ? part(lo, lo_excl, hi, hi_excl) : part(0, false, hi, hi_excl));
+    }
+    if (lo < 0) {
+      // Magnitudes of the negative values; -0 is 0, allowed when 0 is.
+      const bool zero_ok = hi > 0 || (hi == 0 && !hi_excl);
+      const __int128 m_lo = hi < 0 ? -hi : 0;
+      const bool m_lo_excl = hi < 0 ? hi_excl : !zero_ok;
+      sides.push_back(Cat("-", part(m_lo, m_lo_excl, -lo, lo_excl)));
+    }
+    std::string re;
+    for (size_t i = 0; i < sides.size(); ++i) re += Cat(i ? "|" : "", sides[i]);
+    COLI_ASSIGN_OR_RETURN(Dfa dfa, CompileRegex(Cat("^(", re, ")$"), path));
+    Node n;
+    n.kind = Kind::kNumber;
     g_.dfas.push_back(std::move(dfa));
     n.dfa = static_cast<int32_t>(g_.dfas.size() - 1);
     return AddNode(std::move(n));

@@ -85,6 +85,15 @@ class Generator:
             return self.string(r.randint(lo, hi))
         if t == 'integer' or (t == 'number' and any(k in s for k in BOUNDS)):
             lo, hi = integer_bounds(s)
+            if t == 'number' and r.random() < 0.6:
+                # A decimal (3 places: json.dumps spells it without an exponent) in range.
+                v = jsonschema.Draft202012Validator(s)
+                a = s.get('minimum', s.get('exclusiveMinimum', -1000))
+                b = s.get('maximum', s.get('exclusiveMaximum', 1000))
+                for _ in range(20):
+                    x = round(r.uniform(a, b), 3)
+                    if v.is_valid(x):
+                        return x
             if lo is not None or hi is not None:
                 lo = -10**6 if lo is None else lo
                 hi = 10**6 if hi is None else hi

@@ -179,8 +179,8 @@ TEST(JsonConstraint, ResponseFormats) {
 // Every unsupported keyword is refused, naming its path.
 TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"properties":{"n":{"type":"number","maximum":1}}})",
-       "schema.properties.n.maximum: not supported for type number"},
+      {R"({"properties":{"n":{"type":"number","maximum":1.5}}})",
+       "schema.properties.n.maximum: only integer-valued bounds"},
       {R"({"type":"integer","multipleOf":2})", "schema.multipleOf: not supported"},
       {R"({"type":"array","uniqueItems":true})", "schema.uniqueItems: not supported"},
       {R"({"not":{}})", "schema.not: not supported"},

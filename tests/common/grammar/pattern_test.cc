@@ -154,6 +154,47 @@ TEST(IntegerBounds, EveryIntegerOfAWindowAgreesWithArithmetic) {
   EXPECT_TRUE(Complete(wide, "9999999999999999999"));
 }
 
+// Numbers with integer-valued bounds: every quarter in [-12, 12] spelled as an integer, with
+// one fraction digit where exact, with two, and with trailing zeros, against exact arithmetic
+// on quarters (4 * value).
+TEST(NumberBounds, QuartersAgreeWithArithmetic) {
+  struct Range {
+    const char* bounds;
+    int lo4, hi4;  // 4 * bound
+    bool lo_excl, hi_excl;
+  };
+  const Range ranges[] = {
+      {R"("minimum":0,"maximum":1)", 0, 4, false, false},
+      {R"("exclusiveMinimum":-2,"exclusiveMaximum":3)", -8, 12, true, true},
+      {R"("minimum":-3,"exclusiveMaximum":0)", -12, 0, false, true},
+      {R"("exclusiveMinimum":0,"maximum":0.0e0,"minimum":-1)", 0, 0, true, false},  // empty > 0
+      {R"("minimum":-1,"maximum":-1)", -4, -4, false, false},
+      {R"("maximum":2)", -1'000'000, 8, false, false},
+  };
+  for (const Range& r : ranges) {
+    SCOPED_TRACE(r.bounds);
+    auto made = JsonConstraint::FromSchema(absl::StrCat(R"({"type":"number",)", r.bounds, "}"));
+    if (r.lo4 == 0 && r.hi4 == 0 && r.lo_excl) {  // (0, 0]: no number
+      EXPECT_FALSE(made.ok());
+      continue;
+    }
+    ASSERT_TRUE(made.ok()) << made.status();
+    for (int q = -48; q <= 48; ++q) {
+      const bool in = (r.lo_excl ? q > r.lo4 : q >= r.lo4) && (r.hi_excl ? q < r.hi4 : q <= r.hi4);
+      const int whole = (q < 0 ? -q : q) / 4, frac = (q < 0 ? -q : q) % 4;
+      const std::string sign = q < 0 ? "-" : "";
+      const char* digits[] = {"0", "25", "5", "75"};
+      std::vector<std::string> spellings = {absl::StrCat(sign, whole, ".", digits[frac]),
+                                            absl::StrCat(sign, whole, ".", digits[frac], "00")};
+      if (frac == 0) spellings.push_back(absl::StrCat(sign, whole));
+      for (const std::string& text : spellings) {
+        ASSERT_EQ(Complete(*made, text), in) << text;
+      }
+    }
+    EXPECT_FALSE(Complete(*made, "1e0"));  // no exponents when bounded
+  }
+}
+
 TEST(PatternFormatBounds, RefusalsNameThePath) {
   const std::pair<const char*, const char*> cases[] = {
       {R"j({"properties":{"a":{"type":"string","pattern":"(a)\\1"}}})j",
@@ -174,7 +215,8 @@ TEST(PatternFormatBounds, RefusalsNameThePath) {
       {R"j({"type":"integer","minimum":5,"maximum":4})j", "schema: no integer satisfies"},
       {R"j({"type":"integer","exclusiveMinimum":4,"exclusiveMaximum":5})j", "schema: no integer"},
       {R"j({"type":"integer","minimum":"3"})j", "schema.minimum: expected a number"},
-      {R"j({"type":"number","minimum":0})j", "schema.minimum: not supported for type number"},
+      {R"j({"type":"number","minimum":0.5})j", "schema.minimum: only integer-valued bounds"},
+      {R"j({"type":"number","minimum":1,"exclusiveMaximum":1})j", "schema: no number satisfies"},
       {R"j({"enum":["a","b"],"pattern":"a"})j", "schema.pattern: not supported beside 'enum'"},
       {R"j({"const":"x","format":"date"})j", "schema.format: not supported beside 'const'"},
   };

@@ -114,10 +114,12 @@ const Case kCases[] = {
          "a":{"type":"integer","minimum":-5,"maximum":123},
          "b":{"type":"integer","exclusiveMinimum":7,"exclusiveMaximum":1000.5},
          "c":{"type":"integer","minimum":-1234567},
-         "d":{"minimum":2.5,"maximum":9},
+         "d":{"minimum":2,"maximum":9},
+         "g":{"type":"number","minimum":-2,"exclusiveMaximum":3},
+         "h":{"type":"number","exclusiveMinimum":0,"maximum":1},
          "e":{"type":["integer","null"],"maximum":-20,"minimum":-31},
          "f":{"type":"integer","minimum":99,"maximum":100}},
-         "required":["a","b","c","d","e","f"],"additionalProperties":false})",
+         "required":["a","b","c","d","e","f","g","h"],"additionalProperties":false})",
      true},
 };
 
