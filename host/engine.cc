@@ -27,7 +27,7 @@ std::string DefaultModelId(const std::string& dir) {
 // The tool-call constraint of an OpenAI chat body, as the plugin-family extension of ABI 1.4's
 // response_format (abi.md, docs/status/constrained.md):
 //   {"type":"coli_tool_calls","mode":"required"|"named",
-//    "tools":[{"name":…,"parameters":{…},"strict":bool}, …]}
+//    "tools":[{"name":…,"parameters":{…},"strict":bool}, …], "single":true (optional)}
 // "" when nothing is enforced: no tools, tool_choice none or auto.
 // tool_choice "required" → mode required over every tool; {"type":"function","function":
 // {"name":"f"}} → mode named with only f. `with_format`: the body also has a
@@ -42,14 +42,17 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body, bool wi
     if (tc_it->is_string()) {
       mode = tc_it->get<std::string>();
     } else if (tc_it->is_object()) {
+      // (Iterators of different nlohmann containers must never be compared: it throws.)
       auto fn = tc_it->find("function");
-      auto name = fn != tc_it->end() && fn->is_object() ? fn->find("name") : tc_it->end();
-      if (name == tc_it->end() || !name->is_string()) {
+      const nlohmann::json name = fn != tc_it->end() && fn->is_object()
+                                      ? fn->value("name", nlohmann::json())
+                                      : nlohmann::json();
+      if (!name.is_string()) {
         return absl::InvalidArgumentError(
             "tool_choice.function.name: a named tool_choice needs a function name");
       }
       mode = "named";
-      named = name->get<std::string>();
+      named = name.get<std::string>();
     }
   }
   if (mode == "none") return std::string();
@@ -90,6 +93,8 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body, bool wi
                      "' forces a tool call, which cannot be combined with response_format"));
   }
   nlohmann::json format{{"type", "coli_tool_calls"}, {"mode", mode}, {"tools", std::move(tools)}};
+  // parallel_tool_calls: false → at most one call (exactly one under required).
+  if (body.value("parallel_tool_calls", nlohmann::json(true)) == false) format["single"] = true;
   return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
