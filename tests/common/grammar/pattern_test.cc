@@ -170,6 +170,7 @@ TEST(NumberBounds, QuartersAgreeWithArithmetic) {
       {R"("exclusiveMinimum":0,"maximum":0.0e0,"minimum":-1)", 0, 0, true, false},  // empty > 0
       {R"("minimum":-1,"maximum":-1)", -4, -4, false, false},
       {R"("maximum":2)", -1'000'000, 8, false, false},
+      {R"("exclusiveMinimum":1,"maximum":3)", 4, 12, true, false},
   };
   for (const Range& r : ranges) {
     SCOPED_TRACE(r.bounds);
