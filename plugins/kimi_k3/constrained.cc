@@ -16,39 +16,33 @@ namespace {
 
 constexpr std::string_view kToolCallsType = "coli_tool_calls";
 
-// OpenAI's function-name alphabet: nothing that XTML attribute escaping would
-// change.
-bool IsPlainToolName(const std::string &name) {
-  if (name.empty() || name.size() > 64)
-    return false;
+// OpenAI's function-name alphabet: nothing that XTML attribute escaping would change.
+bool IsPlainToolName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
   for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
-    if (!ok)
-      return false;
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    if (!ok) return false;
   }
   return true;
 }
 
-void Append(std::vector<int32_t> *out,
-            std::initializer_list<const std::vector<int32_t> *> parts) {
-  for (const std::vector<int32_t> *p : parts)
-    out->insert(out->end(), p->begin(), p->end());
+void Append(std::vector<int32_t>* out, std::initializer_list<const std::vector<int32_t>*> parts) {
+  for (const std::vector<int32_t>* p : parts) out->insert(out->end(), p->begin(), p->end());
 }
 
-} // namespace
+}  // namespace
 
 bool IsToolCallFormat(std::string_view format_json) {
   const nlohmann::json f = nlohmann::json::parse(format_json, nullptr, false);
   return f.is_object() && f.value("type", nlohmann::json()) == kToolCallsType;
 }
 
-absl::StatusOr<std::shared_ptr<const ToolCallSpec>>
-ParseToolCallSpec(std::string_view format_json) {
+absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
+    std::string_view format_json) {
   const nlohmann::json f = nlohmann::json::parse(format_json, nullptr, false);
   if (!f.is_object() || f.value("type", nlohmann::json()) != kToolCallsType) {
-    return absl::InvalidArgumentError(
-        "tool_choice: not a coli_tool_calls constraint");
+    return absl::InvalidArgumentError("tool_choice: not a coli_tool_calls constraint");
   }
   auto spec = std::make_shared<ToolCallSpec>();
   const nlohmann::json mode = f.value("mode", nlohmann::json());
@@ -57,40 +51,34 @@ ParseToolCallSpec(std::string_view format_json) {
         "tool_choice: coli_tool_calls mode must be \"required\" or \"named\"");
   }
   spec->named = mode == "named";
-  spec->single =
-      spec->named || f.value("single", nlohmann::json(false)) == true;
+  spec->single = spec->named || f.value("single", nlohmann::json(false)) == true;
   auto tools = f.find("tools");
   if (tools == f.end() || !tools->is_array() || tools->empty()) {
-    return absl::InvalidArgumentError(
-        "tools: a tool-call constraint needs at least one tool");
+    return absl::InvalidArgumentError("tools: a tool-call constraint needs at least one tool");
   }
   if (spec->named && tools->size() != 1) {
-    return absl::InvalidArgumentError(
-        "tool_choice: a named tool_choice carries exactly one tool");
+    return absl::InvalidArgumentError("tool_choice: a named tool_choice carries exactly one tool");
   }
-  for (const nlohmann::json &t : *tools) {
-    const nlohmann::json name =
-        t.is_object() ? t.value("name", nlohmann::json()) : nullptr;
+  for (const nlohmann::json& t : *tools) {
+    const nlohmann::json name = t.is_object() ? t.value("name", nlohmann::json()) : nullptr;
     if (!name.is_string() || !IsPlainToolName(name.get<std::string>())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tools: function name ",
-          name.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-          " cannot be enforced (expected 1-64 of a-z A-Z 0-9 _ - .)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools: function name ",
+                       name.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                       " cannot be enforced (expected 1-64 of a-z A-Z 0-9 _ - .)"));
     }
     const std::string n = name.get<std::string>();
-    if (std::find(spec->names.begin(), spec->names.end(), n) !=
-        spec->names.end()) {
+    if (std::find(spec->names.begin(), spec->names.end(), n) != spec->names.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("tools: function '", n, "' is declared twice"));
     }
-    const nlohmann::json params =
-        t.value("parameters", nlohmann::json{{"type", "object"}});
+    const nlohmann::json params = t.value("parameters", nlohmann::json{{"type", "object"}});
     absl::StatusOr<std::shared_ptr<const grammar::JsonConstraint>> c =
-        grammar::JsonConstraint::FromSchema(params.dump(
-            -1, ' ', false, nlohmann::json::error_handler_t::replace));
+        grammar::JsonConstraint::FromSchema(
+            params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     if (!c.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tools: function '", n, "' parameters: ", c.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools: function '", n, "' parameters: ", c.status().message()));
     }
     spec->names.push_back(n);
     spec->parameters.push_back(*std::move(c));
@@ -98,26 +86,22 @@ ParseToolCallSpec(std::string_view format_json) {
   return std::shared_ptr<const ToolCallSpec>(std::move(spec));
 }
 
-absl::StatusOr<std::unique_ptr<ConstraintVocab>>
-ConstraintVocab::Build(const tok::Tokenizer &tokenizer, int32_t vocab_size,
-                       std::span<const int32_t> stop_ids) {
+absl::StatusOr<std::unique_ptr<ConstraintVocab>> ConstraintVocab::Build(
+    const tok::Tokenizer& tokenizer, int32_t vocab_size, std::span<const int32_t> stop_ids) {
   std::unique_ptr<ConstraintVocab> v(new ConstraintVocab());
   v->bytes_.resize(static_cast<size_t>(std::max(vocab_size, 0)));
   const int32_t known = std::min(vocab_size, tokenizer.vocab_size());
   for (int32_t id = 0; id < known; ++id) {
-    if (!tokenizer.IsSpecial(id))
-      v->bytes_[id] = std::string(tokenizer.TokenBytes(id));
+    if (!tokenizer.IsSpecial(id)) v->bytes_[id] = std::string(tokenizer.TokenBytes(id));
   }
   for (int32_t id : stop_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(
-          absl::StrCat("response_format: stop token id ", id,
-                       " is outside [0, ", vocab_size, ")"));
+          absl::StrCat("response_format: stop token id ", id, " is outside [0, ", vocab_size, ")"));
     }
     v->stop_ids_.push_back(id);
   }
-  if (absl::StatusOr<StructuralIds> ids = FindStructuralIds(tokenizer);
-      ids.ok()) {
+  if (absl::StatusOr<StructuralIds> ids = FindStructuralIds(tokenizer); ids.ok()) {
     v->open_ = ids->open;
     v->close_ = ids->close;
     v->sep_ = ids->sep;
@@ -141,57 +125,48 @@ ConstraintVocab::Build(const tok::Tokenizer &tokenizer, int32_t vocab_size,
   return v;
 }
 
-AnswerConstraint::AnswerConstraint(
-    std::shared_ptr<const grammar::JsonConstraint> constraint,
-    const ConstraintVocab &vocab, bool chat)
+AnswerConstraint::AnswerConstraint(std::shared_ptr<const grammar::JsonConstraint> constraint,
+                                   const ConstraintVocab& vocab, bool chat)
     : vocab_(&vocab), matcher_(std::move(constraint)), chat_(chat) {}
 
 absl::StatusOr<AnswerConstraint> AnswerConstraint::Create(
-    std::shared_ptr<const grammar::JsonConstraint> constraint,
-    const ConstraintVocab &vocab, int32_t chat_parse_mode) {
+    std::shared_ptr<const grammar::JsonConstraint> constraint, const ConstraintVocab& vocab,
+    int32_t chat_parse_mode) {
   if (constraint == nullptr) {
-    return absl::InvalidArgumentError(
-        "response_format: no constraint to enforce");
+    return absl::InvalidArgumentError("response_format: no constraint to enforce");
   }
-  if (chat_parse_mode == 0)
-    return AnswerConstraint(std::move(constraint), vocab, false);
+  if (chat_parse_mode == 0) return AnswerConstraint(std::move(constraint), vocab, false);
   if (chat_parse_mode != kParseInThink && chat_parse_mode != kParseInResponse &&
       chat_parse_mode != kParseOutside) {
     return absl::InvalidArgumentError(
-        absl::StrCat("response_format: chat parse mode ", chat_parse_mode,
-                     " is not a K3 mode"));
+        absl::StrCat("response_format: chat parse mode ", chat_parse_mode, " is not a K3 mode"));
   }
   if (!vocab.has_structure()) {
     return absl::InvalidArgumentError(
-        "response_format: the tokenizer has no XTML tokens, so a chat answer "
-        "cannot be found");
+        "response_format: the tokenizer has no XTML tokens, so a chat answer cannot be found");
   }
-  // Without a generation prompt the model writes its message's structure
-  // itself; the constraint then covers everything it writes, as for plain text.
-  AnswerConstraint a(std::move(constraint), vocab,
-                     chat_parse_mode != kParseOutside);
-  if (chat_parse_mode == kParseInThink)
-    a.phase_ = Phase::kThink;
+  // Without a generation prompt the model writes its message's structure itself; the
+  // constraint then covers everything it writes, as for plain text.
+  AnswerConstraint a(std::move(constraint), vocab, chat_parse_mode != kParseOutside);
+  if (chat_parse_mode == kParseInThink) a.phase_ = Phase::kThink;
   return a;
 }
 
-absl::StatusOr<AnswerConstraint>
-AnswerConstraint::CreateToolCalls(std::shared_ptr<const ToolCallSpec> spec,
-                                  const ConstraintVocab &vocab,
-                                  int32_t chat_parse_mode) {
+absl::StatusOr<AnswerConstraint> AnswerConstraint::CreateToolCalls(
+    std::shared_ptr<const ToolCallSpec> spec, const ConstraintVocab& vocab,
+    int32_t chat_parse_mode) {
   if (spec == nullptr || spec->names.empty()) {
     return absl::InvalidArgumentError("tool_choice: no tool to call");
   }
   if (chat_parse_mode != kParseInThink && chat_parse_mode != kParseInResponse) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tool_choice: a forced tool call needs a chat with a generation prompt "
-        "(parse mode ",
-        chat_parse_mode, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tool_choice: a forced tool call needs a chat with a generation prompt "
+                     "(parse mode ",
+                     chat_parse_mode, ")"));
   }
   if (!vocab.has_structure()) {
     return absl::InvalidArgumentError(
-        "tool_choice: the tokenizer has no XTML tokens, so a tool call cannot "
-        "be written");
+        "tool_choice: the tokenizer has no XTML tokens, so a tool call cannot be written");
   }
   AnswerConstraint a(spec->parameters[0], vocab, true);
   a.tools_ = std::move(spec);
@@ -199,7 +174,7 @@ AnswerConstraint::CreateToolCalls(std::shared_ptr<const ToolCallSpec> spec,
     a.phase_ = Phase::kThink;
   } else {
     // The prompt opened the response: close it empty and open the tool calls.
-    const ConstraintVocab &v = vocab;
+    const ConstraintVocab& v = vocab;
     a.forced_ = {v.close_};
     Append(&a.forced_, {&v.response_});
     a.forced_.push_back(v.sep_);
@@ -219,12 +194,10 @@ void AnswerConstraint::Force(std::vector<int32_t> ids, Phase after) {
   phase_ = forced_.empty() ? after : Phase::kForced;
 }
 
-// Appends `<|open|>call tool="` to what is being forced (kept), then chooses
-// the name.
+// Appends `<|open|>call tool="` to what is being forced (kept), then chooses the name.
 void AnswerConstraint::StartCall() {
-  const ConstraintVocab &v = *vocab_;
-  std::vector<int32_t> ids(forced_.begin() +
-                               static_cast<std::ptrdiff_t>(forced_pos_),
+  const ConstraintVocab& v = *vocab_;
+  std::vector<int32_t> ids(forced_.begin() + static_cast<std::ptrdiff_t>(forced_pos_),
                            forced_.end());
   ids.push_back(v.open_);
   Append(&ids, {&v.call_, &v.tool_attr_, &v.eq_quote_});
@@ -233,12 +206,11 @@ void AnswerConstraint::StartCall() {
 }
 
 void AnswerConstraint::AfterName() {
-  const ConstraintVocab &v = *vocab_;
-  const std::string name =
-      name_.substr(0, name_.size() - 1); // without the closing quote
+  const ConstraintVocab& v = *vocab_;
+  const std::string name = name_.substr(0, name_.size() - 1);  // without the closing quote
   const auto it = std::find(tools_->names.begin(), tools_->names.end(), name);
-  matcher_ = grammar::JsonMatcher(
-      tools_->parameters[static_cast<size_t>(it - tools_->names.begin())]);
+  matcher_ =
+      grammar::JsonMatcher(tools_->parameters[static_cast<size_t>(it - tools_->names.begin())]);
   // ` index="K"<|sep|><|open|>json type="object"<|sep|>`
   std::vector<int32_t> ids;
   Append(&ids, {&v.index_attr_, &v.eq_quote_});
@@ -252,59 +224,52 @@ void AnswerConstraint::AfterName() {
   Force(std::move(ids), Phase::kArgs);
 }
 
-void AnswerConstraint::Allowed(std::vector<uint8_t> *allowed) const {
-  const ConstraintVocab &v = *vocab_;
+void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
+  const ConstraintVocab& v = *vocab_;
   const size_t n = v.bytes_.size();
   switch (phase_) {
-  case Phase::kDone:
-    allowed->assign(n, 1);
-    return;
-  case Phase::kForced:
-    allowed->assign(n, 0);
-    (*allowed)[forced_[forced_pos_]] = 1;
-    return;
-  case Phase::kThink:
-    // Free reasoning text; the only structure allowed is the <|close|> that
-    // ends it.
-    allowed->resize(n);
-    for (size_t i = 0; i < n; ++i)
-      (*allowed)[i] = v.bytes_[i].empty() ? 0 : 1;
-    (*allowed)[v.close_] = 1;
-    return;
-  case Phase::kToolName:
-    // Ordinary tokens whose bytes keep `NAME"` a prefix of an allowed name's.
-    allowed->assign(n, 0);
-    for (const std::string &name : tools_->names) {
-      const std::string cand = name + '"';
-      if (cand.size() <= name_.size() ||
-          cand.compare(0, name_.size(), name_) != 0)
-        continue;
-      const std::string_view rest = std::string_view(cand).substr(name_.size());
-      for (size_t i = 0; i < n; ++i) {
-        const std::string &b = v.bytes_[i];
-        if (!b.empty() && rest.substr(0, b.size()) == b)
-          (*allowed)[i] = 1;
-      }
-    }
-    return;
-  case Phase::kAfterCall:
-    allowed->assign(n, 0);
-    if (!tools_->single)
-      (*allowed)[v.open_] = 1; // another call
-    (*allowed)[v.close_] = 1;  // or the end of the calls
-    return;
-  case Phase::kArgs:
-    if (matcher_.MustEnd()) {
+    case Phase::kDone:
+      allowed->assign(n, 1);
+      return;
+    case Phase::kForced:
       allowed->assign(n, 0);
-    } else {
-      v.filter_->Allowed(matcher_, allowed);
-      allowed->resize(n, 0);
-    }
-    if (matcher_.CanEnd())
+      (*allowed)[forced_[forced_pos_]] = 1;
+      return;
+    case Phase::kThink:
+      // Free reasoning text; the only structure allowed is the <|close|> that ends it.
+      allowed->resize(n);
+      for (size_t i = 0; i < n; ++i) (*allowed)[i] = v.bytes_[i].empty() ? 0 : 1;
       (*allowed)[v.close_] = 1;
-    return;
-  case Phase::kAnswer:
-    break;
+      return;
+    case Phase::kToolName:
+      // Ordinary tokens whose bytes keep `NAME"` a prefix of an allowed name's.
+      allowed->assign(n, 0);
+      for (const std::string& name : tools_->names) {
+        const std::string cand = name + '"';
+        if (cand.size() <= name_.size() || cand.compare(0, name_.size(), name_) != 0) continue;
+        const std::string_view rest = std::string_view(cand).substr(name_.size());
+        for (size_t i = 0; i < n; ++i) {
+          const std::string& b = v.bytes_[i];
+          if (!b.empty() && rest.substr(0, b.size()) == b) (*allowed)[i] = 1;
+        }
+      }
+      return;
+    case Phase::kAfterCall:
+      allowed->assign(n, 0);
+      if (!tools_->single) (*allowed)[v.open_] = 1;  // another call
+      (*allowed)[v.close_] = 1;                      // or the end of the calls
+      return;
+    case Phase::kArgs:
+      if (matcher_.MustEnd()) {
+        allowed->assign(n, 0);
+      } else {
+        v.filter_->Allowed(matcher_, allowed);
+        allowed->resize(n, 0);
+      }
+      if (matcher_.CanEnd()) (*allowed)[v.close_] = 1;
+      return;
+    case Phase::kAnswer:
+      break;
   }
   if (matcher_.MustEnd()) {
     allowed->assign(n, 0);
@@ -313,10 +278,8 @@ void AnswerConstraint::Allowed(std::vector<uint8_t> *allowed) const {
     allowed->resize(n, 0);
   }
   if (matcher_.CanEnd()) {
-    for (int32_t id : v.stop_ids_)
-      (*allowed)[id] = 1;
-    if (chat_)
-      (*allowed)[v.close_] = 1;
+    for (int32_t id : v.stop_ids_) (*allowed)[id] = 1;
+    if (chat_) (*allowed)[v.close_] = 1;
   }
 }
 
@@ -325,8 +288,7 @@ absl::Status AnswerConstraint::Mask(std::span<float> logits) const {
   Allowed(&allowed);
   if (logits.size() != allowed.size()) {
     return absl::InternalError(absl::StrCat("response_format: ", logits.size(),
-                                            " logits for a vocabulary of ",
-                                            allowed.size()));
+                                            " logits for a vocabulary of ", allowed.size()));
   }
   bool any = false;
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
@@ -347,121 +309,115 @@ absl::Status AnswerConstraint::Mask(std::span<float> logits) const {
 }
 
 void AnswerConstraint::Accept(int32_t id) {
-  const ConstraintVocab &v = *vocab_;
+  const ConstraintVocab& v = *vocab_;
   if (id < 0 || id >= static_cast<int32_t>(v.bytes_.size())) {
     phase_ = Phase::kDone;
     return;
   }
-  const bool stop = std::find(v.stop_ids_.begin(), v.stop_ids_.end(), id) !=
-                    v.stop_ids_.end();
+  const bool stop = std::find(v.stop_ids_.begin(), v.stop_ids_.end(), id) != v.stop_ids_.end();
   switch (phase_) {
-  case Phase::kDone:
-    return;
-  case Phase::kForced:
-    if (id != forced_[forced_pos_]) {
-      phase_ = Phase::kDone;
+    case Phase::kDone:
       return;
-    }
-    if (++forced_pos_ == forced_.size())
-      phase_ = after_forced_;
-    return;
-  case Phase::kThink:
-    if (id == v.close_) {
-      // `think<|sep|><|open|>response<|sep|>`, then the answer.
-      forced_ = v.think_;
-      forced_.push_back(v.sep_);
-      forced_.push_back(v.open_);
-      forced_.insert(forced_.end(), v.response_.begin(), v.response_.end());
-      forced_.push_back(v.sep_);
-      forced_pos_ = 0;
-      phase_ = Phase::kForced;
-      after_forced_ = Phase::kAnswer;
-      if (tools_ != nullptr) {
-        // An empty response, then the calls:
-        // `<|close|>response<|sep|><|open|>tools<|sep|>`.
-        forced_.push_back(v.close_);
-        Append(&forced_, {&v.response_});
+    case Phase::kForced:
+      if (id != forced_[forced_pos_]) {
+        phase_ = Phase::kDone;
+        return;
+      }
+      if (++forced_pos_ == forced_.size()) phase_ = after_forced_;
+      return;
+    case Phase::kThink:
+      if (id == v.close_) {
+        // `think<|sep|><|open|>response<|sep|>`, then the answer.
+        forced_ = v.think_;
         forced_.push_back(v.sep_);
         forced_.push_back(v.open_);
-        Append(&forced_, {&v.tools_});
+        forced_.insert(forced_.end(), v.response_.begin(), v.response_.end());
         forced_.push_back(v.sep_);
-        StartCall();
+        forced_pos_ = 0;
+        phase_ = Phase::kForced;
+        after_forced_ = Phase::kAnswer;
+        if (tools_ != nullptr) {
+          // An empty response, then the calls: `<|close|>response<|sep|><|open|>tools<|sep|>`.
+          forced_.push_back(v.close_);
+          Append(&forced_, {&v.response_});
+          forced_.push_back(v.sep_);
+          forced_.push_back(v.open_);
+          Append(&forced_, {&v.tools_});
+          forced_.push_back(v.sep_);
+          StartCall();
+        }
+      } else if (v.bytes_[id].empty()) {
+        phase_ = Phase::kDone;  // not an allowed token
       }
-    } else if (v.bytes_[id].empty()) {
-      phase_ = Phase::kDone; // not an allowed token
-    }
-    return;
-  case Phase::kToolName: {
-    name_ += v.bytes_[id];
-    bool prefix = false;
-    for (const std::string &name : tools_->names) {
-      const std::string cand = name + '"';
-      if (cand == name_) {
-        AfterName();
-        return;
+      return;
+    case Phase::kToolName: {
+      name_ += v.bytes_[id];
+      bool prefix = false;
+      for (const std::string& name : tools_->names) {
+        const std::string cand = name + '"';
+        if (cand == name_) {
+          AfterName();
+          return;
+        }
+        prefix =
+            prefix || (cand.size() > name_.size() && cand.compare(0, name_.size(), name_) == 0);
       }
-      prefix = prefix || (cand.size() > name_.size() &&
-                          cand.compare(0, name_.size(), name_) == 0);
-    }
-    if (!prefix || v.bytes_[id].empty())
-      phase_ = Phase::kDone;
-    return;
-  }
-  case Phase::kArgs:
-    if (id == v.close_ && matcher_.CanEnd()) {
-      ++calls_;
-      // `json<|sep|><|close|>call<|sep|>`, then (named) the end of the message.
-      std::vector<int32_t> ids = v.json_;
-      ids.push_back(v.sep_);
-      ids.push_back(v.close_);
-      Append(&ids, {&v.call_});
-      ids.push_back(v.sep_);
-      if (!tools_->single) {
-        Force(std::move(ids), Phase::kAfterCall);
-        return;
-      }
-      ids.push_back(v.close_);
-      Append(&ids, {&v.tools_});
-      ids.push_back(v.sep_);
-      ids.push_back(v.close_);
-      Append(&ids, {&v.message_});
-      ids.push_back(v.sep_);
-      ids.push_back(v.end_of_msg_);
-      Force(std::move(ids), Phase::kDone);
+      if (!prefix || v.bytes_[id].empty()) phase_ = Phase::kDone;
       return;
     }
-    if (v.bytes_[id].empty() || !matcher_.Accept(v.bytes_[id]))
-      phase_ = Phase::kDone;
-    return;
-  case Phase::kAfterCall:
-    if (id == v.open_) {
-      std::vector<int32_t> ids;
-      Append(&ids, {&v.call_, &v.tool_attr_, &v.eq_quote_});
-      name_.clear();
-      Force(std::move(ids), Phase::kToolName);
-    } else if (id == v.close_) {
-      // `tools<|sep|><|close|>message<|sep|><|end_of_msg|>`
-      std::vector<int32_t> ids = v.tools_;
-      ids.push_back(v.sep_);
-      ids.push_back(v.close_);
-      Append(&ids, {&v.message_});
-      ids.push_back(v.sep_);
-      ids.push_back(v.end_of_msg_);
-      Force(std::move(ids), Phase::kDone);
-    } else {
-      phase_ = Phase::kDone;
-    }
-    return;
-  case Phase::kAnswer:
-    break;
+    case Phase::kArgs:
+      if (id == v.close_ && matcher_.CanEnd()) {
+        ++calls_;
+        // `json<|sep|><|close|>call<|sep|>`, then (named) the end of the message.
+        std::vector<int32_t> ids = v.json_;
+        ids.push_back(v.sep_);
+        ids.push_back(v.close_);
+        Append(&ids, {&v.call_});
+        ids.push_back(v.sep_);
+        if (!tools_->single) {
+          Force(std::move(ids), Phase::kAfterCall);
+          return;
+        }
+        ids.push_back(v.close_);
+        Append(&ids, {&v.tools_});
+        ids.push_back(v.sep_);
+        ids.push_back(v.close_);
+        Append(&ids, {&v.message_});
+        ids.push_back(v.sep_);
+        ids.push_back(v.end_of_msg_);
+        Force(std::move(ids), Phase::kDone);
+        return;
+      }
+      if (v.bytes_[id].empty() || !matcher_.Accept(v.bytes_[id])) phase_ = Phase::kDone;
+      return;
+    case Phase::kAfterCall:
+      if (id == v.open_) {
+        std::vector<int32_t> ids;
+        Append(&ids, {&v.call_, &v.tool_attr_, &v.eq_quote_});
+        name_.clear();
+        Force(std::move(ids), Phase::kToolName);
+      } else if (id == v.close_) {
+        // `tools<|sep|><|close|>message<|sep|><|end_of_msg|>`
+        std::vector<int32_t> ids = v.tools_;
+        ids.push_back(v.sep_);
+        ids.push_back(v.close_);
+        Append(&ids, {&v.message_});
+        ids.push_back(v.sep_);
+        ids.push_back(v.end_of_msg_);
+        Force(std::move(ids), Phase::kDone);
+      } else {
+        phase_ = Phase::kDone;
+      }
+      return;
+    case Phase::kAnswer:
+      break;
   }
   if (stop) {
     phase_ = Phase::kDone;
     return;
   }
   if (chat_ && id == v.close_) {
-    // The well-formed end:
-    // `response<|sep|><|close|>message<|sep|><|end_of_msg|>`.
+    // The well-formed end: `response<|sep|><|close|>message<|sep|><|end_of_msg|>`.
     forced_ = v.response_;
     forced_.push_back(v.sep_);
     forced_.push_back(v.close_);
@@ -473,8 +429,7 @@ void AnswerConstraint::Accept(int32_t id) {
     after_forced_ = Phase::kDone;
     return;
   }
-  if (v.bytes_[id].empty() || !matcher_.Accept(v.bytes_[id]))
-    phase_ = Phase::kDone;
+  if (v.bytes_[id].empty() || !matcher_.Accept(v.bytes_[id])) phase_ = Phase::kDone;
 }
 
-} // namespace coli::k3
+}  // namespace coli::k3
