@@ -96,6 +96,20 @@ test('tool_choice required with parallel_tool_calls false: exactly one valid cal
   }
 });
 
+test('responses.create with a named tool_choice: one valid function_call item', async () => {
+  const r = await client.responses.create({
+    model: modelId, input: 'Weather in Paris?', max_output_tokens: 300, temperature: 0,
+    reasoning: { effort: 'none' },
+    tools: [{ type: 'function', name: 'pick', parameters: pickParams, strict: false }],
+    tool_choice: { type: 'function', name: 'pick' },
+  });
+  const calls = r.output.filter((item) => item.type === 'function_call');
+  assert.equal(calls.length, 1, JSON.stringify(r.output));
+  assert.deepEqual(
+    problems({ type: 'function', function: { name: calls[0].name, arguments: calls[0].arguments } },
+      ['pick']), []);
+});
+
 test('tool_choice auto on the random model: no call (the checks above can fail)', async () => {
   for (const knobs of [{ temperature: 0 }, { temperature: 1, seed: 3 }]) {
     const r = await client.chat.completions.create({
