@@ -309,12 +309,12 @@ TEST_F(K3ConstrainedTest, BadFormatsAreRefusedByPathBeforeAnyWork) {
   auto session = model_->NewSession();
   ASSERT_OK(session.status());
   const std::vector<int32_t> prompt = Tokens("hi");
-  const std::string pattern =
+  const std::string unsupported =
       R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object",)"
-      R"("properties":{"a":{"type":"string","pattern":"^a+$"}}}}})";
-  EXPECT_THAT((*session)->Prefill(prompt, 0, 0, nullptr, nullptr, pattern).status(),
+      R"("properties":{"a":{"type":"integer","multipleOf":3}}}}})";
+  EXPECT_THAT((*session)->Prefill(prompt, 0, 0, nullptr, nullptr, unsupported).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("response_format.json_schema.schema.properties.a.pattern")));
+                       HasSubstr("response_format.json_schema.schema.properties.a.multipleOf")));
   EXPECT_THAT((*session)->Prefill(prompt, 0, 0, nullptr, nullptr, "{not json").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("response_format")));
   EXPECT_THAT((*session)->Prefill(prompt, 0, 0, nullptr, nullptr, R"({"type":"yaml"})").status(),

@@ -126,7 +126,10 @@ test('chat.completions json_object gives an object', async () => {
 test('responses.create text.format json_schema validates', async () => {
   for (const knobs of [{ temperature: 0 }, { temperature: 1 }]) {
     const r = await client.responses.create({
-      model: modelId, input: 'Describe a thing.', max_output_tokens: 800, ...knobs,
+      // Thinking off (the chat tests cover it): an unseeded temperature-1 reasoning could outrun
+      // any budget; the bounded answer itself fits 2000 tokens whatever its whitespace.
+      model: modelId, input: 'Describe a thing.', max_output_tokens: 2000, ...knobs,
+      reasoning: { effort: 'none' },
       text: { format: { type: 'json_schema', name: 'thing', strict: true, schema } },
     });
     assert.equal(r.status, 'completed');
@@ -135,13 +138,13 @@ test('responses.create text.format json_schema validates', async () => {
 });
 
 test('an unsupported schema is a 400 naming response_format (chat) / text.format (responses)', async () => {
-  const bad = { type: 'object', properties: { a: { type: 'string', pattern: '^a+$' } } };
+  const bad = { type: 'object', properties: { a: { type: 'integer', multipleOf: 3 } } };
   await assert.rejects(
     client.chat.completions.create({
       model: modelId, messages, max_tokens: 5,
       response_format: { type: 'json_schema', json_schema: { name: 'x', schema: bad } },
     }),
-    (e) => e.status === 400 && e.param === 'response_format' && /properties\.a\.pattern/.test(e.message),
+    (e) => e.status === 400 && e.param === 'response_format' && /properties\.a\.multipleOf/.test(e.message),
   );
   await assert.rejects(
     client.chat.completions.create({
@@ -155,6 +158,6 @@ test('an unsupported schema is a 400 naming response_format (chat) / text.format
       model: modelId, input: 'x', max_output_tokens: 5,
       text: { format: { type: 'json_schema', name: 'x', schema: bad } },
     }),
-    (e) => e.status === 400 && e.param === 'text.format' && /pattern/.test(e.message),
+    (e) => e.status === 400 && e.param === 'text.format' && /multipleOf/.test(e.message),
   );
 });
