@@ -1,6 +1,7 @@
 #include "host/engine.h"
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <thread>
@@ -57,9 +58,8 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body, bool wi
   }
   if (mode == "none") return std::string();
   if ((mode == "required" || mode == "named") && !has_tools) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tool_choice: '", mode == "named" ? named : mode,
-                     "' needs the request's tools, and it has none"));
+    return absl::InvalidArgumentError(absl::StrCat("tool_choice: '", mode == "named" ? named : mode,
+                                                   "' needs the request's tools, and it has none"));
   }
   if (!has_tools) return std::string();
   nlohmann::json tools = nlohmann::json::array();
@@ -76,14 +76,13 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body, bool wi
     if (mode == "named" && *name != named) continue;
     nlohmann::json entry{{"name", *name}, {"strict", strict}};
     auto params = fn->find("parameters");
-    entry["parameters"] = params == fn->end() || params->is_null()
-                              ? nlohmann::json{{"type", "object"}}
-                              : *params;
+    entry["parameters"] =
+        params == fn->end() || params->is_null() ? nlohmann::json{{"type", "object"}} : *params;
     tools.push_back(std::move(entry));
   }
   if (mode == "named" && tools.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tool_choice.function.name: '", named, "' is not one of the request's tools"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tool_choice.function.name: '", named, "' is not one of the request's tools"));
   }
   // Strict tools under auto are not enforced yet (docs/status/constrained.md, Missing).
   if (mode == "auto") return std::string();
@@ -471,7 +470,8 @@ void Engine::WorkerLoop() {
     if (!job) return;
     ++counters_.active;
     lock.unlock();
-    Run(*job);
+    v1::Finished finished;
+    const absl::Status status = Run(*job, &finished);
     lock.lock();
     --counters_.active;
     if (job->slot != nullptr) {
@@ -479,21 +479,30 @@ void Engine::WorkerLoop() {
       --job->model->active;
     }
     cv_.notify_all();
+    lock.unlock();
+    Finish(*job->request, status, finished);
+    lock.lock();
   }
 }
 
-void Engine::Run(Job& job) {
+absl::Status Engine::Run(Job& job, v1::Finished* finished) {
   Request& request = *job.request;
-  v1::Finished finished;
   absl::Status status = request.CancelStatus();
   if (status.ok() && job.slot == nullptr) {
     status = absl::NotFoundError(absl::StrCat("model '", request.input_.model, "' is not loaded"));
   }
   if (status.ok()) {
-    finished.mutable_stats()->set_queue_seconds(Seconds(Clock::now() - request.accepted_));
-    status = Generate(request, *job.model, *job.slot, &finished);
+    finished->mutable_stats()->set_queue_seconds(Seconds(Clock::now() - request.accepted_));
+    // A bug that throws (a JSON accessor, an allocation) fails this request, never the host:
+    // an exception leaving a worker thread would terminate the process and every stream.
+    try {
+      status = Generate(request, *job.model, *job.slot, finished);
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat("generation failed: ", e.what()));
+      COLI_LOG(kError) << "request '" << request.id_ << "': " << status;
+    }
   }
-  Finish(request, status, finished);
+  return status;
 }
 
 absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot& slot,

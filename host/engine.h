@@ -195,7 +195,9 @@ class Engine {
   absl::StatusOr<std::shared_ptr<LoadedModel>> FindModel(const std::string& id) const;
   void WorkerLoop();
   std::optional<Job> PopRunnableLocked();
-  void Run(Job& job);
+  // Runs the job; the caller frees its session slot, then reports the end (Finish), so a client
+  // that sends its next turn the moment this one ends finds the slot free (prefix reuse).
+  absl::Status Run(Job& job, v1::Finished* finished);
   absl::Status Generate(Request& request, LoadedModel& model, SessionSlot& slot,
                         v1::Finished* finished);
   // The request's next decode step, batched with other requests of the model when

@@ -436,9 +436,8 @@ TEST_F(HostBatchedTest, EchoFailingRowFailsOnlyItsRequest) {
     (*load.mutable_options()->mutable_extra())["delay_ms"] = "2";
     (*load.mutable_options()->mutable_extra())["fail_feed"] = "!";
     EXPECT_TRUE(engine.LoadModel(load, nullptr).ok());
-    std::vector<Spec> specs = {{"a", "sa", "abcdefghijkl"},
-                               {"b", "sb", "xyz!uvw"},
-                               {"c", "sc", "0123456789"}};
+    std::vector<Spec> specs = {
+        {"a", "sa", "abcdefghijkl"}, {"b", "sb", "xyz!uvw"}, {"c", "sc", "0123456789"}};
     return RunAll(engine, specs);
   };
   std::vector<Out> ref;
@@ -454,6 +453,68 @@ TEST_F(HostBatchedTest, EchoFailingRowFailsOnlyItsRequest) {
   EXPECT_EQ(outs[1].status.code(), absl::StatusCode::kDataLoss) << outs[1].status;
   EXPECT_THAT(outs[1].status.message(), ::testing::HasSubstr("fail_feed"));
   EXPECT_EQ(outs[1].ids, (std::vector<int32_t>{'x', 'y', 'z', '!'}));
+}
+
+// A client that sends its next turn the moment the last one ends (an agent; here: from inside
+// on_done) finds its pooled session free: the engine frees the slot before it reports the end.
+// Before, the slot was freed after on_done, so the next turn took "default#1", a fresh session,
+// and re-prefilled everything (on K3 minutes of prompt) — a race the loaded CI box lost.
+TEST_F(HostBatchedTest, NextTurnSentFromOnDoneReusesThePooledSession) {
+  auto engine = MakeEngine(/*workers=*/4, /*max_batch=*/8, /*decode_delay_ms=*/0);
+  auto prompt = engine->Tokenize("k3", "The quick brown fox jumps over the lazy dog.", false);
+  ASSERT_OK(prompt.status());
+  std::mutex mu;
+  std::condition_variable cv;
+  Out first, second;
+  auto submit = [&](std::vector<int32_t> ids, Out* out, std::function<void()> then) {
+    GenerationInput in;
+    in.model = "k3";
+    in.prompt_ids = std::move(ids);
+    in.max_tokens = 4;
+    EventSink sink;
+    sink.on_token = [&mu, &cv, out](const v1::Token& t, std::span<const v1::ChatDelta>) {
+      std::lock_guard<std::mutex> lock(mu);
+      out->ids.push_back(t.id());
+      cv.notify_all();
+    };
+    sink.on_done = [&mu, &cv, out, then](const absl::Status& st, const v1::Finished& f) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        out->status = st;
+        out->finished = f;
+      }
+      if (then) then();  // before `done`: the next turn is in the queue when the test reads it
+      std::lock_guard<std::mutex> lock(mu);
+      out->done = true;
+      cv.notify_all();
+    };
+    ASSERT_OK(engine->Submit(std::move(in), std::move(sink)).status());
+  };
+  submit(*prompt, &first, [&] {
+    // The record is the prompt and every sampled token but the last (not fed yet); send it back
+    // with the last one and one more, as a chat client's next turn would.
+    std::vector<int32_t> next = *prompt;
+    std::vector<int32_t> reply;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      reply = first.ids;
+    }
+    next.insert(next.end(), reply.begin(), reply.end());
+    next.push_back(reply.front());
+    submit(std::move(next), &second, nullptr);
+    // Still inside on_done: wait until the next turn is running, so the test does not depend on
+    // which of the engine's threads picks it up first (an engine that frees the slot only after
+    // on_done fails this every time).
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !second.ids.empty() || second.done; });
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return first.done && second.done; });
+  ASSERT_OK(first.status);
+  ASSERT_OK(second.status);
+  ASSERT_EQ(first.ids.size(), 4u);
+  EXPECT_EQ(second.finished.usage().tokens_reused(),
+            static_cast<int64_t>(prompt->size() + first.ids.size() - 1));
 }
 
 }  // namespace
