@@ -95,31 +95,8 @@ struct Output {
   bool end_of_message = false;
 };
 
-// The plugin is loaded by PluginAbiTest (once per suite); the model here is opened through the
-// host's wrapper so requests go through host::Session like the engine's.
-class K3ConstrainedTest : public k3::abi_test::PluginAbiTest {
+class K3ConstrainedTest : public k3::abi_test::TinyHostModelTest {
  protected:
-  static void SetUpTestSuite() {
-    PluginAbiTest::SetUpTestSuite();
-    ASSERT_NE(plugin_, nullptr);
-    // One thread: the tiny model's passes are too small to share, and OpenMP's spinning on a
-    // loaded 2-core CI machine costs more than it saves.
-    host::ModelOptions options;
-    options.fields.threads = 1;
-    auto model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
-    ASSERT_OK(model.status());
-    model_ = std::move(model).value().release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-    PluginAbiTest::TearDownTestSuite();
-  }
-  void SetUp() override {
-    PluginAbiTest::SetUp();
-    ASSERT_NE(model_, nullptr);
-  }
-
   static std::vector<int32_t> Tokens(const std::string& text) {
     auto ids = model_->Tokenize(text, false);
     EXPECT_OK(ids.status());
@@ -178,8 +155,6 @@ class K3ConstrainedTest : public k3::abi_test::PluginAbiTest {
     const std::vector<int32_t>& stops = model_->info().stop_ids;
     return std::find(stops.begin(), stops.end(), id) != stops.end();
   }
-
-  static inline host::Model* model_ = nullptr;
 };
 
 const host::Sampling kGreedy = {.logprobs = 2};

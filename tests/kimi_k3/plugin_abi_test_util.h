@@ -63,8 +63,8 @@ inline void ExpectSameOuts(const std::vector<Out>& got, const std::vector<Out>& 
     EXPECT_EQ(got[t].token, want[t].token);
     EXPECT_EQ(got[t].finish, want[t].finish);
     EXPECT_EQ(got[t].text, want[t].text);
-    EXPECT_TRUE(SameBits(got[t].logprob, want[t].logprob)) << got[t].logprob << " vs "
-                                                           << want[t].logprob;
+    EXPECT_TRUE(SameBits(got[t].logprob, want[t].logprob))
+        << got[t].logprob << " vs " << want[t].logprob;
     ASSERT_EQ(got[t].top.size(), want[t].top.size());
     for (size_t k = 0; k < got[t].top.size(); ++k) {
       EXPECT_EQ(got[t].top[k].id, want[t].top[k].id);
@@ -234,6 +234,34 @@ class PluginAbiTest : public ::testing::Test {
   static inline host::Plugin* plugin_ = nullptr;
   std::vector<coli_model_t*> models_;
   std::vector<coli_session_t*> sessions_;
+};
+
+// PluginAbiTest with the tiny model opened once per suite through the host's wrapper
+// (host::Model), so requests go through host::Session like the engine's. One thread: the tiny
+// model's passes are too small to share, and OpenMP's spinning on a loaded 2-core CI machine
+// costs more than it saves.
+class TinyHostModelTest : public PluginAbiTest {
+ protected:
+  static void SetUpTestSuite() {
+    PluginAbiTest::SetUpTestSuite();
+    ASSERT_NE(plugin_, nullptr);
+    host::ModelOptions options;
+    options.fields.threads = 1;
+    auto model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
+    ASSERT_OK(model.status());
+    model_ = std::move(model).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+    PluginAbiTest::TearDownTestSuite();
+  }
+  void SetUp() override {
+    PluginAbiTest::SetUp();
+    ASSERT_NE(model_, nullptr);
+  }
+
+  static inline host::Model* model_ = nullptr;
 };
 
 }  // namespace coli::k3::abi_test

@@ -89,27 +89,8 @@ struct Output {
   bool end_of_message = false;
 };
 
-class K3ToolChoiceTest : public k3::abi_test::PluginAbiTest {
+class K3ToolChoiceTest : public k3::abi_test::TinyHostModelTest {
  protected:
-  static void SetUpTestSuite() {
-    PluginAbiTest::SetUpTestSuite();
-    ASSERT_NE(plugin_, nullptr);
-    host::ModelOptions options;
-    options.fields.threads = 1;
-    auto model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
-    ASSERT_OK(model.status());
-    model_ = std::move(model).value().release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    model_ = nullptr;
-    PluginAbiTest::TearDownTestSuite();
-  }
-  void SetUp() override {
-    PluginAbiTest::SetUp();
-    ASSERT_NE(model_, nullptr);
-  }
-
   // A chat with both tools offered and `tool_choice` in the body (rendered by the plugin's
   // template), generated under `format` ("" = none).
   static Output Chat(const Json& tool_choice, const std::string& format, bool thinking,
@@ -154,8 +135,6 @@ class K3ToolChoiceTest : public k3::abi_test::PluginAbiTest {
     }
     return k;
   }
-
-  static inline host::Model* model_ = nullptr;
 };
 
 const Json kNamedPick = {{"type", "function"}, {"function", {{"name", "pick"}}}};
