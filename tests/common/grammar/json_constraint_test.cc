@@ -12,6 +12,7 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/grammar/grammar_test_util.h"
 
 namespace coli::grammar {
 namespace {
@@ -19,17 +20,8 @@ namespace {
 using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::shared_ptr<const JsonConstraint> Schema(const std::string& s) {
-  auto c = JsonConstraint::FromSchema(s);
-  EXPECT_TRUE(c.ok()) << c.status() << " for " << s;
-  return c.ok() ? *c : nullptr;
-}
-
-// Whether the whole of `doc` is accepted and may end there.
-bool Complete(const std::shared_ptr<const JsonConstraint>& c, std::string_view doc) {
-  JsonMatcher m(c);
-  return m.Accept(doc) && m.CanEnd();
-}
+using test_util::Complete;
+using test_util::Schema;
 
 TEST(JsonMatcher, ObjectPropertiesInOrderRequiredAndOptional) {
   auto c = Schema(R"({"type":"object","properties":{"a":{"type":"integer"},

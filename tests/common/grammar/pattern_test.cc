@@ -10,6 +10,7 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/grammar/grammar_test_util.h"
 
 namespace coli::grammar {
 namespace {
@@ -17,16 +18,8 @@ namespace {
 using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::shared_ptr<const JsonConstraint> Schema(const std::string& s) {
-  auto c = JsonConstraint::FromSchema(s);
-  EXPECT_TRUE(c.ok()) << c.status() << " for " << s;
-  return c.ok() ? *c : nullptr;
-}
-
-bool Complete(const std::shared_ptr<const JsonConstraint>& c, std::string_view doc) {
-  JsonMatcher m(c);
-  return m.Accept(doc) && m.CanEnd();
-}
+using test_util::Complete;
+using test_util::Schema;
 
 // Whether the JSON string `value` (already quoted / escaped) is a complete document.
 bool StringOk(const std::string& pattern_schema, const std::string& value) {
@@ -84,7 +77,9 @@ TEST(Pattern, EveryPrefixCanCompleteWithinMaxLength) {
 }
 
 TEST(Format, BuiltInPatterns) {
-  auto fmt = [](const char* f) { return Schema(absl::StrCat(R"({"type":"string","format":")", f, "\"}")); };
+  auto fmt = [](const char* f) {
+    return Schema(absl::StrCat(R"({"type":"string","format":")", f, "\"}"));
+  };
   auto date = fmt("date");
   EXPECT_TRUE(Complete(date, R"("2024-02-29")"));
   EXPECT_FALSE(Complete(date, R"("2023-02-29")"));  // not a leap year
@@ -137,7 +132,8 @@ TEST(IntegerBounds, EveryIntegerOfAWindowAgreesWithArithmetic) {
     SCOPED_TRACE(r.bounds);
     auto c = Schema(absl::StrCat(R"({"type":"integer",)", r.bounds, "}"));
     // Inside an array too (the number ends lazily, at the ',' / ']').
-    auto arr = Schema(absl::StrCat(R"({"type":"array","items":{"type":"integer",)", r.bounds, "}}"));
+    auto arr =
+        Schema(absl::StrCat(R"({"type":"array","items":{"type":"integer",)", r.bounds, "}}"));
     for (long v = -1500; v <= 1500; ++v) {
       const bool in = v >= r.lo && v <= r.hi;
       ASSERT_EQ(Complete(c, std::to_string(v)), in) << v;
@@ -204,15 +200,18 @@ TEST(PatternFormatBounds, RefusalsNameThePath) {
       {R"j({"type":"string","pattern":"(?<n>a)"})j", "schema.pattern: a group '(?'"},
       {R"j({"type":"string","pattern":"\\bword"})j", "schema.pattern: the escape \\b"},
       {R"j({"type":"string","pattern":"caf\u00e9"})j", "schema.pattern: a non-ASCII character"},
-      {R"j({"type":"string","pattern":"a{3,2}"})j", "schema.pattern: a quantifier {m,n} with n < m"},
+      {R"j({"type":"string","pattern":"a{3,2}"})j",
+       "schema.pattern: a quantifier {m,n} with n < m"},
       {R"j({"type":"string","pattern":"(ab"})j", "schema.pattern: an unterminated group"},
       {R"j({"type":"string","pattern":"[]"})j", "schema.pattern: an empty class"},
       {R"j({"type":"string","pattern":"^\"$"})j", "schema.pattern: no string matches"},
       {R"j({"type":"string","pattern":"a$b"})j", "schema.pattern: no string matches"},
-      {R"j({"type":"string","pattern":"a","minLength":2})j", "schema.minLength: not supported beside"},
+      {R"j({"type":"string","pattern":"a","minLength":2})j",
+       "schema.minLength: not supported beside"},
       {R"j({"type":"string","pattern":"^abc$","maxLength":2})j", "schema.maxLength: shorter than"},
       {R"j({"type":"string","pattern":1})j", "schema.pattern: expected a string"},
-      {R"j({"type":"string","format":"date","pattern":"a"})j", "schema.pattern: not supported beside"},
+      {R"j({"type":"string","format":"date","pattern":"a"})j",
+       "schema.pattern: not supported beside"},
       {R"j({"type":"integer","minimum":5,"maximum":4})j", "schema: no integer satisfies"},
       {R"j({"type":"integer","exclusiveMinimum":4,"exclusiveMaximum":5})j", "schema: no integer"},
       {R"j({"type":"integer","minimum":"3"})j", "schema.minimum: expected a number"},

@@ -212,8 +212,9 @@ TEST(JsonMatcherReference, WalksValidateAndReferenceDocumentsMatch) {
         {"name", k.name},
         {"schema", nlohmann::ordered_json::parse(k.schema)},
         {"walks", walks},
-        {"unescaped_only", std::string_view(k.schema).find("\"pattern\"") != std::string::npos ||
-                               std::string_view(k.schema).find("\"format\"") != std::string::npos}});
+        {"unescaped_only",
+         std::string_view(k.schema).find("\"pattern\"") != std::string::npos ||
+             std::string_view(k.schema).find("\"format\"") != std::string::npos}});
   }
   const nlohmann::json out = RunReference(input);
   ASSERT_TRUE(out.is_object() && out.contains("cases")) << "reference failed";
