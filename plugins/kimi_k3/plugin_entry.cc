@@ -98,6 +98,9 @@ struct K3Model {
   int32_t end_of_msg = -1;     // XTML message end (checkpoint placement); -1 if absent
   int checkpoint_slots = 0;    // COLI_K3_CKPT: per session
   std::string checkpoint_dir;  // COLI_K3_CKPT_DIR: parked there instead of in RAM
+  // Bytes the checkpoint caches of all this model's sessions hold now (a model stat: a current
+  // value, which session_stats must not report since the host sums those as counters).
+  std::atomic<int64_t> checkpoint_bytes{0};
   // The Vulkan expert tier (vk_tier.h): its switches as the client sent them, the tier (owned
   // by `model`; null unless COLI_VULKAN=1 / K3_VK=1) and its counters at the last take.
   VkSwitches vk_switches;
@@ -159,10 +162,49 @@ class ForwardLock {
   std::unique_lock<std::mutex> lock_;
 };
 
+// One session's share of a model-wide byte gauge: Set() moves the total by the change, and the
+// share leaves the total when the session is reset or destroyed.
+class GaugeShare {
+ public:
+  GaugeShare() = default;
+  GaugeShare(GaugeShare&& o) noexcept : total_(o.total_), counted_(o.counted_) {
+    o.total_ = nullptr;
+    o.counted_ = 0;
+  }
+  GaugeShare& operator=(GaugeShare&& o) noexcept {
+    if (this != &o) {
+      Release();
+      total_ = o.total_;
+      counted_ = o.counted_;
+      o.total_ = nullptr;
+      o.counted_ = 0;
+    }
+    return *this;
+  }
+  ~GaugeShare() { Release(); }
+
+  void Set(std::atomic<int64_t>* total, int64_t now) {
+    if (total_ != total) Release();
+    total_ = total;
+    *total_ += now - counted_;
+    counted_ = now;
+  }
+
+ private:
+  void Release() {
+    if (total_ != nullptr) *total_ -= counted_;
+    total_ = nullptr;
+    counted_ = 0;
+  }
+  std::atomic<int64_t>* total_ = nullptr;
+  int64_t counted_ = 0;
+};
+
 struct K3Session {
   K3Model* m = nullptr;
   std::unique_ptr<Session> session;
   std::unique_ptr<CheckpointCache> checkpoints;
+  GaugeShare checkpoint_share;        // this session's part of K3Model::checkpoint_bytes
   SpecDecoder spec;                   // verified tokens not yet handed out (option "spec")
   DraftBudget spec_budget;            // how long the next draft is (adapts to acceptance)
   std::vector<int32_t> spec_context;  // scratch: the record + the pending token
@@ -865,6 +907,10 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
         }
       }
     }
+    if (s->checkpoints != nullptr) {
+      s->checkpoint_share.Set(&s->m->checkpoint_bytes,
+                              static_cast<int64_t>(s->checkpoints->bytes()));
+    }
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - locked_at).count();
     TakeExpertStats(s);
     held.reset();
@@ -1207,13 +1253,31 @@ absl::Status Decode(std::span<coli_decode_row_t> rows) {
 }
 
 const char* const kStatNames[] = {
-    "prompt_tokens",    "tokens_reused",       "tokens_computed",      "tokens_generated",
-    "compute_seconds",  "expert_hits",         "expert_misses",        "bytes_read",
-    "read_seconds",     "expert_wait_seconds", "checkpoint_restores",  "checkpoint_tokens_restored",
-    "checkpoint_bytes", "batched_steps",       "batched_rows",         "decode_passes",
-    "spec_drafts",      "spec_draft_tokens",   "spec_accepted_tokens", "spec_tokens_from_buffer",
-    "spec_rejections",  "spec_replays",        "spec_rewinds",         "mixed_passes",
-    "mixed_rows",       "decode_rides",
+    "prompt_tokens",
+    "tokens_reused",
+    "tokens_computed",
+    "tokens_generated",
+    "compute_seconds",
+    "expert_hits",
+    "expert_misses",
+    "bytes_read",
+    "read_seconds",
+    "expert_wait_seconds",
+    "checkpoint_restores",
+    "checkpoint_tokens_restored",
+    "batched_steps",
+    "batched_rows",
+    "decode_passes",
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_tokens_from_buffer",
+    "spec_rejections",
+    "spec_replays",
+    "spec_rewinds",
+    "mixed_passes",
+    "mixed_rows",
+    "decode_rides",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -1230,7 +1294,6 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.experts.wait_seconds,
                            s.checkpoint_restores,
                            s.checkpoint_tokens,
-                           s.checkpoints ? static_cast<double>(s.checkpoints->bytes()) : 0.0,
                            s.batched_steps,
                            s.batched_rows,
                            s.decode_passes,
@@ -1245,23 +1308,12 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.mixed_rows,
                            s.decode_rides};
   std::vector<coli_stat_t> out = abi::NamedStats(kStatNames, values);
-  // The Vulkan tier and shared experts: counters attributed to this session; resident experts,
-  // matrices and their bytes are the model's now (0 without the device).
-  static const char* const kVkNames[] = {
-      "vk_matmuls",     "vk_tier_resident",   "vk_tier_bytes",
-      "vk_tier_hits",   "vk_tier_promotions", "vk_tier_evictions",
-      "vk_dense_calls", "vk_dense_matrices",  "vk_dense_bytes"};
-  VkTierStats now;
-  if (s.m->vk_tier != nullptr) now = s.m->vk_tier->Stats();
-  const double vk_values[] = {s.vk_matmuls,
-                              static_cast<double>(now.resident),
-                              static_cast<double>(now.bytes),
-                              s.vk_hits,
-                              s.vk_promotions,
-                              s.vk_evictions,
-                              s.vk_dense_calls,
-                              static_cast<double>(now.dense.matrices),
-                              static_cast<double>(now.dense.bytes)};
+  // The Vulkan tier and shared experts: counters attributed to this session (what is resident
+  // now, a current value, is the model's: ModelStats).
+  static const char* const kVkNames[] = {"vk_matmuls", "vk_tier_hits", "vk_tier_promotions",
+                                         "vk_tier_evictions", "vk_dense_calls"};
+  const double vk_values[] = {s.vk_matmuls, s.vk_hits, s.vk_promotions, s.vk_evictions,
+                              s.vk_dense_calls};
   for (const coli_stat_t& stat : abi::NamedStats(kVkNames, vk_values)) out.push_back(stat);
   return out;
 }
@@ -1270,7 +1322,8 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
 const char* const kModelStatNames[] = {
     "weights_resident_bytes", "weights_mapped_bytes", "expert_cache_bytes", "vk_tier_resident",
     "vk_tier_bytes",          "vk_tier_slots",        "vk_dense_matrices",  "vk_dense_bytes",
-    "mix_queued_rows",  // decode rows waiting now for a running prefill's next chunk pass
+    "mix_queued_rows",   // decode rows waiting now for a running prefill's next chunk pass
+    "checkpoint_bytes",  // held by the checkpoint caches of all the model's sessions
 };
 
 std::vector<coli_stat_t> ModelStats(const K3Model& m) {
@@ -1291,7 +1344,8 @@ std::vector<coli_stat_t> ModelStats(const K3Model& m) {
       static_cast<double>(vk.slots),
       static_cast<double>(vk.dense.matrices),
       static_cast<double>(vk.dense.bytes),
-      static_cast<double>(queued)};
+      static_cast<double>(queued),
+      static_cast<double>(m.checkpoint_bytes.load())};
   return abi::NamedStats(kModelStatNames, values);
 }
 

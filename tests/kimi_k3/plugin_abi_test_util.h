@@ -220,6 +220,16 @@ class PluginAbiTest : public ::testing::Test {
     for (size_t i = 0; i < std::min<size_t>(count, 128); ++i) out[stats[i].name] = stats[i].value;
     return out;
   }
+  // The model's current values (ABI 1.2 model_stats).
+  static std::map<std::string, double> ModelStats(coli_model_t* m) {
+    coli_stat_t stats[128];
+    size_t count = 0;
+    Error err;
+    EXPECT_OK(err.Status(api().model_stats(m, stats, 128, &count, &err.e)));
+    std::map<std::string, double> out;
+    for (size_t i = 0; i < std::min<size_t>(count, 128); ++i) out[stats[i].name] = stats[i].value;
+    return out;
+  }
   static std::vector<int32_t> Record(coli_session_t* s) {
     std::vector<int32_t> ids(1 << 14);
     auto out = abi::Init<coli_token_buffer_t>();

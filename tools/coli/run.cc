@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -334,18 +335,29 @@ int RunCommand(int argc, char** argv) {
                  stat("spec_accepted_tokens"), stat("spec_tokens_from_buffer"),
                  stat("spec_rejections"), stat("spec_replays"));
   }
-  if (stat("vk_matmuls") > 0 || stat("vk_tier_resident") > 0) {
+  // What the Vulkan tier holds now is the model's current value (model stats), not the request's.
+  std::map<std::string, double> resident;
+  if (stat("vk_matmuls") > 0) {
+    if (absl::StatusOr<v1::MetricsResponse> metrics = c.Metrics(); metrics.ok()) {
+      for (const v1::ModelStat& ms : metrics->model_stats()) {
+        if (ms.model() == model->id()) resident[ms.name()] = ms.value();
+      }
+    }
+  }
+  if (stat("vk_matmuls") > 0) {
     std::fprintf(stderr,
                  "coli run: [VK] %.0f matmuls on the GPU, tier %.0f experts resident (%.1f MB), "
                  "%.0f hits, %.0f promotions, %.0f evictions\n",
-                 stat("vk_matmuls"), stat("vk_tier_resident"), stat("vk_tier_bytes") / 1e6,
-                 stat("vk_tier_hits"), stat("vk_tier_promotions"), stat("vk_tier_evictions"));
+                 stat("vk_matmuls"), resident["vk_tier_resident"],
+                 resident["vk_tier_bytes"] / 1e6, stat("vk_tier_hits"), stat("vk_tier_promotions"),
+                 stat("vk_tier_evictions"));
   }
-  if (stat("vk_dense_calls") > 0 || stat("vk_dense_matrices") > 0) {  // COLI_VK_DENSE
+  if (stat("vk_dense_calls") > 0) {  // COLI_VK_DENSE
     std::fprintf(stderr,
                  "coli run: [VK] shared experts: %.0f blocks on the GPU, %.0f matrices resident "
                  "(%.1f MB)\n",
-                 stat("vk_dense_calls"), stat("vk_dense_matrices"), stat("vk_dense_bytes") / 1e6);
+                 stat("vk_dense_calls"), resident["vk_dense_matrices"],
+                 resident["vk_dense_bytes"] / 1e6);
   }
   return 0;
 }
