@@ -167,7 +167,6 @@ TEST(ResponsesRequest, RefusalsNameTheField) {
       {R"({"input": "x", "conversation": "c"})", "conversation"},
       {R"({"input": "x", "background": "yes"})", "background"},
       {R"({"input": "x", "background": true, "store": false})", "background"},
-      {R"({"input": "x", "background": true, "stream": true})", "stream"},
       {R"({"input": "x", "include": ["reasoning.encrypted_content"]})", "include"},
       {R"({"input": "x", "include": "message.output_text.logprobs"})", "include"},
       {R"({"input": "x", "include": [7]})", "include"},
@@ -291,11 +290,15 @@ TEST(ResponsesRequest, LogprobsMapToTheChatFields) {
   }
 }
 
-TEST(ResponsesRequest, BackgroundIsStoredAndNotStreamed) {
+TEST(ResponsesRequest, BackgroundIsStoredAndMayStream) {
   ResponsesRequest r = Parse(J(R"({"input": "x", "background": true})"));
   EXPECT_TRUE(r.background);
   EXPECT_TRUE(r.store);
+  EXPECT_FALSE(r.fields.stream);
   EXPECT_EQ(NewResponseObject(r, "m", 0)["background"], true);
+  r = Parse(J(R"({"input": "x", "background": true, "stream": true})"));
+  EXPECT_TRUE(r.background);
+  EXPECT_TRUE(r.fields.stream);
   EXPECT_FALSE(Parse(J(R"({"input": "x", "background": false, "stream": true})")).background);
   // A response that has not finished (or was cancelled) cannot be continued.
   ResponseStore store;

@@ -9,7 +9,9 @@
 // stream=true), POST /v1/responses (OpenAI's Responses API over the chat path, see
 // serve_responses.h; GET/DELETE /v1/responses/ID, GET /v1/responses/ID/input_items,
 // POST /v1/responses/ID/cancel, POST /v1/responses/input_tokens; `background: true` runs at most
-// --max-background responses at once, cancelled and joined when the server stops),
+// --max-background responses at once, cancelled and joined when the server stops; with
+// `stream: true` too its events are kept and GET /v1/responses/ID?stream=true&starting_after=N
+// replays and follows them),
 // POST /tokenize, /detokenize, /apply-template,
 // GET /health, GET /metrics (Prometheus). Errors use OpenAI's error object and name the field.
 // Loopback only unless --host names another address, which then requires --api-key (bearer).
@@ -122,8 +124,14 @@ class Gateway {
   }
 
   void Register(httplib::Server* server);
-  // Cancels the background responses and joins their threads (before the host goes away).
-  void Shutdown() { background_.Shutdown(); }
+  // Ends every stream at its next token or event (their clients are treated as gone), cancels
+  // the background responses and joins their threads (which ends the streams that follow
+  // them). Called when the server is told to stop, before the HTTP server waits for its
+  // handlers, and again after (a no-op then); the host is still up.
+  void Shutdown() {
+    stopping_ = true;
+    background_.Shutdown();
+  }
 
  private:
   using Req = httplib::Request;
@@ -162,7 +170,11 @@ class Gateway {
   std::optional<ResponsesRequest> ResponsesBody(const Req& req, Res& res);
   // background: true — stores `object` as queued and generates it on a BackgroundJobs thread
   // (429 when --max-background are running).
+  // With stream: true the reply is the response's event stream (FollowEvents from the start).
   void StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r, Json object, Res& res);
+  // Answers with the events of `events` after sequence number `after` (-1: all), live ones
+  // included, until the log closes or the client goes away (the response itself goes on).
+  void FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events, int64_t after);
   void Tokenize(const Req& req, Res& res);
   void Detokenize(const Req& req, Res& res);
   void ApplyTemplate(const Req& req, Res& res);
@@ -289,7 +301,8 @@ class Gateway {
   std::map<int, uint64_t> http_by_status_;
   std::atomic<int> streams_active_{0};
   std::atomic<uint64_t> disconnects_{0};
-  ResponseStore responses_;  // stored /v1/responses results (previous_response_id, GET)
+  std::atomic<bool> stopping_{false};  // Shutdown has begun: streams end
+  ResponseStore responses_;            // stored /v1/responses results (previous_response_id, GET)
   // Last: destroyed first, so its threads are joined while everything they use still exists.
   BackgroundJobs background_;
 };
@@ -631,11 +644,11 @@ void Gateway::StreamSse(Res& res, Json header, bool include_usage,
         SseSink sse;
         sse.header = header;
         sse.include_usage = include_usage;
-        sse.send = [&sink](const Json& j) {
+        sse.send = [this, &sink](const Json& j) {
           const std::string frame = "data: " + Dump(j) + "\n\n";
-          return sink.is_writable() && sink.write(frame.data(), frame.size());
+          return !stopping_ && sink.is_writable() && sink.write(frame.data(), frame.size());
         };
-        sse.alive = [&sink] { return sink.is_writable(); };
+        sse.alive = [this, &sink] { return !stopping_ && sink.is_writable(); };
         const StreamEnd end = body(sse);
         if (end.gone) {
           ++disconnects_;
@@ -878,11 +891,11 @@ void Gateway::Responses(const Req& req, Res& res) {
       "text/event-stream", [this, call, first, object, r](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         ResponseBuilder::Sink events;
-        events.send = [&sink](const Json& e) {
+        events.send = [this, &sink](const Json& e) {
           const std::string frame = SseEventFrame(e);
-          return sink.is_writable() && sink.write(frame.data(), frame.size());
+          return !stopping_ && sink.is_writable() && sink.write(frame.data(), frame.size());
         };
-        events.alive = [&sink] { return sink.is_writable(); };
+        events.alive = [this, &sink] { return !stopping_ && sink.is_writable(); };
         ResponseBuilder b(object, events, r->logprobs);
         grpc::Status s(grpc::StatusCode::CANCELLED, "client disconnected");
         if (b.Start()) {
@@ -906,28 +919,42 @@ void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r,
                                       Res& res) {
   const std::string id = object["id"].get<std::string>();
   object["status"] = "queued";
+  // With stream: true every event goes into a log that the POST's stream and any resumed one
+  // read (the job never waits for a client).
+  std::shared_ptr<ResponseEventLog> events;
+  ResponseBuilder::Sink sink;
+  if (r->fields.stream) {
+    events = std::make_shared<ResponseEventLog>();
+    sink.send = [events](const Json& e) {
+      events->Append(e["sequence_number"].get<int64_t>(), SseEventFrame(e));
+      return true;
+    };
+  }
+  auto b = std::make_shared<ResponseBuilder>(object, sink, r->logprobs);
   // Stored before the job starts so a poll (or cancel) right after this reply finds it; no
   // conversation until it finishes (a follow-up cannot continue it yet).
   responses_.Put(id, object, nullptr, r->input_items);
-  const bool started = background_.Start(id, [this, r, object, id](BackgroundJobs::Job& job) {
-    Json running = object;
-    running["status"] = "in_progress";
-    ResponseBuilder b(running, {}, r->logprobs);
+  if (events) responses_.SetEvents(id, events);
+  const bool started = background_.Start(id, [this, r, b, events, id](BackgroundJobs::Job& job) {
+    b->Start();                 // response.created (queued), response.queued, response.in_progress
+    responses_.SetLive(id, b);  // GET shows the output so far
     grpc::Status s(grpc::StatusCode::CANCELLED, "cancelled before it started");
     if (!job.cancelled()) {
-      responses_.Put(id, running, nullptr, r->input_items);
       std::unique_ptr<Call> call = StartChat(r->fields, Dump(r->chat), 0);
       job.OnCancel([c = call.get()] { c->ctx.TryCancel(); });
-      s = RunResponse(*r, *call, nullptr, b);  // stores the finished response
-      job.OnCancel(nullptr);                   // before `call` goes away
+      s = RunResponse(*r, *call, nullptr, *b);  // stores the finished response
+      job.OnCancel(nullptr);                    // before `call` goes away
     }
-    if (s.ok()) return;
-    if (s.error_code() == grpc::StatusCode::CANCELLED && job.cancelled()) {
-      b.Cancel();
-    } else {
-      b.Fail(ToResponsesError(FromHostStatus(s), *r));
+    if (!s.ok()) {
+      if (s.error_code() == grpc::StatusCode::CANCELLED && job.cancelled()) {
+        b->Cancel();
+      } else {
+        b->Fail(ToResponsesError(FromHostStatus(s), *r));
+      }
+      responses_.Put(id, b->Snapshot(), nullptr, r->input_items);
     }
-    responses_.Put(id, b.response(), nullptr, r->input_items);
+    // Last: a stream that ends finds the final object stored.
+    if (events) events->Close();
   });
   if (!started) {
     responses_.Erase(id);
@@ -941,7 +968,33 @@ void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r,
                 "finish or cancel one";
     return Fail(res, e);
   }
+  if (events) return FollowEvents(res, events, -1);
   Reply(res, 200, object);
+}
+
+void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events,
+                           int64_t after) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, events, after](size_t, httplib::DataSink& sink) {
+        ++streams_active_;
+        int64_t cursor = after;
+        std::vector<std::string> frames;
+        bool gone = false;
+        while (!gone && events->Next(&cursor, &frames) == ResponseEventLog::Read::kEvents) {
+          for (const std::string& frame : frames) {
+            if (stopping_ || !sink.is_writable() || !sink.write(frame.data(), frame.size())) {
+              gone = true;
+              break;
+            }
+          }
+          frames.clear();
+        }
+        if (gone) ++disconnects_;  // the background response goes on
+        --streams_active_;
+        sink.done();
+        return true;
+      });
 }
 
 void Gateway::ResponseById(const Req& req, Res& res) {
@@ -953,10 +1006,38 @@ void Gateway::ResponseById(const Req& req, Res& res) {
       return Reply(res, 200, Json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
     }
   } else if (std::optional<Json> found = responses_.Response(id)) {
-    if (req.has_param("stream") && req.get_param_value("stream") != "false") {
-      return Fail(res, BadField("stream", "streaming a stored response is not supported"));
+    const std::string stream = req.get_param_value("stream");
+    if (stream != "" && stream != "false" && stream != "true") {
+      return Fail(res, BadField("stream", "stream must be true or false, got '" + stream + "'"));
     }
-    return Reply(res, 200, *found);
+    if (stream != "true") return Reply(res, 200, *found);
+    std::shared_ptr<const ResponseEventLog> events = responses_.Events(id);
+    if (!events) {
+      return Fail(res, BadField("stream", "response '" + id +
+                                              "' cannot be streamed: only a response created "
+                                              "with background: true and stream: true can"));
+    }
+    int64_t after = -1;
+    if (req.has_param("starting_after")) {
+      std::optional<int64_t> n = ParseStartingAfter(req.get_param_value("starting_after"));
+      if (!n) {
+        return Fail(res, BadField("starting_after",
+                                  "starting_after must be a sequence number (an integer >= 0), "
+                                  "got '" +
+                                      req.get_param_value("starting_after") + "'"));
+      }
+      after = *n;
+    }
+    if (after + 1 < events->first_kept()) {
+      return Fail(res, BadField("starting_after",
+                                "the events before sequence number " +
+                                    std::to_string(events->first_kept()) + " of response '" + id +
+                                    "' are no longer kept (a response keeps its last " +
+                                    std::to_string(events->max_bytes() >> 20) +
+                                    " MiB of events): use starting_after >= " +
+                                    std::to_string(events->first_kept() - 1)));
+    }
+    return FollowEvents(res, events, after);
   }
   ResponseNotFound(res, id);
 }
@@ -1419,9 +1500,11 @@ int RunGateway(int argc, char** argv, bool web) {
   std::fflush(stdout);
 
   g_server = &server;
-  std::thread waiter([&signals] {
+  std::thread waiter([&signals, &gateway] {
     int sig = 0;
     sigwait(&signals, &sig);
+    // Streams and background responses end first: the server's stop waits for its handlers.
+    gateway.Shutdown();
     if (httplib::Server* s = g_server.load()) s->stop();
   });
   server.listen_after_bind();

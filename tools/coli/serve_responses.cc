@@ -576,6 +576,8 @@ void ResponseStore::Put(const std::string& id, Json response, Json conversation,
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = entries_.find(id); it != entries_.end()) {
     bytes_ -= it->second.bytes;
+    e.events = std::move(it->second.events);  // a background response's update keeps its log
+    if (e.events) e.bytes += e.events->bytes();
     entries_.erase(it);
     order_.erase(std::find(order_.begin(), order_.end(), id));
   }
@@ -591,11 +593,33 @@ void ResponseStore::Put(const std::string& id, Json response, Json conversation,
   }
 }
 
-std::optional<Json> ResponseStore::Response(const std::string& id) const {
+void ResponseStore::SetEvents(const std::string& id,
+                              std::shared_ptr<const ResponseEventLog> events) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) it->second.events = std::move(events);
+}
+
+std::shared_ptr<const ResponseEventLog> ResponseStore::Events(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);
-  if (it == entries_.end()) return std::nullopt;
-  return it->second.response;
+  return it == entries_.end() ? nullptr : it->second.events;
+}
+
+void ResponseStore::SetLive(const std::string& id, std::shared_ptr<const ResponseBuilder> builder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) it->second.live = std::move(builder);
+}
+
+std::optional<Json> ResponseStore::Response(const std::string& id) const {
+  std::shared_ptr<const ResponseBuilder> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return std::nullopt;
+    if (!it->second.live) return it->second.response;
+    live = it->second.live;
+  }
+  return live->Snapshot();  // outside mu_: the builder's lock is taken by its writer too
 }
 
 std::optional<Json> ResponseStore::Conversation(const std::string& id) const {
@@ -684,6 +708,12 @@ std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const Re
     }
     r.conversation = std::move(*earlier);
     echo["previous_response_id"] = id;
+    // The items used to make this response start with the earlier response's: its own items
+    // (its chain) and its output.
+    if (std::optional<Json> items = store->InputItems(id)) r.input_items = std::move(*items);
+    if (std::optional<Json> known = store->Response(id); known && (*known)["output"].is_array()) {
+      for (const Json& item : (*known)["output"]) r.input_items.push_back(item);
+    }
   }
   const Json* input = Find(body, "input");
   if (input == nullptr && r.conversation.empty()) {
@@ -691,7 +721,9 @@ std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const Re
     return std::nullopt;
   }
   if (input != nullptr && !InputMapper(&r).Map(*input, error)) return std::nullopt;
-  if (input != nullptr) r.input_items = InputItemsOf(*input);
+  if (input != nullptr) {
+    for (Json& item : InputItemsOf(*input)) r.input_items.push_back(std::move(item));
+  }
   if (r.conversation.empty()) {
     *error = BadField("input", "input must not be empty");
     return std::nullopt;
@@ -762,12 +794,6 @@ std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const Re
   if (const Json* v = Find(body, "background")) r.background = v->get<bool>();
   if (r.background && !r.store) {
     *error = BadField("background", "background responses must be stored: use store true");
-    return std::nullopt;
-  }
-  if (r.background && chat.contains("stream") && chat["stream"] == true) {
-    *error = BadField("stream",
-                      "streaming a background response is not supported by this server: create "
-                      "it without stream and poll GET /v1/responses/{id}");
     return std::nullopt;
   }
   echo["temperature"] = chat.contains("temperature") ? chat["temperature"] : Json(1.0);
@@ -910,8 +936,19 @@ bool ResponseBuilder::Send(Json event) {
 }
 
 bool ResponseBuilder::Start() {
-  return Send(Json{{"type", "response.created"}, {"response", response_}}) &&
-         Send(Json{{"type", "response.in_progress"}, {"response", response_}});
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!Send(Json{{"type", "response.created"}, {"response", response_}})) return false;
+  if (response_["status"] == "queued" &&
+      !Send(Json{{"type", "response.queued"}, {"response", response_}})) {
+    return false;
+  }
+  response_["status"] = "in_progress";
+  return Send(Json{{"type", "response.in_progress"}, {"response", response_}});
+}
+
+Json ResponseBuilder::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return response_;
 }
 
 bool ResponseBuilder::OpenItem(Open kind) {
@@ -993,6 +1030,7 @@ bool ResponseBuilder::CloseItem(const char* status) {
 }
 
 bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!std::strcmp(kind, "logprob")) {
     if (!logprobs_) return true;
     pending_logprobs_.push_back(payload);
@@ -1057,6 +1095,7 @@ bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
 }
 
 bool ResponseBuilder::Finish(const ResponseOutcome& outcome) {
+  std::lock_guard<std::mutex> lock(mu_);
   const bool incomplete = outcome.finish_reason == "length";
   const bool open = CloseItem(incomplete ? "incomplete" : "completed");
   Json& output = response_["output"];
@@ -1084,6 +1123,7 @@ bool ResponseBuilder::Finish(const ResponseOutcome& outcome) {
 }
 
 bool ResponseBuilder::Fail(const ApiError& error) {
+  std::lock_guard<std::mutex> lock(mu_);
   const bool open = CloseItem("incomplete");
   response_["status"] = "failed";
   const char* code = error.http_status == 429   ? "rate_limit_exceeded"
@@ -1094,15 +1134,17 @@ bool ResponseBuilder::Fail(const ApiError& error) {
 }
 
 void ResponseBuilder::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
   held_delta_.reset();
   pending_logprobs_ = Json::array();
-  const Sink sink = std::exchange(sink_, Sink{});  // no events: nobody streams it
+  const Sink sink = std::exchange(sink_, Sink{});  // no events: the API has none for this
   CloseItem("incomplete");
   sink_ = sink;
   response_["status"] = "cancelled";
 }
 
 Json ResponseBuilder::ChatMessage() const {
+  std::lock_guard<std::mutex> lock(mu_);
   std::string reasoning, content;
   bool has_message = false;
   Json calls = Json::array();
@@ -1209,6 +1251,14 @@ std::optional<Json> ListInputItems(const Json& items, const std::string& limit,
   page["last_id"] = last;
   page["has_more"] = more;
   return page;
+}
+
+std::optional<int64_t> ParseStartingAfter(const std::string& text) {
+  if (text.empty() || text.size() > 18 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoll(text);
 }
 
 std::string SseEventFrame(const Json& event) {

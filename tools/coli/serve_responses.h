@@ -34,6 +34,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -41,8 +42,11 @@
 #include <vector>
 
 #include "tools/coli/serve_openai.h"
+#include "tools/coli/serve_responses_stream.h"
 
 namespace coli::cli::serve {
+
+class ResponseBuilder;
 
 // Finished responses kept for `previous_response_id` and GET/DELETE /v1/responses/{id}: at most
 // `max_entries` responses and `max_bytes` of JSON; the oldest go first. Thread-safe.
@@ -54,10 +58,18 @@ class ResponseStore {
   // Keeps `response` (the object GET returns), `conversation` (the chat messages a follow-up
   // continues from: the stored input plus this response's assistant turn, no instructions; null
   // while a background response runs, or when it ended cancelled or failed) and `input_items`
-  // (the request's input as items with ids, for GET .../input_items). Replaces an entry with
-  // the same id (a background response's updates) and makes it the newest.
+  // (the items used to make it, with ids, for GET .../input_items). Replaces an entry with
+  // the same id (a background response's updates) and makes it the newest; such an update
+  // keeps the entry's event log (SetEvents) and ends its live view (SetLive). The log's bytes
+  // as they are at the Put count against max_bytes.
   void Put(const std::string& id, Json response, Json conversation,
            Json input_items = Json::array());
+  // The kept events of a background response created with stream: true (GET ?stream=true).
+  void SetEvents(const std::string& id, std::shared_ptr<const ResponseEventLog> events);
+  std::shared_ptr<const ResponseEventLog> Events(const std::string& id) const;
+  // A background response while it runs: Response(id) is then `builder`'s Snapshot (the output
+  // so far), until the next Put of `id`. No-op when `id` is not stored.
+  void SetLive(const std::string& id, std::shared_ptr<const ResponseBuilder> builder);
   std::optional<Json> Response(const std::string& id) const;
   // Nullopt when absent or when its conversation is null (see Put).
   std::optional<Json> Conversation(const std::string& id) const;
@@ -68,6 +80,8 @@ class ResponseStore {
  private:
   struct Entry {
     Json response, conversation, input_items;
+    std::shared_ptr<const ResponseEventLog> events;
+    std::shared_ptr<const ResponseBuilder> live;
     size_t bytes = 0;
   };
   const size_t max_entries_, max_bytes_;
@@ -90,9 +104,11 @@ struct ResponsesRequest {
   SamplingFields fields;              // ParseChatParams(chat)
   Json conversation = Json::array();  // chat messages a follow-up continues (no instructions)
   Json echo = Json::object();         // the request fields the response object repeats
-  Json input_items = Json::array();   // this request's `input` as items with ids (input_items)
+  // The items used to make the response (GET .../input_items): with previous_response_id that
+  // response's items and output first, then this request's `input` as items with ids.
+  Json input_items = Json::array();
   bool store = true;
-  bool background = false;  // `background: true` (requires store; not with stream)
+  bool background = false;  // `background: true` (requires store)
   bool logprobs = false;    // include message.output_text.logprobs, or top_logprobs > 0
   std::vector<ParamSource> sources;
 };
@@ -120,6 +136,8 @@ struct ResponseOutcome {
 
 // Builds the output items of one response from the chat path's deltas and, with a sink, sends
 // the Responses SSE events for them (each with `sequence_number` 0, 1, 2, ...).
+// One thread writes (Start, Delta, Finish, Fail, Cancel); any thread may take a Snapshot
+// meanwhile (a background response's output so far).
 class ResponseBuilder {
  public:
   struct Sink {
@@ -134,7 +152,8 @@ class ResponseBuilder {
   // output_text.delta events (each delta event is held until its token's entry arrives).
   explicit ResponseBuilder(Json response, Sink sink = {}, bool logprobs = false);
 
-  // response.created, response.in_progress.
+  // response.created with the object as given; for a "queued" one (a background response)
+  // response.queued too; then status in_progress and response.in_progress.
   bool Start();
   // One delta of the chat path (Gateway::RunChoice's kinds): "reasoning" / "content" text, a
   // "tool_call" (a chat tool call {id, type, function: {name, arguments}}), "logprob" (a
@@ -148,10 +167,13 @@ class ResponseBuilder {
   // The generation failed after it started: status failed with `error`, response.failed.
   bool Fail(const ApiError& error);
   // A background response stopped by POST /v1/responses/{id}/cancel: status cancelled, the
-  // open item incomplete (no event: background responses are not streamed).
+  // open item incomplete. No event (the API has none for it): its streams just end.
   void Cancel();
 
+  // The response as built so far; only while no other thread writes (else Snapshot).
   const Json& response() const { return response_; }
+  // A copy of the response as built so far (any thread).
+  Json Snapshot() const;
   // This response's assistant turn as one chat message (reasoning_content, content,
   // tool_calls), for the store.
   Json ChatMessage() const;
@@ -164,6 +186,7 @@ class ResponseBuilder {
   // Sends the held output_text.delta event (with logprobs) with the entries that arrived.
   bool FlushDelta();
 
+  mutable std::mutex mu_;  // held by the public calls
   Json response_;
   Sink sink_;
   bool logprobs_ = false;
@@ -188,6 +211,10 @@ Json InputItemsOf(const Json& input);
 std::optional<Json> ListInputItems(const Json& items, const std::string& limit,
                                    const std::string& order, const std::string& after,
                                    ApiError* error);
+
+// GET /v1/responses/{id}?stream=true&starting_after=N: N, a decimal sequence number >= 0
+// (nullopt otherwise).
+std::optional<int64_t> ParseStartingAfter(const std::string& text);
 
 // "event: <type>\ndata: <json>\n\n", the frame the Responses API streams.
 std::string SseEventFrame(const Json& event);

@@ -288,7 +288,6 @@ test('bad requests: 400 naming the field, 404 for another model', async () => {
   const cases = [
     [{ model: m, input: 'x', frobnicate: true }, 'frobnicate'],
     [{ model: m, input: 'x', background: true, store: false }, 'background'],
-    [{ model: m, input: 'x', background: true, stream: true }, 'stream'],
     [{ model: m, input: 'x', top_logprobs: 21 }, 'top_logprobs'],
     [{ model: m, input: 'x', top_logprobs: -1 }, 'top_logprobs'],
     [{ model: m, input: 'x', top_logprobs: 2.5 }, 'top_logprobs'],
@@ -478,11 +477,9 @@ test('background: returns at once, polls to the foreground output; input_items w
   // Only background responses can be cancelled; unknown ids are 404.
   await assert.rejects(client.responses.cancel(foreground.id), (e) => e.status === 400 && /background/.test(e.message));
   await assert.rejects(client.responses.cancel('resp_nope'), (e) => e.status === 404);
-  // Refused: background without store, background + stream.
+  // Refused: background without store.
   await assert.rejects(client.responses.create({ ...params, background: true, store: false }),
     (e) => e.status === 400 && e.param === 'background');
-  await assert.rejects(client.responses.create({ ...params, background: true, stream: true }),
-    (e) => e.status === 400 && e.param === 'stream');
 });
 
 test('background: cancel stops the generation at the host; the bound gives 429', async () => {
@@ -533,6 +530,155 @@ async function metrics(base) {
   };
 }
 
+// ---- background + stream, resumable streams, partial output --------------------------------------
+
+// Reads an SDK stream to its end (or until `stop(events)` says so, which closes it).
+async function collect(stream, stop = () => false) {
+  const events = [];
+  for await (const e of stream) {
+    events.push(e);
+    if (stop(events)) break;
+  }
+  return events;
+}
+
+// The text of each output item as the delta events built it, by output_index.
+function deltaTexts(events) {
+  const texts = [];
+  for (const e of events) {
+    if (e.type === 'response.output_text.delta' || e.type === 'response.reasoning_text.delta') {
+      texts[e.output_index] = (texts[e.output_index] ?? '') + e.delta;
+    }
+  }
+  return texts;
+}
+
+test('background + stream: the POST streams from 0; cut, resumed and replayed streams are the same events; the job outlives its client', async () => {
+  const params = { model: modelId, input: question, max_output_tokens: 40, temperature: 0 };
+  const foreground = await client8.responses.create(params);
+  // Cut the POST's stream after 8 events (breaking out of the loop closes the connection).
+  const head = await collect(await client8.responses.create({ ...params, background: true, stream: true }),
+    (ev) => ev.length >= 8);
+  assert.equal(head.length, 8);
+  assert.deepEqual(head.slice(0, 3).map((e) => e.type), ['response.created', 'response.queued', 'response.in_progress']);
+  assert.equal(head[0].response.status, 'queued');
+  assert.equal(head[0].response.background, true);
+  assert.equal(head[2].response.status, 'in_progress');
+  const id = head[0].response.id;
+  const last = head.at(-1).sequence_number;
+  // Resumed after the last event seen: live events (or replayed ones, if it finished) to the end.
+  const tail = await collect(await client8.responses.retrieve(id, { stream: true, starting_after: last }));
+  assert.equal(tail[0].sequence_number, last + 1);
+  assert.equal(tail.at(-1).type, `response.${foreground.status}`);  // completed / incomplete
+  // The whole stream again (the SDK's retrieve without starting_after) = head + tail, event by event.
+  const whole = await collect(await client8.responses.retrieve(id, { stream: true }));
+  assert.deepEqual([...head, ...tail], whole);
+  whole.forEach((e, i) => assert.equal(e.sequence_number, i));
+  // It completed with the foreground response's greedy output, and is stored as such.
+  const done = whole.at(-1).response;
+  assert.equal(done.status, foreground.status);
+  assert.equal(messageOf(done), messageOf(foreground));
+  assert.equal(reasoningOf(done), reasoningOf(foreground));
+  assert.equal(done.usage.output_tokens, foreground.usage.output_tokens);
+  const texts = deltaTexts(whole);
+  done.output.forEach((item, i) => {
+    if (item.type !== 'function_call') assert.equal(texts[i] ?? '', item.content.map((c) => c.text).join(''));
+  });
+  const { output_text: _, ...stored } = await client8.responses.retrieve(id);
+  assert.deepEqual(stored, done);
+  // The SDK's stream helper resumes from a cursor (it replays from 0 and filters).
+  const helper = client8.responses.stream({ response_id: id, starting_after: last });
+  const seen = [];
+  helper.on('event', (e) => seen.push(e.sequence_number));
+  const final = await helper.finalResponse();
+  assert.deepEqual(seen, tail.map((e) => e.sequence_number));
+  assert.equal(final.output_text, foreground.output_text);
+  // A follow-up continues it like any other.
+  const next = await client8.responses.create({ model: modelId, previous_response_id: id, input: 'More?', max_output_tokens: 1 });
+  assert.equal(next.previous_response_id, id);
+});
+
+test('partial output: GET of a running background response; cancel ends its resumed streams', async () => {
+  const long = { model: modelId, input: question, max_output_tokens: 100000, temperature: 0, background: true, stream: true };
+  const post = await client8.responses.create(long);
+  const it = post[Symbol.asyncIterator]();
+  const events = [];
+  while (events.filter((e) => e.type.endsWith('.delta')).length < 6) events.push((await it.next()).value);
+  const id = events[0].response.id;
+  // The output so far: each item's text starts with what the deltas read so far gave.
+  const partial = await client8.responses.retrieve(id);
+  assert.equal(partial.status, 'in_progress');
+  assert.equal(partial.usage, null);
+  const texts = deltaTexts(events);
+  assert.ok(texts.length > 0 && partial.output.length >= texts.length);
+  texts.forEach((t, i) => {
+    const item = partial.output[i];
+    assert.ok(item.content[0].text.startsWith(t), `${item.content[0].text} / ${t}`);
+  });
+  assert.equal(partial.output.at(-1).status, 'in_progress');
+  // A resumed stream, open while it runs: cancel ends it (and the POST's) cleanly.
+  const resumed = await client8.responses.retrieve(id, { stream: true, starting_after: 2 });
+  const resumedIt = resumed[Symbol.asyncIterator]();
+  const firstResumed = (await resumedIt.next()).value;
+  assert.equal(firstResumed.sequence_number, 3);
+  const cancelled = await client8.responses.cancel(id);
+  assert.equal(cancelled.status, 'cancelled');
+  const rest = [];
+  for (let r = await resumedIt.next(); !r.done; r = await resumedIt.next()) rest.push(r.value);
+  for (let r = await it.next(); !r.done; r = await it.next()) events.push(r.value);
+  // Both end with the same last event; its text is what the cancelled object holds.
+  assert.equal(rest.at(-1).sequence_number, events.at(-1).sequence_number);
+  const cut = deltaTexts(events);
+  cancelled.output.forEach((item, i) => {
+    if (item.type !== 'function_call') assert.equal(item.content[0].text, cut[i] ?? '');
+  });
+  assert.equal(cancelled.output.at(-1).status, 'incomplete');
+  // A stream of the cancelled response replays its events and ends.
+  const replay = await collect(await client8.responses.retrieve(id, { stream: true }));
+  assert.deepEqual(replay.slice(3), [firstResumed, ...rest]);
+});
+
+test('streamed GET: only background + stream responses; starting_after checked; 404 unknown', async () => {
+  const plain = await client.responses.create({ model: modelId, input: 'x', max_output_tokens: 2 });
+  await assert.rejects(client.responses.retrieve(plain.id, { stream: true }),
+    (e) => e.status === 400 && e.param === 'stream');
+  const bg = await client.responses.create({ model: modelId, input: 'x', max_output_tokens: 2, background: true });
+  await poll(client, bg.id);
+  await assert.rejects(client.responses.retrieve(bg.id, { stream: true }),
+    (e) => e.status === 400 && e.param === 'stream');
+  await assert.rejects(client.responses.retrieve('resp_nope', { stream: true }), (e) => e.status === 404);
+  const streamed = await collect(await client.responses.create({
+    model: modelId, input: 'x', max_output_tokens: 2, background: true, stream: true,
+  }));
+  const id = streamed[0].response.id;
+  for (const bad of ['-1', 'x', '1.5']) {
+    const r = await fetch(`${tiny.base}/v1/responses/${id}?stream=true&starting_after=${bad}`);
+    assert.equal(r.status, 400);
+    assert.equal((await r.json()).error.param, 'starting_after');
+  }
+  const r = await fetch(`${tiny.base}/v1/responses/${id}?stream=maybe`);
+  assert.equal(r.status, 400);
+  // Past the last event of a finished response: an empty stream.
+  const none = await collect(await client.responses.retrieve(id, { stream: true, starting_after: 10000 }));
+  assert.deepEqual(none, []);
+  // stream=false is the plain object.
+  assert.equal((await client.responses.retrieve(id, { stream: false })).id, id);
+});
+
+test('input_items of a follow-up: the previous response\'s items and output, then its own', async () => {
+  const first = await client.responses.create({ model: modelId, input: 'a', max_output_tokens: 3 });
+  const second = await client.responses.create({
+    model: modelId, previous_response_id: first.id, max_output_tokens: 3,
+    input: [{ role: 'user', content: 'c', id: 'msg_c' }],
+  });
+  const firstItems = [];
+  for await (const item of client.responses.inputItems.list(first.id, { order: 'asc' })) firstItems.push(item);
+  const items = [];
+  for await (const item of client.responses.inputItems.list(second.id, { order: 'asc' })) items.push(item);
+  assert.deepEqual(items.map((i) => i.id), [...firstItems.map((i) => i.id), ...first.output.map((o) => o.id), 'msg_c']);
+  assert.deepEqual(items.slice(firstItems.length, -1), first.output);
+});
+
 test('a client that disconnects mid-stream cancels its generation', async () => {
   const before = await metrics(tiny8.base);
   const controller = new AbortController();
@@ -564,17 +710,35 @@ test('a client that disconnects mid-stream cancels its generation', async () => 
   assert.equal((await metrics(tiny8.base))('coli_completion_tokens_total'), tokens);
 });
 
-test('shutdown with background responses running: the server stops at once', async () => {
-  const long = { model: modelId, input: question, max_output_tokens: 100000, temperature: 0, background: true };
-  const a = await client8.responses.create(long);
-  await client8.responses.create(long);
-  for (let i = 0; i < 200 && (await client8.responses.retrieve(a.id)).status !== 'in_progress'; i++) {
-    await new Promise((res) => setTimeout(res, 20));
-  }
+test('shutdown with background responses and streams open: the server stops at once', async () => {
+  const long = { model: modelId, input: question, max_output_tokens: 100000, temperature: 0 };
+  await client8.responses.create({ ...long, background: true });
+  // A background response streamed by its POST and by a resumed GET, and a foreground stream:
+  // each read up to its first delta, then left reading.
+  const reading = async (stream) => {
+    const it = stream[Symbol.asyncIterator]();
+    const head = [];
+    do head.push((await it.next()).value); while (!head.at(-1).type.endsWith('.delta'));
+    const rest = (async () => {
+      try {
+        while (!(await it.next()).done);
+        return 'ended';
+      } catch {
+        return 'closed';
+      }
+    })();
+    return { head, rest };
+  };
+  const post = await reading(await client8.responses.create({ ...long, background: true, stream: true }));
+  const id = post.head[0].response.id;
+  const resumed = await reading(await client8.responses.retrieve(id, { stream: true, starting_after: 0 }));
+  assert.equal(resumed.head[0].sequence_number, 1);
+  const fg = await reading(await client8.responses.create({ ...long, stream: true }));
   const t0 = Date.now();
   const server = tiny8;
   tiny8 = null;  // after() has nothing left to stop
   await stopServer(server);  // resolves on exit; a hang would time the test out
   assert.ok(Date.now() - t0 < 10000, `took ${Date.now() - t0} ms`);
   assert.equal(server.proc.exitCode, 0);
+  for (const s of [post, resumed, fg]) assert.ok(['ended', 'closed'].includes(await s.rest));
 });
