@@ -381,13 +381,30 @@ absl::StatusOr<RenderedChat> Engine::ApplyTemplate(const std::string& model,
 
 absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, EventSink sink) {
   auto request = std::make_shared<Request>();
+  std::shared_ptr<LoadedModel> model;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("host shutting down");
-    COLI_ASSIGN_OR_RETURN(auto model, FindModelLocked(input.model));
+    COLI_ASSIGN_OR_RETURN(model, FindModelLocked(input.model));
+  }
+  // The prompt's tokens now, outside the lock: an unnamed request is placed on the pooled
+  // session whose state they extend (PickPooledSessionLocked).
+  if (input.chat) {
+    COLI_ASSIGN_OR_RETURN(RenderedChat rendered, model->model->RenderChat(input.request_json, true));
+    request->prompt_ = std::move(rendered.tokens);
+    request->parse_mode_ = rendered.chat_parse_mode;
+  } else if (!input.prompt_ids.empty()) {
+    request->prompt_ = input.prompt_ids;
+  } else {
+    COLI_ASSIGN_OR_RETURN(request->prompt_,
+                          model->model->Tokenize(input.prompt, /*allow_special=*/false));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::UnavailableError("host shutting down");
     input.model = model->info.id();
-    // No session named: the request takes a free slot of the model's pool when it runs
-    // (PopRunnableLocked), so concurrent unnamed requests run (and batch) side by side.
+    // No session named: the request takes a pooled session when it runs (PopRunnableLocked),
+    // so concurrent unnamed requests run (and batch) side by side.
     if (static_cast<int>(queue_.size()) >= options_.queue_capacity) {
       ++counters_.rejected;
       return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", queue_.size(),
@@ -435,17 +452,8 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
       return job;  // unloaded since Submit: Run reports it
     }
     if (request->input_.session.empty()) {
-      // The pool of unnamed requests: "default", then "default#1" … one per worker. The first
-      // free one, so a lone conversation keeps its slot (and its prefix reuse) turn after turn.
-      for (int i = 0; i < std::max(1, options_.workers); ++i) {
-        const std::string name = i == 0 ? "default" : absl::StrCat("default#", i);
-        auto found = (*model)->sessions.find(name);
-        if (found == (*model)->sessions.end() || !found->second.busy) {
-          request->input_.session = name;
-          break;
-        }
-      }
-      if (request->input_.session.empty()) continue;  // every pooled slot is busy
+      request->input_.session = PickPooledSessionLocked(**model, *request);
+      if (request->input_.session.empty()) continue;  // every pooled session is busy
     }
     SessionSlot& slot = (*model)->sessions[request->input_.session];
     if (slot.busy) continue;  // that session is serving another request
@@ -457,6 +465,52 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
     return job;
   }
   return std::nullopt;
+}
+
+std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
+                                            const Request& request) const {
+  // Like llama.cpp's slot choice by prompt similarity, for state that cannot be rewound: a
+  // session whose record the prompt extends reuses all of it (the longest wins); one sharing at
+  // least half of the prompt may hold a checkpoint inside the shared part (an edited or
+  // regenerated turn: COLI_K3_CKPT); otherwise a session never used, so that no other
+  // conversation's state is dropped; otherwise the least recently used one. So alternating
+  // conversations each keep their own session while there are enough of them (one per worker).
+  const std::vector<int32_t>& prompt = request.prompt_;
+  std::string extends, shares, fresh, oldest;
+  size_t extends_len = 0, shares_len = 0;
+  uint64_t oldest_used = 0;
+  for (int i = 0; i < std::max(1, options_.workers); ++i) {
+    std::string name = i == 0 ? "default" : absl::StrCat("default#", i);
+    auto found = model.sessions.find(name);
+    if (found == model.sessions.end() || found->second.record.empty()) {
+      if (found != model.sessions.end() && found->second.busy) continue;
+      if (fresh.empty()) fresh = name;
+      continue;
+    }
+    const SessionSlot& slot = found->second;
+    if (slot.busy) continue;
+    const std::vector<int32_t>& record = slot.record;
+    const size_t common =
+        std::mismatch(record.begin(), record.end(), prompt.begin(), prompt.end()).first -
+        record.begin();
+    if (common == record.size() && common < prompt.size()) {
+      if (common > extends_len) {
+        extends = name;
+        extends_len = common;
+      }
+    } else if (2 * common >= prompt.size() && common > shares_len) {
+      shares = name;
+      shares_len = common;
+    }
+    if (oldest.empty() || slot.last_used < oldest_used) {
+      oldest = name;
+      oldest_used = slot.last_used;
+    }
+  }
+  if (!extends.empty()) return extends;
+  if (!shares.empty()) return shares;
+  if (!fresh.empty()) return fresh;
+  return oldest;
 }
 
 void Engine::WorkerLoop() {
@@ -472,9 +526,16 @@ void Engine::WorkerLoop() {
     lock.unlock();
     v1::Finished finished;
     const absl::Status status = Run(*job, &finished);
+    std::vector<int32_t> record;
+    if (job->slot != nullptr && job->slot->session != nullptr) {
+      // A record that cannot be read places the next unnamed request as if the session were new.
+      record = job->slot->session->Record().value_or(std::vector<int32_t>{});
+    }
     lock.lock();
     --counters_.active;
     if (job->slot != nullptr) {
+      job->slot->record = std::move(record);
+      job->slot->last_used = ++slot_clock_;
       job->slot->busy = false;
       --job->model->active;
     }
@@ -514,17 +575,8 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   }
   Session& session = *slot.session;
 
-  std::vector<int32_t> prompt;
-  int32_t parse_mode = 0;
-  if (in.chat) {
-    COLI_ASSIGN_OR_RETURN(RenderedChat rendered, model.RenderChat(in.request_json, true));
-    prompt = std::move(rendered.tokens);
-    parse_mode = rendered.chat_parse_mode;
-  } else if (!in.prompt_ids.empty()) {
-    prompt = in.prompt_ids;
-  } else {
-    COLI_ASSIGN_OR_RETURN(prompt, model.Tokenize(in.prompt, /*allow_special=*/false));
-  }
+  const std::vector<int32_t>& prompt = request.prompt_;  // rendered at Submit
+  const int32_t parse_mode = request.parse_mode_;
   if (prompt.empty()) return absl::InvalidArgumentError("EMPTY_PROMPT");
   // The response_format to enforce: the request's own field, else the chat body's member.
   std::string response_format = in.response_format;

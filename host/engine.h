@@ -112,6 +112,10 @@ class Request {
   std::atomic<bool> cancel_{false}, stop_{false};
   std::atomic<bool> shutdown_{false};
   std::chrono::steady_clock::time_point accepted_;
+  // The prompt's token ids (rendered or tokenized at Submit, so the pool can match them against
+  // its sessions' records before the request runs) and its chat parse mode.
+  std::vector<int32_t> prompt_;
+  int32_t parse_mode_ = 0;
 };
 
 // `in` with every byte that does not start a valid UTF-8 sequence (overlong forms, surrogates and
@@ -159,6 +163,10 @@ class Engine {
     std::unique_ptr<Session> session;
     bool busy = false;
     std::map<std::string, double> last_stats;
+    // The session's record as its last request left it (read under mu_ to place unnamed
+    // requests) and when that request ended (least recently used goes first).
+    std::vector<int32_t> record;
+    uint64_t last_used = 0;
   };
   // One request's decode step, waiting in its model's DecodeBatcher.
   struct DecodeRow {
@@ -195,6 +203,9 @@ class Engine {
   absl::StatusOr<std::shared_ptr<LoadedModel>> FindModel(const std::string& id) const;
   void WorkerLoop();
   std::optional<Job> PopRunnableLocked();
+  // The pooled session ("default", "default#1", …) an unnamed request runs on, or "" when every
+  // one is busy: the one whose state its prompt extends, else the one sharing most of it.
+  std::string PickPooledSessionLocked(const LoadedModel& model, const Request& request) const;
   // Runs the job; the caller frees its session slot, then reports the end (Finish), so a client
   // that sends its next turn the moment this one ends finds the slot free (prefix reuse).
   absl::Status Run(Job& job, v1::Finished* finished);
@@ -229,6 +240,7 @@ class Engine {
     int active = 0;
     std::map<std::string, double> plugin;  // summed per-request deltas of session stats
   } counters_;
+  uint64_t slot_clock_ = 0;  // orders SessionSlot::last_used
   // Decode calls made and rows they carried (atomics: counted by the batch leader, which holds
   // its model's batcher lock, not mu_).
   std::atomic<uint64_t> decode_calls_{0}, decode_rows_{0};

@@ -517,5 +517,68 @@ TEST_F(HostBatchedTest, NextTurnSentFromOnDoneReusesThePooledSession) {
             static_cast<int64_t>(prompt->size() + first.ids.size() - 1));
 }
 
+// Unnamed requests of two conversations, turn by turn (a chat page with two chats open, an
+// OpenAI client — coli serve names no session): each conversation's next turn lands on the pooled
+// session whose record it extends and reuses all of it. Before, every request took the first free
+// session, so each turn reset it to the other conversation's prompt and re-prefilled everything.
+// A third, unrelated conversation takes a session nobody used yet instead of dropping one.
+TEST_F(HostBatchedTest, AlternatingConversationsEachKeepTheirPooledSession) {
+  auto engine = MakeEngine(/*workers=*/4, /*max_batch=*/8, /*decode_delay_ms=*/0);
+  auto run = [&](std::vector<int32_t> ids) {
+    std::mutex mu;
+    std::condition_variable cv;
+    Out out;
+    GenerationInput in;
+    in.model = "k3";
+    in.prompt_ids = std::move(ids);
+    in.max_tokens = 4;
+    EventSink sink;
+    sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.ids.push_back(t.id());
+    };
+    sink.on_done = [&](const absl::Status& st, const v1::Finished& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.status = st;
+      out.finished = f;
+      out.done = true;
+      cv.notify_all();
+    };
+    EXPECT_OK(engine->Submit(std::move(in), std::move(sink)).status());
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return out.done; });
+    EXPECT_OK(out.status);
+    return out;
+  };
+  // The next turn: the prompt, the reply (its last token not yet fed) and one more token.
+  auto next = [](std::vector<int32_t> prompt, const Out& reply) {
+    prompt.insert(prompt.end(), reply.ids.begin(), reply.ids.end());
+    prompt.push_back(reply.ids.front());
+    return prompt;
+  };
+  auto tokens = [&](const char* text) {
+    auto ids = engine->Tokenize("k3", text, false);
+    EXPECT_OK(ids.status());
+    return ids.value_or(std::vector<int32_t>{});
+  };
+  const std::vector<int32_t> a1 = tokens("The quick brown fox jumps over the lazy dog.");
+  const std::vector<int32_t> b1 = tokens("Pack my box with five dozen liquor jugs, said the cook.");
+  const Out ra1 = run(a1), rb1 = run(b1);
+  ASSERT_EQ(ra1.ids.size(), 4u);
+  ASSERT_EQ(rb1.ids.size(), 4u);
+  const std::vector<int32_t> a2 = next(a1, ra1), b2 = next(b1, rb1);
+  const Out ra2 = run(a2), rb2 = run(b2);
+  EXPECT_EQ(ra2.finished.usage().tokens_reused(), static_cast<int64_t>(a1.size() + 3));
+  EXPECT_EQ(rb2.finished.usage().tokens_reused(), static_cast<int64_t>(b1.size() + 3));
+  // A third conversation takes a fresh session; the first two still continue where they were.
+  const Out rc1 = run(tokens("Sphinx of black quartz, judge my vow."));
+  EXPECT_EQ(rc1.finished.usage().tokens_reused(), 0);
+  const Out ra3 = run(next(a2, ra2));
+  EXPECT_EQ(ra3.finished.usage().tokens_reused(), static_cast<int64_t>(a2.size() + 3));
+  // The same prompt again (a regenerated reply) goes back to the session that holds it.
+  const Out rb2again = run(b2);
+  EXPECT_EQ(rb2again.ids, rb2.ids);
+}
+
 }  // namespace
 }  // namespace coli::host
