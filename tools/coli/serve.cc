@@ -959,6 +959,12 @@ void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r,
   if (!started) {
     responses_.Erase(id);
     ApiError e;
+    if (stopping_) {
+      e.http_status = 503;
+      e.type = "server_error";
+      e.message = "the server is shutting down";
+      return Fail(res, e);
+    }
     e.http_status = 429;
     e.type = "rate_limit_error";
     e.code = "too_many_background_responses";
