@@ -136,32 +136,9 @@ class Rfc8259 {
         }
         continue;
       }
-      if (c < 0x80) {
-        ++i_;
-        continue;
-      }
-      // Well-formed UTF-8 (Unicode Table 3-7): no overlongs, surrogates or values past U+10FFFF.
-      int n;
-      unsigned lo = 0x80, hi = 0xBF;
-      if (c >= 0xC2 && c <= 0xDF) {
-        n = 1;
-      } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 2;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-      } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 3;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-      } else {
-        return false;
-      }
-      ++i_;
-      for (int k = 0; k < n; ++k, lo = 0x80, hi = 0xBF) {
-        if (i_ >= s_.size()) return false;
-        const auto b = static_cast<unsigned char>(s_[i_++]);
-        if (b < lo || b > hi) return false;
-      }
+      const size_t n = ::coli::fuzz::Utf8CharLength(s_, i_);
+      if (n == 0) return false;
+      i_ += n;
     }
     return false;
   }
