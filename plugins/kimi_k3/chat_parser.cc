@@ -64,6 +64,9 @@ Json TypedValue(const std::string& type, const std::string& text) {
   return text;
 }
 
+// Compact JSON as the complete call event serialises it (and `coli serve` its arguments).
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
 bool IsBlankAscii(std::string_view s) {
   return s.find_first_not_of(" \t\r\n") == std::string_view::npos;
 }
@@ -128,6 +131,41 @@ void OutputParser::Emit(ChatChannel channel, std::string* pending, bool flush,
   out->push_back(std::move(e));
 }
 
+void OutputParser::AppendDelta(std::string_view piece) {
+  delta_args_.append(piece);
+  streamed_.append(piece);
+}
+
+std::string OutputParser::StreamText(std::string* pending, bool flush, bool escape) {
+  const size_t n = flush ? pending->size() : tok::CompleteUtf8Prefix(*pending);
+  std::string text = tok::ReplaceInvalidUtf8(std::string_view(*pending).substr(0, n));
+  pending->erase(0, n);
+  if (text.empty()) return text;
+  if (escape) {
+    // Valid UTF-8 escapes character by character, so the escaped pieces join to the escaped
+    // whole: the string's serialisation without its quotes.
+    const std::string quoted = Dump(Json(text));
+    AppendDelta(std::string_view(quoted).substr(1, quoted.size() - 2));
+  } else {
+    AppendDelta(text);
+  }
+  return text;
+}
+
+void OutputParser::FlushDelta(std::vector<ChatEvent>* out) {
+  if (!delta_first_ && delta_args_.empty()) return;
+  Json d = Json::object();
+  d["index"] = tool_calls_;
+  if (delta_first_) d["name"] = call_name_;
+  d["arguments"] = delta_args_;
+  ChatEvent e;
+  e.channel = ChatChannel::kToolCallDelta;
+  e.text = Dump(d);
+  out->push_back(std::move(e));
+  delta_first_ = false;
+  delta_args_.clear();
+}
+
 void OutputParser::FlushAll(std::vector<ChatEvent>* out) {
   Emit(ChatChannel::kReasoning, &pending_reasoning_, true, out);
   Emit(ChatChannel::kContent, &pending_content_, true, out);
@@ -147,10 +185,19 @@ void OutputParser::OnText(std::string_view bytes, std::vector<ChatEvent>* out) {
       Emit(ChatChannel::kContent, &pending_content_, false, out);
       return;
     case State::kArgument:
-      arg_value_.append(bytes);
+      if (arg_streams_) {
+        stream_pending_.append(bytes);
+        arg_value_ += StreamText(&stream_pending_, false, true);
+      } else {
+        arg_value_.append(bytes);
+      }
       return;
     case State::kJson:
       json_block_.append(bytes);
+      if (deltas_ && call_kind_ == CallKind::kJson) {
+        stream_pending_.append(bytes);
+        StreamText(&stream_pending_, false, false);
+      }
       return;
     case State::kAfterResponse:
     case State::kTools:
@@ -180,6 +227,11 @@ void OutputParser::OnTag(bool close, std::string_view run, std::vector<ChatEvent
       call_has_json_ = false;
       json_block_.clear();
       state_ = State::kCall;
+      call_kind_ = CallKind::kEmpty;
+      stream_pending_.clear();
+      streamed_.clear();
+      delta_args_.clear();
+      delta_first_ = deltas_;  // the first delta names the call as soon as it opens
     } else if (name == "argument" && state_ == State::kCall) {
       auto key = tag.attrs.find("key");
       auto type = tag.attrs.find("type");
@@ -187,10 +239,23 @@ void OutputParser::OnTag(bool close, std::string_view run, std::vector<ChatEvent
       arg_type_ = type == tag.attrs.end() ? "string" : type->second;
       arg_value_.clear();
       state_ = State::kArgument;
+      arg_streams_ = false;
+      if (deltas_ && call_kind_ != CallKind::kJson) {
+        AppendDelta(call_kind_ == CallKind::kEmpty ? "{" : ",");
+        call_kind_ = CallKind::kTyped;
+        AppendDelta(Dump(Json(arg_key_)) + ":");
+        // A string value streams as generated; any other type is parsed, so it goes whole
+        // when its element closes (a value that does not read as its type becomes a string).
+        arg_streams_ = arg_type_ == "string";
+        if (arg_streams_) AppendDelta("\"");
+        stream_pending_.clear();
+      }
     } else if (name == "json" && state_ == State::kCall) {
       call_has_json_ = true;
       json_block_.clear();
       state_ = State::kJson;
+      if (call_kind_ == CallKind::kEmpty) call_kind_ = CallKind::kJson;
+      stream_pending_.clear();
     }
     return;
   }
@@ -200,9 +265,19 @@ void OutputParser::OnTag(bool close, std::string_view run, std::vector<ChatEvent
   } else if (name == "response") {
     if (state_ == State::kResponse) state_ = State::kAfterResponse;
   } else if (name == "argument" && state_ == State::kArgument) {
-    call_args_[arg_key_] = TypedValue(arg_type_, arg_value_);
+    if (arg_streams_) {
+      arg_value_ += StreamText(&stream_pending_, true, true);
+      AppendDelta("\"");
+      arg_streams_ = false;
+      call_args_[arg_key_] = arg_value_;  // valid UTF-8 already (as streamed)
+    } else {
+      Json value = TypedValue(arg_type_, arg_value_);
+      if (deltas_ && call_kind_ == CallKind::kTyped) AppendDelta(Dump(value));
+      call_args_[arg_key_] = std::move(value);
+    }
     state_ = State::kCall;
   } else if (name == "json" && state_ == State::kJson) {
+    if (deltas_ && call_kind_ == CallKind::kJson) StreamText(&stream_pending_, true, false);
     state_ = State::kCall;
   } else if (name == "call" && state_ == State::kCall) {
     Json call = Json::object();
@@ -216,6 +291,18 @@ void OutputParser::OnTag(bool close, std::string_view run, std::vector<ChatEvent
       }
     } else {
       call["arguments"] = call_args_;
+    }
+    if (deltas_) {
+      if (call_kind_ == CallKind::kEmpty) AppendDelta("{}");
+      if (call_kind_ == CallKind::kTyped) AppendDelta("}");
+      // The deltas' text is the call's arguments: when the value above would serialise to
+      // anything else (a raw block that is not compact JSON, a repeated key, a typed argument
+      // after a raw block), the call carries the streamed text itself.
+      const Json& a = call["arguments"];
+      if ((a.is_string() ? a.get<std::string>() : Dump(a)) != streamed_) {
+        call["arguments"] = streamed_;
+      }
+      FlushDelta(out);
     }
     ChatEvent e;
     e.channel = ChatChannel::kToolCall;
@@ -231,6 +318,12 @@ void OutputParser::OnTag(bool close, std::string_view run, std::vector<ChatEvent
 }
 
 std::vector<ChatEvent> OutputParser::Feed(int32_t id, std::string_view bytes, bool special) {
+  std::vector<ChatEvent> out = FeedToken(id, bytes, special);
+  FlushDelta(&out);  // one delta per token at most: what the call gained from it
+  return out;
+}
+
+std::vector<ChatEvent> OutputParser::FeedToken(int32_t id, std::string_view bytes, bool special) {
   std::vector<ChatEvent> out;
   if (ended_) return out;
   if (!special) {

@@ -13,6 +13,16 @@
 // never reaches the visible text. A tool call is reported once, when its `<|close|>call<|sep|>`
 // arrives, as {"name": ..., "arguments": {...}} with the arguments rebuilt from the typed
 // `argument` elements (or, for a raw `json` block, {"name": ..., "arguments": "<raw text>"}).
+// With tool-call deltas on (set_tool_call_deltas, for a host of ABI 1.5+), a call also streams
+// as it is generated: kToolCallDelta events {"index": k, "name": "f" (first delta only),
+// "arguments": "<next piece>"}, the first one when the call opens. A raw `json` block streams its
+// bytes as generated; typed `argument` elements stream the arguments object's serialisation
+// (keys, separators and string values piece by piece; other types whole when their element
+// closes). The concatenation of a call's "arguments" pieces equals, byte for byte, the complete
+// call's "arguments" serialised as compact JSON (ordered_json dump, ensure_ascii off, invalid
+// UTF-8 replaced) — or its "arguments" text when that is a string, as the complete event then
+// carries the streamed text itself whenever the object would serialise otherwise (a raw block
+// that is not compact JSON, a repeated key). Pieces never split a UTF-8 character.
 // A model that skips the think channel still yields its answer as content: text after
 // `<|close|>think<|sep|>` without a response opener is content, a response opener closes the think
 // channel implicitly, and a message that ends (`<|end_of_msg|>`) while still in the think channel,
@@ -33,11 +43,19 @@
 namespace coli::k3 {
 
 // Numerically the plugin ABI's COLI_CHANNEL_* values.
-enum class ChatChannel : int32_t { kNone = 0, kReasoning = 1, kContent = 2, kToolCall = 3 };
+enum class ChatChannel : int32_t {
+  kNone = 0,
+  kReasoning = 1,
+  kContent = 2,
+  kToolCall = 3,
+  kToolCallDelta = 4,  // a piece of the call being generated (ABI 1.5, see above)
+};
 
 struct ChatEvent {
   ChatChannel channel = ChatChannel::kNone;
-  std::string text;             // a delta, or for kToolCall one whole call as JSON
+  // A delta; for kToolCall one whole call as JSON; for kToolCallDelta {"index", "name"?,
+  // "arguments"} as JSON.
+  std::string text;
   bool end_of_message = false;  // the model's <|end_of_msg|>
   // kContent only: this text was already reported as reasoning (the think-skip fallback).
   bool moved_from_reasoning = false;
@@ -71,6 +89,9 @@ class OutputParser {
   // Generation stopped (any reason): flushes held-back bytes and applies the think-skip fallback.
   std::vector<ChatEvent> Finish();
 
+  // Off by default (the ABI 1.0-1.4 behaviour: a call arrives whole). Set before the first Feed.
+  void set_tool_call_deltas(bool on) { deltas_ = on; }
+
   bool ended() const { return ended_; }
   int tool_calls() const { return tool_calls_; }
 
@@ -79,10 +100,17 @@ class OutputParser {
     kThink, kAfterThink, kResponse, kAfterResponse, kTools, kCall, kArgument, kJson, kOutside,
     kDone,
   };
+  std::vector<ChatEvent> FeedToken(int32_t id, std::string_view bytes, bool special);
   void OnTag(bool close, std::string_view tag, std::vector<ChatEvent>* out);
   void OnText(std::string_view bytes, std::vector<ChatEvent>* out);
   void Emit(ChatChannel channel, std::string* pending, bool flush, std::vector<ChatEvent>* out);
   void FlushAll(std::vector<ChatEvent>* out);
+  // Tool-call deltas: `piece` joins the call's next delta (flushed at the end of each Feed and
+  // before the complete call); StreamText sends the complete-UTF-8 prefix of *pending (all of
+  // it when `flush`), invalid bytes as U+FFFD, JSON-escaped when `escape`, and returns it.
+  void AppendDelta(std::string_view piece);
+  std::string StreamText(std::string* pending, bool flush, bool escape);
+  void FlushDelta(std::vector<ChatEvent>* out);
 
   const tok::Tokenizer* tokenizer_ = nullptr;
   StructuralIds ids_;
@@ -103,6 +131,14 @@ class OutputParser {
   std::string arg_key_, arg_type_, arg_value_, json_block_;
   bool call_has_json_ = false;
   int tool_calls_ = 0;
+  // Delta streaming of the open call: what its first child element made it, the bytes held back
+  // (an incomplete character), the pieces sent so far and the next delta's.
+  enum class CallKind { kEmpty, kTyped, kJson };
+  bool deltas_ = false;
+  CallKind call_kind_ = CallKind::kEmpty;
+  bool arg_streams_ = false;  // the open argument is a string streamed piece by piece
+  std::string stream_pending_, streamed_, delta_args_;
+  bool delta_first_ = false;
 };
 
 }  // namespace coli::k3

@@ -37,6 +37,9 @@ void Collect(const std::vector<ChatEvent>& events, Parsed* p) {
         p->content += e.text;
         break;
       case ChatChannel::kToolCall: p->calls.push_back(e.text); break;
+      case ChatChannel::kToolCallDelta:  // only with set_tool_call_deltas (chat_parser_stream_test)
+        ADD_FAILURE() << "a tool-call delta with deltas off: " << e.text;
+        break;
       case ChatChannel::kNone: break;
     }
   }
