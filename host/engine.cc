@@ -27,13 +27,17 @@ std::string DefaultModelId(const std::string& dir) {
 
 // The tool-call constraint of an OpenAI chat body, as the plugin-family extension of ABI 1.4's
 // response_format (abi.md, docs/status/constrained.md):
-//   {"type":"coli_tool_calls","mode":"required"|"named",
-//    "tools":[{"name":…,"parameters":{…},"strict":bool}, …], "single":true (optional)}
-// "" when nothing is enforced: no tools, tool_choice none or auto.
+//   {"type":"coli_tool_calls","mode":"required"|"named"|"auto",
+//    "tools":[{"name":…,"parameters":{…},"strict":bool}, …], "single":true (optional),
+//    "response_format":{…} (auto only, optional)}
+// "" when nothing is enforced: no tools, or tool_choice none.
 // tool_choice "required" → mode required over every tool; {"type":"function","function":
-// {"name":"f"}} → mode named with only f. `with_format`: the body also has a
-// response_format, which a forced call cannot honour (INVALID_ARGUMENT naming tool_choice).
-absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body, bool with_format) {
+// {"name":"f"}} → mode named with only f; "auto" (or absent) → mode auto over every tool: the
+// plugin constrains a call once the model opens one (lazy). `format`: the body's
+// response_format (null when none), which a forced call cannot honour (INVALID_ARGUMENT naming
+// tool_choice) and which mode auto carries along (the answer is that value or tool calls).
+absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
+                                             const nlohmann::json* format) {
   auto tools_it = body.find("tools");
   const bool has_tools = tools_it != body.end() && tools_it->is_array() && !tools_it->empty();
   auto tc_it = body.find("tool_choice");
@@ -84,22 +88,25 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body, bool wi
     return absl::InvalidArgumentError(
         absl::StrCat("tool_choice.function.name: '", named, "' is not one of the request's tools"));
   }
-  // Strict tools under auto are not enforced yet (docs/status/constrained.md, Missing).
-  if (mode == "auto") return std::string();
-  if (with_format) {
+  if (mode == "auto" && tools.empty()) return std::string();  // no function tool to call
+  if (mode != "auto" && format != nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("tool_choice: '", mode == "named" ? named : mode,
                      "' forces a tool call, which cannot be combined with response_format"));
   }
-  nlohmann::json format{{"type", "coli_tool_calls"}, {"mode", mode}, {"tools", std::move(tools)}};
+  nlohmann::json out{{"type", "coli_tool_calls"}, {"mode", mode}, {"tools", std::move(tools)}};
   // parallel_tool_calls: false → at most one call (exactly one under required).
-  if (body.value("parallel_tool_calls", nlohmann::json(true)) == false) format["single"] = true;
-  return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (body.value("parallel_tool_calls", nlohmann::json(true)) == false) out["single"] = true;
+  if (format != nullptr) out["response_format"] = *format;
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// The "response_format" member of an OpenAI chat body as JSON text ("" when absent, null or
-// "text"); a bare string ("json_object", as the family's renderer also accepts) becomes
-// {"type": ...}. The body was rendered first, so it is valid JSON; INVALID_ARGUMENT otherwise.
+// The constraint of an OpenAI chat body as response_format JSON text ("" when none): its
+// "response_format" member ("" when absent, null or "text"; a bare string such as
+// "json_object", as the family's renderer also accepts, becomes {"type": ...}), or — when the
+// body offers tools and tool_choice is not "none" — the coli_tool_calls extension
+// (ToolCallFormatOf) carrying it. The body was rendered first, so it is valid JSON;
+// INVALID_ARGUMENT otherwise.
 absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json) {
   const nlohmann::json body =
       nlohmann::json::parse(request_json, nullptr, /*allow_exceptions=*/false);
@@ -107,13 +114,14 @@ absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json) {
     return absl::InvalidArgumentError("request_json: not a JSON object");
   }
   auto it = body.find("response_format");
-  if (it == body.end() || it->is_null()) return ToolCallFormatOf(body, false);
+  if (it == body.end() || it->is_null()) return ToolCallFormatOf(body, nullptr);
   nlohmann::json format = *it;
   if (format.is_string()) format = nlohmann::json{{"type", format.get<std::string>()}};
   if (format.is_object() && format.value("type", nlohmann::json()) == "text") {
-    return ToolCallFormatOf(body, false);
+    return ToolCallFormatOf(body, nullptr);
   }
-  COLI_RETURN_IF_ERROR(ToolCallFormatOf(body, true).status());
+  COLI_ASSIGN_OR_RETURN(std::string tool_calls, ToolCallFormatOf(body, &format));
+  if (!tool_calls.empty()) return tool_calls;
   return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -46,11 +46,22 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
   }
   auto spec = std::make_shared<ToolCallSpec>();
   const nlohmann::json mode = f.value("mode", nlohmann::json());
-  if (mode != "required" && mode != "named") {
+  if (mode != "required" && mode != "named" && mode != "auto") {
     return absl::InvalidArgumentError(
-        "tool_choice: coli_tool_calls mode must be \"required\" or \"named\"");
+        "tool_choice: coli_tool_calls mode must be \"required\", \"named\" or \"auto\"");
   }
   spec->named = mode == "named";
+  const bool automatic = mode == "auto";
+  if (auto rf = f.find("response_format"); rf != f.end() && !rf->is_null()) {
+    if (!automatic) {
+      return absl::InvalidArgumentError(
+          "tool_choice: a forced tool call cannot be combined with response_format");
+    }
+    COLI_ASSIGN_OR_RETURN(spec->answer,
+                          grammar::JsonConstraint::FromResponseFormat(rf->dump(
+                              -1, ' ', false, nlohmann::json::error_handler_t::replace)));
+  }
+  spec->lazy = automatic && spec->answer == nullptr;
   spec->single = spec->named || f.value("single", nlohmann::json(false)) == true;
   auto tools = f.find("tools");
   if (tools == f.end() || !tools->is_array() || tools->empty()) {
@@ -76,9 +87,15 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
     absl::StatusOr<std::shared_ptr<const grammar::JsonConstraint>> c =
         grammar::JsonConstraint::FromSchema(
             params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    if (!c.ok() && automatic && t.value("strict", nlohmann::json(false)) != true) {
+      // tool_choice auto, not strict: what the grammar cannot enforce is any JSON object.
+      spec->relaxed.push_back(n);
+      c = grammar::JsonConstraint::FromSchema(R"({"type":"object"})");
+    }
     if (!c.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tools: function '", n, "' parameters: ", c.status().message()));
+          absl::StrCat("tools: function '", n, "' parameters", automatic ? " (strict)" : "", ": ",
+                       c.status().message()));
     }
     spec->names.push_back(n);
     spec->parameters.push_back(*std::move(c));
@@ -157,6 +174,34 @@ absl::StatusOr<AnswerConstraint> AnswerConstraint::CreateToolCalls(
     int32_t chat_parse_mode) {
   if (spec == nullptr || spec->names.empty()) {
     return absl::InvalidArgumentError("tool_choice: no tool to call");
+  }
+  if (spec->lazy) {
+    if (chat_parse_mode != kParseInThink && chat_parse_mode != kParseInResponse &&
+        chat_parse_mode != kParseOutside) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tool_choice: auto tool calls need a chat (parse mode ", chat_parse_mode, ")"));
+    }
+    if (!vocab.has_structure()) {
+      return absl::InvalidArgumentError(
+          "tool_choice: the tokenizer has no XTML tokens, so a tool call cannot be found");
+    }
+    AnswerConstraint a(spec->parameters[0], vocab, true);
+    a.tools_ = std::move(spec);
+    a.lazy_ = true;
+    a.phase_ = Phase::kFree;
+    return a;
+  }
+  if (spec->answer != nullptr) {
+    // The format's answer, or (closing the response at its first byte) tool calls.
+    if (chat_parse_mode != kParseInThink && chat_parse_mode != kParseInResponse) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tool_choice: tools beside a response_format need a chat with a generation prompt "
+          "(parse mode ",
+          chat_parse_mode, ")"));
+    }
+    COLI_ASSIGN_OR_RETURN(AnswerConstraint a, Create(spec->answer, vocab, chat_parse_mode));
+    a.tools_ = std::move(spec);
+    return a;
   }
   if (chat_parse_mode != kParseInThink && chat_parse_mode != kParseInResponse) {
     return absl::InvalidArgumentError(
@@ -268,6 +313,18 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
       }
       if (matcher_.CanEnd()) (*allowed)[v.close_] = 1;
       return;
+    case Phase::kFree:
+      allowed->resize(n);
+      for (size_t i = 0; i < n; ++i) (*allowed)[i] = FreePermits(static_cast<int32_t>(i)) ? 1 : 0;
+      return;
+    case Phase::kHeader:
+      allowed->assign(n, 0);
+      for (size_t i = 0; i < n; ++i) {
+        const std::string& b = v.bytes_[i];
+        if (!b.empty() && HeaderPrefix(run_ + b, false)) (*allowed)[i] = 1;
+      }
+      if (HeaderPrefix(run_, true)) (*allowed)[v.sep_] = 1;
+      return;
     case Phase::kAnswer:
       break;
   }
@@ -281,6 +338,46 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
     for (int32_t id : v.stop_ids_) (*allowed)[id] = 1;
     if (chat_) (*allowed)[v.close_] = 1;
   }
+  // Tools beside a response_format: tool calls instead of the value (an empty response).
+  if (ValueOrCalls() && matcher_.consumed() == 0) (*allowed)[v.close_] = 1;
+}
+
+bool AnswerConstraint::CallsLeft() const {
+  return tools_ != nullptr && (!tools_->single || calls_ == 0);
+}
+
+bool AnswerConstraint::OpensCall(std::string_view text) { return text.starts_with("call "); }
+
+// `text` is a prefix of (whole: equal to) `call tool="NAME" index="K"` for an offered NAME, K
+// the next call's position.
+bool AnswerConstraint::HeaderPrefix(std::string_view text, bool whole) const {
+  if (!CallsLeft()) return false;
+  const std::string index = absl::StrCat("\" index=\"", calls_ + 1, "\"");
+  for (const std::string& name : tools_->names) {
+    const std::string header = absl::StrCat("call tool=\"", name, index);
+    if (whole ? text == header : std::string_view(header).starts_with(text)) return true;
+  }
+  return false;
+}
+
+// Watching (kFree): every token, except one that would open a call that cannot be completed —
+// an ordinary token taking an <|open|> run to `call …` off every valid header, or <|sep|>
+// ending a run that reads `call` (a call with no tool).
+bool AnswerConstraint::FreePermits(int32_t id) const {
+  const ConstraintVocab& v = *vocab_;
+  if (!in_run_) return true;
+  const std::string& b = v.bytes_[id];
+  if (b.empty()) return !(id == v.sep_ && run_ == "call");
+  const std::string text = run_ + b;
+  return !OpensCall(text) || HeaderPrefix(text, false);
+}
+
+bool AnswerConstraint::Permits(int32_t id) const {
+  if (id < 0 || id >= vocab_->vocab_size()) return false;
+  if (phase_ == Phase::kFree) return FreePermits(id);
+  std::vector<uint8_t> allowed;
+  Allowed(&allowed);
+  return allowed[id] != 0;
 }
 
 absl::Status AnswerConstraint::Mask(std::span<float> logits) const {
@@ -336,7 +433,7 @@ void AnswerConstraint::Accept(int32_t id) {
         forced_pos_ = 0;
         phase_ = Phase::kForced;
         after_forced_ = Phase::kAnswer;
-        if (tools_ != nullptr) {
+        if (tools_ != nullptr && tools_->answer == nullptr) {
           // An empty response, then the calls: `<|close|>response<|sep|><|open|>tools<|sep|>`.
           forced_.push_back(v.close_);
           Append(&forced_, {&v.response_});
@@ -365,6 +462,47 @@ void AnswerConstraint::Accept(int32_t id) {
       if (!prefix || v.bytes_[id].empty()) phase_ = Phase::kDone;
       return;
     }
+    case Phase::kFree:
+      if (v.bytes_[id].empty()) {
+        if (in_run_ && id == v.sep_ && run_ == "call") {
+          phase_ = Phase::kDone;  // not permitted
+          return;
+        }
+        in_run_ = id == v.open_;
+        run_.clear();
+        return;
+      }
+      if (!in_run_) return;
+      run_ += v.bytes_[id];
+      if (OpensCall(run_)) {
+        phase_ = HeaderPrefix(run_, false) ? Phase::kHeader : Phase::kDone;
+      } else if (!std::string_view("call ").starts_with(run_)) {
+        in_run_ = false;  // another tag: it can no longer become a call
+        run_.clear();
+      }
+      return;
+    case Phase::kHeader:
+      if (id == v.sep_ && HeaderPrefix(run_, true)) {
+        // The call's tool; then `<|open|>json type="object"<|sep|>` and its arguments.
+        const size_t from = std::string_view("call tool=\"").size();
+        const std::string name = run_.substr(from, run_.find('"', from) - from);
+        const auto it = std::find(tools_->names.begin(), tools_->names.end(), name);
+        matcher_ = grammar::JsonMatcher(
+            tools_->parameters[static_cast<size_t>(it - tools_->names.begin())]);
+        std::vector<int32_t> ids = {v.open_};
+        Append(&ids, {&v.json_, &v.type_attr_, &v.eq_quote_, &v.object_, &v.quote_});
+        ids.push_back(v.sep_);
+        in_run_ = false;
+        run_.clear();
+        Force(std::move(ids), Phase::kArgs);
+        return;
+      }
+      if (v.bytes_[id].empty() || !HeaderPrefix(run_ + v.bytes_[id], false)) {
+        phase_ = Phase::kDone;
+        return;
+      }
+      run_ += v.bytes_[id];
+      return;
     case Phase::kArgs:
       if (id == v.close_ && matcher_.CanEnd()) {
         ++calls_;
@@ -374,6 +512,10 @@ void AnswerConstraint::Accept(int32_t id) {
         ids.push_back(v.close_);
         Append(&ids, {&v.call_});
         ids.push_back(v.sep_);
+        if (lazy_) {
+          Force(std::move(ids), Phase::kFree);  // free again
+          return;
+        }
         if (!tools_->single) {
           Force(std::move(ids), Phase::kAfterCall);
           return;
@@ -414,6 +556,17 @@ void AnswerConstraint::Accept(int32_t id) {
   }
   if (stop) {
     phase_ = Phase::kDone;
+    return;
+  }
+  if (id == v.close_ && ValueOrCalls() && matcher_.consumed() == 0) {
+    // Tools beside a response_format: an empty response, then the calls (as "required").
+    forced_ = v.response_;
+    forced_.push_back(v.sep_);
+    forced_.push_back(v.open_);
+    Append(&forced_, {&v.tools_});
+    forced_.push_back(v.sep_);
+    forced_pos_ = 0;
+    StartCall();
     return;
   }
   if (chat_ && id == v.close_) {

@@ -35,6 +35,21 @@
 // that function's parameters schema, and <|close|> is allowed once it can end. After a call, a
 // named choice (or "single": parallel_tool_calls false) ends the message; "required" lets the
 // model open another call or end.
+//
+// tool_choice "auto" (mode "auto", the default whenever tools are offered) is LAZY, as
+// llama.cpp's lazy grammars: reasoning and answer stay free, and the row draws exactly what it
+// would draw unconstrained (`watching()`: sample as usual, then `Permits(id)`) until a sampled
+// token opens a call — an <|open|> run whose bytes start with `call ` (the parser's call tag).
+// A token that would open a call whose header cannot be completed (an unknown tool name, a
+// wrong index, a call past the one allowed by "single") is refused by Permits, and the row
+// redraws under the mask (`Mask`), where it is excluded. Once a valid opener is taken the rest
+// of the call is constrained: the header's bytes `call tool="NAME" index="K"` (NAME among the
+// tools, K = the call's position in the message, any segmentation) and <|sep|>, then forced
+// `<|open|>json type="object"<|sep|>`, ARGS (that tool's parameters schema), <|close|> once
+// they can end and the forced `json<|sep|><|close|>call<|sep|>`; then the row is free again.
+// "auto" together with a response_format (the extension's "response_format" member): the
+// answer is the format's value OR tool calls — at the answer's first byte <|close|> is allowed
+// too, and closes the (empty) response into the "required" machinery above.
 #ifndef COLI_PLUGINS_KIMI_K3_CONSTRAINED_H_
 #define COLI_PLUGINS_KIMI_K3_CONSTRAINED_H_
 
@@ -56,14 +71,21 @@ namespace coli::k3 {
 // "required"|"named","tools":[{"name":…,"parameters":{…}},…]}).
 struct ToolCallSpec {
   bool named = false;   // exactly one call (of the only tool), else one or more
-  bool single = false;  // "single": true (parallel_tool_calls false): exactly one call
+  bool single = false;  // "single": true (parallel_tool_calls false): exactly (auto: at most) one
+  bool lazy = false;    // mode "auto": calls the model opens itself are constrained
   std::vector<std::string> names;
   std::vector<std::shared_ptr<const grammar::JsonConstraint>> parameters;  // per name
+  // Auto only: tools whose parameters schema the grammar refuses and that are not strict get
+  // "any JSON object" (their names here); a strict one is refused.
+  std::vector<std::string> relaxed;
+  // Auto only: the request's response_format (null when none): answer = its value or calls.
+  std::shared_ptr<const grammar::JsonConstraint> answer;
 };
 // True when `format_json` is a coli_tool_calls object (checked cheaply; Parse validates).
 bool IsToolCallFormat(std::string_view format_json);
 // INVALID_ARGUMENT naming the tool (a name that is not [A-Za-z0-9_.-]{1,64}, a parameters schema
-// the grammar refuses, with its path) or the malformed member.
+// the grammar refuses, with its path — under "auto" only for a strict tool) or the malformed
+// member.
 absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(std::string_view format_json);
 
 // One model's vocabulary as the constraint sees it; built once per model, immutable after.
@@ -105,7 +127,8 @@ class AnswerConstraint {
       std::shared_ptr<const grammar::JsonConstraint> constraint, const ConstraintVocab& vocab,
       int32_t chat_parse_mode);
   // A tool-call constraint; INVALID_ARGUMENT unless the chat has a generation prompt (think or
-  // response) and the vocabulary has XTML tokens.
+  // response; "auto" without a response_format: any chat mode) and the vocabulary has XTML
+  // tokens.
   static absl::StatusOr<AnswerConstraint> CreateToolCalls(std::shared_ptr<const ToolCallSpec> spec,
                                                           const ConstraintVocab& vocab,
                                                           int32_t chat_parse_mode);
@@ -119,13 +142,30 @@ class AnswerConstraint {
   // The token sampled. An id Allowed did not allow ends the constraint (nothing more is masked).
   void Accept(int32_t id);
 
+  // Lazy tool calls (mode "auto"): true while no call is open, so the row samples exactly as an
+  // unconstrained row and keeps the token when Permits(id); otherwise it redraws under Mask.
+  bool watching() const { return phase_ == Phase::kFree; }
+  // Whether `id` may be the next token (cheap while watching(); else one Allowed()).
+  bool Permits(int32_t id) const;
+
   bool answering() const { return phase_ == Phase::kAnswer; }
   bool ended() const { return phase_ == Phase::kDone; }
   int calls() const { return calls_; }  // tool calls whose arguments were closed
   const grammar::JsonMatcher& matcher() const { return matcher_; }
 
  private:
-  enum class Phase { kThink, kForced, kAnswer, kToolName, kArgs, kAfterCall, kDone };
+  enum class Phase {
+    kThink, kForced, kAnswer, kToolName, kArgs, kAfterCall, kDone,
+    kFree,    // lazy: nothing open; <|open|> runs are watched for a call opener
+    kHeader,  // lazy: inside a call's opening run, `call tool="NAME" index="K"` byte by byte
+  };
+  bool CallsLeft() const;
+  // Tools beside a response_format: the answer is the value, or calls instead.
+  bool ValueOrCalls() const { return chat_ && tools_ != nullptr && tools_->answer != nullptr; }
+  // Lazy: `text` (an opening run's bytes) opens a call / is a prefix of a valid header.
+  static bool OpensCall(std::string_view text);
+  bool HeaderPrefix(std::string_view text, bool whole) const;
+  bool FreePermits(int32_t id) const;
   void Force(std::vector<int32_t> ids, Phase after);
   void StartCall();  // forces `<|open|>call tool="` (or `call tool="` after a sampled open)
   void AfterName();  // the name is complete: forces ` index="K"<|sep|><|open|>json …<|sep|>`
@@ -142,6 +182,10 @@ class AnswerConstraint {
   std::shared_ptr<const ToolCallSpec> tools_;
   std::string name_;  // kToolName: bytes of `NAME"` chosen so far
   int calls_ = 0;
+  // Lazy (kFree / kHeader): inside an <|open|> run that may still become a call, its bytes.
+  bool lazy_ = false;
+  bool in_run_ = false;
+  std::string run_;
 };
 
 }  // namespace coli::k3

@@ -1112,17 +1112,38 @@ absl::Status VerifyDraft(K3Session* s, const coli_decode_row_t& row,
   return absl::OkStatus();
 }
 
+// The token a constrained row draws from `logits` with `sampler` (its state advanced as by the
+// draws made): a row watching for a lazy tool call (tool_choice auto, nothing open) draws from
+// the raw logits exactly as an unconstrained row and keeps the token unless it opens a call
+// that cannot be completed, in which case it draws again (the sampler's next draw) from the
+// masked copy `scratch`; any other constrained row draws once from the masked copy.
+// Deterministic in (sampler state, logits, constraint), so a speculative verify drawing with
+// copies reproduces it.
+absl::StatusOr<int32_t> DrawConstrained(const AnswerConstraint& c, sampling::Sampler& sampler,
+                                        std::span<const float> logits,
+                                        const sampling::TokenHistory* history,
+                                        std::vector<float>* scratch) {
+  if (c.watching()) {
+    const int32_t id = sampler.Draw(logits, history);
+    if (c.Permits(id)) return id;
+  }
+  scratch->assign(logits.begin(), logits.end());
+  COLI_RETURN_IF_ERROR(c.Mask(*scratch));
+  return sampler.Draw(*scratch, history);
+}
+
 // Samples the row's token from its session's logits (after the pending token was fed). A
-// constrained row (response_format) draws from a copy of the logits with every token the
-// constraint disallows at -inf, before every other knob; its reported logprob and top logprobs
-// stay those of the raw logits, as for every row (Sampler::Next is Draw + Logprob + TopLogprobs).
+// constrained row (response_format, tool calls) draws with DrawConstrained — from a copy of the
+// logits with every token the constraint disallows at -inf, before every other knob, or for a
+// lazy tool-call row watching for a call, from the raw logits first; its reported logprob and
+// top logprobs stay those of the raw logits, as for every row (Sampler::Next is Draw + Logprob
+// + TopLogprobs).
 absl::Status Sample(K3Session* s, coli_decode_row_t* row) {
   sampling::Sampler& sampler = RowSampler(s, *row);
   sampling::Sample sample;
   if (s->constraint.has_value() && !s->constraint->ended()) {
-    s->masked.assign(s->logits.begin(), s->logits.end());
-    COLI_RETURN_IF_ERROR(s->constraint->Mask(s->masked));
-    sample.id = sampler.Draw(s->masked, &s->history);
+    COLI_ASSIGN_OR_RETURN(sample.id, DrawConstrained(*s->constraint, sampler, s->logits,
+                                                     &s->history, &s->masked));
     sample.logprob = sampling::Logprob(s->logits, sample.id);
     if (sampler.options().logprobs > 0) {
       sample.top = sampling::TopLogprobs(s->logits, sampler.options().logprobs);

@@ -544,6 +544,43 @@ TEST_F(HostTest, ResponseFormatReachesThePlugin) {
   EXPECT_TRUE(refused.ids.empty());
 }
 
+// tool_choice auto (or none given) with tools: the engine sends the coli_tool_calls extension
+// with mode "auto" (the plugin constrains calls the model opens, docs/status/constrained.md);
+// the echo family refuses every format and quotes it, which shows what travelled.
+TEST_F(HostTest, ToolChoiceAutoTravelsAsTheLazyExtension) {
+  Start();
+  auto chat = [&](const std::string& extra) {
+    v1::ChatRequest request;
+    request.set_model("echo");
+    request.set_request_json(
+        R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",)"
+        R"( "function": {"name": "f", "parameters": {"type": "object"}, "strict": true}}])" +
+        extra + "}");
+    grpc::ClientContext ctx;
+    auto reader = stub_->Chat(&ctx, request);
+    v1::ChatEvent e;
+    while (reader->Read(&e)) {
+    }
+    return reader->Finish();
+  };
+  const std::string tool = R"("tools":[{"name":"f","parameters":{"type":"object"},"strict":true}])";
+  for (const std::string& extra : {std::string(), std::string(R"(, "tool_choice": "auto")")}) {
+    const grpc::Status status = chat(extra);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr(R"({"mode":"auto",)" + tool +
+                                                  R"(,"type":"coli_tool_calls"})"));
+  }
+  const grpc::Status single = chat(R"(, "parallel_tool_calls": false)");
+  EXPECT_THAT(single.error_message(), HasSubstr(R"("single":true)"));
+  EXPECT_THAT(single.error_message(), HasSubstr(R"("mode":"auto")"));
+  // With a response_format, auto carries it (the answer is that value or tool calls).
+  const grpc::Status format = chat(R"(, "response_format": {"type": "json_object"})");
+  EXPECT_THAT(format.error_message(),
+              HasSubstr(R"({"mode":"auto","response_format":{"type":"json_object"},)" + tool));
+  // tool_choice none: nothing to enforce, the echo answers.
+  EXPECT_TRUE(chat(R"(, "tool_choice": "none")").ok());
+}
+
 TEST_F(HostTest, TokenizeDetokenizeApplyTemplate) {
   Start();
   grpc::ClientContext c1;

@@ -3,7 +3,7 @@
 if(TARGET kimi_k3)
   coli_cc_test(NAME k3_tool_choice_plugin_test
     SRCS ${CMAKE_CURRENT_LIST_DIR}/tool_choice_plugin_test.cc
-    DEPS coli_host_core coli_plugin_api nlohmann_json::nlohmann_json)
+    DEPS coli_host_core coli_plugin_api coli_tokenizer nlohmann_json::nlohmann_json)
   target_compile_definitions(k3_tool_choice_plugin_test PRIVATE
     COLI_K3_TINY_DIR="${PROJECT_BINARY_DIR}/fixtures/k3_tiny"
     COLI_PLUGIN_DIR_FOR_TEST="${COLI_PLUGIN_DIR}")

@@ -15,6 +15,7 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/tokenizer/tokenizer.h"
 #include "host/plugin.h"
 #include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
@@ -87,14 +88,43 @@ struct Output {
   std::string content, reasoning;
   int32_t finish = COLI_FINISH_NONE;
   bool end_of_message = false;
+  std::vector<int32_t> ids;  // every token generated
+};
+
+// Steering: from step `at` on, script[i] (when >= 0) gets a +30 logit_bias at step at + i — a
+// caller's ordinary knob, used to make the random tiny model open a call itself (left alone it
+// never does); kOrdinary puts -30 on every special token instead (any ordinary token, the
+// model's choice). A constraint masks before the bias, so a steered token it forbids stays out.
+constexpr int32_t kOrdinary = -2;
+struct Steer {
+  int at = 0;
+  std::vector<int32_t> script;
 };
 
 class K3ToolChoiceTest : public k3::abi_test::TinyHostModelTest {
+ public:
+  static host::Model* model() { return model_; }
+  // Every special id of the fixture's tokenizer (named and reserved).
+  static const std::vector<int32_t>& SpecialIds() {
+    static const std::vector<int32_t> ids = [] {
+      std::vector<int32_t> out;
+      auto t = tok::Tokenizer::LoadDir(COLI_K3_TINY_DIR);
+      EXPECT_OK(t.status());
+      if (!t.ok()) return out;
+      for (int32_t id = 0; id < (*t)->vocab_size(); ++id) {
+        if ((*t)->IsSpecial(id)) out.push_back(id);
+      }
+      return out;
+    }();
+    return ids;
+  }
+
  protected:
   // A chat with both tools offered and `tool_choice` in the body (rendered by the plugin's
   // template), generated under `format` ("" = none).
   static Output Chat(const Json& tool_choice, const std::string& format, bool thinking,
-                     const host::Sampling& knobs, uint64_t seed, int max_steps = 600) {
+                     const host::Sampling& knobs, uint64_t seed, int max_steps = 600,
+                     const std::vector<Steer>& steers = {}) {
     Json body = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
                  {"tools", Tools()},
                  {"enable_thinking", thinking}};
@@ -109,9 +139,29 @@ class K3ToolChoiceTest : public k3::abi_test::TinyHostModelTest {
             ->Prefill(rendered->tokens, rendered->chat_parse_mode, seed, nullptr, nullptr, format)
             .status());
     for (int i = 0; i < max_steps; ++i) {
-      auto step = (*session)->Step(knobs);
+      host::Sampling step_knobs = knobs;
+      auto add_bias = [&](int32_t id, float bias) {
+        auto b = std::find_if(step_knobs.logit_bias.begin(), step_knobs.logit_bias.end(),
+                              [&](const coli_logit_bias_t& b) { return b.id == id; });
+        if (b == step_knobs.logit_bias.end()) {
+          step_knobs.logit_bias.push_back({id, bias});
+        } else {
+          b->bias += bias;
+        }
+      };
+      for (const Steer& steer : steers) {
+        const int k = i - steer.at;
+        if (k < 0 || k >= static_cast<int>(steer.script.size())) continue;
+        if (steer.script[k] == kOrdinary) {
+          for (int32_t id : SpecialIds()) add_bias(id, -30.0f);
+        } else if (steer.script[k] >= 0) {
+          add_bias(steer.script[k], 30.0f);
+        }
+      }
+      auto step = (*session)->Step(step_knobs);
       EXPECT_OK(step.status());
       if (!step.ok()) break;
+      run.ids.push_back(step->token);
       for (const host::ChatEvent& e : step->events) {
         if (e.channel == COLI_CHANNEL_TOOL_CALL) run.calls.push_back(e.text);
         if (e.channel == COLI_CHANNEL_CONTENT) run.content += e.text;
@@ -222,6 +272,233 @@ TEST_F(K3ToolChoiceTest, BadToolConstraintsAreRefusedByName) {
   // Plain text has no chat structure to write a call in.
   EXPECT_THAT(prefill(Format("required", {"pick"}), 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tool_choice")));
+}
+
+// ---- tool_choice "auto": lazy, a call the model opens itself is constrained ----
+
+// The host's encoding of tool_choice auto (ToolCallFormatOf): every tool, mode "auto".
+std::string AutoFormat(bool single = false) {
+  Json f = Json::parse(Format("auto", {"get_weather", "pick"}));
+  if (single) f["single"] = true;
+  return f.dump();
+}
+
+int32_t Special(const std::string& text) {
+  for (const host::SpecialToken& t : K3ToolChoiceTest::model()->info().special_tokens) {
+    if (t.text == text) return t.id;
+  }
+  ADD_FAILURE() << "no special token " << text;
+  return -1;
+}
+
+std::vector<int32_t> Ids(const std::string& text) {
+  auto ids = K3ToolChoiceTest::model()->Tokenize(text, false);
+  EXPECT_OK(ids.status());
+  return ids.ok() ? *ids : std::vector<int32_t>{};
+}
+
+// A whole call written by steering, except its name (4 free steps) and its arguments (8 free
+// steps): what a model that opens a call on its own writes, with the parts a constraint would
+// choose left to the random model. Without enforcement the call the parser reports has a name
+// that is not a tool's and arguments that are not valid; with it, the constraint takes over at
+// `call ` and every later steered token it forbids is masked away.
+std::vector<int32_t> SteeredCall() {
+  const int32_t open = Special("<|open|>"), close = Special("<|close|>"), sep = Special("<|sep|>");
+  std::vector<int32_t> s = {open};
+  for (int32_t id : Ids("call tool=\"")) s.push_back(id);
+  for (int i = 0; i < 4; ++i) s.push_back(kOrdinary);
+  for (int32_t id : Ids("\" index=\"1\"")) s.push_back(id);
+  s.push_back(sep);
+  s.push_back(open);
+  for (int32_t id : Ids("json type=\"object\"")) s.push_back(id);
+  s.push_back(sep);
+  for (int i = 0; i < 8; ++i) s.push_back(kOrdinary);
+  s.push_back(close);
+  for (int32_t id : Ids("json")) s.push_back(id);
+  s.push_back(sep);
+  s.push_back(close);
+  for (int32_t id : Ids("call")) s.push_back(id);
+  s.push_back(sep);
+  return s;
+}
+
+TEST_F(K3ToolChoiceTest, AutoConstrainsCallsTheModelOpensItself) {
+  int unconstrained_calls = 0, unconstrained_invalid = 0, constrained_calls = 0;
+  struct Case {
+    bool thinking;
+    uint64_t seed;
+  };
+  for (const Case c : {Case{false, 0}, Case{false, 1}, Case{false, 2}, Case{true, 0},
+                       Case{true, 3}}) {
+    {
+      const bool thinking = c.thinking;
+      const uint64_t seed = c.seed;
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " thinking " << thinking);
+      const host::Sampling knobs = Knobs(seed == 0 ? 0.0f : 1.0f);
+      const std::vector<Steer> steer = {{5, SteeredCall()}};
+      // The control: the same steering without enforcement opens calls that do not validate.
+      const Output free = Chat("auto", "", thinking, knobs, seed, 130, steer);
+      for (const std::string& call : free.calls) {
+        ++unconstrained_calls;
+        if (!CallErrors(call, {"get_weather", "pick"}).empty()) ++unconstrained_invalid;
+      }
+      const Output run = Chat("auto", AutoFormat(), thinking, knobs, seed, 130, steer);
+      ASSERT_GE(run.calls.size(), 1u) << "content: " << run.content;
+      for (const std::string& call : run.calls) {
+        EXPECT_EQ(CallErrors(call, {"get_weather", "pick"}), "");
+      }
+      constrained_calls += static_cast<int>(run.calls.size());
+      // Up to the call's opener the two runs are the same tokens.
+      ASSERT_GE(run.ids.size(), 7u);
+      EXPECT_EQ(std::vector<int32_t>(run.ids.begin(), run.ids.begin() + 7),
+                std::vector<int32_t>(free.ids.begin(), free.ids.begin() + 7));
+      // Seeded runs repeat.
+      if (seed == 1) {
+        EXPECT_EQ(Chat("auto", AutoFormat(), thinking, knobs, seed, 130, steer).ids, run.ids);
+      }
+    }
+  }
+  // The control must show that the test means something: unconstrained, the opened calls the
+  // parser reports are not valid calls of the tools.
+  EXPECT_GE(unconstrained_calls, 4);
+  EXPECT_EQ(unconstrained_invalid, unconstrained_calls);
+  EXPECT_GE(constrained_calls, 5);
+}
+
+TEST_F(K3ToolChoiceTest, AutoWithoutACallIsBitIdenticalToNoConstraint) {
+  // Not steered, and steered into <|open|> runs that are not calls (`tools`, `ca` then free):
+  // the constraint watches them but changes nothing.
+  const int32_t open = Special("<|open|>"), sep = Special("<|sep|>");
+  std::vector<int32_t> tools = {open};
+  for (int32_t id : Ids("tools")) tools.push_back(id);
+  tools.push_back(sep);
+  std::vector<int32_t> ca = {open};
+  for (int32_t id : Ids("ca")) ca.push_back(id);
+  struct Case {
+    bool thinking;
+    uint64_t seed;
+  };
+  for (const Case c : {Case{false, 0}, Case{false, 1}, Case{false, 2}, Case{true, 0},
+                       Case{true, 3}}) {
+    for (const std::vector<Steer>& steer :
+         {std::vector<Steer>{}, std::vector<Steer>{{3, tools}, {20, ca}, {40, ca}}}) {
+      {
+        const bool thinking = c.thinking;
+        const uint64_t seed = c.seed;
+        SCOPED_TRACE(::testing::Message() << "seed " << seed << " thinking " << thinking
+                                          << " steered " << !steer.empty());
+        const host::Sampling knobs = Knobs(seed == 0 ? 0.0f : 1.0f);
+        const Output free = Chat("auto", "", thinking, knobs, seed, 80, steer);
+        const Output run = Chat("auto", AutoFormat(), thinking, knobs, seed, 80, steer);
+        EXPECT_TRUE(run.calls.empty());
+        EXPECT_EQ(run.ids, free.ids);
+        EXPECT_EQ(run.content, free.content);
+        EXPECT_EQ(run.reasoning, free.reasoning);
+      }
+    }
+  }
+}
+
+TEST_F(K3ToolChoiceTest, AutoSingleAllowsAtMostOneCall) {
+  // Two steered calls; parallel_tool_calls false keeps the second from opening.
+  const std::vector<Steer> steer = {{2, SteeredCall()}, {150, SteeredCall()}};
+  int two = 0;
+  for (uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const Output many = Chat("auto", AutoFormat(false), false, Knobs(1.0f), seed, 300, steer);
+    for (const std::string& call : many.calls) {
+      EXPECT_EQ(CallErrors(call, {"get_weather", "pick"}), "");
+    }
+    two += many.calls.size() >= 2 ? 1 : 0;
+    const Output one = Chat("auto", AutoFormat(true), false, Knobs(1.0f), seed, 300, steer);
+    ASSERT_EQ(one.calls.size(), 1u);
+    EXPECT_EQ(CallErrors(one.calls[0], {"get_weather", "pick"}), "");
+  }
+  EXPECT_GE(two, 1);  // without "single" the second steered call does open
+}
+
+TEST_F(K3ToolChoiceTest, AutoStrictToolWithRefusedSchemaIsRefusedElseAnyObject) {
+  Json format = Json::parse(AutoFormat());
+  format["tools"][1]["parameters"] = {{"type", "object"},
+                                      {"properties", {{"n", {{"type", "integer"},
+                                                             {"multipleOf", 2}}}}}};
+  auto session = model_->NewSession();
+  ASSERT_OK(session.status());
+  auto rendered = model_->RenderChat(
+      Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", Tools()}}.dump(), true);
+  ASSERT_OK(rendered.status());
+  format["tools"][1]["strict"] = true;
+  EXPECT_THAT((*session)
+                  ->Prefill(rendered->tokens, rendered->chat_parse_mode, 0, nullptr, nullptr,
+                            format.dump())
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("function 'pick' parameters (strict): "
+                                 "schema.properties.n.multipleOf")));
+  // Not strict: its calls' arguments are any JSON object (steered calls still parse).
+  // A mild bias on `"`, `}` and `,` (as the json_object tests): any object may grow without
+  // bound, and the random model would otherwise rarely close one.
+  format["tools"][1]["strict"] = false;
+  host::Sampling knobs = Knobs(1.0f);
+  for (const char* t : {"\"", "}", ","}) knobs.logit_bias.push_back({Ids(t).at(0), 3.0f});
+  int picks = 0;
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    const Output run = Chat("auto", format.dump(), false, knobs, seed, 200, {{2, SteeredCall()}});
+    ASSERT_GE(run.calls.size(), 1u) << "seed " << seed;
+    for (const std::string& text : run.calls) {
+      const Json call = Json::parse(text);
+      ASSERT_TRUE(call["arguments"].is_object()) << text;
+      if (call["name"] == "get_weather") {
+        EXPECT_EQ(CallErrors(text, {"get_weather"}), "");
+      }
+      EXPECT_TRUE(call["name"] == "get_weather" || call["name"] == "pick") << text;
+      picks += call["name"] == "pick" ? 1 : 0;
+    }
+  }
+  EXPECT_GE(picks, 1);  // the relaxed tool was called (any object) at least once
+}
+
+TEST_F(K3ToolChoiceTest, AutoBesideAResponseFormatGivesTheValueOrValidCalls) {
+  // The extension carries the response_format: the answer is its value, or (when the model
+  // closes the response at its first byte) tool calls instead; either way valid.
+  const Json schema = {{"type", "object"},
+                       {"properties", {{"answer", {{"enum", {"yes", "no"}}}}}},
+                       {"required", {"answer"}},
+                       {"additionalProperties", false}};
+  Json format = Json::parse(AutoFormat());
+  format["response_format"] = {{"type", "json_schema"},
+                               {"json_schema", {{"name", "a"}, {"schema", schema}}}};
+  const int32_t close = Special("<|close|>");
+  int values = 0, calls = 0;
+  for (uint64_t seed : {0, 1, 2}) {
+    for (const bool steer_calls : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " calls " << steer_calls);
+      std::vector<Steer> steer;
+      if (steer_calls) steer.push_back({0, {close}});
+      host::Sampling knobs;  // no bias on <|close|> (it would choose the calls)
+      knobs.temperature = seed == 0 ? 0.0f : 1.0f;
+      const Output run = Chat("auto", format.dump(), false, knobs, seed, 200, steer);
+      EXPECT_TRUE(run.end_of_message);
+      if (run.calls.empty()) {
+        const Json value = Json::parse(run.content, nullptr, false);
+        ASSERT_TRUE(value.is_object()) << run.content;
+        EXPECT_EQ(value.size(), 1u);
+        EXPECT_TRUE(value["answer"] == "yes" || value["answer"] == "no") << run.content;
+        ++values;
+      } else {
+        EXPECT_EQ(run.content, "");
+        for (const std::string& call : run.calls) {
+          EXPECT_EQ(CallErrors(call, {"get_weather", "pick"}), "");
+        }
+        ++calls;
+      }
+      if (steer_calls) {
+        EXPECT_FALSE(run.calls.empty());
+      }
+    }
+  }
+  EXPECT_GE(values, 1);
+  EXPECT_GE(calls, 3);
 }
 
 }  // namespace

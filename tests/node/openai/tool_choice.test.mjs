@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Ajv from 'ajv';
 
-import { TINY, startServer, stopServer } from './serve_helpers.mjs';
+import { TINY, startServer, stopServer, post } from './serve_helpers.mjs';
 
 let tiny, client, modelId;
 const messages = [{ role: 'user', content: 'Weather in Paris?' }];
@@ -117,6 +117,32 @@ test('tool_choice auto on the random model: no call (the checks above can fail)'
     });
     assert.equal(r.choices[0].message.tool_calls ?? undefined, undefined);
   }
+});
+
+// tool_choice auto is lazy (docs/status/constrained.md): free until the model opens a call, then
+// the call is constrained. The random model opens one only when pushed: a static logit_bias of
+// +12 on <|open|> and the tokens of "call to" (c, a, ll, " to") makes it write those five tokens
+// almost only, and in these seeded runs (found by search on the tiny fixture) it spells
+// `<|open|>call to` once — from there the constraint writes a whole valid call (a tool's name,
+// arguments by its schema). Unconstrained, the same runs would continue `call to` with the
+// biased junk (`call tocllaa…`: no tool's name, no arguments).
+test('tool_choice auto: calls the model opens itself are valid calls (ajv)', async () => {
+  const ids = (await post(tiny.base, '/tokenize', { prompt: '<|open|>call to', allow_special: true })).json.tokens;
+  assert.equal(ids.length, 5, JSON.stringify(ids));
+  const logit_bias = Object.fromEntries(ids.map((id) => [id, 12]));
+  let calls = 0;
+  for (const seed of [43, 106, 150]) {
+    const r = await client.chat.completions.create({
+      model: modelId, messages, tools, max_tokens: 300, enable_thinking: false, temperature: 1,
+      seed, logit_bias, tool_choice: 'auto',
+    });
+    const m = r.choices[0].message;
+    for (const call of m.tool_calls ?? []) {
+      assert.deepEqual(problems(call, ['get_weather', 'pick']), [], JSON.stringify(call));
+      calls += 1;
+    }
+  }
+  assert.ok(calls >= 2, `only ${calls} calls: the seeds no longer open calls`);
 });
 
 test('unsupported tool_choice combinations are a 400 naming the param', async () => {
