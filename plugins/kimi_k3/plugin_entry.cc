@@ -1039,9 +1039,8 @@ sampling::SamplerOptions RowKnobs(const coli_decode_row_t& row) {
 // their history).
 std::vector<int32_t> SpecDraft(K3Session* s, const coli_decode_row_t& row) {
   const K3Model& m = *s->m;
-  // A constrained row does not speculate: its tokens are drawn from masked logits, which a
-  // verify of unmasked draft rows would not reproduce (docs/status/constrained.md).
-  if (m.spec_max <= 0 || s->spec.undelivered() > 0 || s->constraint.has_value()) return {};
+  // A constrained row drafts too: VerifyDraft verifies it under the mask.
+  if (m.spec_max <= 0 || s->spec.undelivered() > 0) return {};
   const int64_t room = s->capacity - s->session->position() - 1;
   s->spec_context.assign(s->session->tokens().begin(), s->session->tokens().end());
   s->spec_context.push_back(s->pending);
@@ -1073,6 +1072,11 @@ sampling::Sampler& RowSampler(K3Session* s, const coli_decode_row_t& row) {
   return *s->sampler;
 }
 
+absl::StatusOr<int32_t> DrawConstrained(const AnswerConstraint& c, sampling::Sampler& sampler,
+                                        std::span<const float> logits,
+                                        const sampling::TokenHistory* history,
+                                        std::vector<float>* scratch);
+
 // Feeds the pending token of `s` together with `draft` in one verify chunk under the model's
 // lock (SpecDecoder::Verify); the logits after the pending token become the row's, the accepted
 // tokens wait in s->spec. A greedy row accepts a draft token while it is the row's argmax; a
@@ -1092,7 +1096,32 @@ absl::Status VerifyDraft(K3Session* s, const coli_decode_row_t& row,
     const sampling::Sampler& real = RowSampler(s, row);
     ForwardLock lock(*s->m);
     const auto t0 = Clock::now();
-    v = s->spec.VerifyWithSampler(*s->session, s->pending, draft, real, &s->history);
+    if (s->constraint.has_value() && !s->constraint->ended()) {
+      // A constrained row: each draft row is drawn as `Sample` will draw it — DrawConstrained
+      // with copies of the sampler, the history (penalties only, as VerifyWithSampler) and the
+      // constraint, the copy advanced by each row's token. A draft token the mask forbids is
+      // never drawn, so it is rejected like any mismatch.
+      sampling::Sampler draw = real;
+      std::optional<sampling::TokenHistory> seen;
+      if (sampling::HasPenalties(draw.options())) seen.emplace(s->history);
+      AnswerConstraint c = *s->constraint;
+      std::vector<float> scratch;
+      v = s->spec.Verify(*s->session, s->pending, draft, [&](std::span<const float> logits) {
+        const sampling::TokenHistory* h = seen ? &*seen : nullptr;
+        int32_t id = -1;
+        if (c.ended()) {
+          id = draw.Draw(logits, h);
+        } else if (absl::StatusOr<int32_t> drawn = DrawConstrained(c, draw, logits, h, &scratch);
+                   drawn.ok()) {
+          id = *drawn;  // (an error: no match; the real step reports it)
+        }
+        c.Accept(id);
+        if (seen) seen->AddOutput(id);
+        return id;
+      });
+    } else {
+      v = s->spec.VerifyWithSampler(*s->session, s->pending, draft, real, &s->history);
+    }
     s->compute_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     TakeExpertStats(s);
   }
