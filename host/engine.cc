@@ -216,6 +216,8 @@ v1::Channel ToChannel(int32_t c) {
       return v1::CHANNEL_CONTENT;
     case COLI_CHANNEL_TOOL_CALL:
       return v1::CHANNEL_TOOL_CALL;
+    case COLI_CHANNEL_TOOL_CALL_DELTA:
+      return v1::CHANNEL_TOOL_CALL_DELTA;
     default:
       return v1::CHANNEL_NONE;
   }

@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.4 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.5 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 4
+#define COLI_ABI_VERSION_MINOR 5
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -327,6 +327,14 @@ typedef struct coli_prefill_result_t {
 #define COLI_CHANNEL_REASONING 1 /* thinking text */
 #define COLI_CHANNEL_CONTENT 2   /* answer text */
 #define COLI_CHANNEL_TOOL_CALL 3 /* one complete tool call as JSON {"name":..,"arguments":..} */
+/* v1.5 A piece of the tool call being generated, as JSON {"index": k, "name": "f" (the call's
+ * first delta only), "arguments": "<next piece>"}: k counts the message's calls from 0, and the
+ * pieces of call k, joined, are exactly its arguments text — the complete call's "arguments"
+ * when that is a string, else that value as compact JSON (keys in order, no whitespace, non-ASCII
+ * as UTF-8). The COLI_CHANNEL_TOOL_CALL event still follows when the call closes (a generation
+ * that stops inside a call sends no complete event). A plugin sends deltas only to a host whose
+ * minor (given to coli_plugin_entry) is at least 5. */
+#define COLI_CHANNEL_TOOL_CALL_DELTA 4
 
 typedef struct coli_chat_event_t {
   size_t struct_size;
@@ -500,6 +508,8 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 #define COLI_PLUGIN_API_SIZE_V1_3 COLI_PLUGIN_API_SIZE_V1_2
 /* 1.4 added a prefill input (response_format), no table entry: its table is 1.2's. */
 #define COLI_PLUGIN_API_SIZE_V1_4 COLI_PLUGIN_API_SIZE_V1_2
+/* 1.5 added a chat event channel (COLI_CHANNEL_TOOL_CALL_DELTA), no table entry. */
+#define COLI_PLUGIN_API_SIZE_V1_5 COLI_PLUGIN_API_SIZE_V1_2
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -81,6 +81,8 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kDefaultContext = 8192;
 
 const coli_host_api_t* g_host = nullptr;
+// The host's ABI minor (coli_plugin_entry): 1.5+ hosts get tool-call deltas.
+uint32_t g_host_minor = 0;
 
 class Ride;
 
@@ -927,6 +929,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     COLI_ASSIGN_OR_RETURN(OutputParser parser,
                           OutputParser::Create(*s->m->tokenizer, a->chat_parse_mode));
     s->parser.emplace(std::move(parser));
+    s->parser->set_tool_call_deltas(g_host_minor >= 5);  // COLI_CHANNEL_TOOL_CALL_DELTA
   }
   s->constraint = std::move(constraint);
   s->prompt_tokens += static_cast<double>(prompt.size());
@@ -1481,6 +1484,7 @@ const coli_plugin_api_t kApi = abi::MakePluginTable<K3Family>();
 extern "C" COLI_PLUGIN_EXPORT const coli_plugin_api_t* coli_plugin_entry(
     const coli_host_api_t* host, coli_abi_version_t* version) {
   const uint32_t host_major = version->major;
+  coli::k3::g_host_minor = version->minor;  // 1.5+: chat events include tool-call deltas
   version->major = COLI_ABI_VERSION_MAJOR;
   version->minor = COLI_ABI_VERSION_MINOR;
   if (host_major != COLI_ABI_VERSION_MAJOR) return nullptr;  // the host names both versions

@@ -35,7 +35,7 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.4 on LP64 (x86-64, aarch64). Append-only: a change here breaks every built plugin (the
+// ABI 1.5 on LP64 (x86-64, aarch64; 1.5 moved nothing). Append-only: a change here breaks every built plugin (the
 // function table grows with each minor, at its end; no existing offset moves).
 const Frozen kFrozen[] = {
     {"coli_error_t.struct_size", 0, 32},
@@ -214,6 +214,10 @@ TEST(AbiLayout, TableSizesPerMinor) {
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_4, sizeof(coli_plugin_api_t));
   EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_0, 56u);
   EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_4, sizeof(coli_prefill_args_t));
+  // 1.5 added a chat event channel: no entry, no field; the event keeps its 1.0 layout.
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_5, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_CHANNEL_TOOL_CALL_DELTA, 4);
+  EXPECT_EQ(sizeof(coli_chat_event_t), offsetof(coli_chat_event_t, text) + sizeof(coli_string_t));
 }
 
 TEST(AbiStatus, CodesAreAbslCodes) {
@@ -335,11 +339,11 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.4"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.4, host 1.4)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.5"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.5, host 1.5)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.4 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.5 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
   };
@@ -481,7 +485,7 @@ TEST_F(LoaderTest, ResponseFormatReachesOnlyA14Plugin) {
 
   auto current = host::Plugin::Load(COLI_ECHO_PLUGIN, &report);
   ASSERT_OK(current.status());
-  ASSERT_EQ((*current)->minor(), 4u);
+  ASSERT_GE((*current)->minor(), 4u);  // 1.4 or later
   ASSERT_OK_AND_ASSIGN(auto model, (*current)->Open(dir, host::ModelOptions(), nullptr));
   ASSERT_OK_AND_ASSIGN(auto session, model->NewSession());
   EXPECT_OK(model->CheckResponseFormat(format));

@@ -34,6 +34,9 @@ using coli::abi::FillBytes;
 using coli::abi::FillTokens;
 using coli::abi::View;
 
+// The host's ABI minor (coli_plugin_entry): 1.5+ hosts get tool-call deltas.
+uint32_t g_host_minor = 0;
+
 struct Rule {
   std::string when, reply;
 };
@@ -220,6 +223,7 @@ absl::Status Prefill(ScriptedSession* s, const coli_prefill_args_t* a, coli_pref
     auto parser = coli::k3::OutputParser::Create(tok, a->chat_parse_mode);
     if (!parser.ok()) return parser.status();
     s->parser = std::make_unique<coli::k3::OutputParser>(std::move(*parser));
+    s->parser->set_tool_call_deltas(g_host_minor >= 5);  // ABI 1.5: COLI_CHANNEL_TOOL_CALL_DELTA
   }
   s->decoder = std::make_unique<coli::tok::StreamDecoder>(tok);
   s->prompt_tokens += static_cast<double>(tokens.size());
@@ -330,6 +334,7 @@ const coli_plugin_api_t kApi = coli::abi::MakePluginTable<ScriptedFamily>();
 
 extern "C" COLI_PLUGIN_EXPORT const coli_plugin_api_t* coli_plugin_entry(
     const coli_host_api_t*, coli_abi_version_t* version) {
+  g_host_minor = version->minor;
   version->major = COLI_ABI_VERSION_MAJOR;
   version->minor = COLI_ABI_VERSION_MINOR;
   return &kApi;
