@@ -72,12 +72,21 @@ class JsonMatcher {
 };
 
 // The tokens a matcher's state allows, for one vocabulary: a trie over the tokens' bytes, so a
-// prefix shared by many tokens is matched once.
+// prefix shared by many tokens is matched once. Answers are memoised per state (least recently
+// used first out) within a byte budget shared by every generation using the filter: each
+// entry costs the vocabulary size + its state key + ~100 bytes, so the default 32 MiB holds
+// ~200 states at Kimi K3's 163,840 tokens (a state repeats token after token inside a string;
+// concurrent generations each have their own states, since every request compiles its own
+// constraint). A miss costs the walk (docs/status/grammar.md: ~5-13 ms cold at that size).
 class TokenFilter {
  public:
+  static constexpr size_t kDefaultMemoBytes = size_t{32} << 20;
+
   // token_bytes[i]: the bytes token i stands for; an EMPTY entry (special / control tokens) is
   // never allowed by Allowed (the caller adds its end-of-output tokens when CanEnd()).
-  explicit TokenFilter(const std::vector<std::string>& token_bytes);
+  // `memo_bytes`: the memo's budget (0 = no memo; below one entry's cost nothing is kept).
+  explicit TokenFilter(const std::vector<std::string>& token_bytes,
+                       size_t memo_bytes = kDefaultMemoBytes);
   ~TokenFilter();
   TokenFilter(const TokenFilter&) = delete;
   TokenFilter& operator=(const TokenFilter&) = delete;
@@ -86,6 +95,16 @@ class TokenFilter {
   // would succeed, else 0. Equal, token for token, to trying every token (tested).
   void Allowed(const JsonMatcher& matcher, std::vector<uint8_t>* allowed) const;
   int32_t vocab_size() const;
+
+  // The memo's counters since construction (thread-safe snapshot).
+  struct MemoStats {
+    size_t entries = 0, bytes = 0;  // held now; bytes <= the budget
+    size_t budget = 0;
+    uint64_t hits = 0, misses = 0;
+  };
+  MemoStats memo_stats() const;
+  // The cost the memo counts for one entry with a key of `key_bytes` bytes.
+  size_t MemoEntryBytes(size_t key_bytes) const;
 
  private:
   struct Trie;

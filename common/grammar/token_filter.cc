@@ -1,12 +1,15 @@
 // TokenFilter: a trie over the vocabulary's token bytes, walked depth-first
 // with the matcher's machine state (one state copy + one byte step per trie
 // edge, so a prefix shared by many tokens is matched once; a rejected byte
-// prunes its whole subtree). Results are memoised per machine state (a few
-// recent states): inside a long string the state repeats token after token.
+// prunes its whole subtree). Results are memoised per machine state, least
+// recently used out, within a byte budget: inside a long string the state
+// repeats token after token.
 #include <algorithm>
-#include <deque>
+#include <list>
 #include <mutex>
 #include <numeric>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "common/grammar/grammar.h"
@@ -32,13 +35,21 @@ struct TokenFilter::Trie {
   int32_t vocab = 0;
   int max_depth = 0;
 
-  static constexpr size_t kCacheEntries = 16;
+  // The memo: entries in use order (least recent first), indexed by key.
   struct Entry {
     std::string key;
     std::vector<uint8_t> allowed;
   };
+  static constexpr size_t kEntryOverhead = 96;  // list node, index slot, vector / string heads
+  size_t EntryBytes(size_t key_bytes) const {
+    return static_cast<size_t>(vocab) + key_bytes + kEntryOverhead;
+  }
+  size_t budget = 0;
   mutable std::mutex mu;
-  mutable std::deque<Entry> cache;
+  mutable std::list<Entry> lru;
+  mutable std::unordered_map<std::string_view, std::list<Entry>::iterator> index;
+  mutable size_t used = 0;
+  mutable uint64_t hits = 0, misses = 0;
 
   // Builds the subtree of the tokens order[lo, hi), all sharing their first
   // `depth` bytes.
@@ -105,8 +116,9 @@ struct TokenFilter::Trie {
   }
 };
 
-TokenFilter::TokenFilter(const std::vector<std::string>& token_bytes)
+TokenFilter::TokenFilter(const std::vector<std::string>& token_bytes, size_t memo_bytes)
     : trie_(std::make_unique<Trie>()) {
+  trie_->budget = memo_bytes;
   trie_->vocab = static_cast<int32_t>(token_bytes.size());
   std::vector<int32_t> order;
   for (int32_t i = 0; i < trie_->vocab; ++i) {
@@ -132,26 +144,50 @@ void TokenFilter::Allowed(const JsonMatcher& matcher, std::vector<uint8_t>* allo
   }
   std::string key;
   st.machine->Key(st.m, trie_->max_depth, &key);
+  Trie& t = *trie_;
   {
-    std::lock_guard<std::mutex> lock(trie_->mu);
-    for (const Trie::Entry& e : trie_->cache) {
-      if (e.key == key) {
-        *allowed = e.allowed;
-        return;
-      }
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (auto it = t.index.find(key); it != t.index.end()) {
+      t.lru.splice(t.lru.end(), t.lru, it->second);  // now the most recent
+      *allowed = it->second->allowed;
+      ++t.hits;
+      return;
     }
+    ++t.misses;
   }
-  std::vector<MachineState> slots(static_cast<size_t>(trie_->max_depth) + 1);
-  trie_->Walk(*st.machine, 0, 0, st.m, slots, allowed->data());
-  std::lock_guard<std::mutex> lock(trie_->mu);
+  std::vector<MachineState> slots(static_cast<size_t>(t.max_depth) + 1);
+  t.Walk(*st.machine, 0, 0, st.m, slots, allowed->data());
+  const size_t cost = t.EntryBytes(key.size());
+  if (cost > t.budget) return;
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.index.count(key) != 0) return;  // another thread walked the same state meanwhile
   Trie::Entry entry;
-  if (trie_->cache.size() >= Trie::kCacheEntries) {
-    entry = std::move(trie_->cache.front());  // reuse its buffer: no fresh pages per miss
-    trie_->cache.pop_front();
+  while (t.used + cost > t.budget) {
+    // Out goes the least recently used; its buffer is reused (no fresh pages per miss).
+    Trie::Entry& old = t.lru.front();
+    t.index.erase(std::string_view(old.key));
+    t.used -= t.EntryBytes(old.key.size());
+    entry.allowed = std::move(old.allowed);
+    t.lru.pop_front();
   }
   entry.key = std::move(key);
   entry.allowed.assign(allowed->begin(), allowed->end());
-  trie_->cache.push_back(std::move(entry));
+  t.lru.push_back(std::move(entry));
+  t.index.emplace(std::string_view(t.lru.back().key), std::prev(t.lru.end()));
+  t.used += cost;
+}
+
+TokenFilter::MemoStats TokenFilter::memo_stats() const {
+  std::lock_guard<std::mutex> lock(trie_->mu);
+  return {.entries = trie_->lru.size(),
+          .bytes = trie_->used,
+          .budget = trie_->budget,
+          .hits = trie_->hits,
+          .misses = trie_->misses};
+}
+
+size_t TokenFilter::MemoEntryBytes(size_t key_bytes) const {
+  return trie_->EntryBytes(key_bytes);
 }
 
 }  // namespace coli::grammar

@@ -180,5 +180,37 @@ int main(int argc, char** argv) {
   std::sort(ms.begin(), ms.end());
   std::printf("string of %d characters, one call per character: mean %.3f ms, max %.2f ms\n",
               kCalls, total / kCalls, ms.back());
+
+  // Concurrent generations: G requests (each compiles its own constraint, as the plugin does)
+  // write a long string in turn, one call per token each, sharing one filter. The memo budget
+  // decides whether their states survive a round: 16 entries' worth (the old fixed memo) vs
+  // the default budget.
+  const size_t entry = filter.MemoEntryBytes(64);
+  for (const size_t budget : {16 * entry, TokenFilter::kDefaultMemoBytes}) {
+    for (const int generations : {8, 32, 128}) {
+      TokenFilter shared(vocab, budget);
+      std::vector<JsonMatcher> rows;
+      for (int g = 0; g < generations; ++g) {
+        rows.emplace_back(*JsonConstraint::FromSchema(kObject));
+        rows.back().Accept(R"({"name": "x)");
+      }
+      constexpr int kRounds = 6;
+      const auto start = Clock::now();
+      for (int r = 0; r < kRounds; ++r) {
+        for (JsonMatcher& row : rows) {
+          shared.Allowed(row, &allowed);
+          row.Accept("a");
+        }
+      }
+      const TokenFilter::MemoStats st = shared.memo_stats();
+      std::printf(
+          "%3d generations, memo budget %6.2f MB: mean %.3f ms per call; memo %zu entries, "
+          "%.2f MB, %llu hits / %llu misses\n",
+          generations, static_cast<double>(budget) / (1 << 20),
+          ms_since(start) / (kRounds * generations), st.entries,
+          static_cast<double>(st.bytes) / (1 << 20), static_cast<unsigned long long>(st.hits),
+          static_cast<unsigned long long>(st.misses));
+    }
+  }
   return 0;
 }

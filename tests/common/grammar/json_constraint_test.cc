@@ -310,6 +310,59 @@ TEST(TokenFilter, MemoDoesNotMixConstraints) {
   }
 }
 
+// The memo keeps what its byte budget allows, the least recently used state out first, and
+// never changes an answer (each is checked against trying every token).
+TEST(TokenFilter, MemoKeepsItsByteBudgetLeastRecentlyUsedOut) {
+  const std::vector<std::string> vocab = {"a", "\"", "ab", "aaaa"};
+  auto c = Schema(R"({"type":"string","maxLength":5})");
+  // Four states of one shape (inside the string, 0-3 characters): keys of one length.
+  const std::vector<std::string> prefixes = {"\"", "\"a", "\"aa", "\"aaa"};
+  std::vector<JsonMatcher> states;
+  for (const std::string& p : prefixes) {
+    states.emplace_back(c);
+    ASSERT_TRUE(states.back().Accept(p));
+  }
+  auto expect_right = [&](const TokenFilter& f, size_t i) {
+    std::vector<uint8_t> allowed;
+    f.Allowed(states[i], &allowed);
+    for (size_t t = 0; t < vocab.size(); ++t) {
+      EXPECT_EQ(allowed[t], JsonMatcher(states[i]).Accept(vocab[t]) ? 1 : 0)
+          << "state " << i << " token " << t;
+    }
+  };
+  // One entry's cost, from a filter with room for all.
+  TokenFilter roomy(vocab);
+  expect_right(roomy, 0);
+  const size_t cost = roomy.memo_stats().bytes;
+  expect_right(roomy, 1);
+  ASSERT_EQ(roomy.memo_stats().bytes, 2 * cost);  // the keys are one length
+  EXPECT_GE(cost, vocab.size());
+
+  TokenFilter two(vocab, 2 * cost);
+  for (size_t i : {0, 1, 0, 2, 0, 1}) {  // A B A(hit) C(B out) A(hit) B(C out)
+    expect_right(two, i);
+    const TokenFilter::MemoStats st = two.memo_stats();
+    EXPECT_LE(st.bytes, st.budget);
+    EXPECT_LE(st.entries, 2u);
+  }
+  TokenFilter::MemoStats st = two.memo_stats();
+  EXPECT_EQ(st.hits, 2u);  // first-in-first-out would have evicted A at C: 1 hit
+  EXPECT_EQ(st.misses, 4u);
+  EXPECT_EQ(st.entries, 2u);
+  EXPECT_EQ(st.bytes, 2 * cost);
+
+  // No memo (budget 0, or below one entry): every call walks, answers unchanged.
+  for (size_t budget : {size_t{0}, cost - 1}) {
+    TokenFilter none(vocab, budget);
+    for (size_t i : {0, 0, 1, 3, 3}) expect_right(none, i);
+    st = none.memo_stats();
+    EXPECT_EQ(st.hits, 0u);
+    EXPECT_EQ(st.misses, 5u);
+    EXPECT_EQ(st.entries, 0u);
+    EXPECT_EQ(st.bytes, 0u);
+  }
+}
+
 // Allowed is const and shared by concurrent generations.
 TEST(TokenFilter, ConcurrentCallsAgree) {
   const std::vector<std::string> vocab = {"{", "}", "\"", "\"a\"",  ":", "1", "12",
