@@ -343,10 +343,7 @@ TEST_F(K3ConstrainedTest, BatchedRowsEqualLoneRuns) {
 // and the sampler per draft row), so the output is the run without speculation's, token for
 // token. The prompt quotes the value the constrained run writes, so prompt lookup drafts it.
 TEST_F(K3ConstrainedTest, ConstrainedRowsSpeculateAndMatchTheRunWithoutSpec) {
-  host::ModelOptions options;
-  options.fields.threads = 1;
-  options.extra["spec"] = "4";
-  auto spec_model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
+  auto spec_model = OpenTiny({{"spec", "4"}});
   ASSERT_OK(spec_model.status());
   double drafts = 0, accepted = 0;
   for (const auto& [knobs, seed] : {std::pair{kGreedy, uint64_t{0}}, std::pair{kSampled, uint64_t{7}}}) {

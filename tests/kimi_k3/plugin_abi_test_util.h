@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -255,11 +256,17 @@ class TinyHostModelTest : public PluginAbiTest {
   static void SetUpTestSuite() {
     PluginAbiTest::SetUpTestSuite();
     ASSERT_NE(plugin_, nullptr);
-    host::ModelOptions options;
-    options.fields.threads = 1;
-    auto model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
+    auto model = OpenTiny({});
     ASSERT_OK(model.status());
     model_ = std::move(model).value().release();
+  }
+  // The tiny model opened (again) with family options `extra`, e.g. {{"spec", "4"}}; one thread.
+  static absl::StatusOr<std::unique_ptr<host::Model>> OpenTiny(
+      const std::map<std::string, std::string>& extra) {
+    host::ModelOptions options;
+    options.fields.threads = 1;
+    options.extra = extra;
+    return plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
   }
   static void TearDownTestSuite() {
     delete model_;

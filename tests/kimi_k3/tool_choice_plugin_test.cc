@@ -391,8 +391,7 @@ TEST_F(K3ToolChoiceTest, AutoWithoutACallIsBitIdenticalToNoConstraint) {
     bool thinking;
     uint64_t seed;
   };
-  for (const Case c : {Case{false, 0}, Case{false, 1}, Case{false, 2}, Case{true, 0},
-                       Case{true, 3}}) {
+  for (const Case c : {Case{false, 0}, Case{false, 1}, Case{true, 3}}) {
     for (const std::vector<Steer>& steer :
          {std::vector<Steer>{}, std::vector<Steer>{{3, tools}, {20, ca}, {40, ca}}}) {
       {
@@ -521,10 +520,7 @@ TEST_F(K3ToolChoiceTest, AutoBesideAResponseFormatGivesTheValueOrValidCalls) {
 // as without speculation. A static bias (the node test's, same seeds) makes the model open
 // calls; its biased text repeats, so prompt lookup drafts.
 TEST_F(K3ToolChoiceTest, AutoSpeculationGivesTheSameTokens) {
-  host::ModelOptions options;
-  options.fields.threads = 1;
-  options.extra["spec"] = "4";
-  auto spec_model = plugin_->Open(COLI_K3_TINY_DIR, options, nullptr);
+  auto spec_model = OpenTiny({{"spec", "4"}});
   ASSERT_OK(spec_model.status());
   host::Sampling knobs;
   knobs.temperature = 1;
@@ -533,7 +529,7 @@ TEST_F(K3ToolChoiceTest, AutoSpeculationGivesTheSameTokens) {
   const std::string user = "Weather in Paris?";
   double drafts = 0, accepted = 0;
   int calls = 0;
-  for (uint64_t seed : {43, 106, 150}) {
+  for (uint64_t seed : {43, 150}) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
     const Output off = Chat("auto", AutoFormat(), false, knobs, seed, 300, {}, model_, user);
     std::map<std::string, double> stats;
