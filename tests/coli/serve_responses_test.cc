@@ -574,6 +574,89 @@ TEST(ResponseBuilder, StreamsItemsInTheOrderTheSdkAccumulates) {
       "function": {"name": "f", "arguments": "{\"a\":1}"}}]})"));
 }
 
+// A call the host streams (ABI 1.5): the item opens at the first piece with empty arguments,
+// each piece is one function_call_arguments.delta, and the whole call closes it, as OpenAI
+// streams a function call.
+TEST(ResponseBuilder, StreamedToolCallSendsOneArgumentsDeltaPerPiece) {
+  Recorder rec;
+  ResponseBuilder b(Skeleton(), rec.Sink());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("content", "Sure."));
+  Json first = ToolCall("call_1", "write_file", "");
+  ASSERT_TRUE(b.Delta("tool_call_delta", first));
+  for (const char* piece : {"{\"path\":\"", "a\\\"b", "\"}"}) {
+    ASSERT_TRUE(
+        b.Delta("tool_call_delta", Json{{"index", 0}, {"function", {{"arguments", piece}}}}));
+  }
+  // Snapshots (GET of a background response) show the arguments so far.
+  const Json during = b.Snapshot()["output"][1];
+  EXPECT_EQ(during["status"], "in_progress");
+  EXPECT_EQ(during["arguments"], "{\"path\":\"a\\\"b\"}");
+  ASSERT_TRUE(b.Delta("tool_call_done", ToolCall("call_1", "write_file", "{\"path\":\"a\\\"b\"}")));
+  ASSERT_TRUE(b.Finish({"tool_calls", 10, 7, 3, 4}));
+  const std::vector<std::string> want = {
+      "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.content_part.added",
+      "response.output_text.delta",
+      "response.output_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.output_item.added",
+      "response.function_call_arguments.delta",
+      "response.function_call_arguments.delta",
+      "response.function_call_arguments.delta",
+      "response.function_call_arguments.done",
+      "response.output_item.done",
+      "response.completed",
+  };
+  EXPECT_EQ(rec.Types(), want);
+  const Json& added = rec.events[8];
+  EXPECT_EQ(added["item"]["type"], "function_call");
+  EXPECT_EQ(added["item"]["arguments"], "");
+  EXPECT_EQ(added["item"]["status"], "in_progress");
+  EXPECT_EQ(added["item"]["call_id"], "call_1");
+  EXPECT_EQ(added["item"]["name"], "write_file");
+  std::string joined;
+  for (int i = 9; i <= 11; ++i) {
+    EXPECT_EQ(rec.events[i]["item_id"], added["item"]["id"]);
+    EXPECT_EQ(rec.events[i]["output_index"], 1);
+    joined += rec.events[i]["delta"].get<std::string>();
+  }
+  EXPECT_EQ(joined, "{\"path\":\"a\\\"b\"}");
+  EXPECT_EQ(rec.events[12]["arguments"], joined);
+  EXPECT_EQ(rec.events[12]["name"], "write_file");
+  EXPECT_EQ(rec.events[13]["item"]["status"], "completed");
+  EXPECT_EQ(rec.events[13]["item"]["arguments"], joined);
+  const Json& r = b.response();
+  ASSERT_EQ(r["output"].size(), 2u);
+  EXPECT_EQ(r["output"][1], rec.events[13]["item"]);
+  EXPECT_EQ(b.ChatMessage()["tool_calls"][0]["function"]["arguments"], joined);
+}
+
+// A generation that stops inside a streamed call: the item ends incomplete with the pieces that
+// came, and the stored turn leaves it out (its arguments are not whole).
+TEST(ResponseBuilder, StreamedToolCallCutShortEndsIncomplete) {
+  Recorder rec;
+  ResponseBuilder b(Skeleton(), rec.Sink());
+  ASSERT_TRUE(b.Start());
+  ASSERT_TRUE(b.Delta("tool_call_delta", ToolCall("call_1", "f", "{\"a\":")));
+  ASSERT_TRUE(b.Finish({"length", 10, 7, 3, 4}));
+  const std::vector<std::string> want = {
+      "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.function_call_arguments.delta",
+      "response.output_item.done",
+      "response.incomplete",
+  };
+  EXPECT_EQ(rec.Types(), want);
+  EXPECT_EQ(rec.events[4]["item"]["status"], "incomplete");
+  EXPECT_EQ(rec.events[4]["item"]["arguments"], "{\"a\":");
+  EXPECT_FALSE(b.ChatMessage().contains("tool_calls"));
+}
+
 TEST(ResponseBuilder, LengthIsIncompleteWithTheReason) {
   Recorder rec;
   ResponseBuilder b(Skeleton(), rec.Sink());

@@ -210,7 +210,11 @@ class Gateway {
                                   int choice);
   // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
   // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON, "progress" prompt_progress
-  // JSON, "tick" after a token that showed nothing) and returns false to cancel
+  // JSON, "tick" after a token that showed nothing) and returns false to cancel. A call the
+  // host streams (CHANNEL_TOOL_CALL_DELTA, ABI 1.5) comes as "tool_call_delta" entries of
+  // chat's delta.tool_calls (the first {index, id, type, function: {name, arguments}}, later
+  // ones {index, function: {arguments}}), then "tool_call_done" with the whole call (the same
+  // id; the pieces' arguments join to its arguments) instead of "tool_call"
   // (the client went away). `first` is an event already read, or nullptr.
   grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                          const v1::ChatEvent* first, const DeltaFn& on_delta);
@@ -447,6 +451,9 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
   StopFilter stop(f.stop);
   bool stopped = false, cancelled = false, tool_calls = false;
   ChatChannel last = ChatChannel::kNone;
+  // The call the host is streaming: its index among this choice's calls and its id (-1: none).
+  int streaming_index = -1;
+  std::string streaming_id;
   v1::ChatEvent ev;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   bool have = first != nullptr;
@@ -487,11 +494,35 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
             stopped = true;
             StopAtHost(call.request_id);
           }
+        } else if (d.channel() == v1::CHANNEL_TOOL_CALL_DELTA) {
+          const Json piece = Json::parse(d.text(), nullptr, /*allow_exceptions=*/false);
+          if (!piece.is_object() || !piece.contains("arguments") ||
+              !piece["arguments"].is_string()) {
+            continue;  // not the ABI's shape: the complete call still comes
+          }
+          const std::string arguments = piece["arguments"].get<std::string>();
+          if (piece.contains("name")) {  // a call opens
+            streaming_index = static_cast<int>(out->tool_calls.size());
+            streaming_id = NewId("call_");
+            const std::string name =
+                piece["name"].is_string() ? piece["name"].get<std::string>() : "";
+            emit("tool_call_delta", Json{{"index", streaming_index},
+                                         {"id", streaming_id},
+                                         {"type", "function"},
+                                         {"function", {{"name", name}, {"arguments", arguments}}}});
+          } else if (streaming_index >= 0 && !arguments.empty()) {
+            emit("tool_call_delta",
+                 Json{{"index", streaming_index}, {"function", {{"arguments", arguments}}}});
+          }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL) {
           tool_calls = true;
-          Json tc = ToolCallFromDelta(d.text(), static_cast<int>(out->tool_calls.size()));
+          const int index = static_cast<int>(out->tool_calls.size());
+          Json tc = ToolCallFromDelta(d.text(), index);
+          const bool streamed = streaming_index == index;
+          if (streamed) tc["id"] = streaming_id;
+          streaming_index = -1;
           out->tool_calls.push_back(tc);
-          emit("tool_call", tc);
+          emit(streamed ? "tool_call_done" : "tool_call", tc);
         }
       }
       if (f.top_logprobs >= 0 && !stopped && last == ChatChannel::kContent &&
@@ -618,8 +649,11 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
                             delta["reasoning_content"] = payload;
                           } else if (!std::strcmp(kind, "content")) {
                             delta["content"] = payload;
-                          } else if (!std::strcmp(kind, "tool_call")) {
+                          } else if (!std::strcmp(kind, "tool_call") ||
+                                     !std::strcmp(kind, "tool_call_delta")) {
                             delta["tool_calls"] = Json::array({payload});
+                          } else if (!std::strcmp(kind, "tool_call_done")) {
+                            return sse.alive();  // its deltas said it all
                           } else {
                             lp = Json{{"content", Json::array({payload})}};
                           }

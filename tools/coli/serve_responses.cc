@@ -995,6 +995,17 @@ bool ResponseBuilder::OpenItem(Open kind) {
 
 bool ResponseBuilder::CloseItem(const char* status) {
   if (open_ == Open::kNone) return true;
+  if (open_ == Open::kFunctionCall) {
+    // A streamed call that never completed (a complete one closes with "tool_call_done"): the
+    // generation stopped inside it. Its arguments are the pieces that came.
+    Json& item = response_["output"][open_index_];
+    item["status"] = "incomplete";
+    const int index = open_index_;
+    open_ = Open::kNone;
+    open_index_ = -1;
+    return Send(
+        Json{{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}});
+  }
   if (!FlushDelta()) return false;
   if (open_ == Open::kMessage && !pending_logprobs_.empty()) {
     // Entries that arrived after the item's last text (held back, then cut by a stop sequence):
@@ -1061,7 +1072,49 @@ bool ResponseBuilder::Delta(const char* kind, const Json& payload) {
     held_delta_ = std::move(event);  // sent with its tokens' entries (FlushDelta)
     return true;
   }
-  if (!std::strcmp(kind, "tool_call")) {
+  if (!std::strcmp(kind, "tool_call_delta")) {
+    const Json& fn = payload["function"];
+    const std::string piece = fn["arguments"].get<std::string>();
+    if (payload.contains("id")) {  // the call's first piece: its item opens
+      if (!CloseItem("completed")) return false;
+      Json item{{"id", NewId("fc_")}, {"type", "function_call"},  {"status", "in_progress"},
+                {"arguments", ""},    {"call_id", payload["id"]}, {"name", fn["name"]}};
+      Json& output = response_["output"];
+      open_ = Open::kFunctionCall;
+      open_index_ = static_cast<int>(output.size());
+      output.push_back(item);
+      if (!Send(Json{{"type", "response.output_item.added"},
+                     {"output_index", open_index_},
+                     {"item", std::move(item)}})) {
+        return false;
+      }
+    }
+    if (open_ != Open::kFunctionCall || piece.empty()) return true;
+    Json& item = response_["output"][open_index_];
+    item["arguments"] = item["arguments"].get<std::string>() + piece;
+    return Send(Json{{"type", "response.function_call_arguments.delta"},
+                     {"item_id", item["id"]},
+                     {"output_index", open_index_},
+                     {"delta", piece}});
+  }
+  if (!std::strcmp(kind, "tool_call_done") && open_ == Open::kFunctionCall) {
+    // The whole call: the item's arguments become the call's (the pieces joined, by the ABI).
+    const Json& fn = payload["function"];
+    Json& item = response_["output"][open_index_];
+    item["arguments"] = fn["arguments"];
+    item["status"] = "completed";
+    const int index = open_index_;
+    open_ = Open::kNone;
+    open_index_ = -1;
+    return Send(Json{{"type", "response.function_call_arguments.done"},
+                     {"item_id", item["id"]},
+                     {"output_index", index},
+                     {"name", fn["name"]},
+                     {"arguments", fn["arguments"]}}) &&
+           Send(Json{
+               {"type", "response.output_item.done"}, {"output_index", index}, {"item", item}});
+  }
+  if (!std::strcmp(kind, "tool_call") || !std::strcmp(kind, "tool_call_done")) {
     if (!CloseItem("completed")) return false;
     const Json& fn = payload["function"];
     const std::string arguments = fn["arguments"].get<std::string>();
@@ -1154,7 +1207,8 @@ Json ResponseBuilder::ChatMessage() const {
     } else if (item["type"] == "message") {
       has_message = true;
       content += item["content"][0]["text"].get<std::string>();
-    } else if (item["type"] == "function_call") {
+    } else if (item["type"] == "function_call" && item["status"] != "incomplete") {
+      // (an incomplete call is a streamed one cut short: its arguments are not whole)
       calls.push_back(
           Json{{"id", item["call_id"]},
                {"type", "function"},

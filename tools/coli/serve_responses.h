@@ -156,7 +156,10 @@ class ResponseBuilder {
   // response.queued too; then status in_progress and response.in_progress.
   bool Start();
   // One delta of the chat path (Gateway::RunChoice's kinds): "reasoning" / "content" text, a
-  // "tool_call" (a chat tool call {id, type, function: {name, arguments}}), "logprob" (a
+  // "tool_call" (a chat tool call {id, type, function: {name, arguments}}), a streamed call's
+  // "tool_call_delta" pieces and "tool_call_done" (function_call item added at the first piece,
+  // response.function_call_arguments.delta per piece, .done + output_item.done at the end;
+  // see Gateway::RunChoice for their shapes), "logprob" (a
   // content token's entry, after that token's "content" delta), "tick" (a token that showed
   // nothing: checks the client). Other kinds carry nothing for this API. Returns false when
   // the client is gone.
@@ -179,7 +182,7 @@ class ResponseBuilder {
   Json ChatMessage() const;
 
  private:
-  enum class Open { kNone, kReasoning, kMessage };
+  enum class Open { kNone, kReasoning, kMessage, kFunctionCall };
   bool Send(Json event);
   bool OpenItem(Open kind);
   bool CloseItem(const char* status);

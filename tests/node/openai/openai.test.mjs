@@ -600,10 +600,13 @@ test('streamed tool call (scripted K3 model)', async () => {
   }
   assert.equal(finish, 'tool_calls');
   assert.equal(content, '');
-  assert.equal(calls.length, 1);
-  assert.equal(calls[0].index, 0);
+  // The arguments stream in pieces (tool_stream.test.mjs checks them): the first delta names
+  // the call, every delta is call 0's, the pieces join to the arguments.
+  assert.ok(calls.length > 1);
+  for (const tc of calls) assert.equal(tc.index, 0);
   assert.equal(calls[0].function.name, 'get_weather');
-  assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: 'Paris', days: 3 });
+  const args = calls.map((tc) => tc.function.arguments ?? '').join('');
+  assert.deepEqual(JSON.parse(args), { city: 'Paris', days: 3 });
 });
 
 test('a non-loopback --host needs an API key; the key is enforced', async () => {
