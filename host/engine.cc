@@ -27,13 +27,14 @@ std::string DefaultModelId(const std::string& dir) {
 
 // The tool-call constraint of an OpenAI chat body, as the plugin-family extension of ABI 1.4's
 // response_format (abi.md, docs/status/constrained.md):
-//   {"type":"coli_tool_calls","mode":"required"|"named"|"auto",
+//   {"type":"coli_tool_calls","mode":"required"|"named"|"auto"|"none",
 //    "tools":[{"name":…,"parameters":{…},"strict":bool}, …], "single":true (optional),
 //    "response_format":{…} (auto only, optional)}
-// "" when nothing is enforced: no tools, or tool_choice none.
+// "" when nothing is enforced: no tools (or tool_choice none beside a response_format).
 // tool_choice "required" → mode required over every tool; {"type":"function","function":
 // {"name":"f"}} → mode named with only f; "auto" (or absent) → mode auto over every tool: the
-// plugin constrains a call once the model opens one (lazy). `format`: the body's
+// plugin constrains a call once the model opens one (lazy); "none" → mode none with no tools:
+// the model may not open a call (lazy: otherwise free). `format`: the body's
 // response_format (null when none), which a forced call cannot honour (INVALID_ARGUMENT naming
 // tool_choice) and which mode auto carries along (the answer is that value or tool calls).
 absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
@@ -60,7 +61,15 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
       named = name.get<std::string>();
     }
   }
-  if (mode == "none") return std::string();
+  if (mode == "none") {
+    // The renderer tells the model it must not call; the plugin keeps it from opening a call
+    // (lazy, like auto with no call allowed). Beside a response_format the format alone (its
+    // answer cannot hold a call).
+    if (!has_tools || format != nullptr) return std::string();
+    return nlohmann::json{{"type", "coli_tool_calls"}, {"mode", "none"},
+                          {"tools", nlohmann::json::array()}}
+        .dump();
+  }
   if ((mode == "required" || mode == "named") && !has_tools) {
     return absl::InvalidArgumentError(absl::StrCat("tool_choice: '", mode == "named" ? named : mode,
                                                    "' needs the request's tools, and it has none"));

@@ -46,12 +46,22 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
   }
   auto spec = std::make_shared<ToolCallSpec>();
   const nlohmann::json mode = f.value("mode", nlohmann::json());
-  if (mode != "required" && mode != "named" && mode != "auto") {
+  if (mode != "required" && mode != "named" && mode != "auto" && mode != "none") {
     return absl::InvalidArgumentError(
-        "tool_choice: coli_tool_calls mode must be \"required\", \"named\" or \"auto\"");
+        "tool_choice: coli_tool_calls mode must be \"required\", \"named\", \"auto\" or "
+        "\"none\"");
   }
   spec->named = mode == "named";
+  spec->none = mode == "none";
   const bool automatic = mode == "auto";
+  if (spec->none) {
+    // No call may open; the tools (if sent) are not needed.
+    spec->lazy = true;
+    COLI_ASSIGN_OR_RETURN(std::shared_ptr<const grammar::JsonConstraint> any,
+                          grammar::JsonConstraint::FromSchema(R"({"type":"object"})"));
+    spec->parameters.push_back(std::move(any));  // never used: a placeholder matcher
+    return std::shared_ptr<const ToolCallSpec>(std::move(spec));
+  }
   if (auto rf = f.find("response_format"); rf != f.end() && !rf->is_null()) {
     if (!automatic) {
       return absl::InvalidArgumentError(
@@ -172,7 +182,7 @@ absl::StatusOr<AnswerConstraint> AnswerConstraint::Create(
 absl::StatusOr<AnswerConstraint> AnswerConstraint::CreateToolCalls(
     std::shared_ptr<const ToolCallSpec> spec, const ConstraintVocab& vocab,
     int32_t chat_parse_mode) {
-  if (spec == nullptr || spec->names.empty()) {
+  if (spec == nullptr || (spec->names.empty() && !spec->none) || spec->parameters.empty()) {
     return absl::InvalidArgumentError("tool_choice: no tool to call");
   }
   if (spec->lazy) {
@@ -343,7 +353,7 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
 }
 
 bool AnswerConstraint::CallsLeft() const {
-  return tools_ != nullptr && (!tools_->single || calls_ == 0);
+  return tools_ != nullptr && !tools_->none && (!tools_->single || calls_ == 0);
 }
 
 bool AnswerConstraint::OpensCall(std::string_view text) { return text.starts_with("call "); }

@@ -47,6 +47,8 @@
 // tools, K = the call's position in the message, any segmentation) and <|sep|>, then forced
 // `<|open|>json type="object"<|sep|>`, ARGS (that tool's parameters schema), <|close|> once
 // they can end and the forced `json<|sep|><|close|>call<|sep|>`; then the row is free again.
+// tool_choice "none" (mode "none", tools offered): the same watching, with no call allowed —
+// a token that would open one is redrawn under the mask.
 // "auto" together with a response_format (the extension's "response_format" member): the
 // answer is the format's value OR tool calls — at the answer's first byte <|close|> is allowed
 // too, and closes the (empty) response into the "required" machinery above.
@@ -72,7 +74,8 @@ namespace coli::k3 {
 struct ToolCallSpec {
   bool named = false;   // exactly one call (of the only tool), else one or more
   bool single = false;  // "single": true (parallel_tool_calls false): exactly (auto: at most) one
-  bool lazy = false;    // mode "auto": calls the model opens itself are constrained
+  bool lazy = false;    // mode "auto" / "none": calls the model opens itself are constrained
+  bool none = false;    // mode "none": no call may open (names empty)
   std::vector<std::string> names;
   std::vector<std::shared_ptr<const grammar::JsonConstraint>> parameters;  // per name
   // Auto only: tools whose parameters schema the grammar refuses and that are not strict get

@@ -577,8 +577,24 @@ TEST_F(HostTest, ToolChoiceAutoTravelsAsTheLazyExtension) {
   const grpc::Status format = chat(R"(, "response_format": {"type": "json_object"})");
   EXPECT_THAT(format.error_message(),
               HasSubstr(R"({"mode":"auto","response_format":{"type":"json_object"},)" + tool));
-  // tool_choice none: nothing to enforce, the echo answers.
-  EXPECT_TRUE(chat(R"(, "tool_choice": "none")").ok());
+  // tool_choice none: mode none, no tools (no call may open); beside a response_format the
+  // format alone.
+  EXPECT_THAT(chat(R"(, "tool_choice": "none")").error_message(),
+              HasSubstr(R"({"mode":"none","tools":[],"type":"coli_tool_calls"})"));
+  EXPECT_THAT(
+      chat(R"(, "tool_choice": "none", "response_format": {"type": "json_object"})")
+          .error_message(),
+      HasSubstr(R"(cannot enforce {"type":"json_object"})"));
+  // No tools: nothing to enforce, the echo answers.
+  v1::ChatRequest plain;
+  plain.set_model("echo");
+  plain.set_request_json(R"({"messages": [{"role": "user", "content": "hi"}]})");
+  grpc::ClientContext ctx;
+  auto reader = stub_->Chat(&ctx, plain);
+  v1::ChatEvent e;
+  while (reader->Read(&e)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
 }
 
 TEST_F(HostTest, TokenizeDetokenizeApplyTemplate) {

@@ -429,6 +429,21 @@ TEST_F(K3ToolChoiceTest, AutoSingleAllowsAtMostOneCall) {
   EXPECT_GE(two, 1);  // without "single" the second steered call does open
 }
 
+// tool_choice "none" (the renderer tells the model it must not call): the same watching with no
+// call allowed. Steered into a call, the model cannot open it; not steered, nothing changes.
+TEST_F(K3ToolChoiceTest, NoneKeepsTheModelFromOpeningACall) {
+  const std::string none = R"({"type":"coli_tool_calls","mode":"none","tools":[]})";
+  for (uint64_t seed : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const host::Sampling knobs = Knobs(seed == 0 ? 0.0f : 1.0f);
+    const std::vector<Steer> steer = {{3, SteeredCall()}};
+    EXPECT_FALSE(Chat("none", "", false, knobs, seed, 80, steer).calls.empty());  // control
+    EXPECT_TRUE(Chat("none", none, false, knobs, seed, 80, steer).calls.empty());
+    EXPECT_EQ(Chat("none", none, false, knobs, seed, 60).ids,
+              Chat("none", "", false, knobs, seed, 60).ids);
+  }
+}
+
 TEST_F(K3ToolChoiceTest, AutoStrictToolWithRefusedSchemaIsRefusedElseAnyObject) {
   Json format = Json::parse(AutoFormat());
   format["tools"][1]["parameters"] = {{"type", "object"},

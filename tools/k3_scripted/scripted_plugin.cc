@@ -185,13 +185,15 @@ absl::Status Render(ScriptedModel* m, const coli_chat_render_args_t* args,
 absl::Status Prefill(ScriptedSession* s, const coli_prefill_args_t* a, coli_prefill_result_t* r) {
   if (a->n_tokens == 0) return absl::InvalidArgumentError("EMPTY_PROMPT");
   // ABI 1.4: scripted replies cannot follow a response_format; refuse one instead of ignoring it.
-  // The exception is the host's tool_choice "auto" extension without a response_format (every
-  // request with tools carries it): auto allows any reply, and the script's calls are fixed.
+  // The exception is the host's tool_choice "auto" / "none" extension without a response_format
+  // (every request with tools carries one): the script's replies are fixed, not sampled.
   bool auto_tools = false;
   if (COLI_ABI_HAS_FIELD(a, coli_prefill_args_t, response_format) && a->response_format.size > 0) {
     const nlohmann::json f = nlohmann::json::parse(View(a->response_format), nullptr, false);
     auto_tools = f.is_object() && f.value("type", nlohmann::json()) == "coli_tool_calls" &&
-                 f.value("mode", nlohmann::json()) == "auto" && !f.contains("response_format");
+                 (f.value("mode", nlohmann::json()) == "auto" ||
+                  f.value("mode", nlohmann::json()) == "none") &&
+                 !f.contains("response_format");
   }
   if (COLI_ABI_HAS_FIELD(a, coli_prefill_args_t, response_format) && a->response_format.size > 0 &&
       !auto_tools) {
