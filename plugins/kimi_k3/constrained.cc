@@ -327,14 +327,29 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
       allowed->resize(n);
       for (size_t i = 0; i < n; ++i) (*allowed)[i] = FreePermits(static_cast<int32_t>(i)) ? 1 : 0;
       return;
-    case Phase::kHeader:
+    case Phase::kHeader: {
+      // The rests of the headers the bytes so far begin: a token must begin one of them.
       allowed->assign(n, 0);
+      const std::vector<std::string> headers = Headers();
+      std::vector<std::string_view> rests;
+      for (const std::string& h : headers) {
+        if (std::string_view(h).starts_with(run_)) {
+          rests.push_back(std::string_view(h).substr(run_.size()));
+        }
+      }
       for (size_t i = 0; i < n; ++i) {
         const std::string& b = v.bytes_[i];
-        if (!b.empty() && HeaderPrefix(run_ + b, false)) (*allowed)[i] = 1;
+        if (b.empty()) continue;
+        for (std::string_view rest : rests) {
+          if (rest.starts_with(b)) {
+            (*allowed)[i] = 1;
+            break;
+          }
+        }
       }
       if (HeaderPrefix(run_, true)) (*allowed)[v.sep_] = 1;
       return;
+    }
     case Phase::kAnswer:
       break;
   }
@@ -358,13 +373,21 @@ bool AnswerConstraint::CallsLeft() const {
 
 bool AnswerConstraint::OpensCall(std::string_view text) { return text.starts_with("call "); }
 
-// `text` is a prefix of (whole: equal to) `call tool="NAME" index="K"` for an offered NAME, K
-// the next call's position.
-bool AnswerConstraint::HeaderPrefix(std::string_view text, bool whole) const {
-  if (!CallsLeft()) return false;
+// `call tool="NAME" index="K"` for each offered NAME, K the next call's position (none when no
+// call is left).
+std::vector<std::string> AnswerConstraint::Headers() const {
+  std::vector<std::string> out;
+  if (!CallsLeft()) return out;
   const std::string index = absl::StrCat("\" index=\"", calls_ + 1, "\"");
   for (const std::string& name : tools_->names) {
-    const std::string header = absl::StrCat("call tool=\"", name, index);
+    out.push_back(absl::StrCat("call tool=\"", name, index));
+  }
+  return out;
+}
+
+// `text` is a prefix of (whole: equal to) one of the Headers().
+bool AnswerConstraint::HeaderPrefix(std::string_view text, bool whole) const {
+  for (const std::string& header : Headers()) {
     if (whole ? text == header : std::string_view(header).starts_with(text)) return true;
   }
   return false;
@@ -378,8 +401,12 @@ bool AnswerConstraint::FreePermits(int32_t id) const {
   if (!in_run_) return true;
   const std::string& b = v.bytes_[id];
   if (b.empty()) return !(id == v.sep_ && run_ == "call");
-  const std::string text = run_ + b;
-  return !OpensCall(text) || HeaderPrefix(text, false);
+  // run_ is a proper prefix of `call ` (Accept stops watching a run that is not): the token
+  // opens a call when it completes `call ` — checked without a copy, the rare opener with one.
+  constexpr std::string_view kOpener = "call ";
+  const std::string_view missing = kOpener.substr(run_.size());
+  if (b.size() < missing.size() || !std::string_view(b).starts_with(missing)) return true;
+  return HeaderPrefix(run_ + b, false);
 }
 
 bool AnswerConstraint::Permits(int32_t id) const {

@@ -167,6 +167,7 @@ class AnswerConstraint {
   bool ValueOrCalls() const { return chat_ && tools_ != nullptr && tools_->answer != nullptr; }
   // Lazy: `text` (an opening run's bytes) opens a call / is a prefix of a valid header.
   static bool OpensCall(std::string_view text);
+  std::vector<std::string> Headers() const;
   bool HeaderPrefix(std::string_view text, bool whole) const;
   bool FreePermits(int32_t id) const;
   void Force(std::vector<int32_t> ids, Phase after);

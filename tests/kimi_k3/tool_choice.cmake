@@ -12,3 +12,10 @@ if(TARGET kimi_k3)
     add_dependencies(k3_tool_choice_plugin_test k3_tiny_fixture)
   endif()
 endif()
+
+# Not a test: the lazy tool-call constraint's per-step cost at a real vocabulary size
+# (docs/status/constrained.md).
+if(TARGET kimi_k3_constrained)
+  coli_cc_binary(NAME k3_tool_choice_bench SRCS ${CMAKE_CURRENT_LIST_DIR}/tool_choice_bench.cc
+    DEPS kimi_k3_constrained kimi_k3_chat coli_tokenizer)
+endif()
