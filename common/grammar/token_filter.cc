@@ -186,8 +186,6 @@ TokenFilter::MemoStats TokenFilter::memo_stats() const {
           .misses = trie_->misses};
 }
 
-size_t TokenFilter::MemoEntryBytes(size_t key_bytes) const {
-  return trie_->EntryBytes(key_bytes);
-}
+size_t TokenFilter::MemoEntryBytes(size_t key_bytes) const { return trie_->EntryBytes(key_bytes); }
 
 }  // namespace coli::grammar

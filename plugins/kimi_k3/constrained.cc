@@ -68,8 +68,8 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
           "tool_choice: a forced tool call cannot be combined with response_format");
     }
     COLI_ASSIGN_OR_RETURN(spec->answer,
-                          grammar::JsonConstraint::FromResponseFormat(rf->dump(
-                              -1, ' ', false, nlohmann::json::error_handler_t::replace)));
+                          grammar::JsonConstraint::FromResponseFormat(
+                              rf->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
   }
   spec->lazy = automatic && spec->answer == nullptr;
   spec->single = spec->named || f.value("single", nlohmann::json(false)) == true;
@@ -103,9 +103,9 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
       c = grammar::JsonConstraint::FromSchema(R"({"type":"object"})");
     }
     if (!c.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tools: function '", n, "' parameters", automatic ? " (strict)" : "", ": ",
-                       c.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("tools: function '", n, "' parameters",
+                                                     automatic ? " (strict)" : "", ": ",
+                                                     c.status().message()));
     }
     spec->names.push_back(n);
     spec->parameters.push_back(*std::move(c));

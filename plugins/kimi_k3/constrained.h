@@ -158,7 +158,13 @@ class AnswerConstraint {
 
  private:
   enum class Phase {
-    kThink, kForced, kAnswer, kToolName, kArgs, kAfterCall, kDone,
+    kThink,
+    kForced,
+    kAnswer,
+    kToolName,
+    kArgs,
+    kAfterCall,
+    kDone,
     kFree,    // lazy: nothing open; <|open|> runs are watched for a call opener
     kHeader,  // lazy: inside a call's opening run, `call tool="NAME" index="K"` byte by byte
   };

@@ -58,8 +58,7 @@ int main(int argc, char** argv) {
   format += "]}";
   auto spec = coli::k3::ParseToolCallSpec(format);
   if (!spec.ok()) return 1;
-  auto c =
-      coli::k3::AnswerConstraint::CreateToolCalls(*spec, **vocab, coli::k3::kParseInResponse);
+  auto c = coli::k3::AnswerConstraint::CreateToolCalls(*spec, **vocab, coli::k3::kParseInResponse);
   if (!c.ok()) return 1;
   std::vector<uint8_t> allowed;
   auto measure = [&](const char* state) {

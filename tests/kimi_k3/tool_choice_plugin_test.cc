@@ -14,9 +14,9 @@
 
 #include "absl/status/status.h"
 #include "common/status/status_matchers.h"
+#include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/tokenizer/tokenizer.h"
 #include "host/plugin.h"
 #include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
@@ -341,8 +341,8 @@ TEST_F(K3ToolChoiceTest, AutoConstrainsCallsTheModelOpensItself) {
     bool thinking;
     uint64_t seed;
   };
-  for (const Case c : {Case{false, 0}, Case{false, 1}, Case{false, 2}, Case{true, 0},
-                       Case{true, 3}}) {
+  for (const Case c :
+       {Case{false, 0}, Case{false, 1}, Case{false, 2}, Case{true, 0}, Case{true, 3}}) {
     {
       const bool thinking = c.thinking;
       const uint64_t seed = c.seed;
@@ -446,22 +446,20 @@ TEST_F(K3ToolChoiceTest, NoneKeepsTheModelFromOpeningACall) {
 
 TEST_F(K3ToolChoiceTest, AutoStrictToolWithRefusedSchemaIsRefusedElseAnyObject) {
   Json format = Json::parse(AutoFormat());
-  format["tools"][1]["parameters"] = {{"type", "object"},
-                                      {"properties", {{"n", {{"type", "integer"},
-                                                             {"multipleOf", 2}}}}}};
+  format["tools"][1]["parameters"] = {
+      {"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"multipleOf", 2}}}}}};
   auto session = model_->NewSession();
   ASSERT_OK(session.status());
   auto rendered = model_->RenderChat(
       Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tools", Tools()}}.dump(), true);
   ASSERT_OK(rendered.status());
   format["tools"][1]["strict"] = true;
-  EXPECT_THAT((*session)
-                  ->Prefill(rendered->tokens, rendered->chat_parse_mode, 0, nullptr, nullptr,
-                            format.dump())
-                  .status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("function 'pick' parameters (strict): "
-                                 "schema.properties.n.multipleOf")));
+  EXPECT_THAT(
+      (*session)
+          ->Prefill(rendered->tokens, rendered->chat_parse_mode, 0, nullptr, nullptr, format.dump())
+          .status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("function 'pick' parameters (strict): "
+                                                             "schema.properties.n.multipleOf")));
   // Not strict: its calls' arguments are any JSON object (steered calls still parse).
   // A mild bias on `"`, `}` and `,` (as the json_object tests): any object may grow without
   // bound, and the random model would otherwise rarely close one.
@@ -562,8 +560,8 @@ TEST_F(K3ToolChoiceTest, AutoSpeculationGivesTheSameTokens) {
   }
   // A steered greedy call too (its per-step knobs re-create the sampler: buffered tokens the
   // new knobs do not draw are rewound, so only the tokens are compared).
-  const Output off = Chat("auto", AutoFormat(), false, Knobs(0.0f), 0, 120, {{2, SteeredCall()}},
-                          model_, user);
+  const Output off =
+      Chat("auto", AutoFormat(), false, Knobs(0.0f), 0, 120, {{2, SteeredCall()}}, model_, user);
   const Output on = Chat("auto", AutoFormat(), false, Knobs(0.0f), 0, 120, {{2, SteeredCall()}},
                          spec_model->get(), user);
   EXPECT_EQ(on.ids, off.ids);
