@@ -66,8 +66,8 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
     // (lazy, like auto with no call allowed). Beside a response_format the format alone (its
     // answer cannot hold a call).
     if (!has_tools || format != nullptr) return std::string();
-    return nlohmann::json{{"type", "coli_tool_calls"}, {"mode", "none"},
-                          {"tools", nlohmann::json::array()}}
+    return nlohmann::json{
+        {"type", "coli_tool_calls"}, {"mode", "none"}, {"tools", nlohmann::json::array()}}
         .dump();
   }
   if ((mode == "required" || mode == "named") && !has_tools) {
@@ -132,6 +132,16 @@ absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json) {
   COLI_ASSIGN_OR_RETURN(std::string tool_calls, ToolCallFormatOf(body, &format));
   if (!tool_calls.empty()) return tool_calls;
   return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// A coli_tool_calls extension in mode auto or none without a response_format inside: what
+// the engine sends for every chat offering tools, enforced only where the plugin can.
+bool IsLazyToolFormat(std::string_view format) {
+  if (format.empty()) return false;
+  const nlohmann::json f = nlohmann::json::parse(format, nullptr, /*allow_exceptions=*/false);
+  if (!f.is_object() || f.value("type", std::string()) != "coli_tool_calls") return false;
+  const std::string mode = f.value("mode", std::string());
+  return (mode == "auto" || mode == "none") && !f.contains("response_format");
 }
 
 ModelOptions ToOptions(const v1::ModelOptions& o) {
@@ -409,7 +419,8 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
   // The prompt's tokens now, outside the lock: an unnamed request is placed on the pooled
   // session whose state they extend (PickPooledSessionLocked).
   if (input.chat) {
-    COLI_ASSIGN_OR_RETURN(RenderedChat rendered, model->model->RenderChat(input.request_json, true));
+    COLI_ASSIGN_OR_RETURN(RenderedChat rendered,
+                          model->model->RenderChat(input.request_json, true));
     request->prompt_ = std::move(rendered.tokens);
     request->parse_mode_ = rendered.chat_parse_mode;
   } else if (!input.prompt_ids.empty()) {
@@ -601,6 +612,9 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   std::string response_format = in.response_format;
   if (in.chat && response_format.empty()) {
     COLI_ASSIGN_OR_RETURN(response_format, ResponseFormatOf(in.request_json));
+    // tool_choice auto / none is enforced where the family can (ABI 1.4); a plugin of an older
+    // minor runs such a request unconstrained, as before, instead of refusing every tool request.
+    if (model.plugin().minor() < 4 && IsLazyToolFormat(response_format)) response_format.clear();
   }
   COLI_RETURN_IF_ERROR(model.CheckResponseFormat(response_format));
   // The sampling knobs are checked before any work (ranges, logit_bias ids against the

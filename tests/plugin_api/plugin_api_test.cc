@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstddef>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "host/engine.h"
 #include "host/plugin.h"
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
@@ -35,8 +37,8 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.5 on LP64 (x86-64, aarch64; 1.5 moved nothing). Append-only: a change here breaks every built plugin (the
-// function table grows with each minor, at its end; no existing offset moves).
+// ABI 1.5 on LP64 (x86-64, aarch64; 1.5 moved nothing). Append-only: a change here breaks every
+// built plugin (the function table grows with each minor, at its end; no existing offset moves).
 const Frozen kFrozen[] = {
     {"coli_error_t.struct_size", 0, 32},
     {"coli_error_t.message", 8, 32},
@@ -493,6 +495,55 @@ TEST_F(LoaderTest, ResponseFormatReachesOnlyA14Plugin) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("the echo family cannot enforce " + format)));
   ASSERT_OK(session->Prefill(prompt, 0, 0, nullptr).status());
+}
+
+// Every chat offering tools carries the coli_tool_calls extension (tool_choice auto / none are
+// enforced lazily where the family can). A plugin older than ABI 1.4 cannot receive it: such a
+// request runs unconstrained on it, as before 1.4, instead of being refused; a FORCED call
+// (tool_choice required) is still refused by name, since it would silently not be enforced.
+TEST_F(LoaderTest, AnOlderPluginServesToolRequestsUnderAutoAndRefusesForcedCalls) {
+  const std::string plugins = ::testing::TempDir() + "/old_plugin_only_" + std::to_string(getpid());
+  std::filesystem::create_directories(plugins);
+  std::filesystem::copy_file(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_2.so",
+                             plugins + "/libcoli_fake_echo_v1_2.so",
+                             std::filesystem::copy_options::overwrite_existing);
+  host::Engine engine(host::EngineOptions{.plugin_dir = plugins, .workers = 1});
+  v1::LoadModelRequest load;
+  load.set_model_dir(EchoModelDir("echo_model_tools"));
+  load.set_id("echo");
+  ASSERT_OK(engine.LoadModel(load, nullptr).status());
+  auto run = [&](const std::string& tool_choice) {
+    host::GenerationInput in;
+    in.model = "echo";
+    in.chat = true;
+    in.request_json =
+        R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",)"
+        R"("function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":")" +
+        tool_choice + R"("})";
+    in.max_tokens = 2;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    absl::Status status;
+    host::EventSink sink;
+    sink.on_done = [&](const absl::Status& st, const v1::Finished&) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = st;
+      done = true;
+      cv.notify_all();
+    };
+    auto submitted = engine.Submit(std::move(in), std::move(sink));
+    if (!submitted.ok()) return submitted.status();
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    return status;
+  };
+  EXPECT_OK(run("auto"));
+  EXPECT_OK(run("none"));
+  EXPECT_THAT(run("required"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("response_format: needs plugin ABI 1.4")));
+  engine.Shutdown();
+  std::filesystem::remove_all(plugins);
 }
 
 TEST_F(LoaderTest, MissingDirectoryIsLoggedNotFatal) {
