@@ -456,11 +456,16 @@ test('concurrent requests share decode passes and answer as they would alone', a
   };
   const alone = [];
   for (const p of prompts) alone.push(answer(await ask(p)));
+  // Whether two requests' decode steps meet in one pass depends on the box's load (a loaded
+  // 2-core CI box can run them one after another): up to three rounds, each answering as alone.
   const stepsBefore = await stat('batched_steps');
-  const together = await Promise.all(prompts.map(ask));
-  assert.deepEqual(together.map(answer), alone);
-  const steps = await stat('batched_steps');
-  assert.ok(steps > stepsBefore, `no decode pass was shared (batched_steps ${stepsBefore} -> ${steps})`);
+  let steps = stepsBefore;
+  for (let round = 0; round < 3 && steps === stepsBefore; ++round) {
+    const together = await Promise.all(prompts.map(ask));
+    assert.deepEqual(together.map(answer), alone);
+    steps = await stat('batched_steps');
+  }
+  assert.ok(steps > stepsBefore, `no decode pass was shared in 3 rounds (batched_steps ${stepsBefore} -> ${steps})`);
   assert.ok(await stat('batched_rows') >= 2 * steps, 'a shared pass has at least two rows');
   // The host's own count of decode calls and rows: more rows than calls when passes are shared.
   const { value } = await metrics(tiny8.base);
