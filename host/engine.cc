@@ -417,17 +417,27 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
     COLI_ASSIGN_OR_RETURN(model, FindModelLocked(input.model));
   }
   // The prompt's tokens now, outside the lock: an unnamed request is placed on the pooled
-  // session whose state they extend (PickPooledSessionLocked).
-  if (input.chat) {
-    COLI_ASSIGN_OR_RETURN(RenderedChat rendered,
-                          model->model->RenderChat(input.request_json, true));
-    request->prompt_ = std::move(rendered.tokens);
-    request->parse_mode_ = rendered.chat_parse_mode;
-  } else if (!input.prompt_ids.empty()) {
-    request->prompt_ = input.prompt_ids;
-  } else {
-    COLI_ASSIGN_OR_RETURN(request->prompt_,
-                          model->model->Tokenize(input.prompt, /*allow_special=*/false));
+  // session whose state they extend (PickPooledSessionLocked). A request whose prompt cannot be
+  // made counts as a failed one, as when this happened while it ran.
+  auto prompt = [&]() -> absl::Status {
+    if (input.chat) {
+      COLI_ASSIGN_OR_RETURN(RenderedChat rendered,
+                            model->model->RenderChat(input.request_json, true));
+      request->prompt_ = std::move(rendered.tokens);
+      request->parse_mode_ = rendered.chat_parse_mode;
+    } else if (!input.prompt_ids.empty()) {
+      request->prompt_ = input.prompt_ids;
+    } else {
+      COLI_ASSIGN_OR_RETURN(request->prompt_,
+                            model->model->Tokenize(input.prompt, /*allow_special=*/false));
+    }
+    return absl::OkStatus();
+  }();
+  if (!prompt.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.total;
+    ++counters_.failed;
+    return prompt;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

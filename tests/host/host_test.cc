@@ -492,6 +492,11 @@ TEST_F(HostTest, ChatStreamsContentDeltasAndEndOfMessage) {
   grpc::Status status = bad_reader->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("wizard"));
+  // The prompt is made when the request is submitted; one that cannot be made still counts.
+  v1::MetricsResponse m = Metrics();
+  EXPECT_EQ(m.requests_total(), 2u);
+  EXPECT_EQ(m.requests_ok(), 1u);
+  EXPECT_EQ(m.requests_failed(), 1u);
 }
 
 // ABI 1.4: the response_format reaches the plugin's prefill from the Chat body's member (a bare
@@ -567,8 +572,8 @@ TEST_F(HostTest, ToolChoiceAutoTravelsAsTheLazyExtension) {
   for (const std::string& extra : {std::string(), std::string(R"(, "tool_choice": "auto")")}) {
     const grpc::Status status = chat(extra);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(status.error_message(), HasSubstr(R"({"mode":"auto",)" + tool +
-                                                  R"(,"type":"coli_tool_calls"})"));
+    EXPECT_THAT(status.error_message(),
+                HasSubstr(R"({"mode":"auto",)" + tool + R"(,"type":"coli_tool_calls"})"));
   }
   const grpc::Status single = chat(R"(, "parallel_tool_calls": false)");
   EXPECT_THAT(single.error_message(), HasSubstr(R"("single":true)"));
@@ -581,10 +586,9 @@ TEST_F(HostTest, ToolChoiceAutoTravelsAsTheLazyExtension) {
   // format alone.
   EXPECT_THAT(chat(R"(, "tool_choice": "none")").error_message(),
               HasSubstr(R"({"mode":"none","tools":[],"type":"coli_tool_calls"})"));
-  EXPECT_THAT(
-      chat(R"(, "tool_choice": "none", "response_format": {"type": "json_object"})")
-          .error_message(),
-      HasSubstr(R"(cannot enforce {"type":"json_object"})"));
+  EXPECT_THAT(chat(R"(, "tool_choice": "none", "response_format": {"type": "json_object"})")
+                  .error_message(),
+              HasSubstr(R"(cannot enforce {"type":"json_object"})"));
   // No tools: nothing to enforce, the echo answers.
   v1::ChatRequest plain;
   plain.set_model("echo");
