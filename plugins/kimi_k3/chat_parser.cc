@@ -41,8 +41,7 @@ Tag ParseTag(std::string_view run) {
     if (eq == std::string_view::npos) break;
     const size_t end = run.find('"', eq + 2);
     if (end == std::string_view::npos) break;
-    tag.attrs[std::string(run.substr(pos, eq - pos))] =
-        Unescape(run.substr(eq + 2, end - eq - 2));
+    tag.attrs[std::string(run.substr(pos, eq - pos))] = Unescape(run.substr(eq + 2, end - eq - 2));
     pos = end + 1;
   }
   return tag;
@@ -54,11 +53,10 @@ Json TypedValue(const std::string& type, const std::string& text) {
   if (type == "string") return text;
   absl::StatusOr<Json> parsed = ParsePyJson(text);
   if (parsed.ok()) {
-    const bool matches = (type == "number" && parsed->is_number()) ||
-                         (type == "boolean" && parsed->is_boolean()) ||
-                         (type == "null" && parsed->is_null()) ||
-                         (type == "object" && parsed->is_object()) ||
-                         (type == "array" && parsed->is_array());
+    const bool matches =
+        (type == "number" && parsed->is_number()) || (type == "boolean" && parsed->is_boolean()) ||
+        (type == "null" && parsed->is_null()) || (type == "object" && parsed->is_object()) ||
+        (type == "array" && parsed->is_array());
     if (matches) return *std::move(parsed);
   }
   return text;
@@ -211,6 +209,18 @@ void OutputParser::OnTag(bool close, std::string_view run, std::vector<ChatEvent
   FlushAll(out);
   const Tag tag = ParseTag(run);
   const std::string& name = tag.name;
+  if (deltas_ && (state_ == State::kCall || state_ == State::kArgument || state_ == State::kJson)) {
+    // A call whose pieces are already out stays the current call until it closes (or the
+    // output ends: cut short). Any other tag inside it — a call, think, response or tools opened,
+    // tools or message closed — is dropped, so the pieces always join to the arguments of the
+    // call they were sent for (without deltas such a tag starts over or leaves the call, and the
+    // unfinished call is never reported).
+    const bool belongs = close ? (name == "argument" && state_ == State::kArgument) ||
+                                     (name == "json" && state_ == State::kJson) ||
+                                     (name == "call" && state_ == State::kCall)
+                               : (name == "argument" || name == "json") && state_ == State::kCall;
+    if (!belongs) return;
+  }
   if (!close) {
     if (name == "think") {
       state_ = State::kThink;

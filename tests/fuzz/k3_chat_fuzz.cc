@@ -5,7 +5,8 @@
 // First byte even: the rest is an HTTP body for ParseRequestBody + BuildChatSegments. Checked: a
 // refusal has a message; a render's text is its segments joined, no segment is empty, and every
 // special segment is one of XTML's markers (user text never becomes structure).
-// First byte odd: the rest is a token stream for OutputParser (mode 1–3 from the first byte):
+// First byte odd: the rest is a token stream for OutputParser (mode 1–3 and tool-call deltas on
+// or off from the first byte):
 // a byte with the top bit set is a structural token (open / close / sep / end_of_msg), otherwise
 // its low 4 bits + 1 give the length of an ordinary token taken from the following bytes. Checked:
 // every tool call is a JSON object with a string "name" and "arguments"; the visible text
@@ -52,19 +53,48 @@ void Render(std::string_view body) {
   }
 }
 
-void Parse(int32_t mode, std::string_view stream) {
+void Parse(int32_t mode, bool deltas, std::string_view stream) {
   const k3::StructuralIds ids{.open = 1, .close = 2, .sep = 3, .end_of_msg = 4};
   const std::string_view names[] = {k3::kOpenToken, k3::kCloseToken, k3::kSepToken,
                                     k3::kEndOfMsgToken};
   k3::OutputParser parser(ids, static_cast<k3::ParseMode>(mode));
+  parser.set_tool_call_deltas(deltas);
   size_t plain = 0, visible = 0;
+  // Per call index: the joined pieces, and whether its name came.
+  std::vector<std::string> pieces;
+  int64_t completed = 0;
   auto take = [&](const std::vector<k3::ChatEvent>& events) {
     for (const k3::ChatEvent& e : events) {
       if (e.channel == k3::ChatChannel::kToolCall) {
-        const auto call = nlohmann::json::parse(e.text, nullptr, false);
+        const auto call = nlohmann::ordered_json::parse(e.text, nullptr, false);
         Check(call.is_object() && call.contains("name") && call["name"].is_string() &&
                   call.contains("arguments"),
               "a tool call is {name, arguments}");
+        if (deltas) {
+          Check(completed < static_cast<int64_t>(pieces.size()), "a call's deltas came first");
+          const auto& args = call["arguments"];
+          const std::string whole =
+              args.is_string()
+                  ? args.get<std::string>()
+                  : args.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+          Check(pieces[completed] == whole, "the pieces join to the complete call's arguments");
+        }
+        ++completed;
+      } else if (e.channel == k3::ChatChannel::kToolCallDelta) {
+        Check(deltas, "no delta unless asked for");
+        const auto d = nlohmann::json::parse(e.text, nullptr, false);
+        Check(d.is_object() && d.contains("index") && d["index"].is_number_integer() &&
+                  d.contains("arguments") && d["arguments"].is_string(),
+              "a delta is {index, name?, arguments}");
+        const int64_t index = d["index"].get<int64_t>();
+        Check(index == completed, "deltas belong to the call being generated");
+        const bool first = static_cast<int64_t>(pieces.size()) == index;
+        Check(first || static_cast<int64_t>(pieces.size()) == index + 1, "indexes in order");
+        if (first) pieces.emplace_back();
+        Check(d.contains("name") == first, "the name comes with the first piece only");
+        const std::string piece = d["arguments"].get<std::string>();
+        Check(::coli::fuzz::WellFormedUtf8(piece), "a piece is well-formed UTF-8");
+        pieces.back() += piece;
       } else {
         Check(::coli::fuzz::WellFormedUtf8(e.text), "a delta is well-formed UTF-8");
         if (!e.moved_from_reasoning) visible += e.text.size();
@@ -97,7 +127,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (data[0] % 2 == 0) {
     Render(rest);
   } else {
-    Parse(1 + (data[0] / 2) % 3, rest);
+    Parse(1 + (data[0] / 2) % 3, (data[0] & 0x40) != 0, rest);
   }
   return 0;
 }

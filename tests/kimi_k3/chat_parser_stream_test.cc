@@ -204,6 +204,41 @@ TEST(ChatParserDeltas, CallWithoutArgumentsStreamsAnEmptyObject) {
             2);  // the name, then "{}" with the close
 }
 
+// Tags that would leave a call whose pieces are out (found by k3_chat_fuzz): with deltas on, a
+// call (or response, think, tools) opened inside it, or tools closed, is dropped and the call
+// goes on: one name, pieces joining to the complete call's arguments, the next call the next
+// index. Without deltas those tags leave the call, which is never reported, as before.
+TEST(ChatParserDeltas, TagsInsideACallAreDroppedOnceItsPiecesAreOut) {
+  std::vector<Token> t;
+  std::mt19937 rng(5);
+  Tag(&t, false, "tools");
+  Tag(&t, false, "call tool=\"f\"");
+  Tag(&t, false, "argument key=\"a\" type=\"string\"");
+  Text(&t, "x\"y", &rng, 2);
+  Tag(&t, false, "call tool=\"g\"");
+  Text(&t, "z", &rng, 1);
+  Tag(&t, false, "response");
+  Tag(&t, true, "tools");
+  Tag(&t, true, "argument");
+  Tag(&t, true, "call");
+  Tag(&t, false, "call tool=\"h\"");
+  Tag(&t, true, "call");
+  const Parsed run = Feed(t, true);
+  ASSERT_EQ(run.calls.size(), 2u);
+  EXPECT_EQ(run.calls[0], R"({"name":"f","arguments":{"a":"x\"yz"}})");
+  EXPECT_EQ(run.calls[1], R"({"name":"h","arguments":{}})");
+  int names = 0;
+  for (const ChatEvent &e : run.events) {
+    if (e.channel == ChatChannel::kToolCallDelta) names += Json::parse(e.text).contains("name");
+  }
+  EXPECT_EQ(names, 2);
+  CheckDeltas(run, true, "tags inside a call");
+  // Without deltas the response opener leaves the unfinished call, which is never reported.
+  const Parsed plain = Feed(t, false);
+  ASSERT_EQ(plain.calls.size(), 1u);
+  EXPECT_EQ(Json::parse(plain.calls[0])["name"], "h");
+}
+
 TEST(ChatParserDeltas, RepeatedKeyCarriesTheStreamedText) {
   std::vector<Token> t;
   std::mt19937 rng(3);
