@@ -519,7 +519,8 @@ std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
   std::string extends, shares, fresh, oldest;
   size_t extends_len = 0, shares_len = 0;
   uint64_t oldest_used = 0;
-  for (int i = 0; i < std::max(1, options_.workers); ++i) {
+  const int pool = std::max({1, options_.workers, options_.pool_sessions});
+  for (int i = 0; i < pool; ++i) {
     std::string name = i == 0 ? "default" : absl::StrCat("default#", i);
     auto found = model.sessions.find(name);
     if (found == model.sessions.end() || found->second.record.empty()) {

@@ -58,6 +58,11 @@ struct EngineOptions {
   // go to the plugin as ONE decode call of up to this many rows (1 = off: each request calls
   // decode alone). Needs workers > 1 to have concurrent requests. `coli-host --max-batch`.
   int max_batch = 8;
+  // Pooled sessions per model for requests without a session name ("default", "default#1", …):
+  // each keeps one conversation's state between its turns, so more of them than workers let
+  // more idle conversations resume without a prefill (on K3 each holds ~434 MB of recurrent
+  // state plus its KV cache). 0 = one per worker. `coli-host --pool N` or COLI_POOL_SESSIONS.
+  int pool_sessions = 0;
 };
 
 // One request's input, Generate or Chat.

@@ -1,7 +1,7 @@
 // coli-host: loads the model-family plugins and serves coli.v1 over gRPC.
 //
 //   coli-host [--plugin-dir DIR] [--listen unix:/path | 127.0.0.1:PORT] [--allow-remote]
-//             [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]
+//             [--workers N] [--queue N] [--pool N] [--model DIR]... [--ready-fd FD]
 //             [--decode-delay-ms N]   (pace decoding, for demos and UI tests)
 //             [--prefill-delay-ms N]  (pace prefill chunks, for the prefill-progress tests)
 //             [--max-batch N]         (decode rows of one model per decode call; 1 = off)
@@ -24,13 +24,14 @@
 namespace {
 
 void Usage() {
-  std::fprintf(stderr,
-               "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
-               "                 [--workers N] [--queue N] [--model DIR]... [--ready-fd FD]\n"
-               "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
-               "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
-               "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
-               "        any other address needs --allow-remote\n");
+  std::fprintf(
+      stderr,
+      "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
+      "                 [--workers N] [--queue N] [--pool N] [--model DIR]... [--ready-fd FD]\n"
+      "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
+      "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
+      "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
+      "        any other address needs --allow-remote\n");
 }
 
 std::string DefaultListen() {
@@ -48,13 +49,18 @@ int main(int argc, char** argv) {
   if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir)
     engine_options.plugin_dir = dir;
   // Private hosts inherit the client's environment: COLI_DECODE_DELAY_MS paces them too.
-  if (const char* delay = std::getenv("COLI_DECODE_DELAY_MS"); delay && *delay &&
-      !absl::SimpleAtoi(delay, &engine_options.decode_delay_ms)) {
+  if (const char* delay = std::getenv("COLI_DECODE_DELAY_MS");
+      delay && *delay && !absl::SimpleAtoi(delay, &engine_options.decode_delay_ms)) {
     std::fprintf(stderr, "coli-host: COLI_DECODE_DELAY_MS='%s' is not a number\n", delay);
     return 2;
   }
-  if (const char* delay = std::getenv("COLI_PREFILL_DELAY_MS"); delay && *delay &&
-      !absl::SimpleAtoi(delay, &engine_options.prefill_delay_ms)) {
+  if (const char* pool = std::getenv("COLI_POOL_SESSIONS");
+      pool && *pool && !absl::SimpleAtoi(pool, &engine_options.pool_sessions)) {
+    std::fprintf(stderr, "coli-host: COLI_POOL_SESSIONS='%s' is not a number\n", pool);
+    return 2;
+  }
+  if (const char* delay = std::getenv("COLI_PREFILL_DELAY_MS");
+      delay && *delay && !absl::SimpleAtoi(delay, &engine_options.prefill_delay_ms)) {
     std::fprintf(stderr, "coli-host: COLI_PREFILL_DELAY_MS='%s' is not a number\n", delay);
     return 2;
   }
@@ -93,6 +99,8 @@ int main(int argc, char** argv) {
       number(&engine_options.prefill_delay_ms);
     else if (arg == "--max-batch")
       number(&engine_options.max_batch);
+    else if (arg == "--pool")
+      number(&engine_options.pool_sessions);
     else if (arg == "--model")
       models.push_back(value());
     else if (arg == "--ready-fd")
@@ -105,6 +113,11 @@ int main(int argc, char** argv) {
       Usage();
       return 2;
     }
+  }
+  if (engine_options.pool_sessions < 0 || engine_options.pool_sessions > 1024) {
+    std::fprintf(stderr, "coli-host: --pool / COLI_POOL_SESSIONS: %d is not in [0, 1024]\n",
+                 engine_options.pool_sessions);
+    return 2;
   }
   if (server_options.listen.empty()) server_options.listen = DefaultListen();
   if (server_options.listen.rfind("unix:", 0) == 0) {

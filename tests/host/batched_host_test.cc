@@ -62,11 +62,17 @@ class HostBatchedTest : public ::testing::Test {
         << "tiny fixture missing: build target k3_tiny_fixture";
   }
 
-  static std::unique_ptr<Engine> MakeEngine(int workers, int max_batch, int decode_delay_ms) {
+  // Conversations A, B and C turn by turn on unnamed requests: each turn reuses all of its
+  // conversation's previous state.
+  static void ExpectConversationsKeepTheirSessions(std::unique_ptr<Engine> engine);
+
+  static std::unique_ptr<Engine> MakeEngine(int workers, int max_batch, int decode_delay_ms,
+                                            int pool_sessions = 0) {
     auto engine = std::make_unique<Engine>(EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST,
                                                          .workers = workers,
                                                          .decode_delay_ms = decode_delay_ms,
-                                                         .max_batch = max_batch});
+                                                         .max_batch = max_batch,
+                                                         .pool_sessions = pool_sessions});
     v1::LoadModelRequest load;
     load.set_model_dir(COLI_K3_TINY_DIR);
     load.set_id("k3");
@@ -523,7 +529,16 @@ TEST_F(HostBatchedTest, NextTurnSentFromOnDoneReusesThePooledSession) {
 // session, so each turn reset it to the other conversation's prompt and re-prefilled everything.
 // A third, unrelated conversation takes a session nobody used yet instead of dropping one.
 TEST_F(HostBatchedTest, AlternatingConversationsEachKeepTheirPooledSession) {
-  auto engine = MakeEngine(/*workers=*/4, /*max_batch=*/8, /*decode_delay_ms=*/0);
+  ExpectConversationsKeepTheirSessions(MakeEngine(/*workers=*/4, /*max_batch=*/8, 0));
+}
+
+// More pooled sessions than workers (coli-host --pool): one worker, three sessions, and the
+// same three conversations each keep their state (with one session each turn would reset it).
+TEST_F(HostBatchedTest, APoolLargerThanTheWorkersKeepsMoreConversations) {
+  ExpectConversationsKeepTheirSessions(MakeEngine(/*workers=*/1, /*max_batch=*/1, 0, /*pool=*/3));
+}
+
+void HostBatchedTest::ExpectConversationsKeepTheirSessions(std::unique_ptr<Engine> engine) {
   auto run = [&](std::vector<int32_t> ids) {
     std::mutex mu;
     std::condition_variable cv;
