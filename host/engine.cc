@@ -37,8 +37,9 @@ std::string DefaultModelId(const std::string& dir) {
 // the model may not open a call (lazy: otherwise free). `format`: the body's
 // response_format (null when none), which a forced call cannot honour (INVALID_ARGUMENT naming
 // tool_choice) and which mode auto carries along (the answer is that value or tool calls).
+// `lazy`: the plugin takes a format (ABI 1.4+); without it auto and none send nothing.
 absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
-                                             const nlohmann::json* format) {
+                                             const nlohmann::json* format, bool lazy) {
   auto tools_it = body.find("tools");
   const bool has_tools = tools_it != body.end() && tools_it->is_array() && !tools_it->empty();
   auto tc_it = body.find("tool_choice");
@@ -65,7 +66,7 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
     // The renderer tells the model it must not call; the plugin keeps it from opening a call
     // (lazy, like auto with no call allowed). Beside a response_format the format alone (its
     // answer cannot hold a call).
-    if (!has_tools || format != nullptr) return std::string();
+    if (!has_tools || format != nullptr || !lazy) return std::string();
     return nlohmann::json{
         {"type", "coli_tool_calls"}, {"mode", "none"}, {"tools", nlohmann::json::array()}}
         .dump();
@@ -97,7 +98,9 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
     return absl::InvalidArgumentError(
         absl::StrCat("tool_choice.function.name: '", named, "' is not one of the request's tools"));
   }
-  if (mode == "auto" && tools.empty()) return std::string();  // no function tool to call
+  // No function tool to call, or a plugin that cannot take lazy enforcement (older than ABI
+  // 1.4): auto runs unconstrained, as before (a carried response_format still travels alone).
+  if (mode == "auto" && (tools.empty() || !lazy)) return std::string();
   if (mode != "auto" && format != nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("tool_choice: '", mode == "named" ? named : mode,
@@ -115,33 +118,23 @@ absl::StatusOr<std::string> ToolCallFormatOf(const nlohmann::json& body,
 // "json_object", as the family's renderer also accepts, becomes {"type": ...}), or — when the
 // body offers tools and tool_choice is not "none" — the coli_tool_calls extension
 // (ToolCallFormatOf) carrying it. The body was rendered first, so it is valid JSON;
-// INVALID_ARGUMENT otherwise.
-absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json) {
+// INVALID_ARGUMENT otherwise. `lazy`: as ToolCallFormatOf.
+absl::StatusOr<std::string> ResponseFormatOf(const std::string& request_json, bool lazy) {
   const nlohmann::json body =
       nlohmann::json::parse(request_json, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return absl::InvalidArgumentError("request_json: not a JSON object");
   }
   auto it = body.find("response_format");
-  if (it == body.end() || it->is_null()) return ToolCallFormatOf(body, nullptr);
+  if (it == body.end() || it->is_null()) return ToolCallFormatOf(body, nullptr, lazy);
   nlohmann::json format = *it;
   if (format.is_string()) format = nlohmann::json{{"type", format.get<std::string>()}};
   if (format.is_object() && format.value("type", nlohmann::json()) == "text") {
-    return ToolCallFormatOf(body, nullptr);
+    return ToolCallFormatOf(body, nullptr, lazy);
   }
-  COLI_ASSIGN_OR_RETURN(std::string tool_calls, ToolCallFormatOf(body, &format));
+  COLI_ASSIGN_OR_RETURN(std::string tool_calls, ToolCallFormatOf(body, &format, lazy));
   if (!tool_calls.empty()) return tool_calls;
   return format.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-// A coli_tool_calls extension in mode auto or none without a response_format inside: what
-// the engine sends for every chat offering tools, enforced only where the plugin can.
-bool IsLazyToolFormat(std::string_view format) {
-  if (format.empty()) return false;
-  const nlohmann::json f = nlohmann::json::parse(format, nullptr, /*allow_exceptions=*/false);
-  if (!f.is_object() || f.value("type", std::string()) != "coli_tool_calls") return false;
-  const std::string mode = f.value("mode", std::string());
-  return (mode == "auto" || mode == "none") && !f.contains("response_format");
 }
 
 ModelOptions ToOptions(const v1::ModelOptions& o) {
@@ -426,7 +419,7 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
       request->prompt_ = std::move(rendered.tokens);
       request->parse_mode_ = rendered.chat_parse_mode;
     } else if (!input.prompt_ids.empty()) {
-      request->prompt_ = input.prompt_ids;
+      request->prompt_ = std::move(input.prompt_ids);  // the prompt lives in prompt_ from here
     } else {
       COLI_ASSIGN_OR_RETURN(request->prompt_,
                             model->model->Tokenize(input.prompt, /*allow_special=*/false));
@@ -622,10 +615,10 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   // The response_format to enforce: the request's own field, else the chat body's member.
   std::string response_format = in.response_format;
   if (in.chat && response_format.empty()) {
-    COLI_ASSIGN_OR_RETURN(response_format, ResponseFormatOf(in.request_json));
-    // tool_choice auto / none is enforced where the family can (ABI 1.4); a plugin of an older
-    // minor runs such a request unconstrained, as before, instead of refusing every tool request.
-    if (model.plugin().minor() < 4 && IsLazyToolFormat(response_format)) response_format.clear();
+    // tool_choice auto / none is enforced where the family can take it (ABI 1.4); a plugin of
+    // an older minor runs such a request unconstrained, as before, instead of refusing it.
+    COLI_ASSIGN_OR_RETURN(response_format,
+                          ResponseFormatOf(in.request_json, model.plugin().minor() >= 4));
   }
   COLI_RETURN_IF_ERROR(model.CheckResponseFormat(response_format));
   // The sampling knobs are checked before any work (ranges, logit_bias ids against the
