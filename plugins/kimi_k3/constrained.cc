@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status.h"
+#include "common/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
@@ -29,6 +30,170 @@ bool IsPlainToolName(const std::string& name) {
 
 void Append(std::vector<int32_t>* out, std::initializer_list<const std::vector<int32_t>*> parts) {
   for (const std::vector<int32_t>* p : parts) out->insert(out->end(), p->begin(), p->end());
+}
+
+constexpr std::string_view kXtmlTypeNames[kNumXtmlArgTypes] = {"string", "number", "boolean",
+                                                               "null",   "object", "array"};
+constexpr std::string_view kJsonElement = "json type=\"object\"";
+constexpr std::string_view kArgElement = "argument key=\"";
+constexpr size_t kMaxExtraKeyBytes = 64;
+// Additional keys one call may write (so a call without required keys always can end).
+constexpr size_t kMaxExtraKeys = 4096;
+
+bool IsExtraKeyByte(unsigned char c) { return c >= 0x20 && c != 0x7f && c != '"' && c != '&'; }
+
+// A prefix of an additional key (whole: a complete one, well-formed UTF-8).
+bool IsExtraKey(std::string_view key, bool whole) {
+  if (key.size() > kMaxExtraKeyBytes || (whole && key.empty())) return false;
+  for (unsigned char c : key) {
+    if (!IsExtraKeyByte(c)) return false;
+  }
+  return !whole || tok::IsValidUtf8(key);
+}
+
+// The renderer's attribute escaping (chat.cc, spec §6.1).
+std::string AttrEscape(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '&') {
+      out += "&amp;";
+    } else if (c == '"') {
+      out += "&quot;";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+bool NeedsJsonEscape(unsigned char c) { return c == '"' || c == '\\' || c < 0x20; }
+
+// A raw string argument's bytes as JSON string content (byte by byte, so it commutes with any
+// split into tokens).
+std::string JsonEscaped(std::string_view raw) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(static_cast<char>(c));
+    } else if (c < 0x20) {
+      out += "\\u00";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
+// Whether a JSON text starting with `first` is a value of XTML type `type` (a string argument's
+// value is raw, never JSON: not asked).
+bool StartsAsType(unsigned char first, uint8_t type) {
+  switch (type) {
+    case kArgNumber:
+      return first == '-' || (first >= '0' && first <= '9');
+    case kArgBoolean:
+      return first == 't' || first == 'f';
+    case kArgNull:
+      return first == 'n';
+    case kArgObject:
+      return first == '{';
+    case kArgArray:
+      return first == '[';
+    default:
+      return false;
+  }
+}
+
+// The XTML types a value of `c` may have (the first bytes its matcher takes).
+uint8_t ValueTypes(const std::shared_ptr<const grammar::JsonConstraint>& c) {
+  auto takes = [&](std::string_view first) { return grammar::JsonMatcher(c).Accept(first); };
+  uint8_t types = 0;
+  if (takes("\"")) types |= 1u << kArgString;
+  for (char first : std::string_view("-0123456789tfn{[")) {
+    for (uint8_t t = kArgNumber; t < kNumXtmlArgTypes; ++t) {
+      if (StartsAsType(static_cast<unsigned char>(first), t) && takes(std::string(1, first))) {
+        types |= static_cast<uint8_t>(1u << t);
+      }
+    }
+  }
+  return types;
+}
+
+// A property's schema compiled on its own, with the root's $defs / definitions carried along so
+// local references still resolve; null when it does not compile alone.
+std::shared_ptr<const grammar::JsonConstraint> CompileAlone(const nlohmann::json& schema,
+                                                            const nlohmann::json& root) {
+  nlohmann::json alone = schema.is_boolean() ? nlohmann::json::object() : schema;
+  if (!alone.is_object()) return nullptr;
+  for (const char* defs : {"$defs", "definitions"}) {
+    if (!root.contains(defs)) continue;
+    if (alone.contains(defs)) return nullptr;
+    alone[defs] = root[defs];
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::JsonConstraint>> c =
+      grammar::JsonConstraint::FromSchema(
+          alone.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+// The typed-argument form of a parameters schema, or null when it does not split per key.
+std::shared_ptr<const TypedArguments> TypedArgumentsOf(const nlohmann::json& params) {
+  static const std::vector<std::string_view> kRootKeywords = {
+      "type",    "properties", "required", "additionalProperties", "description", "title",
+      "$schema", "$id",        "$defs",    "definitions",          "$comment",    "examples",
+      "default", "strict"};
+  if (!params.is_object()) return nullptr;
+  for (auto it = params.begin(); it != params.end(); ++it) {
+    if (std::find(kRootKeywords.begin(), kRootKeywords.end(), it.key()) == kRootKeywords.end()) {
+      return nullptr;
+    }
+  }
+  if (auto t = params.find("type"); t != params.end()) {
+    const bool object = *t == "object" || (t->is_array() && t->size() == 1 && (*t)[0] == "object");
+    if (!object) return nullptr;
+  }
+  auto typed = std::make_shared<TypedArguments>();
+  const nlohmann::json properties = params.value("properties", nlohmann::json::object());
+  if (!properties.is_object()) return nullptr;
+  for (auto it = properties.begin(); it != properties.end(); ++it) {
+    if (it.value() == false) continue;  // the key may not appear
+    TypedArguments::Key key;
+    key.name = it.key();
+    key.attr = AttrEscape(key.name);
+    key.value = CompileAlone(it.value(), params);
+    if (key.value == nullptr) return nullptr;
+    key.types = ValueTypes(key.value);
+    typed->keys.push_back(std::move(key));
+  }
+  const nlohmann::json required = params.value("required", nlohmann::json::array());
+  if (!required.is_array()) return nullptr;
+  for (const nlohmann::json& r : required) {
+    auto key = std::find_if(typed->keys.begin(), typed->keys.end(),
+                            [&](const TypedArguments::Key& k) { return r == k.name; });
+    if (key == typed->keys.end() || key->types == 0) return nullptr;
+    key->required = true;
+  }
+  const nlohmann::json additional = params.value("additionalProperties", nlohmann::json(true));
+  if (additional != false) {
+    typed->additional = true;
+    typed->additional_value = CompileAlone(additional, params);
+    if (typed->additional_value == nullptr) return nullptr;
+    typed->additional_types = ValueTypes(typed->additional_value);
+  }
+  return typed;
+}
+
+// Any keys, any values: a tool whose schema the grammar cannot enforce (tool_choice auto).
+std::shared_ptr<const TypedArguments> AnyTypedArguments() {
+  auto typed = std::make_shared<TypedArguments>();
+  typed->additional = true;
+  typed->additional_value = CompileAlone(nlohmann::json::object(), nlohmann::json::object());
+  if (typed->additional_value == nullptr) return nullptr;
+  typed->additional_types = ValueTypes(typed->additional_value);
+  return typed;
 }
 
 }  // namespace
@@ -97,10 +262,14 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
     absl::StatusOr<std::shared_ptr<const grammar::JsonConstraint>> c =
         grammar::JsonConstraint::FromSchema(
             params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    if (!c.ok() && automatic && t.value("strict", nlohmann::json(false)) != true) {
+    std::shared_ptr<const TypedArguments> typed;
+    if (c.ok()) {
+      typed = TypedArgumentsOf(params);
+    } else if (automatic && t.value("strict", nlohmann::json(false)) != true) {
       // tool_choice auto, not strict: what the grammar cannot enforce is any JSON object.
       spec->relaxed.push_back(n);
       c = grammar::JsonConstraint::FromSchema(R"({"type":"object"})");
+      typed = AnyTypedArguments();
     }
     if (!c.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("tools: function '", n, "' parameters",
@@ -109,6 +278,7 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
     }
     spec->names.push_back(n);
     spec->parameters.push_back(*std::move(c));
+    spec->typed.push_back(std::move(typed));
   }
   return std::shared_ptr<const ToolCallSpec>(std::move(spec));
 }
@@ -139,14 +309,19 @@ absl::StatusOr<std::unique_ptr<ConstraintVocab>> ConstraintVocab::Build(
     v->tools_ = tokenizer.Encode("tools", false);
     v->call_ = tokenizer.Encode("call", false);
     v->json_ = tokenizer.Encode("json", false);
+    v->argument_ = tokenizer.Encode("argument", false);
     v->tool_attr_ = tokenizer.Encode(" tool", false);
     v->index_attr_ = tokenizer.Encode(" index", false);
-    v->type_attr_ = tokenizer.Encode(" type", false);
     v->eq_quote_ = tokenizer.Encode("=\"", false);
     v->quote_ = tokenizer.Encode("\"", false);
-    v->object_ = tokenizer.Encode("object", false);
     for (char d = '0'; d <= '9'; ++d)
       v->digits_.push_back(tokenizer.Encode(std::string(1, d), false));
+  }
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    const std::string& b = v->bytes_[static_cast<size_t>(id)];
+    if (std::any_of(b.begin(), b.end(), [](char c) { return NeedsJsonEscape(c); })) {
+      v->escaped_ids_.push_back(id);
+    }
   }
   v->filter_ = std::make_unique<grammar::TokenFilter>(v->bytes_);
   return v;
@@ -262,21 +437,166 @@ void AnswerConstraint::StartCall() {
 
 void AnswerConstraint::AfterName() {
   const ConstraintVocab& v = *vocab_;
-  const std::string name = name_.substr(0, name_.size() - 1);  // without the closing quote
-  const auto it = std::find(tools_->names.begin(), tools_->names.end(), name);
-  matcher_ =
-      grammar::JsonMatcher(tools_->parameters[static_cast<size_t>(it - tools_->names.begin())]);
-  // ` index="K"<|sep|><|open|>json type="object"<|sep|>`
+  // ` index="K"<|sep|>`, then the body.
   std::vector<int32_t> ids;
   Append(&ids, {&v.index_attr_, &v.eq_quote_});
   for (char d : std::to_string(calls_ + 1))
     Append(&ids, {&v.digits_[static_cast<size_t>(d - '0')]});
   Append(&ids, {&v.quote_});
   ids.push_back(v.sep_);
-  ids.push_back(v.open_);
-  Append(&ids, {&v.json_, &v.type_attr_, &v.eq_quote_, &v.object_, &v.quote_});
+  BeginCall(name_.substr(0, name_.size() - 1));  // without the closing quote
+  Force(std::move(ids), Phase::kCallBody);
+}
+
+void AnswerConstraint::BeginCall(const std::string& name) {
+  const auto it = std::find(tools_->names.begin(), tools_->names.end(), name);
+  tool_ = static_cast<size_t>(it - tools_->names.begin());
+  typed_ = tool_ < tools_->typed.size() ? tools_->typed[tool_].get() : nullptr;
+  elements_ = 0;
+  used_.assign(typed_ == nullptr ? 0 : typed_->keys.size(), false);
+  extra_keys_.clear();
+  run_.clear();
+  phase_ = Phase::kCallBody;
+}
+
+void AnswerConstraint::EndCall(std::vector<int32_t> ids) {
+  const ConstraintVocab& v = *vocab_;
+  ++calls_;
+  if (lazy_) {
+    Force(std::move(ids), Phase::kFree);  // free again
+    return;
+  }
+  if (!tools_->single) {
+    Force(std::move(ids), Phase::kAfterCall);
+    return;
+  }
+  // `<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>`
+  ids.push_back(v.close_);
+  Append(&ids, {&v.tools_});
   ids.push_back(v.sep_);
-  Force(std::move(ids), Phase::kArgs);
+  ids.push_back(v.close_);
+  Append(&ids, {&v.message_});
+  ids.push_back(v.sep_);
+  ids.push_back(v.end_of_msg_);
+  Force(std::move(ids), Phase::kDone);
+}
+
+bool AnswerConstraint::KeysLeft() const {
+  if (typed_ == nullptr) return false;
+  if (typed_->additional && extra_keys_.size() < kMaxExtraKeys) return true;
+  for (size_t i = 0; i < used_.size(); ++i) {
+    if (!used_[i] && typed_->keys[i].types != 0) return true;
+  }
+  return false;
+}
+
+bool AnswerConstraint::RequiredDone() const {
+  if (typed_ == nullptr) return false;
+  for (size_t i = 0; i < used_.size(); ++i) {
+    if (typed_->keys[i].required && !used_[i]) return false;
+  }
+  return true;
+}
+
+bool AnswerConstraint::KeyPrefix(std::string_view key) const {
+  for (size_t i = 0; i < used_.size(); ++i) {
+    if (!used_[i] && typed_->keys[i].types != 0 &&
+        std::string_view(typed_->keys[i].attr).starts_with(key)) {
+      return true;
+    }
+  }
+  return typed_->additional && IsExtraKey(key, false);
+}
+
+bool AnswerConstraint::KeyOf(std::string_view key, int* index) const {
+  for (size_t i = 0; i < used_.size(); ++i) {
+    const TypedArguments::Key& k = typed_->keys[i];
+    if (k.attr != key && k.name != key) continue;
+    if (used_[i] || k.attr != key || k.types == 0) return false;
+    *index = static_cast<int>(i);
+    return true;
+  }
+  if (!typed_->additional || !IsExtraKey(key, true)) return false;
+  if (std::find(extra_keys_.begin(), extra_keys_.end(), key) != extra_keys_.end()) return false;
+  *index = -1;
+  return true;
+}
+
+uint8_t AnswerConstraint::TypesOf(int key) const {
+  return key >= 0 ? typed_->keys[static_cast<size_t>(key)].types : typed_->additional_types;
+}
+
+// `text` (an element's opening run) is a prefix of (whole: equal to) an element the call may
+// write next: the json block before any argument, or an argument of a key still allowed with
+// one of its types.
+bool AnswerConstraint::ElementPrefix(std::string_view text, bool whole) const {
+  if (elements_ == 0 && (whole ? text == kJsonElement : kJsonElement.starts_with(text))) {
+    return true;
+  }
+  if (!KeysLeft()) return false;
+  if (text.size() < kArgElement.size()) return !whole && kArgElement.starts_with(text);
+  if (!text.starts_with(kArgElement)) return false;
+  const std::string_view rest = text.substr(kArgElement.size());
+  const size_t quote = rest.find('"');
+  if (quote == std::string_view::npos) return !whole && KeyPrefix(rest);
+  int key = 0;
+  if (!KeyOf(rest.substr(0, quote), &key)) return false;
+  const std::string_view tail = rest.substr(quote);  // `" type="TYPE"`
+  const uint8_t types = TypesOf(key);
+  for (int t = 0; t < kNumXtmlArgTypes; ++t) {
+    if (((types >> t) & 1) == 0) continue;
+    std::string want = "\" type=\"";
+    want.append(kXtmlTypeNames[t]);
+    want.push_back('"');
+    if (whole ? tail == want : std::string_view(want).starts_with(tail)) return true;
+  }
+  return false;
+}
+
+// A typed argument's value: a string is raw (its bytes reach the matcher JSON-escaped, after
+// the opening quote fed at the start), anything else JSON of the declared type.
+void AnswerConstraint::ArgValueAllowed(std::vector<uint8_t>* allowed) const {
+  const ConstraintVocab& v = *vocab_;
+  const size_t n = v.bytes_.size();
+  if (arg_type_ == kArgString) {
+    v.filter_->Allowed(matcher_, allowed);
+    allowed->resize(n, 0);
+    for (int32_t id : v.escaped_ids_) {
+      grammar::JsonMatcher m = matcher_;
+      (*allowed)[id] = m.Accept(JsonEscaped(v.bytes_[id])) ? 1 : 0;
+    }
+    grammar::JsonMatcher end = matcher_;
+    if (end.Accept("\"") && end.CanEnd()) (*allowed)[v.close_] = 1;
+    return;
+  }
+  if (matcher_.MustEnd()) {
+    allowed->assign(n, 0);
+  } else {
+    v.filter_->Allowed(matcher_, allowed);
+    allowed->resize(n, 0);
+    if (matcher_.consumed() == 0) {
+      for (size_t i = 0; i < n; ++i) {
+        if ((*allowed)[i] != 0 && !StartsAsType(v.bytes_[i][0], arg_type_)) (*allowed)[i] = 0;
+      }
+    }
+  }
+  if (matcher_.CanEnd()) (*allowed)[v.close_] = 1;
+}
+
+bool AnswerConstraint::ArgValueAccepts(int32_t id) const {
+  const ConstraintVocab& v = *vocab_;
+  const std::string& b = v.bytes_[id];
+  if (id == v.close_) {
+    if (arg_type_ != kArgString) return matcher_.CanEnd();
+    grammar::JsonMatcher end = matcher_;
+    return end.Accept("\"") && end.CanEnd();
+  }
+  if (b.empty()) return false;
+  if (arg_type_ != kArgString && matcher_.consumed() == 0 &&
+      !StartsAsType(static_cast<unsigned char>(b[0]), arg_type_)) {
+    return false;
+  }
+  return true;
 }
 
 void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
@@ -322,6 +642,27 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
         allowed->resize(n, 0);
       }
       if (matcher_.CanEnd()) (*allowed)[v.close_] = 1;
+      return;
+    case Phase::kCallBody:
+      allowed->assign(n, 0);
+      if (elements_ == 0 || KeysLeft()) (*allowed)[v.open_] = 1;  // an element
+      if (RequiredDone()) (*allowed)[v.close_] = 1;               // the end of the call
+      return;
+    case Phase::kElement: {
+      allowed->assign(n, 0);
+      std::string text = run_;
+      for (size_t i = 0; i < n; ++i) {
+        const std::string& b = v.bytes_[i];
+        if (b.empty()) continue;
+        text.resize(run_.size());
+        text += b;
+        if (ElementPrefix(text, false)) (*allowed)[i] = 1;
+      }
+      if (ElementPrefix(run_, true)) (*allowed)[v.sep_] = 1;
+      return;
+    }
+    case Phase::kArgValue:
+      ArgValueAllowed(allowed);
       return;
     case Phase::kFree:
       allowed->resize(n);
@@ -520,18 +861,10 @@ void AnswerConstraint::Accept(int32_t id) {
       return;
     case Phase::kHeader:
       if (id == v.sep_ && HeaderPrefix(run_, true)) {
-        // The call's tool; then `<|open|>json type="object"<|sep|>` and its arguments.
+        // The call's tool; then its body.
         const size_t from = std::string_view("call tool=\"").size();
-        const std::string name = run_.substr(from, run_.find('"', from) - from);
-        const auto it = std::find(tools_->names.begin(), tools_->names.end(), name);
-        matcher_ = grammar::JsonMatcher(
-            tools_->parameters[static_cast<size_t>(it - tools_->names.begin())]);
-        std::vector<int32_t> ids = {v.open_};
-        Append(&ids, {&v.json_, &v.type_attr_, &v.eq_quote_, &v.object_, &v.quote_});
-        ids.push_back(v.sep_);
         in_run_ = false;
-        run_.clear();
-        Force(std::move(ids), Phase::kArgs);
+        BeginCall(run_.substr(from, run_.find('"', from) - from));
         return;
       }
       if (v.bytes_[id].empty() || !HeaderPrefix(run_ + v.bytes_[id], false)) {
@@ -540,31 +873,80 @@ void AnswerConstraint::Accept(int32_t id) {
       }
       run_ += v.bytes_[id];
       return;
+    case Phase::kCallBody:
+      if (id == v.open_ && (elements_ == 0 || KeysLeft())) {
+        run_.clear();
+        phase_ = Phase::kElement;
+      } else if (id == v.close_ && RequiredDone()) {
+        std::vector<int32_t> ids = v.call_;  // `call<|sep|>`
+        ids.push_back(v.sep_);
+        EndCall(std::move(ids));
+      } else {
+        phase_ = Phase::kDone;
+      }
+      return;
+    case Phase::kElement: {
+      if (id != v.sep_ || !ElementPrefix(run_, true)) {
+        if (v.bytes_[id].empty() || !ElementPrefix(run_ + v.bytes_[id], false)) {
+          phase_ = Phase::kDone;
+          return;
+        }
+        run_ += v.bytes_[id];
+        return;
+      }
+      if (run_ == kJsonElement) {
+        matcher_ = grammar::JsonMatcher(tools_->parameters[tool_]);  // the whole arguments
+        phase_ = Phase::kArgs;
+        return;
+      }
+      // `argument key="KEY" type="TYPE"`
+      const std::string_view rest = std::string_view(run_).substr(kArgElement.size());
+      const size_t quote = rest.find('"');
+      int key = -1;
+      KeyOf(rest.substr(0, quote), &key);  // true: ElementPrefix checked it
+      std::string_view type = rest.substr(quote + std::string_view("\" type=\"").size());
+      type.remove_suffix(1);
+      arg_type_ = static_cast<uint8_t>(
+          std::find(std::begin(kXtmlTypeNames), std::end(kXtmlTypeNames), type) -
+          std::begin(kXtmlTypeNames));
+      arg_key_ = key;
+      arg_extra_ = key < 0 ? std::string(rest.substr(0, quote)) : std::string();
+      matcher_ = grammar::JsonMatcher(key >= 0 ? typed_->keys[static_cast<size_t>(key)].value
+                                               : typed_->additional_value);
+      if (arg_type_ == kArgString) matcher_.Accept("\"");  // the raw value is its content
+      phase_ = Phase::kArgValue;
+      return;
+    }
+    case Phase::kArgValue:
+      if (!ArgValueAccepts(id)) {
+        phase_ = Phase::kDone;
+        return;
+      }
+      if (id == v.close_) {
+        if (arg_key_ >= 0) {
+          used_[static_cast<size_t>(arg_key_)] = true;
+        } else {
+          extra_keys_.push_back(arg_extra_);
+        }
+        ++elements_;
+        std::vector<int32_t> ids = v.argument_;  // `argument<|sep|>`
+        ids.push_back(v.sep_);
+        Force(std::move(ids), Phase::kCallBody);
+        return;
+      }
+      if (!matcher_.Accept(arg_type_ == kArgString ? JsonEscaped(v.bytes_[id]) : v.bytes_[id])) {
+        phase_ = Phase::kDone;
+      }
+      return;
     case Phase::kArgs:
       if (id == v.close_ && matcher_.CanEnd()) {
-        ++calls_;
-        // `json<|sep|><|close|>call<|sep|>`, then (named) the end of the message.
+        // `json<|sep|><|close|>call<|sep|>`
         std::vector<int32_t> ids = v.json_;
         ids.push_back(v.sep_);
         ids.push_back(v.close_);
         Append(&ids, {&v.call_});
         ids.push_back(v.sep_);
-        if (lazy_) {
-          Force(std::move(ids), Phase::kFree);  // free again
-          return;
-        }
-        if (!tools_->single) {
-          Force(std::move(ids), Phase::kAfterCall);
-          return;
-        }
-        ids.push_back(v.close_);
-        Append(&ids, {&v.tools_});
-        ids.push_back(v.sep_);
-        ids.push_back(v.close_);
-        Append(&ids, {&v.message_});
-        ids.push_back(v.sep_);
-        ids.push_back(v.end_of_msg_);
-        Force(std::move(ids), Phase::kDone);
+        EndCall(std::move(ids));
         return;
       }
       if (v.bytes_[id].empty() || !matcher_.Accept(v.bytes_[id])) phase_ = Phase::kDone;

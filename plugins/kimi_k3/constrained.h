@@ -26,15 +26,23 @@
 // Tool calls (tool_choice "required" or a named function; the host passes them as the plugin
 // family's response_format extension {"type":"coli_tool_calls",…}, see ToolCallSpec): after the
 // reasoning, the answer is one or more calls in the vendor's form, as the renderer writes an
-// assistant's tool_calls (chat.cc):
-//   <|close|>response<|sep|><|open|>tools<|sep|>
-//   <|open|>call tool="NAME" index="K"<|sep|><|open|>json type="object"<|sep|>ARGS<|close|>json
-//   <|sep|><|close|>call<|sep|> … <|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>
-// Everything but NAME and ARGS is forced. NAME is chosen among the allowed names byte by byte
-// (ordinary tokens whose bytes keep `NAME"` a prefix of an allowed one); ARGS is constrained by
-// that function's parameters schema, and <|close|> is allowed once it can end. After a call, a
-// named choice (or "single": parallel_tool_calls false) ends the message; "required" lets the
-// model open another call or end.
+// assistant's tool_calls (chat.cc, spec §6.2):
+//   <|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="NAME" index="K"<|sep|>BODY
+//   <|close|>call<|sep|> … <|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>
+// BODY is what the model chooses among the two forms the parser reads:
+//  - typed arguments, the form the renderer writes (so the one K3 was trained on): elements
+//    `<|open|>argument key="KEY" type="TYPE"<|sep|>VALUE<|close|>argument<|sep|>`, each key of
+//    the parameters' `properties` at most once and in any order (plus other keys when
+//    additionalProperties allows them), TYPE one the key's schema allows, VALUE that schema's
+//    value — a string raw (as the renderer writes it: its JSON-escaped form is what the key's
+//    schema checks), anything else as JSON; the call closes once every required key is in;
+//  - one `<|open|>json type="object"<|sep|>ARGS<|close|>json<|sep|>` block (ARGS the whole
+//    parameters schema), chosen before any argument. A tool whose schema does not split into
+//    per-key schemas (TypedArguments) offers only this form.
+// Structure is forced where there is no choice; the tag texts (NAME, the element headers) are
+// matched byte by byte (any segmentation into ordinary tokens). After a call, a named choice (or
+// "single": parallel_tool_calls false) ends the message; "required" lets the model open another
+// call or end.
 //
 // tool_choice "auto" (mode "auto", the default whenever tools are offered) is LAZY, as
 // llama.cpp's lazy grammars: reasoning and answer stay free, and the row draws exactly what it
@@ -44,9 +52,8 @@
 // wrong index, a call past the one allowed by "single") is refused by Permits, and the row
 // redraws under the mask (`Mask`), where it is excluded. Once a valid opener is taken the rest
 // of the call is constrained: the header's bytes `call tool="NAME" index="K"` (NAME among the
-// tools, K = the call's position in the message, any segmentation) and <|sep|>, then forced
-// `<|open|>json type="object"<|sep|>`, ARGS (that tool's parameters schema), <|close|> once
-// they can end and the forced `json<|sep|><|close|>call<|sep|>`; then the row is free again.
+// tools, K = the call's position in the message, any segmentation) and <|sep|>, then BODY as
+// above and `<|close|>call<|sep|>`; then the row is free again.
 // tool_choice "none" (mode "none", tools offered): the same watching, with no call allowed —
 // a token that would open one is redrawn under the mask.
 // "auto" together with a response_format (the extension's "response_format" member): the
@@ -69,6 +76,30 @@
 
 namespace coli::k3 {
 
+// XTML argument types (spec §6.2), one bit each in TypedArguments' masks.
+enum XtmlArgType : uint8_t { kArgString, kArgNumber, kArgBoolean, kArgNull, kArgObject, kArgArray };
+inline constexpr int kNumXtmlArgTypes = 6;
+
+// A tool's parameters split into one schema per key, for the typed-argument form. Built only
+// for a plain object schema (type, properties, required, additionalProperties, $defs and
+// annotations); anything else (minProperties, patternProperties, a root anyOf, a property
+// schema that does not compile alone, …) leaves the tool with the json-block form only.
+struct TypedArguments {
+  struct Key {
+    std::string name;  // as in the schema
+    std::string attr;  // as written inside key="…" (XTML attribute escaping)
+    bool required = false;
+    std::shared_ptr<const grammar::JsonConstraint> value;  // the property's schema
+    uint8_t types = 0;                                     // XtmlArgType bits its value may have
+  };
+  std::vector<Key> keys;
+  // Keys beyond `keys` (additionalProperties not false): 1-64 bytes, none of `"` `&` or a
+  // control byte, so they need no escaping.
+  bool additional = false;
+  std::shared_ptr<const grammar::JsonConstraint> additional_value;
+  uint8_t additional_types = 0;
+};
+
 // The calls a tool-call constraint allows (from the host's {"type":"coli_tool_calls","mode":
 // "required"|"named","tools":[{"name":…,"parameters":{…}},…]}).
 struct ToolCallSpec {
@@ -78,6 +109,7 @@ struct ToolCallSpec {
   bool none = false;    // mode "none": no call may open (names empty)
   std::vector<std::string> names;
   std::vector<std::shared_ptr<const grammar::JsonConstraint>> parameters;  // per name
+  std::vector<std::shared_ptr<const TypedArguments>> typed;  // per name; null: json block only
   // Auto only: tools whose parameters schema the grammar refuses and that are not strict get
   // "any JSON object" (their names here); a strict one is refused.
   std::vector<std::string> relaxed;
@@ -116,8 +148,10 @@ class ConstraintVocab {
   int32_t open_ = -1, close_ = -1, sep_ = -1, end_of_msg_ = -1;
   std::vector<int32_t> think_, response_, message_;  // the tag names' ordinary tokens
   // Tool-call pieces, each encoded alone as the renderer's segments are.
-  std::vector<int32_t> tools_, call_, json_, tool_attr_, index_attr_, type_attr_, eq_quote_, quote_,
-      object_;
+  std::vector<int32_t> tools_, call_, json_, argument_, tool_attr_, index_attr_, eq_quote_, quote_;
+  // Ordinary ids whose bytes a JSON string must escape (`"`, `\`, control bytes): a raw string
+  // argument's bytes go to the matcher escaped, so the filter's answer is redone for these.
+  std::vector<int32_t> escaped_ids_;
   std::vector<std::vector<int32_t>> digits_;  // "0".."9"
 };
 
@@ -165,8 +199,11 @@ class AnswerConstraint {
     kArgs,
     kAfterCall,
     kDone,
-    kFree,    // lazy: nothing open; <|open|> runs are watched for a call opener
-    kHeader,  // lazy: inside a call's opening run, `call tool="NAME" index="K"` byte by byte
+    kFree,      // lazy: nothing open; <|open|> runs are watched for a call opener
+    kHeader,    // lazy: inside a call's opening run, `call tool="NAME" index="K"` byte by byte
+    kCallBody,  // inside a call, between elements: <|open|> an element or <|close|> the call
+    kElement,   // inside an element's opening run: `argument key=… type=…` / `json type=…`
+    kArgValue,  // a typed argument's value (matcher_: its key's schema)
   };
   bool CallsLeft() const;
   // Tools beside a response_format: the answer is the value, or calls instead.
@@ -178,7 +215,22 @@ class AnswerConstraint {
   bool FreePermits(int32_t id) const;
   void Force(std::vector<int32_t> ids, Phase after);
   void StartCall();  // forces `<|open|>call tool="` (or `call tool="` after a sampled open)
-  void AfterName();  // the name is complete: forces ` index="K"<|sep|><|open|>json …<|sep|>`
+  void AfterName();  // the name is complete: forces ` index="K"<|sep|>`, then the body
+  void BeginCall(const std::string& name);  // the body of a call of `name` starts
+  // The call's <|close|> was taken: `ids` (the rest of its closing, up to `call<|sep|>`) are
+  // forced, then another call / the end of the message / (lazy) free text.
+  void EndCall(std::vector<int32_t> ids);
+  // Typed body: keys still allowed, required keys all written, an element header's bytes.
+  bool KeysLeft() const;
+  bool RequiredDone() const;
+  bool ElementPrefix(std::string_view text, bool whole) const;
+  bool KeyPrefix(std::string_view key) const;
+  // The key an element names (`text` between key=" and "): its index in typed_->keys, or -1 for
+  // an additional key; false when it may not be written (unknown, used, malformed).
+  bool KeyOf(std::string_view key, int* index) const;
+  uint8_t TypesOf(int key) const;
+  void ArgValueAllowed(std::vector<uint8_t>* allowed) const;
+  bool ArgValueAccepts(int32_t id) const;
   AnswerConstraint(std::shared_ptr<const grammar::JsonConstraint> constraint,
                    const ConstraintVocab& vocab, bool chat);
   const ConstraintVocab* vocab_;
@@ -193,9 +245,20 @@ class AnswerConstraint {
   std::string name_;  // kToolName: bytes of `NAME"` chosen so far
   int calls_ = 0;
   // Lazy (kFree / kHeader): inside an <|open|> run that may still become a call, its bytes.
+  // kElement: the element's opening run so far.
   bool lazy_ = false;
   bool in_run_ = false;
   std::string run_;
+  // The call being written: its tool's typed form (null: json block only), elements written,
+  // declared keys used, additional keys used; the argument whose value is being read.
+  size_t tool_ = 0;
+  const TypedArguments* typed_ = nullptr;
+  int elements_ = 0;
+  std::vector<bool> used_;
+  std::vector<std::string> extra_keys_;
+  int arg_key_ = -1;  // -1: an additional key, arg_extra_
+  std::string arg_extra_;
+  uint8_t arg_type_ = kArgString;
 };
 
 }  // namespace coli::k3

@@ -3,11 +3,14 @@
 // common/grammar: for a schema that is one enum of strings, a token is allowed exactly when the
 // output so far plus its bytes is a prefix of one of the literals' JSON texts, and the stop
 // tokens exactly when the output is one whole literal. The XTML transitions are checked against
-// the tokenizer's own encoding of the tags.
+// the tokenizer's own encoding of the tags. Tool calls in the typed-argument form: the allowed
+// element headers against the finite set of headers the schema allows (written out by hand),
+// and the finished call read back by the chat parser.
 #include "plugins/kimi_k3/constrained.h"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "plugins/kimi_k3/chat_parser.h"
 
 namespace coli::k3 {
@@ -203,6 +207,308 @@ TEST_F(ConstrainedTest, BadInputsAreRefusedByName) {
   const std::vector<int32_t> bad_stop = {9999};
   EXPECT_THAT(ConstraintVocab::Build(*tokenizer_, tokenizer_->vocab_size(), bad_stop).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stop token id 9999")));
+}
+
+// ---- tool calls: typed arguments -------------------------------------------------------------
+
+class ConstrainedToolTest : public ConstrainedTest {
+ protected:
+  static std::string Format(const std::string& mode, const std::string& params) {
+    return R"({"type":"coli_tool_calls","mode":")" + mode +
+           R"(","tools":[{"name":"get_weather","strict":false,"parameters":)" + params + "}]}";
+  }
+  std::shared_ptr<const ToolCallSpec> Spec(const std::string& params) {
+    auto spec = ParseToolCallSpec(Format("named", params));
+    EXPECT_OK(spec.status());
+    return spec.ok() ? *spec : nullptr;
+  }
+  // Accepts `ids`, each of which must be allowed; appends them to out_.
+  void Take(AnswerConstraint* c, const std::vector<int32_t>& ids) {
+    for (int32_t id : ids) {
+      std::vector<uint8_t> allowed;
+      c->Allowed(&allowed);
+      ASSERT_EQ(allowed[id], 1) << "id " << id << " '" << tokenizer_->TokenBytes(id) << "' after "
+                                << out_.size() << " tokens";
+      c->Accept(id);
+      out_.push_back(id);
+    }
+  }
+  void TakeText(AnswerConstraint* c, const std::string& text) { Take(c, Encode(text)); }
+  // The call's opening, forced: the empty response, `tools`, `call tool="get_weather"
+  // index="1"`.
+  void TakeCallHeader(AnswerConstraint* c) {
+    Take(c, {ids_.close});
+    TakeText(c, "response");
+    Take(c, {ids_.sep, ids_.open});
+    TakeText(c, "tools");
+    Take(c, {ids_.sep, ids_.open});
+    TakeText(c, "call");
+    TakeText(c, " tool");
+    TakeText(c, "=\"");
+    TakeText(c, "get_weather\"");
+    TakeText(c, " index");
+    TakeText(c, "=\"");
+    TakeText(c, "1");
+    TakeText(c, "\"");
+    Take(c, {ids_.sep});
+  }
+  // At an element's start (after <|open|>, `run` taken since): every ordinary token is allowed
+  // exactly when run + its bytes is a prefix of one of `headers`; <|sep|> when run is one.
+  void ExpectElementHeaders(const AnswerConstraint& c, const std::string& run,
+                            const std::vector<std::string>& headers) {
+    std::vector<uint8_t> allowed;
+    c.Allowed(&allowed);
+    for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+      bool want = false;
+      if (Special(id)) {
+        want = id == ids_.sep && std::find(headers.begin(), headers.end(), run) != headers.end();
+      } else {
+        const std::string next = run + std::string(tokenizer_->TokenBytes(id));
+        for (const std::string& h : headers) want |= std::string_view(h).starts_with(next);
+      }
+      EXPECT_EQ(allowed[id] != 0, want)
+          << "run '" << run << "' token '" << tokenizer_->TokenBytes(id) << "'";
+    }
+  }
+  // The ids allowed now that are special, and the ordinary ones' bytes.
+  std::vector<int32_t> AllowedSpecials(const AnswerConstraint& c) {
+    std::vector<uint8_t> allowed;
+    c.Allowed(&allowed);
+    std::vector<int32_t> out;
+    for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+      if (allowed[id] != 0 && Special(id)) out.push_back(id);
+    }
+    return out;
+  }
+  std::vector<std::string> AllowedTexts(const AnswerConstraint& c) {
+    std::vector<uint8_t> allowed;
+    c.Allowed(&allowed);
+    std::vector<std::string> out;
+    for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+      if (allowed[id] != 0 && !Special(id)) out.emplace_back(tokenizer_->TokenBytes(id));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  // The tool-call events the chat parser reads from out_.
+  std::vector<std::string> ParsedCalls() {
+    auto parser = OutputParser::Create(*tokenizer_, kParseInResponse);
+    EXPECT_OK(parser.status());
+    std::vector<std::string> calls;
+    if (!parser.ok()) return calls;
+    for (int32_t id : out_) {
+      for (const ChatEvent& e : parser->Feed(id)) {
+        if (e.channel == ChatChannel::kToolCall) calls.push_back(e.text);
+      }
+    }
+    for (const ChatEvent& e : parser->Finish()) {
+      if (e.channel == ChatChannel::kToolCall) calls.push_back(e.text);
+    }
+    return calls;
+  }
+
+  std::vector<int32_t> out_;
+};
+
+constexpr char kWeatherParams[] = R"({"type":"object","properties":{
+  "city":{"type":"string","maxLength":10},"unit":{"enum":["c","f"]},"n":{"type":"integer"},
+  "tags":{"type":"array","items":{"type":"string"},"maxItems":2}},
+  "required":["city","unit"],"additionalProperties":false})";
+
+TEST_F(ConstrainedToolTest, ThePlainObjectSchemaSplitsIntoTypedKeys) {
+  auto spec = Spec(kWeatherParams);
+  ASSERT_NE(spec, nullptr);
+  ASSERT_EQ(spec->typed.size(), 1u);
+  const TypedArguments* typed = spec->typed[0].get();
+  ASSERT_NE(typed, nullptr);
+  EXPECT_FALSE(typed->additional);
+  std::map<std::string, std::pair<bool, uint8_t>> keys;
+  for (const TypedArguments::Key& k : typed->keys) keys[k.name] = {k.required, k.types};
+  using P = std::pair<bool, uint8_t>;
+  EXPECT_EQ(keys["city"], P(true, 1u << kArgString));
+  EXPECT_EQ(keys["unit"], P(true, 1u << kArgString));
+  EXPECT_EQ(keys["n"], P(false, 1u << kArgNumber));
+  EXPECT_EQ(keys["tags"], P(false, 1u << kArgArray));
+  EXPECT_EQ(keys.size(), 4u);
+  // A nullable key takes both types; other keys are allowed by default.
+  auto nullable = Spec(R"({"properties":{"a":{"type":["string","null"]}}})");
+  ASSERT_NE(nullable, nullptr);
+  ASSERT_NE(nullable->typed[0], nullptr);
+  ASSERT_EQ(nullable->typed[0]->keys.size(), 1u);
+  EXPECT_EQ(nullable->typed[0]->keys[0].types, (1u << kArgString) | (1u << kArgNull));
+  EXPECT_TRUE(nullable->typed[0]->additional);
+  EXPECT_EQ(nullable->typed[0]->additional_types, (1u << kNumXtmlArgTypes) - 1);
+  // What does not split per key keeps only the json block.
+  for (
+      const char* params :
+      {R"({"anyOf":[{"type":"object","properties":{"a":{"type":"string"}}}]})",
+       R"({"$ref":"#/$defs/args","$defs":{"args":{"type":"object"}}})",
+       R"({"type":"object","properties":{"a":{"$ref":"#/properties/b"},"b":{"type":"string"}}})"}) {
+    auto s = Spec(params);
+    ASSERT_NE(s, nullptr) << params;
+    EXPECT_EQ(s->typed[0], nullptr) << params;
+  }
+}
+
+TEST_F(ConstrainedToolTest, TypedArgumentsFollowTheSchemaAndParseBackToValidArguments) {
+  auto c = AnswerConstraint::CreateToolCalls(Spec(kWeatherParams), *vocab_, kParseInResponse);
+  ASSERT_OK(c.status());
+  ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
+  // Required keys are missing: only an element may come.
+  EXPECT_EQ(AllowedSpecials(*c), std::vector<int32_t>{ids_.open});
+  EXPECT_TRUE(AllowedTexts(*c).empty());
+  Take(&*c, {ids_.open});
+  const std::vector<std::string> all = {
+      "json type=\"object\"", "argument key=\"city\" type=\"string\"",
+      "argument key=\"unit\" type=\"string\"", "argument key=\"n\" type=\"number\"",
+      "argument key=\"tags\" type=\"array\""};
+  ExpectElementHeaders(*c, "", all);
+  // Byte by byte (one token per character here, whatever the tokenizer would merge).
+  std::string run;
+  for (char ch : std::string("argument key=\"ci")) {
+    ASSERT_NO_FATAL_FAILURE(TakeText(&*c, std::string(1, ch)));
+    run.push_back(ch);
+  }
+  ExpectElementHeaders(*c, run, all);
+  TakeText(&*c, "ty\" type=\"string\"");
+  Take(&*c, {ids_.sep});
+  // A raw string value: a quote is content (escaped for the schema), <|close|> ends it.
+  TakeText(&*c, "Pa\"ris");
+  EXPECT_EQ(AllowedSpecials(*c), std::vector<int32_t>{ids_.close});
+  Take(&*c, {ids_.close});
+  TakeText(&*c, "argument");
+  Take(&*c, {ids_.sep});
+  EXPECT_EQ(AllowedSpecials(*c), std::vector<int32_t>{ids_.open});  // `unit` is required
+  Take(&*c, {ids_.open});
+  // No json block after an argument, and `city` is written.
+  ExpectElementHeaders(
+      *c, "",
+      {"argument key=\"unit\" type=\"string\"", "argument key=\"n\" type=\"number\"",
+       "argument key=\"tags\" type=\"array\""});
+  TakeText(&*c, "argument key=\"unit\" type=\"string\"");
+  Take(&*c, {ids_.sep});
+  // The enum's raw values: `c` or `f`, nothing empty.
+  EXPECT_EQ(AllowedTexts(*c), (std::vector<std::string>{"c", "f"}));
+  EXPECT_TRUE(AllowedSpecials(*c).empty());
+  TakeText(&*c, "c");
+  EXPECT_EQ(AllowedSpecials(*c), std::vector<int32_t>{ids_.close});
+  EXPECT_TRUE(AllowedTexts(*c).empty());
+  Take(&*c, {ids_.close});
+  TakeText(&*c, "argument");
+  Take(&*c, {ids_.sep});
+  // Every required key is in: another element or the end of the call.
+  EXPECT_EQ(AllowedSpecials(*c), (std::vector<int32_t>{ids_.open, ids_.close}));
+  Take(&*c, {ids_.open});
+  TakeText(&*c, "argument key=\"n\" type=\"number\"");
+  Take(&*c, {ids_.sep});
+  // A number: JSON of that type only (no quote, no letter), an integer (no '.').
+  for (const std::string& t : AllowedTexts(*c)) {
+    EXPECT_TRUE(t[0] == '-' || (t[0] >= '0' && t[0] <= '9')) << t;
+  }
+  TakeText(&*c, "42");
+  const std::vector<std::string> after_digits = AllowedTexts(*c);
+  EXPECT_EQ(std::count(after_digits.begin(), after_digits.end(), "."), 0);
+  Take(&*c, {ids_.close});
+  TakeText(&*c, "argument");
+  Take(&*c, {ids_.sep, ids_.close});
+  TakeText(&*c, "call");
+  Take(&*c, {ids_.sep, ids_.close});  // named: the end of the message is forced
+  TakeText(&*c, "tools");
+  Take(&*c, {ids_.sep, ids_.close});
+  TakeText(&*c, "message");
+  Take(&*c, {ids_.sep, ids_.end_of_msg});
+  EXPECT_TRUE(c->ended());
+  EXPECT_EQ(c->calls(), 1);
+  const std::vector<std::string> calls = ParsedCalls();
+  ASSERT_EQ(calls.size(), 1u);
+  const nlohmann::json call = nlohmann::json::parse(calls[0]);
+  EXPECT_EQ(call["name"], "get_weather");
+  EXPECT_EQ(call["arguments"], nlohmann::json::parse(R"({"city":"Pa\"ris","unit":"c","n":42})"));
+}
+
+TEST_F(ConstrainedToolTest, AnAdditionalKeyIsWrittenOnceWithAnyTypeItsSchemaAllows) {
+  auto c = AnswerConstraint::CreateToolCalls(
+      Spec(R"({"properties":{"a":{"type":"string"}},"additionalProperties":{"type":"boolean"}})"),
+      *vocab_, kParseInResponse);
+  ASSERT_OK(c.status());
+  ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
+  // Nothing is required: an empty call may close at once.
+  EXPECT_EQ(AllowedSpecials(*c), (std::vector<int32_t>{ids_.open, ids_.close}));
+  Take(&*c, {ids_.open});
+  TakeText(&*c, "argument key=\"bb");
+  {
+    // The reference: the key grows by bytes that need no escaping (up to 64), or ends and
+    // takes the additional schema's one type.
+    std::vector<uint8_t> allowed;
+    c->Allowed(&allowed);
+    for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+      if (Special(id)) continue;
+      const std::string rest = "bb" + std::string(tokenizer_->TokenBytes(id));
+      const size_t quote = rest.find('"');
+      bool want = true;
+      for (size_t i = 0; i < std::min(quote, rest.size()); ++i) {
+        const unsigned char b = static_cast<unsigned char>(rest[i]);
+        want &= b >= 0x20 && b != 0x7f && b != '&';
+      }
+      if (quote == std::string::npos) {
+        want &= rest.size() <= 64;
+      } else {
+        want &= std::string_view("\" type=\"boolean\"").starts_with(rest.substr(quote));
+      }
+      EXPECT_EQ(allowed[id] != 0, want) << "token '" << tokenizer_->TokenBytes(id) << "'";
+    }
+  }
+  TakeText(&*c, "\" type=\"boolean\"");
+  Take(&*c, {ids_.sep});
+  for (const std::string& t : AllowedTexts(*c)) EXPECT_TRUE(t[0] == 't' || t[0] == 'f') << t;
+  TakeText(&*c, "true");
+  Take(&*c, {ids_.close});
+  TakeText(&*c, "argument");
+  Take(&*c, {ids_.sep, ids_.open});
+  TakeText(&*c, "argument key=\"b");
+  // `bb` is written: `b` may still grow into another key, but not close as `bb`.
+  TakeText(&*c, "b");
+  std::vector<uint8_t> allowed;
+  c->Allowed(&allowed);
+  for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+    if (!Special(id) && tokenizer_->TokenBytes(id).starts_with("\"")) {
+      EXPECT_EQ(allowed[id], 0) << tokenizer_->TokenBytes(id);
+    }
+  }
+  TakeText(&*c, "c\" type=\"boolean\"");
+  Take(&*c, {ids_.sep});
+  TakeText(&*c, "false");
+  Take(&*c, {ids_.close});
+  TakeText(&*c, "argument");
+  Take(&*c, {ids_.sep, ids_.close});
+  TakeText(&*c, "call");
+  Take(&*c, {ids_.sep});
+  const std::vector<std::string> calls = ParsedCalls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(calls[0])["arguments"],
+            nlohmann::json::parse(R"({"bb":true,"bbc":false})"));
+}
+
+TEST_F(ConstrainedToolTest, ASchemaThatDoesNotSplitKeepsTheJsonBlock) {
+  auto c = AnswerConstraint::CreateToolCalls(
+      Spec(R"({"anyOf":[{"type":"object","properties":{"a":{"type":"string"}}}]})"), *vocab_,
+      kParseInResponse);
+  ASSERT_OK(c.status());
+  ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
+  EXPECT_EQ(AllowedSpecials(*c), std::vector<int32_t>{ids_.open});  // no empty call
+  Take(&*c, {ids_.open});
+  ExpectElementHeaders(*c, "", {"json type=\"object\""});
+  TakeText(&*c, "json type=\"object\"");
+  Take(&*c, {ids_.sep});
+  TakeText(&*c, R"({"a":"x"})");
+  Take(&*c, {ids_.close});
+  TakeText(&*c, "json");
+  Take(&*c, {ids_.sep, ids_.close});
+  TakeText(&*c, "call");
+  Take(&*c, {ids_.sep});
+  const std::vector<std::string> calls = ParsedCalls();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(calls[0])["arguments"], nlohmann::json::parse(R"({"a":"x"})"));
 }
 
 }  // namespace

@@ -7,8 +7,9 @@
 // TOKENIZER_DIR holds tiktoken.model + tokenizer_config.json with K3's XTML specials, e.g. the
 // 163,840-token fixture build/fixtures/tiktoken/kimi. TOOLS (default 8) offered tools. Prints
 // the ms of one Allowed (the whole-vocabulary mask) and one Permits (the check of a drawn
-// token) while watching, inside an opened <|open|> run (the redraw mask) and inside a call's
-// header.
+// token) while watching, inside an opened <|open|> run (the redraw mask), inside a call's
+// header, and in the typed-argument body (between elements, an element's header, a raw string
+// argument's value).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -81,5 +82,18 @@ int main(int argc, char** argv) {
   measure("watching, after <|open|>");
   for (int32_t id : (*tokenizer)->Encode("call tool=\"tool_", false)) c->Accept(id);
   measure("call header, after `call tool=\"tool_`");
+  // The call's body in the typed-argument form.
+  for (int32_t id : (*tokenizer)->Encode("3\" index=\"1\"", false)) c->Accept(id);
+  c->Accept(ids->sep);
+  measure("call body (between elements)");
+  c->Accept(ids->open);
+  measure("element header, start");
+  for (int32_t id : (*tokenizer)->Encode("argument key=\"ci", false)) c->Accept(id);
+  measure("element header, in the key");
+  for (int32_t id : (*tokenizer)->Encode("ty\" type=\"string\"", false)) c->Accept(id);
+  c->Accept(ids->sep);
+  measure("string argument, start");
+  for (int32_t id : (*tokenizer)->Encode("Paris, \"France", false)) c->Accept(id);
+  measure("string argument, after text");
   return 0;
 }

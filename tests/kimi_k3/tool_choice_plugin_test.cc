@@ -335,6 +335,37 @@ std::vector<int32_t> SteeredCall() {
   return s;
 }
 
+// The typed-argument form, the one the renderer writes (so the one K3 is trained on): a model
+// that writes `argument` elements gets each key's schema for its value. `argument` is steered
+// at every step (+30; a constraint allows it only where an element's header starts), the rest
+// is the random model's: its keys, types, values and when it closes the call.
+TEST_F(K3ToolChoiceTest, ACallInTheTypedFormGetsEachKeysSchema) {
+  const std::vector<int32_t> argument = Ids("argument");
+  ASSERT_FALSE(argument.empty());
+  const std::vector<Steer> steer = {{0, std::vector<int32_t>(200, argument[0])}};
+  for (const std::string name : {"pick", "get_weather"}) {
+    for (uint64_t seed : {0, 1, 2}) {
+      SCOPED_TRACE(::testing::Message() << name << " seed " << seed);
+      const Json choice = {{"type", "function"}, {"function", {{"name", name}}}};
+      const Output run = Chat(choice, Format("named", {name}), false,
+                              Knobs(seed == 0 ? 0.0f : 1.0f), seed, 200, steer);
+      ASSERT_EQ(run.calls.size(), 1u) << "content: " << run.content;
+      EXPECT_EQ(CallErrors(run.calls[0], {name}), "");
+      auto text = model()->Detokenize(run.ids);
+      ASSERT_OK(text.status());
+      // Written as one element per key (the required ones at least), no json block.
+      for (const char* header :
+           name == "pick" ? std::vector<const char*>{"argument key=\"n\" type=\"number\"",
+                                                     "argument key=\"ok\" type=\"boolean\""}
+                          : std::vector<const char*>{"argument key=\"city\" type=\"string\"",
+                                                     "argument key=\"unit\" type=\"string\""}) {
+        EXPECT_THAT(*text, HasSubstr(header));
+      }
+      EXPECT_THAT(*text, ::testing::Not(HasSubstr("json type=")));
+    }
+  }
+}
+
 TEST_F(K3ToolChoiceTest, AutoConstrainsCallsTheModelOpensItself) {
   int unconstrained_calls = 0, unconstrained_invalid = 0, constrained_calls = 0;
   struct Case {
