@@ -36,7 +36,9 @@ namespace coli::grammar::internal {
 inline constexpr int kMaxIndent = 64;      // spaces after a newline in one whitespace run
 inline constexpr int kMaxIntDigits = 20;   // digits before '.' (uint64 fits)
 inline constexpr int kMaxFracDigits = 24;  // digits after '.' (repr of any double fits)
-inline constexpr int kMaxExpDigits = 3;    // digits of an exponent
+// Digits of an exponent: two, so every number a matcher lets through is a finite double (at most
+// 20 + 24 digits times 10^99); with three, `1e999` read as infinity and reached clients as null.
+inline constexpr int kMaxExpDigits = 2;
 inline constexpr int kMaxStack = 96;       // open values (nesting) in one thread
 // Live alternatives kept per state. Dropping threads past this is sound (each kept thread is a
 // valid parse that can complete) and only narrows what is allowed; only pathological schemas

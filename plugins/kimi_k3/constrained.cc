@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status.h"
-#include "common/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/chat_parser.h"
@@ -40,15 +39,17 @@ constexpr size_t kMaxExtraKeyBytes = 64;
 // Additional keys one call may write (so a call without required keys always can end).
 constexpr size_t kMaxExtraKeys = 4096;
 
-bool IsExtraKeyByte(unsigned char c) { return c >= 0x20 && c != 0x7f && c != '"' && c != '&'; }
+// Printable ASCII but `"` and `&`: nothing attribute escaping would change, and every prefix
+// can still end as a key (a UTF-8 prefix could dead-end at the length limit).
+bool IsExtraKeyByte(unsigned char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '&'; }
 
-// A prefix of an additional key (whole: a complete one, well-formed UTF-8).
+// A prefix of an additional key (whole: a complete one).
 bool IsExtraKey(std::string_view key, bool whole) {
   if (key.size() > kMaxExtraKeyBytes || (whole && key.empty())) return false;
   for (unsigned char c : key) {
     if (!IsExtraKeyByte(c)) return false;
   }
-  return !whole || tok::IsValidUtf8(key);
+  return true;
 }
 
 // The renderer's attribute escaping (chat.cc, spec §6.1).
@@ -182,6 +183,7 @@ std::shared_ptr<const TypedArguments> TypedArgumentsOf(const nlohmann::json& par
     typed->additional_value = CompileAlone(additional, params);
     if (typed->additional_value == nullptr) return nullptr;
     typed->additional_types = ValueTypes(typed->additional_value);
+    typed->additional = typed->additional_types != 0;  // no value fits: no other key
   }
   return typed;
 }

@@ -93,8 +93,8 @@ struct TypedArguments {
     uint8_t types = 0;                                     // XtmlArgType bits its value may have
   };
   std::vector<Key> keys;
-  // Keys beyond `keys` (additionalProperties not false): 1-64 bytes, none of `"` `&` or a
-  // control byte, so they need no escaping.
+  // Keys beyond `keys` (additionalProperties not false): 1-64 bytes of printable ASCII but `"`
+  // and `&`, so they need no escaping.
   bool additional = false;
   std::shared_ptr<const grammar::JsonConstraint> additional_value;
   uint8_t additional_types = 0;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -437,7 +438,7 @@ TEST_F(ConstrainedToolTest, AnAdditionalKeyIsWrittenOnceWithAnyTypeItsSchemaAllo
   Take(&*c, {ids_.open});
   TakeText(&*c, "argument key=\"bb");
   {
-    // The reference: the key grows by bytes that need no escaping (up to 64), or ends and
+    // The reference: the key grows by printable ASCII but `&` (up to 64 bytes), or ends and
     // takes the additional schema's one type.
     std::vector<uint8_t> allowed;
     c->Allowed(&allowed);
@@ -448,7 +449,7 @@ TEST_F(ConstrainedToolTest, AnAdditionalKeyIsWrittenOnceWithAnyTypeItsSchemaAllo
       bool want = true;
       for (size_t i = 0; i < std::min(quote, rest.size()); ++i) {
         const unsigned char b = static_cast<unsigned char>(rest[i]);
-        want &= b >= 0x20 && b != 0x7f && b != '&';
+        want &= b >= 0x20 && b < 0x7f && b != '&';
       }
       if (quote == std::string::npos) {
         want &= rest.size() <= 64;
@@ -509,6 +510,125 @@ TEST_F(ConstrainedToolTest, ASchemaThatDoesNotSplitKeepsTheJsonBlock) {
   const std::vector<std::string> calls = ParsedCalls();
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(nlohmann::json::parse(calls[0])["arguments"], nlohmann::json::parse(R"({"a":"x"})"));
+}
+
+// An independent check of a value against the JSON-schema subset the walks below use (type,
+// enum, maxLength, properties, required, additionalProperties, items, maxItems); "" when valid.
+std::string SchemaErrors(const nlohmann::json& schema, const nlohmann::json& v,
+                         const std::string& path) {
+  if (schema.contains("enum")) {
+    bool found = false;
+    for (const nlohmann::json& e : schema["enum"]) found |= e == v;
+    if (!found) return path + ": not in enum: " + v.dump();
+  }
+  if (schema.contains("type")) {
+    const nlohmann::json types =
+        schema["type"].is_array() ? schema["type"] : nlohmann::json::array({schema["type"]});
+    bool ok = false;
+    for (const nlohmann::json& t : types) {
+      ok |= (t == "string" && v.is_string()) || (t == "number" && v.is_number()) ||
+            // JSON Schema's integer is any number with no fraction (a 20-digit one parses as
+            // a double).
+            (t == "integer" && v.is_number() && v.get<double>() == std::floor(v.get<double>())) ||
+            (t == "boolean" && v.is_boolean()) || (t == "null" && v.is_null()) ||
+            (t == "object" && v.is_object()) || (t == "array" && v.is_array());
+    }
+    if (!ok) return path + ": wrong type: " + v.dump();
+  }
+  if (v.is_string() && schema.contains("maxLength")) {
+    size_t chars = 0;
+    for (unsigned char c : v.get<std::string>()) chars += (c & 0xC0) != 0x80 ? 1 : 0;
+    if (chars > schema["maxLength"].get<size_t>()) return path + ": too long: " + v.dump();
+  }
+  if (v.is_array()) {
+    if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) {
+      return path + ": too many items";
+    }
+    if (schema.contains("items")) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        const std::string e =
+            SchemaErrors(schema["items"], v[i], path + "[" + std::to_string(i) + "]");
+        if (!e.empty()) return e;
+      }
+    }
+  }
+  if (v.is_object()) {
+    const nlohmann::json props = schema.value("properties", nlohmann::json::object());
+    for (const nlohmann::json& r : schema.value("required", nlohmann::json::array())) {
+      if (!v.contains(r.get<std::string>())) return path + ": missing " + r.dump();
+    }
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (props.contains(it.key())) {
+        const std::string e = SchemaErrors(props[it.key()], it.value(), path + "." + it.key());
+        if (!e.empty()) return e;
+      } else if (schema.value("additionalProperties", nlohmann::json(true)) == false) {
+        return path + ": unexpected key " + it.key();
+      }
+    }
+  }
+  return "";
+}
+
+// Random walks through the allowed sets (a special token, when one is allowed, taken with
+// probability 0.3, so calls end): every walk that ends gives calls the parser reads whose
+// arguments the independent check above accepts — whichever form (typed or json) the walk took.
+TEST_F(ConstrainedToolTest, RandomWalksEndInValidCallsInEitherForm) {
+  const std::vector<std::string> schemas = {
+      kWeatherParams,
+      R"({"type":"object","properties":{"n":{"enum":[1,2,3]},"ok":{"type":"boolean"}},
+          "required":["n","ok"],"additionalProperties":false})",
+      R"({"type":"object","properties":{
+          "loc":{"type":"object","properties":{"lat":{"type":"integer"},"lon":{"type":"number"}},
+                 "required":["lat","lon"],"additionalProperties":false},
+          "tags":{"type":"array","items":{"enum":["a","b"]},"maxItems":3},
+          "note":{"type":["string","null"],"maxLength":5}},
+          "required":["loc"],"additionalProperties":false})",
+      R"({"type":"object","properties":{"q":{"type":"string","maxLength":4}},"required":["q"]})"};
+  int typed_calls = 0, json_calls = 0;
+  for (const std::string& params : schemas) {
+    const nlohmann::json schema = nlohmann::json::parse(params);
+    int ended = 0;
+    for (uint32_t seed = 0; seed < 40; ++seed) {
+      SCOPED_TRACE(::testing::Message() << params << " seed " << seed);
+      std::mt19937 rng(seed);
+      auto c = AnswerConstraint::CreateToolCalls(Spec(params), *vocab_, kParseInResponse);
+      ASSERT_OK(c.status());
+      out_.clear();
+      for (int step = 0; step < 400 && !c->ended(); ++step) {
+        std::vector<uint8_t> allowed;
+        c->Allowed(&allowed);
+        std::vector<int32_t> specials, ordinary;
+        for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+          if (allowed[id] != 0) (Special(id) ? specials : ordinary).push_back(id);
+        }
+        ASSERT_FALSE(specials.empty() && ordinary.empty()) << "nothing allowed";
+        const bool special =
+            ordinary.empty() ||
+            (!specials.empty() && std::uniform_real_distribution<double>(0, 1)(rng) < 0.3);
+        const std::vector<int32_t>& pool = special ? specials : ordinary;
+        const int32_t id = pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)];
+        c->Accept(id);
+        out_.push_back(id);
+      }
+      if (!c->ended()) continue;  // a long string: the walk ran out of steps
+      ++ended;
+      ASSERT_EQ(out_.back(), ids_.end_of_msg);
+      const std::vector<std::string> calls = ParsedCalls();
+      ASSERT_EQ(calls.size(), 1u);
+      const nlohmann::json call = nlohmann::json::parse(calls[0]);
+      ASSERT_TRUE(call["arguments"].is_object()) << calls[0];
+      EXPECT_EQ(SchemaErrors(schema, call["arguments"], "arguments"), "") << calls[0];
+      std::string text;
+      for (int32_t id : out_) text += tokenizer_->TokenBytes(id);
+      (text.find("argument key=") != std::string::npos ? typed_calls : json_calls) += 1;
+    }
+    // Unbounded values (an additional key's) end less often; enough walks must end to mean
+    // something.
+    EXPECT_GE(ended, 8) << params;
+  }
+  // Both forms were walked.
+  EXPECT_GE(typed_calls, 20);
+  EXPECT_GE(json_calls, 5);
 }
 
 }  // namespace
