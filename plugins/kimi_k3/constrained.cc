@@ -69,21 +69,44 @@ std::string AttrEscape(std::string_view value) {
 
 bool NeedsJsonEscape(unsigned char c) { return c == '"' || c == '\\' || c < 0x20; }
 
-// A raw string argument's bytes as JSON string content (byte by byte, so it commutes with any
-// split into tokens).
+// A raw string argument's bytes as JSON string content, escaped as nlohmann's dump escapes them
+// (`\"`, `\\`, `\n`-style short forms, else `\u00xx`), so an enum or const member holding
+// such a character is reachable (the grammar matches members as their dumped text). Byte by
+// byte, so it commutes with any split into tokens.
 std::string JsonEscaped(std::string_view raw) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (unsigned char c : raw) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(static_cast<char>(c));
-    } else if (c < 0x20) {
-      out += "\\u00";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    } else {
-      out.push_back(static_cast<char>(c));
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out.push_back(kHex[c >> 4]);
+          out.push_back(kHex[c & 15]);
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
     }
   }
   return out;

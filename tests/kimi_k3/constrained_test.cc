@@ -490,6 +490,37 @@ TEST_F(ConstrainedToolTest, AnAdditionalKeyIsWrittenOnceWithAnyTypeItsSchemaAllo
             nlohmann::json::parse(R"({"bb":true,"bbc":false})"));
 }
 
+// An enum member holding characters JSON escapes (a quote, a newline, a tab, a control byte)
+// is reachable as a raw string argument: the raw bytes reach the grammar escaped as the
+// member's dumped text escapes them.
+TEST_F(ConstrainedToolTest, RawStringsReachEnumMembersThatHoldEscapedCharacters) {
+  for (const std::string& raw :
+       {std::string("a\nb"), std::string("q\"\\"), std::string("t\t\x01")}) {
+    SCOPED_TRACE(nlohmann::json(raw).dump());
+    const nlohmann::json params = {
+        {"type", "object"},
+        {"properties", {{"s", {{"enum", {"a\nb", "q\"\\", std::string("t\t\x01")}}}}}},
+        {"required", {"s"}}};
+    auto c = AnswerConstraint::CreateToolCalls(Spec(params.dump()), *vocab_, kParseInResponse);
+    ASSERT_OK(c.status());
+    out_.clear();
+    ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
+    Take(&*c, {ids_.open});
+    TakeText(&*c, "argument key=\"s\" type=\"string\"");
+    Take(&*c, {ids_.sep});
+    for (char ch : raw) ASSERT_NO_FATAL_FAILURE(TakeText(&*c, std::string(1, ch)));
+    EXPECT_EQ(AllowedSpecials(*c), std::vector<int32_t>{ids_.close});
+    Take(&*c, {ids_.close});
+    TakeText(&*c, "argument");
+    Take(&*c, {ids_.sep, ids_.close});
+    TakeText(&*c, "call");
+    Take(&*c, {ids_.sep});
+    const std::vector<std::string> calls = ParsedCalls();
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(nlohmann::json::parse(calls[0])["arguments"]["s"], raw);
+  }
+}
+
 TEST_F(ConstrainedToolTest, ASchemaThatDoesNotSplitKeepsTheJsonBlock) {
   auto c = AnswerConstraint::CreateToolCalls(
       Spec(R"({"anyOf":[{"type":"object","properties":{"a":{"type":"string"}}}]})"), *vocab_,
