@@ -2,10 +2,16 @@
 // rest are listed in docs/status/grammar.md; anything that would change what is
 // valid and is not supported is refused with INVALID_ARGUMENT naming its path.
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -30,60 +36,14 @@ const std::set<std::string, std::less<>> kSupported = {
     "type",  "enum",        "const",    "properties", "required",  "additionalProperties",
     "items", "prefixItems", "minItems", "maxItems",   "minLength", "maxLength",
     "anyOf", "oneOf",       "allOf",    "$ref",       "pattern",   "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
 const std::set<std::string, std::less<>> kObjectWords = {"properties", "required",
                                                          "additionalProperties"};
 const std::set<std::string, std::less<>> kArrayWords = {"items", "prefixItems", "minItems",
                                                         "maxItems"};
 const std::set<std::string, std::less<>> kStringWords = {"minLength", "maxLength", "pattern"};
-const std::set<std::string, std::less<>> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
-                                                         "exclusiveMaximum"};
-
-// Integers a bounded integer node can spell: |value| < 10^19 (19 digits).
-constexpr uint64_t kMaxMagnitude = 9'999'999'999'999'999'999ULL;
-
-// A regex (regex.h syntax) for the decimal spellings, without leading zeros, of the integers
-// in [a, b] (a <= b) that have the same number of digits.
-std::string SameLengthRange(const std::string& a, const std::string& b) {
-  if (a.empty()) return "";
-  const std::string_view a0(a.data(), 1), b0(b.data(), 1);
-  if (a[0] == b[0]) return Cat(a0, SameLengthRange(a.substr(1), b.substr(1)));
-  const size_t rest = a.size() - 1;
-  const std::string digits = rest == 0 ? std::string() : Cat("\\d{", rest, "}");
-  // Leading digits whose every tail is in range form one class; the first (last) leading digit
-  // is a branch of its own unless a's tail is all zeros (b's all nines).
-  const bool a_full = a.find_first_not_of('0', 1) == std::string::npos;
-  const bool b_full = b.find_first_not_of('9', 1) == std::string::npos;
-  const char lo = a_full ? a[0] : static_cast<char>(a[0] + 1);
-  const char hi = b_full ? b[0] : static_cast<char>(b[0] - 1);
-  std::vector<std::string> branches;
-  if (!a_full) branches.push_back(Cat(a0, SameLengthRange(a.substr(1), std::string(rest, '9'))));
-  if (lo <= hi) {
-    branches.push_back(Cat("[", std::string(1, lo), "-", std::string(1, hi), "]", digits));
-  }
-  if (!b_full) branches.push_back(Cat(b0, SameLengthRange(std::string(rest, '0'), b.substr(1))));
-  std::string out = "(";
-  for (size_t i = 0; i < branches.size(); ++i) out += Cat(i ? "|" : "", branches[i]);
-  return out + ")";
-}
-
-// A regex for the integers in [a, b] (0 <= a <= b), canonical decimal.
-std::string MagnitudeRange(uint64_t a, uint64_t b) {
-  std::string out;
-  uint64_t lo = a;
-  for (;;) {
-    const std::string ls = std::to_string(lo);
-    // The largest number with as many digits as lo.
-    uint64_t top = 9;
-    for (size_t i = 1; i < ls.size(); ++i) top = top * 10 + 9;
-    const uint64_t hi = std::min(top, b);
-    if (!out.empty()) out += "|";
-    out += SameLengthRange(ls, std::to_string(hi));
-    if (hi >= b) break;
-    lo = hi + 1;
-  }
-  return "(" + out + ")";
-}
+const std::set<std::string, std::less<>> kNumberWords = {
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
 
 // path + "." + key; keys that are not identifiers ($ and - allowed) are quoted
 // like json::JoinKey does: schema.properties["a b"].
@@ -136,6 +96,358 @@ absl::StatusOr<int64_t> NonNegative(const Json& s, std::string_view key, std::st
   if (it->is_number_integer() && it->get<int64_t>() >= 0) return it->get<int64_t>();
   return Error(at, "expected a non-negative integer");
 }
+
+// ---- numbers: bounds and multipleOf as one minimal DFA --------------------------------------
+//
+// A bounded (or multipleOf) number or integer is spelled "-"? int ("." frac)? with no exponent,
+// an integer part of at most kBoundedIntDigits digits (no leading zeros) and at most
+// kMaxFracDigits fraction digits. Its DFA is built from an automaton that reads such a spelling
+// digit by digit and compares it EXACTLY with each bound's decimal expansion (integer parts by
+// length then digits, fraction parts digit by digit with zeros padding the shorter) and keeps the
+// value's digits modulo m for multipleOf m * 10^-d. A depth-first walk of that automaton interns
+// each state by (accepting, successors), bottom-up: the automaton is acyclic (spellings are
+// bounded), so this yields the minimal trimmed DFA at once — a state exists only when some
+// accepted spelling can still follow, so every prefix the matcher takes can complete.
+
+// Digits of an integer part a bounded / multipleOf number may have: |value| < 10^19.
+constexpr int kBoundedIntDigits = 19;
+// Automaton states walked before minimisation; past this the schema is refused (a huge m).
+constexpr size_t kMaxNumberStates = size_t{1} << 18;
+// multipleOf's significant digits (m < 10^18, so 10 * remainder + 9 fits in 64 bits).
+constexpr size_t kMaxMultipleDigits = 18;
+
+// An exact decimal: "-"? ip ("." fp)?, ip without leading zeros ("0" for zero), fp without
+// trailing zeros; zero is never negative.
+struct Decimal {
+  bool neg = false;
+  std::string ip = "0", fp;
+  bool zero() const { return ip == "0" && fp.empty(); }
+};
+
+// Parses "-"? digits ("." digits)? ([eE] [+-]? digits)? — integer text or std::to_chars' output.
+std::optional<Decimal> ParseDecimal(std::string_view t) {
+  size_t i = 0;
+  const bool neg = i < t.size() && t[i] == '-';
+  if (neg) ++i;
+  std::string digits;
+  int64_t point = -1;
+  for (; i < t.size() && ((t[i] >= '0' && t[i] <= '9') || t[i] == '.'); ++i) {
+    if (t[i] == '.') {
+      if (point >= 0) return std::nullopt;
+      point = static_cast<int64_t>(digits.size());
+    } else {
+      digits += t[i];
+    }
+  }
+  if (digits.empty()) return std::nullopt;
+  if (point < 0) point = static_cast<int64_t>(digits.size());
+  if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    const bool exp_neg = i < t.size() && t[i] == '-';
+    if (i < t.size() && (t[i] == '-' || t[i] == '+')) ++i;
+    int64_t e = 0;
+    const size_t start = i;
+    for (; i < t.size() && t[i] >= '0' && t[i] <= '9'; ++i) {
+      e = std::min<int64_t>(e * 10 + (t[i] - '0'), 100'000);
+    }
+    if (i == start || e > 1000) return std::nullopt;  // (doubles stay within 10^+-330)
+    point += exp_neg ? -e : e;
+  }
+  if (i != t.size()) return std::nullopt;
+  Decimal d;
+  const int64_t n = static_cast<int64_t>(digits.size());
+  if (point <= 0) {
+    d.ip = "0";
+    d.fp = std::string(static_cast<size_t>(-point), '0') + digits;
+  } else if (point >= n) {
+    d.ip = digits + std::string(static_cast<size_t>(point - n), '0');
+  } else {
+    d.ip = digits.substr(0, static_cast<size_t>(point));
+    d.fp = digits.substr(static_cast<size_t>(point));
+  }
+  d.ip.erase(0, std::min(d.ip.find_first_not_of('0'), d.ip.size() - 1));
+  d.fp.erase(d.fp.find_last_not_of('0') + 1);
+  d.neg = neg && !d.zero();
+  return d;
+}
+
+// The exact decimal of a JSON number: integers as written, a double as its shortest round-trip
+// spelling (std::to_chars; "0.1" for 0.1 — nlohmann keeps no source text, and this is the
+// spelling the schema's author almost always wrote).
+absl::StatusOr<Decimal> ToDecimal(const Json& v, const std::string& at) {
+  std::string text;
+  if (v.is_number_unsigned()) {
+    text = std::to_string(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    text = std::to_string(v.get<int64_t>());
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) return Error(at, "expected a finite number");
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, d);
+    if (r.ec != std::errc()) return Error(at, "expected a finite number");
+    text.assign(buf, r.ptr);
+  } else {
+    return Error(at, "expected a number");
+  }
+  std::optional<Decimal> d = ParseDecimal(text);
+  if (!d) return Error(at, Cat("cannot read '", text, "' as a decimal"));
+  return *std::move(d);
+}
+
+// -1, 0, 1 as |a| <, =, > |b|.
+int CompareMagnitude(const Decimal& a, const Decimal& b) {
+  if (a.ip.size() != b.ip.size()) return a.ip.size() < b.ip.size() ? -1 : 1;
+  if (const int c = a.ip.compare(b.ip); c != 0) return c < 0 ? -1 : 1;
+  for (size_t i = 0; i < std::max(a.fp.size(), b.fp.size()); ++i) {
+    const char x = i < a.fp.size() ? a.fp[i] : '0', y = i < b.fp.size() ? b.fp[i] : '0';
+    if (x != y) return x < y ? -1 : 1;
+  }
+  return 0;
+}
+
+int Compare(const Decimal& a, const Decimal& b) {
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  return a.neg ? -CompareMagnitude(a, b) : CompareMagnitude(a, b);
+}
+
+// What a number node may spell: bounds (absent: none on that side) and value = k * m * 10^-d.
+struct NumberSpec {
+  bool integer = false;
+  std::optional<Decimal> bound[2];  // [0] lower, [1] upper
+  bool exclusive[2] = {false, false};
+  uint64_t m = 1;
+  size_t d = kMaxFracDigits;    // (no multipleOf: m = 1, every fraction digit free)
+  std::vector<uint64_t> pow10;  // pow10[t] = 10^t mod m, t in [0, d]
+};
+
+class NumberAutomaton {
+ public:
+  explicit NumberAutomaton(const NumberSpec& spec) : spec_(spec) {}
+
+  // The minimal trimmed DFA; NOT_FOUND when no spelling is accepted, RESOURCE_EXHAUSTED when it
+  // needs more than kMaxDfaStates states (or the walk more than kMaxNumberStates).
+  absl::StatusOr<Dfa> Build() {
+    const int32_t root = Visit(State{});
+    if (overflow_ || rows_.size() > static_cast<size_t>(kMaxDfaStates)) {
+      return absl::ResourceExhaustedError(Cat("more than ", kMaxDfaStates, " DFA states"));
+    }
+    if (root < 0) return absl::NotFoundError("empty");
+    // Renumber breadth-first from the root (the machine starts in state 0).
+    std::vector<int32_t> order{root}, id(rows_.size(), -1);
+    id[root] = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      for (int sym = 0; sym < kSymbols; ++sym) {
+        const int32_t to = rows_[order[i]][sym];
+        if (to >= 0 && id[to] < 0) {
+          id[to] = static_cast<int32_t>(order.size());
+          order.push_back(to);
+        }
+      }
+    }
+    Dfa dfa;
+    const size_t n = order.size();
+    dfa.next.assign(n * kRegexSymbols, -1);
+    dfa.accept.resize(n);
+    dfa.dist.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Row& row = rows_[order[i]];
+      for (int sym = 0; sym < kSymbols; ++sym) {
+        if (row[sym] >= 0) dfa.next[i * kRegexSymbols + kSymbolChar[sym]] = id[row[sym]];
+      }
+      dfa.accept[i] = static_cast<uint8_t>(row[kSymbols]);
+      dfa.dist[i] = dist_[order[i]];
+    }
+    return dfa;
+  }
+
+ private:
+  static constexpr int kSymbols = 12;  // '0'-'9', '-', '.'
+  static constexpr char kSymbolChar[kSymbols] = {'0', '1', '2', '3', '4', '5',
+                                                 '6', '7', '8', '9', '-', '.'};
+  enum Phase : uint8_t { kStart, kMinus, kInt, kZero, kDot, kFrac };
+  // Per bound, while reading the integer part: the digits so far against the bound's first
+  // digits (kEq / kLess / kMore), or kLonger once there are more digits than the bound's
+  // integer part has. From the '.' on: |value| so far against |bound| (kEq: equal so far).
+  enum Cmp : uint8_t { kEq, kLess, kMore, kLonger };
+  struct State {
+    uint8_t phase = kStart, neg = 0, nonzero = 0, count = 0;  // count: int or fraction digits
+    uint8_t cmp[2] = {kEq, kEq};
+    uint64_t rem = 0;  // the digits read (fraction digits up to d) modulo m
+    uint64_t Bits() const {
+      return phase | neg << 3 | nonzero << 4 | uint64_t{count} << 5 | uint64_t{cmp[0]} << 10 |
+             uint64_t{cmp[1]} << 12;
+    }
+  };
+  using Row = std::array<int32_t, kSymbols + 1>;  // successors, then accepting
+  struct KeyHash {
+    size_t operator()(const std::pair<uint64_t, uint64_t>& k) const {
+      return std::hash<uint64_t>()(k.first * 0x9E3779B97F4A7C15ULL ^ k.second);
+    }
+  };
+
+  const Decimal* bound(int side) const {
+    return spec_.bound[side] ? &*spec_.bound[side] : nullptr;
+  }
+  bool bounded() const { return bound(0) != nullptr || bound(1) != nullptr; }
+
+  // The integer part against a bound's once the integer part has ended.
+  static uint8_t ResolveInt(uint8_t cmp, size_t count, const Decimal& b) {
+    if (cmp == kLonger) return kMore;
+    if (count < b.ip.size()) return kLess;
+    return cmp;
+  }
+
+  // |value| against |bound| for a spelling that ends in state s.
+  uint8_t FinalMagnitude(const State& s, const Decimal& b, int side) const {
+    if (s.phase == kFrac) {
+      return s.cmp[side] == kEq && s.count < b.fp.size() ? uint8_t{kLess} : s.cmp[side];
+    }
+    const uint8_t c = ResolveInt(s.cmp[side], s.count, b);
+    return c == kEq && !b.fp.empty() ? uint8_t{kLess} : c;
+  }
+
+  bool Accepting(const State& s) const {
+    if (s.phase != kInt && s.phase != kZero && s.phase != kFrac) return false;
+    for (int side = 0; side < 2; ++side) {
+      const Decimal* b = bound(side);
+      if (b == nullptr) continue;
+      // value against bound, signs included (-0 is 0).
+      int c;
+      if (!s.nonzero) {
+        c = b->zero() ? 0 : (b->neg ? 1 : -1);
+      } else if (!s.neg) {
+        c = b->neg || b->zero() ? 1 : 0;
+      } else {
+        c = !b->neg ? -1 : 0;
+      }
+      if (c == 0 && s.nonzero) {
+        const uint8_t mag = FinalMagnitude(s, *b, side);
+        c = mag == kEq ? 0 : (mag == kLess ? -1 : 1);
+        if (s.neg) c = -c;
+      }
+      const bool ok = side == 0 ? (c > 0 || (c == 0 && !spec_.exclusive[0]))
+                                : (c < 0 || (c == 0 && !spec_.exclusive[1]));
+      if (!ok) return false;
+    }
+    // value * 10^d = digits * 10^(d - j) must be a multiple of m (j: fraction digits kept).
+    const size_t j = s.phase == kFrac ? std::min<size_t>(s.count, spec_.d) : 0;
+    return static_cast<unsigned __int128>(s.rem) * spec_.pow10[spec_.d - j] % spec_.m == 0;
+  }
+
+  // One symbol; nullopt when the spelling rules refuse it (bounds and multipleOf are judged by
+  // liveness, except a non-zero fraction digit past d, which no multiple has).
+  std::optional<State> Step(State s, int sym) const {
+    const char c = kSymbolChar[sym];
+    const bool digit = c >= '0' && c <= '9';
+    const int v = c - '0';
+    switch (s.phase) {
+      case kStart:
+        if (c == '-') {
+          s.phase = kMinus;
+          s.neg = 1;
+          return s;
+        }
+        [[fallthrough]];
+      case kMinus:
+        if (!digit || (v == 0 && spec_.integer && s.neg)) return std::nullopt;  // no "-0"
+        s.phase = v == 0 ? kZero : kInt;
+        if (!bounded()) s.neg = 0;  // the sign only matters against bounds
+        return IntDigit(s, v);
+      case kInt:
+        if (digit) {
+          if (s.count >= kBoundedIntDigits) return std::nullopt;
+          return IntDigit(s, v);
+        }
+        [[fallthrough]];
+      case kZero:
+        if (c != '.' || spec_.integer) return std::nullopt;
+        for (int side = 0; side < 2; ++side) {
+          if (bound(side) != nullptr) s.cmp[side] = ResolveInt(s.cmp[side], s.count, *bound(side));
+        }
+        s.phase = kDot;
+        s.count = 0;
+        return s;
+      case kDot:
+      case kFrac:
+        if (!digit || s.count >= kMaxFracDigits) return std::nullopt;
+        if (s.count < spec_.d) {
+          s.rem = (s.rem * 10 + static_cast<uint64_t>(v)) % spec_.m;
+        } else if (v != 0) {
+          return std::nullopt;  // a multiple of m * 10^-d has no non-zero digit past the d-th
+        }
+        for (int side = 0; side < 2; ++side) {
+          const Decimal* b = bound(side);
+          if (b == nullptr || s.cmp[side] != kEq) continue;
+          const char bc = s.count < b->fp.size() ? b->fp[s.count] : '0';
+          if (c != bc) s.cmp[side] = c < bc ? kLess : kMore;
+        }
+        s.phase = kFrac;
+        ++s.count;
+        if (v != 0 && bounded()) s.nonzero = 1;
+        return s;
+    }
+    return std::nullopt;
+  }
+
+  State IntDigit(State s, int v) const {
+    for (int side = 0; side < 2; ++side) {
+      const Decimal* b = bound(side);
+      if (b == nullptr || s.cmp[side] == kLonger) continue;
+      if (s.count == b->ip.size()) {
+        s.cmp[side] = kLonger;
+      } else if (s.cmp[side] == kEq) {
+        const char bc = b->ip[s.count];
+        const char c = static_cast<char>('0' + v);
+        if (c != bc) s.cmp[side] = c < bc ? kLess : kMore;
+      }
+    }
+    s.rem = (s.rem * 10 + static_cast<uint64_t>(v)) % spec_.m;
+    ++s.count;
+    if (v != 0 && bounded()) s.nonzero = 1;
+    return s;
+  }
+
+  // The minimal DFA state of s (-1: no accepted spelling continues from it).
+  int32_t Visit(const State& s) {
+    const std::pair<uint64_t, uint64_t> key(s.Bits(), s.rem);
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    if (overflow_ || memo_.size() >= kMaxNumberStates) {
+      overflow_ = true;
+      return -1;
+    }
+    Row row;
+    row[kSymbols] = Accepting(s) ? 1 : 0;
+    bool live = row[kSymbols] != 0;
+    int32_t dist = live ? 0 : std::numeric_limits<int32_t>::max();
+    for (int sym = 0; sym < kSymbols; ++sym) {
+      const std::optional<State> next = Step(s, sym);
+      row[sym] = next ? Visit(*next) : -1;
+      if (row[sym] >= 0) {
+        live = true;
+        dist = std::min(dist, dist_[row[sym]] + 1);
+      }
+    }
+    int32_t id = -1;
+    if (live && !overflow_) {
+      auto [it, fresh] = classes_.emplace(row, static_cast<int32_t>(rows_.size()));
+      if (fresh) {
+        rows_.push_back(row);
+        dist_.push_back(dist);
+      }
+      id = it->second;
+    }
+    memo_.emplace(key, id);
+    return id;
+  }
+
+  const NumberSpec& spec_;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, int32_t, KeyHash> memo_;
+  std::map<Row, int32_t> classes_;
+  std::vector<Row> rows_;
+  std::vector<int32_t> dist_;
+  bool overflow_ = false;
+};
 
 class Compiler {
  public:
@@ -322,12 +634,12 @@ class Compiler {
           alts.push_back(kAnyNumber);
           continue;
         }
-        // Integer-valued bounds are exact for numbers (see docs/status/grammar.md).
-        COLI_ASSIGN_OR_RETURN(int32_t n, BoundedNumber(s, path));
+        // Exact bounds and multipleOf (see docs/status/grammar.md).
+        COLI_ASSIGN_OR_RETURN(int32_t n, BoundedNumber(s, path, /*integer=*/false));
         alts.push_back(n);
       } else if (t == "integer") {
         if (has_number) continue;  // numbers include the integers
-        COLI_ASSIGN_OR_RETURN(int32_t n, BoundedInteger(s, path));
+        COLI_ASSIGN_OR_RETURN(int32_t n, BoundedNumber(s, path, /*integer=*/true));
         alts.push_back(n);
       } else if (t == "boolean") {
         alts.push_back(kBoolNode);
@@ -364,143 +676,60 @@ class Compiler {
     return static_cast<int32_t>(g_.dfas.size() - 1);
   }
 
-  // One bound (minimum / maximum / exclusive*) as the integer bound it implies, clamped to
-  // +-kMaxMagnitude; `lower` says which side.
-  static absl::StatusOr<__int128> IntegerBound(const Json& v, const std::string& at, bool lower,
-                                               bool exclusive) {
-    constexpr __int128 kMax = static_cast<__int128>(kMaxMagnitude);
-    __int128 b;
-    if (v.is_number_unsigned()) {
-      b = static_cast<__int128>(v.get<uint64_t>());
-    } else if (v.is_number_integer()) {
-      b = static_cast<__int128>(v.get<int64_t>());
-    } else if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (!std::isfinite(d)) return Error(at, "expected a finite number");
-      if (d > 1e19) return lower ? kMax + 1 : kMax;
-      if (d < -1e19) return lower ? -kMax : -kMax - 1;
-      const double r = lower ? std::ceil(d) : std::floor(d);
-      b = static_cast<__int128>(r);
-      if (exclusive && r == d) b += lower ? 1 : -1;
-      return std::clamp<__int128>(b, -kMax - 1, kMax + 1);
-    } else {
-      return Error(at, "expected a number");
-    }
-    if (exclusive) b += lower ? 1 : -1;
-    return std::clamp<__int128>(b, -kMax - 1, kMax + 1);
-  }
-
-  // An integer node, bounded by minimum / maximum / exclusiveMinimum / exclusiveMaximum when
-  // given: a DFA over its decimal spelling (no leading zeros, no "-0"), so every prefix it takes
-  // can still be completed within the range.
-  absl::StatusOr<int32_t> BoundedInteger(const Json& s, const std::string& path) {
+  // A number or integer node bounded by minimum / maximum / exclusive* and / or multipleOf: a
+  // DFA over its spelling (NumberAutomaton: exact decimal comparisons and remainders, no
+  // exponent). An integer with none of these keywords is the plain integer node.
+  absl::StatusOr<int32_t> BoundedNumber(const Json& s, const std::string& path, bool integer) {
     Node n;
-    n.kind = Kind::kInteger;
-    constexpr __int128 kMax = static_cast<__int128>(kMaxMagnitude);
-    __int128 lo = -kMax, hi = kMax;
-    bool bounded = false;
-    for (const std::string& w : kNumberWords) {
+    n.kind = integer ? Kind::kInteger : Kind::kNumber;
+    NumberSpec spec;
+    spec.integer = integer;
+    bool constrained = false;
+    for (const char* w : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
       if (!s.contains(w)) continue;
-      bounded = true;
-      const bool lower = w == "minimum" || w == "exclusiveMinimum";
-      const bool exclusive = w.rfind("exclusive", 0) == 0;
-      COLI_ASSIGN_OR_RETURN(__int128 b, IntegerBound(s[w], Join(path, w), lower, exclusive));
-      if (lower) {
-        lo = std::max(lo, b);
-      } else {
-        hi = std::min(hi, b);
+      constrained = true;
+      COLI_ASSIGN_OR_RETURN(Decimal b, ToDecimal(s[w], Join(path, w)));
+      const int side = std::string_view(w).ends_with("aximum") ? 1 : 0;  // 0 lower, 1 upper
+      const bool exclusive = std::string_view(w).starts_with("exclusive");
+      std::optional<Decimal>& have = spec.bound[side];
+      const int c = have ? Compare(b, *have) : 0;
+      // The tighter bound wins; at a tie the exclusive one.
+      if (!have || (side == 0 ? c > 0 : c < 0) || (c == 0 && exclusive)) {
+        have = std::move(b);
+        spec.exclusive[side] = exclusive;
       }
     }
-    if (!bounded) return AddNode(std::move(n));
-    if (lo > hi) {
-      return Error(path, "no integer satisfies its minimum / maximum (not supported)");
-    }
-    std::string re;
-    if (lo < 0) {  // negative values -|hi'| .. -|lo|
-      const uint64_t a = static_cast<uint64_t>(hi < 0 ? -hi : 1);
-      re += Cat("-", MagnitudeRange(a, static_cast<uint64_t>(-lo)));
-    }
-    if (hi >= 0) {
-      if (!re.empty()) re += "|";
-      re += MagnitudeRange(static_cast<uint64_t>(lo > 0 ? lo : 0), static_cast<uint64_t>(hi));
-    }
-    COLI_ASSIGN_OR_RETURN(Dfa dfa, CompileRegex(Cat("^(", re, ")$"), path));
-    g_.dfas.push_back(std::move(dfa));
-    n.dfa = static_cast<int32_t>(g_.dfas.size() - 1);
-    return AddNode(std::move(n));
-  }
-
-  // A number node bounded by integer-valued minimum / maximum / exclusive*: a DFA over
-  // "-"? int ("." digits)? (no exponent, at most 24 fraction digits), exact: an integer part
-  // strictly inside the range takes any fraction, a bound itself only zeros (inclusive) or a
-  // non-zero fraction on the inner side (exclusive lower end).
-  absl::StatusOr<int32_t> BoundedNumber(const Json& s, const std::string& path) {
-    constexpr __int128 kMax = static_cast<__int128>(kMaxMagnitude) - 1;
-    __int128 lo = -kMax, hi = kMax;
-    bool lo_excl = false, hi_excl = false;
-    for (const std::string& w : kNumberWords) {
-      if (!s.contains(w)) continue;
-      const Json& v = s[w];
-      const std::string at = Join(path, w);
-      __int128 b;
-      if (v.is_number_unsigned()) {
-        b = static_cast<__int128>(v.get<uint64_t>());
-      } else if (v.is_number_integer()) {
-        b = static_cast<__int128>(v.get<int64_t>());
-      } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
-                 std::floor(v.get<double>()) == v.get<double>() &&
-                 std::fabs(v.get<double>()) < 1e18) {
-        b = static_cast<__int128>(v.get<double>());
-      } else if (v.is_number()) {
-        return Error(at, "only integer-valued bounds are supported for type number");
-      } else {
-        return Error(at, "expected a number");
+    const bool multiple = s.contains("multipleOf");
+    if (multiple) {
+      constrained = true;
+      const std::string at = Join(path, "multipleOf");
+      COLI_ASSIGN_OR_RETURN(Decimal k, ToDecimal(s["multipleOf"], at));
+      if (k.neg || k.zero()) return Error(at, "expected a number greater than 0");
+      std::string digits = (k.ip == "0" ? "" : k.ip) + k.fp;
+      digits.erase(0, digits.find_first_not_of('0'));
+      if (digits.size() > kMaxMultipleDigits) {
+        return Error(at, Cat("more than ", kMaxMultipleDigits,
+                             " significant digits (not supported)"));
       }
-      if (b > kMax || b < -kMax) return Error(at, "bound too large (not supported)");
-      const bool exclusive = w.rfind("exclusive", 0) == 0;
-      if (w == "minimum" || w == "exclusiveMinimum") {
-        if (b > lo || (b == lo && exclusive)) lo = b, lo_excl = exclusive;
-      } else {
-        if (b < hi || (b == hi && exclusive)) hi = b, hi_excl = exclusive;
-      }
+      spec.m = std::stoull(digits);  // 1-18 digits: cannot throw
+      spec.d = k.fp.size();
     }
-    if (lo > hi || (lo == hi && (lo_excl || hi_excl))) {
-      return Error(path, "no number satisfies its minimum / maximum (not supported)");
+    if (!constrained) return AddNode(std::move(n));
+    spec.pow10.assign(spec.d + 1, 1 % spec.m);
+    for (size_t t = 1; t <= spec.d; ++t) spec.pow10[t] = spec.pow10[t - 1] * 10 % spec.m;
+    absl::StatusOr<Dfa> dfa = NumberAutomaton(spec).Build();
+    if (dfa.status().code() == absl::StatusCode::kNotFound) {
+      return Error(path, Cat("no ", integer ? "integer" : "number", " satisfies its minimum / maximum",
+                             multiple ? " / multipleOf" : "",
+                             " within ", kBoundedIntDigits, " integer and ", kMaxFracDigits,
+                             " fraction digits (not supported)"));
     }
-    // Unsigned values m in [a, b] (flags: the end itself excluded).
-    auto part = [](__int128 a, bool a_excl, __int128 b, bool b_excl) {
-      const std::string any_frac = "(\\.\\d{1,24})?", zeros = "(\\.0{1,24})?";
-      const std::string nonzero = "\\.0{0,23}[1-9]\\d{0,23}";
-      auto num = [](__int128 v) { return std::to_string(static_cast<uint64_t>(v)); };
-      if (a == b) return Cat(num(a), zeros);
-      std::vector<std::string> branches;
-      branches.push_back(Cat(num(a), a_excl ? nonzero : any_frac));
-      if (a + 1 <= b - 1) {
-        branches.push_back(Cat(MagnitudeRange(static_cast<uint64_t>(a + 1),
-                                              static_cast<uint64_t>(b - 1)), any_frac));
-      }
-      if (!b_excl) branches.push_back(Cat(num(b), zeros));
-      std::string out = "(";
-      for (size_t i = 0; i < branches.size(); ++i) out += Cat(i ? "|" : "", branches[i]);
-      return out + ")";
-    };
-    std::vector<std::string> sides;
-    if (hi > 0 || (hi == 0 && !hi_excl)) {
-      sides.push_back(lo >= 0 ? part(lo, lo_excl, hi, hi_excl) : part(0, false, hi, hi_excl));
+    if (!dfa.ok()) {
+      return Error(multiple ? Join(path, "multipleOf") : path,
+                   Cat("the ", integer ? "integer" : "number", " needs ", dfa.status().message(),
+                       " (not supported)"));
     }
-    if (lo < 0) {
-      // Magnitudes of the negative values; -0 is 0, allowed when 0 is.
-      const bool zero_ok = hi > 0 || (hi == 0 && !hi_excl);
-      const __int128 m_lo = hi < 0 ? -hi : 0;
-      const bool m_lo_excl = hi < 0 ? hi_excl : !zero_ok;
-      sides.push_back(Cat("-", part(m_lo, m_lo_excl, -lo, lo_excl)));
-    }
-    std::string re;
-    for (size_t i = 0; i < sides.size(); ++i) re += Cat(i ? "|" : "", sides[i]);
-    COLI_ASSIGN_OR_RETURN(Dfa dfa, CompileRegex(Cat("^(", re, ")$"), path));
-    Node n;
-    n.kind = Kind::kNumber;
-    g_.dfas.push_back(std::move(dfa));
+    g_.dfas.push_back(*std::move(dfa));
     n.dfa = static_cast<int32_t>(g_.dfas.size() - 1);
     return AddNode(std::move(n));
   }

@@ -286,10 +286,10 @@ TEST_F(K3ConstrainedTest, BadFormatsAreRefusedByPathBeforeAnyWork) {
   const std::vector<int32_t> prompt = Tokens("hi");
   const std::string unsupported =
       R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object",)"
-      R"("properties":{"a":{"type":"integer","multipleOf":3}}}}})";
+      R"("properties":{"a":{"type":"integer","not":{"const":3}}}}}})";
   EXPECT_THAT((*session)->Prefill(prompt, 0, 0, nullptr, nullptr, unsupported).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("response_format.json_schema.schema.properties.a.multipleOf")));
+                       HasSubstr("response_format.json_schema.schema.properties.a.not")));
   EXPECT_THAT((*session)->Prefill(prompt, 0, 0, nullptr, nullptr, "{not json").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("response_format")));
   EXPECT_THAT((*session)->Prefill(prompt, 0, 0, nullptr, nullptr, R"({"type":"yaml"})").status(),

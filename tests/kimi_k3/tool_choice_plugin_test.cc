@@ -478,7 +478,7 @@ TEST_F(K3ToolChoiceTest, NoneKeepsTheModelFromOpeningACall) {
 TEST_F(K3ToolChoiceTest, AutoStrictToolWithRefusedSchemaIsRefusedElseAnyObject) {
   Json format = Json::parse(AutoFormat());
   format["tools"][1]["parameters"] = {
-      {"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"multipleOf", 2}}}}}};
+      {"type", "object"}, {"properties", {{"n", {{"type", "integer"}, {"not", {{"const", 2}}}}}}}};
   auto session = model_->NewSession();
   ASSERT_OK(session.status());
   auto rendered = model_->RenderChat(
@@ -490,7 +490,7 @@ TEST_F(K3ToolChoiceTest, AutoStrictToolWithRefusedSchemaIsRefusedElseAnyObject) 
           ->Prefill(rendered->tokens, rendered->chat_parse_mode, 0, nullptr, nullptr, format.dump())
           .status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("function 'pick' parameters (strict): "
-                                                             "schema.properties.n.multipleOf")));
+                                                             "schema.properties.n.not")));
   // Not strict: its calls' arguments are any JSON object (steered calls still parse).
   // A mild bias on `"`, `}` and `,` (as the json_object tests): any object may grow without
   // bound, and the random model would otherwise rarely close one.

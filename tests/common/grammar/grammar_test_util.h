@@ -3,10 +3,14 @@
 #define COLI_TESTS_COMMON_GRAMMAR_GRAMMAR_TEST_UTIL_H_
 
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/grammar/json_constraint.h"
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace coli::grammar::test_util {
@@ -22,6 +26,16 @@ inline std::shared_ptr<const JsonConstraint> Schema(const std::string& s) {
 inline bool Complete(const std::shared_ptr<const JsonConstraint>& c, std::string_view doc) {
   JsonMatcher m(c);
   return m.Accept(doc) && m.CanEnd();
+}
+
+// Each (schema, message) is refused with INVALID_ARGUMENT whose message contains `message`.
+inline void ExpectRefusals(std::span<const std::pair<const char*, const char*>> cases) {
+  for (const auto& [schema, message] : cases) {
+    EXPECT_THAT(JsonConstraint::FromSchema(schema).status(),
+                ::coli::testing::StatusIs(absl::StatusCode::kInvalidArgument,
+                                          ::testing::HasSubstr(message)))
+        << schema;
+  }
 }
 
 }  // namespace coli::grammar::test_util

@@ -158,10 +158,10 @@ TEST(JsonConstraint, ResponseFormats) {
   EXPECT_FALSE(Complete(*obj, "[1]"));
   auto js = JsonConstraint::FromResponseFormat(
       R"({"type":"json_schema","json_schema":{"name":"x","strict":true,
-          "schema":{"type":"object","properties":{"a":{"type":"integer","multipleOf":3}}}}})");
+          "schema":{"type":"object","properties":{"a":{"type":"integer","not":{"const":3}}}}}})");
   EXPECT_THAT(js.status(), StatusIs(absl::StatusCode::kInvalidArgument,
                                     HasSubstr("response_format.json_schema.schema.properties.a."
-                                              "multipleOf: not supported")));
+                                              "not: not supported")));
   EXPECT_THAT(JsonConstraint::FromResponseFormat(R"({"type":"yaml"})").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("response_format.type")));
   EXPECT_THAT(JsonConstraint::FromResponseFormat("{").status(),
@@ -171,9 +171,10 @@ TEST(JsonConstraint, ResponseFormats) {
 // Every unsupported keyword is refused, naming its path.
 TEST(JsonConstraint, RefusesUnsupportedKeywordsNamingThePath) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"properties":{"n":{"type":"number","maximum":1.5}}})",
-       "schema.properties.n.maximum: only integer-valued bounds"},
-      {R"({"type":"integer","multipleOf":2})", "schema.multipleOf: not supported"},
+      {R"({"properties":{"n":{"type":"number","multipleOf":-0.5}}})",
+       "schema.properties.n.multipleOf: expected a number greater than 0"},
+      {R"({"type":"integer","multipleOf":1234567})",
+       "schema.multipleOf: the integer needs more than 4096 DFA states (not supported)"},
       {R"({"type":"array","uniqueItems":true})", "schema.uniqueItems: not supported"},
       {R"({"not":{}})", "schema.not: not supported"},
       {R"({"if":{},"then":{}})", "schema.if: not supported"},

@@ -138,13 +138,13 @@ test('responses.create text.format json_schema validates', async () => {
 });
 
 test('an unsupported schema is a 400 naming response_format (chat) / text.format (responses)', async () => {
-  const bad = { type: 'object', properties: { a: { type: 'integer', multipleOf: 3 } } };
+  const bad = { type: 'object', properties: { a: { type: 'integer', not: { const: 3 } } } };
   await assert.rejects(
     client.chat.completions.create({
       model: modelId, messages, max_tokens: 5,
       response_format: { type: 'json_schema', json_schema: { name: 'x', schema: bad } },
     }),
-    (e) => e.status === 400 && e.param === 'response_format' && /properties\.a\.multipleOf/.test(e.message),
+    (e) => e.status === 400 && e.param === 'response_format' && /properties\.a\.not/.test(e.message),
   );
   await assert.rejects(
     client.chat.completions.create({
@@ -158,6 +158,6 @@ test('an unsupported schema is a 400 naming response_format (chat) / text.format
       model: modelId, input: 'x', max_output_tokens: 5,
       text: { format: { type: 'json_schema', name: 'x', schema: bad } },
     }),
-    (e) => e.status === 400 && e.param === 'text.format' && /multipleOf/.test(e.message),
+    (e) => e.status === 400 && e.param === 'text.format' && /properties\.a\.not/.test(e.message),
   );
 });
