@@ -1,7 +1,7 @@
 // `coli serve`: an OpenAI-compatible HTTP gateway (cpp-httplib) over the host's gRPC API.
 //
 //   coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]
-//              [--connect ADDR] [--model-id ID] [--max-background N]
+//              [--connect ADDR] [--model-id ID] [--max-background N] [--responses-dir DIR]
 //
 // Without --connect it starts a private `coli-host` (tools/coli/client.h), loads DIR there (the
 // K3_* switches apply) and stops it on exit; with --connect it uses a running host. Endpoints:
@@ -11,7 +11,8 @@
 // POST /v1/responses/ID/cancel, POST /v1/responses/input_tokens; `background: true` runs at most
 // --max-background responses at once, cancelled and joined when the server stops; with
 // `stream: true` too its events are kept and GET /v1/responses/ID?stream=true&starting_after=N
-// replays and follows them),
+// replays and follows them; --responses-dir keeps finished stored responses on disk across
+// restarts, serve_responses_disk.h),
 // POST /tokenize, /detokenize, /apply-template,
 // GET /health, GET /metrics (Prometheus). Errors use OpenAI's error object and name the field.
 // Loopback only unless --host names another address, which then requires --api-key (bearer).
@@ -46,6 +47,7 @@
 #include "tools/coli/serve_openai.h"
 #include "tools/coli/serve_responses.h"
 #include "tools/coli/serve_responses_background.h"
+#include "tools/coli/serve_responses_disk.h"
 #include "tools/web/web_assets.h"
 
 namespace coli::cli::serve {
@@ -111,12 +113,13 @@ struct ChoiceResult {
 class Gateway {
  public:
   Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key, bool serve_web_page,
-          size_t max_background)
+          size_t max_background, std::unique_ptr<ResponseDir> responses_dir)
       : stub_(stub),
         info_(std::move(info)),
         api_key_(std::move(api_key)),
         serve_web_page_(serve_web_page),
         background_(max_background) {
+    if (responses_dir) responses_.Persist(std::move(responses_dir));  // loads what it kept
     // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
     // where they start. None of them is answer text.
     first_special_ = info_.vocab_size();
@@ -1398,22 +1401,27 @@ void Usage(bool web) {
             "  the chat page and the OpenAI API on one port; without --model (or\n"
             "  COLI_MODEL) the embedded tiny Kimi K3 fixture (random weights)\n"
           : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
-            "                  [--connect ADDR] [--model-id ID] [--max-background N]\n");
+            "                  [--connect ADDR] [--model-id ID] [--max-background N]\n"
+            "                  [--responses-dir DIR]\n");
   std::fprintf(stderr,
                "  --host ADDR    listen address; anything but loopback requires --api-key\n"
                "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
                "  --connect ADDR use a running coli-host instead of starting one\n"
-               "  --max-background N  background /v1/responses running at once (default 16)\n");
+               "  --max-background N  background /v1/responses running at once (default 16)\n"
+               "  --responses-dir DIR  keep finished stored /v1/responses in DIR, one file each,\n"
+               "                 so they survive a restart (env COLI_RESPONSES_DIR; default:\n"
+               "                 in memory only)\n");
 }
 
 // `coli serve` and `coli web` share everything but the page and the default model.
 int RunGateway(int argc, char** argv, bool web) {
   const char* name = web ? "coli web" : "coli serve";
-  std::string model_dir, host = "127.0.0.1", api_key, connect, model_id;
+  std::string model_dir, host = "127.0.0.1", api_key, connect, model_id, responses_dir;
   int port = 8000;
   long max_background = 16;
   if (const char* k = std::getenv("COLI_API_KEY"); k && *k) api_key = k;
   if (const char* m = std::getenv("COLI_MODEL"); m && *m) model_dir = m;
+  if (const char* d = std::getenv("COLI_RESPONSES_DIR"); d && *d) responses_dir = d;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -1433,6 +1441,8 @@ int RunGateway(int argc, char** argv, bool web) {
       connect = value();
     else if (arg == "--model-id")
       model_id = value();
+    else if (arg == "--responses-dir")
+      responses_dir = value();
     else if (arg == "--port") {
       const std::string v = value();
       char* end = nullptr;
@@ -1474,6 +1484,16 @@ int RunGateway(int argc, char** argv, bool web) {
                  "--api-key\n",
                  name, host.c_str());
     return 2;
+  }
+  std::unique_ptr<ResponseDir> stored_dir;  // before the host starts: a bad DIR fails fast
+  if (!responses_dir.empty()) {
+    auto opened = ResponseDir::Open(responses_dir);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "%s: --responses-dir: %s\n", name,
+                   std::string(opened.status().message()).c_str());
+      return 1;
+    }
+    stored_dir = *std::move(opened);
   }
   signal(SIGPIPE, SIG_IGN);
   // SIGINT/SIGTERM stop the HTTP server (the host process is stopped by HostProcess). Blocked
@@ -1520,7 +1540,8 @@ int RunGateway(int argc, char** argv, bool web) {
   }
 
   httplib::Server server;
-  Gateway gateway(&(*client)->stub(), info, api_key, web, static_cast<size_t>(max_background));
+  Gateway gateway(&(*client)->stub(), info, api_key, web, static_cast<size_t>(max_background),
+                  std::move(stored_dir));
   gateway.Register(&server);
   int bound = port;
   if (port == 0) {

@@ -3,16 +3,20 @@
 # coli_serve_api: its OpenAI logic without networking (serve_openai: validation, errors, stop
 # sequences; serve_responses: the Responses API mapped onto the chat path;
 # serve_responses_background: bounded, cancellable background responses; serve_responses_stream:
-# the kept, resumable event stream of a background response), unit-tested in
-# tests/coli/serve_responses_test.cc.
+# the kept, resumable event stream of a background response; serve_responses_disk: the
+# --responses-dir folder where stored responses survive a restart), unit-tested in
+# tests/coli/serve_responses_test.cc and serve_responses_disk_test.cc.
 coli_cc_library(NAME coli_serve_api
   SRCS ${CMAKE_CURRENT_LIST_DIR}/serve_openai.cc ${CMAKE_CURRENT_LIST_DIR}/serve_responses.cc
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_background.cc
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_stream.cc
+       ${CMAKE_CURRENT_LIST_DIR}/serve_responses_disk.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/serve_openai.h ${CMAKE_CURRENT_LIST_DIR}/serve_responses.h
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_background.h
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_stream.h
-  PUBLIC_DEPS gRPC::grpc++ nlohmann_json::nlohmann_json)
+       ${CMAKE_CURRENT_LIST_DIR}/serve_responses_disk.h
+  PUBLIC_DEPS gRPC::grpc++ nlohmann_json::nlohmann_json absl::status absl::statusor
+  DEPS coli_io coli_log)
 target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/serve.cc)
 target_link_libraries(coli PRIVATE coli_serve_api coli_client coli_proto gRPC::grpc++
                                    PkgConfig::HTTPLIB nlohmann_json::nlohmann_json)

@@ -7,6 +7,9 @@
 #include <string_view>
 #include <utility>
 
+#include "common/log/log.h"
+#include "tools/coli/serve_responses_disk.h"
+
 namespace coli::cli::serve {
 namespace {
 
@@ -567,13 +570,23 @@ void ReplaceFirst(std::string* s, std::string_view from, std::string_view to) {
 
 // ---- the store ----------------------------------------------------------------------------
 
-void ResponseStore::Put(const std::string& id, Json response, Json conversation, Json input_items) {
-  Entry e;
-  e.bytes = Dump(response).size() + Dump(conversation).size() + Dump(input_items).size();
-  e.response = std::move(response);
-  e.conversation = std::move(conversation);
-  e.input_items = std::move(input_items);
-  std::lock_guard<std::mutex> lock(mu_);
+namespace {
+
+bool IsFinished(const Json& response) {
+  const Json* status = Find(response, "status");
+  return status != nullptr && status->is_string() &&
+         (*status == "completed" || *status == "incomplete" || *status == "failed" ||
+          *status == "cancelled");
+}
+
+}  // namespace
+
+ResponseStore::ResponseStore(size_t max_entries, size_t max_bytes)
+    : max_entries_(max_entries), max_bytes_(max_bytes) {}
+
+ResponseStore::~ResponseStore() = default;
+
+void ResponseStore::InsertLocked(const std::string& id, Entry e, std::vector<DiskOp>* ops) {
   if (auto it = entries_.find(id); it != entries_.end()) {
     bytes_ -= it->second.bytes;
     e.events = std::move(it->second.events);  // a background response's update keeps its log
@@ -589,8 +602,87 @@ void ResponseStore::Put(const std::string& id, Json response, Json conversation,
     auto it = entries_.find(order_.front());
     bytes_ -= it->second.bytes;
     entries_.erase(it);
+    if (dir_ && ResponseDir::IsResponseId(order_.front())) {
+      ops->push_back({order_.front(), std::nullopt});
+    }
     order_.pop_front();
   }
+}
+
+uint64_t ResponseStore::TakeDiskTurnLocked(const std::vector<DiskOp>& ops) {
+  return ops.empty() ? 0 : next_turn_++;
+}
+
+void ResponseStore::ApplyDisk(uint64_t turn, const std::vector<DiskOp>& ops) {
+  if (turn == 0) return;
+  std::unique_lock<std::mutex> lock(disk_mu_);
+  disk_cv_.wait(lock, [&] { return done_turn_ + 1 == turn; });
+  for (const DiskOp& op : ops) {
+    absl::Status s = op.bytes ? dir_->Write(op.id, *op.bytes) : dir_->Remove(op.id);
+    if (!s.ok()) {
+      COLI_LOG(kError) << "stored response '" << op.id << "' "
+                       << (op.bytes ? "not written" : "not removed")
+                       << " (kept in memory): " << s.message();
+    }
+  }
+  done_turn_ = turn;
+  disk_cv_.notify_all();
+}
+
+size_t ResponseStore::Persist(std::unique_ptr<ResponseDir> dir) {
+  std::vector<std::string> skipped;
+  std::vector<StoredResponse> loaded = dir->Load(&skipped);
+  for (const std::string& line : skipped) COLI_LOG(kWarning) << "skipped " << line;
+  std::vector<DiskOp> evicted;
+  size_t kept = 0;
+  uint64_t turn = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dir_ = std::move(dir);
+    for (StoredResponse& r : loaded) {  // oldest first, so the limits keep the newest
+      Entry e;
+      e.bytes = Dump(r.response).size() + Dump(r.conversation).size() + Dump(r.input_items).size();
+      e.response = std::move(r.response);
+      e.conversation = std::move(r.conversation);
+      e.input_items = std::move(r.input_items);
+      InsertLocked(r.id, std::move(e), &evicted);
+    }
+    kept = entries_.size();
+    turn = TakeDiskTurnLocked(evicted);
+  }
+  ApplyDisk(turn, evicted);
+  COLI_LOG(kInfo) << "responses dir '" << dir_->dir() << "': " << kept << " stored responses loaded"
+                  << (evicted.empty() ? std::string()
+                                      : ", " + std::to_string(evicted.size()) +
+                                            " over the store's limits removed")
+                  << (skipped.empty() ? std::string()
+                                      : ", " + std::to_string(skipped.size()) + " files skipped");
+  return kept;
+}
+
+void ResponseStore::Put(const std::string& id, Json response, Json conversation, Json input_items) {
+  Entry e;
+  e.bytes = Dump(response).size() + Dump(conversation).size() + Dump(input_items).size();
+  std::vector<DiskOp> ops;
+  // Encoded before the lock; only a finished response has a file (a running one gets its file
+  // from the Put that finishes it). dir_ is set once, before the store is shared.
+  if (dir_ && IsFinished(response)) {
+    if (ResponseDir::IsResponseId(id)) {
+      ops.push_back({id, ResponseDir::Encode(id, response, conversation, input_items)});
+    } else {
+      COLI_LOG(kError) << "stored response '" << id << "' not written: not a response id";
+    }
+  }
+  e.response = std::move(response);
+  e.conversation = std::move(conversation);
+  e.input_items = std::move(input_items);
+  uint64_t turn = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    InsertLocked(id, std::move(e), &ops);
+    turn = TakeDiskTurnLocked(ops);
+  }
+  ApplyDisk(turn, ops);
 }
 
 void ResponseStore::SetEvents(const std::string& id,
@@ -637,12 +729,19 @@ std::optional<Json> ResponseStore::InputItems(const std::string& id) const {
 }
 
 bool ResponseStore::Erase(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(id);
-  if (it == entries_.end()) return false;
-  bytes_ -= it->second.bytes;
-  entries_.erase(it);
-  order_.erase(std::find(order_.begin(), order_.end(), id));
+  std::vector<DiskOp> ops;
+  uint64_t turn = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return false;  // so a client's id never reaches the folder
+    bytes_ -= it->second.bytes;
+    entries_.erase(it);
+    order_.erase(std::find(order_.begin(), order_.end(), id));
+    if (dir_ && ResponseDir::IsResponseId(id)) ops.push_back({id, std::nullopt});
+    turn = TakeDiskTurnLocked(ops);
+  }
+  ApplyDisk(turn, ops);
   return true;
 }
 

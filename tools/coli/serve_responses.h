@@ -29,6 +29,7 @@
 #ifndef COLI_TOOLS_COLI_SERVE_RESPONSES_H_
 #define COLI_TOOLS_COLI_SERVE_RESPONSES_H_
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -47,13 +48,26 @@
 namespace coli::cli::serve {
 
 class ResponseBuilder;
+class ResponseDir;
 
 // Finished responses kept for `previous_response_id` and GET/DELETE /v1/responses/{id}: at most
-// `max_entries` responses and `max_bytes` of JSON; the oldest go first. Thread-safe.
+// `max_entries` responses and `max_bytes` of JSON; the oldest go first. Thread-safe. In memory
+// only, unless Persist gives it a folder (`coli serve --responses-dir`).
 class ResponseStore {
  public:
-  explicit ResponseStore(size_t max_entries = 512, size_t max_bytes = size_t{64} << 20)
-      : max_entries_(max_entries), max_bytes_(max_bytes) {}
+  explicit ResponseStore(size_t max_entries = 512, size_t max_bytes = size_t{64} << 20);
+  ~ResponseStore();
+
+  // Mirrors the store into `dir` (serve_responses_disk.h). First loads the responses kept there,
+  // oldest first, under this store's limits (the files of those that do not fit are removed);
+  // each file that cannot be read is left alone and named on one stderr line. From then on
+  // every Put of a finished response (status completed / incomplete / failed / cancelled)
+  // writes its file atomically, and Erase and eviction remove files, so the folder holds what
+  // the store holds (a response still running is written by the Put that finishes it; event
+  // logs stay in memory). The disk I/O runs outside the store's lock (reads never wait for it),
+  // in the order the store changed; a failed write or removal is logged to stderr and the store
+  // goes on in memory. Call once, before the store is shared. Returns how many were loaded.
+  size_t Persist(std::unique_ptr<ResponseDir> dir);
 
   // Keeps `response` (the object GET returns), `conversation` (the chat messages a follow-up
   // continues from: the stored input plus this response's assistant turn, no instructions; null
@@ -84,11 +98,32 @@ class ResponseStore {
     std::shared_ptr<const ResponseBuilder> live;
     size_t bytes = 0;
   };
+  // A file to write (bytes) or remove (nullopt), for the folder given to Persist.
+  struct DiskOp {
+    std::string id;
+    std::optional<std::string> bytes;
+  };
+  // Under mu_: adds `e` as the newest entry of `id` (replacing one) and evicts the oldest past
+  // the limits, appending their removals to *ops.
+  void InsertLocked(const std::string& id, Entry e, std::vector<DiskOp>* ops);
+  // Under mu_: the turn of a batch of disk operations (0: none, nothing to wait for).
+  uint64_t TakeDiskTurnLocked(const std::vector<DiskOp>& ops);
+  // Without mu_: waits for `turn`, applies `ops`, passes the turn on.
+  void ApplyDisk(uint64_t turn, const std::vector<DiskOp>& ops);
+
   const size_t max_entries_, max_bytes_;
   mutable std::mutex mu_;
   std::map<std::string, Entry> entries_;
   std::deque<std::string> order_;  // oldest first
   size_t bytes_ = 0;
+  // Persist's folder. Disk operations are numbered under mu_ (next_turn_) and applied in that
+  // order under disk_mu_ (done_turn_), so the folder changes in the store's order while mu_ is
+  // never held across I/O.
+  std::unique_ptr<ResponseDir> dir_;
+  uint64_t next_turn_ = 1;  // under mu_
+  std::mutex disk_mu_;
+  std::condition_variable disk_cv_;
+  uint64_t done_turn_ = 0;  // under disk_mu_: the last turn applied
 };
 
 // Where a chat-body path came from in the Responses request, for error messages.

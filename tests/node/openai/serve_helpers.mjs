@@ -7,7 +7,8 @@ export const TINY = process.env.COLI_TINY_MODEL ?? 'build/fixtures/k3_tiny';
 export const SCRIPTED = process.env.COLI_SCRIPTED_MODEL ?? 'build/fixtures/k3_scripted';
 export const SCRIPTED_PLUGINS = process.env.COLI_SCRIPTED_PLUGIN_DIR ?? 'build/tools/k3_scripted/plugins';
 
-// Starts `coli serve --port 0` and resolves with {proc, base} once it prints its address.
+// Starts `coli serve --port 0` and resolves with {proc, base, stderr} once it prints its
+// address (stderr(): what the server wrote there so far).
 export function startServer(model, extraEnv = {}, extraArgs = []) {
   return new Promise((resolve, reject) => {
     const proc = spawn(COLI, ['serve', '--model', model, '--port', '0', ...extraArgs], {
@@ -22,7 +23,7 @@ export function startServer(model, extraEnv = {}, extraArgs = []) {
       const m = out.match(/listening on (http:\/\/[^\s]+)/);
       if (m) {
         clearTimeout(timer);
-        resolve({ proc, base: m[1] });
+        resolve({ proc, base: m[1], stderr: () => err });
       }
     });
     proc.stderr.on('data', (d) => { err += d; });
