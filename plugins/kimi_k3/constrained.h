@@ -37,7 +37,8 @@
 //    value — a string raw (as the renderer writes it: its JSON-escaped form is what the key's
 //    schema checks), anything else as JSON; the call closes once every required key is in;
 //  - one `<|open|>json type="object"<|sep|>ARGS<|close|>json<|sep|>` block (ARGS the whole
-//    parameters schema), chosen before any argument. A tool whose schema does not split into
+//    parameters schema, its object keys in the order the model saw the tool declared: the
+//    renderer key-sorts tool schemas, spec §6.2), chosen before any argument. A tool whose schema does not split into
 //    per-key schemas (TypedArguments) offers only this form.
 // Structure is forced where there is no choice; the tag texts (NAME, the element headers) are
 // matched byte by byte (any segmentation into ordinary tokens). After a call, a named choice (or
