@@ -112,7 +112,14 @@ absl::StatusOr<int64_t> NonNegative(const Json& s, std::string_view key, std::st
 // Digits of an integer part a bounded / multipleOf number may have: |value| < 10^19.
 constexpr int kBoundedIntDigits = 19;
 // Automaton states walked before minimisation; past this the schema is refused (a huge m).
-constexpr size_t kMaxNumberStates = size_t{1} << 18;
+constexpr size_t kMaxNumberStates = size_t{1} << 17;
+// The same for all number nodes of one schema together, and their DFAs' states in all (each
+// state is a 516-byte row): a schema of many costly multipleOf nodes is refused in well under a
+// second, holding at most ~34 MB of number DFAs, instead of compiling for minutes into
+// gigabytes; ~900 distinct bounded numbers (~70 states each) still fit. Nodes with equal
+// constraints share one DFA and count once.
+constexpr size_t kMaxNumberStatesPerSchema = size_t{1} << 19;
+constexpr size_t kMaxNumberDfaStatesPerSchema = 16 * kMaxDfaStates;
 // multipleOf's significant digits (m < 10^18, so 10 * remainder + 9 fits in 64 bits).
 constexpr size_t kMaxMultipleDigits = 18;
 
@@ -223,7 +230,10 @@ struct NumberSpec {
 
 class NumberAutomaton {
  public:
-  explicit NumberAutomaton(const NumberSpec& spec) : spec_(spec) {}
+  // `limit`: automaton states the walk may visit (at most kMaxNumberStates).
+  NumberAutomaton(const NumberSpec& spec, size_t limit) : spec_(spec), limit_(limit) {}
+  size_t visited() const { return memo_.size(); }
+  bool walk_cut() const { return overflow_; }
 
   // The minimal trimmed DFA; NOT_FOUND when no spelling is accepted, RESOURCE_EXHAUSTED when it
   // needs more than kMaxDfaStates states (or the walk more than kMaxNumberStates).
@@ -283,6 +293,13 @@ class NumberAutomaton {
   struct KeyHash {
     size_t operator()(const std::pair<uint64_t, uint64_t>& k) const {
       return std::hash<uint64_t>()(k.first * 0x9E3779B97F4A7C15ULL ^ k.second);
+    }
+  };
+  struct RowHash {
+    size_t operator()(const Row& r) const {
+      uint64_t h = 0;
+      for (int32_t v : r) h = (h ^ static_cast<uint32_t>(v)) * 0x100000001B3ULL;
+      return std::hash<uint64_t>()(h);
     }
   };
 
@@ -412,7 +429,7 @@ class NumberAutomaton {
   int32_t Visit(const State& s) {
     const std::pair<uint64_t, uint64_t> key(s.Bits(), s.rem);
     if (auto it = memo_.find(key); it != memo_.end()) return it->second;
-    if (overflow_ || memo_.size() >= kMaxNumberStates) {
+    if (overflow_ || memo_.size() >= limit_) {
       overflow_ = true;
       return -1;
     }
@@ -442,8 +459,9 @@ class NumberAutomaton {
   }
 
   const NumberSpec& spec_;
+  const size_t limit_;
   std::unordered_map<std::pair<uint64_t, uint64_t>, int32_t, KeyHash> memo_;
-  std::map<Row, int32_t> classes_;
+  std::unordered_map<Row, int32_t, RowHash> classes_;
   std::vector<Row> rows_;
   std::vector<int32_t> dist_;
   bool overflow_ = false;
@@ -717,7 +735,27 @@ class Compiler {
     if (!constrained) return AddNode(std::move(n));
     spec.pow10.assign(spec.d + 1, 1 % spec.m);
     for (size_t t = 1; t <= spec.d; ++t) spec.pow10[t] = spec.pow10[t - 1] * 10 % spec.m;
-    absl::StatusOr<Dfa> dfa = NumberAutomaton(spec).Build();
+    auto side = [&spec](int i) {
+      const std::optional<Decimal>& b = spec.bound[i];
+      return b ? Cat(b->neg ? "-" : "", b->ip, ".", b->fp, spec.exclusive[i] ? "x" : "") : "";
+    };
+    const std::string key = Cat(integer, ",", side(0), ",", side(1), ",", spec.m, ",", spec.d);
+    if (auto same = number_dfas_.find(key); same != number_dfas_.end()) {
+      n.dfa = same->second;
+      return AddNode(std::move(n));
+    }
+    const size_t limit = std::min(kMaxNumberStates, number_states_left_);
+    NumberAutomaton automaton(spec, limit);
+    absl::StatusOr<Dfa> dfa = automaton.Build();
+    number_states_left_ -= std::min(number_states_left_, automaton.visited());
+    const size_t dfa_states = dfa.ok() ? static_cast<size_t>(dfa->states()) : 0;
+    if ((automaton.walk_cut() && limit < kMaxNumberStates) ||
+        dfa_states > number_dfa_states_left_) {
+      return Error(path, Cat("the schema's number / integer constraints need more than ",
+                             kMaxNumberStatesPerSchema, " automaton states or ",
+                             kMaxNumberDfaStatesPerSchema, " DFA states in all (not supported)"));
+    }
+    number_dfa_states_left_ -= dfa_states;
     if (dfa.status().code() == absl::StatusCode::kNotFound) {
       return Error(path, Cat("no ", integer ? "integer" : "number", " satisfies its minimum / maximum",
                              multiple ? " / multipleOf" : "",
@@ -731,6 +769,7 @@ class Compiler {
     }
     g_.dfas.push_back(*std::move(dfa));
     n.dfa = static_cast<int32_t>(g_.dfas.size() - 1);
+    number_dfas_.emplace(key, n.dfa);
     return AddNode(std::move(n));
   }
 
@@ -922,6 +961,10 @@ class Compiler {
   std::string root_path_;
   Grammar g_;
   std::map<std::string, int32_t> refs_;
+  // Number DFAs by constraint, and what the schema may still spend on them.
+  std::map<std::string, int32_t> number_dfas_;
+  size_t number_states_left_ = kMaxNumberStatesPerSchema;
+  size_t number_dfa_states_left_ = kMaxNumberDfaStatesPerSchema;
   std::map<int32_t, std::string> ref_paths_;
 };
 

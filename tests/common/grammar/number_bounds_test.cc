@@ -522,6 +522,35 @@ TEST(NumberBounds, RefusalsNameThePath) {
       {R"({"type":"number","maximum":"1"})", "schema.maximum: expected a number"},
   };
   test_util::ExpectRefusals(cases);
+  // Many costly multipleOf nodes: refused as a whole (budgets per schema), not compiled one by
+  // one for minutes into gigabytes: large DFAs (m in 101..200), or long walks to small DFAs (m
+  // 1000, each node with its own minimum). Equal constraints share one DFA and count once.
+  for (const bool walks : {false, true}) {
+    std::string many = R"({"type":"object","properties":{)";
+    for (int i = 0; i < 1000; ++i) {
+      absl::StrAppend(&many, i ? "," : "", "\"p", i, R"(":{"type":"integer","multipleOf":)",
+                      walks ? absl::StrCat(1000, ",\"minimum\":", -i) : absl::StrCat(101 + i % 100),
+                      "}");
+    }
+    many += "}}";
+    EXPECT_THAT(JsonConstraint::FromSchema(many).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("constraints need more than 524288 automaton states or 65536 "
+                                   "DFA states in all")))
+        << walks;
+  }
+  std::string same = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 1000; ++i) {
+    absl::StrAppend(&same, i ? "," : "", "\"p", i, R"(":{"type":"integer","multipleOf":199})");
+  }
+  EXPECT_NE(Schema(same + "}}"), nullptr);
+  // Many distinct cheap bounds fit.
+  std::string bounds = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 500; ++i) {
+    absl::StrAppend(&bounds, i ? "," : "", "\"p", i, R"(":{"type":"number","minimum":)", i,
+                    ".5}");
+  }
+  EXPECT_NE(Schema(bounds + "}}"), nullptr);
 }
 
 }  // namespace
