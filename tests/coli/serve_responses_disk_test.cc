@@ -9,14 +9,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/io/io.h"
 #include "common/log/log.h"
 #include "gtest/gtest.h"
 #include "tools/coli/serve_responses.h"
@@ -67,15 +66,16 @@ class LogCapture {
 };
 
 std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  auto f = io::File::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  if (!f.ok()) return "";
+  std::string bytes((*f)->size(), '\0');
+  EXPECT_TRUE((*f)->ReadAt(0, bytes.size(), bytes.data()).ok());
+  return bytes;
 }
 
 void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
+  ASSERT_TRUE(io::WriteFileAtomic(path, bytes).ok()) << path;
 }
 
 // The names in `dir`, sorted.
@@ -97,8 +97,12 @@ Json Response(const std::string& id, int64_t created_at, const std::string& stat
                                                       {"annotations", Json::array()},
                                                       {"logprobs", Json::array()},
                                                       {"text", text}}})}});
-  return Json{{"id", id},           {"object", "response"}, {"created_at", created_at},
-              {"status", status},   {"model", "kimi-k3"},   {"output", output},
+  return Json{{"id", id},
+              {"object", "response"},
+              {"created_at", created_at},
+              {"status", status},
+              {"model", "kimi-k3"},
+              {"output", output},
               {"usage", Json{{"input_tokens", 7}, {"output_tokens", 3}}},
               {"metadata", Json{{"k", "v\u00e9\n\"quoted\""}}}};
 }
@@ -109,12 +113,18 @@ Json Conversation(const std::string& question, const std::string& answer) {
 }
 
 Json Items(const std::string& question) {
-  return Json::array({Json{{"id", NewId("msg_")},
-                           {"type", "message"},
-                           {"role", "user"},
-                           {"status", "completed"},
-                           {"content", Json::array({Json{{"type", "input_text"},
-                                                         {"text", question}}})}}});
+  return Json::array(
+      {Json{{"id", NewId("msg_")},
+            {"type", "message"},
+            {"role", "user"},
+            {"status", "completed"},
+            {"content", Json::array({Json{{"type", "input_text"}, {"text", question}}})}}});
+}
+
+// A completed response answering "q" with `text`, created at `created_at`.
+void PutDone(ResponseStore& store, const std::string& id, int64_t created_at,
+             const std::string& text) {
+  store.Put(id, Response(id, created_at, "completed", text), Conversation("q", text));
 }
 
 std::unique_ptr<ResponseDir> OpenDir(const std::string& path) {
@@ -138,12 +148,19 @@ TEST(ResponseDirTest, OnlyResponseIdsMapToAPath) {
   const std::string good = "resp_0123456789abcdef01234567";
   ASSERT_TRUE(dir->PathOf(good).has_value());
   EXPECT_EQ(*dir->PathOf(good), tmp.path() + "/" + good + ".json");
-  const std::vector<std::string> bads = {
-       "../../etc/passwd", "..%2F..%2Fetc%2Fpasswd", "resp_../../../../etc/passwd",
-        "resp_0123456789abcdef0123456", "resp_0123456789abcdef012345678",
-        "resp_0123456789ABCDEF01234567", "resp_0123456789abcdef0123456/", "/resp_0123456789abcdef0123456",
-        "msg_0123456789abcdef01234567", "resp_0123456789abcdef0123456g", "", "resp_",
-        std::string("resp_0123456789abcdef0123456\0", 29)};
+  const std::vector<std::string> bads = {"../../etc/passwd",
+                                         "..%2F..%2Fetc%2Fpasswd",
+                                         "resp_../../../../etc/passwd",
+                                         "resp_0123456789abcdef0123456",
+                                         "resp_0123456789abcdef012345678",
+                                         "resp_0123456789ABCDEF01234567",
+                                         "resp_0123456789abcdef0123456/",
+                                         "/resp_0123456789abcdef0123456",
+                                         "msg_0123456789abcdef01234567",
+                                         "resp_0123456789abcdef0123456g",
+                                         "",
+                                         "resp_",
+                                         std::string("resp_0123456789abcdef0123456\0", 29)};
   for (const std::string& bad : bads) {
     EXPECT_FALSE(dir->PathOf(bad).has_value()) << bad;
     EXPECT_FALSE(ResponseDir::IsResponseId(bad)) << bad;
@@ -179,8 +196,7 @@ TEST(ResponseStoreDiskTest, StoredResponsesSurviveANewStore) {
   const std::string a = NewId("resp_"), b = NewId("resp_"), c = NewId("resp_"),
                     running = NewId("resp_");
   const Json ra = Response(a, 100, "completed", "first"),
-             rb = Response(b, 101, "incomplete", "second"),
-             rc = Response(c, 102, "failed", "");
+             rb = Response(b, 101, "incomplete", "second"), rc = Response(c, 102, "failed", "");
   {
     ResponseStore store;
     EXPECT_EQ(store.Persist(OpenDir(tmp.path())), 0u);
@@ -189,8 +205,7 @@ TEST(ResponseStoreDiskTest, StoredResponsesSurviveANewStore) {
     store.Put(c, rc, nullptr, Items("q3"));  // a failed background response: no conversation
     Json queued = Response(running, 103, "queued", "");
     store.Put(running, queued, nullptr, Items("q4"));  // still running: no file yet
-    EXPECT_EQ(Names(tmp.path()),
-              (std::set<std::string>{a + ".json", b + ".json", c + ".json"}));
+    EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{a + ".json", b + ".json", c + ".json"}));
   }
   ResponseStore again;
   EXPECT_EQ(again.Persist(OpenDir(tmp.path())), 3u);
@@ -236,8 +251,8 @@ TEST(ResponseStoreDiskTest, TempLeftoversAndBadFilesAreSkippedTheGoodOnesLoad) {
   {
     ResponseStore store;
     store.Persist(OpenDir(tmp.path()));
-    store.Put(good1, Response(good1, 10, "completed", "one"), Conversation("q", "one"));
-    store.Put(good2, Response(good2, 11, "completed", "two"), Conversation("q", "two"));
+    PutDone(store, good1, 10, "one");
+    PutDone(store, good2, 11, "two");
   }
   const std::string text = ReadAll(tmp.path() + "/" + good1 + ".json");
   auto file_of = [&](const std::string& id) { return tmp.path() + "/" + id + ".json"; };
@@ -255,9 +270,8 @@ TEST(ResponseStoreDiskTest, TempLeftoversAndBadFilesAreSkippedTheGoodOnesLoad) {
   WriteAll(tmp.path() + "/" + tmp_new, text.substr(0, text.size() / 2));
   WriteAll(tmp.path() + "/" + tmp_old, "{");
   // Files that cannot be loaded, each to be named once and left alone.
-  const std::string truncated = NewId("resp_"), empty = NewId("resp_"),
-                    version = NewId("resp_"), format = NewId("resp_"),
-                    other_id = NewId("resp_"), running = NewId("resp_"),
+  const std::string truncated = NewId("resp_"), empty = NewId("resp_"), version = NewId("resp_"),
+                    format = NewId("resp_"), other_id = NewId("resp_"), running = NewId("resp_"),
                     bad_time = NewId("resp_"), not_object = NewId("resp_");
   Json t = with_id(truncated);
   std::string t_text = t.dump();
@@ -281,8 +295,8 @@ TEST(ResponseStoreDiskTest, TempLeftoversAndBadFilesAreSkippedTheGoodOnesLoad) {
   WriteAll(tmp.path() + "/notes.txt", "hello");
   WriteAll(tmp.path() + "/RESP_0123456789abcdef01234567.json", "hello");
   fs::create_directory(file_of(NewId("resp_")));  // a folder with a response's name
-  const std::set<std::string> bad = {truncated, empty, version, format, other_id,
-                                     running,   bad_time, not_object};
+  const std::set<std::string> bad = {truncated, empty,   version,  format,
+                                     other_id,  running, bad_time, not_object};
 
   LogCapture log;
   ResponseStore store;
@@ -326,8 +340,8 @@ TEST(ResponseStoreDiskTest, DeleteRemovesTheFile) {
   const std::string a = NewId("resp_"), b = NewId("resp_");
   ResponseStore store;
   store.Persist(OpenDir(tmp.path()));
-  store.Put(a, Response(a, 1, "completed", "a"), Conversation("q", "a"));
-  store.Put(b, Response(b, 2, "completed", "b"), Conversation("q", "b"));
+  PutDone(store, a, 1, "a");
+  PutDone(store, b, 2, "b");
   EXPECT_TRUE(store.Erase(a));
   EXPECT_FALSE(store.Erase(a));
   EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{b + ".json"}));
@@ -344,7 +358,7 @@ TEST(ResponseStoreDiskTest, EvictionRemovesTheFilesOfTheEvicted) {
   ResponseStore store(/*max_entries=*/2);
   store.Persist(OpenDir(tmp.path()));
   for (int i = 0; i < 4; ++i) {
-    store.Put(ids[i], Response(ids[i], i, "completed", "t"), Conversation("q", "t"));
+    PutDone(store, ids[i], i, "t");
   }
   EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{ids[2] + ".json", ids[3] + ".json"}));
 
@@ -355,8 +369,8 @@ TEST(ResponseStoreDiskTest, EvictionRemovesTheFilesOfTheEvicted) {
   ResponseStore bytes_store(/*max_entries=*/100, /*max_bytes=*/3 * one);
   TempDir tmp2;
   bytes_store.Persist(OpenDir(tmp2.path()));
-  bytes_store.Put(ids[0], Response(ids[0], 0, "completed", "t"), Conversation("q", "t"));
-  bytes_store.Put(ids[1], Response(ids[1], 1, "completed", "t"), Conversation("q", "t"));
+  PutDone(bytes_store, ids[0], 0, "t");
+  PutDone(bytes_store, ids[1], 1, "t");
   EXPECT_EQ(Names(tmp2.path()).size(), 2u);
   bytes_store.Put(big, Response(big, 2, "completed", std::string(2 * one, 'x')),
                   Conversation("q", "t"));
@@ -372,7 +386,7 @@ TEST(ResponseStoreDiskTest, LoadingKeepsTheNewestByCreatedAtUnderTheLimits) {
     ResponseStore store;
     store.Persist(OpenDir(tmp.path()));
     for (int i = 4; i >= 0; --i) {
-      store.Put(ids[i], Response(ids[i], 1000 + i, "completed", "t"), Conversation("q", "t"));
+      PutDone(store, ids[i], 1000 + i, "t");
     }
   }
   ResponseStore small(/*max_entries=*/2);
@@ -383,7 +397,7 @@ TEST(ResponseStoreDiskTest, LoadingKeepsTheNewestByCreatedAtUnderTheLimits) {
   EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{ids[3] + ".json", ids[4] + ".json"}));
   // The oldest loaded is evicted first by the next Put.
   const std::string next = NewId("resp_");
-  small.Put(next, Response(next, 2000, "completed", "t"), Conversation("q", "t"));
+  PutDone(small, next, 2000, "t");
   EXPECT_FALSE(small.Response(ids[3]).has_value());
   EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{ids[4] + ".json", next + ".json"}));
 
@@ -394,7 +408,7 @@ TEST(ResponseStoreDiskTest, LoadingKeepsTheNewestByCreatedAtUnderTheLimits) {
     ResponseStore store;
     store.Persist(OpenDir(tmp2.path()));
     for (const std::string& id : same) {
-      store.Put(id, Response(id, 7, "completed", "t"), Conversation("q", "t"));
+      PutDone(store, id, 7, "t");
     }
   }
   std::sort(same.begin(), same.end());
@@ -411,7 +425,7 @@ TEST(ResponseStoreDiskTest, AFailedWriteIsLoggedAndTheResponseStillServed) {
   fs::remove_all(dir_path);  // the folder disappears under the running server
   LogCapture log;
   const std::string id = NewId("resp_");
-  store.Put(id, Response(id, 1, "completed", "t"), Conversation("q", "t"));
+  PutDone(store, id, 1, "t");
   EXPECT_EQ(*store.Conversation(id), Conversation("q", "t"));
   const std::vector<std::string> lines = log.lines();
   ASSERT_EQ(lines.size(), 1u);
@@ -441,8 +455,7 @@ TEST(ResponseDirTest, OpenNamesAFolderItCannotUse) {
 TEST(ResponseDirTest, DecodeRefusesWhatItDoesNotKnow) {
   const std::string id = "resp_0123456789abcdef01234567";
   StoredResponse r{id, Response(id, 3, "completed", "x"), Conversation("q", "x"), Items("q")};
-  const std::string bytes =
-      ResponseDir::Encode(id, r.response, r.conversation, r.input_items);
+  const std::string bytes = ResponseDir::Encode(id, r.response, r.conversation, r.input_items);
   auto back = ResponseDir::Decode(bytes, id, "f.json");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->response, r.response);
@@ -480,7 +493,7 @@ TEST(ResponseStoreDiskTest, ConcurrentPutsAndErasesLeaveTheFolderEqualToTheStore
     threads.emplace_back([&, t] {
       for (int i = 0; i < 12; ++i) {
         const std::string id = NewId("resp_");
-        store.Put(id, Response(id, t * 100 + i, "completed", "t"), Conversation("q", "t"));
+        PutDone(store, id, t * 100 + i, "t");
         if (i % 3 == 0) store.Erase(id);
         std::lock_guard<std::mutex> lock(mu);
         all.push_back(id);

@@ -26,9 +26,8 @@ constexpr std::string_view kProbe = ".coli-probe";
 constexpr int kMaxDepth = 1024;
 
 bool IsTerminal(const Json& status) {
-  return status.is_string() &&
-         (status == "completed" || status == "incomplete" || status == "failed" ||
-          status == "cancelled");
+  return status.is_string() && (status == "completed" || status == "incomplete" ||
+                                status == "failed" || status == "cancelled");
 }
 
 // The names io::WriteFileAtomic gives its temp files: "." + final name + ".tmp." + 6 characters.
@@ -59,15 +58,14 @@ std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_hand
 absl::Status SyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::InternalError("responses dir '" + dir + "': cannot open it to sync: " +
-                               std::strerror(errno));
+    return absl::InternalError("responses dir '" + dir +
+                               "': cannot open it to sync: " + std::strerror(errno));
   }
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
   if (rc != 0) {
-    return absl::InternalError("responses dir '" + dir + "': fsync failed: " +
-                               std::strerror(err));
+    return absl::InternalError("responses dir '" + dir + "': fsync failed: " + std::strerror(err));
   }
   return absl::OkStatus();
 }
@@ -79,8 +77,8 @@ absl::StatusOr<std::unique_ptr<ResponseDir>> ResponseDir::Open(const std::string
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return absl::FailedPreconditionError("responses dir '" + dir + "': cannot create it: " +
-                                         ec.message());
+    return absl::FailedPreconditionError("responses dir '" + dir +
+                                         "': cannot create it: " + ec.message());
   }
   if (!std::filesystem::is_directory(dir, ec)) {
     return absl::FailedPreconditionError("responses dir '" + dir + "': not a directory");
@@ -88,8 +86,8 @@ absl::StatusOr<std::unique_ptr<ResponseDir>> ResponseDir::Open(const std::string
   // The same steps a response's file takes: temp file, fsync, rename, then remove it again.
   std::string probe = dir + "/" + std::string(kProbe);
   if (absl::Status s = io::WriteFileAtomic(probe, "probe\n"); !s.ok()) {
-    return absl::FailedPreconditionError("responses dir '" + dir + "': cannot write there: " +
-                                         std::string(s.message()));
+    return absl::FailedPreconditionError("responses dir '" + dir +
+                                         "': cannot write there: " + std::string(s.message()));
   }
   if (::unlink(probe.c_str()) != 0) {
     return absl::FailedPreconditionError("responses dir '" + dir + "': cannot remove '" + probe +
@@ -111,8 +109,8 @@ std::optional<std::string> ResponseDir::PathOf(std::string_view id) const {
   return dir_ + "/" + std::string(id) + std::string(kSuffix);
 }
 
-std::string ResponseDir::Encode(std::string_view id, const Json& response,
-                                const Json& conversation, const Json& input_items) {
+std::string ResponseDir::Encode(std::string_view id, const Json& response, const Json& conversation,
+                                const Json& input_items) {
   // Put together from the parts' dumps, so the (possibly large) objects are not copied.
   Json head = Json::object();
   head["format"] = kFormat;
@@ -165,7 +163,8 @@ absl::StatusOr<StoredResponse> ResponseDir::Decode(std::string_view bytes, std::
   if (!r.response.contains("status") || !IsTerminal(r.response["status"])) {
     return bad("\"response.status\" is not completed, incomplete, failed or cancelled");
   }
-  if (!j.contains("conversation") || !(j["conversation"].is_array() || j["conversation"].is_null())) {
+  if (!j.contains("conversation") ||
+      !(j["conversation"].is_array() || j["conversation"].is_null())) {
     return bad("\"conversation\" is not an array or null");
   }
   r.conversation = std::move(j["conversation"]);
@@ -193,8 +192,8 @@ absl::Status ResponseDir::Remove(std::string_view id) const {
   }
   if (::unlink(path->c_str()) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
-    return absl::InternalError("responses file '" + *path + "': cannot remove it: " +
-                               std::strerror(errno));
+    return absl::InternalError("responses file '" + *path +
+                               "': cannot remove it: " + std::strerror(errno));
   }
   return SyncDir(dir_);
 }

@@ -36,8 +36,8 @@ namespace coli::cli::serve {
 // One stored response as its file holds it.
 struct StoredResponse {
   std::string id;
-  Json response;                      // the object GET /v1/responses/{id} answers
-  Json conversation;                  // chat messages a follow-up continues, or null
+  Json response;                     // the object GET /v1/responses/{id} answers
+  Json conversation;                 // chat messages a follow-up continues, or null
   Json input_items = Json::array();  // GET .../input_items
 };
 

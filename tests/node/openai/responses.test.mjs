@@ -18,7 +18,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 
-import { TINY, SCRIPTED, SCRIPTED_PLUGINS, startServer, stopServer, post } from './serve_helpers.mjs';
+import { TINY, SCRIPTED, SCRIPTED_PLUGINS, startServer, stopServer, post, poll } from './serve_helpers.mjs';
 
 let tiny, tiny8, scripted, client, client8, toolClient, modelId;
 
@@ -443,15 +443,6 @@ test('input_items: the stored input as items, paged by the SDK in both orders; 4
 });
 
 // ---- background --------------------------------------------------------------------------------
-
-async function poll(c, id) {
-  for (let i = 0; i < 600; i++) {
-    const r = await c.responses.retrieve(id);
-    if (r.status !== 'queued' && r.status !== 'in_progress') return r;
-    await new Promise((res) => setTimeout(res, 50));
-  }
-  throw new Error(`response ${id} did not finish`);
-}
 
 test('background: returns at once, polls to the foreground output; input_items while running', async () => {
   const params = { model: modelId, input: question, max_output_tokens: 16, temperature: 0 };

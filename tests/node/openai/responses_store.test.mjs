@@ -13,7 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import OpenAI from 'openai';
 
-import { COLI, TINY, startServer, stopServer } from './serve_helpers.mjs';
+import { COLI, TINY, startServer, stopServer, poll } from './serve_helpers.mjs';
 
 // A fresh parent folder; the responses folder inside it does not exist yet (the server makes it).
 function freshDirs() {
@@ -23,15 +23,6 @@ function freshDirs() {
 
 const clientOf = (server) => new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'unused', maxRetries: 0 });
 const storedFiles = (dir) => fs.readdirSync(dir).filter((n) => /^resp_[0-9a-f]{24}\.json$/.test(n)).sort();
-
-async function poll(c, id) {
-  for (let i = 0; i < 600; i++) {
-    const r = await c.responses.retrieve(id);
-    if (r.status !== 'queued' && r.status !== 'in_progress') return r;
-    await new Promise((res) => setTimeout(res, 20));
-  }
-  throw new Error(`response ${id} did not finish`);
-}
 
 test('stored responses survive a restart: retrieve, previous_response_id, input_items, DELETE', async (t) => {
   const { parent, dir } = freshDirs();
@@ -106,14 +97,24 @@ test('stored responses survive a restart: retrieve, previous_response_id, input_
   }
 });
 
-test('a damaged file and a crash leftover are skipped at start; the good ones load', async (t) => {
+test('a damaged file and a crash leftover are skipped at start; the good ones load; a running background response is kept cancelled', async (t) => {
   const { parent, dir } = freshDirs();
   t.after(() => fs.rmSync(parent, { recursive: true, force: true }));
-  let server = await startServer(TINY, {}, ['--responses-dir', dir]);
+  // 5 ms a token: the long background response is still running when the server stops.
+  let server = await startServer(TINY, { COLI_DECODE_DELAY_MS: '5' }, ['--responses-dir', dir]);
   let client = clientOf(server);
   const model = (await client.models.list()).data[0].id;
   const good = await client.responses.create({ model, input: 'hi', max_output_tokens: 4, temperature: 0 });
-  await stopServer(server);
+  const events = await client.responses.create({
+    model, input: 'Tell me a long story.', max_output_tokens: 4000, background: true, stream: true,
+  });
+  let running;
+  for await (const e of events) {
+    if (e.type === 'response.in_progress') { running = e.response.id; break; }  // leaves the stream
+  }
+  assert.ok(running);
+  assert.ok(!fs.existsSync(path.join(dir, `${running}.json`)), 'written while running');
+  await stopServer(server);  // cancels it; its final object is stored
 
   const text = fs.readFileSync(path.join(dir, `${good.id}.json`), 'utf8');
   const cutId = 'resp_00000000000000000000beef';
@@ -126,6 +127,13 @@ test('a damaged file and a crash leftover are skipped at start; the good ones lo
     client = clientOf(server);
     assert.deepEqual(await client.responses.retrieve(good.id), good);
     await assert.rejects(client.responses.retrieve(cutId), (e) => e.status === 404);
+    const cancelled = await client.responses.retrieve(running);
+    assert.equal(cancelled.status, 'cancelled');
+    assert.equal(cancelled.background, true);
+    // Its event log was not kept: a resumed stream is refused, naming `stream`.
+    const resumed = await fetch(`${server.base}/v1/responses/${running}?stream=true`);
+    assert.equal(resumed.status, 400);
+    assert.equal((await resumed.json()).error.param, 'stream');
     const lines = server.stderr().split('\n').filter((l) => l.includes(cut));
     assert.equal(lines.length, 1, server.stderr());
     assert.match(lines[0], /not valid JSON/);

@@ -1,5 +1,5 @@
 // Server start-up and request helpers shared by the openai SDK tests (openai.test.mjs,
-// sampling.test.mjs).
+// sampling.test.mjs, responses*.test.mjs, ...).
 import { spawn } from 'node:child_process';
 
 export const COLI = process.env.COLI_BIN ?? 'build/bin/coli';
@@ -54,4 +54,14 @@ export async function post(base, path, body) {
   let json = null;
   try { json = JSON.parse(text); } catch { /* not JSON */ }
   return { status: r.status, json, text };
+}
+
+// Retrieves response `id` through the SDK client `c` until it is neither queued nor in progress.
+export async function poll(c, id) {
+  for (let i = 0; i < 600; i++) {
+    const r = await c.responses.retrieve(id);
+    if (r.status !== 'queued' && r.status !== 'in_progress') return r;
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  throw new Error(`response ${id} did not finish`);
 }
