@@ -218,7 +218,8 @@ int Compare(const Decimal& a, const Decimal& b) {
   return a.neg ? -CompareMagnitude(a, b) : CompareMagnitude(a, b);
 }
 
-// What a number node may spell: bounds (absent: none on that side) and value = k * m * 10^-d.
+// What a number node may spell: bounds (absent: none on that side) and value = t * m * 10^-d
+// for an integer t (multipleOf).
 struct NumberSpec {
   bool integer = false;
   std::optional<Decimal> bound[2];  // [0] lower, [1] upper
