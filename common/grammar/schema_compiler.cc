@@ -32,18 +32,36 @@ const std::set<std::string, std::less<>> kAnnotations = {
     "$schema",  "$id",        "$comment", "title",     "description", "default",
     "examples", "deprecated", "readOnly", "writeOnly", "$defs",       "definitions"};
 // Keywords compiled below.
-const std::set<std::string, std::less<>> kSupported = {
-    "type",  "enum",        "const",    "properties", "required",  "additionalProperties",
-    "items", "prefixItems", "minItems", "maxItems",   "minLength", "maxLength",
-    "anyOf", "oneOf",       "allOf",    "$ref",       "pattern",   "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
+const std::set<std::string, std::less<>> kSupported = {"type",
+                                                       "enum",
+                                                       "const",
+                                                       "properties",
+                                                       "required",
+                                                       "additionalProperties",
+                                                       "items",
+                                                       "prefixItems",
+                                                       "minItems",
+                                                       "maxItems",
+                                                       "minLength",
+                                                       "maxLength",
+                                                       "anyOf",
+                                                       "oneOf",
+                                                       "allOf",
+                                                       "$ref",
+                                                       "pattern",
+                                                       "format",
+                                                       "minimum",
+                                                       "maximum",
+                                                       "exclusiveMinimum",
+                                                       "exclusiveMaximum",
+                                                       "multipleOf"};
 const std::set<std::string, std::less<>> kObjectWords = {"properties", "required",
                                                          "additionalProperties"};
 const std::set<std::string, std::less<>> kArrayWords = {"items", "prefixItems", "minItems",
                                                         "maxItems"};
 const std::set<std::string, std::less<>> kStringWords = {"minLength", "maxLength", "pattern"};
-const std::set<std::string, std::less<>> kNumberWords = {
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"};
+const std::set<std::string, std::less<>> kNumberWords = {"minimum", "maximum", "exclusiveMinimum",
+                                                         "exclusiveMaximum", "multipleOf"};
 
 // path + "." + key; keys that are not identifiers ($ and - allowed) are quoted
 // like json::JoinKey does: schema.properties["a b"].
@@ -120,6 +138,11 @@ constexpr size_t kMaxNumberStates = size_t{1} << 17;
 // constraints share one DFA and count once.
 constexpr size_t kMaxNumberStatesPerSchema = size_t{1} << 19;
 constexpr size_t kMaxNumberDfaStatesPerSchema = 16 * kMaxDfaStates;
+// The states of one schema's `pattern` / `format` DFAs together (each state a 516-byte row):
+// a schema of many costly patterns (a client's; `^[ab]*a[ab]{10}` alone needs 2,048 states and
+// ~30 ms) is refused by name instead of compiling for minutes into gigabytes; equal patterns
+// share one DFA and count once.
+constexpr size_t kMaxPatternDfaStatesPerSchema = 16 * kMaxDfaStates;
 // multipleOf's significant digits (m < 10^18, so 10 * remainder + 9 fits in 64 bits).
 constexpr size_t kMaxMultipleDigits = 18;
 
@@ -304,9 +327,7 @@ class NumberAutomaton {
     }
   };
 
-  const Decimal* bound(int side) const {
-    return spec_.bound[side] ? &*spec_.bound[side] : nullptr;
-  }
+  const Decimal* bound(int side) const { return spec_.bound[side] ? &*spec_.bound[side] : nullptr; }
   bool bounded() const { return bound(0) != nullptr || bound(1) != nullptr; }
 
   // The integer part against a bound's once the integer part has ended.
@@ -644,8 +665,9 @@ class Compiler {
             return Error(Join(path, "maxLength"), "shorter than any string the pattern matches");
           }
         }
-        alts.push_back(n.min_len == 0 && n.max_len == kUnbounded && n.dfa < 0 ? int32_t{kAnyString}
-                                                                 : AddNode(std::move(n)));
+        alts.push_back(n.min_len == 0 && n.max_len == kUnbounded && n.dfa < 0
+                           ? int32_t{kAnyString}
+                           : AddNode(std::move(n)));
       } else if (t == "number") {
         const bool bounded = std::any_of(kNumberWords.begin(), kNumberWords.end(),
                                          [&s](const std::string& w) { return s.contains(w); });
@@ -690,9 +712,18 @@ class Compiler {
       if (pattern.empty()) return -1;  // matches every string
     }
     if (pattern.empty()) return -1;
+    if (auto same = pattern_dfas_.find(pattern); same != pattern_dfas_.end()) return same->second;
     COLI_ASSIGN_OR_RETURN(Dfa dfa, CompileRegex(pattern, at));
+    const size_t states = static_cast<size_t>(dfa.states());
+    if (states > pattern_dfa_states_left_) {
+      return Error(at, Cat("the schema's patterns / formats need more than ",
+                           kMaxPatternDfaStatesPerSchema, " DFA states in all (not supported)"));
+    }
+    pattern_dfa_states_left_ -= states;
     g_.dfas.push_back(std::move(dfa));
-    return static_cast<int32_t>(g_.dfas.size() - 1);
+    const int32_t index = static_cast<int32_t>(g_.dfas.size() - 1);
+    pattern_dfas_.emplace(std::move(pattern), index);
+    return index;
   }
 
   // A number or integer node bounded by minimum / maximum / exclusive* and / or multipleOf: a
@@ -727,8 +758,8 @@ class Compiler {
       std::string digits = (k.ip == "0" ? "" : k.ip) + k.fp;
       digits.erase(0, digits.find_first_not_of('0'));
       if (digits.size() > kMaxMultipleDigits) {
-        return Error(at, Cat("more than ", kMaxMultipleDigits,
-                             " significant digits (not supported)"));
+        return Error(at,
+                     Cat("more than ", kMaxMultipleDigits, " significant digits (not supported)"));
       }
       spec.m = std::stoull(digits);  // 1-18 digits: cannot throw
       spec.d = k.fp.size();
@@ -758,10 +789,10 @@ class Compiler {
     }
     number_dfa_states_left_ -= dfa_states;
     if (dfa.status().code() == absl::StatusCode::kNotFound) {
-      return Error(path, Cat("no ", integer ? "integer" : "number", " satisfies its minimum / maximum",
-                             multiple ? " / multipleOf" : "",
-                             " within ", kBoundedIntDigits, " integer and ", kMaxFracDigits,
-                             " fraction digits (not supported)"));
+      return Error(
+          path, Cat("no ", integer ? "integer" : "number", " satisfies its minimum / maximum",
+                    multiple ? " / multipleOf" : "", " within ", kBoundedIntDigits, " integer and ",
+                    kMaxFracDigits, " fraction digits (not supported)"));
     }
     if (!dfa.ok()) {
       return Error(multiple ? Join(path, "multipleOf") : path,
@@ -966,6 +997,9 @@ class Compiler {
   std::map<std::string, int32_t> number_dfas_;
   size_t number_states_left_ = kMaxNumberStatesPerSchema;
   size_t number_dfa_states_left_ = kMaxNumberDfaStatesPerSchema;
+  // Pattern / format DFAs by pattern text, and the states the schema may still spend on them.
+  std::map<std::string, int32_t> pattern_dfas_;
+  size_t pattern_dfa_states_left_ = kMaxPatternDfaStatesPerSchema;
   std::map<int32_t, std::string> ref_paths_;
 };
 

@@ -223,5 +223,28 @@ TEST(PatternFormatBounds, RefusalsNameThePath) {
   test_util::ExpectRefusals(cases);
 }
 
+// A schema's patterns share a budget of DFA states (a client's schema of many costly patterns is
+// refused by name instead of compiling for minutes into gigabytes); equal patterns compile once.
+TEST(Pattern, ManyCostlyPatternsAreRefusedByNameEqualOnesCompileOnce) {
+  // `^[ab]*a[ab]{10}` + a suffix: 2,048+ DFA states each.
+  auto schema = [](int n, bool distinct) {
+    std::string s = R"({"type":"object","properties":{)";
+    for (int i = 0; i < n; ++i) {
+      s += absl::StrCat(i ? "," : "", "\"p", i,
+                        "\":{\"type\":\"string\",\"pattern\":\"^[ab]*a[ab]{10}", distinct ? i : 0,
+                        "\"}");
+    }
+    return s + "}}";
+  };
+  auto many = JsonConstraint::FromSchema(schema(40, true));
+  EXPECT_THAT(many.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("patterns / formats need more than 65536 DFA "
+                                                "states in all")));
+  EXPECT_THAT(many.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("schema.properties.p")));
+  EXPECT_OK(JsonConstraint::FromSchema(schema(200, false)).status());
+  EXPECT_OK(JsonConstraint::FromSchema(schema(8, true)).status());
+}
+
 }  // namespace
 }  // namespace coli::grammar
