@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -372,7 +373,13 @@ absl::Status ReadBatch(std::span<const ReadRequest> requests, int threads) {
 // ---------------------------------------------------------------------------------------------
 // WriteFileAtomic
 
-absl::Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
+absl::Status WriteFileAtomic(const std::string& path, std::string_view bytes, mode_t mode) {
+  if ((mode & ~mode_t{07777}) != 0) {
+    char octal[24];
+    std::snprintf(octal, sizeof(octal), "0%o", static_cast<unsigned>(mode));
+    return absl::InvalidArgumentError(Cat("file '", path, "': mode ", octal,
+                                          " has bits other than permissions (07777)"));
+  }
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -397,7 +404,7 @@ absl::Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
     }
     done += static_cast<uint64_t>(n);
   }
-  if (::fchmod(fd, 0644) != 0) return fail(errno, "cannot chmod the temporary file");
+  if (::fchmod(fd, mode) != 0) return fail(errno, "cannot chmod the temporary file");
   if (::fsync(fd) != 0) return fail(errno, "cannot fsync the temporary file");
   if (::close(fd) != 0) {
     int err = errno;

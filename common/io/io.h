@@ -15,6 +15,8 @@
 #ifndef COLI_COMMON_IO_IO_H_
 #define COLI_COMMON_IO_IO_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -159,7 +161,10 @@ absl::Status ReadBatch(std::span<const ReadRequest> requests, int threads);
 
 // Atomic write: a temp file in the same folder, written, fsync'ed, renamed over `path`, then
 // the folder fsync'ed. On failure the temp file is removed and `path` is untouched.
-absl::Status WriteFileAtomic(const std::string& path, std::string_view bytes);
+// The file gets exactly `mode` (fchmod, not reduced by the umask); the temp file is 0600 until
+// then, so a private file (0600) is never readable by others, not even while being written.
+// INVALID_ARGUMENT naming the file for a mode with bits other than 07777.
+absl::Status WriteFileAtomic(const std::string& path, std::string_view bytes, mode_t mode = 0644);
 
 namespace internal {
 // Test seam: while non-zero, opening with O_DIRECT fails as if the filesystem returned this

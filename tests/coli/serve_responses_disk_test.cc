@@ -78,12 +78,30 @@ void WriteAll(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(io::WriteFileAtomic(path, bytes).ok()) << path;
 }
 
-// The names in `dir`, sorted.
+// The names in `dir`, sorted, without the lock file an open ResponseDir keeps there.
 std::set<std::string> Names(const std::string& dir) {
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  names.erase(std::string(ResponseDir::kLockName));
   return names;
 }
+
+// The permission bits of `path` (-1 when it cannot be stat'ed).
+int ModeOf(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
+// Sets the process umask for its lifetime (022: what the files would get without coli's modes).
+class Umask {
+ public:
+  explicit Umask(mode_t mask) : old_(::umask(mask)) {}
+  ~Umask() { ::umask(old_); }
+
+ private:
+  mode_t old_;
+};
 
 // A finished response object as the gateway stores it.
 Json Response(const std::string& id, int64_t created_at, const std::string& status,
@@ -207,23 +225,25 @@ TEST(ResponseStoreDiskTest, StoredResponsesSurviveANewStore) {
     store.Put(running, queued, nullptr, Items("q4"));  // still running: no file yet
     EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{a + ".json", b + ".json", c + ".json"}));
   }
-  ResponseStore again;
-  EXPECT_EQ(again.Persist(OpenDir(tmp.path())), 3u);
-  EXPECT_EQ(again.size(), 3u);
-  ASSERT_TRUE(again.Response(a).has_value());
-  EXPECT_EQ(*again.Response(a), ra);
-  EXPECT_EQ(again.Response(a)->dump(), ra.dump());  // key order too (ordered_json)
-  EXPECT_EQ(*again.Response(b), rb);
-  EXPECT_EQ(*again.Response(c), rc);
-  EXPECT_EQ(*again.Conversation(a), Conversation("q1", "first"));
-  EXPECT_EQ(*again.Conversation(b), Conversation("q2", "second"));
-  EXPECT_FALSE(again.Conversation(c).has_value());
-  ASSERT_TRUE(again.InputItems(b).has_value());
-  EXPECT_EQ((*again.InputItems(b))[0]["content"][0]["text"], "q2");
-  EXPECT_FALSE(again.Response(running).has_value());
+  {  // one store per folder: `again` goes before `third` opens it
+    ResponseStore again;
+    EXPECT_EQ(again.Persist(OpenDir(tmp.path())), 3u);
+    EXPECT_EQ(again.size(), 3u);
+    ASSERT_TRUE(again.Response(a).has_value());
+    EXPECT_EQ(*again.Response(a), ra);
+    EXPECT_EQ(again.Response(a)->dump(), ra.dump());  // key order too (ordered_json)
+    EXPECT_EQ(*again.Response(b), rb);
+    EXPECT_EQ(*again.Response(c), rc);
+    EXPECT_EQ(*again.Conversation(a), Conversation("q1", "first"));
+    EXPECT_EQ(*again.Conversation(b), Conversation("q2", "second"));
+    EXPECT_FALSE(again.Conversation(c).has_value());
+    ASSERT_TRUE(again.InputItems(b).has_value());
+    EXPECT_EQ((*again.InputItems(b))[0]["content"][0]["text"], "q2");
+    EXPECT_FALSE(again.Response(running).has_value());
 
-  // The running one finishes in the new store: its Put writes it; a third store sees 4.
-  again.Put(running, Response(running, 103, "cancelled", "partial"), nullptr, Items("q4"));
+    // The running one finishes in the new store: its Put writes it; a third store sees 4.
+    again.Put(running, Response(running, 103, "cancelled", "partial"), nullptr, Items("q4"));
+  }
   ResponseStore third;
   EXPECT_EQ(third.Persist(OpenDir(tmp.path())), 4u);
   EXPECT_EQ((*third.Response(running))["status"], "cancelled");
@@ -338,13 +358,15 @@ TEST(ResponseStoreDiskTest, TempLeftoversAndBadFilesAreSkippedTheGoodOnesLoad) {
 TEST(ResponseStoreDiskTest, DeleteRemovesTheFile) {
   TempDir tmp;
   const std::string a = NewId("resp_"), b = NewId("resp_");
-  ResponseStore store;
-  store.Persist(OpenDir(tmp.path()));
-  PutDone(store, a, 1, "a");
-  PutDone(store, b, 2, "b");
-  EXPECT_TRUE(store.Erase(a));
-  EXPECT_FALSE(store.Erase(a));
-  EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{b + ".json"}));
+  {  // one store per folder: this one goes before `again` opens it
+    ResponseStore store;
+    store.Persist(OpenDir(tmp.path()));
+    PutDone(store, a, 1, "a");
+    PutDone(store, b, 2, "b");
+    EXPECT_TRUE(store.Erase(a));
+    EXPECT_FALSE(store.Erase(a));
+    EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{b + ".json"}));
+  }
   ResponseStore again;
   EXPECT_EQ(again.Persist(OpenDir(tmp.path())), 1u);
   EXPECT_FALSE(again.Response(a).has_value());
@@ -480,6 +502,80 @@ TEST(ResponseDirTest, DecodeRefusesWhatItDoesNotKnow) {
   Json nc = j;
   nc["conversation"] = nullptr;
   EXPECT_TRUE(ResponseDir::Decode(nc.dump(), id, "f.json").ok());
+}
+
+TEST(ResponseDirTest, FilesArePrivateAndAFolderItMakesIs0700) {
+  Umask umask(022);  // without coli's modes: a 0755 folder and 0644 files
+  TempDir tmp;
+  const std::string dir_path = tmp.path() + "/made/here";
+  const std::string id = NewId("resp_");
+  {
+    ResponseStore store;
+    store.Persist(OpenDir(dir_path));
+    EXPECT_EQ(ModeOf(dir_path), 0700);
+    EXPECT_EQ(ModeOf(tmp.path() + "/made"), 0755);  // parents: the default, like mkdir -p
+    EXPECT_EQ(ModeOf(dir_path + "/.lock"), 0600);
+    PutDone(store, id, 1, "a secret");
+    EXPECT_EQ(ModeOf(dir_path + "/" + id + ".json"), 0600);
+    // A rewrite (rename over the old file) keeps it private too.
+    PutDone(store, id, 1, "another secret");
+    EXPECT_EQ(ModeOf(dir_path + "/" + id + ".json"), 0600);
+  }
+  // Reopened: an existing private folder stays as it is, without a warning.
+  LogCapture log;
+  ResponseStore again;
+  EXPECT_EQ(again.Persist(OpenDir(dir_path)), 1u);
+  EXPECT_EQ(ModeOf(dir_path), 0700);
+  EXPECT_TRUE(log.lines().empty()) << log.lines()[0];
+}
+
+TEST(ResponseDirTest, AReadableFolderKeepsItsModeAndIsNamedInOneWarning) {
+  TempDir tmp;
+  for (const int mode : {0755, 0750}) {
+    const std::string dir_path = tmp.path() + "/d" + std::to_string(mode);
+    ASSERT_EQ(::mkdir(dir_path.c_str(), 0700), 0);
+    ASSERT_EQ(::chmod(dir_path.c_str(), static_cast<mode_t>(mode)), 0);
+    LogCapture log;
+    auto dir = OpenDir(dir_path);
+    ASSERT_NE(dir, nullptr);
+    EXPECT_EQ(ModeOf(dir_path), mode);  // the user's folder: never chmod'ed
+    const std::vector<std::string> lines = log.lines();
+    ASSERT_EQ(lines.size(), 1u) << mode;
+    EXPECT_NE(lines[0].find("responses dir '" + dir_path + "'"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find(mode == 0755 ? "other users" : "its group"), std::string::npos)
+        << lines[0];
+    const std::string id = NewId("resp_");
+    ASSERT_TRUE(dir->Write(id, "{}").ok());
+    EXPECT_EQ(ModeOf(*dir->PathOf(id)), 0600);  // the files are private all the same
+  }
+}
+
+TEST(ResponseDirTest, ASecondOpenOfTheFolderFailsWhileTheFirstLives) {
+  TempDir tmp;
+  auto first = OpenDir(tmp.path());
+  ASSERT_NE(first, nullptr);
+  // A crash leftover of the first server's: the second must not get as far as removing it.
+  std::string leftover = tmp.path() + "/.";
+  leftover.append(NewId("resp_")).append(".json.tmp.AbC123");
+  WriteAll(leftover, "{");
+  for (int i = 0; i < 2; ++i) {
+    auto second = ResponseDir::Open(tmp.path());
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find("responses dir '" + tmp.path() + "'"),
+              std::string::npos)
+        << second.status();
+    EXPECT_NE(second.status().message().find("another coli serve uses it"), std::string::npos)
+        << second.status();
+  }
+  EXPECT_TRUE(fs::exists(leftover));
+  // The same folder by another spelling is the same lock.
+  EXPECT_FALSE(ResponseDir::Open(tmp.path() + "/.").ok());
+  // Released with the first: the folder can be opened again (the failed tries held nothing).
+  first.reset();
+  auto again = ResponseDir::Open(tmp.path());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(ResponseDir::Open(tmp.path()).ok());
 }
 
 TEST(ResponseStoreDiskTest, ConcurrentPutsAndErasesLeaveTheFolderEqualToTheStore) {

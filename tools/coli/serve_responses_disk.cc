@@ -1,17 +1,21 @@
 #include "tools/coli/serve_responses_disk.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <utility>
 
 #include "common/io/io.h"
+#include "common/log/log.h"
 
 namespace coli::cli::serve {
 namespace {
@@ -74,26 +78,62 @@ absl::Status SyncDir(const std::string& dir) {
 
 absl::StatusOr<std::unique_ptr<ResponseDir>> ResponseDir::Open(const std::string& dir) {
   if (dir.empty()) return absl::InvalidArgumentError("responses dir: the path is empty");
+  auto failed = [&dir](std::string_view why) {
+    return absl::FailedPreconditionError("responses dir '" + dir + "': " + std::string(why));
+  };
+  struct stat before;
+  const bool existed = ::stat(dir.c_str(), &before) == 0;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError("responses dir '" + dir +
-                                         "': cannot create it: " + ec.message());
+  if (ec) return failed("cannot create it: " + ec.message());
+  if (!std::filesystem::is_directory(dir, ec)) return failed("not a directory");
+  if (!existed) {
+    // Made here (with 0777 less the umask): private before anything is written into it.
+    if (::chmod(dir.c_str(), kDirMode) != 0) {
+      return failed(std::string("cannot make it private (chmod 0700): ") + std::strerror(errno));
+    }
+  } else if ((before.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    // The user's folder keeps its mode; the files are 0600, but their names are the response
+    // ids, which GET /v1/responses/{id} answers to anyone who can reach the server.
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(before.st_mode & 07777));
+    COLI_LOG(kWarning) << "responses dir '" << dir << "' (mode " << mode << ") is readable by "
+                       << ((before.st_mode & S_IROTH) != 0 ? "other users" : "its group")
+                       << ": the stored responses are 0600, but their ids can be listed "
+                          "(chmod 700 it to keep them private)";
   }
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return absl::FailedPreconditionError("responses dir '" + dir + "': not a directory");
+  // One server per folder, before anything in it is touched. The lock file stays (removing it
+  // would race with the next server taking it); O_CLOEXEC: a child process never holds it.
+  const std::string lock_path = dir + "/" + std::string(kLockName);
+  const int lock_fd =
+      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, kFileMode);
+  if (lock_fd < 0) {
+    return failed("cannot open its lock file '" + lock_path + "': " + std::strerror(errno));
   }
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(lock_fd);
+    if (err == EWOULDBLOCK) {
+      return failed("another coli serve uses it (it holds the lock on '" + lock_path +
+                    "'); one server per folder");
+    }
+    return failed("cannot lock '" + lock_path + "': " + std::strerror(err));
+  }
+  // From here the lock is released with `opened` on any error.
+  std::unique_ptr<ResponseDir> opened(new ResponseDir(dir, lock_fd));
   // The same steps a response's file takes: temp file, fsync, rename, then remove it again.
   std::string probe = dir + "/" + std::string(kProbe);
-  if (absl::Status s = io::WriteFileAtomic(probe, "probe\n"); !s.ok()) {
-    return absl::FailedPreconditionError("responses dir '" + dir +
-                                         "': cannot write there: " + std::string(s.message()));
+  if (absl::Status s = io::WriteFileAtomic(probe, "probe\n", kFileMode); !s.ok()) {
+    return failed("cannot write there: " + std::string(s.message()));
   }
   if (::unlink(probe.c_str()) != 0) {
-    return absl::FailedPreconditionError("responses dir '" + dir + "': cannot remove '" + probe +
-                                         "': " + std::strerror(errno));
+    return failed("cannot remove '" + probe + "': " + std::strerror(errno));
   }
-  return std::unique_ptr<ResponseDir>(new ResponseDir(dir));
+  return opened;
+}
+
+ResponseDir::~ResponseDir() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
 }
 
 bool ResponseDir::IsResponseId(std::string_view id) {
@@ -181,7 +221,7 @@ absl::Status ResponseDir::Write(std::string_view id, std::string_view bytes) con
     return absl::InvalidArgumentError("responses dir '" + dir_ + "': '" + std::string(id) +
                                       "' is not a response id");
   }
-  return io::WriteFileAtomic(*path, bytes);  // temp + fsync + rename + fsync of the folder
+  return io::WriteFileAtomic(*path, bytes, kFileMode);  // temp + fsync + rename + fsync of dir
 }
 
 absl::Status ResponseDir::Remove(std::string_view id) const {

@@ -6,7 +6,9 @@
 //
 // (what ResponseStore keeps for it; the event log of a background stream is not kept). Files are
 // written atomically (a temp file beside it, fsync, rename, fsync of the folder), so a crash
-// leaves the old file or the new one, never half of one.
+// leaves the old file or the new one, never half of one. They hold whole conversations, so they
+// are private: every file is 0600, and a folder Open creates is 0700 (an existing one keeps its
+// mode; one readable by group or others is named in a warning at Open).
 //
 //   COLI_ASSIGN_OR_RETURN(std::unique_ptr<ResponseDir> dir, ResponseDir::Open("/var/coli/resp"));
 //   std::vector<std::string> skipped;
@@ -15,10 +17,15 @@
 //   dir->Remove(id);                                         // DELETE, eviction
 //
 // Only ids coli makes (NewId("resp_"): "resp_" + 24 lowercase hex digits) ever become a path;
-// any other string (a client's "../../etc/passwd") maps to no file. One server per folder: a
-// second one sharing it would remove the first one's temp files at its start.
+// any other string (a client's "../../etc/passwd") maps to no file. One server per folder: Open
+// takes an exclusive flock on DIR/.lock, held until the ResponseDir is destroyed, and a second
+// Open of the folder (another coli serve, or this process) fails naming it, before it touches
+// anything (a second server would otherwise remove the first one's temp files at its start and
+// the two stores would overwrite each other's files).
 #ifndef COLI_TOOLS_COLI_SERVE_RESPONSES_DISK_H_
 #define COLI_TOOLS_COLI_SERVE_RESPONSES_DISK_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -47,9 +54,22 @@ class ResponseDir {
   // Files larger than this are skipped at load (never made by a store of sane limits).
   static constexpr uint64_t kMaxFileBytes = uint64_t{1} << 30;
 
-  // Creates `dir` (and missing parents) and checks that a file can be written, synced and
-  // renamed there. Errors name the folder: "responses dir '/x': cannot create it: ...".
+  // The lock file in the folder (never removed: unlinking a lock file races with its next
+  // taker), and the modes of what coli creates.
+  static constexpr std::string_view kLockName = ".lock";
+  static constexpr mode_t kFileMode = 0600;
+  static constexpr mode_t kDirMode = 0700;
+
+  // Creates `dir` if missing (mode 0700; missing parents with the default mode), locks it
+  // (DIR/.lock, LOCK_EX | LOCK_NB) and checks that a file can be written, synced and renamed
+  // there. Errors name the folder: "responses dir '/x': cannot create it: ...";
+  // FAILED_PRECONDITION "responses dir '/x': another coli serve uses it ..." while another
+  // ResponseDir (in any process) holds the lock. An existing folder readable by group or others
+  // is kept as it is, with one warning log line naming it.
   static absl::StatusOr<std::unique_ptr<ResponseDir>> Open(const std::string& dir);
+  ~ResponseDir();  // releases the lock
+  ResponseDir(const ResponseDir&) = delete;
+  ResponseDir& operator=(const ResponseDir&) = delete;
 
   const std::string& dir() const { return dir_; }
 
@@ -81,8 +101,9 @@ class ResponseDir {
   std::vector<StoredResponse> Load(std::vector<std::string>* skipped) const;
 
  private:
-  explicit ResponseDir(std::string dir) : dir_(std::move(dir)) {}
+  ResponseDir(std::string dir, int lock_fd) : dir_(std::move(dir)), lock_fd_(lock_fd) {}
   std::string dir_;
+  int lock_fd_;  // DIR/.lock, flock'ed LOCK_EX for this object's life
 };
 
 }  // namespace coli::cli::serve

@@ -1,6 +1,7 @@
 #include "common/io/io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -337,6 +338,33 @@ TEST(IoWriteFileAtomic, WritesAndReplacesWithoutLeftovers) {
   EXPECT_EQ(Listing(dir.path()), std::vector<std::string>{"out.json"});
   EXPECT_EQ(fs::status(dir.File("out.json")).permissions() & fs::perms::others_read,
             fs::perms::others_read);
+}
+
+// The permission bits of `path`.
+int ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
+TEST(IoWriteFileAtomic, GivesTheFileExactlyTheModeAsked) {
+  TempDir dir;
+  const mode_t old_umask = ::umask(022);  // a mode is exact, not reduced by the umask either way
+  ASSERT_OK(WriteFileAtomic(dir.File("default"), "x"));
+  EXPECT_EQ(ModeOf(dir.File("default")), 0644);
+  ASSERT_OK(WriteFileAtomic(dir.File("private"), "secret", 0600));
+  EXPECT_EQ(ModeOf(dir.File("private")), 0600);
+  ASSERT_OK(WriteFileAtomic(dir.File("group"), "x", 0664));  // more than the umask allows
+  EXPECT_EQ(ModeOf(dir.File("group")), 0664);
+  // Replacing a readable file with a private one: the new file has the new mode.
+  ASSERT_OK(WriteFileAtomic(dir.File("default"), "now secret", 0600));
+  EXPECT_EQ(ModeOf(dir.File("default")), 0600);
+  ASSERT_OK_AND_ASSIGN(std::string got, ReadFileToString(dir.File("default")));
+  EXPECT_EQ(got, "now secret");
+  ::umask(old_umask);
+  EXPECT_THAT(WriteFileAtomic(dir.File("bad"), "x", S_IFREG | 0644),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad")));
+  EXPECT_EQ(Listing(dir.path()), (std::vector<std::string>{"default", "group", "private"}));
 }
 
 TEST(IoWriteFileAtomic, FailureLeavesNothingBehind) {
