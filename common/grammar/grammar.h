@@ -34,7 +34,9 @@
 namespace coli::grammar::internal {
 
 inline constexpr int kMaxIndent = 64;      // spaces after a newline in one whitespace run
-inline constexpr int kMaxIntDigits = 20;   // digits before '.' (uint64 fits)
+// Digits before '.': 20, so every uint64 can be written (20-digit values past 18446744073709551615
+// are taken too, and read back rounded: 99999999999999999999 as 1e+20).
+inline constexpr int kMaxIntDigits = 20;
 inline constexpr int kMaxFracDigits = 24;  // digits after '.' (repr of any double fits)
 // Digits of an exponent: two, so every number a matcher lets through is a finite double (at most
 // 20 + 24 digits times 10^99); with three, `1e999` read as infinity and reached clients as null.

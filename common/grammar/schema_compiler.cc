@@ -3,6 +3,7 @@
 // valid and is not supported is refused with INVALID_ARGUMENT naming its path.
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -143,7 +144,8 @@ constexpr size_t kMaxNumberDfaStatesPerSchema = 16 * kMaxDfaStates;
 // ~30 ms) is refused by name instead of compiling for minutes into gigabytes; equal patterns
 // share one DFA and count once.
 constexpr size_t kMaxPatternDfaStatesPerSchema = 16 * kMaxDfaStates;
-// multipleOf's significant digits (m < 10^18, so 10 * remainder + 9 fits in 64 bits).
+// multipleOf's digits from its first non-zero one, written out without exponent (trailing
+// zeros of the integer part count: 1e18 has 19): m < 10^18, so 10 * remainder + 9 fits in 64 bits.
 constexpr size_t kMaxMultipleDigits = 18;
 
 // An exact decimal: "-"? ip ("." fp)?, ip without leading zeros ("0" for zero), fp without
@@ -223,6 +225,83 @@ absl::StatusOr<Decimal> ToDecimal(const Json& v, const std::string& at) {
   std::optional<Decimal> d = ParseDecimal(text);
   if (!d) return Error(at, Cat("cannot read '", text, "' as a decimal"));
   return *std::move(d);
+}
+
+// The exact decimal of n * 2^k (string arithmetic: doubling, or halving with one more fraction
+// digit when odd). |k| <= 1100 and n < 2^56 here, so at most ~800 digits.
+Decimal BinaryToDecimal(uint64_t n, int k) {
+  std::string digits = std::to_string(n);  // value = digits / 10^frac
+  size_t frac = 0;
+  for (; k > 0; --k) {  // * 2
+    int carry = 0;
+    for (size_t i = digits.size(); i-- > 0;) {
+      const int v = (digits[i] - '0') * 2 + carry;
+      digits[i] = static_cast<char>('0' + v % 10);
+      carry = v / 10;
+    }
+    if (carry) digits.insert(digits.begin(), static_cast<char>('0' + carry));
+  }
+  for (; k < 0; ++k) {  // / 2
+    if ((digits.back() - '0') % 2) {
+      digits += '0';
+      ++frac;
+    }
+    int rest = 0;
+    for (char& c : digits) {
+      const int v = rest * 10 + (c - '0');
+      c = static_cast<char>('0' + v / 2);
+      rest = v % 2;
+    }
+    digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
+  }
+  if (digits.size() <= frac) digits.insert(0, frac + 1 - digits.size(), '0');
+  Decimal d;
+  d.ip = digits.substr(0, digits.size() - frac);
+  d.fp = digits.substr(digits.size() - frac);
+  d.ip.erase(0, std::min(d.ip.find_first_not_of('0'), d.ip.size() - 1));
+  d.fp.erase(d.fp.find_last_not_of('0') + 1);
+  return d;
+}
+
+// The exact midpoint of two adjacent finite doubles (not both zero).
+Decimal Midpoint(double a, double b) {
+  const bool neg = a < 0 || b < 0;
+  // |x| = mantissa * 2^exp with a 53-bit integer mantissa (0 for zero).
+  auto split = [](double x, uint64_t* mantissa, int* exp) {
+    x = std::fabs(x);
+    int e = 0;
+    const double f = std::frexp(x, &e);  // x = f * 2^e, f in [0.5, 1)
+    *mantissa = static_cast<uint64_t>(std::ldexp(f, 53));
+    *exp = e - 53;
+  };
+  uint64_t ma, mb;
+  int ea, eb;
+  split(a, &ma, &ea);
+  split(b, &mb, &eb);
+  if (ma == 0) ea = eb;
+  if (mb == 0) eb = ea;
+  const int e = std::min(ea, eb);  // adjacent doubles: exponents differ by at most 1
+  Decimal d = BinaryToDecimal((ma << (ea - e)) + (mb << (eb - e)), e - 1);
+  d.neg = neg && !d.zero();
+  return d;
+}
+
+// An exclusive bound as clients read it. JSON parsers (JSON.parse, json.loads, nlohmann, K3's
+// chat parser) read a number as the nearest double, so a value beyond an exclusive bound may
+// still read as the bound's own double (`0.99999999999999999999` is 1.0). The values that read
+// as the bound's double B are those within B's rounding interval; on the bound's side that
+// interval ends at the midpoint between B and its neighbour, which reads as whichever of the two
+// has an even significand. So the bound becomes that midpoint: exclusive when B's significand is
+// even (the midpoint reads as B), inclusive when odd (it reads as the neighbour). The midpoint
+// lies between the exact bound and its neighbour (the bound reads as B), so it is the tighter
+// of the two. Integer bounds are read exactly by nlohmann but not by JavaScript: the same rule
+// (B = the nearest double) covers them, for type number and integer alike. `side`: 0 lower.
+Decimal ExclusiveEdge(const Decimal& exact, double bound, int side, bool* exclusive) {
+  const double next = std::nextafter(bound, side == 0 ? HUGE_VAL : -HUGE_VAL);
+  // Beyond the largest double: no spelled value (< 10^19) comes near, the exact bound decides.
+  if (!std::isfinite(next)) return exact;
+  *exclusive = (std::bit_cast<uint64_t>(bound) & 1) == 0;
+  return Midpoint(bound, next);
 }
 
 // -1, 0, 1 as |a| <, =, > |b|.
@@ -740,7 +819,8 @@ class Compiler {
       constrained = true;
       COLI_ASSIGN_OR_RETURN(Decimal b, ToDecimal(s[w], Join(path, w)));
       const int side = std::string_view(w).ends_with("aximum") ? 1 : 0;  // 0 lower, 1 upper
-      const bool exclusive = std::string_view(w).starts_with("exclusive");
+      bool exclusive = std::string_view(w).starts_with("exclusive");
+      if (exclusive) b = ExclusiveEdge(b, s[w].get<double>(), side, &exclusive);
       std::optional<Decimal>& have = spec.bound[side];
       const int c = have ? Compare(b, *have) : 0;
       // The tighter bound wins; at a tie the exclusive one.
@@ -758,8 +838,9 @@ class Compiler {
       std::string digits = (k.ip == "0" ? "" : k.ip) + k.fp;
       digits.erase(0, digits.find_first_not_of('0'));
       if (digits.size() > kMaxMultipleDigits) {
-        return Error(at,
-                     Cat("more than ", kMaxMultipleDigits, " significant digits (not supported)"));
+        return Error(at, Cat("more than ", kMaxMultipleDigits,
+                             " digits from its first non-zero digit, written out without exponent"
+                             " (not supported)"));
       }
       spec.m = std::stoull(digits);  // 1-18 digits: cannot throw
       spec.d = k.fp.size();

@@ -14,7 +14,10 @@
 //   number end at ',' / ']'), every accepted prefix completable one byte further.
 // - NumberBounds.HandWrittenEdges / MultipleOfHandWritten / RefusalsNameThePath.
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -113,6 +116,8 @@ std::string Text(int64_t b, int f, int style) {
   return style == 1 ? absl::StrCat(out, "00") : out;
 }
 
+double ToDouble(std::string_view s) { return std::strtod(std::string(s).c_str(), nullptr); }
+
 std::string SchemaText(const Case& c) {
   std::string s = absl::StrCat(R"({"type":")", c.integer ? "integer" : "number", "\"");
   auto add = [&](const Bound& b, const char* inclusive, const char* exclusive) {
@@ -144,6 +149,11 @@ bool Valid(const Case& c, std::string_view s) {
     const int d = cmp(c.hi);
     if (d > 0 || (d == 0 && c.hi.exclusive)) return false;
   }
+  // Clients read both as the nearest double (strtod): past an exclusive bound the value must
+  // still be past the bound's double (0.10000000000000000001 reads as 0.1).
+  const double v = ToDouble(s);
+  if (c.lo.present && c.lo.exclusive && !(v > ToDouble(Text(c.lo.b, c.lo.f, 0)))) return false;
+  if (c.hi.present && c.hi.exclusive && !(v < ToDouble(Text(c.hi.b, c.hi.f, 0)))) return false;
   // value / (k / 10^g) = n * 10^g / (k * 10^j) must be an integer.
   if (c.k > 0 && (p->n * Pow10(c.g)) % (static_cast<i128>(c.k) * Pow10(p->j)) != 0) return false;
   return true;
@@ -461,6 +471,168 @@ TEST(NumberBounds, HandWrittenEdges) {
   EXPECT_FALSE(Complete(obj, R"({"p":0.5,"q":1.001})"));
 }
 
+// A double spelled without exponent, shortest round trip ("0.1", "9007199254740992").
+std::string Fixed(double x) {
+  char buf[400];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed);
+  return std::string(buf, r.ptr);
+}
+
+// A double's decimal expansion to 40 fraction digits (glibc prints the exact digits).
+std::string Expansion(long double x) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%.40Lf", x);
+  return buf;
+}
+
+TEST(NumberBounds, ExclusiveBoundsHoldAfterTheDoubleRead) {
+  // Clients read numbers as the nearest double: a value beyond an exclusive bound must not read
+  // as the bound. The rounding edges (computed in Python's decimal): below 1.0 at
+  // 0.999999999999999944488848768742172978…, (1.0's significand is even: the edge reads as 1.0);
+  // above 0.1 at 0.100000000000000012490009… (even); below 0.3 at
+  // 0.299999999999999961142194138… (odd: the edge reads as the double below 0.3, so is allowed).
+  const Check checks[] = {
+      {R"({"type":"number","exclusiveMaximum":1})",
+       {{"0.99999999999999999999", false}, {"0.99999999999999995", false}, {"1", false},
+        {"0.99999999999999994", true}, {"0.999999999999999944488848", true},
+        {"0.999999999999999944488849", false}, {"0.9999999999999999", true}, {"-5", true}}},
+      {R"({"type":"number","exclusiveMinimum":0.1})",
+       {{"0.10000000000000000001", false}, {"0.10000000000000001", false},
+        {"0.100000000000000012490009", false}, {"0.10000000000000001249001", true},
+        {"0.10000000000000002", true}, {"0.2", true}, {"0.1", false}}},
+      {R"({"type":"number","minimum":0.2,"exclusiveMaximum":0.3})",
+       {{"0.29999999999999999999", false}, {"0.29999999999999998", false},
+        {"0.299999999999999961142195", false}, {"0.299999999999999961142194", true},
+        {"0.29999999999999996", true}, {"0.2", true}, {"0.20000000000000000001", true},
+        {"0.19999999999999999999", false}}},
+      // Integers past 2^53 read rounded too (JavaScript): 9007199254740993 reads as
+      // 9007199254740992, for type integer and number alike.
+      {R"({"type":"integer","exclusiveMaximum":9007199254740993})",
+       {{"9007199254740992", false}, {"9007199254740991", true}, {"9007199254740993", false}}},
+      {R"({"type":"integer","exclusiveMinimum":9007199254740992})",
+       {{"9007199254740993", false}, {"9007199254740994", true}, {"9007199254740992", false}}},
+      {R"({"type":"number","exclusiveMinimum":9007199254740992})",
+       {{"9007199254740993", false}, {"9007199254740993.0", false},
+        {"9007199254740993.000000000000000000000001", true}, {"9007199254740994", true}}},
+      // Where the edge itself is spellable (doubles 2 apart past 2^53) it reads as the neighbour
+      // with the even significand: allowed next to 9007199254740994 (odd), not next to
+      // 9007199254740996 (even).
+      {R"({"type":"integer","exclusiveMaximum":9007199254740994})",
+       {{"9007199254740993", true}, {"9007199254740994", false}}},
+      {R"({"type":"integer","exclusiveMaximum":9007199254740996})",
+       {{"9007199254740995", false}, {"9007199254740994", true}}},
+      {R"({"type":"number","exclusiveMinimum":9007199254740994})",
+       {{"9007199254740995", true}, {"9007199254740995.0", true}, {"9007199254740994.9", false}}},
+      {R"({"type":"number","exclusiveMinimum":9007199254740996})",
+       {{"9007199254740997", false}, {"9007199254740997.000000000000000000000001", true}}},
+      {R"({"type":"integer","exclusiveMaximum":1000000000000000001})",
+       {{"1000000000000000000", false}, {"999999999999999999", false},
+        {"999999999999999935", true}}},
+      // Inclusive bounds are left as they were (rounding keeps order).
+      {R"({"type":"number","maximum":1})",
+       {{"0.99999999999999999999", true}, {"1.000000000000000000001", false}}},
+      {R"({"type":"number","exclusiveMinimum":0})",
+       {{"0.000000000000000000000001", true}, {"0", false}, {"-0", false}}},
+  };
+  ExpectValues(checks, /*no_exponent=*/true);
+
+  // Random bounds (decimals of 1-17 digits times 10^-20..10^18, integers of up to 19 digits,
+  // near 2^53), random sides, inclusive or exclusive; spellings walked through the compiled DFA,
+  // steered along the expansions of the bound's double and its neighbours and their midpoints:
+  // each accepted spelling, read by strtod, is strictly inside an exclusive bound's double and
+  // within an inclusive one's; the walk never dead-ends; and the nearest double inside an
+  // exclusive bound (spelled shortest) is still accepted, so the edge costs nothing more.
+  std::mt19937 rng(53);
+  int walks = 0, near = 0, nearest = 0;
+  for (int i = 0; i < 150; ++i) {
+    std::string bound_text;  // as the schema spells it
+    const int kind = static_cast<int>(rng() % 4);
+    if (kind == 0 || kind == 1) {
+      std::string digits = std::to_string(1 + rng() % 9);
+      for (int d = static_cast<int>(rng() % 17); d > 0; --d) {
+        digits += static_cast<char>('0' + rng() % 10);
+      }
+      const int exp = kind == 0 ? -static_cast<int>(rng() % 21) : static_cast<int>(rng() % 19) - 10;
+      bound_text = absl::StrCat(rng() % 4 == 0 ? "-" : "", digits, "e", exp);
+    } else if (kind == 2) {
+      const uint64_t big = (uint64_t{rng()} << 32 | rng()) % 10'000'000'000'000'000'000ULL;
+      bound_text = absl::StrCat(rng() % 4 == 0 ? "-" : "", rng() % 2 ? big : big % 100'000'000);
+    } else {
+      bound_text = std::to_string(int64_t{9007199254740992} + static_cast<int64_t>(rng() % 9) - 4);
+    }
+    const bool integer = rng() % 4 == 0;
+    const int side = static_cast<int>(rng() % 2);  // 0 lower, 1 upper
+    const bool exclusive = rng() % 4 != 0;
+    const double b = ToDouble(bound_text);
+    const std::string schema =
+        absl::StrCat(R"({"type":")", integer ? "integer" : "number", R"(",")",
+                     exclusive ? (side ? "exclusiveMaximum" : "exclusiveMinimum")
+                               : (side ? "maximum" : "minimum"),
+                     R"(":)", bound_text, "}");
+    SCOPED_TRACE(schema);
+    absl::StatusOr<internal::Grammar> g =
+        internal::CompileSchema(nlohmann::ordered_json::parse(schema), "schema");
+    if (!g.ok()) {  // only a bound no spelling (< 10^19) can meet
+      EXPECT_THAT(g.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("satisfies its minimum / maximum")));
+      EXPECT_TRUE(side == 0 ? b >= 9.9e18 : b <= -9.9e18) << b;
+      continue;
+    }
+    const internal::Dfa* dfa = RootDfa(*g);
+    ASSERT_NE(dfa, nullptr);
+    auto inside = [&](double v) {
+      return side == 0 ? (exclusive ? v > b : v >= b) : (exclusive ? v < b : v <= b);
+    };
+    const double below = std::nextafter(b, -HUGE_VAL), above = std::nextafter(b, HUGE_VAL);
+    const long double lb = b;
+    const std::string targets[] = {
+        Expansion(lb), Expansion(below), Expansion(above),
+        Expansion((lb + below) / 2), Expansion((lb + above) / 2), Fixed(b), bound_text};
+    for (int w = 0; w < 40; ++w) {
+      const std::string& target = targets[rng() % std::size(targets)];
+      std::string t;
+      int32_t st = 0;
+      while (t.size() < 64) {
+        std::vector<char> next;
+        for (const char* a = kAlphabet; *a; ++a) {
+          if (dfa->Next(st, *a) >= 0) next.push_back(*a);
+        }
+        ASSERT_TRUE(dfa->accept[st] || !next.empty()) << "dead end after '" << t << "'";
+        if (next.empty() || (dfa->accept[st] && rng() % 12 == 0)) break;
+        const bool on_target = target.compare(0, t.size(), t) == 0 && t.size() < target.size();
+        char ch = next[rng() % next.size()];
+        if (on_target && rng() % 8 != 0 && dfa->Next(st, target[t.size()]) >= 0) {
+          ch = target[t.size()];
+        }
+        t += ch;
+        st = dfa->Next(st, ch);
+      }
+      if (!dfa->accept[st]) continue;  // (64 bytes without an end: cut, not a dead end)
+      ++walks;
+      const double v = ToDouble(t);
+      ASSERT_TRUE(inside(v)) << "'" << t << "' reads as " << Fixed(v) << ", bound " << Fixed(b);
+      near += v == below || v == above || v == b;
+    }
+    // The nearest double inside an exclusive bound, spelled shortest, is accepted (when it is
+    // spellable: fewer than 20 integer digits, at most 24 fraction digits, integral for integers).
+    if (exclusive) {
+      const double in = side == 0 ? above : below;
+      const std::string t = Fixed(in);
+      const size_t point = t.find('.');
+      const size_t int_digits = (point == std::string::npos ? t.size() : point) - (t[0] == '-');
+      const size_t frac = point == std::string::npos ? 0 : t.size() - point - 1;
+      if (int_digits <= 19 && frac <= 24 && !(integer && frac > 0) && t != "-0") {
+        const int32_t st = RunDfa(*dfa, t);
+        EXPECT_TRUE(st >= 0 && dfa->accept[st]) << t;
+        ++nearest;
+      }
+    }
+  }
+  EXPECT_GT(walks, 3'000);
+  EXPECT_GT(near, 200);  // the walks do reach the bound's neighbourhood
+  EXPECT_GT(nearest, 40);
+}
+
 TEST(NumberBounds, MultipleOfHandWritten) {
   const Check checks[] = {
       {R"({"type":"integer","multipleOf":5})",
@@ -511,9 +683,11 @@ TEST(NumberBounds, RefusalsNameThePath) {
       {R"({"type":"number","multipleOf":-2})", "schema.multipleOf: expected a number greater"},
       {R"({"type":"number","multipleOf":"5"})", "schema.multipleOf: expected a number"},
       {R"({"type":"number","multipleOf":true})", "schema.multipleOf: expected a number"},
-      {R"({"type":"number","multipleOf":1e300})", "schema.multipleOf: more than 18 significant"},
+      {R"({"type":"number","multipleOf":1e300})", "schema.multipleOf: more than 18 digits"},
       {R"({"type":"integer","multipleOf":12345678901234567890})",
-       "schema.multipleOf: more than 18 significant"},
+       "schema.multipleOf: more than 18 digits from its first non-zero digit"},
+      {R"({"type":"integer","multipleOf":1e18})",  // 1000000000000000000: 19 digits
+       "schema.multipleOf: more than 18 digits from its first non-zero digit, written out"},
       {R"({"type":"number","multipleOf":0.3333333333333333})",
        "schema.multipleOf: the number needs more than 4096 DFA states"},
       {R"({"type":"integer","multipleOf":997})",
