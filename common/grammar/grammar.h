@@ -33,7 +33,7 @@
 
 namespace coli::grammar::internal {
 
-inline constexpr int kMaxIndent = 64;      // spaces after a newline in one whitespace run
+inline constexpr int kMaxIndent = 64;  // spaces after a newline in one whitespace run
 // Digits before '.': 20, so every uint64 can be written (20-digit values past 18446744073709551615
 // are taken too, and read back rounded: 99999999999999999999 as 1e+20).
 inline constexpr int kMaxIntDigits = 20;
@@ -41,7 +41,7 @@ inline constexpr int kMaxFracDigits = 24;  // digits after '.' (repr of any doub
 // Digits of an exponent: two, so every number a matcher lets through is a finite double (at most
 // 20 + 24 digits times 10^99); with three, `1e999` read as infinity and reached clients as null.
 inline constexpr int kMaxExpDigits = 2;
-inline constexpr int kMaxStack = 96;       // open values (nesting) in one thread
+inline constexpr int kMaxStack = 96;  // open values (nesting) in one thread
 // Live alternatives kept per state. Dropping threads past this is sound (each kept thread is a
 // valid parse that can complete) and only narrows what is allowed; only pathological schemas
 // (nested overlapping anyOf) get near it.
@@ -146,7 +146,10 @@ struct MachineState {
 // Stateless rules over one grammar.
 class Machine {
  public:
-  explicit Machine(const Grammar* g);
+  explicit Machine(const Grammar* g) : Machine(g, g->root) {}
+  // A machine whose values start at `root` (a node of g) instead of g's root: one property's
+  // value inside an object schema, sharing the whole schema's nodes.
+  Machine(const Grammar* g, int32_t root);
   // Unique per machine for the life of the process (memoisation keys name it).
   uint64_t id() const { return id_; }
   MachineState Initial() const;
@@ -174,6 +177,7 @@ class Machine {
   void Pop(Thread& t) const;
   bool OpenValue(Thread& t, int32_t node) const;
   const Grammar* g_;
+  int32_t root_;
   uint64_t id_;
 };
 

@@ -20,14 +20,19 @@ using internal::Machine;
 using internal::MachineState;
 using Ordered = nlohmann::ordered_json;
 
-// The one implementation of JsonConstraint.
+// The one implementation of JsonConstraint: a grammar (shared by the constraints SplitObject
+// makes of its parts) and a machine starting at one of its nodes.
 class CompiledConstraint final : public JsonConstraint {
  public:
-  explicit CompiledConstraint(Grammar g) : grammar_(std::move(g)), machine_(&grammar_) {}
+  explicit CompiledConstraint(Grammar g)
+      : grammar_(std::make_shared<const Grammar>(std::move(g))), machine_(grammar_.get()) {}
+  CompiledConstraint(std::shared_ptr<const Grammar> g, int32_t root)
+      : grammar_(std::move(g)), machine_(grammar_.get(), root) {}
   const Machine& machine() const { return machine_; }
+  const std::shared_ptr<const Grammar>& grammar() const { return grammar_; }
 
  private:
-  Grammar grammar_;
+  std::shared_ptr<const Grammar> grammar_;
   Machine machine_;
 };
 
@@ -86,6 +91,29 @@ absl::StatusOr<std::shared_ptr<const JsonConstraint>> JsonConstraint::FromSchema
     std::string_view schema_json) {
   COLI_ASSIGN_OR_RETURN(Ordered s, ParseOrdered(schema_json, "schema"));
   return Make(s, "schema");
+}
+
+std::optional<ObjectProperties> SplitObject(const std::shared_ptr<const JsonConstraint>& whole) {
+  const auto* compiled = dynamic_cast<const CompiledConstraint*>(whole.get());
+  if (compiled == nullptr) return std::nullopt;
+  const std::shared_ptr<const Grammar>& g = compiled->grammar();
+  // A `$ref` compiles to a one-alternative anyOf in front of its target: look through those.
+  int32_t at = g->root;
+  for (size_t hops = 0; hops < g->nodes.size(); ++hops) {
+    const internal::Node& n = g->nodes[static_cast<size_t>(at)];
+    if (n.kind != internal::Kind::kAnyOf || n.alts.size() != 1) break;
+    at = n.alts[0];
+  }
+  const internal::Node& root = g->nodes[static_cast<size_t>(at)];
+  if (root.kind != internal::Kind::kObject) return std::nullopt;
+  ObjectProperties out;
+  for (const internal::Property& p : root.props) {
+    out.properties.push_back({p.name, p.required, std::make_shared<CompiledConstraint>(g, p.node)});
+  }
+  if (root.additional >= 0) {
+    out.additional = std::make_shared<CompiledConstraint>(g, root.additional);
+  }
+  return out;
 }
 
 JsonMatcher::JsonMatcher(std::shared_ptr<const JsonConstraint> constraint)

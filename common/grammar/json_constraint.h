@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,23 @@ class JsonConstraint {
  protected:
   JsonConstraint() = default;
 };
+
+// An object schema split per key: the constraint of each declared property's value and of any
+// other key's value, each rooted at its node inside the whole schema's compiled grammar — so
+// `$ref`s resolve and the schema's budgets hold exactly as in the whole (nothing is compiled
+// again). Kimi K3's typed tool-call arguments constrain each key's value on its own with them.
+struct ObjectProperties {
+  struct Property {
+    std::string name;  // decoded
+    bool required = false;
+    std::shared_ptr<const JsonConstraint> value;
+  };
+  std::vector<Property> properties;                  // in schema order
+  std::shared_ptr<const JsonConstraint> additional;  // other keys' values; null: none allowed
+};
+// Nullopt unless `whole`'s root (after `$ref`s) is an object schema — a root `anyOf`, a type
+// list, a non-object root or a null constraint do not split.
+std::optional<ObjectProperties> SplitObject(const std::shared_ptr<const JsonConstraint>& whole);
 
 // One generation's progress against a constraint: the bytes accepted so far. Copyable (a
 // speculative verify or a what-if walk works on a copy).

@@ -200,7 +200,7 @@ Grammar BuiltinGrammar() {
   return g;
 }
 
-Machine::Machine(const Grammar* g) : g_(g) {
+Machine::Machine(const Grammar* g, int32_t root) : g_(g), root_(root) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id.fetch_add(1);
 }
@@ -210,7 +210,7 @@ MachineState Machine::Initial() const {
   Thread t;
   Frame f;
   f.kind = kValue;
-  f.node = g_->root;
+  f.node = root_;
   t.stack.push_back(f);
   s.threads.push_back(std::move(t));
   return s;

@@ -146,78 +146,33 @@ uint8_t ValueTypes(const std::shared_ptr<const grammar::JsonConstraint>& c) {
   return types;
 }
 
-// A property's schema compiled on its own, with the root's $defs / definitions carried along so
-// local references still resolve; null when it does not compile alone.
-std::shared_ptr<const grammar::JsonConstraint> CompileAlone(const nlohmann::json& schema,
-                                                            const nlohmann::json& root) {
-  nlohmann::json alone = schema.is_boolean() ? nlohmann::json::object() : schema;
-  if (!alone.is_object()) return nullptr;
-  for (const char* defs : {"$defs", "definitions"}) {
-    if (!root.contains(defs)) continue;
-    if (alone.contains(defs)) return nullptr;
-    alone[defs] = root[defs];
-  }
-  absl::StatusOr<std::shared_ptr<const grammar::JsonConstraint>> c =
-      grammar::JsonConstraint::FromSchema(
-          alone.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  return c.ok() ? *std::move(c) : nullptr;
-}
-
-// The typed-argument form of a parameters schema, or null when it does not split per key.
-std::shared_ptr<const TypedArguments> TypedArgumentsOf(const nlohmann::json& params) {
-  static const std::vector<std::string_view> kRootKeywords = {
-      "type",    "properties", "required", "additionalProperties", "description", "title",
-      "$schema", "$id",        "$defs",    "definitions",          "$comment",    "examples",
-      "default", "strict"};
-  if (!params.is_object()) return nullptr;
-  for (auto it = params.begin(); it != params.end(); ++it) {
-    if (std::find(kRootKeywords.begin(), kRootKeywords.end(), it.key()) == kRootKeywords.end()) {
-      return nullptr;
-    }
-  }
-  if (auto t = params.find("type"); t != params.end()) {
-    const bool object = *t == "object" || (t->is_array() && t->size() == 1 && (*t)[0] == "object");
-    if (!object) return nullptr;
-  }
+// The typed-argument form of a compiled parameters schema, or null when it does not split per
+// key (grammar::SplitObject: the keys' constraints share the whole schema's grammar, so `$ref`s
+// mean what they mean in the whole and nothing is compiled again).
+std::shared_ptr<const TypedArguments> TypedArgumentsOf(
+    const std::shared_ptr<const grammar::JsonConstraint>& whole) {
+  std::optional<grammar::ObjectProperties> parts = grammar::SplitObject(whole);
+  if (!parts.has_value()) return nullptr;
   auto typed = std::make_shared<TypedArguments>();
-  const nlohmann::json properties = params.value("properties", nlohmann::json::object());
-  if (!properties.is_object()) return nullptr;
-  for (auto it = properties.begin(); it != properties.end(); ++it) {
-    if (it.value() == false) continue;  // the key may not appear
+  for (grammar::ObjectProperties::Property& p : parts->properties) {
     TypedArguments::Key key;
-    key.name = it.key();
+    key.name = std::move(p.name);
     key.attr = AttrEscape(key.name);
-    key.value = CompileAlone(it.value(), params);
-    if (key.value == nullptr) return nullptr;
+    key.required = p.required;
+    key.value = std::move(p.value);
     key.types = ValueTypes(key.value);
+    if (key.required && key.types == 0) return nullptr;
     typed->keys.push_back(std::move(key));
   }
-  const nlohmann::json required = params.value("required", nlohmann::json::array());
-  if (!required.is_array()) return nullptr;
-  for (const nlohmann::json& r : required) {
-    auto key = std::find_if(typed->keys.begin(), typed->keys.end(),
-                            [&](const TypedArguments::Key& k) { return r == k.name; });
-    if (key == typed->keys.end() || key->types == 0) return nullptr;
-    key->required = true;
+  for (size_t i = 0; i < typed->keys.size(); ++i) {
+    typed->by_attr.emplace_back(typed->keys[i].attr, static_cast<int>(i));
   }
-  const nlohmann::json additional = params.value("additionalProperties", nlohmann::json(true));
-  if (additional != false) {
-    typed->additional = true;
-    typed->additional_value = CompileAlone(additional, params);
-    if (typed->additional_value == nullptr) return nullptr;
+  std::sort(typed->by_attr.begin(), typed->by_attr.end());
+  if (parts->additional != nullptr) {
+    typed->additional_value = std::move(parts->additional);
     typed->additional_types = ValueTypes(typed->additional_value);
     typed->additional = typed->additional_types != 0;  // no value fits: no other key
   }
-  return typed;
-}
-
-// Any keys, any values: a tool whose schema the grammar cannot enforce (tool_choice auto).
-std::shared_ptr<const TypedArguments> AnyTypedArguments() {
-  auto typed = std::make_shared<TypedArguments>();
-  typed->additional = true;
-  typed->additional_value = CompileAlone(nlohmann::json::object(), nlohmann::json::object());
-  if (typed->additional_value == nullptr) return nullptr;
-  typed->additional_types = ValueTypes(typed->additional_value);
   return typed;
 }
 
@@ -283,18 +238,23 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
       return absl::InvalidArgumentError(
           absl::StrCat("tools: function '", n, "' is declared twice"));
     }
-    const nlohmann::json params = t.value("parameters", nlohmann::json{{"type", "object"}});
+    nlohmann::json params = t.value("parameters", nlohmann::json{{"type", "object"}});
+    // `{}` (no keyword) is how clients declare a tool without parameters: any object.
+    if (params.is_object() && params.empty()) params = {{"type", "object"}};
     absl::StatusOr<std::shared_ptr<const grammar::JsonConstraint>> c =
         grammar::JsonConstraint::FromSchema(
             params.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-    std::shared_ptr<const TypedArguments> typed;
-    if (c.ok()) {
-      typed = TypedArgumentsOf(params);
-    } else if (automatic && t.value("strict", nlohmann::json(false)) != true) {
+    if (!c.ok() && automatic && t.value("strict", nlohmann::json(false)) != true) {
       // tool_choice auto, not strict: what the grammar cannot enforce is any JSON object.
       spec->relaxed.push_back(n);
       c = grammar::JsonConstraint::FromSchema(R"({"type":"object"})");
-      typed = AnyTypedArguments();
+    }
+    if (c.ok() && (ValueTypes(*c) & (1u << kArgObject)) == 0) {
+      c = absl::InvalidArgumentError("schema: allows no JSON object (tool arguments are one)");
+      if (automatic && t.value("strict", nlohmann::json(false)) != true) {
+        spec->relaxed.push_back(n);
+        c = grammar::JsonConstraint::FromSchema(R"({"type":"object"})");
+      }
     }
     if (!c.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("tools: function '", n, "' parameters",
@@ -302,8 +262,8 @@ absl::StatusOr<std::shared_ptr<const ToolCallSpec>> ParseToolCallSpec(
                                                      c.status().message()));
     }
     spec->names.push_back(n);
+    spec->typed.push_back(TypedArgumentsOf(*c));
     spec->parameters.push_back(*std::move(c));
-    spec->typed.push_back(std::move(typed));
   }
   return std::shared_ptr<const ToolCallSpec>(std::move(spec));
 }
@@ -479,6 +439,8 @@ void AnswerConstraint::BeginCall(const std::string& name) {
   typed_ = tool_ < tools_->typed.size() ? tools_->typed[tool_].get() : nullptr;
   elements_ = 0;
   used_.assign(typed_ == nullptr ? 0 : typed_->keys.size(), false);
+  keys_left_ = 0;
+  for (size_t i = 0; i < used_.size(); ++i) keys_left_ += typed_->keys[i].types != 0 ? 1 : 0;
   extra_keys_.clear();
   run_.clear();
   phase_ = Phase::kCallBody;
@@ -508,11 +470,7 @@ void AnswerConstraint::EndCall(std::vector<int32_t> ids) {
 
 bool AnswerConstraint::KeysLeft() const {
   if (typed_ == nullptr) return false;
-  if (typed_->additional && extra_keys_.size() < kMaxExtraKeys) return true;
-  for (size_t i = 0; i < used_.size(); ++i) {
-    if (!used_[i] && typed_->keys[i].types != 0) return true;
-  }
-  return false;
+  return keys_left_ > 0 || (typed_->additional && extra_keys_.size() < kMaxExtraKeys);
 }
 
 bool AnswerConstraint::RequiredDone() const {
@@ -524,23 +482,52 @@ bool AnswerConstraint::RequiredDone() const {
 }
 
 bool AnswerConstraint::KeyPrefix(std::string_view key) const {
-  for (size_t i = 0; i < used_.size(); ++i) {
-    if (!used_[i] && typed_->keys[i].types != 0 &&
-        std::string_view(typed_->keys[i].attr).starts_with(key)) {
-      return true;
-    }
+  // A declared key not written yet whose attribute text starts with `key`.
+  const auto& by_attr = typed_->by_attr;
+  for (auto it = std::lower_bound(by_attr.begin(), by_attr.end(), key,
+                                  [](const std::pair<std::string, int>&e, std::string_view k) {
+                                    return std::string_view(e.first) < k;
+                                  });
+       it != by_attr.end() && std::string_view(it->first).starts_with(key); ++it) {
+    const size_t i = static_cast<size_t>(it->second);
+    if (!used_[i] && typed_->keys[i].types != 0) return true;
   }
-  return typed_->additional && IsExtraKey(key, false);
+  return ExtraKeyPrefix(key);
+}
+
+// `key` can still end as an additional key nobody wrote: far from the length limit there are
+// more completions than keys a call may write; near it, one is looked for.
+bool AnswerConstraint::ExtraKeyPrefix(std::string_view key) const {
+  if (!typed_->additional || !IsExtraKey(key, false)) return false;
+  const size_t room = kMaxExtraKeyBytes - key.size();
+  if (room >= 2) return true;  // >= 94 * 94 completions, more than kMaxExtraKeys
+  int ignored = 0;
+  if (KeyOf(key, &ignored)) return true;
+  if (room == 0) return false;
+  std::string longer(key);
+  longer.push_back(' ');
+  for (int c = 0x20; c < 0x7f; ++c) {
+    longer.back() = static_cast<char>(c);
+    if (IsExtraKeyByte(static_cast<unsigned char>(c)) && KeyOf(longer, &ignored)) return true;
+  }
+  return false;
 }
 
 bool AnswerConstraint::KeyOf(std::string_view key, int* index) const {
-  for (size_t i = 0; i < used_.size(); ++i) {
-    const TypedArguments::Key& k = typed_->keys[i];
-    if (k.attr != key && k.name != key) continue;
-    if (used_[i] || k.attr != key || k.types == 0) return false;
-    *index = static_cast<int>(i);
+  // A declared key by the text its attribute is written as (names needing escaping differ).
+  const auto& by_attr = typed_->by_attr;
+  const auto it = std::lower_bound(by_attr.begin(), by_attr.end(), key,
+                                   [](const std::pair<std::string, int>& e, std::string_view k) {
+                                     return std::string_view(e.first) < k;
+                                   });
+  if (it != by_attr.end() && it->first == key) {
+    const size_t i = static_cast<size_t>(it->second);
+    if (used_[i] || typed_->keys[i].types == 0) return false;
+    *index = it->second;
     return true;
   }
+  // An additional key (its text is its name: no escaping applies to its bytes, and it is no
+  // declared key's name, since such a name's attribute text would have matched above).
   if (!typed_->additional || !IsExtraKey(key, true)) return false;
   if (std::find(extra_keys_.begin(), extra_keys_.end(), key) != extra_keys_.end()) return false;
   *index = -1;
@@ -665,6 +652,12 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
       } else {
         v.filter_->Allowed(matcher_, allowed);
         allowed->resize(n, 0);
+        // Arguments are an object whatever else the schema would allow.
+        if (matcher_.consumed() == 0) {
+          for (size_t i = 0; i < n; ++i) {
+            if ((*allowed)[i] != 0 && !StartsAsType(v.bytes_[i][0], kArgObject)) (*allowed)[i] = 0;
+          }
+        }
       }
       if (matcher_.CanEnd()) (*allowed)[v.close_] = 1;
       return;
@@ -950,6 +943,7 @@ void AnswerConstraint::Accept(int32_t id) {
       if (id == v.close_) {
         if (arg_key_ >= 0) {
           used_[static_cast<size_t>(arg_key_)] = true;
+          --keys_left_;
         } else {
           extra_keys_.push_back(arg_extra_);
         }
@@ -974,7 +968,12 @@ void AnswerConstraint::Accept(int32_t id) {
         EndCall(std::move(ids));
         return;
       }
-      if (v.bytes_[id].empty() || !matcher_.Accept(v.bytes_[id])) phase_ = Phase::kDone;
+      if (v.bytes_[id].empty() ||
+          (matcher_.consumed() == 0 &&
+           !StartsAsType(static_cast<unsigned char>(v.bytes_[id][0]), kArgObject)) ||
+          !matcher_.Accept(v.bytes_[id])) {
+        phase_ = Phase::kDone;
+      }
       return;
     case Phase::kAfterCall:
       if (id == v.open_) {

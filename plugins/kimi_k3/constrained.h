@@ -38,8 +38,8 @@
 //    schema checks), anything else as JSON; the call closes once every required key is in;
 //  - one `<|open|>json type="object"<|sep|>ARGS<|close|>json<|sep|>` block (ARGS the whole
 //    parameters schema, its object keys in the order the model saw the tool declared: the
-//    renderer key-sorts tool schemas, spec §6.2), chosen before any argument. A tool whose schema does not split into
-//    per-key schemas (TypedArguments) offers only this form.
+//    renderer key-sorts tool schemas, spec §6.2), chosen before any argument. A tool whose schema
+//    does not split into per-key schemas (TypedArguments) offers only this form.
 // Structure is forced where there is no choice; the tag texts (NAME, the element headers) are
 // matched byte by byte (any segmentation into ordinary tokens). After a call, a named choice (or
 // "single": parallel_tool_calls false) ends the message; "required" lets the model open another
@@ -68,6 +68,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -81,10 +82,10 @@ namespace coli::k3 {
 enum XtmlArgType : uint8_t { kArgString, kArgNumber, kArgBoolean, kArgNull, kArgObject, kArgArray };
 inline constexpr int kNumXtmlArgTypes = 6;
 
-// A tool's parameters split into one schema per key, for the typed-argument form. Built only
-// for a plain object schema (type, properties, required, additionalProperties, $defs and
-// annotations); anything else (minProperties, patternProperties, a root anyOf, a property
-// schema that does not compile alone, …) leaves the tool with the json-block form only.
+// A tool's parameters split into one schema per key, for the typed-argument form: built when the
+// compiled schema's root is an object (grammar::SplitObject), each key's constraint a view into
+// the whole schema's grammar. Anything else (a root anyOf, a type list) leaves the tool with the
+// json-block form only.
 struct TypedArguments {
   struct Key {
     std::string name;  // as in the schema
@@ -94,6 +95,7 @@ struct TypedArguments {
     uint8_t types = 0;                                     // XtmlArgType bits its value may have
   };
   std::vector<Key> keys;
+  std::vector<std::pair<std::string, int>> by_attr;  // (attr, index in keys), sorted
   // Keys beyond `keys` (additionalProperties not false): 1-64 bytes of printable ASCII but `"`
   // and `&`, so they need no escaping.
   bool additional = false;
@@ -226,6 +228,7 @@ class AnswerConstraint {
   bool RequiredDone() const;
   bool ElementPrefix(std::string_view text, bool whole) const;
   bool KeyPrefix(std::string_view key) const;
+  bool ExtraKeyPrefix(std::string_view key) const;
   // The key an element names (`text` between key=" and "): its index in typed_->keys, or -1 for
   // an additional key; false when it may not be written (unknown, used, malformed).
   bool KeyOf(std::string_view key, int* index) const;
@@ -256,6 +259,7 @@ class AnswerConstraint {
   const TypedArguments* typed_ = nullptr;
   int elements_ = 0;
   std::vector<bool> used_;
+  size_t keys_left_ = 0;  // declared keys not written yet that some value fits
   std::vector<std::string> extra_keys_;
   int arg_key_ = -1;  // -1: an additional key, arg_extra_
   std::string arg_extra_;

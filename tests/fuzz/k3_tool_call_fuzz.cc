@@ -10,10 +10,11 @@
 //  - the walk never dead-ends: while the constraint has not ended some token is allowed;
 //  - Permits agrees with Allowed on the drawn token and on one other;
 //  - a walk that ends gives, through the chat parser, calls whose arguments are JSON objects;
-//    for a call written as typed `argument` elements, each value without a float (a float's
-//    re-serialisation may round) is accepted again by its key's schema alone, re-serialised by
-//    nlohmann; for a json block, the whole arguments object re-serialised compactly is accepted
-//    by the parameters schema (key-sorted, as the model saw it declared).
+//    for a call written as typed `argument` elements: every required key is there, no undeclared
+//    key in a closed object (read from the schema text), and each value without a float (a
+//    float's re-serialisation may round) is accepted again by its key's schema compiled alone,
+//    re-serialised by nlohmann; for a json block, the whole arguments object re-serialised
+//    compactly is accepted by the parameters schema (key-sorted, as the model saw it declared).
 // Built and run by scripts/fuzz.sh.
 #include <cstdint>
 #include <cstdio>
@@ -165,7 +166,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Check(Accepts(sorted, sorted, args.dump()), "the json block's arguments fit the schema");
       continue;
     }
+    // The object's shape, read from the schema text (when the root is a plain object schema):
+    // every required key, no undeclared key where none may be (additionalProperties false, or
+    // absent beside declared properties: common/grammar closes such an object, as OpenAI strict).
     const Json props = params.value("properties", Json::object());
+    const bool plain = props.is_object() && !params.contains("$ref") && !params.contains("anyOf") &&
+                       !params.contains("oneOf") && !params.contains("allOf");
+    if (plain) {
+      for (const Json& r : params.value("required", Json::array())) {
+        Check(!r.is_string() || args.contains(r.get<std::string>()), "every required key");
+      }
+      const Json additional = params.value("additionalProperties", Json(props.empty()));
+      if (additional == false) {
+        for (auto it = args.begin(); it != args.end(); ++it) {
+          Check(props.contains(it.key()), "no undeclared key in a closed object");
+        }
+      }
+    }
+    // Each value again by its key's schema compiled alone (a `$ref` to the root would mean the
+    // property there, not the parameters: not checked then).
+    if (!plain || params.dump().find("\"$ref\"") != std::string::npos) continue;
     const Json additional = params.value("additionalProperties", Json(true));
     for (auto it = args.begin(); it != args.end(); ++it) {
       const Json& schema = props.contains(it.key()) ? props[it.key()] : additional;

@@ -331,20 +331,40 @@ TEST_F(ConstrainedToolTest, ThePlainObjectSchemaSplitsIntoTypedKeys) {
   EXPECT_EQ(keys["n"], P(false, 1u << kArgNumber));
   EXPECT_EQ(keys["tags"], P(false, 1u << kArgArray));
   EXPECT_EQ(keys.size(), 4u);
-  // A nullable key takes both types; other keys are allowed by default.
-  auto nullable = Spec(R"({"properties":{"a":{"type":["string","null"]}}})");
+  // A nullable key takes both types; other keys as additionalProperties says (absent with
+  // declared properties: none, as common/grammar closes such an object).
+  auto nullable =
+      Spec(R"({"properties":{"a":{"type":["string","null"]}},"additionalProperties":true})");
   ASSERT_NE(nullable, nullptr);
   ASSERT_NE(nullable->typed[0], nullptr);
   ASSERT_EQ(nullable->typed[0]->keys.size(), 1u);
   EXPECT_EQ(nullable->typed[0]->keys[0].types, (1u << kArgString) | (1u << kArgNull));
   EXPECT_TRUE(nullable->typed[0]->additional);
   EXPECT_EQ(nullable->typed[0]->additional_types, (1u << kNumXtmlArgTypes) - 1);
+  // `{}` declares a tool without parameters: any object, typed with any keys.
+  auto empty = Spec("{}");
+  ASSERT_NE(empty, nullptr);
+  ASSERT_NE(empty->typed[0], nullptr);
+  EXPECT_TRUE(empty->typed[0]->additional);
+  // Arguments are an object: a schema that allows none is refused by name (named / required).
+  EXPECT_THAT(ParseToolCallSpec(Format("named", R"({"type":"string"})")).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("allows no JSON object")));
+  auto closed = Spec(R"({"properties":{"a":{"type":"string"}}})");
+  ASSERT_NE(closed, nullptr);
+  ASSERT_NE(closed->typed[0], nullptr);
+  EXPECT_FALSE(closed->typed[0]->additional);
+  // A root `$ref` splits too: the split is of the compiled schema.
+  auto ref = Spec(R"({"$ref":"#/$defs/args","$defs":{"args":{"type":"object",
+                      "properties":{"a":{"type":"integer"}},"required":["a"]}}})");
+  ASSERT_NE(ref, nullptr);
+  ASSERT_NE(ref->typed[0], nullptr);
+  ASSERT_EQ(ref->typed[0]->keys.size(), 1u);
+  EXPECT_EQ(ref->typed[0]->keys[0].types, 1u << kArgNumber);
   // What does not split per key keeps only the json block.
-  for (
-      const char* params :
-      {R"({"anyOf":[{"type":"object","properties":{"a":{"type":"string"}}}]})",
-       R"({"$ref":"#/$defs/args","$defs":{"args":{"type":"object"}}})",
-       R"({"type":"object","properties":{"a":{"$ref":"#/properties/b"},"b":{"type":"string"}}})"}) {
+  for (const char* params :
+       {R"({"anyOf":[{"type":"object","properties":{"a":{"type":"string"}}},
+                    {"type":"object","properties":{"b":{"type":"string"}}}]})",
+        R"({"type":["object","null"],"properties":{"a":{"type":"string"}}})"}) {
     auto s = Spec(params);
     ASSERT_NE(s, nullptr) << params;
     EXPECT_EQ(s->typed[0], nullptr) << params;
@@ -521,10 +541,111 @@ TEST_F(ConstrainedToolTest, RawStringsReachEnumMembersThatHoldEscapedCharacters)
   }
 }
 
+// A key's value is constrained as that key's node in the WHOLE schema: a `$ref` to the root
+// ("#", a recursive filter) means the parameters, not the property (compiling the property on its
+// own read "#" as itself: `[[]]` passed and `[{"op":"x"}]` was refused).
+TEST_F(ConstrainedToolTest, ARootReferenceInsideAKeyMeansTheWholeParameters) {
+  const std::string params = R"({"type":"object","properties":{"op":{"type":"string"},
+      "and":{"type":"array","items":{"$ref":"#"}}},"required":["op"],
+      "additionalProperties":false})";
+  auto walk = [&](const std::string& value, bool whole_ok) {
+    SCOPED_TRACE(value);
+    auto c = AnswerConstraint::CreateToolCalls(Spec(params), *vocab_, kParseInResponse);
+    ASSERT_OK(c.status());
+    out_.clear();
+    ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
+    Take(&*c, {ids_.open});
+    TakeText(&*c, "argument key=\"and\" type=\"array\"");
+    Take(&*c, {ids_.sep});
+    // Byte by byte: the walk stops at the first byte the constraint refuses.
+    size_t taken = 0;
+    for (char ch : value) {
+      std::vector<uint8_t> allowed;
+      c->Allowed(&allowed);
+      const std::vector<int32_t> ids = Encode(std::string(1, ch));
+      if (ids.size() != 1 || allowed[ids[0]] == 0) break;
+      c->Accept(ids[0]);
+      ++taken;
+    }
+    std::vector<uint8_t> allowed;
+    c->Allowed(&allowed);
+    EXPECT_EQ(taken == value.size() && allowed[ids_.close] != 0, whole_ok);
+  };
+  walk(R"([{"op":"x"}])", true);
+  // (Nested objects keep the declared order, key-sorted as the model saw the tool declared.)
+  walk(R"([{"and":[{"op":"y"}],"op":"x"}])", true);
+  walk("[[]]", false);
+  walk("[{}]", false);  // `op` is required in the nested filter too
+}
+
+// A key already written never dead-ends the walk, however long: a 64-byte additional key
+// written once cannot be spelled again (its last byte is refused), yet something is always
+// allowed; declared keys whose escaped text equals another's name stay reachable.
+TEST_F(ConstrainedToolTest, RepeatedLongKeysAndEscapedNamesNeverDeadEnd) {
+  {
+    auto c = AnswerConstraint::CreateToolCalls(
+        Spec(R"({"type":"object","properties":{},"additionalProperties":{"type":"boolean"}})"),
+        *vocab_, kParseInResponse);
+    ASSERT_OK(c.status());
+    out_.clear();
+    ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
+    const std::string key(64, 'a');
+    Take(&*c, {ids_.open});
+    TakeText(&*c, "argument key=\"");
+    for (char ch : key) ASSERT_NO_FATAL_FAILURE(TakeText(&*c, std::string(1, ch)));
+    TakeText(&*c, "\" type=\"boolean\"");
+    Take(&*c, {ids_.sep});
+    TakeText(&*c, "true");
+    Take(&*c, {ids_.close});
+    TakeText(&*c, "argument");
+    Take(&*c, {ids_.sep, ids_.open});
+    TakeText(&*c, "argument key=\"");
+    for (size_t i = 0; i + 1 < key.size(); ++i) ASSERT_NO_FATAL_FAILURE(TakeText(&*c, "a"));
+    std::vector<uint8_t> allowed;
+    c->Allowed(&allowed);
+    const std::vector<int32_t> a = Encode("a");
+    ASSERT_EQ(a.size(), 1u);
+    EXPECT_EQ(allowed[a[0]], 0) << "the 64th `a` would spell the written key again";
+    EXPECT_FALSE(AllowedTexts(*c).empty());
+    TakeText(&*c, "b\" type=\"boolean\"");  // another 64-byte key
+    Take(&*c, {ids_.sep});
+    TakeText(&*c, "false");
+    Take(&*c, {ids_.close});
+  }
+  {
+    // "a&amp;b" is written `a&amp;amp;b`; "a&b" is written `a&amp;b` — the first one's name.
+    auto c = AnswerConstraint::CreateToolCalls(
+        Spec(R"({"type":"object","properties":{"a&amp;b":{"type":"string"},
+                 "a&b":{"type":"string"}},"required":["a&amp;b","a&b"],
+                 "additionalProperties":false})"),
+        *vocab_, kParseInResponse);
+    ASSERT_OK(c.status());
+    out_.clear();
+    ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
+    for (const char* attr : {"a&amp;b", "a&amp;amp;b"}) {
+      Take(&*c, {ids_.open});
+      TakeText(&*c, std::string("argument key=\"") + attr + "\" type=\"string\"");
+      Take(&*c, {ids_.sep});
+      TakeText(&*c, "v");
+      Take(&*c, {ids_.close});
+      TakeText(&*c, "argument");
+      Take(&*c, {ids_.sep});
+    }
+    Take(&*c, {ids_.close});
+    TakeText(&*c, "call");
+    Take(&*c, {ids_.sep});
+    const std::vector<std::string> calls = ParsedCalls();
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(nlohmann::json::parse(calls[0])["arguments"],
+              nlohmann::json::parse(R"({"a&b":"v","a&amp;b":"v"})"));
+  }
+}
+
 TEST_F(ConstrainedToolTest, ASchemaThatDoesNotSplitKeepsTheJsonBlock) {
   auto c = AnswerConstraint::CreateToolCalls(
-      Spec(R"({"anyOf":[{"type":"object","properties":{"a":{"type":"string"}}}]})"), *vocab_,
-      kParseInResponse);
+      Spec(R"({"anyOf":[{"type":"object","properties":{"a":{"type":"string"}}},
+                        {"type":"object","properties":{"b":{"type":"string"}}}]})"),
+      *vocab_, kParseInResponse);
   ASSERT_OK(c.status());
   ASSERT_NO_FATAL_FAILURE(TakeCallHeader(&*c));
   EXPECT_EQ(AllowedSpecials(*c), std::vector<int32_t>{ids_.open});  // no empty call
@@ -614,7 +735,9 @@ TEST_F(ConstrainedToolTest, RandomWalksEndInValidCallsInEitherForm) {
           "tags":{"type":"array","items":{"enum":["a","b"]},"maxItems":3},
           "note":{"type":["string","null"],"maxLength":5}},
           "required":["loc"],"additionalProperties":false})",
-      R"({"type":"object","properties":{"q":{"type":"string","maxLength":4}},"required":["q"]})"};
+      // (No required key here: a walk spelling random additional keys would rarely spell it.)
+      R"({"type":"object","properties":{"q":{"type":"string","maxLength":4}},
+          "additionalProperties":true})"};
   int typed_calls = 0, json_calls = 0;
   for (const std::string& params : schemas) {
     const nlohmann::json schema = nlohmann::json::parse(params);
@@ -625,7 +748,7 @@ TEST_F(ConstrainedToolTest, RandomWalksEndInValidCallsInEitherForm) {
       auto c = AnswerConstraint::CreateToolCalls(Spec(params), *vocab_, kParseInResponse);
       ASSERT_OK(c.status());
       out_.clear();
-      for (int step = 0; step < 400 && !c->ended(); ++step) {
+      for (int step = 0; step < 600 && !c->ended(); ++step) {
         std::vector<uint8_t> allowed;
         c->Allowed(&allowed);
         std::vector<int32_t> specials, ordinary;
