@@ -581,6 +581,13 @@ void AnswerConstraint::ArgValueAllowed(std::vector<uint8_t>* allowed) const {
     if (end.Accept("\"") && end.CanEnd()) (*allowed)[v.close_] = 1;
     return;
   }
+  JsonValueAllowed(arg_type_, allowed);
+}
+
+// matcher_'s value as JSON of XTML type `type` (its first byte), then <|close|> once it can end.
+void AnswerConstraint::JsonValueAllowed(uint8_t type, std::vector<uint8_t>* allowed) const {
+  const ConstraintVocab& v = *vocab_;
+  const size_t n = v.bytes_.size();
   if (matcher_.MustEnd()) {
     allowed->assign(n, 0);
   } else {
@@ -588,7 +595,7 @@ void AnswerConstraint::ArgValueAllowed(std::vector<uint8_t>* allowed) const {
     allowed->resize(n, 0);
     if (matcher_.consumed() == 0) {
       for (size_t i = 0; i < n; ++i) {
-        if ((*allowed)[i] != 0 && !StartsAsType(v.bytes_[i][0], arg_type_)) (*allowed)[i] = 0;
+        if ((*allowed)[i] != 0 && !StartsAsType(v.bytes_[i][0], type)) (*allowed)[i] = 0;
       }
     }
   }
@@ -647,19 +654,7 @@ void AnswerConstraint::Allowed(std::vector<uint8_t>* allowed) const {
       (*allowed)[v.close_] = 1;                      // or the end of the calls
       return;
     case Phase::kArgs:
-      if (matcher_.MustEnd()) {
-        allowed->assign(n, 0);
-      } else {
-        v.filter_->Allowed(matcher_, allowed);
-        allowed->resize(n, 0);
-        // Arguments are an object whatever else the schema would allow.
-        if (matcher_.consumed() == 0) {
-          for (size_t i = 0; i < n; ++i) {
-            if ((*allowed)[i] != 0 && !StartsAsType(v.bytes_[i][0], kArgObject)) (*allowed)[i] = 0;
-          }
-        }
-      }
-      if (matcher_.CanEnd()) (*allowed)[v.close_] = 1;
+      JsonValueAllowed(kArgObject, allowed);  // arguments are an object, whatever the schema
       return;
     case Phase::kCallBody:
       allowed->assign(n, 0);

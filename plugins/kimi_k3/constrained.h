@@ -234,6 +234,7 @@ class AnswerConstraint {
   bool KeyOf(std::string_view key, int* index) const;
   uint8_t TypesOf(int key) const;
   void ArgValueAllowed(std::vector<uint8_t>* allowed) const;
+  void JsonValueAllowed(uint8_t type, std::vector<uint8_t>* allowed) const;
   bool ArgValueAccepts(int32_t id) const;
   AnswerConstraint(std::shared_ptr<const grammar::JsonConstraint> constraint,
                    const ConstraintVocab& vocab, bool chat);
