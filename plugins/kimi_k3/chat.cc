@@ -135,13 +135,7 @@ class SegmentBuilder {
   void Attr(std::string_view key, std::string_view value) {
     Text(Cat(" ", key));
     Text("=\"");
-    std::string escaped;
-    for (char c : value) {
-      if (c == '&') escaped += "&amp;";
-      else if (c == '"') escaped += "&quot;";
-      else escaped.push_back(c);
-    }
-    Text(escaped);
+    Text(XtmlAttrEscape(value));
     Text("\"");
   }
 
@@ -458,6 +452,20 @@ std::optional<std::string> PositionalToolName(const Json* tool_calls, int index)
 }
 
 }  // namespace
+
+std::string XtmlAttrEscape(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '&') {
+      out += "&amp;";
+    } else if (c == '"') {
+      out += "&quot;";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<Json> ParseRequestBody(std::string_view body) {
   bool too_deep = false;

@@ -75,6 +75,9 @@ struct RenderedChat {
 // malformed JSON or a body that is not an object.
 absl::StatusOr<Json> ParseRequestBody(std::string_view body);
 
+// An attribute value as written inside `key="…"` (§6.1: `&` as `&amp;`, `"` as `&quot;`).
+std::string XtmlAttrEscape(std::string_view value);
+
 // Renders `request` into segments and text (no token ids). Never touches a tokenizer.
 absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request,
                                                bool add_generation_prompt = true);

@@ -11,13 +11,9 @@
 #include <limits>
 #include <vector>
 
-
 namespace coli::k3 {
-namespace {
 
-// json.dumps string escaping with ensure_ascii=False: `"`, `\` and the C0 controls only.
-void AppendPyString(std::string_view s, std::string* out) {
-  out->push_back('"');
+void AppendJsonStringBody(std::string_view s, std::string* out) {
   for (unsigned char c : s) {
     switch (c) {
       case '"': out->append("\\\""); break;
@@ -37,6 +33,13 @@ void AppendPyString(std::string_view s, std::string* out) {
         }
     }
   }
+}
+
+namespace {
+
+void AppendPyString(std::string_view s, std::string* out) {
+  out->push_back('"');
+  AppendJsonStringBody(s, out);
   out->push_back('"');
 }
 

@@ -41,6 +41,12 @@ std::string PyFloatRepr(double value);
 // (strings are expected to be UTF-8 already).
 std::string PyJsonDumps(const Json& value, PyJsonStyle style);
 
+// Appends `s`'s bytes as JSON string content without the quotes, escaped as json.dumps
+// (ensure_ascii=False) and nlohmann's dump escape them: `"`, `\`, the short forms `\n \r \t \b
+// \f`, other C0 controls as `\u00xx`, everything else as is. Byte by byte, so it commutes with
+// any split of `s` (tokens may end inside a UTF-8 character).
+void AppendJsonStringBody(std::string_view s, std::string* out);
+
 // Parses `text` as Python's json.loads would (NaN/Infinity accepted). INVALID_ARGUMENT with the
 // byte offset on malformed input. Integers outside int64/uint64 become floats (Python keeps big
 // integers exact; that is the one documented difference).

@@ -9,6 +9,7 @@
 #include "common/status/status.h"
 #include "nlohmann/json.hpp"
 #include "plugins/kimi_k3/chat.h"
+#include "plugins/kimi_k3/chat_json.h"
 #include "plugins/kimi_k3/chat_parser.h"
 
 namespace coli::k3 {
@@ -52,63 +53,13 @@ bool IsExtraKey(std::string_view key, bool whole) {
   return true;
 }
 
-// The renderer's attribute escaping (chat.cc, spec §6.1).
-std::string AttrEscape(std::string_view value) {
-  std::string out;
-  for (char c : value) {
-    if (c == '&') {
-      out += "&amp;";
-    } else if (c == '"') {
-      out += "&quot;";
-    } else {
-      out.push_back(c);
-    }
-  }
-  return out;
-}
-
 bool NeedsJsonEscape(unsigned char c) { return c == '"' || c == '\\' || c < 0x20; }
 
-// A raw string argument's bytes as JSON string content, escaped as nlohmann's dump escapes them
-// (`\"`, `\\`, `\n`-style short forms, else `\u00xx`), so an enum or const member holding
-// such a character is reachable (the grammar matches members as their dumped text). Byte by
-// byte, so it commutes with any split into tokens.
+// A raw string argument's bytes as the grammar reads them: JSON string content escaped as
+// nlohmann dumps an enum / const member, so such a member holding `\n` or `"` is reachable.
 std::string JsonEscaped(std::string_view raw) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  for (unsigned char c : raw) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out.push_back(kHex[c >> 4]);
-          out.push_back(kHex[c & 15]);
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
+  AppendJsonStringBody(raw, &out);
   return out;
 }
 
@@ -157,7 +108,7 @@ std::shared_ptr<const TypedArguments> TypedArgumentsOf(
   for (grammar::ObjectProperties::Property& p : parts->properties) {
     TypedArguments::Key key;
     key.name = std::move(p.name);
-    key.attr = AttrEscape(key.name);
+    key.attr = XtmlAttrEscape(key.name);
     key.required = p.required;
     key.value = std::move(p.value);
     key.types = ValueTypes(key.value);
@@ -305,7 +256,7 @@ absl::StatusOr<std::unique_ptr<ConstraintVocab>> ConstraintVocab::Build(
   for (int32_t id = 0; id < vocab_size; ++id) {
     const std::string& b = v->bytes_[static_cast<size_t>(id)];
     if (std::any_of(b.begin(), b.end(), [](char c) { return NeedsJsonEscape(c); })) {
-      v->escaped_ids_.push_back(id);
+      v->escaped_.emplace_back(id, JsonEscaped(b));
     }
   }
   v->filter_ = std::make_unique<grammar::TokenFilter>(v->bytes_);
@@ -554,13 +505,22 @@ bool AnswerConstraint::ElementPrefix(std::string_view text, bool whole) const {
   int key = 0;
   if (!KeyOf(rest.substr(0, quote), &key)) return false;
   const std::string_view tail = rest.substr(quote);  // `" type="TYPE"`
+  constexpr std::string_view kTypeAttr = "\" type=\"";
   const uint8_t types = TypesOf(key);
   for (int t = 0; t < kNumXtmlArgTypes; ++t) {
     if (((types >> t) & 1) == 0) continue;
-    std::string want = "\" type=\"";
-    want.append(kXtmlTypeNames[t]);
-    want.push_back('"');
-    if (whole ? tail == want : std::string_view(want).starts_with(tail)) return true;
+    // tail against kTypeAttr + name + `"`, piece by piece (no string built per token).
+    const std::string_view name = kXtmlTypeNames[t];
+    const size_t whole_size = kTypeAttr.size() + name.size() + 1;
+    if (tail.size() > whole_size || (whole && tail.size() != whole_size)) continue;
+    std::string_view rest_tail = tail;
+    bool match = true;
+    for (std::string_view piece : {kTypeAttr, name, std::string_view("\"")}) {
+      const size_t k = std::min(piece.size(), rest_tail.size());
+      match = match && rest_tail.substr(0, k) == piece.substr(0, k);
+      rest_tail.remove_prefix(k);
+    }
+    if (match) return true;
   }
   return false;
 }
@@ -573,9 +533,9 @@ void AnswerConstraint::ArgValueAllowed(std::vector<uint8_t>* allowed) const {
   if (arg_type_ == kArgString) {
     v.filter_->Allowed(matcher_, allowed);
     allowed->resize(n, 0);
-    for (int32_t id : v.escaped_ids_) {
+    for (const auto& [id, escaped] : v.escaped_) {
       grammar::JsonMatcher m = matcher_;
-      (*allowed)[id] = m.Accept(JsonEscaped(v.bytes_[id])) ? 1 : 0;
+      (*allowed)[id] = m.Accept(escaped) ? 1 : 0;
     }
     grammar::JsonMatcher end = matcher_;
     if (end.Accept("\"") && end.CanEnd()) (*allowed)[v.close_] = 1;

@@ -152,9 +152,10 @@ class ConstraintVocab {
   std::vector<int32_t> think_, response_, message_;  // the tag names' ordinary tokens
   // Tool-call pieces, each encoded alone as the renderer's segments are.
   std::vector<int32_t> tools_, call_, json_, argument_, tool_attr_, index_attr_, eq_quote_, quote_;
-  // Ordinary ids whose bytes a JSON string must escape (`"`, `\`, control bytes): a raw string
-  // argument's bytes go to the matcher escaped, so the filter's answer is redone for these.
-  std::vector<int32_t> escaped_ids_;
+  // Ordinary ids whose bytes a JSON string must escape (`"`, `\`, control bytes), with their
+  // escaped bytes: a raw string argument's bytes go to the matcher escaped, so the filter's
+  // answer is redone for these (3,615 of K3's 163,840).
+  std::vector<std::pair<int32_t, std::string>> escaped_;
   std::vector<std::vector<int32_t>> digits_;  // "0".."9"
 };
 

@@ -235,6 +235,14 @@ class ConstrainedToolTest : public ConstrainedTest {
     }
   }
   void TakeText(AnswerConstraint* c, const std::string& text) { Take(c, Encode(text)); }
+  // After an element's header: `<|sep|>VALUE<|close|>argument<|sep|>`.
+  void TakeValue(AnswerConstraint* c, const std::string& value) {
+    Take(c, {ids_.sep});
+    TakeText(c, value);
+    Take(c, {ids_.close});
+    TakeText(c, "argument");
+    Take(c, {ids_.sep});
+  }
   // The call's opening, forced: the empty response, `tools`, `call tool="get_weather"
   // index="1"`.
   void TakeCallHeader(AnswerConstraint* c) {
@@ -497,11 +505,8 @@ TEST_F(ConstrainedToolTest, AnAdditionalKeyIsWrittenOnceWithAnyTypeItsSchemaAllo
     }
   }
   TakeText(&*c, "c\" type=\"boolean\"");
-  Take(&*c, {ids_.sep});
-  TakeText(&*c, "false");
+  TakeValue(&*c, "false");
   Take(&*c, {ids_.close});
-  TakeText(&*c, "argument");
-  Take(&*c, {ids_.sep, ids_.close});
   TakeText(&*c, "call");
   Take(&*c, {ids_.sep});
   const std::vector<std::string> calls = ParsedCalls();
@@ -594,11 +599,8 @@ TEST_F(ConstrainedToolTest, RepeatedLongKeysAndEscapedNamesNeverDeadEnd) {
     TakeText(&*c, "argument key=\"");
     for (char ch : key) ASSERT_NO_FATAL_FAILURE(TakeText(&*c, std::string(1, ch)));
     TakeText(&*c, "\" type=\"boolean\"");
-    Take(&*c, {ids_.sep});
-    TakeText(&*c, "true");
-    Take(&*c, {ids_.close});
-    TakeText(&*c, "argument");
-    Take(&*c, {ids_.sep, ids_.open});
+    TakeValue(&*c, "true");
+    Take(&*c, {ids_.open});
     TakeText(&*c, "argument key=\"");
     for (size_t i = 0; i + 1 < key.size(); ++i) ASSERT_NO_FATAL_FAILURE(TakeText(&*c, "a"));
     std::vector<uint8_t> allowed;
@@ -625,11 +627,7 @@ TEST_F(ConstrainedToolTest, RepeatedLongKeysAndEscapedNamesNeverDeadEnd) {
     for (const char* attr : {"a&amp;b", "a&amp;amp;b"}) {
       Take(&*c, {ids_.open});
       TakeText(&*c, std::string("argument key=\"") + attr + "\" type=\"string\"");
-      Take(&*c, {ids_.sep});
-      TakeText(&*c, "v");
-      Take(&*c, {ids_.close});
-      TakeText(&*c, "argument");
-      Take(&*c, {ids_.sep});
+      TakeValue(&*c, "v");
     }
     Take(&*c, {ids_.close});
     TakeText(&*c, "call");
