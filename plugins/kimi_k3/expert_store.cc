@@ -905,6 +905,7 @@ absl::Status StreamingExpertStore::Impl::RunLoads(
     ReturnSlot(&job->slot);
   };
   auto enqueue = [&](size_t begin, size_t end) {
+    if (begin == end) return;  // every expert a hit: waking the loaders would only cost switches
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = begin; i < end; ++i) {
       jobs[i].pieces_left = jobs[i].pieces;
