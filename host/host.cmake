@@ -3,6 +3,7 @@
 coli_cc_library(NAME coli_host_core
   SRCS ${CMAKE_CURRENT_LIST_DIR}/plugin.cc ${CMAKE_CURRENT_LIST_DIR}/engine.cc
        ${CMAKE_CURRENT_LIST_DIR}/service.cc
+       ${CMAKE_CURRENT_LIST_DIR}/write_starter.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/plugin.h ${CMAKE_CURRENT_LIST_DIR}/engine.h
        ${CMAKE_CURRENT_LIST_DIR}/service.h
   PUBLIC_DEPS coli_proto coli_plugin_api coli_status coli_log gRPC::grpc++

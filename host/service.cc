@@ -16,9 +16,14 @@ namespace {
 
 // A server-streaming reactor fed from any thread: Push() queues events, written one at a time;
 // Done() finishes after the queue drains. OnCancel runs `on_cancel` (set before the first Push).
+// With a `starter`, writes that Push / Done begin are started on its thread rather than the
+// caller's (a generation thread between two decode steps); writes that follow a finished one
+// start inline on gRPC's thread.
 template <typename Event>
 class StreamReactor : public grpc::ServerWriteReactor<Event> {
  public:
+  explicit StreamReactor(WriteStarter* starter = nullptr) : starter_(starter) {}
+
   void SetOnCancel(std::function<void()> fn) {
     std::lock_guard<std::mutex> lock(mu_);
     on_cancel_ = std::move(fn);
@@ -29,14 +34,14 @@ class StreamReactor : public grpc::ServerWriteReactor<Event> {
     std::unique_lock<std::mutex> lock(mu_);
     if (broken_) return;
     pending_.push_back(std::move(event));
-    Pump(lock);
+    Pump(lock, /*from_grpc=*/false);
   }
 
   void Done(grpc::Status status) {
     std::unique_lock<std::mutex> lock(mu_);
     done_ = true;
     status_ = std::move(status);
-    Pump(lock);
+    Pump(lock, /*from_grpc=*/false);
   }
 
   void OnWriteDone(bool ok) override {
@@ -46,7 +51,7 @@ class StreamReactor : public grpc::ServerWriteReactor<Event> {
       broken_ = true;
       pending_.clear();
     }
-    Pump(lock);
+    Pump(lock, /*from_grpc=*/true);
   }
 
   void OnCancel() override {
@@ -63,25 +68,37 @@ class StreamReactor : public grpc::ServerWriteReactor<Event> {
 
  private:
   // Starts the next write, or Finish once everything is written. Never calls into gRPC with the
-  // lock held (a reaction may run inline).
-  void Pump(std::unique_lock<std::mutex>& lock) {
+  // lock held (a reaction may run inline). While a posted start waits, writing_ / finished_ are
+  // already set, so nothing else starts and the reactor (deleted only after Finish completes)
+  // outlives the posted call.
+  void Pump(std::unique_lock<std::mutex>& lock, bool from_grpc) {
     if (writing_ || finished_) return;
+    const bool post = starter_ != nullptr && !from_grpc;
     if (!pending_.empty()) {
       current_ = std::move(pending_.front());
       pending_.pop_front();
       writing_ = true;
       lock.unlock();
-      this->StartWrite(&current_);
+      if (post) {
+        starter_->Post([this] { this->StartWrite(&current_); });
+      } else {
+        this->StartWrite(&current_);
+      }
       return;
     }
     if (done_) {
       finished_ = true;
       grpc::Status status = status_;
       lock.unlock();
-      this->Finish(status);
+      if (post) {
+        starter_->Post([this, status] { this->Finish(status); });
+      } else {
+        this->Finish(status);
+      }
     }
   }
 
+  WriteStarter* const starter_;
   std::mutex mu_;
   std::deque<Event> pending_;
   Event current_;
@@ -102,10 +119,10 @@ std::optional<std::chrono::steady_clock::time_point> DeadlineOf(
 
 // Generate and Chat share everything but the token event's shape.
 template <typename Event>
-grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine,
+grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine, WriteStarter* starter,
                                                  grpc::CallbackServerContext* context,
                                                  GenerationInput input) {
-  auto* reactor = new StreamReactor<Event>();
+  auto* reactor = new StreamReactor<Event>(starter);
   input.deadline = DeadlineOf(context);
   EventSink sink;
   sink.on_progress = [reactor](const v1::PrefillProgress& progress) {
@@ -245,12 +262,14 @@ grpc::ServerUnaryReactor* ColiService::UnloadModel(grpc::CallbackServerContext* 
 
 grpc::ServerWriteReactor<v1::GenerateEvent>* ColiService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return StartGeneration<v1::GenerateEvent>(engine_, context, GenerationInput::From(*request));
+  return StartGeneration<v1::GenerateEvent>(engine_, &write_starter_, context,
+                                            GenerationInput::From(*request));
 }
 
 grpc::ServerWriteReactor<v1::ChatEvent>* ColiService::Chat(grpc::CallbackServerContext* context,
                                                            const v1::ChatRequest* request) {
-  return StartGeneration<v1::ChatEvent>(engine_, context, GenerationInput::From(*request));
+  return StartGeneration<v1::ChatEvent>(engine_, &write_starter_, context,
+                                        GenerationInput::From(*request));
 }
 
 grpc::ServerUnaryReactor* ColiService::Cancel(grpc::CallbackServerContext* context,

@@ -19,6 +19,7 @@
 #include "coli/v1/coli.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "host/engine.h"
+#include "host/write_starter.h"
 
 namespace coli::host {
 
@@ -58,6 +59,7 @@ class ColiService final : public v1::Coli::CallbackService {
   Engine* engine_;
   std::mutex mu_;
   std::vector<std::thread> loaders_;
+  WriteStarter write_starter_;  // declared last: its thread drains before the rest goes
 };
 
 struct ServerOptions {
