@@ -63,6 +63,7 @@
 #include "plugins/kimi_k3/constrained.h"
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/prefix_cache.h"
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/spec_decode.h"
 #include "plugins/kimi_k3/spec_lookup.h"
@@ -103,6 +104,11 @@ struct K3Model {
   // Bytes the checkpoint caches of all this model's sessions hold now (a model stat: a current
   // value, which session_stats must not report since the host sums those as counters).
   std::atomic<int64_t> checkpoint_bytes{0};
+  // The prefix cache shared by all the model's sessions (prefix_cache.h; option prefix_cache in
+  // MiB = COLI_K3_PREFIX_CACHE_MB, 0 = off; prefix_cache_min tokens = COLI_K3_PREFIX_CACHE_MIN).
+  int64_t prefix_cache_mb = 0;
+  int64_t prefix_cache_min = PrefixCache::kDefaultMinTokens;
+  std::unique_ptr<PrefixCache> prefix_cache;
   // The Vulkan expert tier (vk_tier.h): its switches as the client sent them, the tier (owned
   // by `model`; null unless COLI_VULKAN=1 / K3_VK=1) and its counters at the last take.
   VkSwitches vk_switches;
@@ -232,6 +238,9 @@ struct K3Session {
   double prompt_tokens = 0, reused = 0, computed = 0, generated = 0;
   double compute_seconds = 0;
   double checkpoint_restores = 0, checkpoint_tokens = 0;
+  // Prefills that began from the model's prefix cache, and the tokens restored by them (also
+  // counted in `reused`).
+  double prefix_restores = 0, prefix_tokens = 0;
   // Decode steps whose forward pass held more than one row, and those passes' rows summed
   // (mean batch = batched_rows / batched_steps); Feed() tells how a pass's costs are shared.
   double batched_steps = 0, batched_rows = 0;
@@ -315,7 +324,9 @@ constexpr int kMaxSpec = 16;
 // session (COLI_K3_CKPT), "ckpt_dir" (COLI_K3_CKPT_DIR), "spec" = max draft tokens of
 // speculative decoding (COLI_K3_SPEC, 0 = off), "spec_ngram_max" / "spec_ngram_min" = the
 // prompt-lookup n-gram lengths (default 3 / 1), "mix_rows" = most decode rows one prefill
-// chunk pass carries (COLI_K3_MIX_ROWS; 0 = off; default max(8, K3_CHUNK)).
+// chunk pass carries (COLI_K3_MIX_ROWS; 0 = off; default max(8, K3_CHUNK)), "prefix_cache" =
+// MiB of the model's shared prefix cache (COLI_K3_PREFIX_CACHE_MB, 0 = off), "prefix_cache_min"
+// = the shortest prefix it keeps, in tokens (COLI_K3_PREFIX_CACHE_MIN, default 32).
 absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
   for (size_t i = 0; o != nullptr && i < o->n_extra; ++i) {
     const std::string key(View(o->extra[i].key)), value(View(o->extra[i].value));
@@ -345,6 +356,20 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
           k->checkpoint_slots > 1024) {
         return absl::InvalidArgumentError(absl::StrCat("kimi_k3: option ckpt (COLI_K3_CKPT) = '",
                                                        value, "' is not a slot count in 0…1024"));
+      }
+    } else if (key == "prefix_cache") {
+      if (!absl::SimpleAtoi(value, &k->prefix_cache_mb) || k->prefix_cache_mb < 0 ||
+          k->prefix_cache_mb > (int64_t{1} << 24)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option prefix_cache (COLI_K3_PREFIX_CACHE_MB) = '", value,
+            "' is not a size in MiB in 0…16777216 (0 = off)"));
+      }
+    } else if (key == "prefix_cache_min") {
+      if (!absl::SimpleAtoi(value, &k->prefix_cache_min) || k->prefix_cache_min < 1 ||
+          k->prefix_cache_min > (int64_t{1} << 24)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option prefix_cache_min (COLI_K3_PREFIX_CACHE_MIN) = '", value,
+            "' is not a token count in 1…16777216"));
       }
     } else if (key == "mmap") {
       if (value != "0" && value != "1") {
@@ -393,6 +418,10 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   k->dir = std::string(View(args.model_dir));
   COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args.options));
   COLI_RETURN_IF_ERROR(ReadExtraOptions(args.options, k.get()));
+  if (k->prefix_cache_mb > 0) {
+    k->prefix_cache = std::make_unique<PrefixCache>(
+        static_cast<size_t>(k->prefix_cache_mb) << 20, k->prefix_cache_min);
+  }
   COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
   options.mmap = k->mmap;
   COLI_ASSIGN_OR_RETURN(k->tokenizer, tok::Tokenizer::LoadDir(k->dir));
@@ -814,10 +843,25 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   const std::vector<int32_t>& record = s->session->tokens();
   size_t keep = 0;
   absl::StatusOr<std::vector<float>> logits;  // set here only when a checkpoint covers it all
-  if (record.size() < prompt.size() && std::equal(record.begin(), record.end(), prompt.begin())) {
+  const bool extends =
+      record.size() < prompt.size() && std::equal(record.begin(), record.end(), prompt.begin());
+  const Checkpoint* c =
+      !extends && s->checkpoints ? s->checkpoints->Deepest(prompt, record) : nullptr;
+  // The model's prefix cache serves what the session's own record and checkpoints do not: the
+  // deepest entry the prompt begins with, if it is deeper than what the session could keep.
+  const size_t own = extends ? record.size() : c != nullptr ? c->tokens.size() : 0;
+  std::shared_ptr<const PrefixState> shared =
+      s->m->prefix_cache != nullptr ? s->m->prefix_cache->Deepest(prompt, own) : nullptr;
+  if (shared != nullptr) {
+    COLI_RETURN_IF_ERROR(s->session->RestorePrefix(*shared));
+    keep = shared->at.tokens.size();
+    if (keep == prompt.size()) logits = shared->at.logits;
+    s->prefix_restores += 1;
+    s->prefix_tokens += static_cast<double>(keep);
+    shared.reset();
+  } else if (extends) {
     keep = record.size();
-  } else if (const Checkpoint* c =
-                 s->checkpoints ? s->checkpoints->Deepest(prompt, record) : nullptr) {
+  } else if (c != nullptr) {
     COLI_RETURN_IF_ERROR(s->session->Restore(*c));
     keep = c->tokens.size();
     if (keep == prompt.size()) logits = c->logits;
@@ -875,11 +919,12 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     ask(last_done);
     return cancelled;
   };
-  // With checkpoints on, the tail runs in two parts split where the last message starts, so
-  // that an edit of that message can return there (the split does not change results: chunked
-  // prefill is bit-identical to token at a time).
+  // With checkpoints or the prefix cache on, the tail runs in two parts split where the last
+  // message starts, so that an edit of that message can return there and other conversations
+  // sharing everything before it (a first turn's system prompt and tools) can start there (the
+  // split does not change results: chunked prefill is bit-identical to token at a time).
   std::vector<size_t> ends;
-  if (s->checkpoints != nullptr && s->m->end_of_msg >= 0) {
+  if ((s->checkpoints != nullptr || s->m->prefix_cache != nullptr) && s->m->end_of_msg >= 0) {
     const int64_t split = LastMessageStart(prompt, s->m->end_of_msg);
     if (split > static_cast<int64_t>(keep) && split < static_cast<int64_t>(prompt.size())) {
       ends.push_back(static_cast<size_t>(split));
@@ -907,6 +952,15 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
             !put.ok()) {
           COLI_LOG(kWarning) << "kimi_k3: checkpoint not kept: " << put;
         }
+      }
+      // The state where the last message starts goes to the model's prefix cache (the whole
+      // state: any session can continue from it). Prompt ends are left to the session's own
+      // checkpoints: they rarely begin another conversation, and each entry costs the whole
+      // recurrent state (K3: 434 MB).
+      PrefixCache* cache = s->m->prefix_cache.get();
+      if (cache != nullptr && ends[i] < prompt.size() &&
+          cache->Wants(prompt.first(ends[i]))) {
+        cache->Insert(s->session->TakePrefixState(*logits));
       }
     }
     if (s->checkpoints != nullptr) {
@@ -1331,6 +1385,8 @@ const char* const kStatNames[] = {
     "mixed_passes",
     "mixed_rows",
     "decode_rides",
+    "prefix_cache_restores",
+    "prefix_cache_tokens_restored",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -1359,7 +1415,9 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.spec_rewinds,
                            s.mixed_passes,
                            s.mixed_rows,
-                           s.decode_rides};
+                           s.decode_rides,
+                           s.prefix_restores,
+                           s.prefix_tokens};
   std::vector<coli_stat_t> out = abi::NamedStats(kStatNames, values);
   // The Vulkan tier and shared experts: counters attributed to this session (what is resident
   // now, a current value, is the model's: ModelStats).
@@ -1377,6 +1435,9 @@ const char* const kModelStatNames[] = {
     "vk_tier_bytes",          "vk_tier_slots",        "vk_dense_matrices",  "vk_dense_bytes",
     "mix_queued_rows",   // decode rows waiting now for a running prefill's next chunk pass
     "checkpoint_bytes",  // held by the checkpoint caches of all the model's sessions
+    "prefix_cache_bytes",    // held by the model's prefix cache
+    "prefix_cache_entries",  // its entries
+    "prefix_cache_hits",     // prefills it served since the model was loaded
 };
 
 std::vector<coli_stat_t> ModelStats(const K3Model& m) {
@@ -1398,7 +1459,10 @@ std::vector<coli_stat_t> ModelStats(const K3Model& m) {
       static_cast<double>(vk.dense.matrices),
       static_cast<double>(vk.dense.bytes),
       static_cast<double>(queued),
-      static_cast<double>(m.checkpoint_bytes.load())};
+      static_cast<double>(m.checkpoint_bytes.load()),
+      m.prefix_cache != nullptr ? static_cast<double>(m.prefix_cache->bytes()) : 0.0,
+      m.prefix_cache != nullptr ? static_cast<double>(m.prefix_cache->entries()) : 0.0,
+      m.prefix_cache != nullptr ? static_cast<double>(m.prefix_cache->hits()) : 0.0};
   return abi::NamedStats(kModelStatNames, values);
 }
 

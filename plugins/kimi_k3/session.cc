@@ -116,6 +116,68 @@ absl::Status Session::Restore(const Checkpoint& c) {
   return absl::OkStatus();
 }
 
+size_t PrefixState::bytes() const {
+  size_t n = at.bytes();
+  for (const std::vector<float>& rows : mla) n += rows.size() * sizeof(float);
+  return n;
+}
+
+PrefixState Session::TakePrefixState(std::vector<float> logits) const {
+  PrefixState p;
+  p.at = TakeCheckpoint(std::move(logits));
+  p.mla.resize(state_.mla.size());
+  for (size_t i = 0; i < state_.mla.size(); ++i) {
+    const MlaCache& m = state_.mla[i];
+    if (m.width == 0) continue;  // a KDA layer
+    // The cache holds exactly the record's rows (Restore/Replay cut it with the record).
+    const size_t used = static_cast<size_t>(std::min<int64_t>(m.length, position())) * m.width;
+    p.mla[i].assign(m.rows.begin(), m.rows.begin() + static_cast<std::ptrdiff_t>(used));
+  }
+  return p;
+}
+
+absl::Status Session::RestorePrefix(const PrefixState& p) {
+  const int64_t n = static_cast<int64_t>(p.at.tokens.size());
+  const size_t L = state_.kda.size();
+  if (p.at.kda.size() != L || p.mla.size() != L) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "prefix state has ", p.at.kda.size(), " / ", p.mla.size(),
+        " layers (KDA / MLA), the model runs ", L));
+  }
+  const int64_t max_ctx = model_.options().max_context;
+  if (max_ctx > 0 && n > max_ctx) {
+    return absl::ResourceExhaustedError(absl::StrCat("prefix state of ", n,
+                                                     " tokens exceeds the context capacity of ",
+                                                     max_ctx, " (K3_MAXT)"));
+  }
+  for (size_t i = 0; i < L; ++i) {
+    const KdaState& k = state_.kda[i];
+    const KdaState& pk = p.at.kda[i];
+    if (pk.S.size() != k.S.size() || pk.q_win.size() != k.q_win.size() ||
+        pk.k_win.size() != k.k_win.size() || pk.v_win.size() != k.v_win.size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("prefix state: layer ", i, "'s KDA state has another size"));
+    }
+    const int width = state_.mla[i].width;
+    const size_t want = width == 0 ? 0 : static_cast<size_t>(n) * width;
+    if (p.mla[i].size() != want) {
+      return absl::FailedPreconditionError(absl::StrCat("prefix state: layer ", i, " holds ",
+                                                        p.mla[i].size(), " MLA floats, ", want,
+                                                        " expected for ", n, " tokens"));
+    }
+  }
+  for (size_t i = 0; i < L; ++i) {
+    state_.kda[i] = p.at.kda[i];  // copy-assignment: same-sized buffers are reused
+    MlaCache& m = state_.mla[i];
+    if (m.width == 0) continue;
+    m.rows.assign(p.mla[i].begin(), p.mla[i].end());
+    m.length = n;
+  }
+  tokens_ = p.at.tokens;
+  broken_ = false;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const int32_t> ids,
                                                 bool prefill, bool every_row,
                                                 const Cancel* interrupt) {

@@ -51,6 +51,16 @@ struct Checkpoint {
   size_t bytes() const;
 };
 
+// The whole per-sequence state at one position: the Checkpoint (tokens, KDA states, logits)
+// plus the MLA latent cache rows of those tokens. Unlike a Checkpoint it does not need the
+// session's own MLA caches, so ANY fresh session of the same model can continue from it
+// (Session::RestorePrefix; the model-wide prefix cache, prefix_cache.h, holds these).
+struct PrefixState {
+  Checkpoint at;                        // at.logits may be empty (then the position must be fed)
+  std::vector<std::vector<float>> mla;  // per layer: [position, width] rows (empty for KDA layers)
+  size_t bytes() const;
+};
+
 // What a StepAll pass leaves behind on request so that a prefix of its rows can be re-applied
 // from a checkpoint without a forward pass (Session::Replay; speculative decoding drops rejected
 // draft rows with it, spec_decode.h): per KDA layer the inputs of every row's state update
@@ -169,6 +179,15 @@ class Session {
   // Returns to `c`'s position: its tokens must be a prefix of the record (the MLA rows before
   // it are then the ones it was taken with), else FAILED_PRECONDITION and nothing changes.
   absl::Status Restore(const Checkpoint& c);
+  // The whole state at the current position (copies; `logits` are the ones after the last token,
+  // or empty).
+  PrefixState TakePrefixState(std::vector<float> logits) const;
+  // Replaces the whole state with `p`'s (taken on a session of the same model; any record of
+  // this session is dropped): the session is then exactly where the session `p` was taken from
+  // was, and continues bit for bit like it. FAILED_PRECONDITION naming the layer when `p` does
+  // not fit this model (layer kinds, state or row sizes), RESOURCE_EXHAUSTED past K3_MAXT;
+  // nothing changes then. Clears broken().
+  absl::Status RestorePrefix(const PrefixState& p);
 
   int64_t position() const { return static_cast<int64_t>(tokens_.size()); }
   // True after a failed pass, until Reset() or Restore().

@@ -443,6 +443,15 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
     (*o.mutable_extra())["ckpt"] = s;
   }
   if (std::string s = Env("COLI_K3_CKPT_DIR"); !s.empty()) (*o.mutable_extra())["ckpt_dir"] = s;
+  // The kimi_k3 model-wide prefix cache: MiB (0 = off) and the shortest prefix kept (tokens).
+  for (const auto& [name, key] : {std::pair{"COLI_K3_PREFIX_CACHE_MB", "prefix_cache"},
+                                  std::pair{"COLI_K3_PREFIX_CACHE_MIN", "prefix_cache_min"}}) {
+    if (std::string s = Env(name); !s.empty()) {
+      int64_t value = 0;
+      if (!absl::SimpleAtoi(s, &value) || value < 0) return bad(name, s);
+      (*o.mutable_extra())[key] = s;
+    }
+  }
   // The Vulkan switches (expert tier, shared experts) and the old K3_VK* aliases, sent as set;
   // the family resolves them (explicit COLI_* wins) and names the variable of a bad value.
   // COLI_VK_DEVICE is read by the Vulkan context itself where the device is opened.

@@ -1,0 +1,94 @@
+// plugins/kimi_k3/prefix_cache: one model's shared prefix cache (COLI_K3_PREFIX_CACHE_MB) —
+// vLLM's "automatic prefix caching" for a hybrid recurrent model.
+//
+//   PrefixCache cache(512 << 20);                       // bytes; entries of >= 32 tokens
+//   cache.Insert(session->TakePrefixState({}));         // after prefilling a shared prefix
+//   if (auto e = cache.Deepest(prompt, /*deeper_than=*/0)) {
+//     COLI_RETURN_IF_ERROR(other_session->RestorePrefix(*e));  // any session of the model
+//     other_session->Prefill(prompt.subspan(e->at.tokens.size()));
+//   }
+//
+// Many conversations start with the same long system prompt and tool definitions. A session's
+// own checkpoints (checkpoints.h) cannot serve another session: they hold the KDA states only
+// and rely on the session's own MLA caches for the rows before them. An entry here holds the
+// WHOLE per-sequence state at its position (session.h, PrefixState: the KDA recurrent states
+// and conv windows, the MLA latent rows of every MLA layer, the logits when stored at a prompt
+// end; AttnRes keeps nothing across positions, the position is the token count), so a fresh
+// session of the same model continues from it exactly as the session it was taken from: the
+// logits and sampled tokens are bit-identical to a cold prefill (the forward pass is row-wise
+// independent of chunking; session.h).
+//
+// Size: KDA states (K3: 434 MB, independent of length) + per token 576 floats per MLA layer
+// (K3: 24 layers, 55,296 bytes per token). Bounded by a byte budget; the least recently used
+// entries are dropped first; prefixes shorter than `min_tokens` are not worth an entry.
+//
+// Threading: every call is thread-safe (one mutex). Entries are immutable once published and
+// handed out as shared_ptr<const>: a reader copies from its entry without the lock while other
+// threads insert and evict (an evicted entry lives until its last reader lets go; bytes()
+// counts only the entries still held).
+#ifndef COLI_PLUGINS_KIMI_K3_PREFIX_CACHE_H_
+#define COLI_PLUGINS_KIMI_K3_PREFIX_CACHE_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "plugins/kimi_k3/session.h"
+
+namespace coli::k3 {
+
+class PrefixCache {
+ public:
+  static constexpr int64_t kDefaultMinTokens = 32;
+
+  // `max_bytes` held at most (entries larger than that are never kept); prefixes shorter than
+  // `min_tokens` (at least 1) are not kept.
+  explicit PrefixCache(size_t max_bytes, int64_t min_tokens = kDefaultMinTokens);
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  size_t max_bytes() const { return max_bytes_; }
+  int64_t min_tokens() const { return min_tokens_; }
+
+  // Whether an entry for exactly `tokens` is worth taking: long enough and not held already
+  // (taking a PrefixState copies the whole state: ask before paying for it). Marks a held one
+  // used.
+  bool Wants(std::span<const int32_t> tokens);
+  // Publishes `p` (replacing one with the same tokens only if `p` has logits and it has none),
+  // then drops least recently used entries until the budget holds. Returns false when `p` was
+  // not kept (too short, larger than the whole budget, or already held).
+  bool Insert(PrefixState p);
+  // The deepest entry whose tokens begin `prompt` and are more than `deeper_than` tokens long,
+  // at most prompt.size() tokens (there only with logits, which then stand for the whole
+  // prompt); marks it used and counts a hit. nullptr when none.
+  std::shared_ptr<const PrefixState> Deepest(std::span<const int32_t> prompt,
+                                             size_t deeper_than);
+  void Clear();
+
+  // Current values (model stats).
+  size_t bytes() const;
+  size_t entries() const;
+  // Entries handed out by Deepest since creation.
+  uint64_t hits() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const PrefixState> state;
+    size_t bytes = 0;
+  };
+  std::list<Entry>::iterator FindLocked(std::span<const int32_t> tokens);
+
+  const size_t max_bytes_;
+  const int64_t min_tokens_;
+  mutable std::mutex mu_;
+  std::list<Entry> entries_;  // most recently used first
+  size_t bytes_ = 0;
+  uint64_t hits_ = 0;
+};
+
+}  // namespace coli::k3
+
+#endif  // COLI_PLUGINS_KIMI_K3_PREFIX_CACHE_H_

@@ -1,0 +1,403 @@
+// The model-wide prefix cache on the tiny fixture. Prompts are real XTML renderings (the
+// renderer, chat.h) of a long system prompt and different user messages, so the entries sit at
+// the real "last message start" (checkpoints.h, LastMessageStart). The reference for every
+// restored session is a cold session of the same model that prefilled the whole prompt from
+// token 0 without any cache: logits and greedy tokens must match bit for bit.
+#include "plugins/kimi_k3/prefix_cache.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/sampling/sampling.h"
+#include "common/status/status_matchers.h"
+#include "common/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plugins/kimi_k3/chat.h"
+#include "plugins/kimi_k3/checkpoints.h"
+#include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/session.h"
+
+namespace coli::k3 {
+namespace {
+
+using ::coli::testing::StatusIs;
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::string LongSystemPrompt(int sentences) {
+  std::string s = "You are a careful assistant for a hardware shop.";
+  for (int i = 0; i < sentences; ++i) {
+    s += " Rule " + std::to_string(i) + ": answer briefly, cite the manual, never guess prices.";
+  }
+  return s;
+}
+
+class PrefixCacheSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ModelOptions o;
+    o.chunk = 5;  // chunk borders away from the message borders
+    auto model = Model::Load(K3_TEST_TINY, o);
+    ASSERT_OK(model.status());
+    model_ = std::move(model).value();
+    auto tokenizer = tok::Tokenizer::LoadDir(K3_TEST_TINY);
+    ASSERT_OK(tokenizer.status());
+    tokenizer_ = std::move(tokenizer).value();
+    auto eom = tokenizer_->TokenId(kEndOfMsgToken);
+    ASSERT_TRUE(eom.has_value());
+    end_of_msg_ = *eom;
+  }
+
+  // [system, user] rendered by the XTML renderer with the generation prompt.
+  std::vector<int32_t> Render(const std::string& system, const std::string& user) {
+    Json request;
+    request["messages"] = Json::array();
+    request["messages"].push_back({{"role", "system"}, {"content", system}});
+    request["messages"].push_back({{"role", "user"}, {"content", user}});
+    auto chat = RenderChat(request, *tokenizer_);
+    EXPECT_OK(chat.status());
+    return chat.ok() ? chat->ids : std::vector<int32_t>();
+  }
+
+  int64_t Split(const std::vector<int32_t>& prompt) const {
+    return LastMessageStart(prompt, end_of_msg_);
+  }
+
+  // A cold session: the whole prompt from token 0, then `steps` greedy tokens. Returns the
+  // prompt's logits followed by each step's.
+  std::vector<std::vector<float>> Cold(const std::vector<int32_t>& prompt, int steps) {
+    auto s = model_->NewSession();
+    return Continue(*s, prompt, steps);
+  }
+
+  // Prefills `tokens` on `s` and decodes `steps` greedy tokens.
+  static std::vector<std::vector<float>> Continue(Session& s, std::span<const int32_t> tokens,
+                                                  int steps) {
+    std::vector<std::vector<float>> out;
+    auto logits = s.Prefill(tokens);
+    EXPECT_OK(logits.status());
+    if (!logits.ok()) return out;
+    out.push_back(*logits);
+    for (int i = 0; i < steps; ++i) {
+      auto next = s.Step(sampling::Greedy(out.back()));
+      EXPECT_OK(next.status());
+      if (!next.ok()) return out;
+      out.push_back(*std::move(next));
+    }
+    return out;
+  }
+
+  // Session A's first turn as the plugin runs it: to the last message start (an entry goes to
+  // the cache there), then the rest, and two greedy tokens.
+  void FirstTurn(Session& a, const std::vector<int32_t>& prompt, PrefixCache& cache) {
+    const int64_t split = Split(prompt);
+    ASSERT_GT(split, 0);
+    auto head = a.Prefill(std::span(prompt).first(split));
+    ASSERT_OK(head.status());
+    ASSERT_TRUE(cache.Wants(std::span(prompt).first(split)));
+    ASSERT_TRUE(cache.Insert(a.TakePrefixState(*head)));
+    EXPECT_FALSE(cache.Wants(std::span(prompt).first(split)));  // held now
+    EXPECT_EQ(Continue(a, std::span(prompt).subspan(split), 2).size(), 3u);
+  }
+
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<tok::Tokenizer> tokenizer_;
+  int32_t end_of_msg_ = -1;
+};
+
+TEST_F(PrefixCacheSessionTest, AnotherSessionContinuesFromTheSharedSystemPromptBitForBit) {
+  const std::string system = LongSystemPrompt(6);
+  const std::vector<int32_t> p1 = Render(system, "Do you sell drills?");
+  const std::vector<int32_t> p2 = Render(system, "How much is a hammer today, please?");
+  const int64_t split = Split(p1);
+  ASSERT_EQ(Split(p2), split);
+  ASSERT_GE(split, 64) << "the system prompt must be long enough to be worth an entry";
+  // The entry sits where the user message starts: the rendered system message ends there.
+  ASSERT_EQ(p1[split - 1], end_of_msg_);
+
+  PrefixCache cache(size_t{1} << 30);
+  auto a = model_->NewSession();
+  FirstTurn(*a, p1, cache);
+  EXPECT_EQ(cache.entries(), 1u);
+  EXPECT_GT(cache.bytes(), static_cast<size_t>(split) * sizeof(int32_t));
+
+  // Session B, never used: restores the entry and prefills only the user message.
+  auto b = model_->NewSession();
+  std::shared_ptr<const PrefixState> e = cache.Deepest(p2, 0);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(static_cast<int64_t>(e->at.tokens.size()), split);
+  EXPECT_EQ(cache.hits(), 1u);
+  ASSERT_OK(b->RestorePrefix(*e));
+  EXPECT_EQ(b->position(), split);
+  const std::vector<std::vector<float>> warm = Continue(*b, std::span(p2).subspan(split), 6);
+  const std::vector<std::vector<float>> cold = Cold(p2, 6);
+  ASSERT_EQ(warm.size(), cold.size());
+  for (size_t i = 0; i < cold.size(); ++i) {
+    EXPECT_TRUE(SameBits(warm[i], cold[i])) << "logits after step " << i << " differ";
+  }
+  EXPECT_EQ(b->tokens().size(), p2.size() + 6);
+  // The entry's own logits are the ones after its last token.
+  EXPECT_TRUE(SameBits(e->at.logits, Cold(std::vector<int32_t>(p2.begin(), p2.begin() + split),
+                                          0)[0]));
+
+  // Reset after a restore: back to an empty sequence, a cold prefill again matches.
+  b->Reset();
+  EXPECT_EQ(b->position(), 0);
+  const std::vector<std::vector<float>> again = Continue(*b, p2, 2);
+  ASSERT_EQ(again.size(), 3u);
+  for (size_t i = 0; i < again.size(); ++i) EXPECT_TRUE(SameBits(again[i], cold[i]));
+}
+
+TEST_F(PrefixCacheSessionTest, ARestoreReplacesAUsedSessionsState) {
+  const std::string system = LongSystemPrompt(5);
+  const std::vector<int32_t> p1 = Render(system, "First question?");
+  const std::vector<int32_t> p2 = Render(system, "A different second question.");
+  PrefixCache cache(size_t{1} << 30);
+  auto a = model_->NewSession();
+  FirstTurn(*a, p1, cache);
+  // B has run something else (longer than the prefix) before it restores.
+  auto b = model_->NewSession();
+  ASSERT_OK(b->Prefill(Render("Another system prompt entirely.", "Hi")).status());
+  ASSERT_OK(b->Prefill(p1).status());
+  std::shared_ptr<const PrefixState> e = cache.Deepest(p2, 0);
+  ASSERT_NE(e, nullptr);
+  ASSERT_OK(b->RestorePrefix(*e));
+  const std::vector<std::vector<float>> warm = Continue(*b, std::span(p2).subspan(Split(p2)), 3);
+  const std::vector<std::vector<float>> cold = Cold(p2, 3);
+  ASSERT_EQ(warm.size(), cold.size());
+  for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm[i], cold[i]));
+}
+
+// The tiny tokenizer spends ~200 tokens on the rendering's own system messages, so the minimum
+// is set just above the shared part here (the real default, 32, is checked on its own below).
+TEST_F(PrefixCacheSessionTest, APromptSharingLessThanTheMinimumGetsNoEntry) {
+  const std::vector<int32_t> p1 = Render("Be brief.", "Do you sell drills?");
+  const int64_t split = Split(p1);
+  ASSERT_GT(split, 0);
+  PrefixCache cache(size_t{1} << 30, /*min_tokens=*/split + 1);
+  auto a = model_->NewSession();
+  auto head = a->Prefill(std::span(p1).first(split));
+  ASSERT_OK(head.status());
+  EXPECT_FALSE(cache.Wants(std::span(p1).first(split)));
+  EXPECT_FALSE(cache.Insert(a->TakePrefixState(*head)));
+  EXPECT_EQ(cache.entries(), 0u);
+  EXPECT_EQ(cache.Deepest(Render("Be brief.", "Anything else?"), 0), nullptr);
+  EXPECT_EQ(cache.hits(), 0u);
+  // At exactly the minimum it is kept and serves the other conversation.
+  PrefixCache at_min(size_t{1} << 30, /*min_tokens=*/split);
+  EXPECT_TRUE(at_min.Insert(a->TakePrefixState(*head)));
+  EXPECT_NE(at_min.Deepest(Render("Be brief.", "Anything else?"), 0), nullptr);
+}
+
+TEST_F(PrefixCacheSessionTest, RestoreRefusesAStateThatDoesNotFitAndChangesNothing) {
+  const std::vector<int32_t> p = Render(LongSystemPrompt(4), "Hello?");
+  auto a = model_->NewSession();
+  ASSERT_OK(a->Prefill(p).status());
+  const PrefixState good = a->TakePrefixState({});
+  auto b = model_->NewSession();
+  const std::vector<int32_t> mine = {7, 8, 9};
+  ASSERT_OK(b->Prefill(mine).status());
+
+  PrefixState short_rows = good;
+  size_t mla_layer = 0;
+  while (mla_layer < short_rows.mla.size() && short_rows.mla[mla_layer].empty()) ++mla_layer;
+  ASSERT_LT(mla_layer, short_rows.mla.size()) << "the fixture has an MLA layer";
+  short_rows.mla[mla_layer].pop_back();
+  EXPECT_THAT(b->RestorePrefix(short_rows),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr("layer " + std::to_string(mla_layer))));
+  PrefixState no_layers = good;
+  no_layers.at.kda.pop_back();
+  EXPECT_THAT(b->RestorePrefix(no_layers), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(b->tokens(), mine);
+  // Still usable and unchanged: one more token matches a cold session on the same tokens.
+  auto next = b->Step(11);
+  ASSERT_OK(next.status());
+  EXPECT_TRUE(SameBits(*next, Cold({7, 8, 9, 11}, 0)[0]));
+
+  // K3_MAXT: a context smaller than the prefix refuses it.
+  ModelOptions small;
+  small.max_context = static_cast<int64_t>(p.size()) - 1;
+  auto model = Model::Load(K3_TEST_TINY, small);
+  ASSERT_OK(model.status());
+  EXPECT_THAT((*model)->NewSession()->RestorePrefix(good),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::HasSubstr("K3_MAXT")));
+}
+
+// Several sessions on their own threads use the cache at once while entries are inserted and
+// evicted: each restores (copying from its shared entry without the cache's lock), then
+// prefills its tail and must match its cold reference. Forward passes are serialised as the
+// plugin does (one per model at a time); restores, inserts and evictions are not.
+TEST_F(PrefixCacheSessionTest, ConcurrentSessionsRestoreWhileEntriesComeAndGo) {
+  const std::string system = LongSystemPrompt(6);
+  const std::vector<std::string> users = {"One?", "Two, please.", "Three!", "And four?"};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<float>> cold;
+  for (const std::string& u : users) {
+    prompts.push_back(Render(system, u));
+    cold.push_back(Cold(prompts.back(), 0)[0]);
+  }
+  const int64_t split = Split(prompts[0]);
+  // Room for about three entries: the churn below evicts all the time.
+  auto probe = model_->NewSession();
+  auto head = probe->Prefill(std::span(prompts[0]).first(split));
+  ASSERT_OK(head.status());
+  PrefixState shared = probe->TakePrefixState(*head);
+  const size_t entry_bytes = shared.bytes();
+  PrefixCache cache(entry_bytes * 3 + entry_bytes / 2);
+  ASSERT_TRUE(cache.Insert(std::move(shared)));
+  std::mutex forward;
+  std::atomic<bool> stop{false};
+  std::atomic<int> mismatches{0}, served{0};
+  // The churn: other prefixes (the system prompt cut shorter) inserted over and over.
+  std::thread churn([&] {
+    auto s = model_->NewSession();
+    std::vector<PrefixState> others;
+    {
+      std::lock_guard<std::mutex> lock(forward);
+      for (int64_t cut = split - 1; cut > split - 6; --cut) {
+        s->Reset();
+        auto l = s->Prefill(std::span(prompts[0]).first(cut));
+        if (l.ok()) others.push_back(s->TakePrefixState(*l));
+      }
+    }
+    while (!stop.load()) {
+      for (const PrefixState& o : others) cache.Insert(o);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  std::vector<std::thread> workers;
+  for (size_t w = 0; w < prompts.size(); ++w) {
+    workers.emplace_back([&, w] {
+      auto s = model_->NewSession();
+      for (int round = 0; round < 2; ++round) {
+        std::shared_ptr<const PrefixState> e = cache.Deepest(prompts[w], 0);
+        if (e == nullptr) {  // evicted by the churn: publish it again, as a prefill would
+          std::lock_guard<std::mutex> lock(forward);
+          s->Reset();
+          auto l = s->Prefill(std::span(prompts[w]).first(split));
+          if (l.ok()) cache.Insert(s->TakePrefixState(*l));
+          continue;
+        }
+        if (!s->RestorePrefix(*e).ok()) {
+          mismatches.fetch_add(1);
+          continue;
+        }
+        const size_t at = e->at.tokens.size();
+        e.reset();
+        std::lock_guard<std::mutex> lock(forward);
+        auto l = s->Prefill(std::span(prompts[w]).subspan(at));
+        if (!l.ok() || !SameBits(*l, cold[w])) mismatches.fetch_add(1);
+        served.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  stop.store(true);
+  churn.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_GT(served.load(), 0);
+  EXPECT_LE(cache.bytes(), cache.max_bytes());
+}
+
+// ---- the cache alone, on synthetic states ------------------------------------------------
+
+PrefixState State(std::vector<int32_t> tokens, size_t payload_floats, bool logits = false) {
+  PrefixState p;
+  p.at.tokens = std::move(tokens);
+  p.mla = {std::vector<float>(payload_floats, 1.0f)};
+  if (logits) p.at.logits = {0.5f};
+  return p;
+}
+
+std::vector<int32_t> Ids(int n, int32_t first) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = first + i;
+  return v;
+}
+
+std::vector<int32_t> Plus(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(PrefixCacheEntries, DeepestEntryTheWholePromptBeginsWith) {
+  PrefixCache cache(1 << 20, /*min_tokens=*/4);
+  const std::vector<int32_t> sys = Ids(40, 100), longer = Plus(sys, Ids(20, 500));
+  ASSERT_TRUE(cache.Insert(State(sys, 10)));
+  ASSERT_TRUE(cache.Insert(State(longer, 10)));
+  ASSERT_TRUE(cache.Insert(State(Plus(sys, Ids(30, 900)), 10)));  // another branch
+  // A prompt on the first branch: the 60-token entry.
+  auto e = cache.Deepest(Plus(longer, Ids(5, 7)), 0);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->at.tokens, longer);
+  // Deeper than 60 asked: none; deeper than 39: the 60 one; off both branches: the system one.
+  EXPECT_EQ(cache.Deepest(Plus(longer, Ids(5, 7)), 60), nullptr);
+  EXPECT_EQ(cache.Deepest(Plus(longer, Ids(5, 7)), 39)->at.tokens, longer);
+  EXPECT_EQ(cache.Deepest(Plus(sys, Ids(5, 7)), 0)->at.tokens, sys);
+  // A prompt that differs in its first token: none.
+  std::vector<int32_t> other = Plus(sys, Ids(5, 7));
+  other[0] = 1;
+  EXPECT_EQ(cache.Deepest(other, 0), nullptr);
+  // The whole prompt is an entry: only served with logits (else nothing would be left to run).
+  EXPECT_EQ(cache.Deepest(longer, 0)->at.tokens, sys);
+  ASSERT_TRUE(cache.Insert(State(longer, 10, /*logits=*/true)));  // replaces the logit-less one
+  EXPECT_EQ(cache.Deepest(longer, 0)->at.tokens, longer);
+  EXPECT_FALSE(cache.Insert(State(longer, 10)));  // never replaces one with logits
+  EXPECT_EQ(cache.entries(), 3u);
+  EXPECT_EQ(cache.hits(), 5u);  // every non-null answer above
+}
+
+TEST(PrefixCacheEntries, LeastRecentlyUsedDroppedUnderTheByteBudget) {
+  const std::vector<int32_t> a = Ids(40, 100), b = Ids(40, 200), c = Ids(40, 300);
+  const size_t one = State(a, 1000).bytes();
+  PrefixCache cache(one * 2 + one / 2, 8);
+  ASSERT_TRUE(cache.Insert(State(a, 1000)));
+  ASSERT_TRUE(cache.Insert(State(b, 1000)));
+  EXPECT_EQ(cache.bytes(), 2 * one);
+  // Using `a` makes `b` the least recently used: the third entry drops `b`.
+  std::shared_ptr<const PrefixState> held = cache.Deepest(Plus(a, {1}), 0);
+  ASSERT_NE(held, nullptr);
+  ASSERT_TRUE(cache.Insert(State(c, 1000)));
+  EXPECT_EQ(cache.entries(), 2u);
+  EXPECT_EQ(cache.bytes(), 2 * one);
+  EXPECT_EQ(cache.Deepest(Plus(b, {1}), 0), nullptr);
+  EXPECT_NE(cache.Deepest(Plus(c, {1}), 0), nullptr);
+  // Wants() marks a held entry used too: now `a` is the oldest, and goes next.
+  EXPECT_FALSE(cache.Wants(c));
+  EXPECT_TRUE(cache.Wants(b));
+  ASSERT_TRUE(cache.Insert(State(b, 1000)));
+  EXPECT_EQ(cache.Deepest(Plus(a, {1}), 0), nullptr);
+  // An evicted entry stays whole for whoever still holds it.
+  EXPECT_EQ(held->at.tokens, a);
+  EXPECT_EQ(held->mla[0].size(), 1000u);
+  // An entry larger than the whole budget is never kept (nor does it evict anything).
+  EXPECT_FALSE(cache.Insert(State(Ids(40, 400), 4000)));
+  EXPECT_EQ(cache.entries(), 2u);
+  cache.Clear();
+  EXPECT_EQ(cache.bytes(), 0u);
+  EXPECT_EQ(cache.entries(), 0u);
+}
+
+TEST(PrefixCacheEntries, ShortPrefixesAndAZeroBudgetKeepNothing) {
+  PrefixCache cache(1 << 20);
+  EXPECT_EQ(cache.min_tokens(), PrefixCache::kDefaultMinTokens);
+  EXPECT_FALSE(cache.Wants(Ids(31, 1)));
+  EXPECT_FALSE(cache.Insert(State(Ids(31, 1), 1)));
+  EXPECT_TRUE(cache.Wants(Ids(32, 1)));
+  EXPECT_TRUE(cache.Insert(State(Ids(32, 1), 1)));
+  PrefixCache off(0);
+  EXPECT_FALSE(off.Wants(Ids(64, 1)));
+  EXPECT_FALSE(off.Insert(State(Ids(64, 1), 1)));
+}
+
+}  // namespace
+}  // namespace coli::k3
