@@ -16,6 +16,7 @@ namespace coli::k3 {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'O', 'L', 'I', 'K', '3', 'C', 'K'};
+constexpr char kPrefixMagic[8] = {'C', 'O', 'L', 'I', 'K', '3', 'P', 'X'};
 constexpr uint32_t kVersion = 1;
 
 bool Begins(std::span<const int32_t> seq, const std::vector<int32_t>& prefix) {
@@ -118,6 +119,61 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(std::string_view bytes) {
   if (!r.Array(&c.logits)) return bad("logits");
   if (r.pos() != body.size() - sizeof(kMagic)) return bad("trailing bytes");
   return c;
+}
+
+std::string SerializePrefixState(const PrefixState& p) {
+  std::string out;
+  out.reserve(p.bytes() + 64 + p.at.kda.size() * 48);
+  out.append(kPrefixMagic, sizeof(kPrefixMagic));
+  PutValue<uint32_t>(&out, kVersion);
+  PutArray(&out, p.at.tokens);
+  PutValue<uint64_t>(&out, p.at.kda.size());
+  for (const KdaState& k : p.at.kda) {
+    PutArray(&out, k.S);
+    PutArray(&out, k.q_win);
+    PutArray(&out, k.k_win);
+    PutArray(&out, k.v_win);
+  }
+  PutArray(&out, p.at.logits);
+  PutValue<uint64_t>(&out, p.mla.size());
+  for (const std::vector<float>& rows : p.mla) PutArray(&out, rows);
+  PutValue<uint64_t>(&out, Checksum(out));
+  return out;
+}
+
+absl::StatusOr<PrefixState> ParsePrefixState(std::string_view bytes) {
+  auto bad = [](const char* what) {
+    return absl::DataLossError(absl::StrCat("prefix cache file: ", what));
+  };
+  if (bytes.size() < sizeof(kPrefixMagic) + 4 + 8 ||
+      std::memcmp(bytes.data(), kPrefixMagic, 8) != 0) {
+    return bad("not a coli K3 prefix cache entry");
+  }
+  const std::string_view body = bytes.substr(0, bytes.size() - 8);
+  uint64_t sum = 0;
+  std::memcpy(&sum, bytes.data() + body.size(), 8);
+  if (sum != Checksum(body)) return bad("checksum mismatch (damaged or truncated)");
+  Reader r(body.substr(sizeof(kPrefixMagic)));
+  uint32_t version = 0;
+  if (!r.Value(&version) || version != kVersion) return bad("unknown version");
+  PrefixState p;
+  uint64_t layers = 0;
+  if (!r.Array(&p.at.tokens) || !r.Value(&layers) || layers > body.size()) return bad("header");
+  p.at.kda.resize(layers);
+  for (KdaState& k : p.at.kda) {
+    if (!r.Array(&k.S) || !r.Array(&k.q_win) || !r.Array(&k.k_win) || !r.Array(&k.v_win)) {
+      return bad("layer state");
+    }
+  }
+  if (!r.Array(&p.at.logits)) return bad("logits");
+  uint64_t mla_layers = 0;
+  if (!r.Value(&mla_layers) || mla_layers != layers) return bad("MLA layer count");
+  p.mla.resize(mla_layers);
+  for (std::vector<float>& rows : p.mla) {
+    if (!r.Array(&rows)) return bad("MLA rows");
+  }
+  if (r.pos() != body.size() - sizeof(kPrefixMagic)) return bad("trailing bytes");
+  return p;
 }
 
 CheckpointCache::CheckpointCache(int slots, std::string dir)

@@ -75,6 +75,11 @@ class CheckpointCache {
 std::string SerializeCheckpoint(const Checkpoint& c);
 absl::StatusOr<Checkpoint> ParseCheckpoint(std::string_view bytes);
 
+// The same for a prefix cache entry (prefix_cache.h): the checkpoint's parts, then each layer's
+// MLA rows, under its own magic. DATA_LOSS naming what is wrong ("prefix cache file: ...").
+std::string SerializePrefixState(const PrefixState& p);
+absl::StatusOr<PrefixState> ParsePrefixState(std::string_view bytes);
+
 // Where a prompt's last message starts: just after the last end-of-message token that has
 // another one after it (the one closing the message before the last), or -1.
 int64_t LastMessageStart(std::span<const int32_t> prompt, int32_t end_of_msg);

@@ -105,7 +105,8 @@ struct K3Model {
   // value, which session_stats must not report since the host sums those as counters).
   std::atomic<int64_t> checkpoint_bytes{0};
   // The prefix cache shared by all the model's sessions (prefix_cache.h; option prefix_cache in
-  // MiB = COLI_K3_PREFIX_CACHE_MB, 0 = off; prefix_cache_min tokens = COLI_K3_PREFIX_CACHE_MIN).
+  // MiB = COLI_K3_PREFIX_CACHE_MB, 0 = off; prefix_cache_min tokens = COLI_K3_PREFIX_CACHE_MIN;
+  // parked in checkpoint_dir when that is set).
   int64_t prefix_cache_mb = 0;
   int64_t prefix_cache_min = PrefixCache::kDefaultMinTokens;
   std::unique_ptr<PrefixCache> prefix_cache;
@@ -418,9 +419,15 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   k->dir = std::string(View(args.model_dir));
   COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args.options));
   COLI_RETURN_IF_ERROR(ReadExtraOptions(args.options, k.get()));
-  if (k->prefix_cache_mb > 0) {
+  if (k->prefix_cache_mb > 0 && (!options.trace_path.empty() || !options.logits_path.empty())) {
+    // A restored prefix would leave its rows out of those dumps (they hold every row run).
+    COLI_LOG(kWarning)
+        << "kimi_k3: the prefix cache (prefix_cache) is off under K3_TRACE/K3_LOGITS";
+  } else if (k->prefix_cache_mb > 0) {
+    // With COLI_K3_CKPT_DIR its entries are parked in that folder too (the budget then counts
+    // the files).
     k->prefix_cache = std::make_unique<PrefixCache>(
-        static_cast<size_t>(k->prefix_cache_mb) << 20, k->prefix_cache_min);
+        static_cast<size_t>(k->prefix_cache_mb) << 20, k->prefix_cache_min, k->checkpoint_dir);
   }
   COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
   options.mmap = k->mmap;

@@ -1,7 +1,16 @@
 #include "plugins/kimi_k3/prefix_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <string_view>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/io/io.h"
+#include "common/log/log.h"
+#include "plugins/kimi_k3/checkpoints.h"
 
 namespace coli::k3 {
 namespace {
@@ -10,15 +19,32 @@ bool Begins(std::span<const int32_t> whole, const std::vector<int32_t>& part) {
   return part.size() <= whole.size() && std::equal(part.begin(), part.end(), whole.begin());
 }
 
+absl::StatusOr<PrefixState> ReadParked(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(path);
+  if (!file.ok()) return file.status();
+  return ParsePrefixState(
+      std::string_view(reinterpret_cast<const char*>((*file)->data()), (*file)->size()));
+}
+
 }  // namespace
 
-PrefixCache::PrefixCache(size_t max_bytes, int64_t min_tokens)
-    : max_bytes_(max_bytes), min_tokens_(std::max<int64_t>(1, min_tokens)) {}
+PrefixCache::PrefixCache(size_t max_bytes, int64_t min_tokens, std::string dir)
+    : max_bytes_(max_bytes), min_tokens_(std::max<int64_t>(1, min_tokens)), dir_(std::move(dir)) {}
+
+PrefixCache::~PrefixCache() { Clear(); }
 
 std::list<PrefixCache::Entry>::iterator PrefixCache::FindLocked(std::span<const int32_t> tokens) {
   return std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
-    return e.state->at.tokens.size() == tokens.size() && Begins(tokens, e.state->at.tokens);
+    return e.tokens.size() == tokens.size() && Begins(tokens, e.tokens);
   });
+}
+
+void PrefixCache::DropLocked(std::list<Entry>::iterator it) {
+  // A reader that already mapped the file keeps its pages; one that has not yet finds it gone
+  // and looks for the next deepest entry.
+  if (!it->path.empty()) std::remove(it->path.c_str());
+  bytes_ -= it->bytes;
+  entries_.erase(it);
 }
 
 bool PrefixCache::Wants(std::span<const int32_t> tokens) {
@@ -32,51 +58,86 @@ bool PrefixCache::Wants(std::span<const int32_t> tokens) {
 
 bool PrefixCache::Insert(PrefixState p) {
   if (static_cast<int64_t>(p.at.tokens.size()) < min_tokens_) return false;
-  const size_t bytes = p.bytes();
-  if (bytes > max_bytes_) return false;
-  // Built outside the lock: nothing below copies the state again.
-  auto state = std::make_shared<const PrefixState>(std::move(p));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = FindLocked(state->at.tokens); it != entries_.end()) {
-    if (!it->state->at.logits.empty() || state->at.logits.empty()) {
-      entries_.splice(entries_.begin(), entries_, it);
+  Entry e;
+  e.bytes = p.bytes();
+  if (e.bytes > max_bytes_) return false;
+  e.tokens = p.at.tokens;
+  e.has_logits = !p.at.logits.empty();
+  if (dir_.empty()) {
+    e.state = std::make_shared<const PrefixState>(std::move(p));  // built outside the lock
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // One name per cache and entry: several models and processes may share the folder.
+      e.path = absl::StrCat(dir_, "/coli-k3-prefix-", getpid(), "-",
+                            reinterpret_cast<uintptr_t>(this), "-", next_file_++, ".bin");
+    }
+    const std::string bytes = SerializePrefixState(p);
+    e.bytes = bytes.size();
+    if (e.bytes > max_bytes_) return false;
+    if (absl::Status written = io::WriteFileAtomic(e.path, bytes); !written.ok()) {
+      COLI_LOG(kWarning) << "kimi_k3: prefix cache entry not parked: " << written;
       return false;
     }
-    bytes_ -= it->bytes;
-    entries_.erase(it);
   }
-  entries_.push_front(Entry{std::move(state), bytes});
-  bytes_ += bytes;
-  while (bytes_ > max_bytes_) {  // the new entry fits alone, so it is never the one dropped
-    bytes_ -= entries_.back().bytes;
-    entries_.pop_back();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = FindLocked(e.tokens); it != entries_.end()) {
+    if (it->has_logits || !e.has_logits) {
+      entries_.splice(entries_.begin(), entries_, it);
+      if (!e.path.empty()) std::remove(e.path.c_str());
+      return false;
+    }
+    DropLocked(it);
   }
+  bytes_ += e.bytes;
+  entries_.push_front(std::move(e));
+  // The new entry fits alone, so it is never the one dropped.
+  while (bytes_ > max_bytes_) DropLocked(std::prev(entries_.end()));
   return true;
 }
 
 std::shared_ptr<const PrefixState> PrefixCache::Deepest(std::span<const int32_t> prompt,
                                                         size_t deeper_than) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto best = entries_.end();
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    const PrefixState& s = *it->state;
-    const size_t n = s.at.tokens.size();
-    if (n <= deeper_than || (best != entries_.end() && n <= best->state->at.tokens.size())) {
-      continue;
+  while (true) {
+    std::string path;
+    std::vector<int32_t> tokens;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto best = entries_.end();
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        const size_t n = it->tokens.size();
+        if (n <= deeper_than || (best != entries_.end() && n <= best->tokens.size())) continue;
+        if (n == prompt.size() && !it->has_logits) continue;  // nothing left to run
+        if (Begins(prompt, it->tokens)) best = it;
+      }
+      if (best == entries_.end()) return nullptr;
+      entries_.splice(entries_.begin(), entries_, best);
+      if (best->state != nullptr) {
+        ++hits_;
+        return best->state;
+      }
+      path = best->path;
+      tokens = best->tokens;
     }
-    if (n == prompt.size() && s.at.logits.empty()) continue;  // nothing left to run
-    if (Begins(prompt, s.at.tokens)) best = it;
+    // Parked: read back without the lock (K3: half a gigabyte).
+    absl::StatusOr<PrefixState> loaded = ReadParked(path);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (loaded.ok() && loaded->at.tokens == tokens) {
+      ++hits_;
+      return std::make_shared<const PrefixState>(*std::move(loaded));
+    }
+    auto it = std::find_if(entries_.begin(), entries_.end(),
+                           [&](const Entry& e) { return e.path == path; });
+    if (it == entries_.end()) continue;  // dropped meanwhile (evicted): not an error
+    COLI_LOG(kWarning) << "kimi_k3: parked prefix cache entry " << path << " dropped: "
+                       << (loaded.ok() ? "its tokens changed" : loaded.status().ToString());
+    DropLocked(it);  // and look for the next deepest
   }
-  if (best == entries_.end()) return nullptr;
-  entries_.splice(entries_.begin(), entries_, best);
-  ++hits_;
-  return best->state;
 }
 
 void PrefixCache::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
-  entries_.clear();
-  bytes_ = 0;
+  while (!entries_.empty()) DropLocked(entries_.begin());
 }
 
 size_t PrefixCache::bytes() const {

@@ -22,7 +22,14 @@
 // (K3: 24 layers, 55,296 bytes per token). Bounded by a byte budget; the least recently used
 // entries are dropped first; prefixes shorter than `min_tokens` are not worth an entry.
 //
-// Threading: every call is thread-safe (one mutex). Entries are immutable once published and
+// With a folder (COLI_K3_CKPT_DIR) the entries are parked there instead of in RAM, as the
+// checkpoints are (checkpoints.h): one file each (SerializePrefixState, written atomically,
+// checked by checksum and tokens when read back), only the tokens stay in memory, the budget
+// counts the files' bytes, and the files are removed when an entry is dropped and when the cache
+// is destroyed. A file that went missing or is damaged is dropped with a warning and the next
+// deepest entry is tried: a prompt is then prefilled from further back, never from wrong state.
+//
+// Threading: every call is thread-safe (one mutex; files are written and read outside it). Entries are immutable once published and
 // handed out as shared_ptr<const>: a reader copies from its entry without the lock while other
 // threads insert and evict (an evicted entry lives until its last reader lets go; bytes()
 // counts only the entries still held).
@@ -34,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "plugins/kimi_k3/session.h"
@@ -45,8 +53,11 @@ class PrefixCache {
   static constexpr int64_t kDefaultMinTokens = 32;
 
   // `max_bytes` held at most (entries larger than that are never kept); prefixes shorter than
-  // `min_tokens` (at least 1) are not kept.
-  explicit PrefixCache(size_t max_bytes, int64_t min_tokens = kDefaultMinTokens);
+  // `min_tokens` (at least 1) are not kept; `dir` empty keeps entries in RAM, else parks them
+  // there (a writable folder, checked by the caller).
+  explicit PrefixCache(size_t max_bytes, int64_t min_tokens = kDefaultMinTokens,
+                       std::string dir = "");
+  ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
@@ -59,11 +70,13 @@ class PrefixCache {
   bool Wants(std::span<const int32_t> tokens);
   // Publishes `p` (replacing one with the same tokens only if `p` has logits and it has none),
   // then drops least recently used entries until the budget holds. Returns false when `p` was
-  // not kept (too short, larger than the whole budget, or already held).
+  // not kept (too short, larger than the whole budget, already held, or its file could not be
+  // written: logged as a warning).
   bool Insert(PrefixState p);
   // The deepest entry whose tokens begin `prompt` and are more than `deeper_than` tokens long,
   // at most prompt.size() tokens (there only with logits, which then stand for the whole
-  // prompt); marks it used and counts a hit. nullptr when none.
+  // prompt); marks it used and counts a hit. nullptr when none. A parked entry is read back
+  // here (outside the lock); a damaged or missing file is dropped with a warning.
   std::shared_ptr<const PrefixState> Deepest(std::span<const int32_t> prompt,
                                              size_t deeper_than);
   void Clear();
@@ -76,14 +89,20 @@ class PrefixCache {
 
  private:
   struct Entry {
-    std::shared_ptr<const PrefixState> state;
+    std::vector<int32_t> tokens;
+    bool has_logits = false;
     size_t bytes = 0;
+    std::shared_ptr<const PrefixState> state;  // in RAM
+    std::string path;                          // parked
   };
   std::list<Entry>::iterator FindLocked(std::span<const int32_t> tokens);
+  void DropLocked(std::list<Entry>::iterator it);
 
   const size_t max_bytes_;
   const int64_t min_tokens_;
+  const std::string dir_;
   mutable std::mutex mu_;
+  uint64_t next_file_ = 0;
   std::list<Entry> entries_;  // most recently used first
   size_t bytes_ = 0;
   uint64_t hits_ = 0;

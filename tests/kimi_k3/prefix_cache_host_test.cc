@@ -200,10 +200,44 @@ TEST_F(K3PrefixCacheHostTest, ConcurrentConversationsShareTheEntryAndMatchColdSe
   for (std::thread& t : threads) t.join();
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_TRUE(outs[i].status.ok()) << outs[i].status.error_message();
-    EXPECT_EQ(outs[i].started.tokens_reused(), static_cast<int64_t>(system)) << "conversation " << i;
+    EXPECT_EQ(outs[i].started.tokens_reused(), static_cast<int64_t>(system))
+        << "conversation " << i;
     EXPECT_EQ(outs[i].ids, DirectGreedy(prompts[i])) << "conversation " << i;
   }
   EXPECT_EQ(ModelStat("k3pc", "prefix_cache_hits"), 4);
+}
+
+// With COLI_K3_CKPT_DIR (extra["ckpt_dir"]) the entries are parked in that folder and still
+// serve another session; the files go when the model is unloaded.
+TEST_F(K3PrefixCacheHostTest, ParkedEntriesServeAnotherSession) {
+  const std::string dir = ::testing::TempDir() + "/k3_prefix_host_park_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_TRUE(Load("k3park", {{"prefix_cache", "64"}, {"ckpt_dir", dir}}).ok());
+  const std::vector<int32_t> first = Render("Do you sell drills?");
+  const std::vector<int32_t> second = Render("What about saws?");
+  const size_t system = Render("").size();
+  ASSERT_TRUE(Generate("k3park", "a", first).status.ok());
+  size_t files = 0, on_disk = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    on_disk += std::filesystem::file_size(f.path());
+  }
+  EXPECT_EQ(files, 1u);
+  EXPECT_EQ(ModelStat("k3park", "prefix_cache_bytes"), static_cast<double>(on_disk));
+  const Out b = Generate("k3park", "b", second);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(b.started.tokens_reused(), static_cast<int64_t>(system));
+  EXPECT_EQ(b.ids, DirectGreedy(second));
+  {
+    grpc::ClientContext ctx;
+    v1::UnloadModelRequest unload;
+    unload.set_model("k3park");
+    v1::UnloadModelResponse done;
+    ASSERT_TRUE(stub_->UnloadModel(&ctx, unload, &done).ok());
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "entries' files are removed with the model";
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(K3PrefixCacheHostTest, BadOptionValuesAreRefusedByName) {

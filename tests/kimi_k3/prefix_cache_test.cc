@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -306,6 +308,110 @@ TEST_F(PrefixCacheSessionTest, ConcurrentSessionsRestoreWhileEntriesComeAndGo) {
   EXPECT_EQ(mismatches.load(), 0);
   EXPECT_GT(served.load(), 0);
   EXPECT_LE(cache.bytes(), cache.max_bytes());
+}
+
+// Parked in a folder (COLI_K3_CKPT_DIR): the entry is read back from its file and serves
+// another session bit for bit; a damaged file is dropped (never restored), the next deepest
+// entry serves instead; the files go when entries are dropped and with the cache.
+TEST_F(PrefixCacheSessionTest, ParkedEntriesServeFromTheirFilesAndADamagedOneIsDropped) {
+  const std::string dir = ::testing::TempDir() + "/k3_prefix_park_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto files = [&] {
+    std::vector<std::string> out;
+    for (const auto& f : std::filesystem::directory_iterator(dir)) out.push_back(f.path());
+    return out;
+  };
+  const std::string system = LongSystemPrompt(5);
+  const std::vector<int32_t> p1 = Render(system, "Do you sell drills?");
+  const std::vector<int32_t> p2 = Render(system, "What about saws?");
+  const int64_t split = Split(p1);
+  const std::vector<std::vector<float>> cold = Cold(p2, 2);
+  {
+    auto cache = std::make_unique<PrefixCache>(size_t{1} << 30, PrefixCache::kDefaultMinTokens,
+                                               dir);
+    auto a = model_->NewSession();
+    FirstTurn(*a, p1, *cache);
+    // A shallower entry too (the system prompt without its last 8 tokens).
+    auto shallow = model_->NewSession();
+    auto l = shallow->Prefill(std::span(p1).first(split - 8));
+    ASSERT_OK(l.status());
+    ASSERT_TRUE(cache->Insert(shallow->TakePrefixState(*l)));
+    ASSERT_EQ(files().size(), 2u);
+    EXPECT_EQ(cache->entries(), 2u);
+    size_t on_disk = 0;
+    for (const std::string& f : files()) on_disk += std::filesystem::file_size(f);
+    EXPECT_EQ(cache->bytes(), on_disk);
+
+    std::shared_ptr<const PrefixState> e = cache->Deepest(p2, 0);
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(static_cast<int64_t>(e->at.tokens.size()), split);
+    auto b = model_->NewSession();
+    ASSERT_OK(b->RestorePrefix(*e));
+    const std::vector<std::vector<float>> warm = Continue(*b, std::span(p2).subspan(split), 2);
+    ASSERT_EQ(warm.size(), cold.size());
+    for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm[i], cold[i]));
+
+    // Damage the deeper entry's file (the larger one): dropped with its file, the shallower one
+    // serves, and the restored session still matches the cold one.
+    std::vector<std::string> now = files();
+    std::sort(now.begin(), now.end(), [](const std::string& x, const std::string& y) {
+      return std::filesystem::file_size(x) > std::filesystem::file_size(y);
+    });
+    {
+      std::fstream f(now[0], std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(64);
+      f.put('\x5a');
+    }
+    e = cache->Deepest(p2, 0);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(static_cast<int64_t>(e->at.tokens.size()), split - 8);
+    EXPECT_EQ(cache->entries(), 1u);
+    EXPECT_FALSE(std::filesystem::exists(now[0]));
+    auto c = model_->NewSession();
+    ASSERT_OK(c->RestorePrefix(*e));
+    const std::vector<std::vector<float>> warm2 =
+        Continue(*c, std::span(p2).subspan(split - 8), 2);
+    ASSERT_EQ(warm2.size(), cold.size());
+    for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm2[i], cold[i]));
+    // A file that went missing: dropped too, nothing served.
+    std::filesystem::remove(files().at(0));
+    EXPECT_EQ(cache->Deepest(p2, 0), nullptr);
+    EXPECT_EQ(cache->entries(), 0u);
+    EXPECT_EQ(cache->bytes(), 0u);
+    ASSERT_TRUE(cache->Insert(shallow->TakePrefixState(*l)));
+    EXPECT_EQ(files().size(), 1u);
+  }
+  EXPECT_TRUE(files().empty()) << "the cache removes its files when destroyed";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PrefixCacheFile, RoundTripAndRefusals) {
+  PrefixState p;
+  p.at.tokens = {1, 2, 3};
+  p.at.kda.resize(2);
+  p.at.kda[0].S = {1.5f, -2.0f};
+  p.at.kda[0].q_win = {3.0f};
+  p.at.logits = {0.25f, 0.75f};
+  p.mla = {{}, {4.0f, 5.0f, 6.0f}};
+  const std::string bytes = SerializePrefixState(p);
+  auto back = ParsePrefixState(bytes);
+  ASSERT_OK(back.status());
+  EXPECT_EQ(back->at.tokens, p.at.tokens);
+  EXPECT_EQ(back->at.kda[0].S, p.at.kda[0].S);
+  EXPECT_EQ(back->at.kda[0].q_win, p.at.kda[0].q_win);
+  EXPECT_TRUE(back->at.kda[1].S.empty());
+  EXPECT_EQ(back->at.logits, p.at.logits);
+  EXPECT_EQ(back->mla, p.mla);
+  std::string flipped = bytes;
+  flipped[20] ^= 1;
+  EXPECT_THAT(ParsePrefixState(flipped),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("checksum")));
+  EXPECT_THAT(ParsePrefixState(bytes.substr(0, bytes.size() - 5)),
+              StatusIs(absl::StatusCode::kDataLoss));
+  // A checkpoint file is not an entry.
+  EXPECT_THAT(ParsePrefixState(SerializeCheckpoint(p.at)),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("prefix cache file")));
 }
 
 // ---- the cache alone, on synthetic states ------------------------------------------------
