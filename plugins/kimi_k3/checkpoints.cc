@@ -73,12 +73,18 @@ class Reader {
   size_t pos_ = 0;
 };
 
-}  // namespace
-
-std::string SerializeCheckpoint(const Checkpoint& c) {
+// The two file kinds share one layout: magic, version, the checkpoint's parts (tokens, each
+// layer's four KDA arrays, logits), then for a prefix state each layer's MLA rows, then a
+// checksum of everything before it.
+std::string Serialize(const char (&magic)[8], const Checkpoint& c,
+                      const std::vector<std::vector<float>>* mla) {
   std::string out;
-  out.reserve(c.bytes() + 64 + c.kda.size() * 32);
-  out.append(kMagic, sizeof(kMagic));
+  size_t mla_bytes = 0;
+  if (mla != nullptr) {
+    for (const std::vector<float>& rows : *mla) mla_bytes += rows.size() * sizeof(float) + 8;
+  }
+  out.reserve(c.bytes() + mla_bytes + 64 + c.kda.size() * 32);
+  out.append(magic, sizeof(magic));
   PutValue<uint32_t>(&out, kVersion);
   PutArray(&out, c.tokens);
   PutValue<uint64_t>(&out, c.kda.size());
@@ -89,90 +95,68 @@ std::string SerializeCheckpoint(const Checkpoint& c) {
     PutArray(&out, k.v_win);
   }
   PutArray(&out, c.logits);
+  if (mla != nullptr) {
+    PutValue<uint64_t>(&out, mla->size());
+    for (const std::vector<float>& rows : *mla) PutArray(&out, rows);
+  }
   PutValue<uint64_t>(&out, Checksum(out));
   return out;
 }
 
-absl::StatusOr<Checkpoint> ParseCheckpoint(std::string_view bytes) {
-  auto bad = [](const char* what) {
-    return absl::DataLossError(absl::StrCat("checkpoint file: ", what));
+// Reads Serialize's layout into `c` (and `mla` when given); DATA_LOSS "<kind>: what".
+absl::Status Parse(std::string_view bytes, const char (&magic)[8], const char* kind,
+                   Checkpoint* c, std::vector<std::vector<float>>* mla) {
+  auto bad = [kind](const char* what) {
+    return absl::DataLossError(absl::StrCat(kind, ": ", what));
   };
-  if (bytes.size() < sizeof(kMagic) + 4 + 8 || std::memcmp(bytes.data(), kMagic, 8) != 0) {
-    return bad("not a coli K3 checkpoint");
+  if (bytes.size() < sizeof(magic) + 4 + 8 || std::memcmp(bytes.data(), magic, 8) != 0) {
+    return bad(mla != nullptr ? "not a coli K3 prefix cache entry" : "not a coli K3 checkpoint");
   }
   const std::string_view body = bytes.substr(0, bytes.size() - 8);
   uint64_t sum = 0;
   std::memcpy(&sum, bytes.data() + body.size(), 8);
   if (sum != Checksum(body)) return bad("checksum mismatch (damaged or truncated)");
-  Reader r(body.substr(sizeof(kMagic)));
+  Reader r(body.substr(sizeof(magic)));
   uint32_t version = 0;
   if (!r.Value(&version) || version != kVersion) return bad("unknown version");
-  Checkpoint c;
   uint64_t layers = 0;
-  if (!r.Array(&c.tokens) || !r.Value(&layers) || layers > body.size()) return bad("header");
-  c.kda.resize(layers);
-  for (KdaState& k : c.kda) {
+  if (!r.Array(&c->tokens) || !r.Value(&layers) || layers > body.size()) return bad("header");
+  c->kda.resize(layers);
+  for (KdaState& k : c->kda) {
     if (!r.Array(&k.S) || !r.Array(&k.q_win) || !r.Array(&k.k_win) || !r.Array(&k.v_win)) {
       return bad("layer state");
     }
   }
-  if (!r.Array(&c.logits)) return bad("logits");
-  if (r.pos() != body.size() - sizeof(kMagic)) return bad("trailing bytes");
+  if (!r.Array(&c->logits)) return bad("logits");
+  if (mla != nullptr) {
+    uint64_t mla_layers = 0;
+    if (!r.Value(&mla_layers) || mla_layers != layers) return bad("MLA layer count");
+    mla->resize(mla_layers);
+    for (std::vector<float>& rows : *mla) {
+      if (!r.Array(&rows)) return bad("MLA rows");
+    }
+  }
+  if (r.pos() != body.size() - sizeof(magic)) return bad("trailing bytes");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string SerializeCheckpoint(const Checkpoint& c) { return Serialize(kMagic, c, nullptr); }
+
+absl::StatusOr<Checkpoint> ParseCheckpoint(std::string_view bytes) {
+  Checkpoint c;
+  COLI_RETURN_IF_ERROR(Parse(bytes, kMagic, "checkpoint file", &c, nullptr));
   return c;
 }
 
 std::string SerializePrefixState(const PrefixState& p) {
-  std::string out;
-  out.reserve(p.bytes() + 64 + p.at.kda.size() * 48);
-  out.append(kPrefixMagic, sizeof(kPrefixMagic));
-  PutValue<uint32_t>(&out, kVersion);
-  PutArray(&out, p.at.tokens);
-  PutValue<uint64_t>(&out, p.at.kda.size());
-  for (const KdaState& k : p.at.kda) {
-    PutArray(&out, k.S);
-    PutArray(&out, k.q_win);
-    PutArray(&out, k.k_win);
-    PutArray(&out, k.v_win);
-  }
-  PutArray(&out, p.at.logits);
-  PutValue<uint64_t>(&out, p.mla.size());
-  for (const std::vector<float>& rows : p.mla) PutArray(&out, rows);
-  PutValue<uint64_t>(&out, Checksum(out));
-  return out;
+  return Serialize(kPrefixMagic, p.at, &p.mla);
 }
 
 absl::StatusOr<PrefixState> ParsePrefixState(std::string_view bytes) {
-  auto bad = [](const char* what) {
-    return absl::DataLossError(absl::StrCat("prefix cache file: ", what));
-  };
-  if (bytes.size() < sizeof(kPrefixMagic) + 4 + 8 ||
-      std::memcmp(bytes.data(), kPrefixMagic, 8) != 0) {
-    return bad("not a coli K3 prefix cache entry");
-  }
-  const std::string_view body = bytes.substr(0, bytes.size() - 8);
-  uint64_t sum = 0;
-  std::memcpy(&sum, bytes.data() + body.size(), 8);
-  if (sum != Checksum(body)) return bad("checksum mismatch (damaged or truncated)");
-  Reader r(body.substr(sizeof(kPrefixMagic)));
-  uint32_t version = 0;
-  if (!r.Value(&version) || version != kVersion) return bad("unknown version");
   PrefixState p;
-  uint64_t layers = 0;
-  if (!r.Array(&p.at.tokens) || !r.Value(&layers) || layers > body.size()) return bad("header");
-  p.at.kda.resize(layers);
-  for (KdaState& k : p.at.kda) {
-    if (!r.Array(&k.S) || !r.Array(&k.q_win) || !r.Array(&k.k_win) || !r.Array(&k.v_win)) {
-      return bad("layer state");
-    }
-  }
-  if (!r.Array(&p.at.logits)) return bad("logits");
-  uint64_t mla_layers = 0;
-  if (!r.Value(&mla_layers) || mla_layers != layers) return bad("MLA layer count");
-  p.mla.resize(mla_layers);
-  for (std::vector<float>& rows : p.mla) {
-    if (!r.Array(&rows)) return bad("MLA rows");
-  }
-  if (r.pos() != body.size() - sizeof(kPrefixMagic)) return bad("trailing bytes");
+  COLI_RETURN_IF_ERROR(Parse(bytes, kPrefixMagic, "prefix cache file", &p.at, &p.mla));
   return p;
 }
 

@@ -358,19 +358,16 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
         return absl::InvalidArgumentError(absl::StrCat("kimi_k3: option ckpt (COLI_K3_CKPT) = '",
                                                        value, "' is not a slot count in 0…1024"));
       }
-    } else if (key == "prefix_cache") {
-      if (!absl::SimpleAtoi(value, &k->prefix_cache_mb) || k->prefix_cache_mb < 0 ||
-          k->prefix_cache_mb > (int64_t{1} << 24)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "kimi_k3: option prefix_cache (COLI_K3_PREFIX_CACHE_MB) = '", value,
-            "' is not a size in MiB in 0…16777216 (0 = off)"));
-      }
-    } else if (key == "prefix_cache_min") {
-      if (!absl::SimpleAtoi(value, &k->prefix_cache_min) || k->prefix_cache_min < 1 ||
-          k->prefix_cache_min > (int64_t{1} << 24)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "kimi_k3: option prefix_cache_min (COLI_K3_PREFIX_CACHE_MIN) = '", value,
-            "' is not a token count in 1…16777216"));
+    } else if (key == "prefix_cache" || key == "prefix_cache_min") {
+      const bool mb = key == "prefix_cache";
+      int64_t* n = mb ? &k->prefix_cache_mb : &k->prefix_cache_min;
+      if (!absl::SimpleAtoi(value, n) || *n < (mb ? 0 : 1) || *n > (int64_t{1} << 24)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kimi_k3: option ", key,
+                         mb ? " (COLI_K3_PREFIX_CACHE_MB) = '" : " (COLI_K3_PREFIX_CACHE_MIN) = '",
+                         value,
+                         mb ? "' is not a size in MiB in 0…16777216 (0 = off)"
+                            : "' is not a token count in 1…16777216"));
       }
     } else if (key == "mmap") {
       if (value != "0" && value != "1") {

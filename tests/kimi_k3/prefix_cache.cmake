@@ -23,3 +23,18 @@ if(TARGET kimi_k3 AND TARGET coli_host_core)
     add_dependencies(k3_prefix_cache_host_test k3_tiny_fixture)
   endif()
 endif()
+
+# What the cache saves per new conversation (not a test: a 1,500-token system prompt; run by hand,
+# docs/status/prefix-cache.md).
+if(TARGET kimi_k3 AND TARGET coli_host_core)
+  coli_cc_binary(NAME k3_prefix_cache_bench
+    SRCS ${CMAKE_CURRENT_LIST_DIR}/prefix_cache_bench.cc
+    DEPS coli_host_core nlohmann_json::nlohmann_json absl::strings)
+  target_compile_definitions(k3_prefix_cache_bench PRIVATE
+    COLI_K3_TINY_DIR="${PROJECT_BINARY_DIR}/fixtures/k3_tiny"
+    COLI_PLUGIN_DIR_FOR_TEST="${COLI_PLUGIN_DIR}")
+  add_dependencies(k3_prefix_cache_bench kimi_k3)
+  if(TARGET k3_tiny_fixture)
+    add_dependencies(k3_prefix_cache_bench k3_tiny_fixture)
+  endif()
+endif()

@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -24,15 +23,14 @@
 #include "plugins/kimi_k3/checkpoints.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
+#include "tests/kimi_k3/core_test_util.h"
 
 namespace coli::k3 {
 namespace {
 
 using ::coli::testing::StatusIs;
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using core_test::SameBits;
 
 std::string LongSystemPrompt(int sentences) {
   std::string s = "You are a careful assistant for a hardware shop.";
