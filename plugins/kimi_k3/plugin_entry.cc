@@ -856,13 +856,18 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   const size_t own = extends ? record.size() : c != nullptr ? c->tokens.size() : 0;
   std::shared_ptr<const PrefixState> shared =
       s->m->prefix_cache != nullptr ? s->m->prefix_cache->Deepest(prompt, own) : nullptr;
-  if (shared != nullptr) {
-    COLI_RETURN_IF_ERROR(s->session->RestorePrefix(*shared));
+  // A refused restore changes nothing (K3_MAXT could refuse an entry; one of another shape
+  // cannot be in this model's cache): the session then keeps what it can of its own.
+  absl::Status restored = shared != nullptr ? s->session->RestorePrefix(*shared)
+                                            : absl::NotFoundError("no prefix cache entry");
+  if (shared != nullptr && !restored.ok()) {
+    COLI_LOG(kWarning) << "kimi_k3: prefix cache entry not restored: " << restored;
+  }
+  if (restored.ok()) {
     keep = shared->at.tokens.size();
     if (keep == prompt.size()) logits = shared->at.logits;
     s->prefix_restores += 1;
     s->prefix_tokens += static_cast<double>(keep);
-    shared.reset();
   } else if (extends) {
     keep = record.size();
   } else if (c != nullptr) {
@@ -960,7 +965,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       // The state where the last message starts goes to the model's prefix cache (the whole
       // state: any session can continue from it). Prompt ends are left to the session's own
       // checkpoints: they rarely begin another conversation, and each entry costs the whole
-      // recurrent state (K3: 434 MB).
+      // recurrent state (K3: 465 MB).
       PrefixCache* cache = s->m->prefix_cache.get();
       if (cache != nullptr && ends[i] < prompt.size() &&
           cache->Wants(prompt.first(ends[i]))) {
