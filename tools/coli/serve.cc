@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -44,6 +45,7 @@
 #include "httplib.h"
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
+#include "tools/coli/serve_connection.h"
 #include "tools/coli/serve_openai.h"
 #include "tools/coli/serve_responses.h"
 #include "tools/coli/serve_responses_background.h"
@@ -113,11 +115,13 @@ struct ChoiceResult {
 class Gateway {
  public:
   Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key, bool serve_web_page,
-          size_t max_background, std::unique_ptr<ResponseDir> responses_dir)
+          size_t max_background, std::unique_ptr<ResponseDir> responses_dir,
+          std::vector<std::string> allowed_origins)
       : stub_(stub),
         info_(std::move(info)),
         api_key_(std::move(api_key)),
         serve_web_page_(serve_web_page),
+        allowed_origins_(std::move(allowed_origins)),
         background_(max_background) {
     if (responses_dir) responses_.Persist(std::move(responses_dir));  // loads what it kept
     // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
@@ -127,6 +131,8 @@ class Gateway {
   }
 
   void Register(httplib::Server* server);
+  // The methods `path` takes ("" when no endpoint has that path), for Allow and 405.
+  std::vector<std::string> MethodsFor(const std::string& path) const;
   // Ends every stream at its next token or event (their clients are treated as gone), cancels
   // the background responses and joins their threads (which ends the streams that follow
   // them). Called when the server is told to stop, before the HTTP server waits for its
@@ -139,6 +145,26 @@ class Gateway {
  private:
   using Req = httplib::Request;
   using Res = httplib::Response;
+  using Handler = std::function<void(const Req&, Res&)>;
+
+  // One endpoint: a method and a whole-path pattern (httplib's), kept so that a wrong method is
+  // a 405 naming the right ones, OPTIONS answers for every path, and a body-less POST (no
+  // Content-Length, which httplib 0.11 would read until the connection closes) is dispatched
+  // here with an empty body.
+  struct Route {
+    std::string method;
+    std::regex pattern;
+    Handler handler;
+  };
+  void Add(httplib::Server* server, const std::string& method, const std::string& pattern,
+           Handler handler);
+  // Before httplib routes a request: CORS headers, OPTIONS, body-less POST / DELETE.
+  httplib::Server::HandlerResponse PreRoute(const Req& req, Res& res);
+  // The error object for a reply httplib made itself (unknown path or method, a malformed
+  // request, a body or URI over the limits).
+  void HttpError(const Req& req, Res& res);
+  // Access-Control-Allow-Origin for an --allow-origin origin ("" otherwise).
+  std::string CorsOrigin(const Req& req) const;
 
   void Reply(Res& res, int status, const Json& body) {
     res.status = status;
@@ -146,7 +172,19 @@ class Gateway {
   }
   void Fail(Res& res, const ApiError& e) {
     res.status = e.http_status;
+    // The host's queue is full: a client that retries (the openai SDK does) waits a second.
+    if (e.http_status == 429 && e.code == "queue_full") res.set_header("Retry-After", "1");
     res.set_content(ErrorBody(e), "application/json");
+  }
+  // A non-streaming generation ended because its client went away (or the server stops).
+  void Abandoned(Res& res, const grpc::Status& s) {
+    ++disconnects_;
+    if (!stopping_) return Fail(res, FromHostStatus(s));  // nobody reads it
+    ApiError e;
+    e.http_status = 503;
+    e.type = "server_error";
+    e.message = "the server is shutting down";
+    Fail(res, e);
   }
   bool Authorized(const Req& req, Res& res);
   // Parses the body as a JSON object (400 otherwise).
@@ -174,10 +212,12 @@ class Gateway {
   // background: true — stores `object` as queued and generates it on a BackgroundJobs thread
   // (429 when --max-background are running).
   // With stream: true the reply is the response's event stream (FollowEvents from the start).
-  void StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r, Json object, Res& res);
+  void StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r, Json object, Res& res,
+                               ConnectionWatch watch);
   // Answers with the events of `events` after sequence number `after` (-1: all), live ones
   // included, until the log closes or the client goes away (the response itself goes on).
-  void FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events, int64_t after);
+  void FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events, int64_t after,
+                    ConnectionWatch watch);
   void Tokenize(const Req& req, Res& res);
   void Detokenize(const Req& req, Res& res);
   void ApplyTemplate(const Req& req, Res& res);
@@ -223,8 +263,9 @@ class Gateway {
                          const v1::ChatEvent* first, const DeltaFn& on_delta);
   // One chat generation of response `r` into `b`; a finished response is stored unless store
   // is false. `first` is an event already read, or nullptr.
+  // `alive` (optional) is asked at every delta: false cancels (its client went away).
   grpc::Status RunResponse(const ResponsesRequest& r, Call& call, const v1::ChatEvent* first,
-                           ResponseBuilder& b);
+                           ResponseBuilder& b, const std::function<bool()>& alive = nullptr);
   // A streamed response as its body sees it (see StreamSse).
   struct SseSink {
     Json header;  // id, object, created, model: what every frame starts with
@@ -245,7 +286,7 @@ class Gateway {
   };
   // Answers with an SSE stream: `body` sends the choices' frames and says how it ended; then,
   // unless the client went away, the usage frame (include_usage) and `data: [DONE]`.
-  void StreamSse(Res& res, Json header, bool include_usage,
+  void StreamSse(Res& res, ConnectionWatch watch, Json header, bool include_usage,
                  std::function<StreamEnd(const SseSink&)> body);
   // After a streamed choice ended with `s`: false ends the stream (the client went away, or the
   // host's error went out as an error frame).
@@ -302,6 +343,8 @@ class Gateway {
   v1::ModelInfo info_;
   std::string api_key_;
   bool serve_web_page_ = false;  // `coli web`
+  std::vector<std::string> allowed_origins_;  // --allow-origin ("*": any)
+  std::vector<Route> routes_;
   int32_t first_special_ = 0;
 
   std::mutex mu_;
@@ -328,17 +371,40 @@ bool Gateway::Authorized(const Req& req, Res& res) {
 }
 
 bool Gateway::Body(const Req& req, Res& res, Json* body) {
+  if (req.body.find_first_not_of(" \t\r\n") == std::string::npos) {
+    Fail(res, BadField("", "request body is empty: send a JSON object (Content-Type: "
+                           "application/json)"));
+    return false;
+  }
   bool too_deep = false;
-  Json parsed = Json::parse(
-      req.body.begin(), req.body.end(),
-      [&too_deep](int depth, Json::parse_event_t, Json&) {
-        if (depth > 256) too_deep = true;
-        return !too_deep;
-      },
-      /*allow_exceptions=*/false);
-  if (too_deep || parsed.is_discarded() || !parsed.is_object()) {
-    Fail(res, BadField("", too_deep ? "request body nests deeper than 256 levels"
-                                    : "request body must be a JSON object"));
+  Json parsed;
+  try {  // nlohmann reports where and why a parse failed only through its exception
+    parsed = Json::parse(req.body.begin(), req.body.end(),
+                         [&too_deep](int depth, Json::parse_event_t, Json&) {
+                           if (depth > 256) too_deep = true;
+                           return !too_deep;
+                         });
+  } catch (const Json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 42: ... ill-formed UTF-8
+    // byte; last read: ..." without the library's tag.
+    std::string why = e.what();
+    if (why.rfind("[json.exception.", 0) == 0 && why.find("] ") != std::string::npos) {
+      why.erase(0, why.find("] ") + 2);
+    }
+    Fail(res, BadField("", "request body is not valid JSON: " + why));
+    return false;
+  }
+  if (too_deep) {
+    Fail(res, BadField("", "request body nests deeper than 256 levels"));
+    return false;
+  }
+  if (!parsed.is_object()) {
+    const std::string got = parsed.is_array()    ? "an array"
+                            : parsed.is_string() ? "a string"
+                            : parsed.is_number() ? "a number"
+                            : parsed.is_boolean() ? "a boolean"
+                                                  : "null";
+    Fail(res, BadField("", "request body must be a JSON object, got " + got));
     return false;
   }
   *body = std::move(parsed);
@@ -568,12 +634,18 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   const int64_t created = NowSeconds();
   body.erase("return_progress");  // the gateway's own field, not the template's
   const std::string request_json = Dump(body);
+  const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
 
   if (!f->stream) {
     std::vector<ChoiceResult> results(f->n);
+    // Nothing is written until the end: each token checks that the client still waits.
+    auto alive = [this, &watch](const char*, const Json&) {
+      return !stopping_ && !watch.PeerClosed();
+    };
     for (int i = 0; i < f->n; ++i) {
       auto call = StartChat(*f, request_json, i);
-      grpc::Status s = RunChoice(*f, *call, &results[i], nullptr, nullptr);
+      grpc::Status s = RunChoice(*f, *call, &results[i], nullptr, alive);
+      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
       if (!s.ok()) return Fail(res, FromHostStatus(s));
     }
     Json out;
@@ -617,7 +689,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   }
   auto fields = std::make_shared<SamplingFields>(*f);
   StreamSse(
-      res, Header(id, "chat.completion.chunk", created), f->include_usage,
+      res, watch, Header(id, "chat.completion.chunk", created), f->include_usage,
       [this, first_call, first, fields, request_json](const SseSink& sse) {
         auto chunk = [&](int index, const Json& delta, const Json& finish, const Json& logprobs) {
           return sse.Frame(Json{{"index", index},
@@ -671,21 +743,24 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       });
 }
 
-void Gateway::StreamSse(Res& res, Json header, bool include_usage,
+void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool include_usage,
                         std::function<StreamEnd(const SseSink&)> body) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, header = std::move(header), include_usage,
+      "text/event-stream", [this, watch, header = std::move(header), include_usage,
                             body = std::move(body)](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         SseSink sse;
         sse.header = header;
         sse.include_usage = include_usage;
-        sse.send = [this, &sink](const Json& j) {
+        sse.send = [this, &sink, &watch](const Json& j) {
           const std::string frame = "data: " + Dump(j) + "\n\n";
-          return !stopping_ && sink.is_writable() && sink.write(frame.data(), frame.size());
+          return !stopping_ && !watch.PeerClosed() && sink.is_writable() &&
+                 sink.write(frame.data(), frame.size());
         };
-        sse.alive = [this, &sink] { return !stopping_ && sink.is_writable(); };
+        sse.alive = [this, &sink, &watch] {
+          return !stopping_ && !watch.PeerClosed() && sink.is_writable();
+        };
         const StreamEnd end = body(sse);
         if (end.gone) {
           ++disconnects_;
@@ -798,6 +873,7 @@ void Gateway::Completions(const Req& req, Res& res) {
   if (!ModelOk(f->model, res)) return;
   const std::string id = NewId("cmpl-");
   const int64_t created = NowSeconds();
+  const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
 
   if (!f->stream) {
     Json out;
@@ -810,7 +886,11 @@ void Gateway::Completions(const Req& req, Res& res) {
     for (int i = 0; i < f->n; ++i) {
       auto call = StartGenerate(*f, prompt, i);
       CompletionResult r;
-      grpc::Status s = RunCompletion(*f, *call, &r, nullptr, nullptr);
+      grpc::Status s =
+          RunCompletion(*f, *call, &r, nullptr, [this, &watch](const char*, const Json&) {
+            return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
+          });
+      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
       if (!s.ok()) return Fail(res, FromHostStatus(s));
       Json choice;
       choice["index"] = i;
@@ -838,7 +918,7 @@ void Gateway::Completions(const Req& req, Res& res) {
   }
   auto fields = std::make_shared<SamplingFields>(*f);
   StreamSse(
-      res, Header(id, "text_completion", created), f->include_usage,
+      res, watch, Header(id, "text_completion", created), f->include_usage,
       [this, first_call, first, fields, prompt](const SseSink& sse) {
         auto chunk = [&](int index, const std::string& text, const Json& logprobs,
                          const Json& finish) {
@@ -887,10 +967,12 @@ std::optional<ResponsesRequest> Gateway::ResponsesBody(const Req& req, Res& res)
 }
 
 grpc::Status Gateway::RunResponse(const ResponsesRequest& r, Call& call, const v1::ChatEvent* first,
-                                  ResponseBuilder& b) {
+                                  ResponseBuilder& b, const std::function<bool()>& alive) {
   ChoiceResult out;
-  grpc::Status s = RunChoice(r.fields, call, &out, first,
-                             [&b](const char* kind, const Json& p) { return b.Delta(kind, p); });
+  grpc::Status s =
+      RunChoice(r.fields, call, &out, first, [&b, &alive](const char* kind, const Json& p) {
+        return (!alive || alive()) && b.Delta(kind, p);
+      });
   if (!s.ok()) return s;
   b.Finish({out.finish_reason, out.prompt_tokens, out.completion_tokens, out.reasoning_tokens,
             out.cached_tokens});
@@ -909,11 +991,14 @@ void Gateway::Responses(const Req& req, Res& res) {
   auto r = std::make_shared<const ResponsesRequest>(std::move(*parsed));
   const std::string request_json = Dump(r->chat);
   Json object = NewResponseObject(*r, info_.id(), NowSeconds());
-  if (r->background) return StartBackgroundResponse(r, std::move(object), res);
+  const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
+  if (r->background) return StartBackgroundResponse(r, std::move(object), res, watch);
   if (!r->fields.stream) {
     auto call = StartChat(r->fields, request_json, 0);
     ResponseBuilder b(std::move(object), {}, r->logprobs);
-    grpc::Status s = RunResponse(*r, *call, nullptr, b);
+    grpc::Status s = RunResponse(*r, *call, nullptr, b,
+                                 [this, &watch] { return !stopping_ && !watch.PeerClosed(); });
+    if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
     if (!s.ok()) return Fail(res, ToResponsesError(FromHostStatus(s), *r));
     return Reply(res, 200, b.response());
   }
@@ -925,14 +1010,18 @@ void Gateway::Responses(const Req& req, Res& res) {
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, call, first, object, r](size_t, httplib::DataSink& sink) {
+      "text/event-stream",
+      [this, call, first, object, r, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         ResponseBuilder::Sink events;
-        events.send = [this, &sink](const Json& e) {
+        events.send = [this, &sink, &watch](const Json& e) {
           const std::string frame = SseEventFrame(e);
-          return !stopping_ && sink.is_writable() && sink.write(frame.data(), frame.size());
+          return !stopping_ && !watch.PeerClosed() && sink.is_writable() &&
+                 sink.write(frame.data(), frame.size());
         };
-        events.alive = [this, &sink] { return !stopping_ && sink.is_writable(); };
+        events.alive = [this, &sink, &watch] {
+          return !stopping_ && !watch.PeerClosed() && sink.is_writable();
+        };
         ResponseBuilder b(object, events, r->logprobs);
         grpc::Status s(grpc::StatusCode::CANCELLED, "client disconnected");
         if (b.Start()) {
@@ -953,7 +1042,7 @@ void Gateway::Responses(const Req& req, Res& res) {
 }
 
 void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r, Json object,
-                                      Res& res) {
+                                      Res& res, ConnectionWatch watch) {
   const std::string id = object["id"].get<std::string>();
   object["status"] = "queued";
   // With stream: true every event goes into a log that the POST's stream and any resumed one
@@ -1011,22 +1100,23 @@ void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r,
                 "finish or cancel one";
     return Fail(res, e);
   }
-  if (events) return FollowEvents(res, events, -1);
+  if (events) return FollowEvents(res, events, -1, watch);
   Reply(res, 200, object);
 }
 
 void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events,
-                           int64_t after) {
+                           int64_t after, ConnectionWatch watch) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, events, after](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, events, after, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         int64_t cursor = after;
         std::vector<std::string> frames;
         bool gone = false;
         while (!gone && events->Next(&cursor, &frames) == ResponseEventLog::Read::kEvents) {
           for (const std::string& frame : frames) {
-            if (stopping_ || !sink.is_writable() || !sink.write(frame.data(), frame.size())) {
+            if (stopping_ || watch.PeerClosed() || !sink.is_writable() ||
+                !sink.write(frame.data(), frame.size())) {
               gone = true;
               break;
             }
@@ -1080,7 +1170,8 @@ void Gateway::ResponseById(const Req& req, Res& res) {
                                     " MiB of events): use starting_after >= " +
                                     std::to_string(events->first_kept() - 1)));
     }
-    return FollowEvents(res, events, after);
+    return FollowEvents(res, events, after,
+                        ConnectionWatch(req.local_port, req.remote_addr, req.remote_port));
   }
   ResponseNotFound(res, id);
 }
@@ -1333,28 +1424,178 @@ void Gateway::Metrics(const Req& req, Res& res) {
   res.set_content(out, "text/plain; version=0.0.4");
 }
 
+void Gateway::Add(httplib::Server* server, const std::string& method, const std::string& pattern,
+                  Handler handler) {
+  routes_.push_back({method, std::regex(pattern), handler});
+  if (method == "GET") {
+    server->Get(pattern, std::move(handler));
+  } else if (method == "POST") {
+    server->Post(pattern, std::move(handler));
+  } else if (method == "DELETE") {
+    server->Delete(pattern, std::move(handler));
+  }
+}
+
+std::vector<std::string> Gateway::MethodsFor(const std::string& path) const {
+  std::vector<std::string> methods;
+  for (const Route& r : routes_) {
+    if (std::regex_match(path, r.pattern) &&
+        std::find(methods.begin(), methods.end(), r.method) == methods.end()) {
+      methods.push_back(r.method);
+    }
+  }
+  return methods;
+}
+
+namespace {
+
+// "GET, HEAD, OPTIONS" for the Allow header (HEAD wherever GET is; OPTIONS everywhere).
+std::string AllowHeader(const std::vector<std::string>& methods) {
+  std::string out;
+  for (const std::string& m : methods) {
+    out += m + ", ";
+    if (m == "GET") out += "HEAD, ";
+  }
+  return out + "OPTIONS";
+}
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+ApiError InvalidUrl(const httplib::Request& req) {
+  ApiError e;
+  e.http_status = 404;
+  e.message = "Invalid URL (" + req.method + " " + req.path + "): no such endpoint";
+  return e;
+}
+
+ApiError MethodNotAllowed(const httplib::Request& req, const std::vector<std::string>& methods) {
+  ApiError e;
+  e.http_status = 405;
+  std::string allowed;
+  for (const std::string& m : methods) allowed += (allowed.empty() ? "" : " or ") + m;
+  e.message = "Method " + req.method + " is not allowed on " + req.path + " (use " + allowed + ")";
+  return e;
+}
+
+}  // namespace
+
+std::string Gateway::CorsOrigin(const Req& req) const {
+  if (!req.has_header("Origin")) return "";
+  const std::string origin = req.get_header_value("Origin");
+  if (Contains(allowed_origins_, "*")) return "*";
+  return Contains(allowed_origins_, origin) ? origin : "";
+}
+
+httplib::Server::HandlerResponse Gateway::PreRoute(const Req& req, Res& res) {
+  using HR = httplib::Server::HandlerResponse;
+  const std::string origin = CorsOrigin(req);
+  if (!allowed_origins_.empty()) res.set_header("Vary", "Origin");
+  if (!origin.empty()) res.set_header("Access-Control-Allow-Origin", origin);
+  const std::vector<std::string> methods = MethodsFor(req.path);
+  if (req.method == "OPTIONS") {
+    // A CORS preflight (or a client asking what a path takes). It carries no credentials, so
+    // it is answered without the API key; only an allowed origin gets the Access-Control
+    // headers that let a browser go on.
+    if (methods.empty()) {
+      Fail(res, InvalidUrl(req));
+      return HR::Handled;
+    }
+    res.status = 204;
+    res.set_header("Allow", AllowHeader(methods));
+    if (!origin.empty()) {
+      res.set_header("Access-Control-Allow-Methods", AllowHeader(methods));
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers",
+                     asked.empty() ? "Authorization, Content-Type" : asked);
+      res.set_header("Access-Control-Max-Age", "600");
+    }
+    return HR::Handled;
+  }
+  // A request that announces no body has none (RFC 9112 §6.3: neither Content-Length nor
+  // Transfer-Encoding). httplib 0.11 would read it until the client closes the connection —
+  // `curl -X POST .../cancel` hung 5 s and got a 400 — so it is dispatched here as it is.
+  const bool wants_body = req.method == "POST" || req.method == "PUT" ||
+                          req.method == "PATCH" || req.method == "DELETE";
+  if (wants_body && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+    for (const Route& route : routes_) {
+      if (route.method != req.method) continue;
+      Req copy = req;
+      if (!std::regex_match(copy.path, copy.matches, route.pattern)) continue;
+      route.handler(copy, res);
+      return HR::Handled;
+    }
+    Fail(res, methods.empty() ? InvalidUrl(req) : MethodNotAllowed(req, methods));
+    if (!methods.empty()) res.set_header("Allow", AllowHeader(methods));
+    return HR::Handled;
+  }
+  return HR::Unhandled;
+}
+
+void Gateway::HttpError(const Req& req, Res& res) {
+  if (!res.body.empty()) return;  // a handler's own error object
+  ApiError e;
+  e.http_status = res.status;
+  const std::vector<std::string> methods = req.path.empty() ? std::vector<std::string>{}
+                                                            : MethodsFor(req.path);
+  const bool wrong_method = !methods.empty() && !req.method.empty() &&
+                            !Contains(methods, req.method) &&
+                            !(req.method == "HEAD" && Contains(methods, "GET"));
+  switch (res.status) {
+    case 404:
+    case 400:
+      // No handler for this method (httplib says 404 for PUT/PATCH/DELETE and 400 for a method
+      // it has no table for); a 400 on a path and method we serve is a request httplib could
+      // not read.
+      if (wrong_method) {
+        e = MethodNotAllowed(req, methods);
+        res.set_header("Allow", AllowHeader(methods));
+      } else if (res.status == 404) {
+        e = InvalidUrl(req);
+      } else {
+        e.message =
+            "malformed HTTP request: its request line or a header could not be read (a header "
+            "line may be at most 8192 bytes)";
+      }
+      break;
+    case 413:
+      e.message = "request body is larger than the 16 MiB this server accepts";
+      break;
+    case 414:
+      e.message = "request URI is longer than the 8192 bytes this server accepts";
+      break;
+    default:
+      e.type = res.status >= 500 ? "server_error" : "invalid_request_error";
+      e.message = "HTTP " + std::to_string(res.status);
+      break;
+  }
+  res.status = e.http_status;
+  res.set_content(ErrorBody(e), "application/json");
+}
+
 void Gateway::Register(httplib::Server* server) {
   auto bind = [this](void (Gateway::*fn)(const Req&, Res&)) {
     return [this, fn](const Req& req, Res& res) { (this->*fn)(req, res); };
   };
-  server->Get("/v1/models", bind(&Gateway::Models));
-  server->Get(R"(/v1/models/(.+))", bind(&Gateway::Models));
-  server->Post("/v1/chat/completions", bind(&Gateway::ChatCompletions));
-  server->Post("/v1/completions", bind(&Gateway::Completions));
-  server->Post("/v1/responses", bind(&Gateway::Responses));
-  server->Post("/v1/responses/input_tokens", bind(&Gateway::ResponsesInputTokens));
-  server->Get(R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
-  server->Get(R"(/v1/responses/([^/]+)/input_items)", bind(&Gateway::ResponseInputItems));
-  server->Post(R"(/v1/responses/([^/]+)/cancel)", bind(&Gateway::CancelResponse));
-  server->Delete(R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
-  server->Post("/tokenize", bind(&Gateway::Tokenize));
-  server->Post("/detokenize", bind(&Gateway::Detokenize));
-  server->Post("/apply-template", bind(&Gateway::ApplyTemplate));
-  server->Get("/health", bind(&Gateway::Health));
-  server->Get("/metrics", bind(&Gateway::Metrics));
+  Add(server, "GET", "/v1/models", bind(&Gateway::Models));
+  Add(server, "GET", R"(/v1/models/(.+))", bind(&Gateway::Models));
+  Add(server, "POST", "/v1/chat/completions", bind(&Gateway::ChatCompletions));
+  Add(server, "POST", "/v1/completions", bind(&Gateway::Completions));
+  Add(server, "POST", "/v1/responses", bind(&Gateway::Responses));
+  Add(server, "POST", "/v1/responses/input_tokens", bind(&Gateway::ResponsesInputTokens));
+  Add(server, "GET", R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
+  Add(server, "GET", R"(/v1/responses/([^/]+)/input_items)", bind(&Gateway::ResponseInputItems));
+  Add(server, "POST", R"(/v1/responses/([^/]+)/cancel)", bind(&Gateway::CancelResponse));
+  Add(server, "DELETE", R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
+  Add(server, "POST", "/tokenize", bind(&Gateway::Tokenize));
+  Add(server, "POST", "/detokenize", bind(&Gateway::Detokenize));
+  Add(server, "POST", "/apply-template", bind(&Gateway::ApplyTemplate));
+  Add(server, "GET", "/health", bind(&Gateway::Health));
+  Add(server, "GET", "/metrics", bind(&Gateway::Metrics));
   if (serve_web_page_) {
     // `coli web`: the chat page (embedded Vite bundle) on the same origin as the API it uses.
-    server->Get(R"(/|/index\.html|/assets/.+)", [](const Req& req, Res& res) {
+    Add(server, "GET", R"(/|/index\.html|/assets/.+)", [](const Req& req, Res& res) {
       const web::WebAsset* asset = web::FindWebAsset(req.path);
       if (asset == nullptr) {
         res.status = 404;
@@ -1368,18 +1609,13 @@ void Gateway::Register(httplib::Server* server) {
       res.set_content(std::string(asset->bytes), std::string(asset->content_type));
     });
   }
+  server->set_pre_routing_handler(
+      [this](const Req& req, Res& res) { return PreRoute(req, res); });
   server->set_logger([this](const Req&, const Res& res) {
     std::lock_guard<std::mutex> lock(mu_);
     ++http_by_status_[res.status];
   });
-  server->set_error_handler([](const Req&, Res& res) {
-    if (!res.body.empty()) return;
-    ApiError e;
-    e.http_status = res.status;
-    e.type = res.status == 404 ? "not_found" : "invalid_request_error";
-    e.message = res.status == 404 ? "no such endpoint" : "bad request";
-    res.set_content(ErrorBody(e), "application/json");
-  });
+  server->set_error_handler([this](const Req& req, Res& res) { HttpError(req, res); });
   server->set_exception_handler([](const Req&, Res& res, std::exception_ptr) {
     ApiError e;
     e.http_status = 500;
@@ -1397,12 +1633,13 @@ void Usage(bool web) {
   std::fprintf(
       stderr,
       web ? "usage: coli web [--model DIR] [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
-            "                [--connect ADDR] [--model-id ID]\n"
+            "                [--connect ADDR] [--model-id ID] [--allow-origin ORIGIN]\n"
+            "                [--http-threads N]\n"
             "  the chat page and the OpenAI API on one port; without --model (or\n"
             "  COLI_MODEL) the embedded tiny Kimi K3 fixture (random weights)\n"
           : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
             "                  [--connect ADDR] [--model-id ID] [--max-background N]\n"
-            "                  [--responses-dir DIR]\n");
+            "                  [--responses-dir DIR] [--allow-origin ORIGIN] [--http-threads N]\n");
   std::fprintf(stderr,
                "  --host ADDR    listen address; anything but loopback requires --api-key\n"
                "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
@@ -1410,7 +1647,12 @@ void Usage(bool web) {
                "  --max-background N  background /v1/responses running at once (default 16)\n"
                "  --responses-dir DIR  keep finished stored /v1/responses in DIR, one file each,\n"
                "                 so they survive a restart (env COLI_RESPONSES_DIR; default:\n"
-               "                 in memory only)\n");
+               "                 in memory only)\n"
+               "  --allow-origin ORIGIN  let browser pages from ORIGIN (e.g. http://localhost:3000;\n"
+               "                 '*' = any) call the API: CORS headers; repeatable. Default: none\n"
+               "                 (same-origin only, as the `coli web` page is)\n"
+               "  --http-threads N  HTTP connections served at once, open streams included\n"
+               "                 (default 256; more wait for a free thread)\n");
 }
 
 // `coli serve` and `coli web` share everything but the page and the default model.
@@ -1419,6 +1661,8 @@ int RunGateway(int argc, char** argv, bool web) {
   std::string model_dir, host = "127.0.0.1", api_key, connect, model_id, responses_dir;
   int port = 8000;
   long max_background = 16;
+  long http_threads = 256;
+  std::vector<std::string> allowed_origins;
   if (const char* k = std::getenv("COLI_API_KEY"); k && *k) api_key = k;
   if (const char* m = std::getenv("COLI_MODEL"); m && *m) model_dir = m;
   if (const char* d = std::getenv("COLI_RESPONSES_DIR"); d && *d) responses_dir = d;
@@ -1443,6 +1687,24 @@ int RunGateway(int argc, char** argv, bool web) {
       model_id = value();
     else if (arg == "--responses-dir")
       responses_dir = value();
+    else if (arg == "--allow-origin") {
+      const std::string v = value();
+      if (v != "*" && v.find("://") == std::string::npos) {
+        std::fprintf(stderr, "%s: --allow-origin '%s' is not an origin (scheme://host[:port] or *)\n",
+                     name, v.c_str());
+        return 2;
+      }
+      allowed_origins.push_back(v);
+    } else if (arg == "--http-threads") {
+      const std::string v = value();
+      char* end = nullptr;
+      http_threads = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || http_threads < 4 || http_threads > 4096) {
+        std::fprintf(stderr, "%s: --http-threads '%s' is not a count in [4, 4096]\n", name,
+                     v.c_str());
+        return 2;
+      }
+    }
     else if (arg == "--port") {
       const std::string v = value();
       char* end = nullptr;
@@ -1540,8 +1802,14 @@ int RunGateway(int argc, char** argv, bool web) {
   }
 
   httplib::Server server;
+  // httplib's default pool is max(8, cores - 1) threads, and every open stream holds one: eight
+  // streams made /health and every further request wait, and a burst never reached the host's
+  // queue (which answers its excess with a 429). A thread waiting on the host costs no CPU.
+  server.new_task_queue = [n = static_cast<size_t>(http_threads)] {
+    return new httplib::ThreadPool(n);
+  };
   Gateway gateway(&(*client)->stub(), info, api_key, web, static_cast<size_t>(max_background),
-                  std::move(stored_dir));
+                  std::move(stored_dir), std::move(allowed_origins));
   gateway.Register(&server);
   int bound = port;
   if (port == 0) {

@@ -4,17 +4,20 @@
 # sequences; serve_responses: the Responses API mapped onto the chat path;
 # serve_responses_background: bounded, cancellable background responses; serve_responses_stream:
 # the kept, resumable event stream of a background response; serve_responses_disk: the
-# --responses-dir folder where stored responses survive a restart), unit-tested in
-# tests/coli/serve_responses_test.cc and serve_responses_disk_test.cc.
+# --responses-dir folder where stored responses survive a restart; serve_connection: whether a
+# handler's client is still connected), unit-tested in tests/coli/serve_responses_test.cc,
+# serve_responses_disk_test.cc and serve_connection_test.cc.
 coli_cc_library(NAME coli_serve_api
   SRCS ${CMAKE_CURRENT_LIST_DIR}/serve_openai.cc ${CMAKE_CURRENT_LIST_DIR}/serve_responses.cc
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_background.cc
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_stream.cc
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_disk.cc
+       ${CMAKE_CURRENT_LIST_DIR}/serve_connection.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/serve_openai.h ${CMAKE_CURRENT_LIST_DIR}/serve_responses.h
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_background.h
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_stream.h
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_disk.h
+       ${CMAKE_CURRENT_LIST_DIR}/serve_connection.h
   PUBLIC_DEPS gRPC::grpc++ nlohmann_json::nlohmann_json absl::status absl::statusor
   DEPS coli_io coli_log)
 target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/serve.cc)

@@ -90,8 +90,10 @@ bool OptNumber(const Json& body, const char* key, double lo, double hi, double* 
   }
   const double x = v->get<double>();
   if (!(x >= lo && x <= hi)) {
+    // The value as sent (%g rounded 2.0000001 to "2": "between 0 and 2, got 2").
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "%s must be between %g and %g, got %g", key, lo, hi, x);
+    std::snprintf(buf, sizeof(buf), "%s must be between %g and %g, got %s", key, lo, hi,
+                  v->dump().c_str());
     *error = BadField(key, buf);
     return false;
   }
@@ -397,6 +399,19 @@ std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error)
         *error = BadField(path,
                           "a tool must be {\"type\": \"function\", \"function\": "
                           "{\"name\": ...}}");
+        return std::nullopt;
+      }
+      // OpenAI refuses these too; rendered as they were, the model saw a broken declaration.
+      if (const Json* params = Find(*fn, "parameters"); params != nullptr && !params->is_object()) {
+        *error = BadField(path + ".function.parameters",
+                          "function parameters must be a JSON Schema object, got " +
+                              std::string(params->type_name()));
+        return std::nullopt;
+      }
+      if (const Json* d = Find(*fn, "description"); d != nullptr && !d->is_string()) {
+        *error = BadField(path + ".function.description",
+                          "function description must be a string, got " +
+                              std::string(d->type_name()));
         return std::nullopt;
       }
     }

@@ -1,0 +1,115 @@
+// ConnectionWatch (tools/coli/serve_connection.h): a `coli serve` handler finds its own accepted
+// TCP socket by the endpoints httplib reports, and sees the peer close it — without reading.
+#include "tools/coli/serve_connection.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace coli::cli::serve {
+namespace {
+
+int Port(int fd, bool peer) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  const int rc = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len)
+                      : getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return rc == 0 ? ntohs(a.sin_port) : -1;
+}
+
+// A loopback listener, a client connected to it and the server side of that connection.
+struct Pair {
+  int listener = -1, client = -1, server = -1;
+  Pair() {
+    listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    if (bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        listen(listener, 4) != 0) {
+      return;
+    }
+    a.sin_port = htons(static_cast<uint16_t>(Port(listener, false)));
+    client = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(client, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return;
+    server = accept(listener, nullptr, nullptr);
+  }
+  ~Pair() {
+    for (int fd : {listener, client, server}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  // The watch a handler of `server` makes from httplib's local_port / remote_addr / remote_port.
+  ConnectionWatch Watch() const {
+    return ConnectionWatch(Port(server, false), "127.0.0.1", Port(server, true));
+  }
+};
+
+TEST(ConnectionWatch, FindsTheServerSideSocket) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  EXPECT_EQ(p.Watch().fd(), p.server);
+  EXPECT_FALSE(p.Watch().PeerClosed());
+}
+
+TEST(ConnectionWatch, SeesAnOrderlyClose) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  const ConnectionWatch watch = p.Watch();
+  ASSERT_FALSE(watch.PeerClosed());
+  close(p.client);
+  p.client = -1;
+  // The FIN is on the loopback by the time close returns; the peek sees EOF.
+  EXPECT_TRUE(watch.PeerClosed());
+}
+
+TEST(ConnectionWatch, PendingBytesAreNotAClose) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  const ConnectionWatch watch = p.Watch();
+  ASSERT_EQ(write(p.client, "GET / HTTP/1.1\r\n", 16), 16);
+  EXPECT_FALSE(watch.PeerClosed());
+  // Peeking consumed nothing: the bytes are all still there to read.
+  char buf[32];
+  EXPECT_EQ(read(p.server, buf, sizeof(buf)), 16);
+  EXPECT_FALSE(watch.PeerClosed());
+}
+
+TEST(ConnectionWatch, SeesAReset) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  const ConnectionWatch watch = p.Watch();
+  linger hard{1, 0};  // close with RST
+  ASSERT_EQ(setsockopt(p.client, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard)), 0);
+  close(p.client);
+  p.client = -1;
+  EXPECT_TRUE(watch.PeerClosed());
+}
+
+TEST(ConnectionWatch, UnknownEndpointsGiveAnInertWatch) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  // No socket of this process has these endpoints: never "closed", whatever happens.
+  const ConnectionWatch none(Port(p.server, false), "127.0.0.1", 1);
+  EXPECT_EQ(none.fd(), -1);
+  EXPECT_FALSE(none.PeerClosed());
+  const ConnectionWatch bad(0, "", 0);
+  EXPECT_EQ(bad.fd(), -1);
+  EXPECT_FALSE(bad.PeerClosed());
+}
+
+TEST(ConnectionWatch, AnAddressSpelledDifferentlyStillFindsTheOnlyPortMatch) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  const ConnectionWatch watch(Port(p.server, false), "localhost", Port(p.server, true));
+  EXPECT_EQ(watch.fd(), p.server);
+}
+
+}  // namespace
+}  // namespace coli::cli::serve
