@@ -384,9 +384,10 @@ bool Gateway::Body(const Req& req, Res& res, Json* body) {
                            if (depth > 256) too_deep = true;
                            return !too_deep;
                          });
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 42: ... ill-formed UTF-8
-    // byte; last read: ..." without the library's tag.
+    // byte; last read: ..." or "[json.exception.out_of_range.406] number overflow parsing
+    // '1e400'", without the library's tag.
     std::string why = e.what();
     if (why.rfind("[json.exception.", 0) == 0 && why.find("] ") != std::string::npos) {
       why.erase(0, why.find("] ") + 2);
@@ -819,7 +820,8 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
       out->prompt_tokens = ev.started().prompt_tokens();
     } else if (ev.has_token() && !stopped) {
       ++out->completion_tokens;
-      const std::string visible = stop.Push(ev.token().text());
+      const bool hidden = f.skip_special_tokens && ev.token().id() >= first_special_;
+      const std::string visible = stop.Push(hidden ? std::string() : ev.token().text());
       out->text += visible;
       // One piece per token: its visible text and (with logprobs) the token's entry.
       Json piece;

@@ -443,7 +443,12 @@ std::optional<SamplingFields> ParseCompletionParams(const Json& body, std::strin
     return std::nullopt;
   }
   *prompt = p->get<std::string>();
+  if (prompt->empty()) {  // (the host's own refusal named messages)
+    *error = BadField("prompt", "prompt must not be empty");
+    return std::nullopt;
+  }
   if (!ParseCommon(body, &f, error)) return std::nullopt;
+  if (!OptBool(body, "skip_special_tokens", &f.skip_special_tokens, error)) return std::nullopt;
   int64_t logprobs = -1;
   if (!OptInt(body, "logprobs", 0, 20, &logprobs, error)) return std::nullopt;
   f.top_logprobs = static_cast<int>(logprobs);

@@ -69,6 +69,9 @@ struct SamplingFields {
   // llama.cpp's opt-in `return_progress`: stream chunks carrying `prompt_progress` while the
   // prompt is read (stream only; without it the stream is plain OpenAI).
   bool return_progress = false;
+  // /v1/completions: added (special / reserved) tokens are left out of the text, as vLLM's
+  // default skip_special_tokens does; false keeps their names. (Chat output never shows them.)
+  bool skip_special_tokens = true;
 };
 
 // Validates and reads the chat-completions fields the gateway handles itself (the chat fields —

@@ -321,6 +321,11 @@ test('a body that is not JSON says why: invalid UTF-8, lone surrogate, trailing 
   assert.match(assertApiError(s, 400, 'surrogate').message, /not valid JSON.*surrogate/s);
   const { responses: [g] } = await send(Buffer.from('{"messages": []} trailing'));
   assert.match(assertApiError(g, 400, 'garbage').message, /not valid JSON/);
+  // A number beyond double range was a 500 "internal error" for a moment (nlohmann throws a
+  // different exception for it).
+  const { responses: [o] } = await send(Buffer.from(
+    '{"messages":[{"role":"user","content":"hi"}],"temperature":1e400}'));
+  assert.match(assertApiError(o, 400, 'overflow').message, /not valid JSON.*1e400/s);
   const { responses: [a] } = await send(Buffer.from('[1, 2]'));
   assert.match(assertApiError(a, 400, 'array').message, /JSON object.*array/);
 });
@@ -379,6 +384,33 @@ test('max_completion_tokens wins over max_tokens (vLLM); seed makes sampling rep
   assert.deepEqual(a.choices[0].logprobs, b.choices[0].logprobs);
 });
 
+test('legacy completions: an empty prompt is a 400 naming prompt; special tokens are not text (vLLM skip_special_tokens)', async () => {
+  const empty = await request('POST', '/v1/completions', { body: { model: modelId, prompt: '' } });
+  const e = assertApiError(empty, 400, 'empty prompt');
+  assert.equal(e.param, 'prompt');
+  assert.match(e.message, /prompt/);
+  // A reserved (added) token forced at every step: its name is not something the model wrote.
+  const [reserved] = (await request('POST', '/tokenize',
+    { body: { prompt: '<|reserved_token_708|>', allow_special: true } })).json.tokens;
+  assert.equal(reserved, 708);
+  const ask = (extra) => client.completions.create({
+    model: modelId, prompt: 'hi', max_tokens: 3, temperature: 0, logit_bias: { [reserved]: 100 },
+    logprobs: 1, ...extra,
+  });
+  const plain = await ask({});
+  assert.equal(plain.choices[0].text, '');
+  assert.equal(plain.usage.completion_tokens, 3);
+  // logprobs still list the tokens the model produced.
+  assert.deepEqual(plain.choices[0].logprobs.tokens, Array(3).fill('<|reserved_token_708|>'));
+  const kept = await ask({ skip_special_tokens: false });
+  assert.equal(kept.choices[0].text, '<|reserved_token_708|>'.repeat(3));
+  let streamed = '';
+  for await (const chunk of await ask({ stream: true })) streamed += chunk.choices[0]?.text ?? '';
+  assert.equal(streamed, '');
+  await assert.rejects(ask({ skip_special_tokens: 'no' }),
+    (err) => err.status === 400 && err.param === 'skip_special_tokens');
+});
+
 // The host's view of the non-streaming request that a client abandoned.
 async function abandon(path, body) {
   const before = await metrics();
@@ -429,17 +461,23 @@ test('a burst of streams beyond the host capacity: the excess gets 429, /health 
   const n = 24;
   const controllers = [];
   const outcomes = [];
+  let streaming = 0;
   for (let i = 0; i < n; i++) {
     const controller = new AbortController();
     controllers.push(controller);
     // Each stream is read until the test hangs up (logit_bias keeps it generating till then).
-    let streamed = false;
+    let streamed = false;  // (counted in `streaming` at the first chunk)
     outcomes.push(client.chat.completions.create({
       model: modelId, messages: [{ role: 'user', content: `stream ${i}` }], max_tokens: 100000,
       temperature: 0, logit_bias: { 65: 100 }, stream: true,
     }, { signal: controller.signal }).then(async (stream) => {
       try {
-        for await (const chunk of stream) { if (chunk.choices.length) streamed = true; }
+        for await (const chunk of stream) {
+          if (chunk.choices.length && !streamed) {
+            streamed = true;
+            ++streaming;
+          }
+        }
       } catch (e) {
         if (!/abort/i.test(`${e.name} ${e.message}`)) return `error ${e.name} ${e.message}`;
       }
@@ -462,6 +500,8 @@ test('a burst of streams beyond the host capacity: the excess gets 429, /health 
   if (m.value('coli_requests_active') + capacity < n) {
     assert.ok(m.value('coli_requests_rejected_total') > rejectedBefore, m.text);
   }
+  // The ones the host runs do stream before their clients hang up.
+  assert.ok(await until(async () => streaming >= 1), 'no stream delivered a chunk');
   for (const c of controllers) c.abort();
   const results = await Promise.all(outcomes);
   for (const r of results) {
