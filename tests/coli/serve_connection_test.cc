@@ -7,7 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -109,6 +112,56 @@ TEST(ConnectionWatch, AnAddressSpelledDifferentlyStillFindsTheOnlyPortMatch) {
   ASSERT_GE(p.server, 0);
   const ConnectionWatch watch(Port(p.server, false), "localhost", Port(p.server, true));
   EXPECT_EQ(watch.fd(), p.server);
+}
+
+// Polls `cond` for up to 10 s.
+template <typename Cond>
+bool Eventually(Cond cond) {
+  for (int i = 0; i < 1000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
+TEST(ConnectionMonitor, CancelsOnceWhenThePeerGoes) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  ConnectionMonitor monitor(std::chrono::milliseconds(5));
+  std::atomic<int> cancels{0};
+  ConnectionMonitor::Guard guard = monitor.Watch(p.Watch(), [&cancels] { ++cancels; });
+  EXPECT_EQ(monitor.watched(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(cancels.load(), 0);  // the client is still there
+  close(p.client);
+  p.client = -1;
+  EXPECT_TRUE(Eventually([&] { return cancels.load() == 1; }));
+  EXPECT_EQ(monitor.watched(), 0u);  // dropped after its cancel
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(cancels.load(), 1);
+}
+
+TEST(ConnectionMonitor, AGuardGoneEndsTheWatch) {
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  ConnectionMonitor monitor(std::chrono::milliseconds(5));
+  std::atomic<int> cancels{0};
+  {
+    ConnectionMonitor::Guard guard = monitor.Watch(p.Watch(), [&cancels] { ++cancels; });
+    ConnectionMonitor::Guard moved = std::move(guard);  // the watch moves with it
+    EXPECT_EQ(monitor.watched(), 1u);
+  }
+  EXPECT_EQ(monitor.watched(), 0u);
+  close(p.client);
+  p.client = -1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cancels.load(), 0);
+}
+
+TEST(ConnectionMonitor, AnInertWatchIsNotRegistered) {
+  ConnectionMonitor monitor(std::chrono::milliseconds(5));
+  ConnectionMonitor::Guard guard = monitor.Watch(ConnectionWatch(0, "", 0), [] {});
+  EXPECT_EQ(monitor.watched(), 0u);
 }
 
 }  // namespace

@@ -247,10 +247,13 @@ class Gateway {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReader<v1::ChatEvent>> reader;
     std::string request_id;
+    ConnectionMonitor::Guard guard;  // last: unwatched before ctx goes away
   };
   using DeltaFn = std::function<bool(const char* kind, const Json& payload)>;
+  // `client` (nullptr for a background response): the connection whose loss cancels the call —
+  // while it waits in the host's queue and in its prefill too.
   std::unique_ptr<Call> StartChat(const SamplingFields& f, const std::string& request_json,
-                                  int choice);
+                                  int choice, const ConnectionWatch* client);
   // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
   // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON, "progress" prompt_progress
   // JSON, "tick" after a token that showed nothing) and returns false to cancel. A call the
@@ -315,6 +318,7 @@ class Gateway {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReader<v1::GenerateEvent>> reader;
     std::string request_id;
+    ConnectionMonitor::Guard guard;  // last: unwatched before ctx goes away
   };
   struct CompletionResult {
     std::string text, finish_reason;
@@ -322,7 +326,7 @@ class Gateway {
     int64_t prompt_tokens = 0, completion_tokens = 0;
   };
   std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f, const std::string& prompt,
-                                              int choice);
+                                              int choice, const ConnectionWatch* client);
   // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON),
   // "text" ({"text", optional "logprobs"} per token) and "tick" (a token that showed nothing)
   // and returns false to cancel.
@@ -345,6 +349,7 @@ class Gateway {
   bool serve_web_page_ = false;  // `coli web`
   std::vector<std::string> allowed_origins_;  // --allow-origin ("*": any)
   std::vector<Route> routes_;
+  ConnectionMonitor monitor_;  // cancels host calls whose clients went away
   int32_t first_special_ = 0;
 
   std::mutex mu_;
@@ -504,7 +509,8 @@ Json ToolCallFromDelta(const std::string& text, int index) {
 }
 
 std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
-                                                  const std::string& request_json, int choice) {
+                                                  const std::string& request_json, int choice,
+                                                  const ConnectionWatch* client) {
   auto call = std::make_unique<Call>();
   v1::ChatRequest r;
   r.set_model(info_.id());
@@ -513,6 +519,7 @@ std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
   r.set_report_progress(f.stream && f.return_progress);
   FillSampling(f, choice, r.mutable_sampling());
   call->reader = stub_->Chat(&call->ctx, r);
+  if (client) call->guard = monitor_.Watch(*client, [c = call.get()] { c->ctx.TryCancel(); });
   return call;
 }
 
@@ -644,7 +651,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       return !stopping_ && !watch.PeerClosed();
     };
     for (int i = 0; i < f->n; ++i) {
-      auto call = StartChat(*f, request_json, i);
+      auto call = StartChat(*f, request_json, i, &watch);
       grpc::Status s = RunChoice(*f, *call, &results[i], nullptr, alive);
       if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
       if (!s.ok()) return Fail(res, FromHostStatus(s));
@@ -683,15 +690,16 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   }
 
   // Streaming: read the first event before answering, so a refused request is a plain 400.
-  auto first_call = std::shared_ptr<Call>(StartChat(*f, request_json, 0));
+  auto first_call = std::shared_ptr<Call>(StartChat(*f, request_json, 0, &watch));
   auto first = std::make_shared<v1::ChatEvent>();
   if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
+    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why);
     return Fail(res, FromHostStatus(why));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
   StreamSse(
       res, watch, Header(id, "chat.completion.chunk", created), f->include_usage,
-      [this, first_call, first, fields, request_json](const SseSink& sse) {
+      [this, first_call, first, fields, request_json, watch](const SseSink& sse) {
         auto chunk = [&](int index, const Json& delta, const Json& finish, const Json& logprobs) {
           return sse.Frame(Json{{"index", index},
                                 {"delta", delta},
@@ -701,7 +709,8 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
         StreamEnd end;
         for (int i = 0; i < fields->n && !end.gone; ++i) {
           std::shared_ptr<Call> call =
-              i == 0 ? first_call : std::shared_ptr<Call>(StartChat(*fields, request_json, i));
+              i == 0 ? first_call
+                     : std::shared_ptr<Call>(StartChat(*fields, request_json, i, &watch));
           if (!sse.send(chunk(i, Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) {
             end.gone = true;
             call->ctx.TryCancel();
@@ -783,7 +792,8 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
 
 std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFields& f,
                                                               const std::string& prompt,
-                                                              int choice) {
+                                                              int choice,
+                                                              const ConnectionWatch* client) {
   auto call = std::make_unique<GenerateCall>();
   v1::GenerateRequest r;
   r.set_model(info_.id());
@@ -792,6 +802,7 @@ std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFiel
   r.set_report_progress(f.stream && f.return_progress);
   FillSampling(f, choice, r.mutable_sampling());
   call->reader = stub_->Generate(&call->ctx, r);
+  if (client) call->guard = monitor_.Watch(*client, [c = call.get()] { c->ctx.TryCancel(); });
   return call;
 }
 
@@ -886,7 +897,7 @@ void Gateway::Completions(const Req& req, Res& res) {
     out["choices"] = Json::array();
     int64_t prompt_tokens = 0, completion = 0;
     for (int i = 0; i < f->n; ++i) {
-      auto call = StartGenerate(*f, prompt, i);
+      auto call = StartGenerate(*f, prompt, i, &watch);
       CompletionResult r;
       grpc::Status s =
           RunCompletion(*f, *call, &r, nullptr, [this, &watch](const char*, const Json&) {
@@ -913,15 +924,16 @@ void Gateway::Completions(const Req& req, Res& res) {
 
   // Streaming (OpenAI's legacy shape): read the first event before answering, so a refused
   // request is a plain 400.
-  auto first_call = std::shared_ptr<GenerateCall>(StartGenerate(*f, prompt, 0));
+  auto first_call = std::shared_ptr<GenerateCall>(StartGenerate(*f, prompt, 0, &watch));
   auto first = std::make_shared<v1::GenerateEvent>();
   if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
+    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why);
     return Fail(res, FromHostStatus(why));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
   StreamSse(
       res, watch, Header(id, "text_completion", created), f->include_usage,
-      [this, first_call, first, fields, prompt](const SseSink& sse) {
+      [this, first_call, first, fields, prompt, watch](const SseSink& sse) {
         auto chunk = [&](int index, const std::string& text, const Json& logprobs,
                          const Json& finish) {
           return sse.Frame(Json{
@@ -931,7 +943,7 @@ void Gateway::Completions(const Req& req, Res& res) {
         for (int i = 0; i < fields->n && !end.gone; ++i) {
           std::shared_ptr<GenerateCall> call =
               i == 0 ? first_call
-                     : std::shared_ptr<GenerateCall>(StartGenerate(*fields, prompt, i));
+                     : std::shared_ptr<GenerateCall>(StartGenerate(*fields, prompt, i, &watch));
           CompletionResult r;
           grpc::Status s = RunCompletion(
               *fields, *call, &r, i == 0 ? first.get() : nullptr,
@@ -996,7 +1008,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
   if (r->background) return StartBackgroundResponse(r, std::move(object), res, watch);
   if (!r->fields.stream) {
-    auto call = StartChat(r->fields, request_json, 0);
+    auto call = StartChat(r->fields, request_json, 0, &watch);
     ResponseBuilder b(std::move(object), {}, r->logprobs);
     grpc::Status s = RunResponse(*r, *call, nullptr, b,
                                  [this, &watch] { return !stopping_ && !watch.PeerClosed(); });
@@ -1005,9 +1017,10 @@ void Gateway::Responses(const Req& req, Res& res) {
     return Reply(res, 200, b.response());
   }
   // Streaming: read the first event before answering, so a refused request is a plain 400.
-  auto call = std::shared_ptr<Call>(StartChat(r->fields, request_json, 0));
+  auto call = std::shared_ptr<Call>(StartChat(r->fields, request_json, 0, &watch));
   auto first = std::make_shared<v1::ChatEvent>();
   if (grpc::Status why; !ReadFirstEvent(*call->reader, first.get(), &why)) {
+    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why);
     return Fail(res, ToResponsesError(FromHostStatus(why), *r));
   }
   res.set_header("Cache-Control", "no-cache");
@@ -1068,7 +1081,7 @@ void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r,
     responses_.SetLive(id, b);  // GET shows the output so far
     grpc::Status s(grpc::StatusCode::CANCELLED, "cancelled before it started");
     if (!job.cancelled()) {
-      std::unique_ptr<Call> call = StartChat(r->fields, Dump(r->chat), 0);
+      std::unique_ptr<Call> call = StartChat(r->fields, Dump(r->chat), 0, nullptr);
       job.OnCancel([c = call.get()] { c->ctx.TryCancel(); });
       s = RunResponse(*r, *call, nullptr, *b);  // stores the finished response
       job.OnCancel(nullptr);                    // before `call` goes away

@@ -85,4 +85,65 @@ bool ConnectionWatch::PeerClosed() const {
   return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;  // reset or error
 }
 
+ConnectionMonitor::ConnectionMonitor(std::chrono::milliseconds period)
+    : period_(period), thread_([this] { Run(); }) {}
+
+ConnectionMonitor::~ConnectionMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+ConnectionMonitor::Guard& ConnectionMonitor::Guard::operator=(Guard&& other) noexcept {
+  if (this != &other) {
+    if (monitor_ != nullptr) monitor_->Unwatch(id_);
+    monitor_ = other.monitor_;
+    id_ = other.id_;
+    other.monitor_ = nullptr;
+  }
+  return *this;
+}
+
+ConnectionMonitor::Guard::~Guard() {
+  if (monitor_ != nullptr) monitor_->Unwatch(id_);
+}
+
+ConnectionMonitor::Guard ConnectionMonitor::Watch(const ConnectionWatch& watch,
+                                                  std::function<void()> cancel) {
+  if (watch.fd() < 0) return Guard();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_id_++;
+  entries_.emplace(id, Entry{watch, std::move(cancel)});
+  return Guard(this, id);
+}
+
+size_t ConnectionMonitor::watched() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+void ConnectionMonitor::Unwatch(uint64_t id) {
+  // Under the lock: a cancel function runs under it too, so none runs after this returns.
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.erase(id);
+}
+
+void ConnectionMonitor::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    wake_.wait_for(lock, period_, [this] { return stop_; });
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (it->second.watch.PeerClosed()) {
+        it->second.cancel();  // quick (a gRPC TryCancel): the lock keeps the guard waiting
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
 }  // namespace coli::cli::serve

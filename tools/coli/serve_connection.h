@@ -12,7 +12,14 @@
 #ifndef COLI_TOOLS_COLI_SERVE_CONNECTION_H_
 #define COLI_TOOLS_COLI_SERVE_CONNECTION_H_
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 
 namespace coli::cli::serve {
 
@@ -33,6 +40,61 @@ class ConnectionWatch {
 
  private:
   int fd_ = -1;
+};
+
+// Watches the connections of requests that wait on the host — in its queue, in a long prefill, or
+// generating a non-streaming reply — and runs a request's cancel function once its client has
+// gone. One thread polls every watched connection every `period`.
+//
+//   ConnectionMonitor monitor;
+//   auto guard = monitor.Watch(watch, [ctx] { ctx->TryCancel(); });
+//   ... the host call; `guard` going away ends the watch (the cancel function is never called
+//   after that) ...
+class ConnectionMonitor {
+ public:
+  explicit ConnectionMonitor(std::chrono::milliseconds period = std::chrono::milliseconds(100));
+  ~ConnectionMonitor();  // stops and joins the thread
+  ConnectionMonitor(const ConnectionMonitor&) = delete;
+  ConnectionMonitor& operator=(const ConnectionMonitor&) = delete;
+
+  // Ends its watch when destroyed (waiting for a cancel function that is running).
+  class Guard {
+   public:
+    Guard() = default;
+    Guard(Guard&& other) noexcept : monitor_(other.monitor_), id_(other.id_) {
+      other.monitor_ = nullptr;
+    }
+    Guard& operator=(Guard&& other) noexcept;
+    ~Guard();
+
+   private:
+    friend class ConnectionMonitor;
+    Guard(ConnectionMonitor* monitor, uint64_t id) : monitor_(monitor), id_(id) {}
+    ConnectionMonitor* monitor_ = nullptr;
+    uint64_t id_ = 0;
+  };
+
+  // Calls `cancel` (on the monitor's thread, at most once) when `watch` sees its peer gone. An
+  // inert watch (fd -1) is not registered.
+  [[nodiscard]] Guard Watch(const ConnectionWatch& watch, std::function<void()> cancel);
+  // Connections watched now (tests).
+  size_t watched() const;
+
+ private:
+  struct Entry {
+    ConnectionWatch watch;
+    std::function<void()> cancel;
+  };
+  void Unwatch(uint64_t id);
+  void Run();
+
+  const std::chrono::milliseconds period_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::map<uint64_t, Entry> entries_;
+  uint64_t next_id_ = 1;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace coli::cli::serve
