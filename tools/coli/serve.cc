@@ -904,7 +904,7 @@ void Gateway::Completions(const Req& req, Res& res) {
             return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
           });
       if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
-      if (!s.ok()) return Fail(res, FromHostStatus(s));
+      if (!s.ok()) return Fail(res, CompletionsError(FromHostStatus(s)));
       Json choice;
       choice["index"] = i;
       choice["text"] = r.text;
@@ -928,7 +928,7 @@ void Gateway::Completions(const Req& req, Res& res) {
   auto first = std::make_shared<v1::GenerateEvent>();
   if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
     if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why);
-    return Fail(res, FromHostStatus(why));
+    return Fail(res, CompletionsError(FromHostStatus(why)));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
   StreamSse(

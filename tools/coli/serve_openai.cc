@@ -346,6 +346,11 @@ ApiError FromHostStatus(const grpc::Status& status) {
   }
 }
 
+ApiError CompletionsError(ApiError error) {
+  if (error.param == "messages") error.param = "prompt";
+  return error;
+}
+
 std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error) {
   SamplingFields f;
   const Json* messages = Find(body, "messages");

@@ -42,6 +42,8 @@ std::string ErrorBody(const ApiError& error);
 // message starts with; CONTEXT_EXCEEDED -> 400 context_length_exceeded; queue full -> 429;
 // NOT_FOUND -> 404 model_not_found; UNAVAILABLE -> 503; others 500.
 ApiError FromHostStatus(const grpc::Status& status);
+// The same for /v1/completions, whose request has a prompt where chat has messages.
+ApiError CompletionsError(ApiError error);
 
 // Generation parameters shared by /v1/chat/completions and /v1/completions.
 struct SamplingFields {

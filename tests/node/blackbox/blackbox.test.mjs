@@ -385,6 +385,15 @@ test('max_completion_tokens wins over max_tokens (vLLM); seed makes sampling rep
 });
 
 test('legacy completions: an empty prompt is a 400 naming prompt; special tokens are not text (vLLM skip_special_tokens)', async () => {
+  // A prompt over the context names prompt (there are no messages here), streamed or not.
+  for (const stream of [false, true]) {
+    const over = await request('POST', '/v1/completions', {
+      body: { model: modelId, prompt: 'lorem ipsum '.repeat(20000), max_tokens: 2, stream },
+    });
+    const e = assertApiError(over, 400, `over the context, stream ${stream}`);
+    assert.equal(e.code, 'context_length_exceeded');
+    assert.equal(e.param, 'prompt');
+  }
   const empty = await request('POST', '/v1/completions', { body: { model: modelId, prompt: '' } });
   const e = assertApiError(empty, 400, 'empty prompt');
   assert.equal(e.param, 'prompt');
