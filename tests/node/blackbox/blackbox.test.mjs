@@ -545,7 +545,7 @@ test('a burst of streams beyond the host capacity: the excess gets 429, /health 
         if (!/abort/i.test(`${e.name} ${e.message}`)) return `error ${e.name} ${e.message}`;
       }
       return streamed ? 'streamed' : 'aborted';
-    }, (e) => (e.status === 429 ? `429 ${e.type}`
+    }, (e) => (e.status === 429 ? `429 ${e.type} retry-after ${e.headers?.get('retry-after')}`
       : /abort/i.test(`${e.name} ${e.message}`) ? 'aborted' : `error ${e.name} ${e.message}`)));
   }
   // Every request is either generating, queued at the host, or refused.
@@ -568,7 +568,7 @@ test('a burst of streams beyond the host capacity: the excess gets 429, /health 
   for (const c of controllers) c.abort();
   const results = await Promise.all(outcomes);
   for (const r of results) {
-    assert.ok(['streamed', 'aborted', '429 rate_limit_error'].includes(r), r);
+    assert.ok(['streamed', 'aborted', '429 rate_limit_error retry-after 1'].includes(r), r);
   }
   assert.ok(results.includes('streamed'), JSON.stringify(results));
   assert.ok(results.some((r) => r.startsWith('429')) ||
