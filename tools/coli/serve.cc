@@ -1670,6 +1670,20 @@ void Usage(bool web) {
                "                 (default 256; more wait for a free thread)\n");
 }
 
+// A whole decimal number in [lo, hi] for `flag`; false (after saying why on stderr) otherwise.
+bool ParseCount(const char* name, const char* flag, const std::string& v, long lo, long hi,
+                const char* what, long* out) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0' || x < lo || x > hi) {
+    std::fprintf(stderr, "%s: %s '%s' is not %s in [%ld, %ld]\n", name, flag, v.c_str(), what, lo,
+                 hi);
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
 // `coli serve` and `coli web` share everything but the page and the default model.
 int RunGateway(int argc, char** argv, bool web) {
   const char* name = web ? "coli web" : "coli serve";
@@ -1711,31 +1725,13 @@ int RunGateway(int argc, char** argv, bool web) {
       }
       allowed_origins.push_back(v);
     } else if (arg == "--http-threads") {
-      const std::string v = value();
-      char* end = nullptr;
-      http_threads = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || http_threads < 4 || http_threads > 4096) {
-        std::fprintf(stderr, "%s: --http-threads '%s' is not a count in [4, 4096]\n", name,
-                     v.c_str());
-        return 2;
-      }
-    }
-    else if (arg == "--port") {
-      const std::string v = value();
-      char* end = nullptr;
-      const long p = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || p < 0 || p > 65535) {
-        std::fprintf(stderr, "%s: --port '%s' is not a port number\n", name, v.c_str());
-        return 2;
-      }
+      if (!ParseCount(name, "--http-threads", value(), 4, 4096, "a count", &http_threads)) return 2;
+    } else if (arg == "--port") {
+      long p = 0;
+      if (!ParseCount(name, "--port", value(), 0, 65535, "a port number", &p)) return 2;
       port = static_cast<int>(p);
     } else if (arg == "--max-background") {
-      const std::string v = value();
-      char* end = nullptr;
-      max_background = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || max_background < 0 || max_background > 1024) {
-        std::fprintf(stderr, "%s: --max-background '%s' is not a count in [0, 1024]\n", name,
-                     v.c_str());
+      if (!ParseCount(name, "--max-background", value(), 0, 1024, "a count", &max_background)) {
         return 2;
       }
     } else if (arg == "--help" || arg == "-h") {

@@ -8,82 +8,31 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { spawn } from 'node:child_process';
 import OpenAI from '../openai/node_modules/openai/index.mjs';
 
-const COLI = process.env.COLI_BIN ?? 'build/bin/coli';
-const TINY = process.env.COLI_TINY_MODEL ?? 'build/fixtures/k3_tiny';
+import { TINY, startServer, stopServer } from '../openai/serve_helpers.mjs';
+
 const ALLOWED_ORIGIN = 'http://allowed.example:3000';
 
 let server, base, port, client, modelId;
 
-// Starts `coli web` on a free port (the same Gateway as `coli serve`, plus the page at /).
-function startWeb(args, env) {
-  return new Promise((resolve, reject) => {
-    const proc = spawn(COLI, ['web', '--model', TINY, '--port', '0', ...args], {
-      env: { ...process.env, ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    let err = '';
-    const timer = setTimeout(() => reject(new Error(`coli web did not start: ${err}`)), 120000);
-    proc.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/[^\s]+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ proc, base: m[1] });
-      }
-    });
-    proc.stderr.on('data', (d) => { err += d; });
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`coli web exited with ${code}: ${err}`));
-    });
-  });
-}
-
 before(async () => {
-  server = await startWeb(['--allow-origin', ALLOWED_ORIGIN], { COLI_DECODE_DELAY_MS: '5' });
+  // `coli web`: the same Gateway as `coli serve`, plus the page at /.
+  server = await startServer(TINY, { COLI_DECODE_DELAY_MS: '5' }, ['--allow-origin', ALLOWED_ORIGIN],
+    'web');
   base = server.base;
   port = Number(new URL(base).port);
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
   modelId = (await client.models.list()).data[0].id;
 });
 
-after(async () => {
-  if (!server) return;
-  await new Promise((resolve) => {
-    server.proc.removeAllListeners('exit');
-    server.proc.on('exit', () => resolve());
-    server.proc.kill('SIGTERM');
-  });
-});
+after(() => stopServer(server));
 
 const hello = [{ role: 'user', content: 'Hello, who are you?' }];
 
 // Sends `request` (a string or Buffer of raw HTTP/1.1) on a fresh connection and reads until one
-// whole response has come (or the server closes). Returns the raw answer and its parsed
-// responses.
-function raw(request) {
-  return new Promise((resolve, reject) => {
-    let text = '';
-    let done = false;
-    const finish = () => {
-      if (done) return;
-      done = true;
-      sock.destroy();
-      resolve({ text, responses: parseResponses(text) });
-    };
-    const sock = net.connect(port, '127.0.0.1', () => sock.write(request));
-    sock.on('data', (d) => {
-      text += d.toString('latin1');
-      if (parseResponses(text).length >= 1) finish();
-    });
-    sock.on('error', (e) => (done ? undefined : reject(e)));
-    sock.on('close', finish);
-  });
-}
+// whole response has come (or the server closes).
+const raw = (request) => conversation([request]);
 
 // Sends each request of `requests` on one connection once the previous answer is complete.
 function conversation(requests) {

@@ -7,17 +7,18 @@ export const TINY = process.env.COLI_TINY_MODEL ?? 'build/fixtures/k3_tiny';
 export const SCRIPTED = process.env.COLI_SCRIPTED_MODEL ?? 'build/fixtures/k3_scripted';
 export const SCRIPTED_PLUGINS = process.env.COLI_SCRIPTED_PLUGIN_DIR ?? 'build/tools/k3_scripted/plugins';
 
-// Starts `coli serve --port 0` and resolves with {proc, base, stderr} once it prints its
-// address (stderr(): what the server wrote there so far).
-export function startServer(model, extraEnv = {}, extraArgs = []) {
+// Starts `coli serve --port 0` (`command` 'web': `coli web`, the same gateway plus the page) and
+// resolves with {proc, base, stderr} once it prints its address (stderr(): what the server wrote
+// there so far).
+export function startServer(model, extraEnv = {}, extraArgs = [], command = 'serve') {
   return new Promise((resolve, reject) => {
-    const proc = spawn(COLI, ['serve', '--model', model, '--port', '0', ...extraArgs], {
+    const proc = spawn(COLI, [command, '--model', model, '--port', '0', ...extraArgs], {
       env: { ...process.env, ...extraEnv },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '';
     let err = '';
-    const timer = setTimeout(() => reject(new Error(`coli serve did not start: ${err}`)), 120000);
+    const timer = setTimeout(() => reject(new Error(`coli ${command} did not start: ${err}`)), 120000);
     proc.stdout.on('data', (d) => {
       out += d;
       const m = out.match(/listening on (http:\/\/[^\s]+)/);
@@ -29,7 +30,7 @@ export function startServer(model, extraEnv = {}, extraArgs = []) {
     proc.stderr.on('data', (d) => { err += d; });
     proc.on('exit', (code) => {
       clearTimeout(timer);
-      reject(new Error(`coli serve exited with ${code}: ${err}`));
+      reject(new Error(`coli ${command} exited with ${code}: ${err}`));
     });
   });
 }
