@@ -365,7 +365,14 @@ class Gateway {
 bool Gateway::Authorized(const Req& req, Res& res) {
   if (api_key_.empty()) return true;
   const std::string auth = req.get_header_value("Authorization");
-  if (auth == "Bearer " + api_key_) return true;
+  // Compared in time that does not depend on where the first wrong byte is (a key guessed byte
+  // by byte over the network otherwise).
+  const std::string expected = "Bearer " + api_key_;
+  unsigned char diff = auth.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(expected[i] ^ (i < auth.size() ? auth[i] : 0));
+  }
+  if (diff == 0) return true;
   ApiError e;
   e.http_status = 401;
   e.type = "authentication_error";

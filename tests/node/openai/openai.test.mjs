@@ -625,8 +625,14 @@ test('a non-loopback --host needs an API key; the key is enforced', async () => 
     assert.equal(no.status, 401);
     const yes = new OpenAI({ baseURL: `${keyed.base}/v1`, apiKey: 'sekret', maxRetries: 0 });
     assert.equal((await yes.models.list()).data.length, 1);
-    const wrong = new OpenAI({ baseURL: `${keyed.base}/v1`, apiKey: 'nope', maxRetries: 0 });
-    await assert.rejects(wrong.models.list(), (e) => e.status === 401);
+    // Shorter, same length, longer with the key as its prefix, empty (the comparison is
+    // constant-time: each must still fail).
+    for (const apiKey of ['nope', 'sekreT', 'sekret2', 'sekre', ' ']) {
+      const wrong = new OpenAI({ baseURL: `${keyed.base}/v1`, apiKey, maxRetries: 0 });
+      await assert.rejects(wrong.models.list(), (e) => e.status === 401, apiKey);
+    }
+    const bare = await fetch(`${keyed.base}/v1/models`, { headers: { authorization: 'sekret' } });
+    assert.equal(bare.status, 401);
   } finally {
     await stopServer(keyed);
   }
