@@ -502,49 +502,64 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
 
 std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
                                             const Request& request) const {
-  // Like llama.cpp's slot choice by prompt similarity, for state that cannot be rewound: a
-  // session whose record the prompt extends reuses all of it (the longest wins); one sharing at
-  // least half of the prompt may hold a checkpoint inside the shared part (an edited or
-  // regenerated turn: COLI_K3_CKPT); otherwise a session never used, so that no other
-  // conversation's state is dropped; otherwise the least recently used one. So alternating
-  // conversations each keep their own session while there are enough of them (one per worker).
+  // Like llama.cpp's slot choice by prompt similarity, for state that cannot be rewound. The
+  // plugin (ABI 1.6) says how many of the prompt's tokens each free session would keep — its
+  // record when the prompt extends it, a checkpoint, state its model shares between sessions —
+  // and a new session: the request runs where the most is kept; among equals, where nothing of
+  // another conversation is lost (a session it extends, a new one), then on the least recently
+  // used. So alternating conversations each keep their own session while there are enough, and
+  // a new conversation that a shared prefix serves anywhere does not take another one's session.
+  // An older plugin: a guess from the records (all of a record the prompt extends; a session
+  // sharing at least half of the prompt, which may hold a checkpoint inside it).
   const std::vector<int32_t>& prompt = request.prompt_;
-  std::string extends, shares, fresh, oldest;
-  size_t extends_len = 0, shares_len = 0;
-  uint64_t oldest_used = 0;
+  const bool ask = model.model->plugin().minor() >= 6;
+  struct Choice {
+    std::string name;
+    size_t keep = 0;
+    bool loses = false;  // another conversation's state would be dropped
+    uint64_t used = 0;   // last_used; 0 = never
+  };
+  std::optional<Choice> best;
+  auto consider = [&](Choice c) {
+    if (!best || c.keep > best->keep ||
+        (c.keep == best->keep &&
+         (c.loses < best->loses || (c.loses == best->loses && c.used < best->used)))) {
+      best = std::move(c);
+    }
+  };
+  bool fresh_seen = false;
   const int pool = std::max({1, options_.workers, options_.pool_sessions});
   for (int i = 0; i < pool; ++i) {
     std::string name = i == 0 ? "default" : absl::StrCat("default#", i);
     auto found = model.sessions.find(name);
-    if (found == model.sessions.end() || found->second.record.empty()) {
-      if (found != model.sessions.end() && found->second.busy) continue;
-      if (fresh.empty()) fresh = name;
-      continue;
-    }
-    const SessionSlot& slot = found->second;
-    if (slot.busy) continue;
-    const std::vector<int32_t>& record = slot.record;
+    const SessionSlot* slot = found == model.sessions.end() ? nullptr : &found->second;
+    if (slot != nullptr && slot->busy) continue;
+    const bool fresh = slot == nullptr || slot->record.empty();
+    if (fresh && fresh_seen) continue;  // one unused session stands for all of them
+    fresh_seen = fresh_seen || fresh;
+    const std::vector<int32_t> none;
+    const std::vector<int32_t>& record = fresh ? none : slot->record;
     const size_t common =
         std::mismatch(record.begin(), record.end(), prompt.begin(), prompt.end()).first -
         record.begin();
-    if (common == record.size() && common < prompt.size()) {
-      if (common > extends_len) {
-        extends = name;
-        extends_len = common;
+    Choice c{name, 0, common < record.size(), fresh ? 0 : slot->last_used};
+    absl::StatusOr<size_t> keep = absl::UnimplementedError("");
+    if (ask) {
+      keep = model.model->Reusable(slot != nullptr ? slot->session.get() : nullptr, prompt);
+      if (!keep.ok()) {
+        COLI_LOG(kWarning) << "pooled session '" << name << "': " << keep.status();
       }
-    } else if (2 * common >= prompt.size() && common > shares_len) {
-      shares = name;
-      shares_len = common;
     }
-    if (oldest.empty() || slot.last_used < oldest_used) {
-      oldest = name;
-      oldest_used = slot.last_used;
+    if (keep.ok()) {
+      c.keep = *keep;
+    } else if (common == record.size() && common < prompt.size()) {
+      c.keep = common;  // the prompt extends the record
+    } else if (2 * common >= prompt.size()) {
+      c.keep = common;  // a guess: a checkpoint may lie inside the shared part
     }
+    consider(std::move(c));
   }
-  if (!extends.empty()) return extends;
-  if (!shares.empty()) return shares;
-  if (!fresh.empty()) return fresh;
-  return oldest;
+  return best ? best->name : "";
 }
 
 void Engine::WorkerLoop() {

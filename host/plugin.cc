@@ -64,6 +64,7 @@ absl::Status CheckEntries(const coli_plugin_api_t& api, uint32_t minor) {
   need(reinterpret_cast<const void*>(api.session_stats), "session_stats");
   if (minor >= 1) need(reinterpret_cast<const void*>(api.session_record), "session_record");
   if (minor >= 2) need(reinterpret_cast<const void*>(api.model_stats), "model_stats");
+  if (minor >= 6) need(reinterpret_cast<const void*>(api.session_reusable), "session_reusable");
   if (missing.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("function table leaves NULL: ", absl::StrJoin(missing, ", ")));
@@ -546,6 +547,20 @@ absl::StatusOr<std::vector<int32_t>> Session::Record() {
     ErrorText err;
     return err.ToStatus(plugin_->api().session_record(handle_, out, err.get()));
   });
+}
+
+absl::StatusOr<size_t> Model::Reusable(const Session* session,
+                                       std::span<const int32_t> prompt) const {
+  if (plugin_->minor() < 6) {
+    return absl::UnimplementedError(absl::StrCat("plugin ", plugin_->family(), " speaks ABI 1.",
+                                                 plugin_->minor(), ": session_reusable needs 1.6"));
+  }
+  ErrorText err;
+  uint64_t tokens = 0;
+  COLI_RETURN_IF_ERROR(err.ToStatus(
+      plugin_->api().session_reusable(handle_, session != nullptr ? session->handle_ : nullptr,
+                                      prompt.data(), prompt.size(), &tokens, err.get())));
+  return static_cast<size_t>(std::min<uint64_t>(tokens, prompt.size()));
 }
 
 // ---- PluginSet ----------------------------------------------------------------------------

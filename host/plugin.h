@@ -166,6 +166,10 @@ class Model {
   absl::Status CheckResponseFormat(std::string_view response_format) const;
   // The model's current values (ABI 1.2 model_stats); empty for a plugin of an older minor.
   absl::StatusOr<std::map<std::string, double>> Stats() const;
+  // How many leading tokens of `prompt` would not run again on `session` (nullptr: a new one)
+  // if it were prefilled there now (ABI 1.6 session_reusable; no state changes). The caller
+  // keeps other calls off `session` meanwhile. UNIMPLEMENTED for a plugin of an older minor.
+  absl::StatusOr<size_t> Reusable(const Session* session, std::span<const int32_t> prompt) const;
 
  private:
   friend class Plugin;

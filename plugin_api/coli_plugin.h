@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.5 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.6 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 5
+#define COLI_ABI_VERSION_MINOR 6
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -489,6 +489,15 @@ typedef struct coli_plugin_api_t {
    * summing sessions. Same calling convention as session_stats. */
   coli_status_t (*model_stats)(coli_model_t* model, coli_stat_t* stats, size_t capacity,
                                size_t* count, coli_error_t* error);
+
+  /* v1.6 [per-model; per-session for `session`] How many leading tokens of `prompt` would not
+   * run again if it were prefilled now on `session` (its record when the prompt extends it, a
+   * checkpoint it holds, state the model shares between sessions), or on a new session when
+   * `session` is NULL. Changes nothing: no cache counts it as a use. The host asks it for each
+   * free pooled session to place a request where the least is computed and lost. */
+  coli_status_t (*session_reusable)(coli_model_t* model, coli_session_t* session,
+                                    const int32_t* prompt, size_t n_prompt, uint64_t* tokens,
+                                    coli_error_t* error);
 } coli_plugin_api_t;
 
 /* The one exported symbol.
@@ -510,6 +519,7 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 #define COLI_PLUGIN_API_SIZE_V1_4 COLI_PLUGIN_API_SIZE_V1_2
 /* 1.5 added a chat event channel (COLI_CHANNEL_TOOL_CALL_DELTA), no table entry. */
 #define COLI_PLUGIN_API_SIZE_V1_5 COLI_PLUGIN_API_SIZE_V1_2
+#define COLI_PLUGIN_API_SIZE_V1_6 (offsetof(coli_plugin_api_t, session_reusable) + sizeof(void*))
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -30,7 +30,11 @@
 //   // Optional: static void Shutdown(); for families that batch the rows of several
 //   // sessions into one forward pass, static absl::Status Decode(std::span<coli_decode_row_t>),
 //   // which replaces the row-by-row Step loop; and static std::vector<coli_stat_t>
-//   // ModelStats(const Model&) for the model's current values (ABI 1.2; none without it).
+//   // ModelStats(const Model&) for the model's current values (ABI 1.2; none without it); and
+//   // static size_t Reusable(Model&, const Session* s, std::span<const int32_t> prompt) for
+//   // families that keep more than their record (checkpoints, state shared between sessions):
+//   // without it a session keeps its record when the prompt strictly extends it, a new one
+//   // nothing (ABI 1.6).
 //
 //   const coli_plugin_api_t kApi = coli::abi::MakePluginTable<MyFamily>();
 #ifndef COLI_PLUGIN_API_CPP_PLUGIN_TABLE_H_
@@ -56,6 +60,14 @@ std::vector<coli_stat_t> NamedStats(const char* const (&names)[N], const double 
   std::vector<coli_stat_t> out(N);
   for (size_t i = 0; i < N; ++i) out[i] = coli_stat_t{names[i], values[i]};
   return out;
+}
+
+// What a session keeps of `prompt` from its record alone: all of it when the prompt strictly
+// extends it, else nothing (state that only extends cannot be rewound).
+inline size_t RecordReusable(std::span<const int32_t> record, std::span<const int32_t> prompt) {
+  return record.size() < prompt.size() && std::equal(record.begin(), record.end(), prompt.begin())
+             ? record.size()
+             : 0;
 }
 
 template <typename Family>
@@ -131,7 +143,9 @@ coli_plugin_api_t MakePluginTable() {
     return Guard(e, [&] { return Family::Reset(S(s)); });
   };
   api.prefill = [](coli_session_t* s, const coli_prefill_args_t* a, coli_prefill_result_t* r,
-                   coli_error_t* e) { return Guard(e, [&] { return Family::Prefill(S(s), *a, r); }); };
+                   coli_error_t* e) {
+    return Guard(e, [&] { return Family::Prefill(S(s), *a, r); });
+  };
   api.decode = [](const coli_decode_args_t* a, coli_error_t* e) {
     return Guard(e, [&]() -> absl::Status {
       std::span<coli_decode_row_t> rows(a->rows, a->n_rows);
@@ -168,6 +182,18 @@ coli_plugin_api_t MakePluginTable() {
         const std::vector<coli_stat_t> values = Family::ModelStats(M(m));
         *count = values.size();
         std::copy_n(values.begin(), std::min(capacity, values.size()), stats);
+      }
+      return absl::OkStatus();
+    });
+  };
+  api.session_reusable = [](coli_model_t* m, coli_session_t* s, const int32_t* prompt, size_t n,
+                            uint64_t* tokens, coli_error_t* e) {
+    return Guard(e, [&] {
+      const std::span<const int32_t> p(prompt, n);
+      if constexpr (requires { Family::Reusable(M(m), &S(s), p); }) {
+        *tokens = Family::Reusable(M(m), s != nullptr ? &S(s) : nullptr, p);
+      } else {
+        *tokens = s != nullptr ? RecordReusable(Family::Record(S(s)), p) : 0;
       }
       return absl::OkStatus();
     });

@@ -104,8 +104,8 @@ std::string Serialize(const char (&magic)[8], const Checkpoint& c,
 }
 
 // Reads Serialize's layout into `c` (and `mla` when given); DATA_LOSS "<kind>: what".
-absl::Status Parse(std::string_view bytes, const char (&magic)[8], const char* kind,
-                   Checkpoint* c, std::vector<std::vector<float>>* mla) {
+absl::Status Parse(std::string_view bytes, const char (&magic)[8], const char* kind, Checkpoint* c,
+                   std::vector<std::vector<float>>* mla) {
   auto bad = [kind](const char* what) {
     return absl::DataLossError(absl::StrCat(kind, ": ", what));
   };
@@ -204,6 +204,17 @@ absl::Status CheckpointCache::Put(Checkpoint c) {
   entries_.push_front(std::move(e));
   while (entries_.size() > static_cast<size_t>(slots_)) Drop(std::prev(entries_.end()));
   return absl::OkStatus();
+}
+
+size_t CheckpointCache::DeepestLength(std::span<const int32_t> prompt,
+                                      std::span<const int32_t> record) const {
+  size_t best = 0;
+  for (const Entry& e : entries_) {
+    const size_t p = e.tokens.size();
+    if (p <= best || (p == prompt.size() && !e.has_logits)) continue;
+    if (Begins(prompt, e.tokens) && Begins(record, e.tokens)) best = p;
+  }
+  return best;
 }
 
 const Checkpoint* CheckpointCache::Deepest(std::span<const int32_t> prompt,

@@ -51,6 +51,9 @@ class CheckpointCache {
   // prompt.size() (there only with logits, which then stand for the whole prompt); marks it
   // used. nullptr when none. Valid until the next call on the cache.
   const Checkpoint* Deepest(std::span<const int32_t> prompt, std::span<const int32_t> record);
+  // The length of the checkpoint Deepest would return, 0 when none, without marking it used or
+  // reading a parked file back (so a damaged file may still count here).
+  size_t DeepestLength(std::span<const int32_t> prompt, std::span<const int32_t> record) const;
   void Clear();
 
  private:

@@ -362,12 +362,11 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
       const bool mb = key == "prefix_cache";
       int64_t* n = mb ? &k->prefix_cache_mb : &k->prefix_cache_min;
       if (!absl::SimpleAtoi(value, n) || *n < (mb ? 0 : 1) || *n > (int64_t{1} << 24)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("kimi_k3: option ", key,
-                         mb ? " (COLI_K3_PREFIX_CACHE_MB) = '" : " (COLI_K3_PREFIX_CACHE_MIN) = '",
-                         value,
-                         mb ? "' is not a size in MiB in 0…16777216 (0 = off)"
-                            : "' is not a token count in 1…16777216"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option ", key,
+            mb ? " (COLI_K3_PREFIX_CACHE_MB) = '" : " (COLI_K3_PREFIX_CACHE_MIN) = '", value,
+            mb ? "' is not a size in MiB in 0…16777216 (0 = off)"
+               : "' is not a token count in 1…16777216"));
       }
     } else if (key == "mmap") {
       if (value != "0" && value != "1") {
@@ -423,8 +422,8 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   } else if (k->prefix_cache_mb > 0) {
     // With COLI_K3_CKPT_DIR its entries are parked in that folder too (the budget then counts
     // the files).
-    k->prefix_cache = std::make_unique<PrefixCache>(
-        static_cast<size_t>(k->prefix_cache_mb) << 20, k->prefix_cache_min, k->checkpoint_dir);
+    k->prefix_cache = std::make_unique<PrefixCache>(static_cast<size_t>(k->prefix_cache_mb) << 20,
+                                                    k->prefix_cache_min, k->checkpoint_dir);
   }
   COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
   options.mmap = k->mmap;
@@ -967,8 +966,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       // checkpoints: they rarely begin another conversation, and each entry costs the whole
       // recurrent state (K3: 465 MB).
       PrefixCache* cache = s->m->prefix_cache.get();
-      if (cache != nullptr && ends[i] < prompt.size() &&
-          cache->Wants(prompt.first(ends[i]))) {
+      if (cache != nullptr && ends[i] < prompt.size() && cache->Wants(prompt.first(ends[i]))) {
         cache->Insert(s->session->TakePrefixState(*logits));
       }
     }
@@ -1237,8 +1235,8 @@ absl::Status Sample(K3Session* s, coli_decode_row_t* row) {
   sampling::Sampler& sampler = RowSampler(s, *row);
   sampling::Sample sample;
   if (s->constraint.has_value() && !s->constraint->ended()) {
-    COLI_ASSIGN_OR_RETURN(sample.id, DrawConstrained(*s->constraint, sampler, s->logits,
-                                                     &s->history, &s->masked));
+    COLI_ASSIGN_OR_RETURN(
+        sample.id, DrawConstrained(*s->constraint, sampler, s->logits, &s->history, &s->masked));
     sample.logprob = sampling::Logprob(s->logits, sample.id);
     if (sampler.options().logprobs > 0) {
       sample.top = sampling::TopLogprobs(s->logits, sampler.options().logprobs);
@@ -1442,8 +1440,8 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
 const char* const kModelStatNames[] = {
     "weights_resident_bytes", "weights_mapped_bytes", "expert_cache_bytes", "vk_tier_resident",
     "vk_tier_bytes",          "vk_tier_slots",        "vk_dense_matrices",  "vk_dense_bytes",
-    "mix_queued_rows",   // decode rows waiting now for a running prefill's next chunk pass
-    "checkpoint_bytes",  // held by the checkpoint caches of all the model's sessions
+    "mix_queued_rows",       // decode rows waiting now for a running prefill's next chunk pass
+    "checkpoint_bytes",      // held by the checkpoint caches of all the model's sessions
     "prefix_cache_bytes",    // held by the model's prefix cache
     "prefix_cache_entries",  // its entries
     "prefix_cache_hits",     // prefills it served since the model was loaded
@@ -1546,6 +1544,20 @@ struct K3Family {
   static std::span<const int32_t> Record(const K3Session& s) {
     return std::span<const int32_t>(s.session->tokens())
         .first(static_cast<size_t>(DeliveredLength(s)));
+  }
+  // What Prefill would keep of `prompt` (ABI 1.6): the record it extends, else the session's
+  // deepest checkpoint, or the model's prefix cache where that goes deeper.
+  static size_t Reusable(K3Model& m, const K3Session* s, std::span<const int32_t> prompt) {
+    size_t keep = 0;
+    if (s != nullptr) {
+      const std::vector<int32_t>& record = s->session->tokens();
+      keep = abi::RecordReusable(record, prompt);
+      if (keep == 0 && s->checkpoints != nullptr) {
+        keep = s->checkpoints->DeepestLength(prompt, record);
+      }
+    }
+    if (m.prefix_cache != nullptr) keep = std::max(keep, m.prefix_cache->DeepestLength(prompt));
+    return keep;
   }
 };
 

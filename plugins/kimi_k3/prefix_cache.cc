@@ -96,6 +96,17 @@ bool PrefixCache::Insert(PrefixState p) {
   return true;
 }
 
+size_t PrefixCache::DeepestLength(std::span<const int32_t> prompt) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t best = 0;
+  for (const Entry& e : entries_) {
+    const size_t n = e.tokens.size();
+    if (n <= best || (n == prompt.size() && !e.has_logits)) continue;
+    if (Begins(prompt, e.tokens)) best = n;
+  }
+  return best;
+}
+
 std::shared_ptr<const PrefixState> PrefixCache::Deepest(std::span<const int32_t> prompt,
                                                         size_t deeper_than) {
   while (true) {

@@ -29,10 +29,10 @@
 // is destroyed. A file that went missing or is damaged is dropped with a warning and the next
 // deepest entry is tried: a prompt is then prefilled from further back, never from wrong state.
 //
-// Threading: every call is thread-safe (one mutex; files are written and read outside it). Entries are immutable once published and
-// handed out as shared_ptr<const>: a reader copies from its entry without the lock while other
-// threads insert and evict (an evicted entry lives until its last reader lets go; bytes()
-// counts only the entries still held).
+// Threading: every call is thread-safe (one mutex; files are written and read outside it). Entries
+// are immutable once published and handed out as shared_ptr<const>: a reader copies from its entry
+// without the lock while other threads insert and evict (an evicted entry lives until its last
+// reader lets go; bytes() counts only the entries still held).
 #ifndef COLI_PLUGINS_KIMI_K3_PREFIX_CACHE_H_
 #define COLI_PLUGINS_KIMI_K3_PREFIX_CACHE_H_
 
@@ -77,8 +77,10 @@ class PrefixCache {
   // at most prompt.size() tokens (there only with logits, which then stand for the whole
   // prompt); marks it used and counts a hit. nullptr when none. A parked entry is read back
   // here (outside the lock); a damaged or missing file is dropped with a warning.
-  std::shared_ptr<const PrefixState> Deepest(std::span<const int32_t> prompt,
-                                             size_t deeper_than);
+  std::shared_ptr<const PrefixState> Deepest(std::span<const int32_t> prompt, size_t deeper_than);
+  // The length of the entry Deepest(prompt, 0) would return, 0 when none, without marking it
+  // used, counting a hit or reading a parked file back.
+  size_t DeepestLength(std::span<const int32_t> prompt) const;
   void Clear();
 
   // Current values (model stats).

@@ -17,11 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "host/engine.h"
 #include "host/plugin.h"
+#include "nlohmann/json.hpp"
 
 namespace coli::host {
 namespace {
@@ -590,9 +592,88 @@ void HostBatchedTest::ExpectConversationsKeepTheirSessions(std::unique_ptr<Engin
   EXPECT_EQ(rc1.finished.usage().tokens_reused(), 0);
   const Out ra3 = run(next(a2, ra2));
   EXPECT_EQ(ra3.finished.usage().tokens_reused(), static_cast<int64_t>(a2.size() + 3));
-  // The same prompt again (a regenerated reply) goes back to the session that holds it.
+  // The same prompt again (a regenerated reply) gives the same reply.
   const Out rb2again = run(b2);
   EXPECT_EQ(rb2again.ids, rb2.ids);
+}
+
+// Two conversations that share a long system prompt, on a pool of two sessions. The plugin says
+// (ABI 1.6 session_reusable) what each session would keep of a prompt; the second conversation
+// therefore goes to the unused session instead of the first one's, which shares more than half
+// of its prompt but, holding no checkpoint there, would keep nothing of it and lose the first
+// conversation's state (the old guess from the records took it). With the model's prefix cache
+// on, the second conversation also starts from the shared system prompt.
+TEST_F(HostBatchedTest, ASecondConversationSharingTheSystemPromptKeepsTheFirstOnesSession) {
+  for (const bool cache : {false, true}) {
+    SCOPED_TRACE(cache ? "prefix cache on" : "prefix cache off");
+    auto engine = std::make_unique<Engine>(EngineOptions{
+        .plugin_dir = COLI_PLUGIN_DIR_FOR_TEST, .workers = 1, .max_batch = 1, .pool_sessions = 2});
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id("k3");
+    if (cache) (*load.mutable_options()->mutable_extra())["prefix_cache"] = "64";
+    ASSERT_OK(engine->LoadModel(load, nullptr).status());
+    auto render = [&](const std::vector<std::pair<std::string, std::string>>& turns) {
+      std::string system = "You are the help desk of a hardware shop.";
+      for (int i = 0; i < 6; ++i) {
+        absl::StrAppend(&system, " Rule ", i, ": answer briefly, cite the manual, never guess.");
+      }
+      nlohmann::json body = {{"messages", {{{"role", "system"}, {"content", system}}}}};
+      for (const auto& [role, content] : turns) {
+        body["messages"].push_back({{"role", role}, {"content", content}});
+      }
+      auto rendered = engine->ApplyTemplate("k3", body.dump(), /*add_generation_prompt=*/true);
+      EXPECT_OK(rendered.status());
+      return rendered.ok() ? rendered->tokens : std::vector<int32_t>{};
+    };
+    auto run = [&](std::vector<int32_t> ids) {
+      std::mutex mu;
+      std::condition_variable cv;
+      Out out;
+      GenerationInput in;
+      in.model = "k3";
+      in.prompt_ids = std::move(ids);
+      in.max_tokens = 4;
+      EventSink sink;
+      sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
+        std::lock_guard<std::mutex> lock(mu);
+        out.ids.push_back(t.id());
+      };
+      sink.on_done = [&](const absl::Status& st, const v1::Finished& f) {
+        std::lock_guard<std::mutex> lock(mu);
+        out.status = st;
+        out.finished = f;
+        out.done = true;
+        cv.notify_all();
+      };
+      EXPECT_OK(engine->Submit(std::move(in), std::move(sink)).status());
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return out.done; });
+      EXPECT_OK(out.status);
+      return out;
+    };
+    const std::vector<int32_t> a1 = render({{"user", "Do you sell drills?"}});
+    const std::vector<int32_t> b1 = render({{"user", "What does a hammer cost?"}});
+    size_t shared = 0;
+    while (shared < a1.size() && shared < b1.size() && a1[shared] == b1[shared]) ++shared;
+    ASSERT_GT(2 * shared, b1.size()) << "the old guess would take A's session";
+    const Out ra1 = run(a1);
+    ASSERT_EQ(ra1.ids.size(), 4u);
+    const Out rb1 = run(b1);
+    // With the cache, B starts where its last message starts (the system prompt's end).
+    if (cache) {
+      EXPECT_GT(rb1.finished.usage().tokens_reused(), 0);
+      EXPECT_LE(rb1.finished.usage().tokens_reused(), static_cast<int64_t>(shared));
+    } else {
+      EXPECT_EQ(rb1.finished.usage().tokens_reused(), 0);
+    }
+    // A's next turn finds its whole state: the prompt, the reply (its last token not yet fed).
+    std::vector<int32_t> a2 = a1;
+    a2.insert(a2.end(), ra1.ids.begin(), ra1.ids.end());
+    a2.push_back(ra1.ids.front());
+    const Out ra2 = run(a2);
+    EXPECT_EQ(ra2.finished.usage().tokens_reused(), static_cast<int64_t>(a1.size() + 3));
+  }
 }
 
 }  // namespace

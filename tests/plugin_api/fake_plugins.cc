@@ -46,11 +46,16 @@ coli_plugin_api_t MakeTable() {
   };
   api.model_stats = [](coli_model_t*, coli_stat_t*, size_t, size_t*,
                        coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
+  api.session_reusable = [](coli_model_t*, coli_session_t*, const int32_t*, size_t, uint64_t*,
+                            coli_error_t*) -> coli_status_t { return COLI_STATUS_UNIMPLEMENTED; };
 #if defined(FAKE_SMALL_TABLE)
   api.struct_size = 3 * sizeof(void*);  // claims the current minor but holds almost nothing
 #endif
 #if defined(FAKE_NULL_MODEL_STATS)
   api.model_stats = nullptr;  // a 1.2 table must have it
+#endif
+#if defined(FAKE_NULL_SESSION_REUSABLE)
+  api.session_reusable = nullptr;  // a 1.6 table must have it
 #endif
 #if defined(FAKE_NULL_ENTRY)
   api.decode = nullptr;

@@ -37,8 +37,9 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.5 on LP64 (x86-64, aarch64; 1.5 moved nothing). Append-only: a change here breaks every
-// built plugin (the function table grows with each minor, at its end; no existing offset moves).
+// ABI 1.6 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing). Append-only: a change here breaks
+// every built plugin (the function table grows with each minor, at its end; no existing offset
+// moves).
 const Frozen kFrozen[] = {
     {"coli_error_t.struct_size", 0, 32},
     {"coli_error_t.message", 8, 32},
@@ -160,25 +161,26 @@ const Frozen kFrozen[] = {
     {"coli_decode_args_t.n_rows", 16, 24},
     {"coli_stat_t.name", 0, 16},
     {"coli_stat_t.value", 8, 16},
-    {"coli_plugin_api_t.struct_size", 0, 152},
-    {"coli_plugin_api_t.family", 8, 152},
-    {"coli_plugin_api_t.plugin_version", 16, 152},
-    {"coli_plugin_api_t.shutdown", 24, 152},
-    {"coli_plugin_api_t.probe", 32, 152},
-    {"coli_plugin_api_t.model_open", 40, 152},
-    {"coli_plugin_api_t.model_close", 48, 152},
-    {"coli_plugin_api_t.model_info", 56, 152},
-    {"coli_plugin_api_t.tokenize", 64, 152},
-    {"coli_plugin_api_t.detokenize", 72, 152},
-    {"coli_plugin_api_t.render_chat", 80, 152},
-    {"coli_plugin_api_t.session_create", 88, 152},
-    {"coli_plugin_api_t.session_destroy", 96, 152},
-    {"coli_plugin_api_t.session_reset", 104, 152},
-    {"coli_plugin_api_t.prefill", 112, 152},
-    {"coli_plugin_api_t.decode", 120, 152},
-    {"coli_plugin_api_t.session_stats", 128, 152},
-    {"coli_plugin_api_t.session_record", 136, 152},
-    {"coli_plugin_api_t.model_stats", 144, 152},
+    {"coli_plugin_api_t.struct_size", 0, 160},
+    {"coli_plugin_api_t.family", 8, 160},
+    {"coli_plugin_api_t.plugin_version", 16, 160},
+    {"coli_plugin_api_t.shutdown", 24, 160},
+    {"coli_plugin_api_t.probe", 32, 160},
+    {"coli_plugin_api_t.model_open", 40, 160},
+    {"coli_plugin_api_t.model_close", 48, 160},
+    {"coli_plugin_api_t.model_info", 56, 160},
+    {"coli_plugin_api_t.tokenize", 64, 160},
+    {"coli_plugin_api_t.detokenize", 72, 160},
+    {"coli_plugin_api_t.render_chat", 80, 160},
+    {"coli_plugin_api_t.session_create", 88, 160},
+    {"coli_plugin_api_t.session_destroy", 96, 160},
+    {"coli_plugin_api_t.session_reset", 104, 160},
+    {"coli_plugin_api_t.prefill", 112, 160},
+    {"coli_plugin_api_t.decode", 120, 160},
+    {"coli_plugin_api_t.session_stats", 128, 160},
+    {"coli_plugin_api_t.session_record", 136, 160},
+    {"coli_plugin_api_t.model_stats", 144, 160},
+    {"coli_plugin_api_t.session_reusable", 152, 160},
 };
 
 TEST(AbiLayout, MatchesFrozenOffsetsInCpp) {
@@ -207,17 +209,20 @@ TEST(AbiLayout, CompiledAsCGivesTheSameLayout) {
 TEST(AbiLayout, TableSizesPerMinor) {
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_0, offsetof(coli_plugin_api_t, session_record));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_1, offsetof(coli_plugin_api_t, model_stats));
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_2, sizeof(coli_plugin_api_t));
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_3, sizeof(coli_plugin_api_t));  // 1.3 added no entry
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_2, offsetof(coli_plugin_api_t, session_reusable));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_3, COLI_PLUGIN_API_SIZE_V1_2);  // 1.3 added no entry
   // 1.3 appended the sampling knobs to the decode row; 1.0's row ends at n_events.
   EXPECT_EQ(COLI_DECODE_ROW_SIZE_V1_0, 96u);
   EXPECT_EQ(COLI_DECODE_ROW_SIZE_V1_3, sizeof(coli_decode_row_t));
   // 1.4 appended response_format to the prefill args and added no entry.
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_4, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_4, COLI_PLUGIN_API_SIZE_V1_2);
   EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_0, 56u);
   EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_4, sizeof(coli_prefill_args_t));
   // 1.5 added a chat event channel: no entry, no field; the event keeps its 1.0 layout.
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_5, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_5, COLI_PLUGIN_API_SIZE_V1_2);
+  // 1.6 appended session_reusable.
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_6, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_6, COLI_PLUGIN_API_SIZE_V1_2 + sizeof(void*));
   EXPECT_EQ(COLI_CHANNEL_TOOL_CALL_DELTA, 4);
   EXPECT_EQ(sizeof(coli_chat_event_t), offsetof(coli_chat_event_t, text) + sizeof(coli_string_t));
 }
@@ -341,13 +346,14 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.5"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.5, host 1.5)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.6"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.6, host 1.6)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.5 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.6 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
+      {"fake_null_session_reusable", "leaves NULL: session_reusable"},
   };
   for (const auto& c : refused) {
     const host::PluginReport* r = Report(set, c.stem);
