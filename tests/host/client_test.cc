@@ -138,7 +138,9 @@ TEST(Client, FamilySwitchesTravelInExtra) {
                         "COLI_K3_SPEC_MIN",
                         "COLI_K3_SPEC_SAMPLED_NGRAM",
                         "COLI_K3_SPEC_ADAPT",
-                        "COLI_K3_MIX_ROWS"};
+                        "COLI_K3_MIX_ROWS",
+                        "COLI_K3_PREFIX_CACHE_MB",
+                        "COLI_K3_PREFIX_CACHE_MIN"};
   for (const char* v : vars) unsetenv(v);
   auto none = ModelOptionsFromEnv();
   ASSERT_OK(none.status());
@@ -155,6 +157,8 @@ TEST(Client, FamilySwitchesTravelInExtra) {
   setenv("COLI_K3_SPEC_SAMPLED_NGRAM", "4", 1);
   setenv("COLI_K3_SPEC_ADAPT", "0", 1);
   setenv("COLI_K3_MIX_ROWS", "16", 1);
+  setenv("COLI_K3_PREFIX_CACHE_MB", "2048", 1);
+  setenv("COLI_K3_PREFIX_CACHE_MIN", "64", 1);
   auto o = ModelOptionsFromEnv();
   ASSERT_OK(o.status());
   const std::map<std::string, std::string> extra(o->extra().begin(), o->extra().end());
@@ -168,7 +172,9 @@ TEST(Client, FamilySwitchesTravelInExtra) {
                                                        {"spec_min", "2"},
                                                        {"spec_sampled_ngram", "4"},
                                                        {"spec_adapt", "0"},
-                                                       {"mix_rows", "16"}}));
+                                                       {"mix_rows", "16"},
+                                                       {"prefix_cache", "2048"},
+                                                       {"prefix_cache_min", "64"}}));
 
   setenv("COLI_K3_SPEC", "17", 1);  // more than 16 draft tokens
   EXPECT_THAT(ModelOptionsFromEnv(),
@@ -176,8 +182,16 @@ TEST(Client, FamilySwitchesTravelInExtra) {
   setenv("COLI_K3_SPEC", "-1", 1);
   EXPECT_THAT(ModelOptionsFromEnv(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_SPEC")));
-  setenv("COLI_K3_CKPT", "lots", 1);
   unsetenv("COLI_K3_SPEC");
+  setenv("COLI_K3_PREFIX_CACHE_MB", "a lot", 1);
+  EXPECT_THAT(ModelOptionsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_PREFIX_CACHE_MB")));
+  setenv("COLI_K3_PREFIX_CACHE_MB", "2048", 1);
+  setenv("COLI_K3_PREFIX_CACHE_MIN", "-3", 1);
+  EXPECT_THAT(ModelOptionsFromEnv(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_PREFIX_CACHE_MIN")));
+  unsetenv("COLI_K3_PREFIX_CACHE_MIN");
+  setenv("COLI_K3_CKPT", "lots", 1);
   EXPECT_THAT(ModelOptionsFromEnv(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_CKPT")));
   for (const char* v : vars) unsetenv(v);
