@@ -1841,9 +1841,12 @@ int RunGateway(int argc, char** argv, bool web) {
     return 1;
   }
   // One line on stdout that scripts and tests wait for.
-  std::printf("%s: listening on http://%s:%d (model %s)\n", name, host.c_str(), bound,
+  // An IPv6 address goes in brackets in a URL ("http://[::1]:8000").
+  const std::string url_host =
+      host.find(':') != std::string::npos && host.front() != '[' ? "[" + host + "]" : host;
+  std::printf("%s: listening on http://%s:%d (model %s)\n", name, url_host.c_str(), bound,
               info.id().c_str());
-  if (web) std::printf("%s: open http://%s:%d/ in a browser\n", name, host.c_str(), bound);
+  if (web) std::printf("%s: open http://%s:%d/ in a browser\n", name, url_host.c_str(), bound);
   std::fflush(stdout);
 
   g_server = &server;

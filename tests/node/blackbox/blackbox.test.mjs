@@ -466,6 +466,46 @@ test('a request waiting in the host queue whose client leaves is cancelled at on
   }
 });
 
+// Whether this machine has an IPv6 loopback to listen on.
+function ipv6Loopback() {
+  return new Promise((resolve) => {
+    const probe = net.createServer();
+    probe.once('error', () => resolve(false));
+    probe.listen(0, '::1', () => probe.close(() => resolve(true)));
+  });
+}
+
+test('on an IPv6 loopback: the printed URL is usable and a client that leaves is still seen', async (t) => {
+  if (!(await ipv6Loopback())) {
+    t.skip('no IPv6 loopback here');
+    return;
+  }
+  const v6 = await startServer(TINY, { COLI_DECODE_DELAY_MS: '5' }, ['--host', '::1']);
+  try {
+    // It printed "http://::1:PORT" before, which no URL parser takes.
+    const url = new URL(v6.base);
+    assert.equal(url.hostname, '[::1]');
+    assert.equal((await fetch(`${v6.base}/v1/models`)).status, 200);
+    const m = async () => (await (await fetch(`${v6.base}/metrics`)).text());
+    const value = (text, name) => Number(text.match(new RegExp(`^${name} (\\S+)$`, 'm'))[1]);
+    const controller = new AbortController();
+    const pending = fetch(`${v6.base}/v1/chat/completions`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, signal: controller.signal,
+      body: JSON.stringify({ messages: hello, max_tokens: 100000, temperature: 0, logit_bias: { 65: 100 } }),
+    }).catch((e) => e);
+    assert.ok(await until(async () => value(await m(), 'coli_requests_active') === 1));
+    controller.abort();
+    await pending;
+    assert.ok(await until(async () => {
+      const text = await m();
+      return value(text, 'coli_requests_active') === 0 &&
+        value(text, 'coli_requests_cancelled_total') === 1;
+    }), await m());
+  } finally {
+    await stopServer(v6);
+  }
+});
+
 test('a burst of streams beyond the host capacity: the excess gets 429, /health still answers', async () => {
   const { value } = await metrics();
   const capacity = value('coli_queue_capacity');
