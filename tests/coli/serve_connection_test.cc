@@ -48,6 +48,15 @@ struct Pair {
       if (fd >= 0) close(fd);
     }
   }
+  // The client hangs up (`hard`: with a reset instead of a FIN).
+  void HangUp(bool hard = false) {
+    if (hard) {
+      linger rst{1, 0};
+      setsockopt(client, SOL_SOCKET, SO_LINGER, &rst, sizeof(rst));
+    }
+    close(client);
+    client = -1;
+  }
   // The watch a handler of `server` makes from httplib's local_port / remote_addr / remote_port.
   ConnectionWatch Watch() const {
     return ConnectionWatch(Port(server, false), "127.0.0.1", Port(server, true));
@@ -66,8 +75,7 @@ TEST(ConnectionWatch, SeesAnOrderlyClose) {
   ASSERT_GE(p.server, 0);
   const ConnectionWatch watch = p.Watch();
   ASSERT_FALSE(watch.PeerClosed());
-  close(p.client);
-  p.client = -1;
+  p.HangUp();
   // The FIN is on the loopback by the time close returns; the peek sees EOF.
   EXPECT_TRUE(watch.PeerClosed());
 }
@@ -88,10 +96,7 @@ TEST(ConnectionWatch, SeesAReset) {
   Pair p;
   ASSERT_GE(p.server, 0);
   const ConnectionWatch watch = p.Watch();
-  linger hard{1, 0};  // close with RST
-  ASSERT_EQ(setsockopt(p.client, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard)), 0);
-  close(p.client);
-  p.client = -1;
+  p.HangUp(/*hard=*/true);
   EXPECT_TRUE(watch.PeerClosed());
 }
 
@@ -133,8 +138,7 @@ TEST(ConnectionMonitor, CancelsOnceWhenThePeerGoes) {
   EXPECT_EQ(monitor.watched(), 1u);
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   EXPECT_EQ(cancels.load(), 0);  // the client is still there
-  close(p.client);
-  p.client = -1;
+  p.HangUp();
   EXPECT_TRUE(Eventually([&] { return cancels.load() == 1; }));
   EXPECT_EQ(monitor.watched(), 0u);  // dropped after its cancel
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -152,8 +156,7 @@ TEST(ConnectionMonitor, AGuardGoneEndsTheWatch) {
     EXPECT_EQ(monitor.watched(), 1u);
   }
   EXPECT_EQ(monitor.watched(), 0u);
-  close(p.client);
-  p.client = -1;
+  p.HangUp();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(cancels.load(), 0);
 }
