@@ -366,6 +366,17 @@ std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error)
       return std::nullopt;
     }
     const Json* content = Find(m, "content");
+    // Only an assistant message (one that calls tools) may come without content; the others
+    // rendered a missing or null content as empty text (OpenAI refuses it, as /v1/responses
+    // does).
+    if (const Json* role = Find(m, "role"); content == nullptr && role != nullptr &&
+                                             role->is_string() && *role != "assistant") {
+      *error = BadField(path + ".content", "a " + role->get<std::string>() +
+                                               " message needs content (a string or an array of "
+                                               "text parts), got " +
+                                               (m.contains("content") ? "null" : "none"));
+      return std::nullopt;
+    }
     if (content != nullptr && content->is_array()) {
       for (size_t j = 0; j < content->size(); ++j) {
         const Json& part = (*content)[j];

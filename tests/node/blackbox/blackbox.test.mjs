@@ -290,6 +290,22 @@ test('NUL and other control characters in content are text, not a crash', async 
   assert.equal(d.json.prompt, 'a\u0000b');
 });
 
+test('a user, system, developer or tool message without content is a 400 naming it; assistant may omit it', async () => {
+  for (const role of ['user', 'system', 'developer', 'tool']) {
+    for (const message of [{ role, content: null }, { role }]) {
+      const r = await request('POST', '/v1/chat/completions',
+        { body: { model: modelId, messages: [message], max_tokens: 2 } });
+      const e = assertApiError(r, 400, JSON.stringify(message));
+      assert.equal(e.param, 'messages[0].content');
+    }
+  }
+  const ok = await client.chat.completions.create({
+    model: modelId, max_tokens: 2,
+    messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: null }, ...hello],
+  });
+  assert.equal(ok.choices.length, 1);
+});
+
 test('a tool whose parameters are not an object is a 400 naming it', async () => {
   for (const parameters of ['notanobject', 5, [1], true]) {
     const r = await request('POST', '/v1/chat/completions', {
