@@ -176,10 +176,13 @@ class Gateway {
     if (e.http_status == 429 && e.code == "queue_full") res.set_header("Retry-After", "1");
     res.set_content(ErrorBody(e), "application/json");
   }
-  // A non-streaming generation ended because its client went away (or the server stops).
-  void Abandoned(Res& res, const grpc::Status& s) {
-    ++disconnects_;
-    if (!stopping_) return Fail(res, FromHostStatus(s));  // nobody reads it
+  // A host call ended CANCELLED: its client went away (counted; the answer goes to nobody), the
+  // server stops (503), or something else cancelled it (the host's own 499).
+  void Abandoned(Res& res, const grpc::Status& s, const ConnectionWatch& client) {
+    if (!stopping_) {
+      if (client.PeerClosed()) ++disconnects_;
+      return Fail(res, FromHostStatus(s));
+    }
     ApiError e;
     e.http_status = 503;
     e.type = "server_error";
@@ -660,7 +663,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
     for (int i = 0; i < f->n; ++i) {
       auto call = StartChat(*f, request_json, i, &watch);
       grpc::Status s = RunChoice(*f, *call, &results[i], nullptr, alive);
-      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
+      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
       if (!s.ok()) return Fail(res, FromHostStatus(s));
     }
     Json out;
@@ -700,7 +703,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   auto first_call = std::shared_ptr<Call>(StartChat(*f, request_json, 0, &watch));
   auto first = std::make_shared<v1::ChatEvent>();
   if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
-    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why);
+    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why, watch);
     return Fail(res, FromHostStatus(why));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
@@ -910,7 +913,7 @@ void Gateway::Completions(const Req& req, Res& res) {
           RunCompletion(*f, *call, &r, nullptr, [this, &watch](const char*, const Json&) {
             return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
           });
-      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
+      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
       if (!s.ok()) return Fail(res, CompletionsError(FromHostStatus(s)));
       Json choice;
       choice["index"] = i;
@@ -934,7 +937,7 @@ void Gateway::Completions(const Req& req, Res& res) {
   auto first_call = std::shared_ptr<GenerateCall>(StartGenerate(*f, prompt, 0, &watch));
   auto first = std::make_shared<v1::GenerateEvent>();
   if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
-    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why);
+    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why, watch);
     return Fail(res, CompletionsError(FromHostStatus(why)));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
@@ -1019,7 +1022,7 @@ void Gateway::Responses(const Req& req, Res& res) {
     ResponseBuilder b(std::move(object), {}, r->logprobs);
     grpc::Status s = RunResponse(*r, *call, nullptr, b,
                                  [this, &watch] { return !stopping_ && !watch.PeerClosed(); });
-    if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s);
+    if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
     if (!s.ok()) return Fail(res, ToResponsesError(FromHostStatus(s), *r));
     return Reply(res, 200, b.response());
   }
@@ -1027,7 +1030,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   auto call = std::shared_ptr<Call>(StartChat(r->fields, request_json, 0, &watch));
   auto first = std::make_shared<v1::ChatEvent>();
   if (grpc::Status why; !ReadFirstEvent(*call->reader, first.get(), &why)) {
-    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why);
+    if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why, watch);
     return Fail(res, ToResponsesError(FromHostStatus(why), *r));
   }
   res.set_header("Cache-Control", "no-cache");
