@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <limits>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
@@ -462,11 +463,24 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
 }
 
 bool Engine::Cancel(const std::string& request_id, bool stop) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(request_id);
-  if (it == live_.end()) return false;
-  it->second->Cancel(stop);
-  cv_.notify_all();
+  std::shared_ptr<Request> dequeued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(request_id);
+    if (it == live_.end()) return false;
+    it->second->Cancel(stop);
+    // A cancelled request still waiting for a worker ends now: with every worker busy it would
+    // wait in the queue (and count in its depth) until one frees.
+    if (!stop) {
+      auto queued = std::find(queue_.begin(), queue_.end(), it->second);
+      if (queued != queue_.end()) {
+        dequeued = *queued;
+        queue_.erase(queued);
+      }
+    }
+    cv_.notify_all();
+  }
+  if (dequeued != nullptr) Finish(*dequeued, dequeued->CancelStatus(), v1::Finished());
   return true;
 }
 
@@ -505,25 +519,26 @@ std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
   // Like llama.cpp's slot choice by prompt similarity, for state that cannot be rewound. The
   // plugin (ABI 1.6) says how many of the prompt's tokens each free session would keep — its
   // record when the prompt extends it, a checkpoint, state its model shares between sessions —
-  // and a new session: the request runs where the most is kept; among equals, where nothing of
-  // another conversation is lost (a session it extends, a new one), then on the least recently
-  // used. So alternating conversations each keep their own session while there are enough, and
-  // a new conversation that a shared prefix serves anywhere does not take another one's session.
+  // and a new session. The request runs where the least is computed: the prompt's tokens not
+  // kept, plus the tokens of another conversation's state that running there would drop (that
+  // conversation's next turn computes them again); among equals, where less is dropped, then on
+  // the least recently used (a new session first). So alternating conversations each keep their
+  // own session while there are enough, and a new conversation that only shares a system prompt
+  // with another one takes a session of its own unless that saves more than it drops.
   // An older plugin: a guess from the records (all of a record the prompt extends; a session
   // sharing at least half of the prompt, which may hold a checkpoint inside it).
   const std::vector<int32_t>& prompt = request.prompt_;
   const bool ask = model.model->plugin().minor() >= 6;
   struct Choice {
     std::string name;
-    size_t keep = 0;
-    bool loses = false;  // another conversation's state would be dropped
+    size_t cost = 0;     // prompt tokens to compute + another conversation's tokens dropped
+    size_t dropped = 0;  // the latter
     uint64_t used = 0;   // last_used; 0 = never
   };
   std::optional<Choice> best;
   auto consider = [&](Choice c) {
-    if (!best || c.keep > best->keep ||
-        (c.keep == best->keep &&
-         (c.loses < best->loses || (c.loses == best->loses && c.used < best->used)))) {
+    if (!best ||
+        std::tie(c.cost, c.dropped, c.used) < std::tie(best->cost, best->dropped, best->used)) {
       best = std::move(c);
     }
   };
@@ -542,7 +557,6 @@ std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
     const size_t common =
         std::mismatch(record.begin(), record.end(), prompt.begin(), prompt.end()).first -
         record.begin();
-    Choice c{name, 0, common < record.size(), fresh ? 0 : slot->last_used};
     absl::StatusOr<size_t> keep = absl::UnimplementedError("");
     if (ask) {
       keep = model.model->Reusable(slot != nullptr ? slot->session.get() : nullptr, prompt);
@@ -550,14 +564,17 @@ std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
         COLI_LOG(kWarning) << "pooled session '" << name << "': " << keep.status();
       }
     }
+    size_t kept = 0;
     if (keep.ok()) {
-      c.keep = *keep;
+      kept = *keep;
     } else if (common == record.size() && common < prompt.size()) {
-      c.keep = common;  // the prompt extends the record
+      kept = common;  // the prompt extends the record
     } else if (2 * common >= prompt.size()) {
-      c.keep = common;  // a guess: a checkpoint may lie inside the shared part
+      kept = common;  // a guess: a checkpoint may lie inside the shared part
     }
-    consider(std::move(c));
+    const size_t dropped = record.size() - common;
+    consider(Choice{name, prompt.size() - std::min(kept, prompt.size()) + dropped, dropped,
+                    fresh ? 0 : slot->last_used});
   }
   return best ? best->name : "";
 }

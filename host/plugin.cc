@@ -40,7 +40,9 @@ size_t TableSizeFor(uint32_t minor) {
          : minor == 1 ? COLI_PLUGIN_API_SIZE_V1_1
          : minor == 2 ? COLI_PLUGIN_API_SIZE_V1_2
          : minor == 3 ? COLI_PLUGIN_API_SIZE_V1_3
-                      : COLI_PLUGIN_API_SIZE_V1_4;
+         : minor == 4 ? COLI_PLUGIN_API_SIZE_V1_4
+         : minor == 5 ? COLI_PLUGIN_API_SIZE_V1_5
+                      : COLI_PLUGIN_API_SIZE_V1_6;
 }
 
 // The entries of minor 0 that must not be NULL (shutdown is optional).
@@ -164,7 +166,9 @@ absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
                                ", host ", host_version, ")"));
   }
   const uint32_t minor = std::min<uint32_t>(version.minor, COLI_ABI_VERSION_MINOR);
-  const size_t need = TableSizeFor(std::min<uint32_t>(version.minor, 1));
+  // The table must hold every entry of the negotiated minor (a 1.6 table that stops at 1.5's
+  // size would have the host read session_reusable past its end).
+  const size_t need = TableSizeFor(minor);
   if (api->struct_size < need) {
     return refuse(
         absl::StatusCode::kFailedPrecondition,

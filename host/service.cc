@@ -162,19 +162,28 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine, WriteStarter* s
     bool cancelled = false;
   };
   auto link = std::make_shared<CancelLink>();
-  reactor->SetOnCancel([link] {
-    std::lock_guard<std::mutex> lock(link->mu);
-    link->cancelled = true;
-    if (auto r = link->request.lock()) r->Cancel(/*stop=*/false);
+  reactor->SetOnCancel([link, engine] {
+    std::shared_ptr<Request> request;
+    {
+      std::lock_guard<std::mutex> lock(link->mu);
+      link->cancelled = true;
+      request = link->request.lock();
+    }
+    // Through the engine: a request still queued ends at once (Engine::Cancel).
+    if (request != nullptr) engine->Cancel(request->id(), /*stop=*/false);
   });
   auto request = engine->Submit(std::move(input), std::move(sink));
   if (!request.ok()) {
     reactor->Done(ToGrpc(request.status()));
     return reactor;
   }
-  std::lock_guard<std::mutex> lock(link->mu);
-  link->request = *request;
-  if (link->cancelled) (*request)->Cancel(/*stop=*/false);
+  bool cancelled;
+  {
+    std::lock_guard<std::mutex> lock(link->mu);
+    link->request = *request;
+    cancelled = link->cancelled;
+  }
+  if (cancelled) engine->Cancel((*request)->id(), /*stop=*/false);
   return reactor;
 }
 

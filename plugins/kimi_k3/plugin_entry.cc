@@ -1546,11 +1546,12 @@ struct K3Family {
         .first(static_cast<size_t>(DeliveredLength(s)));
   }
   // What Prefill would keep of `prompt` (ABI 1.6): the record it extends, else the session's
-  // deepest checkpoint, or the model's prefix cache where that goes deeper.
+  // deepest checkpoint, or the model's prefix cache where that goes deeper. The record is the
+  // delivered one: Prefill first drops verified draft tokens the client never saw.
   static size_t Reusable(K3Model& m, const K3Session* s, std::span<const int32_t> prompt) {
     size_t keep = 0;
     if (s != nullptr) {
-      const std::vector<int32_t>& record = s->session->tokens();
+      const std::span<const int32_t> record = Record(*s);
       keep = abi::RecordReusable(record, prompt);
       if (keep == 0 && s->checkpoints != nullptr) {
         keep = s->checkpoints->DeepestLength(prompt, record);

@@ -378,6 +378,39 @@ TEST_F(HostBatchedTest, CancelOneOfSeveralEndsItWithinOneTokenOthersFinish) {
   }
 }
 
+// A request waiting in the queue behind a busy worker ends as soon as it is cancelled, not when
+// the worker frees: its on_done (CANCELLED, no tokens) comes while the running request still
+// runs, and the queue is empty again.
+TEST_F(HostBatchedTest, ACancelledQueuedRequestEndsWithoutWaitingForAWorker) {
+  auto engine = MakeEngine(/*workers=*/1, /*max_batch=*/1, /*decode_delay_ms=*/20);
+  std::vector<Spec> specs = Specs();
+  Spec running = specs[0], queued = specs[1];
+  running.max_tokens = 400;  // ~8 s at 20 ms a token: runs long past the cancel below
+  std::mutex mu;
+  std::condition_variable cv;
+  Out a, b;
+  Submit(*engine, running, &a, mu, cv);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !a.ids.empty(); });  // the worker is busy with it
+  }
+  Submit(*engine, queued, &b, mu, cv);
+  EXPECT_EQ(engine->Metrics().queue_depth(), 1);
+  EXPECT_TRUE(engine->Cancel(queued.id, /*stop=*/false));
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return b.done; });
+    EXPECT_FALSE(a.done) << "the queued request waited for the running one";
+  }
+  EXPECT_EQ(b.status.code(), absl::StatusCode::kCancelled) << b.status;
+  EXPECT_TRUE(b.ids.empty());
+  EXPECT_EQ(engine->Metrics().queue_depth(), 0);
+  EXPECT_TRUE(engine->Cancel(running.id, /*stop=*/false));
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return a.done; });
+  EXPECT_EQ(a.status.code(), absl::StatusCode::kCancelled) << a.status;
+}
+
 // Session::StepBatch directly: one decode call for several sessions equals each session's lone
 // steps; a session named twice is refused, naming the rows, and changes nothing.
 TEST_F(HostBatchedTest, SessionStepBatchMatchesLoneStepsAndRefusesDuplicates) {
@@ -674,6 +707,60 @@ TEST_F(HostBatchedTest, ASecondConversationSharingTheSystemPromptKeepsTheFirstOn
     const Out ra2 = run(a2);
     EXPECT_EQ(ra2.finished.usage().tokens_reused(), static_cast<int64_t>(a1.size() + 3));
   }
+}
+
+// Speculative decoding on, checkpoints off, a pool of two: a turn that ended with verified draft
+// tokens still buffered (max_tokens) leaves the delivered record, which the next turn extends, so
+// it continues on the same session (session_reusable counts the delivered record, as Prefill).
+TEST_F(HostBatchedTest, ASpeculatingConversationKeepsItsSessionWithDraftTokensBuffered) {
+  auto engine = std::make_unique<Engine>(EngineOptions{
+      .plugin_dir = COLI_PLUGIN_DIR_FOR_TEST, .workers = 1, .max_batch = 1, .pool_sessions = 2});
+  for (const char* id : {"off", "on"}) {
+    v1::LoadModelRequest load;
+    load.set_model_dir(COLI_K3_TINY_DIR);
+    load.set_id(id);
+    load.mutable_options()->set_layers(0);  // embedding to head: a repeating walk, drafts accepted
+    if (std::string(id) == "on") (*load.mutable_options()->mutable_extra())["spec"] = "6";
+    ASSERT_OK(engine->LoadModel(load, nullptr).status());
+  }
+  auto run = [&](const char* model, std::vector<int32_t> ids, int max_tokens) {
+    std::mutex mu;
+    std::condition_variable cv;
+    Out out;
+    GenerationInput in;
+    in.model = model;
+    in.prompt_ids = std::move(ids);
+    in.max_tokens = max_tokens;
+    EventSink sink;
+    sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.ids.push_back(t.id());
+    };
+    sink.on_done = [&](const absl::Status& st, const v1::Finished& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.status = st;
+      out.finished = f;
+      out.done = true;
+      cv.notify_all();
+    };
+    EXPECT_OK(engine->Submit(std::move(in), std::move(sink)).status());
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return out.done; });
+    EXPECT_OK(out.status);
+    return out;
+  };
+  // A prompt that quotes the model's own greedy walk, so drafts from it are accepted.
+  std::vector<int32_t> prompt = {9};
+  for (int32_t t : run("off", {9}, 24).ids) prompt.push_back(t);
+  prompt.push_back(9);
+  const Out r1 = run("on", prompt, 5);
+  ASSERT_EQ(r1.ids.size(), 5u);
+  ASSERT_GT(Stat(r1.finished, "spec_accepted_tokens"), 0) << "nothing buffered: test is moot";
+  std::vector<int32_t> next = prompt;
+  next.insert(next.end(), r1.ids.begin(), r1.ids.end());
+  for (int32_t t : {100, 200, 300, 400}) next.push_back(t);
+  const Out r2 = run("on", next, 2);
+  EXPECT_EQ(r2.finished.usage().tokens_reused(), static_cast<int64_t>(prompt.size() + 4));
 }
 
 }  // namespace

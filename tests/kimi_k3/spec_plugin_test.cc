@@ -484,7 +484,7 @@ TEST_F(K3SpecPluginTest, SampledRowBatchedWithGreedyAndPenalisedRows) {
   EXPECT_GT(Stats(batch[0])["spec_tokens_from_buffer"], 0);
   EXPECT_GT(Stats(batch[1])["spec_tokens_from_buffer"], 0);
   EXPECT_GT(Stats(batch[2])["spec_drafts"], 0);
-  EXPECT_EQ(Stats(batch[2])["spec_rewinds"], 0);  // its accepted drafts were its real draws
+  EXPECT_EQ(Stats(batch[2])["spec_rewinds"], 0);   // its accepted drafts were its real draws
   EXPECT_GT(Stats(batch[2])["batched_steps"], 0);  // rows without a draft still shared passes
 }
 
@@ -555,6 +555,37 @@ TEST_F(K3SpecPluginTest, BadOptionsRefused) {
   EXPECT_THAT(TryOpen({{"spec", "4"}, {"spec_ngram_min", "3"}, {"spec_ngram_max", "2"}}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec_ngram_min")));
   EXPECT_OK(TryOpen({{"spec", "16"}, {"spec_ngram_min", "2"}, {"spec_ngram_max", "4"}}).status());
+}
+
+// ABI 1.6 session_reusable agrees with what Prefill then keeps while verified draft tokens are
+// still buffered (not delivered): the record is the delivered one, which the next turn extends.
+TEST_F(K3SpecPluginTest, ReusableAgreesWithPrefillWhileDraftTokensAreBuffered) {
+  coli_model_t* on = Open(6, 0);
+  coli_model_t* off = Open(0, 0);
+  const std::vector<int32_t> prompt = Walk(off, 9, kWalk);
+  coli_session_t* s = NewSession(on);
+  Prefill(s, prompt);
+  std::vector<int32_t> delivered;
+  double accepted = 0;
+  for (int i = 0; i < kSteps && accepted == 0; ++i) {
+    delivered.push_back(Call({s}, {Knobs{}})[0].token);
+    accepted = Stats(s)["spec_accepted_tokens"];
+  }
+  ASSERT_GT(accepted, 0) << "no draft was accepted: nothing is buffered";
+  std::vector<int32_t> record = prompt;
+  record.insert(record.end(), delivered.begin(), delivered.end() - 1);
+  ASSERT_EQ(Record(s), record);
+  std::vector<int32_t> follow = prompt;
+  follow.insert(follow.end(), delivered.begin(), delivered.end());
+  const std::vector<int32_t> more = Ids(5, 9);
+  follow.insert(follow.end(), more.begin(), more.end());
+  Error err;
+  uint64_t reusable = 12345;
+  ASSERT_OK(
+      err.Status(api().session_reusable(on, s, follow.data(), follow.size(), &reusable, &err.e)));
+  const coli_prefill_result_t r = Prefill(s, follow);
+  EXPECT_EQ(reusable, r.tokens_reused);
+  EXPECT_EQ(reusable, record.size());
 }
 
 }  // namespace

@@ -51,6 +51,9 @@ coli_plugin_api_t MakeTable() {
 #if defined(FAKE_SMALL_TABLE)
   api.struct_size = 3 * sizeof(void*);  // claims the current minor but holds almost nothing
 #endif
+#if defined(FAKE_TABLE_OF_1_5)
+  api.struct_size = COLI_PLUGIN_API_SIZE_V1_5;  // claims 1.6 but ends before session_reusable
+#endif
 #if defined(FAKE_NULL_MODEL_STATS)
   api.model_stats = nullptr;  // a 1.2 table must have it
 #endif

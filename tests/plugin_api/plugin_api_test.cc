@@ -354,6 +354,7 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
       {"fake_null_session_reusable", "leaves NULL: session_reusable"},
+      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.6 needs (160 bytes"},
   };
   for (const auto& c : refused) {
     const host::PluginReport* r = Report(set, c.stem);
