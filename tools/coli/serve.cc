@@ -349,7 +349,7 @@ class Gateway {
   v1::Coli::Stub* stub_;  // the client's
   v1::ModelInfo info_;
   std::string api_key_;
-  bool serve_web_page_ = false;  // `coli web`
+  bool serve_web_page_ = false;               // `coli web`
   std::vector<std::string> allowed_origins_;  // --allow-origin ("*": any)
   std::vector<Route> routes_;
   ConnectionMonitor monitor_;  // cancels host calls whose clients went away
@@ -387,8 +387,9 @@ bool Gateway::Authorized(const Req& req, Res& res) {
 
 bool Gateway::Body(const Req& req, Res& res, Json* body) {
   if (req.body.find_first_not_of(" \t\r\n") == std::string::npos) {
-    Fail(res, BadField("", "request body is empty: send a JSON object (Content-Type: "
-                           "application/json)"));
+    Fail(res, BadField("",
+                       "request body is empty: send a JSON object (Content-Type: "
+                       "application/json)"));
     return false;
   }
   bool too_deep = false;
@@ -415,9 +416,9 @@ bool Gateway::Body(const Req& req, Res& res, Json* body) {
     return false;
   }
   if (!parsed.is_object()) {
-    const std::string got = parsed.is_array()    ? "an array"
-                            : parsed.is_string() ? "a string"
-                            : parsed.is_number() ? "a number"
+    const std::string got = parsed.is_array()     ? "an array"
+                            : parsed.is_string()  ? "a string"
+                            : parsed.is_number()  ? "a number"
                             : parsed.is_boolean() ? "a boolean"
                                                   : "null";
     Fail(res, BadField("", "request body must be a JSON object, got " + got));
@@ -801,8 +802,7 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
 }
 
 std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFields& f,
-                                                              const std::string& prompt,
-                                                              int choice,
+                                                              const std::string& prompt, int choice,
                                                               const ConnectionWatch* client) {
   auto call = std::make_unique<GenerateCall>();
   v1::GenerateRequest r;
@@ -1035,8 +1035,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, call, first, object, r, watch](size_t, httplib::DataSink& sink) {
+      "text/event-stream", [this, call, first, object, r, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         ResponseBuilder::Sink events;
         events.send = [this, &sink, &watch](const Json& e) {
@@ -1129,8 +1128,8 @@ void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r,
   Reply(res, 200, object);
 }
 
-void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events,
-                           int64_t after, ConnectionWatch watch) {
+void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events, int64_t after,
+                           ConnectionWatch watch) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream", [this, events, after, watch](size_t, httplib::DataSink& sink) {
@@ -1488,6 +1487,38 @@ bool Contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
+// The host part of a Host header or an origin's authority ("127.0.0.1:8000" -> "127.0.0.1",
+// "[::1]:8000" -> "[::1]").
+std::string HostName(const std::string& authority) {
+  if (authority.starts_with("[")) {
+    const size_t close = authority.find(']');
+    return close == std::string::npos ? authority : authority.substr(0, close + 1);
+  }
+  return authority.substr(0, authority.find(':'));
+}
+
+// Why a browser-borne request is refused, or "" to serve it. A browser sends Origin on every
+// cross-origin request that is not a GET / HEAD — also on a "simple" no-cors POST, which needs
+// no preflight: without this check any web page the user visits could start generations (and
+// background responses) on a keyless loopback server; it cannot read the answer, but it can spend
+// the machine. Same-origin requests (the coli web page) and --allow-origin origins pass; clients
+// that are not browsers send no Origin. And a keyless server answers only Host names that mean
+// this machine, so a DNS-rebinding page (evil.example resolving to 127.0.0.1) is refused too.
+std::string RefusedBrowserRequest(const httplib::Request& req, bool keyless, bool origin_allowed) {
+  const std::string host = req.get_header_value("Host");
+  if (keyless && !host.empty() && !IsLoopback(HostName(host))) {
+    return "Host '" + host + "' is not this machine's loopback name: a server without --api-key " +
+           "answers only localhost, 127.0.0.1 and [::1] (a guard against DNS rebinding)";
+  }
+  if (!req.has_header("Origin") || origin_allowed) return "";
+  // Reads and preflights change nothing, and CORS keeps the answer from a foreign page.
+  if (req.method == "GET" || req.method == "HEAD" || req.method == "OPTIONS") return "";
+  const std::string origin = req.get_header_value("Origin");
+  if (origin == "http://" + host || origin == "https://" + host) return "";  // same origin
+  return "Origin '" + origin + "' may not call this server (serve with --allow-origin " + origin +
+         " to let that web page use it)";
+}
+
 ApiError InvalidUrl(const httplib::Request& req) {
   ApiError e;
   e.http_status = 404;
@@ -1518,6 +1549,15 @@ httplib::Server::HandlerResponse Gateway::PreRoute(const Req& req, Res& res) {
   const std::string origin = CorsOrigin(req);
   if (!allowed_origins_.empty()) res.set_header("Vary", "Origin");
   if (!origin.empty()) res.set_header("Access-Control-Allow-Origin", origin);
+  if (const std::string why = RefusedBrowserRequest(req, api_key_.empty(), !origin.empty());
+      !why.empty()) {
+    ApiError e;
+    e.http_status = 403;
+    e.type = "permission_error";
+    e.message = why;
+    Fail(res, e);
+    return HR::Handled;
+  }
   const std::vector<std::string> methods = MethodsFor(req.path);
   if (req.method == "OPTIONS") {
     // A CORS preflight (or a client asking what a path takes). It carries no credentials, so
@@ -1541,8 +1581,8 @@ httplib::Server::HandlerResponse Gateway::PreRoute(const Req& req, Res& res) {
   // A request that announces no body has none (RFC 9112 §6.3: neither Content-Length nor
   // Transfer-Encoding). httplib 0.11 would read it until the client closes the connection —
   // `curl -X POST .../cancel` hung 5 s and got a 400 — so it is dispatched here as it is.
-  const bool wants_body = req.method == "POST" || req.method == "PUT" ||
-                          req.method == "PATCH" || req.method == "DELETE";
+  const bool wants_body = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                          req.method == "DELETE";
   if (wants_body && !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
     for (const Route& route : routes_) {
       if (route.method != req.method) continue;
@@ -1562,8 +1602,8 @@ void Gateway::HttpError(const Req& req, Res& res) {
   if (!res.body.empty()) return;  // a handler's own error object
   ApiError e;
   e.http_status = res.status;
-  const std::vector<std::string> methods = req.path.empty() ? std::vector<std::string>{}
-                                                            : MethodsFor(req.path);
+  const std::vector<std::string> methods =
+      req.path.empty() ? std::vector<std::string>{} : MethodsFor(req.path);
   const bool wrong_method = !methods.empty() && !req.method.empty() &&
                             !Contains(methods, req.method) &&
                             !(req.method == "HEAD" && Contains(methods, "GET"));
@@ -1634,8 +1674,7 @@ void Gateway::Register(httplib::Server* server) {
       res.set_content(std::string(asset->bytes), std::string(asset->content_type));
     });
   }
-  server->set_pre_routing_handler(
-      [this](const Req& req, Res& res) { return PreRoute(req, res); });
+  server->set_pre_routing_handler([this](const Req& req, Res& res) { return PreRoute(req, res); });
   server->set_logger([this](const Req&, const Res& res) {
     std::lock_guard<std::mutex> lock(mu_);
     ++http_by_status_[res.status];
@@ -1665,19 +1704,20 @@ void Usage(bool web) {
           : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
             "                  [--connect ADDR] [--model-id ID] [--max-background N]\n"
             "                  [--responses-dir DIR] [--allow-origin ORIGIN] [--http-threads N]\n");
-  std::fprintf(stderr,
-               "  --host ADDR    listen address; anything but loopback requires --api-key\n"
-               "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
-               "  --connect ADDR use a running coli-host instead of starting one\n"
-               "  --max-background N  background /v1/responses running at once (default 16)\n"
-               "  --responses-dir DIR  keep finished stored /v1/responses in DIR, one file each,\n"
-               "                 so they survive a restart (env COLI_RESPONSES_DIR; default:\n"
-               "                 in memory only)\n"
-               "  --allow-origin ORIGIN  let browser pages from ORIGIN (e.g. http://localhost:3000;\n"
-               "                 '*' = any) call the API: CORS headers; repeatable. Default: none\n"
-               "                 (same-origin only, as the `coli web` page is)\n"
-               "  --http-threads N  HTTP connections served at once, open streams included\n"
-               "                 (default 256; more wait for a free thread)\n");
+  std::fprintf(
+      stderr,
+      "  --host ADDR    listen address; anything but loopback requires --api-key\n"
+      "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
+      "  --connect ADDR use a running coli-host instead of starting one\n"
+      "  --max-background N  background /v1/responses running at once (default 16)\n"
+      "  --responses-dir DIR  keep finished stored /v1/responses in DIR, one file each,\n"
+      "                 so they survive a restart (env COLI_RESPONSES_DIR; default:\n"
+      "                 in memory only)\n"
+      "  --allow-origin ORIGIN  let browser pages from ORIGIN (e.g. http://localhost:3000;\n"
+      "                 '*' = any) call the API: CORS headers; repeatable. Default: none\n"
+      "                 (same-origin only, as the `coli web` page is)\n"
+      "  --http-threads N  HTTP connections served at once, open streams included\n"
+      "                 (default 256; more wait for a free thread)\n");
 }
 
 // A whole decimal number in [lo, hi] for `flag`; false (after saying why on stderr) otherwise.
@@ -1728,9 +1768,14 @@ int RunGateway(int argc, char** argv, bool web) {
       responses_dir = value();
     else if (arg == "--allow-origin") {
       const std::string v = value();
-      if (v != "*" && v.find("://") == std::string::npos) {
-        std::fprintf(stderr, "%s: --allow-origin '%s' is not an origin (scheme://host[:port] or *)\n",
-                     name, v.c_str());
+      // An origin is scheme://host[:port] and nothing after (a browser's Origin header never
+      // has a path or a trailing slash, so such a value could never match).
+      const size_t scheme = v.find("://");
+      if (v != "*" && (scheme == std::string::npos || scheme == 0 ||
+                       v.find('/', scheme + 3) != std::string::npos || v.size() == scheme + 3)) {
+        std::fprintf(stderr,
+                     "%s: --allow-origin '%s' is not an origin (scheme://host[:port] or *)\n", name,
+                     v.c_str());
         return 2;
       }
       allowed_origins.push_back(v);
@@ -1760,6 +1805,15 @@ int RunGateway(int argc, char** argv, bool web) {
       return 2;
     }
     model_dir = client::ResolveModelDir("");  // the embedded tiny model
+  }
+  // Any web page reading the API is as wide as any host reaching it: it needs the key too.
+  if (api_key.empty() &&
+      std::find(allowed_origins.begin(), allowed_origins.end(), "*") != allowed_origins.end()) {
+    std::fprintf(stderr,
+                 "%s: --allow-origin '*' lets every web page use this server: refusing to serve "
+                 "without --api-key\n",
+                 name);
+    return 2;
   }
   if (!IsLoopback(host) && api_key.empty()) {
     std::fprintf(stderr,

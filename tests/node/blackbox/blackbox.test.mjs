@@ -181,14 +181,14 @@ test('an unknown method is 405 on a known route; a 405 with a body keeps the con
   // have been read past for the second to parse.
   const body = '{"a": 1}';
   const { responses } = await conversation([
-    `PUT /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+    `PUT /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n` +
     `Content-Length: ${body.length}\r\n\r\n${body}`,
-    'GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n']);
+    'GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n']);
   assert.equal(responses.length, 2, JSON.stringify(responses));
   assertApiError(responses[0], 405, 'PUT');
   assert.equal(responses[1].status, 200);
   assert.equal(responses[1].json.object, 'list');
-  const { responses: [brew] } = await raw('BREW /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+  const { responses: [brew] } = await raw('BREW /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n');
   assert.ok(brew.status === 405 || brew.status === 400, brew.body);
   assertApiError(brew, brew.status, 'BREW /health');
 });
@@ -233,8 +233,43 @@ test('CORS: preflight answered; only an --allow-origin origin gets Access-Contro
   assertApiError(await request('OPTIONS', '/v1/nothing'), 404, 'OPTIONS /v1/nothing');
 });
 
+test('a web page that is not allowed cannot start work: foreign Origin POSTs and rebinding Hosts are 403', async () => {
+  // A "simple" no-cors POST (text/plain, no preflight) from another site: refused before any
+  // work starts, a background response included.
+  for (const [path, body] of [
+    ['/v1/chat/completions', { model: modelId, messages: hello, max_tokens: 2 }],
+    ['/v1/responses', { model: modelId, input: 'hi', background: true, max_output_tokens: 2 }],
+  ]) {
+    const r = await request('POST', path, {
+      headers: { origin: 'http://evil.example', 'content-type': 'text/plain' }, body,
+    });
+    const e = assertApiError(r, 403, `foreign POST ${path}`);
+    assert.equal(e.type, 'permission_error');
+    assert.match(e.message, /--allow-origin/);
+  }
+  // The page's own origin (what `coli web`'s page sends) and no Origin at all (SDKs, curl) pass.
+  const host = new URL(base).host;
+  const same = await request('POST', '/v1/chat/completions', {
+    headers: { origin: `http://${host}` }, body: { model: modelId, messages: hello, max_tokens: 2 },
+  });
+  assert.equal(same.status, 200, same.text);
+  // DNS rebinding: a name that is not loopback in Host, on a server without a key.
+  const rebound = await new Promise((resolve, reject) => {
+    const u = new URL(base);
+    const sock = net.connect(Number(u.port), u.hostname, () => {
+      sock.write(`GET /v1/models HTTP/1.1\r\nHost: evil.example:${u.port}\r\nConnection: close\r\n\r\n`);
+    });
+    let data = '';
+    sock.on('data', (d) => { data += d; });
+    sock.on('end', () => resolve(data));
+    sock.on('error', reject);
+  });
+  assert.match(rebound, /^HTTP\/1\.1 403/);
+  assert.match(rebound, /DNS rebinding/);
+});
+
 test('a POST without a body (no Content-Length, as `curl -X POST` sends it) is answered at once', async () => {
-  const post = (path) => raw(`POST ${path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`);
+  const post = (path) => raw(`POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n`);
   // OpenAI documents cancel exactly so: `curl -X POST .../v1/responses/ID/cancel`.
   const { responses: [cancel] } = await post('/v1/responses/resp_unknown/cancel');
   const e = assertApiError(cancel, 404, 'cancel');
@@ -252,7 +287,7 @@ test('HTTP-level refusals say what was wrong: 413 body, 414 URI, oversized heade
   const r414 = await request('GET', `/v1/models/${'a'.repeat(9000)}`);
   assert.match(assertApiError(r414, 414, 'uri').message, /URI/);
   const { responses: [hdr] } = await raw(
-    `GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(9000)}\r\nConnection: close\r\n\r\n`);
+    `GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${'a'.repeat(9000)}\r\nConnection: close\r\n\r\n`);
   assert.match(assertApiError(hdr, 400, 'header').message, /header/);
   // Still serving.
   assert.equal((await request('GET', '/health')).status, 200);
@@ -260,7 +295,7 @@ test('HTTP-level refusals say what was wrong: 413 body, 414 URI, oversized heade
 
 test('a body that is not JSON says why: invalid UTF-8, lone surrogate, trailing garbage, not an object', async () => {
   const send = (bytes) => raw(Buffer.concat([
-    Buffer.from(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+    Buffer.from(`POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n` +
       `Content-Length: ${bytes.length}\r\nConnection: close\r\n\r\n`), bytes]));
   const invalidUtf8 = Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"a'),
     Buffer.from([0xff, 0xfe]), Buffer.from('b"}]}')]);
