@@ -122,11 +122,7 @@ class QuantizedMatrix {
 
 struct MatmulOptions {
   bool idot = true;  // K3_IDOT: int8 activations per 32 (MXFP4) / 64 (int8, int4) group
-  int threads = 0;   // the most threads a call uses; 0 = OpenMP default
-  // Each thread past the first needs this many multiply-adds (rows x cols x batch): below it a
-  // parallel region costs more than it saves (waking a team is microseconds, a 64x128 matmul
-  // far less), so small matmuls run on the calling thread. 0 = always split over `threads`.
-  int64_t min_work_per_thread = int64_t{1} << 18;
+  int threads = 0;   // 0 = OpenMP default
 };
 
 // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b in [0, batch). Each weight byte is read

@@ -382,11 +382,7 @@ absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const KernelFn fn = PickKernel(KernelsFor(isa), w.format, options.idot);
   const int64_t tiles = (w.rows + 3) / 4;
-  int64_t most = std::min<int64_t>(threads, tiles);
-  if (options.min_work_per_thread > 0) {
-    most = std::min(most, w.rows * w.cols * batch / options.min_work_per_thread);
-  }
-  const int nt = static_cast<int>(std::max<int64_t>(1, most));
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, tiles)));
   // Every computing thread prepares the activations (all batch rows) into its own buffers. That
   // costs no time for one activation row (one thread would prepare it while the others wait) and
   // little for a batch (~1.5 us per row of 7168 columns on AVX-512, ~15 us on AVX2, against the

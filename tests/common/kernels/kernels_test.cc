@@ -535,8 +535,8 @@ TEST(KernelPrepare, SimdPreparationEqualsScalar) {
         const PreparedRow want = RefPreparedRow(f, x);
         const int64_t block = f == WeightFormat::kInt8Row ? 64 : 128;
         const int64_t nblocks = (cols + block - 1) / block;
-        using PrepareFn = bool (*)(WeightFormat, int64_t, const float*, int64_t, int8_t*, int32_t*,
-                                   float*, float*);
+        using PrepareFn = bool (*)(WeightFormat, int64_t, const float*, int64_t, int8_t*,
+                                   int32_t*, float*, float*);
         std::vector<std::pair<Isa, PrepareFn>> preps;
         if (internal::IsaSupported(Isa::kAvx2)) {
           preps.emplace_back(Isa::kAvx2, internal::PrepareIdotRowAvx2);
@@ -564,8 +564,8 @@ TEST(KernelPrepare, SimdPreparationEqualsScalar) {
             ASSERT_EQ(Bits(xg[i]), Bits(want.xg[i])) << what << " xg " << i;
           }
           // A non-finite value anywhere is refused.
-          for (float bad :
-               {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+          for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity()}) {
             std::vector<float> xb = x;
             xb[cols - 1] = bad;
             EXPECT_FALSE(prep(f, cols, xb.data(), nblocks, xq, corr, xs, xg)) << what;
@@ -662,7 +662,7 @@ TEST(KernelMatmul, EveryPathMatchesScalarAndDoubleReference) {
             for (int threads : {1, 2, 3}) {
               std::vector<float> got(batch * shape.rows, -2.f);
               absl::Status st = internal::MatmulWithIsa(isa, m.view(), x.data(), batch, got.data(),
-                                                        {idot, threads, /*min_work=*/0});
+                                                        {idot, threads});
               ASSERT_TRUE(st.ok()) << st;
               ExpectBitEqual(got, ref, what + " " + IsaName(isa));
             }
@@ -688,14 +688,13 @@ TEST(KernelMatmul, BatchRowsEqualSingleRowCalls) {
     for (Isa isa : SupportedIsas()) {
       for (bool idot : {false, true}) {
         std::vector<float> all(batch * 21);
-        ASSERT_TRUE(internal::MatmulWithIsa(isa, m.view(), x.data(), batch, all.data(),
-                                            {idot, 2, /*min_work=*/0})
-                        .ok());
+        ASSERT_TRUE(
+            internal::MatmulWithIsa(isa, m.view(), x.data(), batch, all.data(), {idot, 2}).ok());
         for (int64_t b = 0; b < batch; ++b) {
           std::vector<float> one(21);
-          ASSERT_TRUE(
-              internal::MatmulWithIsa(isa, m.view(), x.data() + b * kCols, 1, one.data(), {idot, 1})
-                  .ok());
+          ASSERT_TRUE(internal::MatmulWithIsa(isa, m.view(), x.data() + b * kCols, 1, one.data(),
+                                              {idot, 1})
+                          .ok());
           for (int r = 0; r < 21; ++r) {
             EXPECT_EQ(Bits(one[r]), Bits(all[b * 21 + r]))
                 << IsaName(isa) << " " << WeightFormatName(f) << " b " << b;
@@ -778,7 +777,7 @@ TEST(KernelMatmul, RefusesBadInput) {
   x3[64 + 7] = std::numeric_limits<float>::quiet_NaN();
   const MatrixView eight{WeightFormat::kInt8Row, 8, 32, q8.data(), s8.data()};
   for (Isa isa : SupportedIsas()) {
-    st = internal::MatmulWithIsa(isa, eight, x3.data(), 3, y3.data(), {true, 2, /*min_work=*/0});
+    st = internal::MatmulWithIsa(isa, eight, x3.data(), 3, y3.data(), {true, 2});
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << IsaName(isa);
     EXPECT_THAT(std::string(st.message()), HasSubstr("batch row 1")) << IsaName(isa);
   }
