@@ -463,25 +463,34 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
 }
 
 bool Engine::Cancel(const std::string& request_id, bool stop) {
-  std::shared_ptr<Request> dequeued;
+  std::shared_ptr<Request> request;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(request_id);
     if (it == live_.end()) return false;
-    it->second->Cancel(stop);
+    request = it->second;
+  }
+  Cancel(request, stop);
+  return true;
+}
+
+void Engine::Cancel(const std::shared_ptr<Request>& request, bool stop) {
+  bool dequeued = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request->Cancel(stop);
     // A cancelled request still waiting for a worker ends now: with every worker busy it would
     // wait in the queue (and count in its depth) until one frees.
     if (!stop) {
-      auto queued = std::find(queue_.begin(), queue_.end(), it->second);
+      auto queued = std::find(queue_.begin(), queue_.end(), request);
       if (queued != queue_.end()) {
-        dequeued = *queued;
         queue_.erase(queued);
+        dequeued = true;
       }
     }
     cv_.notify_all();
   }
-  if (dequeued != nullptr) Finish(*dequeued, dequeued->CancelStatus(), v1::Finished());
-  return true;
+  if (dequeued) Finish(*request, request->CancelStatus(), v1::Finished());
 }
 
 std::optional<Engine::Job> Engine::PopRunnableLocked() {

@@ -147,8 +147,11 @@ class Engine {
   // Queues a request. NOT_FOUND for an unknown model, RESOURCE_EXHAUSTED when the queue is full,
   // UNAVAILABLE after Shutdown. On OK the sink gets exactly one on_done.
   absl::StatusOr<std::shared_ptr<Request>> Submit(GenerationInput input, EventSink sink);
-  // Cancels a queued or running request by id; false when no such request is live.
+  // Cancels a queued or running request by id; false when no such request is live. A request
+  // still queued ends at once (CANCELLED), without waiting for a worker.
   bool Cancel(const std::string& request_id, bool stop);
+  // The same for a request Submit returned (exactly that one, even if its id was reused since).
+  void Cancel(const std::shared_ptr<Request>& request, bool stop);
 
   absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& model, const std::string& text,
                                                 bool allow_special);

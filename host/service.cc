@@ -170,7 +170,7 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine, WriteStarter* s
       request = link->request.lock();
     }
     // Through the engine: a request still queued ends at once (Engine::Cancel).
-    if (request != nullptr) engine->Cancel(request->id(), /*stop=*/false);
+    if (request != nullptr) engine->Cancel(request, /*stop=*/false);
   });
   auto request = engine->Submit(std::move(input), std::move(sink));
   if (!request.ok()) {
@@ -183,7 +183,7 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine, WriteStarter* s
     link->request = *request;
     cancelled = link->cancelled;
   }
-  if (cancelled) engine->Cancel((*request)->id(), /*stop=*/false);
+  if (cancelled) engine->Cancel(*request, /*stop=*/false);
   return reactor;
 }
 
