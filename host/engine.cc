@@ -566,16 +566,19 @@ std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
     const size_t common =
         std::mismatch(record.begin(), record.end(), prompt.begin(), prompt.end()).first -
         record.begin();
-    absl::StatusOr<size_t> keep = absl::UnimplementedError("");
+    std::optional<size_t> said;  // what the plugin says this session keeps
     if (ask) {
-      keep = model.model->Reusable(slot != nullptr ? slot->session.get() : nullptr, prompt);
-      if (!keep.ok()) {
+      absl::StatusOr<size_t> keep =
+          model.model->Reusable(slot != nullptr ? slot->session.get() : nullptr, prompt);
+      if (keep.ok()) {
+        said = *keep;
+      } else {
         COLI_LOG(kWarning) << "pooled session '" << name << "': " << keep.status();
       }
     }
     size_t kept = 0;
-    if (keep.ok()) {
-      kept = *keep;
+    if (said) {
+      kept = *said;
     } else if (common == record.size() && common < prompt.size()) {
       kept = common;  // the prompt extends the record
     } else if (2 * common >= prompt.size()) {

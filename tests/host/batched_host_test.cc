@@ -83,6 +83,35 @@ class HostBatchedTest : public ::testing::Test {
     return engine;
   }
 
+  // Runs `ids` as one unnamed request (a pooled session) on `model` and waits for its end.
+  static Out RunIds(Engine& engine, const std::string& model, std::vector<int32_t> ids,
+                    int max_tokens) {
+    std::mutex mu;
+    std::condition_variable cv;
+    Out out;
+    GenerationInput in;
+    in.model = model;
+    in.prompt_ids = std::move(ids);
+    in.max_tokens = max_tokens;
+    EventSink sink;
+    sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.ids.push_back(t.id());
+    };
+    sink.on_done = [&](const absl::Status& st, const v1::Finished& f) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.status = st;
+      out.finished = f;
+      out.done = true;
+      cv.notify_all();
+    };
+    EXPECT_OK(engine.Submit(std::move(in), std::move(sink)).status());
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return out.done; });
+    EXPECT_OK(out.status);
+    return out;
+  }
+
   // Submits `spec` as a request whose tokens and end land in *out (under mu; cv notified);
   // on_token calls hook(count) after each token.
   static void Submit(Engine& engine, const Spec& spec, Out* out, std::mutex& mu,
@@ -574,32 +603,7 @@ TEST_F(HostBatchedTest, APoolLargerThanTheWorkersKeepsMoreConversations) {
 }
 
 void HostBatchedTest::ExpectConversationsKeepTheirSessions(std::unique_ptr<Engine> engine) {
-  auto run = [&](std::vector<int32_t> ids) {
-    std::mutex mu;
-    std::condition_variable cv;
-    Out out;
-    GenerationInput in;
-    in.model = "k3";
-    in.prompt_ids = std::move(ids);
-    in.max_tokens = 4;
-    EventSink sink;
-    sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
-      std::lock_guard<std::mutex> lock(mu);
-      out.ids.push_back(t.id());
-    };
-    sink.on_done = [&](const absl::Status& st, const v1::Finished& f) {
-      std::lock_guard<std::mutex> lock(mu);
-      out.status = st;
-      out.finished = f;
-      out.done = true;
-      cv.notify_all();
-    };
-    EXPECT_OK(engine->Submit(std::move(in), std::move(sink)).status());
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return out.done; });
-    EXPECT_OK(out.status);
-    return out;
-  };
+  auto run = [&](std::vector<int32_t> ids) { return RunIds(*engine, "k3", std::move(ids), 4); };
   // The next turn: the prompt, the reply (its last token not yet fed) and one more token.
   auto next = [](std::vector<int32_t> prompt, const Out& reply) {
     prompt.insert(prompt.end(), reply.ids.begin(), reply.ids.end());
@@ -659,32 +663,7 @@ TEST_F(HostBatchedTest, ASecondConversationSharingTheSystemPromptKeepsTheFirstOn
       EXPECT_OK(rendered.status());
       return rendered.ok() ? rendered->tokens : std::vector<int32_t>{};
     };
-    auto run = [&](std::vector<int32_t> ids) {
-      std::mutex mu;
-      std::condition_variable cv;
-      Out out;
-      GenerationInput in;
-      in.model = "k3";
-      in.prompt_ids = std::move(ids);
-      in.max_tokens = 4;
-      EventSink sink;
-      sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
-        std::lock_guard<std::mutex> lock(mu);
-        out.ids.push_back(t.id());
-      };
-      sink.on_done = [&](const absl::Status& st, const v1::Finished& f) {
-        std::lock_guard<std::mutex> lock(mu);
-        out.status = st;
-        out.finished = f;
-        out.done = true;
-        cv.notify_all();
-      };
-      EXPECT_OK(engine->Submit(std::move(in), std::move(sink)).status());
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return out.done; });
-      EXPECT_OK(out.status);
-      return out;
-    };
+    auto run = [&](std::vector<int32_t> ids) { return RunIds(*engine, "k3", std::move(ids), 4); };
     const std::vector<int32_t> a1 = render({{"user", "Do you sell drills?"}});
     const std::vector<int32_t> b1 = render({{"user", "What does a hammer cost?"}});
     size_t shared = 0;
@@ -724,30 +703,7 @@ TEST_F(HostBatchedTest, ASpeculatingConversationKeepsItsSessionWithDraftTokensBu
     ASSERT_OK(engine->LoadModel(load, nullptr).status());
   }
   auto run = [&](const char* model, std::vector<int32_t> ids, int max_tokens) {
-    std::mutex mu;
-    std::condition_variable cv;
-    Out out;
-    GenerationInput in;
-    in.model = model;
-    in.prompt_ids = std::move(ids);
-    in.max_tokens = max_tokens;
-    EventSink sink;
-    sink.on_token = [&](const v1::Token& t, std::span<const v1::ChatDelta>) {
-      std::lock_guard<std::mutex> lock(mu);
-      out.ids.push_back(t.id());
-    };
-    sink.on_done = [&](const absl::Status& st, const v1::Finished& f) {
-      std::lock_guard<std::mutex> lock(mu);
-      out.status = st;
-      out.finished = f;
-      out.done = true;
-      cv.notify_all();
-    };
-    EXPECT_OK(engine->Submit(std::move(in), std::move(sink)).status());
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return out.done; });
-    EXPECT_OK(out.status);
-    return out;
+    return RunIds(*engine, model, std::move(ids), max_tokens);
   };
   // A prompt that quotes the model's own greedy walk, so drafts from it are accepted.
   std::vector<int32_t> prompt = {9};
