@@ -19,10 +19,6 @@ constexpr char kMagic[8] = {'C', 'O', 'L', 'I', 'K', '3', 'C', 'K'};
 constexpr char kPrefixMagic[8] = {'C', 'O', 'L', 'I', 'K', '3', 'P', 'X'};
 constexpr uint32_t kVersion = 1;
 
-bool Begins(std::span<const int32_t> seq, const std::vector<int32_t>& prefix) {
-  return prefix.size() <= seq.size() && std::equal(prefix.begin(), prefix.end(), seq.begin());
-}
-
 // A fast 64-bit checksum over whole words (the tail bytes folded in last).
 uint64_t Checksum(std::string_view bytes) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes.size();
@@ -206,27 +202,28 @@ absl::Status CheckpointCache::Put(Checkpoint c) {
   return absl::OkStatus();
 }
 
-size_t CheckpointCache::DeepestLength(std::span<const int32_t> prompt,
-                                      std::span<const int32_t> record) const {
-  size_t best = 0;
-  for (const Entry& e : entries_) {
-    const size_t p = e.tokens.size();
-    if (p <= best || (p == prompt.size() && !e.has_logits)) continue;
-    if (Begins(prompt, e.tokens) && Begins(record, e.tokens)) best = p;
+std::list<CheckpointCache::Entry>::const_iterator CheckpointCache::FindDeepest(
+    std::span<const int32_t> prompt, std::span<const int32_t> record) const {
+  auto best = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    const size_t p = it->tokens.size();
+    if (p == 0 || (p == prompt.size() && !it->has_logits)) continue;
+    if (!BeginsWith(prompt, it->tokens) || !BeginsWith(record, it->tokens)) continue;
+    if (best == entries_.end() || p > best->tokens.size()) best = it;
   }
   return best;
+}
+
+size_t CheckpointCache::DeepestLength(std::span<const int32_t> prompt,
+                                      std::span<const int32_t> record) const {
+  const auto best = FindDeepest(prompt, record);
+  return best == entries_.end() ? 0 : best->tokens.size();
 }
 
 const Checkpoint* CheckpointCache::Deepest(std::span<const int32_t> prompt,
                                            std::span<const int32_t> record) {
   while (true) {
-    auto best = entries_.end();
-    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      const size_t p = it->tokens.size();
-      if (p == 0 || (p == prompt.size() && !it->has_logits)) continue;
-      if (!Begins(prompt, it->tokens) || !Begins(record, it->tokens)) continue;
-      if (best == entries_.end() || p > best->tokens.size()) best = it;
-    }
+    const auto best = FindDeepest(prompt, record);
     if (best == entries_.end()) return nullptr;
     entries_.splice(entries_.begin(), entries_, best);
     Entry& e = entries_.front();
@@ -244,6 +241,10 @@ const Checkpoint* CheckpointCache::Deepest(std::span<const int32_t> prompt,
                        << " dropped: " << (c.ok() ? "its tokens changed" : c.status().ToString());
     Drop(entries_.begin());  // and look for the next deepest
   }
+}
+
+bool BeginsWith(std::span<const int32_t> seq, std::span<const int32_t> prefix) {
+  return prefix.size() <= seq.size() && std::equal(prefix.begin(), prefix.end(), seq.begin());
 }
 
 int64_t LastMessageStart(std::span<const int32_t> prompt, int32_t end_of_msg) {

@@ -65,6 +65,9 @@ class CheckpointCache {
     std::string path;               // when parked
   };
   void Drop(std::list<Entry>::iterator it);
+  // The deepest entry Deepest would take (ties: the most recently used), or end().
+  std::list<Entry>::const_iterator FindDeepest(std::span<const int32_t> prompt,
+                                               std::span<const int32_t> record) const;
 
   int slots_;
   std::string dir_;
@@ -72,6 +75,9 @@ class CheckpointCache {
   std::list<Entry> entries_;  // most recently used first
   Checkpoint loaded_;         // the last parked checkpoint read back
 };
+
+// Whether `seq` begins with `prefix` (the checkpoint and prefix caches' lookups).
+bool BeginsWith(std::span<const int32_t> seq, std::span<const int32_t> prefix);
 
 // The parked form: a little-endian header, the tokens, each layer's four KDA arrays, the
 // logits and a checksum of everything before it.

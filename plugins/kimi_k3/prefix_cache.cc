@@ -15,10 +15,6 @@
 namespace coli::k3 {
 namespace {
 
-bool Begins(std::span<const int32_t> whole, const std::vector<int32_t>& part) {
-  return part.size() <= whole.size() && std::equal(part.begin(), part.end(), whole.begin());
-}
-
 absl::StatusOr<PrefixState> ReadParked(const std::string& path) {
   absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(path);
   if (!file.ok()) return file.status();
@@ -35,7 +31,7 @@ PrefixCache::~PrefixCache() { Clear(); }
 
 std::list<PrefixCache::Entry>::iterator PrefixCache::FindLocked(std::span<const int32_t> tokens) {
   return std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
-    return e.tokens.size() == tokens.size() && Begins(tokens, e.tokens);
+    return e.tokens.size() == tokens.size() && BeginsWith(tokens, e.tokens);
   });
 }
 
@@ -96,15 +92,22 @@ bool PrefixCache::Insert(PrefixState p) {
   return true;
 }
 
-size_t PrefixCache::DeepestLength(std::span<const int32_t> prompt) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  size_t best = 0;
-  for (const Entry& e : entries_) {
-    const size_t n = e.tokens.size();
-    if (n <= best || (n == prompt.size() && !e.has_logits)) continue;
-    if (Begins(prompt, e.tokens)) best = n;
+std::list<PrefixCache::Entry>::const_iterator PrefixCache::FindDeepestLocked(
+    std::span<const int32_t> prompt, size_t deeper_than) const {
+  auto best = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    const size_t n = it->tokens.size();
+    if (n <= deeper_than || (best != entries_.end() && n <= best->tokens.size())) continue;
+    if (n == prompt.size() && !it->has_logits) continue;  // nothing left to run
+    if (BeginsWith(prompt, it->tokens)) best = it;
   }
   return best;
+}
+
+size_t PrefixCache::DeepestLength(std::span<const int32_t> prompt) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto best = FindDeepestLocked(prompt, 0);
+  return best == entries_.end() ? 0 : best->tokens.size();
 }
 
 std::shared_ptr<const PrefixState> PrefixCache::Deepest(std::span<const int32_t> prompt,
@@ -114,13 +117,7 @@ std::shared_ptr<const PrefixState> PrefixCache::Deepest(std::span<const int32_t>
     std::vector<int32_t> tokens;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto best = entries_.end();
-      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-        const size_t n = it->tokens.size();
-        if (n <= deeper_than || (best != entries_.end() && n <= best->tokens.size())) continue;
-        if (n == prompt.size() && !it->has_logits) continue;  // nothing left to run
-        if (Begins(prompt, it->tokens)) best = it;
-      }
+      const auto best = FindDeepestLocked(prompt, deeper_than);
       if (best == entries_.end()) return nullptr;
       entries_.splice(entries_.begin(), entries_, best);
       if (best->state != nullptr) {

@@ -98,6 +98,10 @@ class PrefixCache {
     std::string path;                          // parked
   };
   std::list<Entry>::iterator FindLocked(std::span<const int32_t> tokens);
+  // The deepest entry the prompt begins with, longer than `deeper_than` (at prompt.size() only
+  // with logits), or end(); Deepest takes it, DeepestLength only measures it.
+  std::list<Entry>::const_iterator FindDeepestLocked(std::span<const int32_t> prompt,
+                                                     size_t deeper_than) const;
   void DropLocked(std::list<Entry>::iterator it);
 
   const size_t max_bytes_;
