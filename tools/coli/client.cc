@@ -462,7 +462,8 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
         std::pair{"COLI_VK_DENSE", "vk_dense"}, std::pair{"COLI_VK_TIER", "vk_tier"},
         std::pair{"COLI_K3_MIX_ROWS", "mix_rows"}, std::pair{"COLI_K3_SPEC_MIN", "spec_min"},
         std::pair{"COLI_K3_SPEC_SAMPLED_NGRAM", "spec_sampled_ngram"},
-        std::pair{"COLI_K3_SPEC_ADAPT", "spec_adapt"}}) {
+        std::pair{"COLI_K3_SPEC_ADAPT", "spec_adapt"},
+        std::pair{"COLI_K3_PREFIX_CACHE_KEEP", "prefix_cache_keep"}}) {
     if (std::string s = Env(name); !s.empty()) (*o.mutable_extra())[key] = s;
   }
   if (std::string s = Env("K3_MMAP"); !s.empty()) (*o.mutable_extra())["mmap"] = s;

@@ -157,6 +157,8 @@ std::string ResolveModelDir(const std::string& flag);
 //   COLI_K3_CKPT_DIR extra["ckpt_dir"] (park those checkpoints in this folder, not in RAM)
 //   COLI_K3_PREFIX_CACHE_MB extra["prefix_cache"] (kimi_k3 model-wide prefix cache, MiB, 0 = off)
 //   COLI_K3_PREFIX_CACHE_MIN extra["prefix_cache_min"] (its shortest prefix kept, tokens)
+//   COLI_K3_PREFIX_CACHE_KEEP extra["prefix_cache_keep"] (0/1: its files in COLI_K3_CKPT_DIR
+//     outlive the process and a later one with the same model, build and switches adopts them)
 //   COLI_VULKAN extra["vulkan"], K3_VK extra["vk"], COLI_VK_TIER_GB extra["vk_tier_gb"],
 //     K3_VK_GB extra["vk_gb"], COLI_VK_TIER_RATE extra["vk_tier_rate"], K3_VK_UP extra["vk_up"]
 //     (kimi_k3 Vulkan expert tier, plugins/kimi_k3/vk_tier.h; COLI_VK_DEVICE is read where the
