@@ -103,7 +103,8 @@ absl::Status KdaForward(const Config& cfg, const KdaWeights& w, const Compute& c
   const int H = cfg.kda.num_heads, d = cfg.kda.head_dim;
   const int64_t C = cfg.kda.channels();
   // 1. Projections, batched over the rows.
-  std::vector<float> q(n * C), k(n * C), v(n * C), g(n * C), graw(n * C), fa(n * d), blog(n * H);
+  std::vector<float> q(n * C), k(n * C), v(n * C), g(n * C), graw(n * C),
+      fa(n * w.f_a_proj.rows()), blog(n * H);
   COLI_RETURN_IF_ERROR(MatMul(c, w.q_proj, x, n, q.data()));
   COLI_RETURN_IF_ERROR(MatMul(c, w.k_proj, x, n, k.data()));
   COLI_RETURN_IF_ERROR(MatMul(c, w.v_proj, x, n, v.data()));

@@ -1,7 +1,7 @@
 // plugins/kimi_k3/kda: Kimi Delta Attention, the linear-attention layer (69 of K3's 93 layers).
 //
 // Spec §3.3. Shapes (K3): D = 7168 input, H = 96 heads of d = 128, C = H·d = 12288 channels
-// (channel c = h·d + j), conv taps 4, decay rank d.
+// (channel c = h·d + j), conv taps 4, decay rank r (= f_a_proj rows; K3: 128 = d).
 //   q̃, k̃, ṽ = Wq x, Wk x, Wv x;  graw = Wfb (Wfa x);  blog = Wb x;  gout = Wg x
 //   q, k, v  = SiLU(causal depthwise conv4 over the raw projections)        (per channel)
 //   q_h = L2N(q_h)·d^-1/2,  k_h = L2N(k_h)        (L2N(x) = x / sqrt(Σx² + 1e-6))

@@ -318,17 +318,25 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
     });
     const std::string A = P + "self_attn.";
     if (lw.kda) {
-      // Spec §2.3 / §3.3. C = H·d channels; the decay bottleneck rank is head_dim (K3: 128).
+      // Spec §2.3 / §3.3. C = H·d channels. The decay bottleneck's rank is read from f_a_proj
+      // [rank, D]: §2.3 gives K3's as 128 without naming it (the vendor module uses head_dim,
+      // which it equals in K3), so a checkpoint with another rank loads as well.
       const int H = cfg.kda.num_heads, d = cfg.kda.head_dim, taps = cfg.kda.conv_size;
       const int64_t C = cfg.kda.channels();
       KdaWeights& k = lw.kda_w;
+      COLI_ASSIGN_OR_RETURN(const st::TensorInfo* fa_info, snap.Get(A + "f_a_proj.weight"));
+      if (fa_info->shape.size() != 2 || fa_info->shape[0] < 1)
+        return absl::DataLossError(absl::StrCat("tensor '", fa_info->name, "': expected [rank, ",
+                                                D, "], got ",
+                                                st::DescribeTensor(fa_info->dtype, fa_info->shape)));
+      const int64_t f_rank = fa_info->shape[0];
       COLI_RETURN_IF_ERROR(matrix(A + "q_proj.weight", C, D, kBits, &k.q_proj));
       COLI_RETURN_IF_ERROR(matrix(A + "k_proj.weight", C, D, kBits, &k.k_proj));
       COLI_RETURN_IF_ERROR(matrix(A + "v_proj.weight", C, D, kBits, &k.v_proj));
       COLI_RETURN_IF_ERROR(matrix(A + "g_proj.weight", C, D, kBits, &k.g_proj));
       COLI_RETURN_IF_ERROR(matrix(A + "o_proj.weight", D, C, kBits, &k.o_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "f_a_proj.weight", d, D, kF32, &k.f_a_proj));
-      COLI_RETURN_IF_ERROR(matrix(A + "f_b_proj.weight", C, d, kF32, &k.f_b_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "f_a_proj.weight", f_rank, D, kF32, &k.f_a_proj));
+      COLI_RETURN_IF_ERROR(matrix(A + "f_b_proj.weight", C, f_rank, kF32, &k.f_b_proj));
       COLI_RETURN_IF_ERROR(matrix(A + "b_proj.weight", H, D, kF32, &k.b_proj));
       vec(A + "q_conv1d.weight", DType::kF32, {C, 1, taps}, &k.q_conv);
       vec(A + "k_conv1d.weight", DType::kF32, {C, 1, taps}, &k.k_conv);

@@ -13,13 +13,16 @@ Presets (see FIXTURE.md for every dimension):
   tiny          13 layers (MLA at 0-based 3, 7, 11, 12), AttnRes blocks of 5 (last one partial)
   tiny-ties     8 layers (MLA at 3, 7: "every 4th" and the last), blocks of 3, router rows
                 duplicated so sigmoid scores tie exactly, a correction bias that changes picks
+  tiny-variant  6 layers (MLA listed as 3 and 6), blocks of 2, eps 1e-3, one shared expert,
+                routed_scaling_factor 2, decay rank != head_dim, full-precision F32 tensors
   real-experts  routed experts of the real K3 size (latent 3584, inter 3072, 17,547,264 bytes
                 each) with small attention widths, for the streaming benchmark; streamed out
   real-widths   every K3 width for 2 layers (KDA + dense, MLA + LatentMoE), 32 experts, tiny
                 vocabulary: for timing the forward pass at real widths (~3.8 GB)
 
 Usage:
-  make_fixture.py OUT_DIR [--preset tiny|tiny-ties|real-experts|real-widths] [--seed N] [--no-prefix]
+  make_fixture.py OUT_DIR [--preset tiny|tiny-ties|tiny-variant|real-experts|real-widths] [--seed N]
+                  [--no-prefix]
                   [--moe-layers N] [--experts N] [--top-k N] [--quiet]
 
 Only Debian's python3 + python3-numpy. Output is written to a temporary folder beside OUT_DIR
@@ -72,6 +75,15 @@ PRESETS = {
                       kda_rank=16, a_log_len=2, mla_heads=4, q_lora=32, kv_lora=32, nope=16,
                       extra=8, v_dim=16, dense_inter=96, experts=8, top_k=3, moe_inter=64,
                       latent=32, ties=True),
+    # The values a reader of the spec could pick that the other presets do not (spec §9.8's
+    # oracle config: 6 layers with the MLA layers listed as 3 and 6, AttnRes blocks of 2,
+    # rms_norm_eps 1e-3, one shared expert, routed_scaling_factor 2, experts top-2 of 8 with
+    # latent = inter = 32), plus a decay rank (24) that is not head_dim and F32 tensors with
+    # full f32 mantissas, as the real checkpoint's are (the other presets round them to BF16).
+    "tiny-variant": dict(_TINY, layers=6, full=[3, 6], block=2, rms_eps=1e-3, kda_heads=2,
+                         kda_rank=24, a_log_len=2, q_lora=32, kv_lora=32, dense_inter=64,
+                         experts=8, top_k=2, shared=1, moe_inter=32, latent=32, scaling=2.0,
+                         f32_full=True),
     "real-experts": dict(_TINY, hidden=256, layers=5, block=12, dense_inter=256, experts=64,
                          top_k=16, moe_inter=3072, latent=3584),
     # Every width of K3 (spec §1.2) but 2 layers (KDA + dense MLP, MLA + LatentMoE), 32 experts
@@ -169,9 +181,11 @@ def bf16_tensor(name, values):
     return Tensor(name, "BF16", values.shape, to_bf16_bits(values).tobytes())
 
 
-def f32_tensor(name, values):
+def f32_tensor(name, values, full=False):
+    """F32 values rounded to BF16-exact ones, or (full) with all 24 mantissa bits."""
     values = np.asarray(values)
-    return Tensor(name, "F32", values.shape, bf16_round_f32(values).tobytes())
+    data = values.astype("<f4") if full else bf16_round_f32(values)
+    return Tensor(name, "F32", values.shape, data.tobytes())
 
 
 def write_safetensors(path, tensors):
@@ -328,7 +342,7 @@ def write_tokenizer(out, vocab):
 
 def make_config(p, base):
     L = p["layers"]
-    full = _mla_list(L)
+    full = p.get("full") or _mla_list(L)
     kda = [i for i in range(1, L + 1) if i not in full]
     vocab = base + 256
     text = {
@@ -444,6 +458,11 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
     """Non-expert tensors of decoder layer i (spec §2.3), as (list of Tensor)."""
     D = p["hidden"]
     P = f"{prefix}model.layers.{i}"
+    full = p.get("f32_full", False)
+
+    def f32(name, values):
+        return f32_tensor(name, values, full)
+
     t = [
         bf16_tensor(f"{P}.input_layernorm.weight", g.norm_w(D)),
         bf16_tensor(f"{P}.post_attention_layernorm.weight", g.norm_w(D)),
@@ -478,15 +497,15 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
             bf16_tensor(f"{A}.q_proj.weight", g.dense(C, D)),
             bf16_tensor(f"{A}.k_proj.weight", g.dense(C, D)),
             bf16_tensor(f"{A}.v_proj.weight", g.dense(C, D)),
-            f32_tensor(f"{A}.q_conv1d.weight", g.normal((C, 1, K), 0.5)),
-            f32_tensor(f"{A}.k_conv1d.weight", g.normal((C, 1, K), 0.5)),
-            f32_tensor(f"{A}.v_conv1d.weight", g.normal((C, 1, K), 0.5)),
+            f32(f"{A}.q_conv1d.weight", g.normal((C, 1, K), 0.5)),
+            f32(f"{A}.k_conv1d.weight", g.normal((C, 1, K), 0.5)),
+            f32(f"{A}.v_conv1d.weight", g.normal((C, 1, K), 0.5)),
             bf16_tensor(f"{A}.f_a_proj.weight", g.dense(r, D)),
             bf16_tensor(f"{A}.f_b_proj.weight", g.dense(C, r)),
             bf16_tensor(f"{A}.b_proj.weight", g.dense(H, D)),
-            f32_tensor(f"{A}.A_log", a_log),
-            f32_tensor(f"{A}.dt_bias", g.normal(C, 0.5)),
-            f32_tensor(f"{A}.o_norm.weight", g.norm_w(d)),
+            f32(f"{A}.A_log", a_log),
+            f32(f"{A}.dt_bias", g.normal(C, 0.5)),
+            f32(f"{A}.o_norm.weight", g.norm_w(d)),
             bf16_tensor(f"{A}.g_proj.weight", g.dense(C, D)),
             bf16_tensor(f"{A}.o_proj.weight", g.dense(D, C, OUT_GAIN)),
         ]
@@ -507,7 +526,7 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
             router, bias = g.dense(E, D, 2.0), g.normal(E, 0.05)
         t += [
             bf16_tensor(f"{M}.gate.weight", router),
-            f32_tensor(f"{M}.gate.e_score_correction_bias", bias),
+            f32(f"{M}.gate.e_score_correction_bias", bias),
             bf16_tensor(f"{M}.routed_expert_down_proj.weight", g.dense(lat, D)),
             bf16_tensor(f"{M}.routed_expert_norm.weight", g.norm_w(lat)),
             bf16_tensor(f"{M}.routed_expert_up_proj.weight", g.dense(D, lat, OUT_GAIN)),

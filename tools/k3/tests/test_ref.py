@@ -35,6 +35,7 @@ def setUpModule():
     F.build(os.path.join(_TMP, "tiny"), "tiny", log=None)
     F.build(os.path.join(_TMP, "ties"), "tiny-ties", log=None)
     F.build(os.path.join(_TMP, "noprefix"), "tiny", seed=5, prefix=False, log=None)
+    F.build(os.path.join(_TMP, "variant"), "tiny-variant", log=None)
 
 
 def tearDownModule():
@@ -572,7 +573,7 @@ class ModelTest(unittest.TestCase):
 
     def test_fixture_is_well_conditioned_in_f32(self):
         # An all-f32 evaluation must stay far inside the engine's 1e-5 gate at every position.
-        for name in ("tiny", "ties"):
+        for name in ("tiny", "ties", "variant"):
             m64, m32 = R.Model(fx(name)), R.Model(fx(name), dtype=np.float32)
             ids = np.random.default_rng(11).integers(0, 512, 96)
             a, ta, _ = m64.forward(m64.embed(ids))
