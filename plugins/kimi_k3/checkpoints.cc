@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/io/io.h"
@@ -19,8 +20,10 @@ constexpr char kMagic[8] = {'C', 'O', 'L', 'I', 'K', '3', 'C', 'K'};
 constexpr char kPrefixMagic[8] = {'C', 'O', 'L', 'I', 'K', '3', 'P', 'X'};
 constexpr uint32_t kVersion = 1;
 
+}  // namespace
+
 // A fast 64-bit checksum over whole words (the tail bytes folded in last).
-uint64_t Checksum(std::string_view bytes) {
+uint64_t StableHash64(std::string_view bytes) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes.size();
   size_t i = 0;
   for (; i + 8 <= bytes.size(); i += 8) {
@@ -32,6 +35,8 @@ uint64_t Checksum(std::string_view bytes) {
   for (; i < bytes.size(); ++i) h = (h ^ static_cast<unsigned char>(bytes[i])) * 0x100000001B3ull;
   return h;
 }
+
+namespace {
 
 template <typename T>
 void PutValue(std::string* out, T v) {
@@ -61,6 +66,14 @@ class Reader {
     if (n > 0) std::memcpy(v->data(), bytes_.data() + pos_, n * sizeof(T));  // data() may be null
     pos_ += n * sizeof(T);
     return true;
+  }
+  // Steps over an array without copying it; its length when it fits.
+  template <typename T>
+  std::optional<uint64_t> Skip() {
+    uint64_t n = 0;
+    if (!Value(&n) || n > (bytes_.size() - pos_) / sizeof(T)) return std::nullopt;
+    pos_ += n * sizeof(T);
+    return n;
   }
   size_t pos() const { return pos_; }
 
@@ -95,7 +108,7 @@ std::string Serialize(const char (&magic)[8], const Checkpoint& c,
     PutValue<uint64_t>(&out, mla->size());
     for (const std::vector<float>& rows : *mla) PutArray(&out, rows);
   }
-  PutValue<uint64_t>(&out, Checksum(out));
+  PutValue<uint64_t>(&out, StableHash64(out));
   return out;
 }
 
@@ -111,7 +124,7 @@ absl::Status Parse(std::string_view bytes, const char (&magic)[8], const char* k
   const std::string_view body = bytes.substr(0, bytes.size() - 8);
   uint64_t sum = 0;
   std::memcpy(&sum, bytes.data() + body.size(), 8);
-  if (sum != Checksum(body)) return bad("checksum mismatch (damaged or truncated)");
+  if (sum != StableHash64(body)) return bad("checksum mismatch (damaged or truncated)");
   Reader r(body.substr(sizeof(magic)));
   uint32_t version = 0;
   if (!r.Value(&version) || version != kVersion) return bad("unknown version");
@@ -154,6 +167,29 @@ absl::StatusOr<PrefixState> ParsePrefixState(std::string_view bytes) {
   PrefixState p;
   COLI_RETURN_IF_ERROR(Parse(bytes, kPrefixMagic, "prefix cache file", &p.at, &p.mla));
   return p;
+}
+
+absl::StatusOr<PrefixFileHead> PeekPrefixState(std::string_view bytes) {
+  auto bad = [](const char* what) {
+    return absl::DataLossError(absl::StrCat("prefix cache file: ", what));
+  };
+  if (bytes.size() < sizeof(kPrefixMagic) + 4 + 8 ||
+      std::memcmp(bytes.data(), kPrefixMagic, sizeof(kPrefixMagic)) != 0) {
+    return bad("not a coli K3 prefix cache entry");
+  }
+  Reader r(bytes.substr(sizeof(kPrefixMagic), bytes.size() - sizeof(kPrefixMagic) - 8));
+  uint32_t version = 0;
+  if (!r.Value(&version) || version != kVersion) return bad("unknown version");
+  PrefixFileHead head;
+  uint64_t layers = 0;
+  if (!r.Array(&head.tokens) || !r.Value(&layers) || layers > bytes.size()) return bad("header");
+  for (uint64_t i = 0; i < 4 * layers; ++i) {
+    if (!r.Skip<float>()) return bad("layer state");
+  }
+  const std::optional<uint64_t> logits = r.Skip<float>();
+  if (!logits) return bad("logits");
+  head.has_logits = *logits > 0;
+  return head;
 }
 
 CheckpointCache::CheckpointCache(int slots, std::string dir)

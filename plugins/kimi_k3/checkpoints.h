@@ -88,6 +88,19 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(std::string_view bytes);
 // MLA rows, under its own magic. DATA_LOSS naming what is wrong ("prefix cache file: ...").
 std::string SerializePrefixState(const PrefixState& p);
 absl::StatusOr<PrefixState> ParsePrefixState(std::string_view bytes);
+// What an index needs of a prefix cache file without reading (or checking) all of it: its
+// tokens and whether it holds logits. Only the pages holding the layout's length fields are
+// touched when `bytes` is a mapping. DATA_LOSS when the layout does not hold together; the
+// checksum is checked only by ParsePrefixState.
+struct PrefixFileHead {
+  std::vector<int32_t> tokens;
+  bool has_logits = false;
+};
+absl::StatusOr<PrefixFileHead> PeekPrefixState(std::string_view bytes);
+
+// A 64-bit hash that is the same in every process and build (the files' checksum; also what
+// names a persistent prefix cache's configuration).
+uint64_t StableHash64(std::string_view bytes);
 
 // Where a prompt's last message starts: just after the last end-of-message token that has
 // another one after it (the one closing the message before the last), or -1.

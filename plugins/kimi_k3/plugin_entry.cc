@@ -64,6 +64,7 @@
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/prefix_cache.h"
+#include "plugins/kimi_k3/prefix_cache_tag.h"
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/spec_decode.h"
 #include "plugins/kimi_k3/spec_lookup.h"
@@ -109,6 +110,7 @@ struct K3Model {
   // parked in checkpoint_dir when that is set).
   int64_t prefix_cache_mb = 0;
   int64_t prefix_cache_min = PrefixCache::kDefaultMinTokens;
+  bool prefix_cache_keep = false;  // prefix_cache_keep = COLI_K3_PREFIX_CACHE_KEEP (files outlive us)
   std::unique_ptr<PrefixCache> prefix_cache;
   // The Vulkan expert tier (vk_tier.h): its switches as the client sent them, the tier (owned
   // by `model`; null unless COLI_VULKAN=1 / K3_VK=1) and its counters at the last take.
@@ -327,7 +329,9 @@ constexpr int kMaxSpec = 16;
 // prompt-lookup n-gram lengths (default 3 / 1), "mix_rows" = most decode rows one prefill
 // chunk pass carries (COLI_K3_MIX_ROWS; 0 = off; default max(8, K3_CHUNK)), "prefix_cache" =
 // MiB of the model's shared prefix cache (COLI_K3_PREFIX_CACHE_MB, 0 = off), "prefix_cache_min"
-// = the shortest prefix it keeps, in tokens (COLI_K3_PREFIX_CACHE_MIN, default 32).
+// = the shortest prefix it keeps, in tokens (COLI_K3_PREFIX_CACHE_MIN, default 32),
+// "prefix_cache_keep" = 1 keeps its files in ckpt_dir across restarts (COLI_K3_PREFIX_CACHE_KEEP;
+// prefix_cache_tag.h).
 absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
   for (size_t i = 0; o != nullptr && i < o->n_extra; ++i) {
     const std::string key(View(o->extra[i].key)), value(View(o->extra[i].value));
@@ -368,6 +372,13 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
             mb ? "' is not a size in MiB in 0…16777216 (0 = off)"
                : "' is not a token count in 1…16777216"));
       }
+    } else if (key == "prefix_cache_keep") {
+      if (value != "0" && value != "1") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kimi_k3: option prefix_cache_keep (COLI_K3_PREFIX_CACHE_KEEP) = '", value,
+            "' is not 0 or 1"));
+      }
+      k->prefix_cache_keep = value == "1";
     } else if (key == "mmap") {
       if (value != "0" && value != "1") {
         return absl::InvalidArgumentError(
@@ -415,18 +426,38 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   k->dir = std::string(View(args.model_dir));
   COLI_ASSIGN_OR_RETURN(ModelOptions options, ToOptions(args.options));
   COLI_RETURN_IF_ERROR(ReadExtraOptions(args.options, k.get()));
+  if (k->prefix_cache_keep && k->checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "kimi_k3: option prefix_cache_keep (COLI_K3_PREFIX_CACHE_KEEP=1) needs ckpt_dir "
+        "(COLI_K3_CKPT_DIR): the entries are kept as files there");
+  }
+  COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
+  options.mmap = k->mmap;
   if (k->prefix_cache_mb > 0 && (!options.trace_path.empty() || !options.logits_path.empty())) {
     // A restored prefix would leave its rows out of those dumps (they hold every row run).
     COLI_LOG(kWarning)
         << "kimi_k3: the prefix cache (prefix_cache) is off under K3_TRACE/K3_LOGITS";
   } else if (k->prefix_cache_mb > 0) {
     // With COLI_K3_CKPT_DIR its entries are parked in that folder too (the budget then counts
-    // the files).
+    // the files); with prefix_cache_keep they are named by what the states depend on and
+    // outlive this process.
+    std::string keep_tag;
+    if (k->prefix_cache_keep) {
+      absl::StatusOr<std::string> tag = PrefixCacheTag(k->dir, options);
+      if (tag.ok()) {
+        keep_tag = *std::move(tag);
+      } else {
+        COLI_LOG(kWarning) << "kimi_k3: prefix cache entries will not outlive this process: "
+                           << tag.status();
+      }
+    }
     k->prefix_cache = std::make_unique<PrefixCache>(static_cast<size_t>(k->prefix_cache_mb) << 20,
-                                                    k->prefix_cache_min, k->checkpoint_dir);
+                                                    k->prefix_cache_min, k->checkpoint_dir,
+                                                    keep_tag);
+  } else if (k->prefix_cache_keep) {
+    COLI_LOG(kWarning) << "kimi_k3: COLI_K3_PREFIX_CACHE_KEEP is set but the prefix cache is off "
+                          "(COLI_K3_PREFIX_CACHE_MB)";
   }
-  COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
-  options.mmap = k->mmap;
   COLI_ASSIGN_OR_RETURN(k->tokenizer, tok::Tokenizer::LoadDir(k->dir));
   // Routed experts come from the streaming LRU store, sized by K3_EXPERT_GB & co.
   ExpertStoreOptions store_options;
@@ -863,6 +894,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     COLI_LOG(kWarning) << "kimi_k3: prefix cache entry not restored: " << restored;
   }
   if (restored.ok()) {
+    s->m->prefix_cache->CountHit();
     keep = shared->at.tokens.size();
     if (keep == prompt.size()) logits = shared->at.logits;
     s->prefix_restores += 1;
@@ -932,6 +964,9 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   // sharing everything before it (a first turn's system prompt and tools) can start there (the
   // split does not change results: chunked prefill is bit-identical to token at a time).
   std::vector<size_t> ends;
+  // An entry for the prefix cache that is parked in a file is written after the forward lock is
+  // let go (K3: half a gigabyte; every other session's decode would wait for the disk).
+  std::optional<PrefixState> to_park;
   if ((s->checkpoints != nullptr || s->m->prefix_cache != nullptr) && s->m->end_of_msg >= 0) {
     const int64_t split = LastMessageStart(prompt, s->m->end_of_msg);
     if (split > static_cast<int64_t>(keep) && split < static_cast<int64_t>(prompt.size())) {
@@ -967,7 +1002,11 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       // recurrent state (K3: 465 MB).
       PrefixCache* cache = s->m->prefix_cache.get();
       if (cache != nullptr && ends[i] < prompt.size() && cache->Wants(prompt.first(ends[i]))) {
-        cache->Insert(s->session->TakePrefixState(*logits));
+        if (cache->parks()) {
+          to_park = s->session->TakePrefixState(*logits);
+        } else {
+          cache->Insert(s->session->TakePrefixState(*logits));
+        }
       }
     }
     if (s->checkpoints != nullptr) {
@@ -978,6 +1017,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     TakeExpertStats(s);
     held.reset();
   }
+  if (to_park.has_value()) s->m->prefix_cache->Insert(*std::move(to_park));
   if (!logits.ok()) {
     // The chunks that ran stay recorded (a consistent record); a failed pass resets.
     if (!cancelled) s->session->Reset();

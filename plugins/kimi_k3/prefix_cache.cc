@@ -1,9 +1,14 @@
 #include "plugins/kimi_k3/prefix_cache.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <random>
 #include <string_view>
 #include <utility>
 
@@ -15,6 +20,20 @@
 namespace coli::k3 {
 namespace {
 
+// Parked files are "coli-k3-prefix-<pid>-<cache>-<n>.bin", or, kept across restarts,
+// "coli-k3-prefix-keep-<tag>-<nonce>-<n>.bin".
+constexpr char kFilePrefix[] = "coli-k3-prefix-";
+// A kept file's temp twin (io::WriteFileAtomic's ".<name>.tmp.XXXXXX") this old belongs to a
+// write that died with its process (one entry takes seconds to write).
+constexpr auto kStaleTemp = std::chrono::minutes(10);
+
+absl::StatusOr<PrefixFileHead> ReadHead(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(path);
+  if (!file.ok()) return file.status();
+  return PeekPrefixState(
+      std::string_view(reinterpret_cast<const char*>((*file)->data()), (*file)->size()));
+}
+
 absl::StatusOr<PrefixState> ReadParked(const std::string& path) {
   absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(path);
   if (!file.ok()) return file.status();
@@ -24,10 +43,87 @@ absl::StatusOr<PrefixState> ReadParked(const std::string& path) {
 
 }  // namespace
 
-PrefixCache::PrefixCache(size_t max_bytes, int64_t min_tokens, std::string dir)
-    : max_bytes_(max_bytes), min_tokens_(std::max<int64_t>(1, min_tokens)), dir_(std::move(dir)) {}
+PrefixCache::PrefixCache(size_t max_bytes, int64_t min_tokens, std::string dir,
+                         std::string keep_tag)
+    : max_bytes_(max_bytes),
+      min_tokens_(std::max<int64_t>(1, min_tokens)),
+      dir_(std::move(dir)),
+      keep_tag_(dir_.empty() ? "" : std::move(keep_tag)) {
+  if (keep_tag_.empty()) return;
+  nonce_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  Adopt();
+}
 
-PrefixCache::~PrefixCache() { Clear(); }
+PrefixCache::~PrefixCache() {
+  if (keep_tag_.empty()) Clear();  // else the files stay for the next process
+}
+
+std::string PrefixCache::NewPathLocked() {
+  // One name per cache and entry: several models and processes may share the folder.
+  if (keep_tag_.empty()) {
+    return absl::StrCat(dir_, "/", kFilePrefix, getpid(), "-", reinterpret_cast<uintptr_t>(this),
+                        "-", next_file_++, ".bin");
+  }
+  return absl::StrCat(dir_, "/", kFilePrefix, "keep-", keep_tag_, "-",
+                      absl::Hex(nonce_, absl::kZeroPad16), "-", next_file_++, ".bin");
+}
+
+void PrefixCache::Adopt() {
+  const std::string head = absl::StrCat(kFilePrefix, "keep-", keep_tag_, "-");
+  struct Found {
+    std::string path;
+    std::filesystem::file_time_type written;
+    size_t bytes;
+  };
+  std::vector<Found> found;
+  std::error_code ec;
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (const std::filesystem::directory_entry& f : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string name = f.path().filename().string();
+    std::error_code fec;
+    const auto written = f.last_write_time(fec);
+    if (fec) continue;
+    if (name.starts_with("." + head) && name.find(".tmp.") != std::string::npos) {
+      if (now - written > kStaleTemp) std::filesystem::remove(f.path(), fec);
+      continue;
+    }
+    if (!name.starts_with(head) || !name.ends_with(".bin") || !f.is_regular_file(fec)) continue;
+    const uintmax_t bytes = f.file_size(fec);
+    if (!fec) found.push_back({f.path().string(), written, static_cast<size_t>(bytes)});
+  }
+  if (ec) {
+    COLI_LOG(kWarning) << "kimi_k3: prefix cache: cannot list " << dir_ << ": " << ec.message();
+    return;
+  }
+  // Most recently written (or used: Deepest touches a file it reads back) first.
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return a.written > b.written; });
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Found& f : found) {
+    absl::StatusOr<PrefixFileHead> file = ReadHead(f.path);
+    const bool fits = file.ok() && static_cast<int64_t>(file->tokens.size()) >= min_tokens_ &&
+                      bytes_ + f.bytes <= max_bytes_ && FindLocked(file->tokens) == entries_.end();
+    if (!fits) {
+      if (!file.ok()) {
+        COLI_LOG(kWarning) << "kimi_k3: prefix cache file " << f.path
+                           << " dropped: " << file.status();
+      }
+      std::remove(f.path.c_str());
+      continue;
+    }
+    Entry e;
+    e.tokens = std::move(file->tokens);
+    e.has_logits = file->has_logits;
+    e.bytes = f.bytes;
+    e.path = f.path;
+    bytes_ += e.bytes;
+    entries_.push_back(std::move(e));  // `found` runs from the most recent
+  }
+  if (!entries_.empty()) {
+    COLI_LOG(kInfo) << "kimi_k3: prefix cache: " << entries_.size() << " entries (" << bytes_
+                    << " bytes) kept from an earlier run in " << dir_;
+  }
+}
 
 std::list<PrefixCache::Entry>::iterator PrefixCache::FindLocked(std::span<const int32_t> tokens) {
   return std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
@@ -64,9 +160,7 @@ bool PrefixCache::Insert(PrefixState p) {
   } else {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // One name per cache and entry: several models and processes may share the folder.
-      e.path = absl::StrCat(dir_, "/coli-k3-prefix-", getpid(), "-",
-                            reinterpret_cast<uintptr_t>(this), "-", next_file_++, ".bin");
+      e.path = NewPathLocked();
     }
     const std::string bytes = SerializePrefixState(p);
     e.bytes = bytes.size();
@@ -120,10 +214,7 @@ std::shared_ptr<const PrefixState> PrefixCache::Deepest(std::span<const int32_t>
       const auto best = FindDeepestLocked(prompt, deeper_than);
       if (best == entries_.end()) return nullptr;
       entries_.splice(entries_.begin(), entries_, best);
-      if (best->state != nullptr) {
-        ++hits_;
-        return best->state;
-      }
+      if (best->state != nullptr) return best->state;
       path = best->path;
       tokens = best->tokens;
     }
@@ -131,7 +222,8 @@ std::shared_ptr<const PrefixState> PrefixCache::Deepest(std::span<const int32_t>
     absl::StatusOr<PrefixState> loaded = ReadParked(path);
     std::lock_guard<std::mutex> lock(mu_);
     if (loaded.ok() && loaded->at.tokens == tokens) {
-      ++hits_;
+      // Its time is its place in the next process's order (Adopt).
+      if (!keep_tag_.empty()) utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
       return std::make_shared<const PrefixState>(*std::move(loaded));
     }
     auto it = std::find_if(entries_.begin(), entries_.end(),
@@ -156,6 +248,11 @@ size_t PrefixCache::bytes() const {
 size_t PrefixCache::entries() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();
+}
+
+void PrefixCache::CountHit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++hits_;
 }
 
 uint64_t PrefixCache::hits() const {

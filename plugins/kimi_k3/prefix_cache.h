@@ -29,6 +29,14 @@
 // is destroyed. A file that went missing or is damaged is dropped with a warning and the next
 // deepest entry is tried: a prompt is then prefilled from further back, never from wrong state.
 //
+// Kept across restarts (COLI_K3_PREFIX_CACHE_KEEP=1, with a folder): the files are named by a
+// `keep_tag` that stands for everything the states depend on (the plugin's build, the weights'
+// files, the numeric switches: prefix_cache_tag.h) and are left in the folder when the cache is
+// destroyed; a cache created later with the same tag adopts them — the most recently written
+// first, as many as the budget holds (the rest of that tag are deleted) — so a restarted server
+// does not prefill its system prompts again (K3: tens of minutes each). Files of other tags
+// (another model, other switches, another build) are left alone.
+//
 // Threading: every call is thread-safe (one mutex; files are written and read outside it). Entries
 // are immutable once published and handed out as shared_ptr<const>: a reader copies from its entry
 // without the lock while other threads insert and evict (an evicted entry lives until its last
@@ -54,14 +62,19 @@ class PrefixCache {
 
   // `max_bytes` held at most (entries larger than that are never kept); prefixes shorter than
   // `min_tokens` (at least 1) are not kept; `dir` empty keeps entries in RAM, else parks them
-  // there (a writable folder, checked by the caller).
+  // there (a writable folder, checked by the caller). With a folder and a non-empty `keep_tag`
+  // the cache adopts that tag's files from an earlier process and leaves its own for a later
+  // one (above); adoption reads only each file's head (a damaged one is found, and deleted,
+  // when a lookup reads it back).
   explicit PrefixCache(size_t max_bytes, int64_t min_tokens = kDefaultMinTokens,
-                       std::string dir = "");
+                       std::string dir = "", std::string keep_tag = "");
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
   size_t max_bytes() const { return max_bytes_; }
+  // Whether Insert writes a file (a folder was given): callers keep that out of locks.
+  bool parks() const { return !dir_.empty(); }
   int64_t min_tokens() const { return min_tokens_; }
 
   // Whether an entry for exactly `tokens` is worth taking: long enough and not held already
@@ -75,18 +88,22 @@ class PrefixCache {
   bool Insert(PrefixState p);
   // The deepest entry whose tokens begin `prompt` and are more than `deeper_than` tokens long,
   // at most prompt.size() tokens (there only with logits, which then stand for the whole
-  // prompt); marks it used and counts a hit. nullptr when none. A parked entry is read back
+  // prompt); marks it used. nullptr when none. A parked entry is read back
   // here (outside the lock); a damaged or missing file is dropped with a warning.
   std::shared_ptr<const PrefixState> Deepest(std::span<const int32_t> prompt, size_t deeper_than);
   // The length of the entry Deepest(prompt, 0) would return, 0 when none, without marking it
-  // used, counting a hit or reading a parked file back.
+  // used or reading a parked file back.
   size_t DeepestLength(std::span<const int32_t> prompt) const;
+  // Drops every entry (and deletes its file, kept across restarts or not).
   void Clear();
 
   // Current values (model stats).
   size_t bytes() const;
   size_t entries() const;
-  // Entries handed out by Deepest since creation.
+  // A session continues from an entry Deepest handed out (a refused restore — K3_MAXT — is
+  // not a hit).
+  void CountHit();
+  // Prefills served since creation (CountHit calls).
   uint64_t hits() const;
 
  private:
@@ -103,12 +120,18 @@ class PrefixCache {
   std::list<Entry>::const_iterator FindDeepestLocked(std::span<const int32_t> prompt,
                                                      size_t deeper_than) const;
   void DropLocked(std::list<Entry>::iterator it);
+  // A new entry's file name in dir_.
+  std::string NewPathLocked();
+  // Takes in the files an earlier process left under keep_tag_ (the constructor).
+  void Adopt();
 
   const size_t max_bytes_;
   const int64_t min_tokens_;
   const std::string dir_;
+  const std::string keep_tag_;
   mutable std::mutex mu_;
   uint64_t next_file_ = 0;
+  uint64_t nonce_ = 0;        // random: kept files' names must not meet a later process's
   std::list<Entry> entries_;  // most recently used first
   size_t bytes_ = 0;
   uint64_t hits_ = 0;

@@ -166,6 +166,10 @@ absl::Status Session::RestorePrefix(const PrefixState& p) {
                                                         " expected for ", n, " tokens"));
     }
   }
+  // Every allocation first (reserve leaves the contents alone): a bad_alloc here changes
+  // nothing, and the copies below cannot fail — never half of one state and half of another.
+  for (size_t i = 0; i < L; ++i) state_.mla[i].rows.reserve(p.mla[i].size());
+  tokens_.reserve(p.at.tokens.size());
   for (size_t i = 0; i < L; ++i) {
     state_.kda[i] = p.at.kda[i];  // copy-assignment: same-sized buffers are reused
     MlaCache& m = state_.mla[i];

@@ -5,6 +5,7 @@
 // (a cold session, greedy), never the plugin.
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,12 +57,14 @@ class K3PrefixCacheHostTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
-  grpc::Status Load(const std::string& id, const std::map<std::string, std::string>& extra) {
+  grpc::Status Load(const std::string& id, const std::map<std::string, std::string>& extra,
+                    int bits = 0) {
     grpc::ClientContext ctx;
     v1::LoadModelRequest load;
     load.set_model_dir(COLI_K3_TINY_DIR);
     load.set_id(id);
     load.mutable_options()->set_chunk(8);
+    if (bits != 0) load.mutable_options()->set_bits(bits);
     for (const auto& [k, v] : extra) (*load.mutable_options()->mutable_extra())[k] = v;
     auto reader = stub_->LoadModel(&ctx, load);
     v1::LoadModelEvent e;
@@ -240,6 +243,54 @@ TEST_F(K3PrefixCacheHostTest, ParkedEntriesServeAnotherSession) {
   std::filesystem::remove_all(dir);
 }
 
+// COLI_K3_PREFIX_CACHE_KEEP=1 (extra["prefix_cache_keep"]): the entry's file stays when the
+// model is unloaded, and the same model loaded again with the same switches — a restarted server
+// — continues the next conversation from it; loaded with another K3_BITS it starts cold (and
+// leaves the file alone).
+TEST_F(K3PrefixCacheHostTest, AKeptEntryServesTheModelLoadedAgain) {
+  const std::string dir = ::testing::TempDir() + "/k3_prefix_host_keep_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::map<std::string, std::string> keep = {
+      {"prefix_cache", "64"}, {"ckpt_dir", dir}, {"prefix_cache_keep", "1"}};
+  const std::vector<int32_t> first = Render("Do you sell drills?");
+  const std::vector<int32_t> second = Render("What about saws?");
+  const size_t system = Render("").size();
+  auto unload = [&](const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::UnloadModelRequest request;
+    request.set_model(id);
+    v1::UnloadModelResponse done;
+    return stub_->UnloadModel(&ctx, request, &done).ok();
+  };
+  auto files = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir),
+                         std::filesystem::directory_iterator());
+  };
+  ASSERT_TRUE(Load("k3keep", keep).ok());
+  ASSERT_TRUE(Generate("k3keep", "a", first).status.ok());
+  ASSERT_TRUE(unload("k3keep"));
+  EXPECT_EQ(files(), 1) << "a kept entry's file outlives the model";
+
+  ASSERT_TRUE(Load("k3keep", keep).ok());
+  EXPECT_EQ(ModelStat("k3keep", "prefix_cache_entries"), 1);
+  const Out b = Generate("k3keep", "b", second);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(b.started.tokens_reused(), static_cast<int64_t>(system));
+  EXPECT_EQ(b.ids, DirectGreedy(second));
+  EXPECT_EQ(ModelStat("k3keep", "prefix_cache_hits"), 1);
+  ASSERT_TRUE(unload("k3keep"));
+
+  ASSERT_TRUE(Load("k3keep8", keep, /*bits=*/8).ok());
+  EXPECT_EQ(ModelStat("k3keep8", "prefix_cache_entries"), 0);
+  const Out c = Generate("k3keep8", "c", second);
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.started.tokens_reused(), 0) << "another K3_BITS computes other states";
+  ASSERT_TRUE(unload("k3keep8"));
+  EXPECT_EQ(files(), 2) << "each configuration keeps its own entry";
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(K3PrefixCacheHostTest, BadOptionValuesAreRefusedByName) {
   grpc::Status bad = Load("k3bad", {{"prefix_cache", "lots"}});
   EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -247,6 +298,12 @@ TEST_F(K3PrefixCacheHostTest, BadOptionValuesAreRefusedByName) {
   bad = Load("k3bad2", {{"prefix_cache", "64"}, {"prefix_cache_min", "0"}});
   EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(bad.error_message(), HasSubstr("COLI_K3_PREFIX_CACHE_MIN"));
+  bad = Load("k3bad3", {{"prefix_cache", "64"}, {"prefix_cache_keep", "yes"}});
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.error_message(), HasSubstr("COLI_K3_PREFIX_CACHE_KEEP"));
+  bad = Load("k3bad4", {{"prefix_cache", "64"}, {"prefix_cache_keep", "1"}});
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.error_message(), HasSubstr("COLI_K3_CKPT_DIR"));
 }
 
 }  // namespace

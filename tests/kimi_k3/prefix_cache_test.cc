@@ -9,6 +9,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,6 +24,7 @@
 #include "plugins/kimi_k3/chat.h"
 #include "plugins/kimi_k3/checkpoints.h"
 #include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/prefix_cache_tag.h"
 #include "plugins/kimi_k3/session.h"
 #include "tests/kimi_k3/core_test_util.h"
 
@@ -134,7 +137,6 @@ TEST_F(PrefixCacheSessionTest, AnotherSessionContinuesFromTheSharedSystemPromptB
   std::shared_ptr<const PrefixState> e = cache.Deepest(p2, 0);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(static_cast<int64_t>(e->at.tokens.size()), split);
-  EXPECT_EQ(cache.hits(), 1u);
   ASSERT_OK(b->RestorePrefix(*e));
   EXPECT_EQ(b->position(), split);
   const std::vector<std::vector<float>> warm = Continue(*b, std::span(p2).subspan(split), 6);
@@ -384,6 +386,48 @@ TEST_F(PrefixCacheSessionTest, ParkedEntriesServeFromTheirFilesAndADamagedOneIsD
   std::filesystem::remove_all(dir);
 }
 
+// Kept across restarts (COLI_K3_PREFIX_CACHE_KEEP): the entry's file outlives its cache, and a
+// cache created later with the same tag — a restarted server — serves it to a fresh session of
+// a freshly loaded model bit for bit; a cache of another tag neither serves nor deletes it.
+TEST_F(PrefixCacheSessionTest, AKeptEntryServesAfterARestartBitForBit) {
+  const std::string dir = ::testing::TempDir() + "/k3_prefix_keep_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string system = LongSystemPrompt(5);
+  const std::vector<int32_t> p1 = Render(system, "Do you sell drills?");
+  const std::vector<int32_t> p2 = Render(system, "What about saws?");
+  const int64_t split = Split(p1);
+  {
+    PrefixCache cache(size_t{1} << 30, PrefixCache::kDefaultMinTokens, dir, "00000000000000aa");
+    auto a = model_->NewSession();
+    FirstTurn(*a, p1, cache);
+  }
+  ASSERT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()),
+            1)
+      << "a kept entry's file stays when its cache goes";
+  {
+    PrefixCache other(size_t{1} << 30, PrefixCache::kDefaultMinTokens, dir, "00000000000000bb");
+    EXPECT_EQ(other.entries(), 0u);
+    EXPECT_EQ(other.Deepest(p2, 0), nullptr);
+  }
+  const std::vector<std::vector<float>> cold = Cold(p2, 2);
+  SetUp();  // the model loaded again
+  PrefixCache again(size_t{1} << 30, PrefixCache::kDefaultMinTokens, dir, "00000000000000aa");
+  EXPECT_EQ(again.entries(), 1u);
+  std::shared_ptr<const PrefixState> e = again.Deepest(p2, 0);
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(static_cast<int64_t>(e->at.tokens.size()), split);
+  auto b = model_->NewSession();
+  ASSERT_OK(b->RestorePrefix(*e));
+  const std::vector<std::vector<float>> warm = Continue(*b, std::span(p2).subspan(split), 2);
+  ASSERT_EQ(warm.size(), cold.size());
+  for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm[i], cold[i]));
+  again.Clear();
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "Clear deletes kept files too";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PrefixCacheFile, RoundTripAndRefusals) {
   PrefixState p;
   p.at.tokens = {1, 2, 3};
@@ -412,11 +456,39 @@ TEST(PrefixCacheFile, RoundTripAndRefusals) {
               StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("prefix cache file")));
 }
 
+TEST(PrefixCacheFile, PeekReadsTokensAndLogitsPresenceWithoutReadingTheRest) {
+  PrefixState p;
+  p.at.tokens = {7, 8, 9, 10};
+  p.at.kda.resize(3);
+  p.at.kda[1].S = {1.0f, 2.0f, 3.0f};
+  p.at.kda[2].v_win = {4.0f};
+  p.mla = {{}, {}, {5.0f, 6.0f}};
+  std::string bytes = SerializePrefixState(p);
+  auto head = PeekPrefixState(bytes);
+  ASSERT_OK(head.status());
+  EXPECT_EQ(head->tokens, p.at.tokens);
+  EXPECT_FALSE(head->has_logits);
+  p.at.logits = {0.5f};
+  head = PeekPrefixState(SerializePrefixState(p));
+  ASSERT_OK(head.status());
+  EXPECT_TRUE(head->has_logits);
+  // A damaged payload passes the peek (the checksum is the full read's job) ...
+  bytes[bytes.size() - 12] ^= 1;
+  EXPECT_OK(PeekPrefixState(bytes).status());
+  EXPECT_THAT(ParsePrefixState(bytes), StatusIs(absl::StatusCode::kDataLoss));
+  // ... a broken layout does not, nor a checkpoint file or a truncated head.
+  EXPECT_THAT(PeekPrefixState(bytes.substr(0, 40)), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(PeekPrefixState(SerializeCheckpoint(p.at)),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::HasSubstr("prefix cache file")));
+  EXPECT_THAT(PeekPrefixState("COLIK3PX"), StatusIs(absl::StatusCode::kDataLoss));
+}
+
 // ---- the cache alone, on synthetic states ------------------------------------------------
 
 PrefixState State(std::vector<int32_t> tokens, size_t payload_floats, bool logits = false) {
   PrefixState p;
   p.at.tokens = std::move(tokens);
+  p.at.kda.resize(1);  // one layer (an MLA one), as a file must hold
   p.mla = {std::vector<float>(payload_floats, 1.0f)};
   if (logits) p.at.logits = {0.5f};
   return p;
@@ -457,7 +529,6 @@ TEST(PrefixCacheEntries, DeepestEntryTheWholePromptBeginsWith) {
   EXPECT_EQ(cache.Deepest(longer, 0)->at.tokens, longer);
   EXPECT_FALSE(cache.Insert(State(longer, 10)));  // never replaces one with logits
   EXPECT_EQ(cache.entries(), 3u);
-  EXPECT_EQ(cache.hits(), 5u);  // every non-null answer above
 }
 
 TEST(PrefixCacheEntries, LeastRecentlyUsedDroppedUnderTheByteBudget) {
@@ -501,6 +572,152 @@ TEST(PrefixCacheEntries, ShortPrefixesAndAZeroBudgetKeepNothing) {
   PrefixCache off(0);
   EXPECT_FALSE(off.Wants(Ids(64, 1)));
   EXPECT_FALSE(off.Insert(State(Ids(64, 1), 1)));
+}
+
+// Kept files: adopted by tag, most recently written first while the budget holds (the rest of
+// the tag deleted), damaged heads and stale temp files of the tag deleted, other tags and
+// unkept caches' files untouched.
+TEST(PrefixCacheKept, AdoptionFollowsTagRecencyAndBudget) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/k3_prefix_adopt_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string tag = "0123456789abcdef", other_tag = "fedcba9876543210";
+  auto kept_files = [&](const std::string& t) {
+    std::vector<std::string> out;
+    for (const auto& f : fs::directory_iterator(dir)) {
+      const std::string name = f.path().filename().string();
+      if (name[0] != '.' && name.find("-keep-" + t + "-") != std::string::npos) {
+        out.push_back(f.path());
+      }
+    }
+    return out;
+  };
+  const std::vector<int32_t> a = Ids(40, 100), b = Ids(41, 200), c = Ids(42, 300);
+  {
+    PrefixCache writer(1 << 20, 4, dir, tag);
+    ASSERT_TRUE(writer.Insert(State(a, 1000)));
+    ASSERT_TRUE(writer.Insert(State(b, 1000)));
+    ASSERT_TRUE(writer.Insert(State(c, 1000, /*logits=*/true)));
+    PrefixCache stranger(1 << 20, 4, dir, other_tag);
+    ASSERT_TRUE(stranger.Insert(State(a, 10)));
+    PrefixCache unkept(1 << 20, 4, dir);
+    ASSERT_TRUE(unkept.Insert(State(b, 10)));
+  }
+  ASSERT_EQ(kept_files(tag).size(), 3u);
+  ASSERT_EQ(kept_files(other_tag).size(), 1u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 4)
+      << "an unkept cache deletes its own files, and only those";
+  // Written a, b, c; make the order explicit: c oldest, a newest.
+  const auto now = fs::file_time_type::clock::now();
+  std::map<int32_t, size_t> size_of;  // by first token
+  for (const std::string& f : kept_files(tag)) {
+    auto parsed = ParsePrefixState([&] {
+      std::ifstream in(f, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    }());
+    ASSERT_OK(parsed.status());
+    const int32_t first = parsed->at.tokens.front();
+    fs::last_write_time(f, now - std::chrono::minutes(first == 100 ? 1 : first == 200 ? 2 : 3));
+    size_of[first] = fs::file_size(f);
+  }
+  {
+    PrefixCache all(1 << 20, 4, dir, tag);
+    EXPECT_EQ(all.entries(), 3u);
+    EXPECT_EQ(all.bytes(), size_of[100] + size_of[200] + size_of[300]);
+    auto e = all.Deepest(Plus(c, Ids(3, 1)), 0);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->at.tokens, c);
+    EXPECT_EQ(e->mla, State(c, 1000).mla);
+    EXPECT_EQ(all.Deepest(c, 0)->at.tokens, c) << "its logits came with it";
+  }
+  // A budget of two files: the two most recently written or used (c was just read back, a was
+  // written last) are adopted, b is deleted; the other tag's file stays.
+  {
+    PrefixCache two(size_of[100] + size_of[300], 4, dir, tag);
+    EXPECT_EQ(two.entries(), 2u);
+    EXPECT_NE(two.Deepest(Plus(c, Ids(3, 1)), 0), nullptr);
+    EXPECT_NE(two.Deepest(Plus(a, Ids(3, 1)), 0), nullptr);
+    EXPECT_EQ(two.Deepest(Plus(b, Ids(3, 1)), 0), nullptr);
+  }
+  EXPECT_EQ(kept_files(tag).size(), 2u);
+  EXPECT_EQ(kept_files(other_tag).size(), 1u);
+  // A file whose head is cut off is deleted at adoption; so is a temp file of the tag left by a
+  // write that died long ago, while a fresh one (a write in progress) stays.
+  fs::resize_file(kept_files(tag).at(0), 20);
+  const std::string stale = dir + "/.coli-k3-prefix-keep-" + tag + "-x-0.bin.tmp.AAAAAA";
+  const std::string fresh = dir + "/.coli-k3-prefix-keep-" + tag + "-x-1.bin.tmp.BBBBBB";
+  std::ofstream(stale) << "partial";
+  std::ofstream(fresh) << "partial";
+  fs::last_write_time(stale, now - std::chrono::hours(1));
+  {
+    PrefixCache after(1 << 20, 4, dir, tag);
+    EXPECT_EQ(after.entries(), 1u);
+  }
+  EXPECT_EQ(kept_files(tag).size(), 1u);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(fresh));
+  EXPECT_EQ(kept_files(other_tag).size(), 1u);
+  fs::remove_all(dir);
+}
+
+// The tag names what a kept state depends on: the weight / config files (name, size, time),
+// the numeric switches and the ISA (and the binary, the same in one test process) — not the
+// thread count, the chunk size or other files.
+TEST(PrefixCacheTag, ChangesWithWhatTheStatesDependOnAndOnlyThat) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/k3_prefix_tag_" + std::to_string(getpid());
+  const std::string extra = dir + "_extra";
+  fs::remove_all(dir);
+  fs::remove_all(extra);
+  fs::create_directories(dir);
+  fs::create_directories(extra);
+  std::ofstream(dir + "/config.json") << "{}";
+  const std::string shard = dir + "/model-00001-of-00002.safetensors";
+  std::ofstream(shard) << "weights";
+  std::ofstream(extra + "/model-00002-of-00002.safetensors") << "more weights";
+  ModelOptions o;
+  auto tag = PrefixCacheTag(dir, o);
+  ASSERT_OK(tag.status());
+  EXPECT_THAT(*tag, ::testing::MatchesRegex("[0-9a-f]{16}"));
+  auto same = [&](const ModelOptions& options) {
+    auto t = PrefixCacheTag(dir, options);
+    EXPECT_OK(t.status());
+    return t.ok() && *t == *tag;
+  };
+  EXPECT_TRUE(same(o));
+  ModelOptions changed = o;
+  changed.threads = 7;
+  changed.chunk = 3;
+  changed.expert_gb = 1;
+  EXPECT_TRUE(same(changed)) << "threads, chunk and cache sizes do not change values";
+  for (auto edit : std::vector<std::function<void(ModelOptions&)>>{
+           [](ModelOptions& m) { m.bits = 8; }, [](ModelOptions& m) { m.mla_bits = 32; },
+           [](ModelOptions& m) { m.head_bits = 4; }, [](ModelOptions& m) { m.idot = false; },
+           [](ModelOptions& m) { m.topp = 0.9; }, [](ModelOptions& m) { m.layers = 5; },
+           [](ModelOptions& m) { m.mla_latent_norm_eps = 1e-5f; },
+           [](ModelOptions& m) { m.mmap = true; }, [](ModelOptions& m) { m.vulkan = true; },
+           [](ModelOptions& m) { m.vk_dense = 1; }}) {
+    ModelOptions m = o;
+    edit(m);
+    EXPECT_FALSE(same(m)) << PrefixCacheSwitches(m);
+  }
+  ModelOptions with_extra = o;
+  with_extra.extra_dirs = {extra};
+  EXPECT_FALSE(same(with_extra)) << "K3_DIRS' shards count";
+  std::ofstream(dir + "/README.txt") << "not a weight";
+  EXPECT_TRUE(same(o));
+  const auto written = fs::last_write_time(shard);
+  fs::last_write_time(shard, written + std::chrono::seconds(1));
+  EXPECT_FALSE(same(o)) << "a replaced shard";
+  fs::last_write_time(shard, written);
+  EXPECT_TRUE(same(o));
+  std::ofstream(shard, std::ios::app) << "!";
+  fs::last_write_time(shard, written);
+  EXPECT_FALSE(same(o)) << "another size";
+  EXPECT_THAT(PrefixCacheTag(dir + "_missing", o), StatusIs(absl::StatusCode::kFailedPrecondition));
+  fs::remove_all(dir);
+  fs::remove_all(extra);
 }
 
 }  // namespace
