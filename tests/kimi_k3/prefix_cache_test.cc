@@ -111,6 +111,20 @@ class PrefixCacheSessionTest : public ::testing::Test {
     EXPECT_EQ(Continue(a, std::span(prompt).subspan(split), 2).size(), 3u);
   }
 
+  // The deepest entry for `prompt` is `at` tokens long, and a fresh session restored from it
+  // continues like `cold` (the prompt's and two greedy steps' logits) bit for bit.
+  void ExpectServesLikeCold(PrefixCache& cache, const std::vector<int32_t>& prompt, int64_t at,
+                            const std::vector<std::vector<float>>& cold) {
+    std::shared_ptr<const PrefixState> e = cache.Deepest(prompt, 0);
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(static_cast<int64_t>(e->at.tokens.size()), at);
+    auto b = model_->NewSession();
+    ASSERT_OK(b->RestorePrefix(*e));
+    const std::vector<std::vector<float>> warm = Continue(*b, std::span(prompt).subspan(at), 2);
+    ASSERT_EQ(warm.size(), cold.size());
+    for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm[i], cold[i]));
+  }
+
   std::unique_ptr<Model> model_;
   std::unique_ptr<tok::Tokenizer> tokenizer_;
   int32_t end_of_msg_ = -1;
@@ -343,14 +357,7 @@ TEST_F(PrefixCacheSessionTest, ParkedEntriesServeFromTheirFilesAndADamagedOneIsD
     for (const std::string& f : files()) on_disk += std::filesystem::file_size(f);
     EXPECT_EQ(cache->bytes(), on_disk);
 
-    std::shared_ptr<const PrefixState> e = cache->Deepest(p2, 0);
-    ASSERT_NE(e, nullptr);
-    ASSERT_EQ(static_cast<int64_t>(e->at.tokens.size()), split);
-    auto b = model_->NewSession();
-    ASSERT_OK(b->RestorePrefix(*e));
-    const std::vector<std::vector<float>> warm = Continue(*b, std::span(p2).subspan(split), 2);
-    ASSERT_EQ(warm.size(), cold.size());
-    for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm[i], cold[i]));
+    ExpectServesLikeCold(*cache, p2, split, cold);
 
     // Damage the deeper entry's file (the larger one): dropped with its file, the shallower one
     // serves, and the restored session still matches the cold one.
@@ -363,17 +370,9 @@ TEST_F(PrefixCacheSessionTest, ParkedEntriesServeFromTheirFilesAndADamagedOneIsD
       f.seekp(64);
       f.put('\x5a');
     }
-    e = cache->Deepest(p2, 0);
-    ASSERT_NE(e, nullptr);
-    EXPECT_EQ(static_cast<int64_t>(e->at.tokens.size()), split - 8);
+    ExpectServesLikeCold(*cache, p2, split - 8, cold);
     EXPECT_EQ(cache->entries(), 1u);
     EXPECT_FALSE(std::filesystem::exists(now[0]));
-    auto c = model_->NewSession();
-    ASSERT_OK(c->RestorePrefix(*e));
-    const std::vector<std::vector<float>> warm2 =
-        Continue(*c, std::span(p2).subspan(split - 8), 2);
-    ASSERT_EQ(warm2.size(), cold.size());
-    for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm2[i], cold[i]));
     // A file that went missing: dropped too, nothing served.
     std::filesystem::remove(files().at(0));
     EXPECT_EQ(cache->Deepest(p2, 0), nullptr);
@@ -415,14 +414,7 @@ TEST_F(PrefixCacheSessionTest, AKeptEntryServesAfterARestartBitForBit) {
   SetUp();  // the model loaded again
   PrefixCache again(size_t{1} << 30, PrefixCache::kDefaultMinTokens, dir, "00000000000000aa");
   EXPECT_EQ(again.entries(), 1u);
-  std::shared_ptr<const PrefixState> e = again.Deepest(p2, 0);
-  ASSERT_NE(e, nullptr);
-  ASSERT_EQ(static_cast<int64_t>(e->at.tokens.size()), split);
-  auto b = model_->NewSession();
-  ASSERT_OK(b->RestorePrefix(*e));
-  const std::vector<std::vector<float>> warm = Continue(*b, std::span(p2).subspan(split), 2);
-  ASSERT_EQ(warm.size(), cold.size());
-  for (size_t i = 0; i < cold.size(); ++i) EXPECT_TRUE(SameBits(warm[i], cold[i]));
+  ExpectServesLikeCold(again, p2, split, cold);
   again.Clear();
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "Clear deletes kept files too";
   std::filesystem::remove_all(dir);
