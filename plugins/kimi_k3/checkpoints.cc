@@ -1,13 +1,18 @@
 #include "plugins/kimi_k3/checkpoints.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/io/io.h"
 #include "common/log/log.h"
@@ -190,6 +195,36 @@ absl::StatusOr<PrefixFileHead> PeekPrefixState(std::string_view bytes) {
   if (!logits) return bad("logits");
   head.has_logits = *logits > 0;
   return head;
+}
+
+int RemoveOrphanedParkedFiles(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (const std::filesystem::directory_entry& f : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = f.path().filename().string();
+    std::string_view rest = name;
+    if (rest.starts_with("coli-k3-ckpt-")) {
+      rest.remove_prefix(13);
+    } else if (rest.starts_with("coli-k3-prefix-")) {
+      rest.remove_prefix(15);  // kept files ("keep-<tag>-…") have no pid and never match below
+    } else {
+      continue;
+    }
+    const size_t dash = rest.find('-');
+    int64_t pid = 0;
+    if (!name.ends_with(".bin") || dash == std::string_view::npos ||
+        !absl::SimpleAtoi(std::string(rest.substr(0, dash)), &pid) || pid <= 0 || pid > INT32_MAX) {
+      continue;
+    }
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours
+    std::error_code rec;
+    if (std::filesystem::remove(f.path(), rec)) ++removed;
+  }
+  if (removed > 0) {
+    COLI_LOG(kInfo) << "kimi_k3: removed " << removed << " parked files of ended processes in "
+                    << dir;
+  }
+  return removed;
 }
 
 CheckpointCache::CheckpointCache(int slots, std::string dir)

@@ -102,6 +102,13 @@ absl::StatusOr<PrefixFileHead> PeekPrefixState(std::string_view bytes);
 // names a persistent prefix cache's configuration).
 uint64_t StableHash64(std::string_view bytes);
 
+// Deletes the parked files (checkpoints and unkept prefix cache entries, named
+// "coli-k3-{ckpt,prefix}-<pid>-…") that processes which are gone left in `dir` — a server that
+// was killed cannot delete its own, each K3 one half a gigabyte. A pid that is running (or that
+// this process cannot see: another pid namespace counts as gone) is left alone. Returns how many
+// files were deleted.
+int RemoveOrphanedParkedFiles(const std::string& dir);
+
 // Where a prompt's last message starts: just after the last end-of-message token that has
 // another one after it (the one closing the message before the last), or -1.
 int64_t LastMessageStart(std::span<const int32_t> prompt, int32_t end_of_msg);

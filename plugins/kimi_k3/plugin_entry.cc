@@ -433,6 +433,7 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   }
   COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
   options.mmap = k->mmap;
+  if (!k->checkpoint_dir.empty()) RemoveOrphanedParkedFiles(k->checkpoint_dir);
   if (k->prefix_cache_mb > 0 && (!options.trace_path.empty() || !options.logits_path.empty())) {
     // A restored prefix would leave its rows out of those dumps (they hold every row run).
     COLI_LOG(kWarning)

@@ -4,6 +4,9 @@
 // with and drops the least recently used.
 #include "plugins/kimi_k3/checkpoints.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -257,6 +260,33 @@ TEST(CheckpointCache, LeastRecentlyUsedIsDroppedAndSameTokensReplace) {
   CheckpointCache off(0);
   ASSERT_OK(off.Put(At({1}, true)));
   EXPECT_EQ(off.size(), 0u);
+}
+
+// Files a killed server could not delete: those of pids that are gone go at the next load;
+// a running process's files, kept prefix cache files and other files stay.
+TEST(ParkedFiles, OrphansOfEndedProcessesAreRemoved) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/k3_orphans_" + std::to_string(getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: its pid is free
+  const std::string dead = std::to_string(child), alive = std::to_string(getpid());
+  const std::vector<std::string> gone = {"coli-k3-ckpt-" + dead + "-94000-0.bin",
+                                         "coli-k3-prefix-" + dead + "-94000-3.bin"};
+  const std::vector<std::string> stay = {"coli-k3-ckpt-" + alive + "-94000-0.bin",
+                                         "coli-k3-prefix-keep-0123456789abcdef-00ff-0.bin",
+                                         "coli-k3-ckpt-" + dead + "-94000-0.bin.part",
+                                         "coli-k3-ckpt-nopid-1.bin", "notes.bin"};
+  for (const std::string& name : gone) std::ofstream(dir + "/" + name) << "x";
+  for (const std::string& name : stay) std::ofstream(dir + "/" + name) << "x";
+  EXPECT_EQ(RemoveOrphanedParkedFiles(dir), 2);
+  for (const std::string& name : gone) EXPECT_FALSE(fs::exists(dir + "/" + name)) << name;
+  for (const std::string& name : stay) EXPECT_TRUE(fs::exists(dir + "/" + name)) << name;
+  EXPECT_EQ(RemoveOrphanedParkedFiles(dir + "/missing"), 0);
+  fs::remove_all(dir);
 }
 
 TEST(CheckpointCache, LastMessageStartIsAfterTheSecondToLastEnd) {

@@ -5,6 +5,7 @@
 // (a cold session, greedy), never the plugin.
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -216,7 +217,11 @@ TEST_F(K3PrefixCacheHostTest, ParkedEntriesServeAnotherSession) {
   const std::string dir = ::testing::TempDir() + "/k3_prefix_host_park_" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  // A parked file of a process that is gone (a killed server): removed when a model loads.
+  const std::string orphan = dir + "/coli-k3-ckpt-2147483000-1-0.bin";
+  std::ofstream(orphan) << "left behind";
   ASSERT_TRUE(Load("k3park", {{"prefix_cache", "64"}, {"ckpt_dir", dir}}).ok());
+  EXPECT_FALSE(std::filesystem::exists(orphan));
   const std::vector<int32_t> first = Render("Do you sell drills?");
   const std::vector<int32_t> second = Render("What about saws?");
   const size_t system = Render("").size();
