@@ -244,12 +244,14 @@ std::string Client::NewRequestId() {
 
 absl::StatusOr<v1::ModelInfo> Client::LoadModel(
     const std::string& model_dir, const v1::ModelOptions& options,
-    const std::function<void(const v1::LoadProgress&)>& progress, const std::string& id) {
+    const std::function<void(const v1::LoadProgress&)>& progress, const std::string& id,
+    CancelToken* cancel) {
   v1::LoadModelRequest request;
   request.set_model_dir(model_dir);
   request.set_id(id);
   *request.mutable_options() = options;
   grpc::ClientContext context;
+  if (cancel != nullptr) cancel->Attach(&context);
   auto reader = stub_->LoadModel(&context, request);
   v1::LoadModelEvent e;
   v1::ModelInfo info;
@@ -261,7 +263,9 @@ absl::StatusOr<v1::ModelInfo> Client::LoadModel(
       loaded = true;
     }
   }
-  COLI_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
+  absl::Status finished = FromGrpc(reader->Finish());
+  if (cancel != nullptr) cancel->Detach();
+  COLI_RETURN_IF_ERROR(finished);
   if (!loaded) return absl::InternalError("LoadModel ended without the model's info");
   return info;
 }

@@ -104,10 +104,11 @@ class Client {
   v1::Coli::Stub& stub() { return *stub_; }
 
   // Loads `model_dir` (or finds it already loaded); progress events go to `progress`.
+  // `cancel` (optional) abandons the load from another thread (e.g. Ctrl-C): CANCELLED.
   absl::StatusOr<v1::ModelInfo> LoadModel(
       const std::string& model_dir, const v1::ModelOptions& options,
       const std::function<void(const v1::LoadProgress&)>& progress = nullptr,
-      const std::string& id = "");
+      const std::string& id = "", CancelToken* cancel = nullptr);
 
   // Stream a generation to the end. A request without request_id gets a fresh one
   // (NewRequestId) so Cancel() by id works too. Returns the Finished event or the error.

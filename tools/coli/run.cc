@@ -13,7 +13,11 @@
 // --json-schema FILE (a JSON schema, or a whole OpenAI response_format object) and --json-object
 // enforce the output's form (plugin ABI 1.4): with --chat the answer, otherwise the whole output
 // (docs/status/constrained.md).
-// Ctrl-C cancels the request (the host stops within one token).
+// The prompt may also come from stdin (`-`) or a file (`-f FILE`); flags take `--flag VALUE` or
+// `--flag=VALUE` (tools/coli/run_flags.h). Ctrl-C, SIGTERM and SIGHUP cancel the load or the
+// request (the host stops within one token), stop the private host and exit 128 + the signal; a
+// reader that leaves the pipe (`| head`) ends the run quietly with 141, as `cat` does. Usage
+// errors exit 2, a failed load or request 1.
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,36 +26,33 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "tools/coli/client.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
+#include "tools/coli/run_flags.h"
 
 namespace coli::cli {
 namespace {
 
-std::atomic<bool> g_interrupted{false};
+// The signal that asked this run to end (SIGINT, SIGTERM, SIGHUP), 0 while none did.
+std::atomic<int> g_signal{0};
 
-void OnSigint(int) { g_interrupted.store(true); }
+void OnSignal(int sig) { g_signal.store(sig); }
 
-int Usage() {
-  std::fprintf(stderr,
-               "usage: coli run [--model DIR] [--host ADDR] \"prompt\" [--ngen N] [--ids 1,2,3]\n"
-               "                [--print-ids] [--temperature T] [--top-p P] [--top-k K]\n"
-               "                [--seed S] [--logprobs K] [--chat [--system TEXT] [--no-think]]\n"
-               "                [--json-schema FILE | --json-object] %s\n",
-               client::kSamplingKnobUsage);
+int UsageError(const std::string& why) {
+  std::fprintf(stderr, "coli run: %s\n(coli run --help lists the flags)\n", why.c_str());
   return 2;
 }
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "coli run: %s\n", status.ToString().c_str());
+  std::fprintf(stderr, "coli run: %s\n", DescribeError(status).c_str());
   return 1;
 }
 
@@ -59,10 +60,16 @@ int Fail(const absl::Status& status) {
 // when it is one ({"type": ...}), else as the schema. INVALID_ARGUMENT naming the file.
 absl::StatusOr<nlohmann::json> SchemaFormatFromFile(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) return absl::InvalidArgumentError("--json-schema: cannot read '" + path + "'");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError("--json-schema: cannot read '" + path +
+                                      "': " + std::strerror(errno));
+  }
   nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
   std::fclose(f);
-  if (j.is_discarded() || !j.is_object()) {
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError("--json-schema: '" + path + "' is not valid JSON");
+  }
+  if (!j.is_object()) {
     return absl::InvalidArgumentError("--json-schema: '" + path + "' is not a JSON object");
   }
   if (j.contains("json_schema") && j.value("type", nlohmann::json()) == "json_schema") return j;
@@ -70,134 +77,107 @@ absl::StatusOr<nlohmann::json> SchemaFormatFromFile(const std::string& path) {
                         {"json_schema", {{"name", "schema"}, {"schema", j}}}};
 }
 
+// Writes generated text to stdout; after the reader of a pipe went away (EPIPE) or the disk
+// filled, it writes nothing more and remembers why (the run then cancels and exits).
+class Output {
+ public:
+  void Write(std::string_view text) {
+    if (error_.load() != 0 || text.empty()) return;
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
+        std::fflush(stdout) != 0) {
+      error_ = errno != 0 ? errno : EIO;
+    }
+  }
+  int error() const { return error_.load(); }
+
+ private:
+  std::atomic<int> error_{0};  // read by the watcher thread
+};
+
 int RunCommand(int argc, char** argv) {
-  std::string model_flag, host, prompt, system, ids_flag;
+  absl::StatusOr<RunFlags> parsed = ParseRunFlags(argc, argv);
+  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
+  RunFlags& flags = *parsed;
+  if (flags.help) {
+    std::printf("%s", RunUsage().c_str());
+    return 0;
+  }
+  std::string prompt;
+  if (flags.ids.empty()) {
+    absl::StatusOr<std::string> read = ReadPrompt(flags);
+    if (!read.ok()) return UsageError(std::string(read.status().message()));
+    prompt = *std::move(read);
+  }
   nlohmann::json response_format;  // null: none
-  bool print_ids = false, chat = false, think = true, have_prompt = false;
-  int ngen = 64;
-  v1::SamplingParams sampling;
-  if (const char* t = std::getenv("COLI_TEMP")) {
-    float temperature = 0;
-    if (!absl::SimpleAtof(t, &temperature)) {
-      std::fprintf(stderr, "coli run: COLI_TEMP='%s' is not a number\n", t);
-      return 2;
-    }
-    sampling.set_temperature(temperature);
+  if (flags.json_object) response_format = {{"type", "json_object"}};
+  if (!flags.json_schema_path.empty()) {
+    auto format = SchemaFormatFromFile(flags.json_schema_path);
+    if (!format.ok()) return UsageError(std::string(format.status().message()));
+    response_format = *std::move(format);
   }
-  if (const char* t = std::getenv("K3_THINK")) think = std::string(t) != "0";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "coli run: %s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto number = [&](auto* out) {
-      const std::string v = value();
-      bool ok;
-      if constexpr (std::is_same_v<std::remove_pointer_t<decltype(out)>, float>) {
-        ok = absl::SimpleAtof(v, out);
-      } else {
-        ok = absl::SimpleAtoi(v, out);
-      }
-      if (!ok) {
-        std::fprintf(stderr, "coli run: %s: '%s' is not a number\n", arg.c_str(), v.c_str());
-        std::exit(2);
-      }
-    };
-    if (arg == "--model")
-      model_flag = value();
-    else if (arg == "--host")
-      host = value();
-    else if (arg == "--ngen")
-      number(&ngen);
-    else if (arg == "--ids")
-      ids_flag = value();
-    else if (arg == "--print-ids")
-      print_ids = true;
-    else if (arg == "--chat")
-      chat = true;
-    else if (arg == "--system")
-      system = value();
-    else if (arg == "--no-think")
-      think = false;
-    else if (arg == "--json-object")
-      response_format = {{"type", "json_object"}};
-    else if (arg == "--json-schema") {
-      auto format = SchemaFormatFromFile(value());
-      if (!format.ok()) {
-        std::fprintf(stderr, "coli run: %s\n", std::string(format.status().message()).c_str());
-        return 2;
-      }
-      response_format = *std::move(format);
-    } else if (arg == "--temperature") {
-      float t;
-      number(&t);
-      sampling.set_temperature(t);
-    } else if (arg == "--top-p") {
-      float p;
-      number(&p);
-      sampling.set_top_p(p);
-    } else if (arg == "--top-k") {
-      int32_t k;
-      number(&k);
-      sampling.set_top_k(k);
-    } else if (arg == "--seed") {
-      uint64_t s;
-      number(&s);
-      sampling.set_seed(s);
-    } else if (arg == "--logprobs") {
-      int32_t k;
-      number(&k);
-      sampling.set_logprobs(k);
-    } else if (client::IsSamplingKnobFlag(arg)) {
-      if (absl::Status bad = client::ParseSamplingKnobFlag(arg, value(), &sampling); !bad.ok()) {
-        std::fprintf(stderr, "coli run: %s\n", std::string(bad.message()).c_str());
-        return 2;
-      }
-    } else if (arg == "--help" || arg == "-h") {
-      Usage();
-      return 0;
-    } else if (!arg.empty() && arg[0] == '-' && arg != "-") {
-      std::fprintf(stderr, "coli run: unknown flag '%s'\n", arg.c_str());
-      return Usage();
-    } else if (!have_prompt) {
-      prompt = arg;
-      have_prompt = true;
-    } else {
-      std::fprintf(stderr, "coli run: more than one prompt given\n");
-      return Usage();
-    }
-  }
-  std::vector<int32_t> ids;
-  if (!ids_flag.empty()) {
-    for (absl::string_view piece : absl::StrSplit(ids_flag, ',', absl::SkipEmpty())) {
-      int32_t id;
-      if (!absl::SimpleAtoi(piece, &id)) {
-        std::fprintf(stderr, "coli run: --ids: '%s' is not a token id\n",
-                     std::string(piece).c_str());
-        return 2;
-      }
-      ids.push_back(id);
-    }
-  }
-  if (!have_prompt && ids.empty()) return Usage();
-  if (chat && !ids.empty()) {
-    std::fprintf(stderr, "coli run: --chat takes a text prompt, not --ids\n");
-    return 2;
-  }
+  // A sampled run without a seed gets a fresh one each time (llama.cpp's default); greedy runs
+  // do not sample, so theirs does not matter.
+  v1::SamplingParams& sampling = flags.sampling;
+  if (!flags.seed_given) sampling.set_seed(RandomSeed());
 
   auto options = client::ModelOptionsFromEnv();
-  if (!options.ok()) return Fail(options.status());
-  auto connected = client::Client::Connect({.host = host});
+  if (!options.ok()) return UsageError(std::string(options.status().message()));
+  const std::string model_dir = client::ResolveModelDir(flags.model);
+  if (flags.host.empty()) {  // a remote host resolves the folder on its own machine
+    const char* from = flags.model_given ? "--model"
+                       : std::getenv("COLI_MODEL") != nullptr && *std::getenv("COLI_MODEL")
+                           ? "COLI_MODEL"
+                           : "the embedded tiny model";
+    if (absl::Status bad = CheckModelDir(from, model_dir); !bad.ok()) {
+      return UsageError(std::string(bad.message()));
+    }
+  }
+
+  // Ctrl-C (and SIGTERM, SIGHUP) cancel the load or the request; the watcher thread turns the
+  // flag into a cancel, and the private host is stopped and its folder removed on the way out.
+  // A closed stdout is noticed by its write error, not by SIGPIPE.
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  client::CancelToken load_cancel, cancel;
+  Output out;
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (g_signal.load() != 0 || out.error() != 0) {
+        load_cancel.Cancel();
+        cancel.Cancel();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  struct StopWatcher {
+    std::atomic<bool>* done;
+    std::thread* watcher;
+    ~StopWatcher() {
+      done->store(true);
+      if (watcher->joinable()) watcher->join();
+    }
+  } stop_watcher{&done, &watcher};
+  auto interrupted = [&]() {
+    const int sig = g_signal.load();
+    std::fprintf(stderr, "\ncoli run: interrupted (%s)\n",
+                 sig == SIGINT ? "Ctrl-C" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+    return 128 + sig;
+  };
+
+  auto connected = client::Client::Connect({.host = flags.host});
+  if (g_signal.load() != 0) return interrupted();
   if (!connected.ok()) return Fail(connected.status());
   client::Client& c = **connected;
   client::ProgressDisplay bar(stderr);
-  const std::string model_dir = client::ResolveModelDir(model_flag);
-  auto model = c.LoadModel(model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); });
+  auto model = c.LoadModel(
+      model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); }, "", &load_cancel);
   bar.Done();
+  if (g_signal.load() != 0) return interrupted();
   if (!model.ok()) return Fail(model.status());
   // Test fixtures (tools/k3/make_fixture.py) mark themselves: say so, their text is noise.
   if (std::FILE* f = std::fopen((model_dir + "/config.json").c_str(), "r")) {
@@ -211,22 +191,6 @@ int RunCommand(int argc, char** argv) {
     }
   }
 
-  // Ctrl-C cancels the request; a watcher thread turns the flag into a cancel.
-  client::CancelToken cancel;
-  struct sigaction sa = {};
-  sa.sa_handler = OnSigint;
-  sigaction(SIGINT, &sa, nullptr);
-  std::atomic<bool> done{false};
-  std::thread watcher([&] {
-    while (!done.load()) {
-      if (g_interrupted.load()) {
-        cancel.Cancel();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  });
-
   std::vector<int32_t> generated;
   int64_t prompt_tokens = 0, reused = 0;
   client::StreamCallbacks cb;
@@ -234,12 +198,10 @@ int RunCommand(int argc, char** argv) {
     prompt_tokens = s.prompt_tokens();
     reused = s.tokens_reused();
   };
+  const bool chat = flags.chat;
   cb.on_token = [&](const v1::Token& t) {
     generated.push_back(t.id());
-    if (!chat) {
-      std::fwrite(t.text().data(), 1, t.text().size(), stdout);
-      std::fflush(stdout);
-    }
+    if (!chat) out.Write(t.text());
     if (t.has_logprobs()) {
       std::fprintf(stderr, "[logprob %d %.4f]", t.id(), t.logprobs().sampled().logprob());
     }
@@ -253,10 +215,9 @@ int RunCommand(int argc, char** argv) {
     } else if (d.channel() == v1::CHANNEL_CONTENT) {
       if (in_reasoning) std::fprintf(stderr, "\n");
       in_reasoning = false;
-      std::fwrite(d.text().data(), 1, d.text().size(), stdout);
-      std::fflush(stdout);
+      out.Write(d.text());
     } else if (d.channel() == v1::CHANNEL_TOOL_CALL) {
-      std::printf("\n[tool call] %s\n", d.text().c_str());
+      out.Write("\n[tool call] " + d.text() + "\n");
     }
   };
 
@@ -264,41 +225,57 @@ int RunCommand(int argc, char** argv) {
   if (chat) {
     nlohmann::json request;
     request["messages"] = nlohmann::json::array();
-    if (!system.empty()) request["messages"].push_back({{"role", "system"}, {"content", system}});
+    if (!flags.system.empty()) {
+      request["messages"].push_back({{"role", "system"}, {"content", flags.system}});
+    }
     request["messages"].push_back({{"role", "user"}, {"content", prompt}});
-    request["enable_thinking"] = think;
+    request["enable_thinking"] = flags.think;
     if (!response_format.is_null()) request["response_format"] = response_format;
     v1::ChatRequest r;
     r.set_model(model->id());
-    r.set_request_json(request.dump());
-    r.set_max_tokens(ngen);
+    r.set_request_json(request.dump());  // all text was checked to be UTF-8
+    r.set_max_tokens(flags.ngen);
     *r.mutable_sampling() = sampling;
     finished = c.Chat(r, cb, &cancel);
   } else {
     v1::GenerateRequest r;
     r.set_model(model->id());
-    if (!ids.empty())
-      r.mutable_prompt_ids()->Add(ids.begin(), ids.end());
+    if (!flags.ids.empty())
+      r.mutable_prompt_ids()->Add(flags.ids.begin(), flags.ids.end());
     else
       r.set_prompt(prompt);
     if (!response_format.is_null()) r.set_response_format(response_format.dump());
-    r.set_max_tokens(ngen);
+    r.set_max_tokens(flags.ngen);
     *r.mutable_sampling() = sampling;
     finished = c.Generate(r, cb, &cancel);
   }
   done.store(true);
-  watcher.join();
+  if (watcher.joinable()) watcher.join();
   if (in_reasoning) std::fprintf(stderr, "\n");
-  std::printf("\n");
-  if (print_ids) {
+  if (out.error() == EPIPE) return 128 + SIGPIPE;  // the reader left: quietly, as `cat` does
+  out.Write("\n");
+  if (flags.print_ids) {
+    std::string list;
     for (size_t i = 0; i < generated.size(); ++i) {
-      std::printf("%s%d", i ? "," : "", generated[i]);
+      list += (i ? "," : "") + std::to_string(generated[i]);
     }
-    std::printf("\n");
+    out.Write(list + "\n");
   }
-  std::fflush(stdout);
+  if (out.error() == EPIPE) return 128 + SIGPIPE;
+  if (out.error() != 0) {
+    std::fprintf(stderr, "coli run: cannot write the output: %s\n", std::strerror(out.error()));
+    return 1;
+  }
+  if (g_signal.load() != 0) {
+    std::fprintf(stderr, "coli run: %zu tokens generated before the interruption", generated.size());
+    return interrupted();
+  }
   if (!finished.ok()) return Fail(finished.status());
   const auto& st = finished->stats();
+  if (sampling.temperature() > 0) {
+    std::fprintf(stderr, "coli run: sampled with seed %llu (--seed repeats it)\n",
+                 static_cast<unsigned long long>(sampling.seed()));
+  }
   std::fprintf(stderr,
                "coli run: %lld prompt tokens (%lld reused), %lld generated, %.2f tok/s, "
                "TTFT %.1f ms, finish %s\n",
