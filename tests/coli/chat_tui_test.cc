@@ -1,5 +1,8 @@
 #include "tools/coli/chat_tui.h"
 
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -67,6 +70,89 @@ TEST(Conversation, SaveWritesValidJsonAtomically) {
   EXPECT_EQ(doc["messages"][0]["content"], "héllo \"quoted\"");
   EXPECT_FALSE(c.Save("/nonexistent-dir/x.json", "m").ok());
   std::remove(path.c_str());
+}
+
+TEST(ChatInput, InvalidUtf8IsRefusedNotSent) {
+  // Was sent on, and the JSON encoder's exception aborted `coli chat` (the conversation lost).
+  ChatInput bad = ParseChatInput("bad \xFF byte");
+  EXPECT_EQ(bad.kind, K::kInvalid);
+  EXPECT_NE(bad.error.find("byte 0xFF at offset 4"), std::string::npos) << bad.error;
+  EXPECT_EQ(ParseChatInput("/system \xC3").kind, K::kInvalid);
+  EXPECT_EQ(ParseChatInput("h\xC3\xA9").kind, K::kMessage);
+}
+
+TEST(MultilineInput, BackslashContinuesAndQuotesMakeABlock) {
+  MultilineInput in;
+  EXPECT_EQ(in.Add("one line"), "one line");
+  EXPECT_FALSE(in.pending());
+  EXPECT_EQ(in.Add("first \\"), std::nullopt);
+  EXPECT_TRUE(in.pending());
+  EXPECT_EQ(in.Add("second\\"), std::nullopt);
+  EXPECT_EQ(in.Add("third"), "first \nsecond\nthird");
+  // A pasted block: every line, blank ones included, is one message.
+  EXPECT_EQ(in.Add("\"\"\""), std::nullopt);
+  EXPECT_EQ(in.Add("def f():"), std::nullopt);
+  EXPECT_EQ(in.Add(""), std::nullopt);
+  EXPECT_EQ(in.Add("    return 1  \\"), std::nullopt);  // no continuation inside a block
+  EXPECT_EQ(in.Add("\"\"\""), "def f():\n\n    return 1  \\");
+  EXPECT_EQ(in.Add("\"\"\"opened here"), std::nullopt);
+  EXPECT_EQ(in.Add("closed here\"\"\"  "), "opened here\nclosed here");
+  EXPECT_EQ(in.Add("  \"\"\"one-liner\"\"\""), "one-liner");
+  EXPECT_EQ(in.Add("\"\"\""), std::nullopt);
+  EXPECT_EQ(in.Add("dropped"), std::nullopt);
+  in.Reset();  // Ctrl-C at the continuation prompt
+  EXPECT_FALSE(in.pending());
+  EXPECT_EQ(in.Add("after"), "after");
+  EXPECT_EQ(in.Finish(), std::nullopt);
+  EXPECT_EQ(in.Add("\"\"\"unclosed"), std::nullopt);
+  EXPECT_EQ(in.Finish(), "unclosed");  // end of input closes it
+}
+
+TEST(TerminalStyle, DumbTerminalsAndNoColor) {
+  TerminalStyle tty = StyleFor(true, "xterm-256color", nullptr);
+  EXPECT_TRUE(tty.decorate);
+  EXPECT_STREQ(tty.dim(), "\x1b[2m");
+  TerminalStyle no_color = StyleFor(true, "xterm", "1");
+  EXPECT_TRUE(no_color.decorate);
+  EXPECT_STREQ(no_color.dim(), "");
+  EXPECT_STREQ(no_color.bold(), "");
+  EXPECT_TRUE(StyleFor(true, "xterm", "").color);  // NO_COLOR set but empty: ignored
+  TerminalStyle dumb = StyleFor(true, "dumb", nullptr);
+  EXPECT_FALSE(dumb.decorate);
+  EXPECT_STREQ(dumb.clear_line(), "");
+  EXPECT_STREQ(dumb.reset(), "");
+  EXPECT_FALSE(StyleFor(false, "xterm", nullptr).decorate);
+}
+
+TEST(Conversation, SaveKeepsAnExistingFilesModeAndExpandsHome) {
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/coli_chat_private.json";
+  {
+    std::ofstream(path) << "precious";
+  }
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  Conversation c;
+  c.turns().push_back({"user", "Q", "", {}});
+  // Text that is not UTF-8 (from a reply, say) is replaced, not an exception.
+  c.turns().push_back({"assistant", "bad \xFF", "", {}});
+  ASSERT_OK(c.Save(path, "m"));
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);  // was 0644 after every /save
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json doc = nlohmann::json::parse(text.str());
+  EXPECT_EQ(doc["messages"][1]["content"], "bad \xEF\xBF\xBD");
+  std::remove(path.c_str());
+
+  const char* old = std::getenv("HOME");
+  const std::string saved = old ? old : "";
+  setenv("HOME", dir.c_str(), 1);
+  ASSERT_OK(c.Save("~/coli_chat_home.json", "m"));
+  EXPECT_EQ(stat((dir + "/coli_chat_home.json").c_str(), &st), 0);
+  std::remove((dir + "/coli_chat_home.json").c_str());
+  if (old) setenv("HOME", saved.c_str(), 1);
 }
 
 TEST(PrefillBar, ShowsTokensReadOfThePrompt) {

@@ -25,6 +25,7 @@
 #include "host/service.h"
 #include "nlohmann/json.hpp"
 #include "tools/coli/client.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -109,25 +110,37 @@ int RunBenchGrpc(int argc, char** argv) {
   bool json = false;
   std::string model_flag, prompt = "The quick brown fox jumps over the lazy dog.";
   int ngen = 64, reps = 9;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--json")
+  constexpr const char* kUsage =
+      "usage: coli bench grpc [--json] [--model DIR] [--ngen N] [--prompt TEXT] [--reps R]\n";
+  auto usage_error = [&](const std::string& why) {
+    std::fprintf(stderr, "coli bench grpc: %s\n%s", why.c_str(), kUsage);
+    return 2;
+  };
+  ArgReader args(argc, argv);
+  while (args.Next()) {
+    // A missing value used to mean the default: `--model` alone benchmarked the tiny fixture.
+    absl::Status bad;
+    if (args.Is("--json")) {
+      bad = args.NoValue();
       json = true;
-    else if (arg == "--model")
-      model_flag = next();
-    else if (arg == "--prompt")
-      prompt = next();
-    else if (arg == "--ngen" && absl::SimpleAtoi(next(), &ngen))
-      continue;
-    else if (arg == "--reps" && absl::SimpleAtoi(next(), &reps))
-      continue;
-    else {
-      std::fprintf(stderr,
-                   "usage: coli bench grpc [--json] [--model DIR] [--ngen N] [--prompt TEXT] "
-                   "[--reps R]\n");
-      return 2;
+    } else if (args.Is("--model") || args.Is("--prompt")) {
+      const bool is_model = args.Is("--model");
+      absl::StatusOr<std::string> v = args.Value();
+      if (!v.ok()) return usage_error(std::string(v.status().message()));
+      if (v->empty()) return usage_error(args.arg() + " is empty");
+      (is_model ? model_flag : prompt) = *v;
+    } else if (args.Is("--ngen") || args.Is("--reps")) {
+      const bool is_ngen = args.Is("--ngen");
+      absl::StatusOr<int64_t> v = args.Int(1, 1 << 20);
+      if (!v.ok()) return usage_error(std::string(v.status().message()));
+      (is_ngen ? ngen : reps) = static_cast<int>(*v);
+    } else if (args.Is("--help") || args.Is("-h")) {
+      std::printf("%s", kUsage);
+      return 0;
+    } else {
+      return usage_error("unknown argument '" + args.arg() + "'");
     }
+    if (!bad.ok()) return usage_error(std::string(bad.message()));
   }
   if (reps < 1) reps = 1;
   const std::string model_dir = client::ResolveModelDir(model_flag);

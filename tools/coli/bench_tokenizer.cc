@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/tokenizer/tokenizer.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -80,22 +81,35 @@ int RunTokenizerBench(int argc, char** argv) {
   std::string dir, corpus_path;
   bool json = false;
   double min_seconds = 1.0;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--json") {
+  constexpr const char* kUsage =
+      "usage: coli bench tokenizer --tokenizer DIR [--corpus FILE] [--min-seconds S] [--json]\n";
+  auto usage_error = [&](const std::string& why) {
+    std::fprintf(stderr, "coli bench tokenizer: %s\n%s", why.c_str(), kUsage);
+    return 2;
+  };
+  cli::ArgReader args(argc, argv);
+  while (args.Next()) {
+    absl::Status bad;
+    if (args.Is("--json")) {
+      bad = args.NoValue();
       json = true;
-    } else if (arg == "--tokenizer" && i + 1 < argc) {
-      dir = argv[++i];
-    } else if (arg == "--corpus" && i + 1 < argc) {
-      corpus_path = argv[++i];
-    } else if (arg == "--min-seconds" && i + 1 < argc) {
-      min_seconds = std::stod(argv[++i]);
+    } else if (args.Is("--tokenizer") || args.Is("--corpus")) {
+      const bool is_dir = args.Is("--tokenizer");
+      absl::StatusOr<std::string> v = args.Value();
+      if (!v.ok()) return usage_error(std::string(v.status().message()));
+      (is_dir ? dir : corpus_path) = *v;
+    } else if (args.Is("--min-seconds")) {
+      // std::stod threw on "abc" and "1e999" (an abort).
+      absl::StatusOr<double> v = args.Real(0, 3600);
+      if (!v.ok()) return usage_error(std::string(v.status().message()));
+      min_seconds = *v;
+    } else if (args.Is("--help") || args.Is("-h")) {
+      std::printf("%s", kUsage);
+      return 0;
     } else {
-      std::fprintf(stderr,
-                   "usage: coli bench tokenizer --tokenizer DIR [--corpus FILE] "
-                   "[--min-seconds S] [--json]\n");
-      return 2;
+      return usage_error("unknown argument '" + args.arg() + "'");
     }
+    if (!bad.ok()) return usage_error(std::string(bad.message()));
   }
   if (dir.empty()) {
     std::fprintf(stderr, "coli bench tokenizer: --tokenizer DIR is required (e.g. a model "

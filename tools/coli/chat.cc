@@ -8,7 +8,11 @@
 // Line editing and history come from libedit (history in ~/.coli_chat_history). Replies stream
 // as they are generated; reasoning streams dimmed, or collapsed to a counter (/reasoning hide).
 // Ctrl-C stops the current reply (the host stops within one token) and keeps the program;
-// Ctrl-D exits. When stdout is not a terminal the output is plain text without escape codes.
+// Ctrl-D exits; SIGTERM / SIGHUP stop the reply, save the history and exit 128 + the signal.
+// A line ending in `\` continues on the next one; `"""` ... `"""` is one multi-line message
+// (a paste). Lines that are not UTF-8 are refused, never sent. When stdout is not a terminal,
+// or TERM=dumb, the output is plain text without escape codes; NO_COLOR drops dim and bold.
+// A reply that fails before any text takes its user message back out of the conversation.
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,15 +21,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
 
 #include <editline/readline.h>
+#include <sys/stat.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "common/status/status.h"
 #include "tools/coli/chat_tui.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
 
@@ -34,24 +41,27 @@ namespace {
 
 std::atomic<bool> g_interrupt{false};
 void OnSigint(int) { g_interrupt.store(true); }
+// SIGTERM / SIGHUP (the terminal went away): leave the loop, save the history, stop the host.
+std::atomic<int> g_terminate{0};
+void OnTerminate(int sig) { g_terminate.store(sig); }
 
 constexpr const char* kHelp =
+    "  \"\"\"                 start a multi-line message (paste); a line ending in \"\"\" ends it\n"
+    "  TEXT\\               a line ending in \\ continues on the next line\n"
     "  /think on|off       thinking channel on or off for the next replies\n"
     "  /system TEXT        set the system prompt (empty clears it)\n"
     "  /clear              start a new conversation\n"
-    "  /save FILE          save the conversation as JSON (OpenAI message shape)\n"
+    "  /save FILE          save the conversation as JSON (OpenAI message shape; written\n"
+    "                      atomically, an existing FILE is replaced and keeps its mode)\n"
     "  /stats              timing and expert-cache figures\n"
     "  /reasoning show|hide|last   stream reasoning, collapse it, or print the last one\n"
     "  /quit               exit (Ctrl-D too); Ctrl-C stops a reply\n";
 
-// Terminal styling that disappears when the output is not a terminal.
-struct Style {
-  bool tty;
-  const char* dim() const { return tty ? "\x1b[2m" : ""; }
-  const char* bold() const { return tty ? "\x1b[1m" : ""; }
-  const char* reset() const { return tty ? "\x1b[0m" : ""; }
-  const char* clear_line() const { return tty ? "\r\x1b[2K" : ""; }
-};
+using Style = TerminalStyle;
+
+Style CurrentStyle() {
+  return StyleFor(isatty(STDOUT_FILENO) == 1, std::getenv("TERM"), std::getenv("NO_COLOR"));
+}
 
 class LineReader {
  public:
@@ -66,10 +76,13 @@ class LineReader {
   }
   // false at end of input (Ctrl-D). An interrupted read returns true with an empty line.
   bool Read(const char* prompt, std::string* line) {
+    interrupted_ = false;
     if (!interactive_) return static_cast<bool>(std::getline(std::cin, *line));
     char* raw = readline(prompt);
     if (raw == nullptr) {
+      if (g_terminate.load() != 0) return false;
       if (g_interrupt.exchange(false)) {
+        interrupted_ = true;
         line->clear();
         std::printf("\n");
         return true;
@@ -82,23 +95,29 @@ class LineReader {
     return true;
   }
 
+  // The last Read was ended by Ctrl-C (its line is empty).
+  bool interrupted() const { return interrupted_; }
+
  private:
   bool interactive_;
+  bool interrupted_ = false;
   std::string history_;
 };
 
 struct ChatFlags {
   std::string model, host, system;
+  bool model_given = false;
   bool think = true;
-  int max_tokens = 0;
+  int max_tokens = 0;  // 0: until the context is full
   v1::SamplingParams sampling;
+  bool seed_given = false;  // else each reply draws a random seed (when it samples)
 };
 
 class ChatApp {
  public:
   ChatApp(client::Client* client, std::string model_id, const ChatFlags& flags)
       : client_(client), model_id_(std::move(model_id)), flags_(flags),
-        style_{isatty(STDOUT_FILENO) == 1} {
+        style_(CurrentStyle()) {
     conversation_.set_system(flags.system);
     conversation_.set_thinking(flags.think);
   }
@@ -106,11 +125,26 @@ class ChatApp {
   int Loop() {
     LineReader reader(isatty(STDIN_FILENO) == 1);
     std::string line;
+    MultilineInput multiline;
     // Plain prompt: libedit would count escape codes as visible columns.
-    const std::string prompt = "you> ";
     while (true) {
-      std::fflush(stdout);
-      if (!reader.Read(prompt.c_str(), &line)) break;
+      if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        return 128 + SIGPIPE;  // nobody reads the output any more (`coli chat < in | head`)
+      }
+      const bool more = reader.Read(multiline.pending() ? "...> " : "you> ", &line);
+      if (g_terminate.load() != 0) return 128 + g_terminate.load();
+      if (!more) {
+        std::optional<std::string> last = multiline.Finish();
+        if (!last.has_value()) break;
+        line = *std::move(last);
+      } else if (reader.interrupted()) {
+        multiline.Reset();  // Ctrl-C at a continuation prompt drops the unfinished message
+        continue;
+      } else {
+        std::optional<std::string> whole = multiline.Add(line);
+        if (!whole.has_value()) continue;
+        line = *std::move(whole);
+      }
       ChatInput in = ParseChatInput(line);
       using K = ChatInput::Kind;
       switch (in.kind) {
@@ -131,10 +165,15 @@ class ChatApp {
           std::printf(in.argument.empty() ? "(system prompt cleared)\n" : "(system prompt set)\n");
           break;
         case K::kSave: {
+          struct stat st;
+          const bool replaced = ::stat(ExpandHome(in.argument).c_str(), &st) == 0;
           absl::Status s = conversation_.Save(in.argument, model_id_);
-          if (s.ok()) std::printf("(saved %zu messages to %s)\n", conversation_.Messages().size(),
-                                  in.argument.c_str());
-          else std::printf("save failed: %s\n", std::string(s.message()).c_str());
+          if (s.ok()) {
+            std::printf("(saved %zu messages to %s%s)\n", conversation_.Messages().size(),
+                        in.argument.c_str(), replaced ? ", replacing the file that was there" : "");
+          } else {
+            std::printf("save failed: %s\n", std::string(s.message()).c_str());
+          }
           break;
         }
         case K::kStats: PrintStats(); break;
@@ -153,9 +192,10 @@ class ChatApp {
           Reply();
           break;
       }
+      if (!more) break;
     }
     std::printf("\n");
-    return 0;
+    return g_terminate.load() != 0 ? 128 + g_terminate.load() : 0;
   }
 
  private:
@@ -165,10 +205,13 @@ class ChatApp {
     request.set_model(model_id_);
     request.set_session("chat");
     request.set_request_id(client::Client::NewRequestId());
-    request.set_request_json(conversation_.Request().dump());
+    // The input refuses text that is not UTF-8; a reply's text is replaced rather than thrown on.
+    request.set_request_json(conversation_.Request().dump(
+        -1, ' ', false, nlohmann::json::error_handler_t::replace));
     request.set_max_tokens(flags_.max_tokens);
     *request.mutable_sampling() = flags_.sampling;
-    request.set_report_progress(style_.tty);  // the bar below is drawn on a terminal only
+    if (!flags_.seed_given) request.mutable_sampling()->set_seed(RandomSeed());
+    request.set_report_progress(style_.decorate);  // the bar below is drawn on a terminal only
 
     // Ctrl-C during a reply: STOP the request (the partial reply is kept), keep the program.
     std::atomic<bool> done{false};
@@ -181,11 +224,11 @@ class ChatApp {
     auto start = std::chrono::steady_clock::now();
     std::thread watcher([&] {
       while (!done.load()) {
-        if (g_interrupt.exchange(false)) {
+        if (g_interrupt.exchange(false) || g_terminate.load() != 0) {
           (void)client_->Cancel(request.request_id(), /*stop=*/true);
         }
         // A terminal shows that the prompt is being read until the first token arrives.
-        if (style_.tty && !first_token.load()) {
+        if (style_.decorate && !first_token.load()) {
           std::lock_guard<std::mutex> lock(print_mu);
           if (!first_token.load()) {
             const double secs =
@@ -219,17 +262,17 @@ class ChatApp {
     cb.on_started = [&](const v1::Started& s) { prompt_tokens.store(s.tokens_computed()); };
     cb.on_delta = [&](const v1::ChatDelta& d) {
       std::lock_guard<std::mutex> lock(print_mu);
-      if (!first_token.exchange(true) && style_.tty) std::printf("%s", style_.clear_line());
+      if (!first_token.exchange(true) && style_.decorate) std::printf("%s", style_.clear_line());
       if (d.channel() == v1::CHANNEL_REASONING) {
         turn.reasoning += d.text();
         ++reasoning_pieces;
         if (show_reasoning_) {
           if (printing != Printing::kReasoning) {
-            std::printf("%s%s", style_.dim(), style_.tty ? "" : "[reasoning] ");
+            std::printf("%s%s", style_.dim(), style_.decorate ? "" : "[reasoning] ");
             printing = Printing::kReasoning;
           }
           std::printf("%s", d.text().c_str());
-        } else if (style_.tty) {
+        } else if (style_.decorate) {
           std::printf("%s%sthinking… %d%s", style_.clear_line(), style_.dim(), reasoning_pieces,
                       style_.reset());
         }
@@ -270,10 +313,21 @@ class ChatApp {
                   style_.reset());
       conversation_.turns().push_back(std::move(turn));
     } else {
-      std::printf("%serror: %s%s\n", style_.bold(), std::string(finished.status().message()).c_str(),
-                  style_.reset());
-      // Keep what arrived before the failure; the user's turn stays so they can retry.
-      if (!turn.content.empty() || !turn.reasoning.empty()) conversation_.turns().push_back(std::move(turn));
+      // Keep what arrived before the failure. A reply that never started (the prompt did not
+      // fit, the host refused it) takes the user's turn back out: left in, every later message
+      // would be sent after it and fail the same way.
+      if (!turn.content.empty() || !turn.reasoning.empty()) {
+        std::printf("%serror: %s%s\n", style_.bold(), DescribeError(finished.status()).c_str(),
+                    style_.reset());
+        conversation_.turns().push_back(std::move(turn));
+      } else {
+        conversation_.turns().pop_back();
+        std::printf("%serror: %s%s\n(that message was not added to the conversation%s)\n",
+                    style_.bold(), DescribeError(finished.status()).c_str(), style_.reset(),
+                    finished.status().code() == absl::StatusCode::kResourceExhausted
+                        ? "; /clear starts a new one"
+                        : "");
+      }
     }
   }
 
@@ -310,56 +364,108 @@ class ChatApp {
   v1::Finished last_finished_;
 };
 
-int Usage() {
-  std::fprintf(stderr,
-               "usage: coli chat [--model DIR] [--host ADDR] [--system TEXT] [--no-think]\n"
-               "                 [--max-tokens N] [--temperature T] [--top-p P] [--seed S]\n"
-               "                %s\n",
-               client::kSamplingKnobUsage);
-  return 2;
+constexpr const char* kUsage =
+    "usage: coli chat [--model DIR] [--host ADDR] [--system TEXT] [--no-think]\n"
+    "                 [--max-tokens N] [--temperature T] [--top-p P] [--seed S]\n"
+    "                 [--frequency-penalty F] [--presence-penalty P] [--repetition-penalty R]\n"
+    "                 [--min-p M] [--logit-bias ID=BIAS[,ID=BIAS...]]\n"
+    "  --max-tokens N  per reply (default 0 = until the context is full; -1 the same)\n"
+    "  --seed S        sampled replies draw a random seed each unless S is given (-1 = random)\n"
+    "  Flags take --flag VALUE or --flag=VALUE. /help inside the chat lists its commands.\n";
+
+absl::StatusOr<ChatFlags> ParseChatFlags(int argc, char** argv, bool* help) {
+  ChatFlags flags;
+  if (const char* t = std::getenv("K3_THINK")) flags.think = std::string(t) != "0";
+  ArgReader args(argc, argv);
+  while (args.Next()) {
+    if (args.Is("--help") || args.Is("-h")) {
+      *help = true;
+      return flags;
+    } else if (args.Is("--no-think") || args.Is("--think")) {
+      COLI_RETURN_IF_ERROR(args.NoValue());
+      flags.think = args.Is("--think");
+    } else if (args.Is("--model")) {
+      COLI_ASSIGN_OR_RETURN(flags.model, args.Value());
+      if (flags.model.empty()) return absl::InvalidArgumentError("--model is empty: give a folder");
+      flags.model_given = true;
+    } else if (args.Is("--host")) {
+      COLI_ASSIGN_OR_RETURN(flags.host, args.Value());
+      if (flags.host.empty()) return absl::InvalidArgumentError("--host is empty: give an address");
+    } else if (args.Is("--system")) {
+      COLI_ASSIGN_OR_RETURN(flags.system, args.Value());
+      COLI_RETURN_IF_ERROR(CheckUtf8("--system", flags.system));
+    } else if (args.Is("--max-tokens") || args.Is("--ngen") || args.Is("-n")) {
+      COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(-1, std::numeric_limits<int32_t>::max()));
+      flags.max_tokens = static_cast<int>(std::max<int64_t>(n, 0));
+    } else if (args.Is("--temperature") || args.Is("--temp")) {
+      COLI_ASSIGN_OR_RETURN(double t, args.Real(0, 100));
+      flags.sampling.set_temperature(static_cast<float>(t));
+    } else if (args.Is("--top-p")) {
+      COLI_ASSIGN_OR_RETURN(double p, args.Real(0, 1));
+      flags.sampling.set_top_p(static_cast<float>(p));
+    } else if (args.Is("--top-k")) {
+      COLI_ASSIGN_OR_RETURN(int64_t k, args.Int(-1, std::numeric_limits<int32_t>::max()));
+      flags.sampling.set_top_k(static_cast<int32_t>(std::max<int64_t>(k, 0)));
+    } else if (args.Is("--seed") || args.Is("-s")) {
+      const std::string flag = args.arg();
+      COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
+      COLI_ASSIGN_OR_RETURN(std::optional<uint64_t> seed, ParseSeed(flag, v));
+      flags.seed_given = seed.has_value();
+      flags.sampling.set_seed(seed.value_or(0));
+    } else if (client::IsSamplingKnobFlag(args.arg())) {
+      const std::string flag = args.arg();
+      COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
+      COLI_RETURN_IF_ERROR(client::ParseSamplingKnobFlag(flag, v, &flags.sampling));
+    } else if (args.IsFlag()) {
+      return args.Unknown();
+    } else {
+      return absl::InvalidArgumentError("unexpected argument '" + args.arg() +
+                                        "' (coli chat takes no prompt; type it at you>)");
+    }
+  }
+  return flags;
 }
 
 int RunChat(int argc, char** argv) {
-  ChatFlags flags;
-  if (const char* t = std::getenv("K3_THINK")) flags.think = std::string(t) != "0";
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    if (arg == "--no-think") flags.think = false;
-    else if (arg == "--think") flags.think = true;
-    else if (arg == "--model" && (v = value())) flags.model = v;
-    else if (arg == "--host" && (v = value())) flags.host = v;
-    else if (arg == "--system" && (v = value())) flags.system = v;
-    else if (arg == "--max-tokens" && (v = value())) {
-      if (!absl::SimpleAtoi(v, &flags.max_tokens)) return Usage();
-    } else if (arg == "--temperature" && (v = value())) {
-      float t;
-      if (!absl::SimpleAtof(v, &t)) return Usage();
-      flags.sampling.set_temperature(t);
-    } else if (arg == "--top-p" && (v = value())) {
-      float p;
-      if (!absl::SimpleAtof(v, &p)) return Usage();
-      flags.sampling.set_top_p(p);
-    } else if (arg == "--seed" && (v = value())) {
-      uint64_t s;
-      if (!absl::SimpleAtoi(v, &s)) return Usage();
-      flags.sampling.set_seed(s);
-    } else if (client::IsSamplingKnobFlag(arg) && (v = value())) {
-      if (absl::Status bad = client::ParseSamplingKnobFlag(arg, v, &flags.sampling); !bad.ok()) {
-        std::fprintf(stderr, "coli chat: %s\n", std::string(bad.message()).c_str());
-        return 2;
-      }
-    } else {
-      return Usage();
-    }
+  bool help = false;
+  absl::StatusOr<ChatFlags> parsed = ParseChatFlags(argc, argv, &help);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "coli chat: %s\n(coli chat --help lists the flags)\n",
+                 std::string(parsed.status().message()).c_str());
+    return 2;
   }
+  if (help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  const ChatFlags& flags = *parsed;
 
   struct sigaction sa = {};
   sa.sa_handler = OnSigint;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART: an interrupted line read returns
   sigaction(SIGINT, &sa, nullptr);
+  sa.sa_handler = OnTerminate;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed stdout is noticed by its write error
+
+  absl::StatusOr<v1::ModelOptions> options = client::ModelOptionsFromEnv();
+  if (!options.ok()) {
+    std::fprintf(stderr, "coli chat: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  std::string model_dir = client::ResolveModelDir(flags.model);
+  if (flags.host.empty()) {  // a remote host resolves the folder on its own machine
+    const char* from = flags.model_given ? "--model"
+                       : std::getenv("COLI_MODEL") != nullptr && *std::getenv("COLI_MODEL")
+                           ? "COLI_MODEL"
+                           : "the embedded tiny model";
+    if (absl::Status bad = CheckModelDir(from, model_dir); !bad.ok()) {
+      std::fprintf(stderr, "coli chat: %s\n", std::string(bad.message()).c_str());
+      return 2;
+    }
+  }
 
   client::ConnectOptions connect;
   connect.host = flags.host;
@@ -368,21 +474,34 @@ int RunChat(int argc, char** argv) {
     std::fprintf(stderr, "coli chat: %s\n", std::string(client.status().message()).c_str());
     return 1;
   }
-  absl::StatusOr<v1::ModelOptions> options = client::ModelOptionsFromEnv();
-  if (!options.ok()) {
-    std::fprintf(stderr, "coli chat: %s\n", std::string(options.status().message()).c_str());
-    return 2;
-  }
-  std::string model_dir = client::ResolveModelDir(flags.model);
   client::ProgressDisplay bar(stderr);
+  // Ctrl-C or SIGTERM while the model loads abandons the load.
+  client::CancelToken load_cancel;
+  std::atomic<bool> loaded{false};
+  std::thread load_watcher([&] {
+    while (!loaded.load()) {
+      if (g_interrupt.load() || g_terminate.load() != 0) {
+        load_cancel.Cancel();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
   absl::StatusOr<v1::ModelInfo> model = (*client)->LoadModel(
-      model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); });
+      model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); }, "", &load_cancel);
+  loaded.store(true);
+  load_watcher.join();
   bar.Done();
+  if (g_interrupt.exchange(false)) {
+    std::fprintf(stderr, "coli chat: interrupted while loading the model\n");
+    return 128 + SIGINT;
+  }
+  if (g_terminate.load() != 0) return 128 + g_terminate.load();
   if (!model.ok()) {
-    std::fprintf(stderr, "coli chat: %s\n", std::string(model.status().message()).c_str());
+    std::fprintf(stderr, "coli chat: %s\n", DescribeError(model.status()).c_str());
     return 1;
   }
-  Style style{isatty(STDOUT_FILENO) == 1};
+  Style style = CurrentStyle();
   std::printf("%scoli chat%s — %s (%s). /help for commands, Ctrl-C stops a reply, Ctrl-D exits.\n",
               style.bold(), style.reset(), model->id().c_str(), model->family().c_str());
   ChatApp app(client->get(), model->id(), flags);

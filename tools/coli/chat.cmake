@@ -3,6 +3,7 @@ pkg_check_modules(LIBEDIT REQUIRED IMPORTED_TARGET libedit)
 coli_cc_library(NAME coli_chat_tui
   SRCS ${CMAKE_CURRENT_LIST_DIR}/chat_tui.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/chat_tui.h
-  PUBLIC_DEPS coli_io coli_status nlohmann_json::nlohmann_json absl::strings)
+  PUBLIC_DEPS coli_io coli_status nlohmann_json::nlohmann_json absl::strings
+  DEPS coli_cli_args)
 target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/chat.cc)
 target_link_libraries(coli PRIVATE coli_chat_tui coli_client PkgConfig::LIBEDIT)

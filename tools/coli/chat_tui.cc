@@ -1,12 +1,16 @@
 #include "tools/coli/chat_tui.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "common/io/io.h"
+#include "tools/coli/cli_args.h"
 
 namespace coli::cli {
 
@@ -30,12 +34,23 @@ nlohmann::json Conversation::Request() const {
 
 absl::Status Conversation::Save(const std::string& path, const std::string& model) const {
   nlohmann::json doc = {{"model", model}, {"thinking", thinking_}, {"messages", Messages()}};
-  return io::WriteFileAtomic(path, doc.dump(2) + "\n");
+  const std::string target = ExpandHome(path);
+  mode_t mode = 0644;
+  struct stat st;
+  if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) mode = st.st_mode & 07777;
+  std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  text += '\n';
+  return io::WriteFileAtomic(target, text, mode);
 }
 
 ChatInput ParseChatInput(const std::string& raw) {
   std::string line(absl::StripTrailingAsciiWhitespace(raw));
   ChatInput in;
+  if (absl::Status utf8 = CheckUtf8("this line", line); !utf8.ok()) {
+    in.kind = ChatInput::Kind::kInvalid;
+    in.error = std::string(utf8.message()) + "; it was not sent";
+    return in;
+  }
   if (absl::StripAsciiWhitespace(line).empty()) return in;
   if (line[0] != '/') {
     in.kind = ChatInput::Kind::kMessage;
@@ -83,6 +98,72 @@ ChatInput ParseChatInput(const std::string& raw) {
     in.error = "unknown command " + command + " (/help lists them)";
   }
   return in;
+}
+
+std::optional<std::string> MultilineInput::Add(const std::string& line) {
+  constexpr absl::string_view kQuotes = "\"\"\"";
+  absl::string_view rest = line;
+  if (!pending_) {
+    text_.clear();
+    const absl::string_view lead = absl::StripLeadingAsciiWhitespace(rest);
+    if (!absl::StartsWith(lead, kQuotes)) {
+      if (!absl::EndsWith(rest, "\\")) return std::string(rest);
+      rest.remove_suffix(1);  // `\` at the end: continued on the next line
+      text_ = std::string(rest);
+      pending_ = true;
+      return std::nullopt;
+    }
+    rest = lead.substr(kQuotes.size());
+    pending_ = true;
+    block_ = true;
+    first_ = true;
+    if (rest.empty()) return std::nullopt;  // a bare `"""` opens the block
+  }
+  if (!block_) {
+    text_ += '\n';
+    if (absl::EndsWith(rest, "\\")) {
+      rest.remove_suffix(1);
+      text_ += std::string(rest);
+      return std::nullopt;
+    }
+    text_ += std::string(rest);
+    std::string done = std::move(text_);
+    Reset();
+    return done;
+  }
+  const absl::string_view trimmed = absl::StripTrailingAsciiWhitespace(rest);
+  const bool closes = absl::EndsWith(trimmed, kQuotes);
+  const absl::string_view content =
+      closes ? trimmed.substr(0, trimmed.size() - kQuotes.size()) : rest;
+  if (!closes || !content.empty()) {
+    if (!first_) text_ += '\n';
+    text_ += std::string(content);
+    first_ = false;
+  }
+  if (!closes) return std::nullopt;
+  std::string done = std::move(text_);
+  Reset();
+  return done;
+}
+
+void MultilineInput::Reset() {
+  pending_ = false;
+  block_ = false;
+  text_.clear();
+}
+
+std::optional<std::string> MultilineInput::Finish() {
+  if (!pending_) return std::nullopt;
+  std::string done = std::move(text_);
+  Reset();
+  return done;
+}
+
+TerminalStyle StyleFor(bool is_tty, const char* term, const char* no_color) {
+  TerminalStyle style;
+  style.decorate = is_tty && !(term != nullptr && std::string_view(term) == "dumb");
+  style.color = style.decorate && (no_color == nullptr || *no_color == '\0');
+  return style;
 }
 
 std::string PrefillBar(int64_t done, int64_t total, double seconds, int width) {

@@ -1,10 +1,12 @@
 // tools/coli/chat_tui: the pieces of `coli chat` that hold no terminal: the conversation in the
-// OpenAI message shape, its JSON for /save, and the slash-command parser. Kept apart from the
-// terminal loop so they can be tested directly.
+// OpenAI message shape, its JSON for /save, the slash-command parser, the multi-line input
+// (`"""` blocks, `\` continuations) and the terminal style (TERM=dumb, NO_COLOR). Kept apart
+// from the terminal loop so they can be tested directly.
 #ifndef COLI_TOOLS_COLI_CHAT_TUI_H_
 #define COLI_TOOLS_COLI_CHAT_TUI_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +36,11 @@ class Conversation {
   nlohmann::json Messages() const;
   // The chat-completions body sent to the host for the next reply.
   nlohmann::json Request() const;
-  // Writes {"model", "messages", "thinking"} atomically (temp + rename) to `path`.
+  // Writes {"model", "messages", "thinking"} atomically (temp + rename) to `path` ("~/" is
+  // $HOME): the file is either the old one or the whole new one, never half written. An
+  // existing file keeps its permission bits (a 0600 transcript stays private); a new one is
+  // 0644. Text that is not UTF-8 (it cannot come from the input, which refuses it) is written
+  // as U+FFFD rather than failing.
   absl::Status Save(const std::string& path, const std::string& model) const;
 
  private:
@@ -52,7 +58,43 @@ struct ChatInput {
   std::string error;     // kInvalid: why
 };
 
+// A line that is not valid UTF-8 is kInvalid (saying where), never sent or kept.
 ChatInput ParseChatInput(const std::string& line);
+
+// Joins input lines into one message:
+//   a line ending in `\` continues on the next line (llama.cpp's multi-line input);
+//   a line that starts with `"""` opens a block that the next line ending in `"""` closes
+//   (ollama's), so pasted text with newlines is one message.
+// The joined text keeps the newlines.
+class MultilineInput {
+ public:
+  // Takes one line; the whole message once it is complete, else nullopt (more lines wanted).
+  std::optional<std::string> Add(const std::string& line);
+  bool pending() const { return pending_; }
+  // Drops what was gathered (Ctrl-C at a continuation prompt).
+  void Reset();
+  // At end of input: what was gathered, as if it had been closed (nullopt when nothing).
+  std::optional<std::string> Finish();
+
+ private:
+  bool pending_ = false;
+  bool block_ = false;  // inside """ ... """
+  bool first_ = true;   // no line of the block taken yet
+  std::string text_;
+};
+
+// How `coli chat` decorates its output: `decorate` redraws lines in place (\r, erase-line) and
+// shows progress; `color` adds dim and bold. A terminal decorates unless TERM is "dumb"; color
+// also needs NO_COLOR unset or empty (no-color.org).
+struct TerminalStyle {
+  bool decorate = false;
+  bool color = false;
+  const char* dim() const { return color ? "\x1b[2m" : ""; }
+  const char* bold() const { return color ? "\x1b[1m" : ""; }
+  const char* reset() const { return color ? "\x1b[0m" : ""; }
+  const char* clear_line() const { return decorate ? "\r\x1b[2K" : ""; }
+};
+TerminalStyle StyleFor(bool is_tty, const char* term, const char* no_color);
 
 // The prefill progress line of a terminal (no escape codes; the caller dims it):
 //   "reading the prompt [########------------]  40% 120/300 tokens 2.1 s"

@@ -20,6 +20,7 @@ void PrintUsage(std::FILE* out) {
     std::fprintf(out, "  %-10s %s\n", name.c_str(), command.summary.c_str());
   }
   std::fprintf(out, "  %-10s %s\n", "version", "print the client version");
+  std::fprintf(out, "\ncoli <command> --help (or coli help <command>) shows a command's flags.\n");
 }
 
 }  // namespace
@@ -27,10 +28,26 @@ void PrintUsage(std::FILE* out) {
 
 int main(int argc, char** argv) {
   using coli::cli::Commands;
-  if (argc < 2 || !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
-      !std::strcmp(argv[1], "-h")) {
-    coli::cli::PrintUsage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    coli::cli::PrintUsage(stderr);
+    return 2;
+  }
+  const bool help = !std::strcmp(argv[1], "help") || !std::strcmp(argv[1], "--help") ||
+                    !std::strcmp(argv[1], "-h");
+  if (help && argc >= 3) {  // `coli help run` = `coli run --help`
+    auto it = Commands().find(argv[2]);
+    if (it == Commands().end()) {
+      std::fprintf(stderr, "coli: unknown command '%s'\n", argv[2]);
+      coli::cli::PrintUsage(stderr);
+      return 2;
+    }
+    char help_flag[] = "--help";
+    char* args[] = {argv[2], help_flag, nullptr};
+    return it->second.run(2, args);
+  }
+  if (help) {
+    coli::cli::PrintUsage(stdout);
+    return 0;
   }
   if (!std::strcmp(argv[1], "version") || !std::strcmp(argv[1], "--version")) {
     std::printf("coli %s\n", COLI_VERSION);

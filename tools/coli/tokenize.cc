@@ -8,7 +8,9 @@
 // documents) and prints one JSON array of ids. --decode reads one JSON array of ids and
 // writes the raw bytes. --jsonl encodes many texts in one process: every stdin line is a
 // JSON string, every output line the JSON array of its ids (for scripts and tests).
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <iterator>
@@ -17,19 +19,32 @@
 
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
 namespace {
 
-void PrintTokenizeUsage() {
-  std::fprintf(stderr,
-               "usage: coli tokenize --tokenizer DIR [--allow-special] [--decode] [--jsonl]\n"
-               "  stdin UTF-8 text -> JSON array of token ids on stdout\n"
-               "  --allow-special  recognise special tokens (<|open|>, [BOS], ...) in the text\n"
-               "  --decode         stdin JSON array of ids -> raw bytes on stdout\n"
-               "  --jsonl          each stdin line is a JSON string; one JSON array per line\n"
-               "  --no-slicing     no vendor long-input slicing (pure tiktoken behaviour)\n");
+constexpr const char* kUsage =
+    "usage: coli tokenize --tokenizer DIR [--allow-special] [--decode] [--jsonl]\n"
+    "  stdin UTF-8 text -> JSON array of token ids on stdout\n"
+    "  --tokenizer DIR  the folder with tiktoken.model or tokenizer.json (--model DIR is the\n"
+    "                   same; default $COLI_MODEL)\n"
+    "  --allow-special  recognise special tokens (<|open|>, [BOS], ...) in the text\n"
+    "  --decode         stdin JSON array of ids -> raw bytes on stdout\n"
+    "  --jsonl          each stdin line is a JSON string; one JSON array per line\n"
+    "  --no-slicing     no vendor long-input slicing (pure tiktoken behaviour)\n";
+
+int UsageError(const std::string& why) {
+  std::fprintf(stderr, "coli tokenize: %s\n(coli tokenize --help lists the flags)\n", why.c_str());
+  return 2;
+}
+
+// 0 when stdout took everything; else 1 after saying why on stderr (a closed pipe, a full disk).
+int FlushStdout() {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return 0;
+  std::fprintf(stderr, "coli tokenize: cannot write to stdout: %s\n", std::strerror(errno));
+  return 1;
 }
 
 std::string IdsToJson(const std::vector<int32_t>& ids) {
@@ -44,34 +59,46 @@ std::string IdsToJson(const std::vector<int32_t>& ids) {
 
 int RunTokenize(int argc, char** argv) {
   std::string dir;
+  bool dir_given = false;
   bool allow_special = false, decode = false, jsonl = false, no_slicing = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--tokenizer" && i + 1 < argc) {
-      dir = argv[++i];
-    } else if (arg.rfind("--tokenizer=", 0) == 0) {
-      dir = arg.substr(12);
-    } else if (arg == "--allow-special") {
+  ArgReader args(argc, argv);
+  while (args.Next()) {
+    absl::Status bad;
+    if (args.Is("--tokenizer") || args.Is("--model")) {
+      absl::StatusOr<std::string> v = args.Value();
+      if (!v.ok()) return UsageError(std::string(v.status().message()));
+      dir = *v;
+      dir_given = true;
+    } else if (args.Is("--allow-special")) {
+      bad = args.NoValue();
       allow_special = true;
-    } else if (arg == "--decode") {
+    } else if (args.Is("--decode")) {
+      bad = args.NoValue();
       decode = true;
-    } else if (arg == "--jsonl") {
+    } else if (args.Is("--jsonl")) {
+      bad = args.NoValue();
       jsonl = true;
-    } else if (arg == "--no-slicing") {
+    } else if (args.Is("--no-slicing")) {
+      bad = args.NoValue();
       no_slicing = true;
-    } else if (arg == "-h" || arg == "--help") {
-      PrintTokenizeUsage();
+    } else if (args.Is("-h") || args.Is("--help")) {
+      std::printf("%s", kUsage);
       return 0;
+    } else if (args.IsFlag()) {
+      return UsageError(std::string(args.Unknown().message()));
     } else {
-      std::fprintf(stderr, "coli tokenize: unknown argument '%s'\n", arg.c_str());
-      PrintTokenizeUsage();
-      return 2;
+      return UsageError("unexpected argument '" + args.arg() + "' (the text comes on stdin)");
     }
+    if (!bad.ok()) return UsageError(std::string(bad.message()));
   }
-  if (dir.empty()) {
-    std::fprintf(stderr, "coli tokenize: --tokenizer DIR is required\n");
-    PrintTokenizeUsage();
-    return 2;
+  if (!dir_given) {
+    if (const char* m = std::getenv("COLI_MODEL"); m != nullptr && *m != '\0') dir = m;
+  }
+  if (dir.empty() && !dir_given) {
+    return UsageError("--tokenizer DIR is required (or COLI_MODEL)");
+  }
+  if (absl::Status bad = CheckModelDir(dir_given ? "--tokenizer" : "COLI_MODEL", dir); !bad.ok()) {
+    return UsageError(std::string(bad.message()));
   }
   if (decode && jsonl) {
     std::fprintf(stderr, "coli tokenize: --decode and --jsonl cannot be combined\n");
@@ -105,14 +132,14 @@ int RunTokenize(int argc, char** argv) {
       std::string out = IdsToJson(tokenizer.Encode(text.get<std::string>(), allow_special));
       std::fprintf(stdout, "%s\n", out.c_str());
     }
-    return std::fflush(stdout) == 0 ? 0 : 1;
+    return FlushStdout();
   }
 
   std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   if (!decode) {
     std::string out = IdsToJson(tokenizer.Encode(input, allow_special));
     std::fprintf(stdout, "%s\n", out.c_str());
-    return std::fflush(stdout) == 0 ? 0 : 1;
+    return FlushStdout();
   }
 
   nlohmann::json parsed;
@@ -129,7 +156,12 @@ int RunTokenize(int argc, char** argv) {
   std::vector<int32_t> ids;
   for (size_t i = 0; i < parsed.size(); ++i) {
     const nlohmann::json& v = parsed[i];
-    if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
+    // An unsigned value above INT64_MAX read as int64_t wraps (18446744073709551615 was "-1").
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= INT32_MAX
+                      : v.is_number_integer()
+                          ? v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX
+                          : false;
+    if (!fits) {
       std::fprintf(stderr, "coli tokenize --decode: element %zu (%s) is not a token id\n", i,
                    v.dump().c_str());
       return 1;
@@ -142,7 +174,7 @@ int RunTokenize(int argc, char** argv) {
     return 1;
   }
   std::fwrite(bytes->data(), 1, bytes->size(), stdout);
-  return std::fflush(stdout) == 0 ? 0 : 1;
+  return FlushStdout();
 }
 
 }  // namespace
