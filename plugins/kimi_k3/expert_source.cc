@@ -8,49 +8,161 @@
 
 namespace coli::k3 {
 
+namespace {
+
+constexpr std::string_view kMxfp4Suffixes[] = {"w1.weight_packed", "w1.weight_scale",
+                                               "w2.weight_packed", "w2.weight_scale",
+                                               "w3.weight_packed", "w3.weight_scale"};
+constexpr std::string_view kF32Suffixes[] = {"w1.weight", "w2.weight", "w3.weight"};
+constexpr std::string_view kMatrices[] = {"w1", "w2", "w3"};
+
+std::string ExpertBase(const std::string& prefix, int layer, int expert) {
+  return absl::StrCat(prefix, "model.layers.", layer, ".block_sparse_moe.experts.", expert, ".");
+}
+
+// DATA_LOSS naming the tensors when expert `base` has parts of the format it is not in.
+absl::Status CheckNotMixed(const st::Snapshot& snapshot, const std::string& base,
+                           ExpertFormat format) {
+  for (std::string_view m : kMatrices) {
+    const std::string plain = base + std::string(m) + ".weight";
+    for (std::string_view part : {".weight_packed", ".weight_scale"}) {
+      const std::string packed = base + std::string(m) + std::string(part);
+      const bool has_plain = format == ExpertFormat::kF32 || snapshot.Contains(plain);
+      const bool has_packed = format == ExpertFormat::kMxfp4 || snapshot.Contains(packed);
+      if (has_plain && has_packed) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor '", format == ExpertFormat::kF32 ? packed : plain, "': the expert holds both '",
+            plain, "' (unquantized) and '", packed, "' (MXFP4); an expert is either ",
+            "w{1,2,3}.weight (F32) or w{1,2,3}.weight_packed + weight_scale (MXFP4), and every ",
+            "expert of a checkpoint uses the same format (here ", ExpertFormatName(format), ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Get, then the dtype and shape of an expert tensor: UNIMPLEMENTED for a plain BF16/F16 expert
+// matrix (only F32 is computed in place), DATA_LOSS for anything else that does not fit.
+absl::StatusOr<const st::TensorInfo*> ExpectExpertTensor(st::Snapshot& snapshot,
+                                                         const std::string& name, st::DType dtype,
+                                                         std::span<const int64_t> shape) {
+  COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snapshot.Get(name));
+  if (dtype == st::DType::kF32 && (t->dtype == st::DType::kBF16 || t->dtype == st::DType::kF16)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tensor '", name, "': unquantized routed experts in ", std::string(st::DTypeName(t->dtype)),
+        " are not supported; plain expert weights must be F32 (spec §9.8) or MXFP4 ",
+        "weight_packed + weight_scale (spec §2.3)"));
+  }
+  return snapshot.Expect(name, dtype, shape);
+}
+
+}  // namespace
+
+const char* ExpertFormatName(ExpertFormat format) {
+  return format == ExpertFormat::kF32 ? "F32" : "MXFP4";
+}
+
+int ExpertTensorCount(ExpertFormat format) { return format == ExpertFormat::kF32 ? 3 : 6; }
+
+std::span<const std::string_view> ExpertTensorSuffixes(ExpertFormat format) {
+  if (format == ExpertFormat::kF32) return kF32Suffixes;
+  return kMxfp4Suffixes;
+}
+
+uint64_t ExpertFormatBytes(ExpertFormat format, int64_t inter, int64_t latent) {
+  const uint64_t n = static_cast<uint64_t>(inter) * static_cast<uint64_t>(latent);
+  if (format == ExpertFormat::kF32) return 3 * n * sizeof(float);
+  return 3 * (n / 2 + n / 32);
+}
+
+absl::StatusOr<ExpertFormat> DetectExpertFormat(st::Snapshot& snapshot, const std::string& prefix,
+                                                int layer) {
+  const std::string base = ExpertBase(prefix, layer, 0);
+  const ExpertFormat format = snapshot.Contains(base + "w1.weight") ? ExpertFormat::kF32
+                                                                    : ExpertFormat::kMxfp4;
+  COLI_RETURN_IF_ERROR(CheckNotMixed(snapshot, base, format));
+  return format;
+}
+
 uint64_t ExpertLocation::bytes() const {
   uint64_t n = 0;
-  for (const st::TensorInfo* t : tensors) n += t->nbytes;
+  for (const st::TensorInfo* t : parts()) n += t->nbytes;
   return n;
 }
 
 std::array<std::string, 6> ExpertTensorNames(const std::string& prefix, int layer, int expert) {
-  const std::string base =
-      absl::StrCat(prefix, "model.layers.", layer, ".block_sparse_moe.experts.", expert, ".");
-  return {base + "w1.weight_packed", base + "w1.weight_scale", base + "w2.weight_packed",
-          base + "w2.weight_scale",  base + "w3.weight_packed", base + "w3.weight_scale"};
+  const std::string base = ExpertBase(prefix, layer, expert);
+  std::array<std::string, 6> names;
+  for (int k = 0; k < 6; ++k) names[k] = base + std::string(kMxfp4Suffixes[k]);
+  return names;
+}
+
+std::vector<std::string> ExpertTensorNamesFor(ExpertFormat format, const std::string& prefix,
+                                              int layer, int expert) {
+  const std::string base = ExpertBase(prefix, layer, expert);
+  std::vector<std::string> names;
+  for (std::string_view suffix : ExpertTensorSuffixes(format))
+    names.push_back(base + std::string(suffix));
+  return names;
 }
 
 absl::StatusOr<std::vector<ExpertLocation>> LocateExperts(st::Snapshot& snapshot,
                                                           const Config& cfg,
                                                           const std::string& prefix, int layer) {
   const int64_t inter = cfg.moe.intermediate, lat = cfg.moe.latent;
-  if (lat % 32 != 0 || inter % 32 != 0)
+  COLI_ASSIGN_OR_RETURN(const ExpertFormat format, DetectExpertFormat(snapshot, prefix, layer));
+  if (format == ExpertFormat::kMxfp4 && (lat % 32 != 0 || inter % 32 != 0))
     return absl::UnimplementedError(absl::StrCat(
         "MXFP4 experts need moe_intermediate_size and routed_expert_hidden_size divisible by 32, got ",
         inter, " and ", lat));
-  // [rows, cols] of w1, w2, w3 (logical), spec §2.3.
-  const int64_t dims[3][2] = {{inter, lat}, {lat, inter}, {inter, lat}};
   std::vector<ExpertLocation> out(cfg.moe.num_experts);
   for (int e = 0; e < cfg.moe.num_experts; ++e) {
-    const auto names = ExpertTensorNames(prefix, layer, e);
-    for (int m = 0; m < 3; ++m) {
-      const int64_t packed[] = {dims[m][0], dims[m][1] / 2};
-      const int64_t scale[] = {dims[m][0], dims[m][1] / 32};
-      COLI_ASSIGN_OR_RETURN(out[e].tensors[2 * m],
-                            snapshot.Expect(names[2 * m], st::DType::kU8, packed));
-      COLI_ASSIGN_OR_RETURN(out[e].tensors[2 * m + 1],
-                            snapshot.Expect(names[2 * m + 1], st::DType::kU8, scale));
-    }
-    COLI_ASSIGN_OR_RETURN(out[e].contiguous, snapshot.ContiguousRange(out[e].tensors));
+    COLI_ASSIGN_OR_RETURN(out[e], LocateExpert(snapshot, format, prefix, layer, e, inter, lat));
   }
   return out;
 }
 
+absl::StatusOr<ExpertLocation> LocateExpert(st::Snapshot& snapshot, ExpertFormat format,
+                                            const std::string& prefix, int layer, int expert,
+                                            int64_t inter, int64_t lat) {
+  // [rows, cols] of w1, w2, w3 (logical), spec §2.3.
+  const int64_t dims[3][2] = {{inter, lat}, {lat, inter}, {inter, lat}};
+  const auto names = ExpertTensorNamesFor(format, prefix, layer, expert);
+  COLI_RETURN_IF_ERROR(CheckNotMixed(snapshot, ExpertBase(prefix, layer, expert), format));
+  ExpertLocation loc;
+  loc.format = format;
+  loc.count = ExpertTensorCount(format);
+  for (int m = 0; m < 3; ++m) {
+    if (format == ExpertFormat::kF32) {
+      COLI_ASSIGN_OR_RETURN(loc.tensors[m],
+                            ExpectExpertTensor(snapshot, names[m], st::DType::kF32, dims[m]));
+      continue;
+    }
+    const int64_t packed[] = {dims[m][0], dims[m][1] / 2};
+    const int64_t scale[] = {dims[m][0], dims[m][1] / 32};
+    COLI_ASSIGN_OR_RETURN(loc.tensors[2 * m],
+                          snapshot.Expect(names[2 * m], st::DType::kU8, packed));
+    COLI_ASSIGN_OR_RETURN(loc.tensors[2 * m + 1],
+                          snapshot.Expect(names[2 * m + 1], st::DType::kU8, scale));
+  }
+  COLI_ASSIGN_OR_RETURN(loc.contiguous, snapshot.ContiguousRange(loc.parts()));
+  return loc;
+}
+
 ExpertWeights ExpertViews(const Config& cfg, std::array<const uint8_t*, 6> p) {
+  return ExpertViewsFor(ExpertFormat::kMxfp4, cfg.moe.intermediate, cfg.moe.latent, p);
+}
+
+ExpertWeights ExpertViewsFor(ExpertFormat format, int64_t inter, int64_t lat,
+                             std::span<const uint8_t* const> p) {
   using kernels::WeightFormat;
-  const int64_t inter = cfg.moe.intermediate, lat = cfg.moe.latent;
   ExpertWeights w;
+  if (format == ExpertFormat::kF32) {
+    w.w1 = {WeightFormat::kF32, inter, lat, p[0], nullptr};
+    w.w2 = {WeightFormat::kF32, lat, inter, p[1], nullptr};
+    w.w3 = {WeightFormat::kF32, inter, lat, p[2], nullptr};
+    return w;
+  }
   w.w1 = {WeightFormat::kMxfp4, inter, lat, p[0], p[1]};
   w.w2 = {WeightFormat::kMxfp4, lat, inter, p[2], p[3]};
   w.w3 = {WeightFormat::kMxfp4, inter, lat, p[4], p[5]};
@@ -88,26 +200,29 @@ absl::Status PreadExpertSource::ForEachExpert(
   });
   for (int i : order) {
     const ExpertLocation& loc = locs[experts[i]];
+    // The buffer is heap memory (aligned for any type) and every part starts a whole number of
+    // its elements in, so F32 parts are float-aligned whatever their file offsets.
     buffer_.resize(loc.bytes());
-    std::array<const uint8_t*, 6> parts;
+    std::array<const uint8_t*, 6> parts{};
     if (loc.contiguous) {
       COLI_ASSIGN_OR_RETURN(const io::File* f, snapshot_.ShardFile(loc.contiguous->shard));
       COLI_RETURN_IF_ERROR(f->ReadAt(loc.contiguous->file_offset, loc.contiguous->nbytes, buffer_.data()));
       uint64_t off = 0;
-      for (int t = 0; t < 6; ++t) {
+      for (int t = 0; t < loc.count; ++t) {
         parts[t] = buffer_.data() + off;
         off += loc.tensors[t]->nbytes;
       }
     } else {
       uint64_t off = 0;
-      for (int t = 0; t < 6; ++t) {
+      for (int t = 0; t < loc.count; ++t) {
         COLI_RETURN_IF_ERROR(snapshot_.Read(*loc.tensors[t], buffer_.data() + off));
         parts[t] = buffer_.data() + off;
         off += loc.tensors[t]->nbytes;
       }
     }
     bytes_read_ += loc.bytes();
-    COLI_RETURN_IF_ERROR(fn(i, ExpertViews(cfg_, parts)));
+    COLI_RETURN_IF_ERROR(
+        fn(i, ExpertViewsFor(loc.format, cfg_.moe.intermediate, cfg_.moe.latent, parts)));
   }
   return absl::OkStatus();
 }

@@ -43,11 +43,6 @@ double SecondsSince(Clock::time_point start) {
 uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 uint64_t AlignDown(uint64_t x) { return x / io::kDirectAlignment * io::kDirectAlignment; }
 
-// The six tensors of one expert, in their on-disk order (spec §2.4).
-constexpr std::array<std::string_view, 6> kExpertTensors = {"w1.weight_packed", "w1.weight_scale",
-                                                            "w2.weight_packed", "w2.weight_scale",
-                                                            "w3.weight_packed", "w3.weight_scale"};
-
 // Parses a run of decimal digits at text[*pos]; advances *pos.
 bool ParseInt(std::string_view text, size_t* pos, int* value) {
   const char* begin = text.data() + *pos;
@@ -73,14 +68,14 @@ std::string ExpertStoreLayout::TensorName(int layer, int expert, std::string_vie
 }
 
 uint64_t ExpertStoreLayout::ExpertBytes() const {
-  const uint64_t n = static_cast<uint64_t>(latent) * static_cast<uint64_t>(inter);
-  return 3 * (n / 2 + n / 32);
+  return ExpertFormatBytes(format, inter, latent);
 }
 
 absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot, int num_layers) {
   constexpr std::string_view kLayers = "model.layers.";
   constexpr std::string_view kExperts = ".block_sparse_moe.experts.";
-  constexpr std::string_view kW1 = ".w1.weight_packed";
+  // An expert's first tensor in either format (MXFP4 / F32).
+  constexpr std::string_view kW1s[] = {".w1.weight_packed", ".w1.weight"};
   std::set<int> layers;
   int max_expert = -1;
   std::string prefix;
@@ -89,13 +84,16 @@ absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot, i
     const size_t at = name.find(kLayers);
     if (at == std::string::npos) continue;
     std::string_view view(name);
-    if (!view.ends_with(kW1)) continue;
+    const std::string_view* w1 = nullptr;
+    for (const std::string_view& s : kW1s)
+      if (view.ends_with(s)) w1 = &s;
+    if (w1 == nullptr) continue;
     size_t pos = at + kLayers.size();
     int layer = 0, expert = 0;
     if (!ParseInt(view, &pos, &layer)) continue;
     if (view.substr(pos, kExperts.size()) != kExperts) continue;
     pos += kExperts.size();
-    if (!ParseInt(view, &pos, &expert) || pos + kW1.size() != view.size()) continue;
+    if (!ParseInt(view, &pos, &expert) || pos + w1->size() != view.size()) continue;
     const std::string this_prefix = name.substr(0, at);
     if (!have_prefix) {
       prefix = this_prefix;
@@ -110,20 +108,26 @@ absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot, i
   }
   if (layers.empty()) {
     return absl::NotFoundError(
-        "no routed-expert tensors (model.layers.N.block_sparse_moe.experts.E.w1.weight_packed) "
-        "in the snapshot");
+        "no routed-expert tensors (model.layers.N.block_sparse_moe.experts.E.w1.weight_packed, "
+        "or w1.weight when unquantized) in the snapshot");
   }
   ExpertStoreLayout layout;
   layout.moe_layers.assign(layers.begin(), layers.end());
   layout.experts = max_expert + 1;
   layout.prefix = prefix;
-  const std::string w1 = layout.TensorName(layout.moe_layers[0], 0, kExpertTensors[0]);
+  COLI_ASSIGN_OR_RETURN(layout.format,
+                        DetectExpertFormat(*snapshot, prefix, layout.moe_layers[0]));
+  const bool f32 = layout.format == ExpertFormat::kF32;
+  const std::string w1 =
+      layout.TensorName(layout.moe_layers[0], 0, ExpertTensorSuffixes(layout.format)[0]);
   COLI_ASSIGN_OR_RETURN(const st::TensorInfo* info, snapshot->Get(w1));
   if (info->shape.size() != 2 || info->shape[0] <= 0 || info->shape[1] <= 0) {
-    return absl::DataLossError(absl::StrCat("tensor '", w1, "': expected a 2-D U8 matrix"));
+    return absl::DataLossError(absl::StrCat("tensor '", w1, "': expected a 2-D ",
+                                            f32 ? "F32" : "U8", " matrix, got ",
+                                            st::DescribeTensor(info->dtype, info->shape)));
   }
   layout.inter = info->shape[0];
-  layout.latent = info->shape[1] * 2;
+  layout.latent = f32 ? info->shape[1] : info->shape[1] * 2;
   return layout;
 }
 
@@ -299,7 +303,8 @@ struct Piece {
   uint64_t dst;
 };
 
-// Where one expert lives: a single range, or (pieces >= 0) six Pieces starting at that index.
+// Where one expert lives: a single range, or (pieces >= 0) one Piece per tensor (six MXFP4,
+// three F32) starting at that index.
 struct ExpertLoc {
   int shard = -1;
   uint64_t offset = 0;
@@ -376,16 +381,11 @@ class StreamingExpertStore::Impl {
     tracing_ = false;
   }
 
+  // Views of an expert whose tensors lie back to back from `data` (the slot layout).
   ExpertWeights Views(const uint8_t* data) const {
-    const int64_t n = layout_.latent * layout_.inter;
-    const int64_t p = n / 2, s = n / 32;
-    ExpertWeights w;
-    w.w1 = {kernels::WeightFormat::kMxfp4, layout_.inter, layout_.latent, data, data + p};
-    w.w2 = {kernels::WeightFormat::kMxfp4, layout_.latent, layout_.inter, data + p + s,
-            data + 2 * p + s};
-    w.w3 = {kernels::WeightFormat::kMxfp4, layout_.inter, layout_.latent, data + 2 * p + 2 * s,
-            data + 3 * p + 2 * s};
-    return w;
+    std::array<const uint8_t*, 6> parts{};
+    for (int k = 0; k < tensors_; ++k) parts[k] = data + part_offset_[k];
+    return ExpertViewsFor(layout_.format, layout_.inter, layout_.latent, parts);
   }
 
   ExpertStoreStats TakeStats() {
@@ -496,6 +496,8 @@ class StreamingExpertStore::Impl {
   ExpertStoreOptions options_;
   std::unordered_map<int, int> layer_index_;  // decoder layer id -> MoE layer index
   std::vector<ExpertLoc> locs_;               // [layer_index * experts + expert]
+  int tensors_ = 6;                           // tensors per expert (6 MXFP4, 3 F32)
+  std::array<uint64_t, 6> part_offset_{};     // where each tensor starts in the slot
   std::vector<Piece> pieces_;
   std::map<int, Shard> shards_;
 
@@ -528,11 +530,13 @@ class StreamingExpertStore::Impl {
 
 absl::Status StreamingExpertStore::Impl::Init() {
   const ExpertStoreLayout& L = layout_;
+  const bool mxfp4 = L.format == ExpertFormat::kMxfp4;
   if (L.moe_layers.empty() || L.experts <= 0 || L.latent <= 0 || L.inter <= 0 ||
-      L.latent % 32 != 0 || L.inter % 32 != 0) {
+      (mxfp4 && (L.latent % 32 != 0 || L.inter % 32 != 0))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expert store: bad layout (", L.moe_layers.size(), " MoE layers, ", L.experts,
-        " experts, latent ", L.latent, ", inter ", L.inter, "; widths must be multiples of 32)"));
+        " experts, latent ", L.latent, ", inter ", L.inter,
+        mxfp4 ? "; MXFP4 widths must be multiples of 32)" : ")"));
   }
   if (options_.load_threads < 1 || options_.load_threads > 16) {
     return absl::InvalidArgumentError(
@@ -629,43 +633,39 @@ absl::Status StreamingExpertStore::Impl::Init() {
 
 absl::Status StreamingExpertStore::Impl::LocateExperts() {
   const ExpertStoreLayout& L = layout_;
-  const int64_t n = L.latent * L.inter;
-  const std::array<std::array<int64_t, 2>, 6> shapes = {{{L.inter, L.latent / 2},
-                                                         {L.inter, L.latent / 32},
-                                                         {L.latent, L.inter / 2},
-                                                         {L.latent, L.inter / 32},
-                                                         {L.inter, L.latent / 2},
-                                                         {L.inter, L.latent / 32}}};
-  const std::array<uint64_t, 6> dst = {0,
-                                       static_cast<uint64_t>(n / 2),
-                                       static_cast<uint64_t>(n / 2 + n / 32),
-                                       static_cast<uint64_t>(n + n / 32),
-                                       static_cast<uint64_t>(n + n / 16),
-                                       static_cast<uint64_t>(3 * n / 2 + n / 16)};
+  tensors_ = ExpertTensorCount(L.format);
   locs_.resize(L.moe_layers.size() * L.experts);
   for (size_t li = 0; li < L.moe_layers.size(); ++li) {
     for (int e = 0; e < L.experts; ++e) {
-      std::array<const st::TensorInfo*, 6> infos;
-      for (int k = 0; k < 6; ++k) {
-        COLI_ASSIGN_OR_RETURN(
-            infos[k], snapshot_->Expect(L.TensorName(L.moe_layers[li], e, kExpertTensors[k]),
-                                        st::DType::kU8, shapes[k]));
+      COLI_ASSIGN_OR_RETURN(ExpertLocation found,
+                            LocateExpert(*snapshot_, L.format, L.prefix, L.moe_layers[li], e,
+                                         L.inter, L.latent));
+      if (li == 0 && e == 0) {  // the slot layout: the tensors back to back, in order
+        uint64_t at = 0;
+        for (int k = 0; k < tensors_; ++k) {
+          part_offset_[k] = at;
+          at += found.tensors[k]->nbytes;
+        }
       }
-      COLI_ASSIGN_OR_RETURN(std::optional<st::Snapshot::Range> range,
-                            snapshot_->ContiguousRange(infos));
+      const std::optional<st::Snapshot::Range>& range = found.contiguous;
+      // An F32 expert is used in place only at a float-aligned file offset (its slot keeps the
+      // offset's position within a 4 KiB block); otherwise each tensor goes to its own place.
+      const bool aligned =
+          L.format != ExpertFormat::kF32 || (range.has_value() && range->file_offset % 4 == 0);
       ExpertLoc& loc = locs_[li * L.experts + e];
-      if (range.has_value() && range->nbytes == L.ExpertBytes()) {
+      if (range.has_value() && range->nbytes == L.ExpertBytes() && aligned) {
         loc.shard = range->shard;
         loc.offset = range->file_offset;
         loc.nbytes = range->nbytes;
         ++contiguous_;
       } else {
-        loc.shard = infos[0]->shard;
-        loc.offset = infos[0]->file_offset;
+        loc.shard = found.tensors[0]->shard;
+        loc.offset = found.tensors[0]->file_offset;
         loc.nbytes = L.ExpertBytes();
         loc.pieces = static_cast<int64_t>(pieces_.size());
-        for (int k = 0; k < 6; ++k) {
-          pieces_.push_back({infos[k]->shard, infos[k]->file_offset, infos[k]->nbytes, dst[k]});
+        for (int k = 0; k < tensors_; ++k) {
+          const st::TensorInfo* t = found.tensors[k];
+          pieces_.push_back({t->shard, t->file_offset, t->nbytes, part_offset_[k]});
         }
       }
     }
@@ -717,8 +717,8 @@ absl::Status StreamingExpertStore::Impl::CheckShard(int s) const {
 
 void StreamingExpertStore::Impl::PlanReads(Job* job) const {
   const ExpertLoc& loc = *job->loc;
-  if (loc.pieces >= 0) {  // six tensors: one read each, to their places in the slot
-    job->pieces = 6;
+  if (loc.pieces >= 0) {  // one read per tensor, each to its place in the slot
+    job->pieces = tensors_;
     job->data_offset = 0;
     return;
   }
@@ -986,7 +986,7 @@ absl::Status StreamingExpertStore::Impl::ForEachExpert(
       PlanReads(&job);
       shards.insert(job.loc->shard);
       if (job.loc->pieces >= 0) {
-        for (int k = 0; k < 6; ++k) shards.insert(pieces_[job.loc->pieces + k].shard);
+        for (int k = 0; k < tensors_; ++k) shards.insert(pieces_[job.loc->pieces + k].shard);
       }
       jobs.push_back(std::move(job));
     }
@@ -1002,7 +1002,7 @@ absl::Status StreamingExpertStore::Impl::ForEachExpert(
         ::posix_fadvise(shards_.at(job.loc->shard).file->fd(), static_cast<off_t>(job.loc->offset),
                         static_cast<off_t>(job.loc->nbytes), POSIX_FADV_WILLNEED);
       } else {
-        for (int k = 0; k < 6; ++k) {
+        for (int k = 0; k < tensors_; ++k) {
           const Piece& p = pieces_[job.loc->pieces + k];
           ::posix_fadvise(shards_.at(p.shard).file->fd(), static_cast<off_t>(p.offset),
                           static_cast<off_t>(p.nbytes), POSIX_FADV_WILLNEED);

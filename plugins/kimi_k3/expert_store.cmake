@@ -7,4 +7,6 @@ coli_cc_library(NAME kimi_k3_expert_store
   HDRS ${CMAKE_CURRENT_LIST_DIR}/expert_store.h
        ${CMAKE_CURRENT_LIST_DIR}/expert_store_usage.h
   PUBLIC_DEPS coli_safetensors coli_io coli_status absl::status absl::statusor
-  DEPS coli_log absl::strings absl::str_format Threads::Threads)
+  # kimi_k3_core: expert_source.cc (ExpertSource, LocateExpert and the expert formats, MXFP4 /
+  # F32, that the store shares with PreadExpertSource).
+  DEPS kimi_k3_core coli_log absl::strings absl::str_format Threads::Threads)

@@ -19,10 +19,11 @@
 //   at a time. A shared working set of `working_slots` slots receives fresh reads; after an
 //   expert has been computed its working slot is swapped (pointer swap, no copy) with the layer's
 //   least-recently-used unpinned slot, which joins the working set.
-// * Reads. When the six tensors of an expert (w1 packed/scale, w2 …, w3 …) are back to back in
-//   one shard (checked for every expert at Open via Snapshot::ContiguousRange) the expert's
+// * Reads. When the tensors of an expert (MXFP4: w1 packed/scale, w2 …, w3 …; F32: w1, w2, w3,
+//   spec §9.8) are back to back in one shard (checked for every expert at Open via
+//   Snapshot::ContiguousRange) the expert's
 //   4 KiB-aligned cover is one pread (or, with read_pieces > 1, that many aligned pieces);
-//   otherwise six reads (one per tensor) into the same slot layout. A call's misses are sorted
+//   otherwise one read per tensor into the same slot layout. A call's misses are sorted
 //   by (shard, file offset) and their requests queued in that order; the `load_threads` loader
 //   threads take requests from the front (with pieces they cooperate on expert j before j+1,
 //   so experts arrive one by one in disk order).
@@ -69,16 +70,21 @@ struct ExpertStoreLayout {
   int64_t latent = 0;           // expert input/output width (3584)
   int64_t inter = 0;            // expert inner width (3072)
   std::string prefix;           // text before "model.layers.", e.g. "language_model." or ""
+  // MXFP4 (six U8 tensors per expert) or F32 (three plain w{1,2,3}.weight, spec §9.8); the
+  // slots hold the stored bytes either way and the views carry the format.
+  ExpertFormat format = ExpertFormat::kMxfp4;
 
   // Name of one expert tensor, e.g. TensorName(3, 17, "w2.weight_scale").
   std::string TensorName(int layer, int expert, std::string_view tensor) const;
-  // Bytes of one expert (six tensors): 3 · (inter·latent/2 + inter·latent/32).
+  // Bytes of one expert: 3 · (inter·latent/2 + inter·latent/32) (MXFP4), 3 · 4 · inter·latent
+  // (F32).
   uint64_t ExpertBytes() const;
 };
 
-// Finds the MoE layers, expert count, widths and name prefix from the snapshot's tensor names
-// and the shape of layer L's experts.0.w1.weight_packed. With num_layers >= 0 only decoder
-// layers below it count (K3_LAYERS truncation). NOT_FOUND when there are no experts.
+// Finds the MoE layers, expert count, widths, name prefix and format from the snapshot's tensor
+// names and the shape of layer L's experts.0.w1.weight_packed (MXFP4) or experts.0.w1.weight
+// (F32; BF16 is UNIMPLEMENTED naming it). With num_layers >= 0 only decoder layers below it
+// count (K3_LAYERS truncation). NOT_FOUND when there are no experts.
 absl::StatusOr<ExpertStoreLayout> DiscoverExpertLayout(st::Snapshot* snapshot, int num_layers = -1);
 
 struct ExpertStoreOptions {
@@ -175,7 +181,9 @@ struct ExpertTraceEvent {
 
 class StreamingExpertStore final : public ExpertSource {
  public:
-  // Verifies every expert tensor (dtype U8, shapes from `layout`) and its contiguity, plans the
+  // Verifies every expert tensor (format, dtype and shapes from `layout`, LocateExpert) and its
+  // contiguity (an F32 expert counts as contiguous only at a 4-byte aligned offset, so its
+  // views are float-aligned in the slot; otherwise it is read tensor by tensor), plans the
   // memory (refusing a budget the machine cannot hold), starts the loader threads and preloads
   // the pinned experts. `snapshot` must outlive the store.
   static absl::StatusOr<std::unique_ptr<StreamingExpertStore>> Open(
@@ -220,7 +228,7 @@ class StreamingExpertStore final : public ExpertSource {
     bool contiguous = false;
   };
   absl::StatusOr<Extent> ExpertExtent(int layer, int expert) const;
-  // Experts whose six tensors are one contiguous range (one pread each).
+  // Experts whose tensors are one contiguous range (one pread each).
   int64_t contiguous_experts() const;
   // True when every shard reader got O_DIRECT (false with direct = false or a refusing FS).
   bool all_direct() const;

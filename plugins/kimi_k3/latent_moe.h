@@ -6,7 +6,8 @@
 //   chosen = top-k of s + bias (bias = e_score_correction_bias, used ONLY to choose); exact
 //            ties → the lower expert index (colibri; torch.topk leaves the order unspecified)
 //   w_k = s[e_k] / (Σ_k' s[e_k'] + 1e-20) · routed_scaling_factor   (moe_renormalize)
-//   z = Wdown_lat x ∈ R^latent;   E_e(z) = W2_e · SiTU(W1_e z, W3_e z)    (MXFP4, in place)
+//   z = Wdown_lat x ∈ R^latent;   E_e(z) = W2_e · SiTU(W1_e z, W3_e z)    (in place: MXFP4, or
+//            F32 for a full-precision snapshot, spec §9.8; the views carry the format)
 //   u = Σ_k w_k E_{e_k}(z)                                  (f32, k in selection order)
 //   y = Wup_lat · RMSNorm(u; routed_expert_norm, rms_norm_eps);  sh = shared SiTU-GLU(x)
 //   f = y + sh

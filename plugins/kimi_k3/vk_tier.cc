@@ -180,6 +180,14 @@ void VkExpertTier::UploadFailedLocked(int index, const absl::Status& status) {
                      << " failed: " << status;
 }
 
+// The format of the first MoE layer's experts (kMxfp4 when the stack has none).
+static absl::StatusOr<ExpertFormat> FirstExpertFormat(st::Snapshot& snapshot, const Config& cfg,
+                                                      const std::string& prefix, int num_layers) {
+  for (int i = 0; i < num_layers; ++i)
+    if (!cfg.is_dense(i)) return DetectExpertFormat(snapshot, prefix, i);
+  return ExpertFormat::kMxfp4;
+}
+
 absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
     std::unique_ptr<vulkan::VulkanContext> vk, std::unique_ptr<ExpertSource> inner,
     st::Snapshot& snapshot, const Config& cfg, const std::string& prefix, int num_layers,
@@ -192,6 +200,13 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
   if (options.rate < 0)
     return absl::InvalidArgumentError(
         absl::StrCat("COLI_VK_TIER_RATE=", options.rate, ": expected 0 or more"));
+  COLI_ASSIGN_OR_RETURN(const ExpertFormat format,
+                        FirstExpertFormat(snapshot, cfg, prefix, num_layers));
+  if (format != ExpertFormat::kMxfp4) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Vulkan tier: the routed experts are ", ExpertFormatName(format),
+        " (an unquantized checkpoint, spec §9.8); the tier computes MXFP4 experts only"));
+  }
   COLI_ASSIGN_OR_RETURN(const bool dense_on, VkDenseOnDevice(options.dense, vk->discrete_gpu()));
   auto tier = std::unique_ptr<VkExpertTier>(new VkExpertTier());
   tier->vk_ = std::move(vk);
@@ -533,6 +548,18 @@ Model::ExpertSourceFactory VkTierFactory(VkTierOptions options, Model::ExpertSou
       COLI_ASSIGN_OR_RETURN(source, inner(snapshot, cfg, prefix, num_layers));
     } else {
       COLI_ASSIGN_OR_RETURN(source, PreadExpertSource::Create(snapshot, cfg, prefix, num_layers));
+    }
+    // The device computes MXFP4 experts only. A full-precision snapshot (F32 experts, spec
+    // §9.8) keeps the tier off, with a warning, and runs on the CPU: never re-encoded, never
+    // garbage.
+    COLI_ASSIGN_OR_RETURN(const ExpertFormat format,
+                          FirstExpertFormat(snapshot, cfg, prefix, num_layers));
+    if (format != ExpertFormat::kMxfp4) {
+      COLI_LOG(kWarning) << "Vulkan expert tier off (COLI_VULKAN / K3_VK ignored): the routed "
+                            "experts of this checkpoint are "
+                         << ExpertFormatName(format)
+                         << " and the tier computes MXFP4 experts only; everything runs on the CPU";
+      return source;
     }
     COLI_ASSIGN_OR_RETURN(std::unique_ptr<vulkan::VulkanContext> vk,
                           vulkan::VulkanContext::Create());

@@ -1,13 +1,16 @@
 #include "plugins/kimi_k3/weights.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log/log.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/container.h"
@@ -56,6 +59,9 @@ absl::StatusOr<QuantizedMatrix> CopyView(const kernels::MatrixView& v) {
   return QuantizedMatrix::FromParts(v.format, v.rows, v.cols, QuantizedMatrix::Bytes(d, d + b.data),
                                     QuantizedMatrix::Bytes(sc, sc + b.scales));
 }
+
+// The dtypes a tensor that spec §2.3 lists as BF16 may have (each converts exactly to f32).
+bool IsFloatDType(DType d) { return d == DType::kBF16 || d == DType::kF32 || d == DType::kF16; }
 
 class Loader {
  public:
@@ -115,14 +121,33 @@ class Loader {
         " to use the container's format; only 4 on an int8 container downcasts)"));
   }
 
-  // A resident matrix [rows, cols]: a container's pre-quantized bytes, or BF16 quantized now.
+  // A tensor that spec §2.3 lists as BF16: BF16, or F32 / F16 as a full-precision snapshot
+  // stores it (spec §9.8), each converted exactly to f32. DATA_LOSS naming the tensor for any
+  // other dtype or another shape.
+  // allow_f16 = false: BF16 or F32 only (the embedding, read row by row).
+  absl::StatusOr<const st::TensorInfo*> ExpectFloat(const std::string& name,
+                                                    std::span<const int64_t> shape,
+                                                    bool allow_f16 = true) {
+    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap_.Get(name));
+    const bool dtype_ok = IsFloatDType(t->dtype) && (allow_f16 || t->dtype != DType::kF16);
+    if (!dtype_ok || !std::equal(shape.begin(), shape.end(), t->shape.begin(), t->shape.end())) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor '", name, "': expected BF16 (or F32", allow_f16 ? " / F16" : "", ") [",
+          absl::StrJoin(shape, ", "), "], got ", st::DescribeTensor(t->dtype, t->shape),
+          " (file '", snap_.ShardPath(t->shard), "')"));
+    }
+    return t;
+  }
+
+  // A resident matrix [rows, cols]: a container's pre-quantized bytes, or a BF16 / F32 / F16
+  // matrix quantized now.
   absl::Status Matrix(const std::string& name, int64_t rows, int64_t cols, const Want& want,
                       Linear* out) {
     COLI_ASSIGN_OR_RETURN(std::optional<Parts> parts, ContainerParts(name, rows, cols));
     if (!parts) {
       if (mmap_ && !want.always_f32) return NeedsConversion(name);
       COLI_ASSIGN_OR_RETURN(WeightFormat f, FormatForBits(want.bits, cols, want.what));
-      return Bf16Matrix(name, rows, cols, f, out);
+      return SourceMatrix(name, rows, cols, f, out);
     }
     COLI_ASSIGN_OR_RETURN(WeightFormat f, Resolve(name, *parts, want));
     absl::StatusOr<QuantizedMatrix> q;
@@ -142,28 +167,37 @@ class Loader {
 
   static absl::Status NeedsConversion(const std::string& name) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "K3_MMAP=1: tensor '", name, "' is a BF16 matrix that needs load-time quantization; ",
-        "K3_MMAP maps only a repacked container's U8 matrices (run k3-repack, or unset K3_MMAP)"));
+        "K3_MMAP=1: tensor '", name, "' is a source (BF16 / F32) matrix that needs load-time ",
+        "quantization; K3_MMAP maps only a repacked container's U8 matrices (run k3-repack, or ",
+        "unset K3_MMAP)"));
   }
 
-  // BF16 [rows, cols] → a resident matrix in `format`.
-  absl::Status Bf16Matrix(const std::string& name, int64_t rows, int64_t cols, WeightFormat format,
-                          Linear* out) {
+  // A source matrix [rows, cols] (BF16, or F32 / F16: ExpectFloat) → a resident matrix in
+  // `format`. BF16 goes through FromBf16 as it always has; the others are converted exactly to
+  // f32 first, then quantized the same way (spec §4.2/§4.3 act on the f32 values).
+  absl::Status SourceMatrix(const std::string& name, int64_t rows, int64_t cols,
+                            WeightFormat format, Linear* out) {
     const int64_t shape[] = {rows, cols};
-    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap_.Expect(name, DType::kBF16, shape));
-    std::vector<uint16_t> raw(t->numel());
-    COLI_RETURN_IF_ERROR(snap_.Read(*t, raw.data()));
-    auto q = QuantizedMatrix::FromBf16(raw.data(), rows, cols, format);
+    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, ExpectFloat(name, shape));
+    absl::StatusOr<QuantizedMatrix> q;
+    if (t->dtype == DType::kBF16) {
+      std::vector<uint16_t> raw(t->numel());
+      COLI_RETURN_IF_ERROR(snap_.Read(*t, raw.data()));
+      q = QuantizedMatrix::FromBf16(raw.data(), rows, cols, format);
+    } else {
+      COLI_ASSIGN_OR_RETURN(std::vector<float> values, snap_.ReadAsF32(*t));
+      q = QuantizedMatrix::FromF32(values.data(), rows, cols, format);
+    }
     if (!q.ok()) return Annotate(q.status(), absl::StrCat("tensor '", name, "'"));
     out->m = std::move(q).value();
     return absl::OkStatus();
   }
 
-  // BF16 [rows, cols] as f32 values.
-  absl::StatusOr<std::vector<float>> ReadBf16AsF32(const std::string& name, int64_t rows,
-                                                   int64_t cols) {
+  // A source matrix [rows, cols] (BF16, F32 or F16) as f32 values.
+  absl::StatusOr<std::vector<float>> ReadSourceAsF32(const std::string& name, int64_t rows,
+                                                     int64_t cols) {
     const int64_t shape[] = {rows, cols};
-    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap_.Expect(name, DType::kBF16, shape));
+    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, ExpectFloat(name, shape));
     return snap_.ReadAsF32(*t);
   }
 
@@ -175,10 +209,16 @@ class Loader {
     return out;
   }
 
-  // Any tensor of `dtype` and `shape` as f32 values.
+  // A tensor of `dtype` and `shape` as f32 values; dtype kBF16 (spec §2.3's BF16 slots) also
+  // takes F32 / F16 (ExpectFloat).
   absl::Status Vector(const std::string& name, DType dtype, std::vector<int64_t> shape,
                       std::vector<float>* out) {
-    COLI_ASSIGN_OR_RETURN(const st::TensorInfo* t, snap_.Expect(name, dtype, shape));
+    const st::TensorInfo* t = nullptr;
+    if (dtype == DType::kBF16) {
+      COLI_ASSIGN_OR_RETURN(t, ExpectFloat(name, shape));
+    } else {
+      COLI_ASSIGN_OR_RETURN(t, snap_.Expect(name, dtype, shape));
+    }
     COLI_ASSIGN_OR_RETURN(*out, snap_.ReadAsF32(*t));
     for (float v : *out)
       if (!std::isfinite(v))
@@ -186,7 +226,8 @@ class Loader {
     return absl::OkStatus();
   }
 
-  // res_norm.weight [D] ⊙ res_proj.weight [1, D]; both BF16 so the product is exact in f32.
+  // res_norm.weight [D] ⊙ res_proj.weight [1, D]; exact in f32 when both are BF16, one f32
+  // rounding when they are F32 (a full-precision snapshot).
   absl::Status ResScore(const std::string& norm, const std::string& proj, int64_t d,
                         std::vector<float>* out) {
     std::vector<float> n, p;
@@ -400,7 +441,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
           COLI_ASSIGN_OR_RETURN(f, ld.Resolve(name, *parts, kMlaBits));
         } else {
           if (ld.mmap()) return Loader::NeedsConversion(name);
-          COLI_ASSIGN_OR_RETURN(kv, ld.ReadBf16AsF32(name, rows, lat));
+          COLI_ASSIGN_OR_RETURN(kv, ld.ReadSourceAsF32(name, rows, lat));
         }
         // Row block [r0, r0 + n) in the format f: quantized now, copied, downcast or mapped.
         auto block = [&](int64_t r0, int64_t n, Linear* out) -> absl::Status {
@@ -483,7 +524,8 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
   COLI_RETURN_IF_ERROR(matrix(w->prefix_ + "lm_head.weight", V, D, kHeadBits, &w->lm_head));
   {
     const int64_t shape[] = {V, D};
-    COLI_ASSIGN_OR_RETURN(w->embed_, snap.Expect(G + "embed_tokens.weight", DType::kBF16, shape));
+    COLI_ASSIGN_OR_RETURN(w->embed_, ld.ExpectFloat(G + "embed_tokens.weight", shape,
+                                                          /*allow_f16=*/false));
     COLI_ASSIGN_OR_RETURN(w->embed_file_, snap.ShardFile(w->embed_->shard));
   }
   COLI_RETURN_IF_ERROR(RunJobs(jobs, opt.load_threads, progress));
@@ -517,6 +559,10 @@ absl::Status Weights::EmbedRow(int64_t token, float* out) const {
   if (token < 0 || token >= vocab_)
     return absl::InvalidArgumentError(
         absl::StrCat("token id ", token, " outside the vocabulary [0, ", vocab_, ")"));
+  // BF16 or F32 (checked at Load): F32 rows are read as they are, BF16 converted exactly.
+  if (embed_->dtype == DType::kF32) {
+    return embed_file_->ReadAt(embed_->file_offset + token * hidden_ * 4, hidden_ * 4, out);
+  }
   std::vector<uint16_t> raw(hidden_);
   COLI_RETURN_IF_ERROR(embed_file_->ReadAt(embed_->file_offset + token * hidden_ * 2,
                                            hidden_ * 2, raw.data()));

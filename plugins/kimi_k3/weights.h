@@ -8,7 +8,9 @@
 // released multimodal snapshot may be present or absent (probed once on layer 0's
 // input_layernorm). Every tensor is checked for dtype and shape before it is read (DATA_LOSS
 // "tensor 'language_model.model.layers.3.self_attn.A_log': expected ..."), a missing one is
-// NOT_FOUND naming it. Vision tensors (`vision_tower.*`, `mm_projector.*`) are never looked at,
+// NOT_FOUND naming it. Where §2.3 says BF16, F32 and F16 are accepted too (a full-precision
+// save_pretrained snapshot, spec §9.8; the embedding BF16 or F32), converted exactly to f32
+// before the load-time quantization below; the F32 slots stay F32-only. Vision tensors (`vision_tower.*`, `mm_projector.*`) are never looked at,
 // so their shards are never opened.
 //
 // Residency (spec §7.2): the big matrices are quantized at load per ModelOptions —

@@ -1,7 +1,7 @@
 # Tests of the Kimi K3 model core (plugins/kimi_k3, owner: model). Expected values come from
 # the independent float64 numpy reference tools/k3/k3_ref.py, run by the tests on the fixtures
-# that tools/k3 makes at build time (build/fixtures/k3_tiny, k3_tiny_ties, k3_tiny_variant;
-# random weights).
+# that tools/k3 makes at build time (build/fixtures/k3_tiny, k3_tiny_ties, k3_tiny_variant,
+# k3_vendor_f32; random weights).
 coli_cc_test(NAME k3_config_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/config_test.cc
   DEPS kimi_k3_core)
@@ -15,7 +15,8 @@ target_compile_definitions(k3_model_test PRIVATE
   PROJECT_TOOLS_K3="${PROJECT_SOURCE_DIR}/tools/k3"
   K3_TEST_TINY="${CMAKE_BINARY_DIR}/fixtures/k3_tiny"
   K3_TEST_TIES="${CMAKE_BINARY_DIR}/fixtures/k3_tiny_ties"
-  K3_TEST_VARIANT="${CMAKE_BINARY_DIR}/fixtures/k3_tiny_variant")
+  K3_TEST_VARIANT="${CMAKE_BINARY_DIR}/fixtures/k3_tiny_variant"
+  K3_TEST_VENDOR="${CMAKE_BINARY_DIR}/fixtures/k3_vendor_f32")
 if(TARGET k3_tiny_fixture)
   add_dependencies(k3_model_test k3_tiny_fixture)
 endif()

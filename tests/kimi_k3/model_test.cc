@@ -5,6 +5,7 @@
 // Expected values never come from the engine itself, except where the property under test is
 // self-consistency (chunked == token-at-a-time, bit for bit).
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -35,6 +36,8 @@ using testing::ReadF32;
 using testing::RelL2;
 using testing::RunReference;
 using testing::TempDir;
+using testing::WorstLayerError;
+using testing::WorstRowError;
 using testing::WriteF32;
 
 constexpr double kF32Tolerance = 1e-5;  // issue #5: rel-L2 per position / per layer
@@ -54,28 +57,15 @@ std::unique_ptr<Model> Load(const std::string& dir, const ModelOptions& o) {
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
-// Per-position rel-L2 of engine logits against reference logits, both [T, V].
-double WorstRowError(const std::vector<float>& eng, const std::vector<float>& ref, int64_t width,
-                     int64_t* worst_row = nullptr) {
-  EXPECT_EQ(eng.size(), ref.size());
-  double worst = 0;
-  const int64_t rows = static_cast<int64_t>(std::min(eng.size(), ref.size())) / width;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double e = RelL2(eng.data() + r * width, ref.data() + r * width, width);
-    if (e > worst) {
-      worst = e;
-      if (worst_row) *worst_row = r;
-    }
-  }
-  return worst;
-}
-
 // ---- Whole stack ---------------------------------------------------------------------------
 
 TEST(K3Reference, F32LogitsAndGreedyMatchOnSeveralSequences) {
   struct Case { const char* dir; int length; uint32_t seed; };
+  // K3_TEST_VENDOR: spec §9.8's full-precision vendor-style snapshot (every tensor F32, routed
+  // experts plain F32 w{1,2,3}.weight; vendor_f32_test.cc has the rest of its tests).
   const Case cases[] = {{K3_TEST_TINY, 128, 11}, {K3_TEST_TINY, 37, 12}, {K3_TEST_TIES, 130, 13},
-                        {K3_TEST_VARIANT, 96, 14}};
+                        {K3_TEST_VARIANT, 96, 14}, {K3_TEST_VENDOR, 80, 15},
+                        {K3_TEST_VENDOR, 23, 16}};
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(c.dir, " length ", c.length));
     TempDir tmp;
@@ -161,20 +151,16 @@ void CheckHiddenStates(const std::string& dir) {
   ASSERT_EQ(eng.size(), static_cast<size_t>(T) * L * D);
   ASSERT_EQ(ref.size(), eng.size());
   for (int l = 0; l < L; ++l) {
-    double worst = 0;
-    for (int t = 0; t < T; ++t) {
-      const size_t off = (static_cast<size_t>(t) * L + l) * D;
-      worst = std::max(worst, RelL2(eng.data() + off, ref.data() + off, D));
-    }
-    EXPECT_LE(worst, kF32Tolerance) << "layer " << l;
+    EXPECT_LE(WorstLayerError(eng, ref, T, L, D, l), kF32Tolerance) << "layer " << l;
   }
 }
 
 TEST(K3Reference, HiddenStateAfterEveryLayerMatches) {
   // k3_tiny_variant: the readings of spec §9.8's oracle config (MLA listed as 3 and 6, blocks
   // of 2, eps 1e-3, one shared expert, routed_scaling_factor 2), a decay rank that is not
-  // head_dim and full-precision F32 tensors.
-  for (const char* dir : {K3_TEST_TINY, K3_TEST_VARIANT}) {
+  // head_dim and full-precision F32 tensors; k3_vendor_f32: spec §9.8's vendor-style snapshot,
+  // all F32 with unquantized experts.
+  for (const char* dir : {K3_TEST_TINY, K3_TEST_VARIANT, K3_TEST_VENDOR}) {
     SCOPED_TRACE(dir);
     CheckHiddenStates(dir);
   }
@@ -224,7 +210,9 @@ TEST(K3Reference, MlaLatentNormEpsilonIsTheVendorsAndConfigurable) {
     auto model = Load(K3_TEST_TINY, o);
     ASSERT_NE(model, nullptr);
     ASSERT_TRUE(model->NewSession()->Prefill(ids).ok());
-    const double err = WorstRowError(ReadF32(o.logits_path), ref, model->vocab_size());
+    const auto eng = ReadF32(o.logits_path);
+    ASSERT_EQ(eng.size(), ref.size());
+    const double err = WorstRowError(eng, ref, model->vocab_size());
     if (eps == 1e-5f) {
       EXPECT_LE(err, kF32Tolerance);
     } else {
@@ -677,15 +665,50 @@ TEST_F(K3BadCheckpoint, MissingTensorIsNamed) {
 }
 
 TEST_F(K3BadCheckpoint, WrongDtypeIsNamed) {
-  const std::string name = P("layers.0.input_layernorm.weight");
-  ASSERT_TRUE(testing::RewriteShardOf(dir_, name, [&](testing::EditableTensor& t) {
-                if (t.name != name) return;
-                t.dtype = st::DType::kF32;
-                t.bytes.assign(t.bytes.size() * 2, '\0');
-              }).ok());
-  absl::Status s = LoadStatus();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_NE(s.message().find(name), std::string::npos) << s;
+  // A BF16 slot takes F32 / F16 too (a full-precision snapshot, spec §9.8; vendor_f32_test.cc),
+  // so the wrong dtype here is an integer one, for a vector and for a matrix.
+  for (const std::string& name :
+       {P("layers.0.input_layernorm.weight"), P("layers.1.self_attn.q_proj.weight")}) {
+    SCOPED_TRACE(name);
+    testing::CopyDir(K3_TEST_TIES, tmp_.File("fresh"));
+    dir_ = tmp_.File("fresh");
+    ASSERT_TRUE(testing::RewriteShardOf(dir_, name, [&](testing::EditableTensor& t) {
+                  if (t.name != name) return;
+                  t.dtype = st::DType::kI32;
+                  t.bytes.assign(t.bytes.size() * 2, '\0');
+                }).ok());
+    absl::Status s = LoadStatus();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find(name), std::string::npos) << s;
+    EXPECT_NE(s.message().find("I32"), std::string::npos) << s;
+    std::filesystem::remove_all(dir_);
+  }
+}
+
+TEST_F(K3BadCheckpoint, F32InABf16SlotIsConvertedExactly) {
+  // The same values stored as F32 instead of BF16 give bit-identical logits.
+  const std::string name = P("layers.1.self_attn.q_proj.weight");
+  const auto ids = RandomIds(16, 768, 72);
+  std::vector<std::vector<float>> out;
+  for (bool widen : {false, true}) {
+    if (widen) {
+      ASSERT_TRUE(testing::RewriteShardOf(dir_, name, [&](testing::EditableTensor& t) {
+                    if (t.name != name) return;
+                    std::string wide(t.bytes.size() * 2, '\0');
+                    for (size_t i = 0; i < t.bytes.size() / 2; ++i) {
+                      std::memcpy(&wide[4 * i + 2], &t.bytes[2 * i], 2);  // bf16 = high half
+                    }
+                    t.dtype = st::DType::kF32;
+                    t.bytes = std::move(wide);
+                  }).ok());
+    }
+    auto model = Load(dir_, F32Options());
+    ASSERT_NE(model, nullptr);
+    auto logits = model->NewSession()->Prefill(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    out.push_back(*logits);
+  }
+  EXPECT_TRUE(out[0] == out[1]);
 }
 
 TEST_F(K3BadCheckpoint, WrongShapeIsNamed) {

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -66,6 +68,34 @@ double RelL2(const float* a, const float* ref, int64_t n) {
     den += static_cast<double>(ref[i]) * ref[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double WorstRowError(const std::vector<float>& eng, const std::vector<float>& ref, int64_t width,
+                     int64_t* worst_row) {
+  if (eng.size() != ref.size() || width <= 0 || eng.size() % width != 0)
+    return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  const int64_t rows = static_cast<int64_t>(eng.size()) / width;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double e = RelL2(eng.data() + r * width, ref.data() + r * width, width);
+    if (e > worst) {
+      worst = e;
+      if (worst_row) *worst_row = r;
+    }
+  }
+  return worst;
+}
+
+double WorstLayerError(const std::vector<float>& eng, const std::vector<float>& ref, int T, int L,
+                       int64_t D, int layer) {
+  const size_t n = static_cast<size_t>(T) * L * D;
+  if (eng.size() != n || ref.size() != n) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (int t = 0; t < T; ++t) {
+    const size_t off = (static_cast<size_t>(t) * L + layer) * D;
+    worst = std::max(worst, RelL2(eng.data() + off, ref.data() + off, D));
+  }
+  return worst;
 }
 
 std::string JoinIds(const std::vector<int32_t>& ids) {

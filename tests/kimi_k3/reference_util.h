@@ -34,6 +34,14 @@ void WriteF32(const std::string& path, const std::vector<float>& v);
 
 // ||a − ref|| / ||ref|| over [offset, offset + n).
 double RelL2(const float* a, const float* ref, int64_t n);
+// The worst per-row RelL2 of eng against ref, both [rows, width]; *worst_row (when given) gets
+// its row. +infinity when the sizes differ or are not whole rows.
+double WorstRowError(const std::vector<float>& eng, const std::vector<float>& ref, int64_t width,
+                     int64_t* worst_row = nullptr);
+// Hidden-state traces [T, L, D] (token-major, K3_TRACE): the worst RelL2 over the T positions
+// of layer `layer`. +infinity when the sizes differ from T·L·D.
+double WorstLayerError(const std::vector<float>& eng, const std::vector<float>& ref, int T, int L,
+                       int64_t D, int layer);
 
 // "1,2,3".
 std::string JoinIds(const std::vector<int32_t>& ids);

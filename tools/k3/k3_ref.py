@@ -4,7 +4,8 @@
 Follows `kimi_k3_model.md` §3 line by line: AttnRes control flow (§3.1/§3.2), Kimi Delta
 Attention (§3.3), gated NoPE MLA (§3.4), the dense SiTU MLP (§3.5), LatentMoE on MXFP4 experts
 (§3.6, §4.1), the output head (§3.7). Everything is computed in float64 from the stored values
-(BF16 and F32 convert exactly; MXFP4 is decoded exactly). It reads the Hugging Face snapshot
+(BF16, F16 and F32 convert exactly; MXFP4 is decoded exactly). A full-precision snapshot (spec
+§9.8: F32 where §2.3 says BF16, routed experts as plain F32 `w{1,2,3}.weight`) is read too. It reads the Hugging Face snapshot
 with its own minimal safetensors reader and checks every tensor's name, dtype and shape against
 the table of spec §2.3 before using it. It shares no code with the C++ engine.
 
@@ -255,19 +256,34 @@ class Snapshot:
         return shard.tensors[full] + (fname,)
 
     def raw(self, name, dtype, shape):
-        """The tensor's stored values, after checking dtype and shape."""
+        """The tensor's stored values, after checking dtype and shape. Where spec §2.3 says BF16,
+        F32 and F16 are accepted too (a full-precision save_pretrained snapshot, spec §9.8);
+        the stored dtype is then the array's dtype (see stored_dtype)."""
         full = self.prefix + name
         got_dtype, got_shape = self.info(name)[:2]
-        if got_dtype != dtype or list(got_shape) != list(shape):
-            raise RefError(f"tensor '{full}': expected {dtype} {list(shape)}, "
+        ok = got_dtype in _BF16_SLOT if dtype == "BF16" else got_dtype == dtype
+        if not ok or list(got_shape) != list(shape):
+            want = "BF16 (or F32/F16)" if dtype == "BF16" else dtype
+            raise RefError(f"tensor '{full}': expected {want} {list(shape)}, "
                            f"got {got_dtype} {got_shape}")
         return self._shard(self.weight_map[full]).raw(full)
 
+    def stored_dtype(self, name):
+        return self.info(name)[0]
+
     def f64(self, name, dtype, shape):
-        a = self.raw(name, dtype, shape)
-        if dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-        return np.asarray(a, dtype=np.float64)
+        return to_f64(self.raw(name, dtype, shape), self.stored_dtype(name))
+
+
+# Dtypes accepted where the spec's table says BF16 (each converts exactly to float64).
+_BF16_SLOT = ("BF16", "F32", "F16")
+
+
+def to_f64(a, dtype):
+    """Stored values of `dtype` (BF16 as uint16 bits) as float64, exactly."""
+    if dtype == "BF16":
+        return (np.asarray(a).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.asarray(a, dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,7 +587,7 @@ class Model:
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.cfg.vocab):
             raise RefError(f"token id out of range [0, {self.cfg.vocab})")
-        return (table[ids].astype(np.uint32) << 16).view(np.float32).astype(self.dtype)
+        return to_f64(table[ids], self.snap.stored_dtype(self.embed_name)).astype(self.dtype)
 
     def layer(self, i):
         """Float64 weights of layer i, each checked against its expected dtype and shape."""
@@ -681,6 +697,21 @@ class Model:
                   "w3": (c.moe_inter, c.latent)}
         E = f"model.layers.{i}.block_sparse_moe.experts.{e}"
         out = []
+        plain = [self.snap.has(f"{E}.{m}.weight") for m in ("w1", "w2", "w3")]
+        packed = [self.snap.has(f"{E}.{m}.weight_{k}") for m in ("w1", "w2", "w3")
+                  for k in ("packed", "scale")]
+        if any(plain):
+            # Unquantized experts (spec §9.8: a vendor save with experts kept in f32): plain
+            # F32 linear weights of the logical shapes; never mixed with MXFP4 parts.
+            if any(packed):
+                raise RefError(f"tensor '{self.snap.prefix}{E}.w1.weight': expert {e} mixes "
+                               f"plain weights with MXFP4 weight_packed/weight_scale")
+            for m in ("w1", "w2", "w3"):
+                out.append(self.snap.f64(f"{E}.{m}.weight", "F32", shapes[m]))
+            out = tuple(m.astype(self.dtype) for m in out)
+            if c.latent * c.moe_inter <= 1 << 20:
+                self._experts[key] = out
+            return out
         for m in ("w1", "w2", "w3"):
             o, n = shapes[m]
             if n % 32:

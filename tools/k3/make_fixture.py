@@ -15,13 +15,18 @@ Presets (see FIXTURE.md for every dimension):
                 duplicated so sigmoid scores tie exactly, a correction bias that changes picks
   tiny-variant  6 layers (MLA listed as 3 and 6), blocks of 2, eps 1e-3, one shared expert,
                 routed_scaling_factor 2, decay rank != head_dim, full-precision F32 tensors
+  vendor-f32    spec §9.8's vendor-code fixture: its shapes (hidden 64, 6 layers, MLA at 3 and
+                6, ...), EVERY tensor F32 with full mantissas, routed experts as plain
+                w{1,2,3}.weight F32 matrices (no MXFP4), no quantization_config (a torch
+                save_pretrained of the vendor modeling code with experts kept in f32)
   real-experts  routed experts of the real K3 size (latent 3584, inter 3072, 17,547,264 bytes
                 each) with small attention widths, for the streaming benchmark; streamed out
   real-widths   every K3 width for 2 layers (KDA + dense, MLA + LatentMoE), 32 experts, tiny
                 vocabulary: for timing the forward pass at real widths (~3.8 GB)
 
 Usage:
-  make_fixture.py OUT_DIR [--preset tiny|tiny-ties|tiny-variant|real-experts|real-widths] [--seed N]
+  make_fixture.py OUT_DIR [--preset tiny|tiny-ties|tiny-variant|vendor-f32|real-experts|real-widths]
+                  [--seed N]
                   [--no-prefix]
                   [--moe-layers N] [--experts N] [--top-k N] [--quiet]
 
@@ -84,6 +89,22 @@ PRESETS = {
                          kda_rank=24, a_log_len=2, q_lora=32, kv_lora=32, dense_inter=64,
                          experts=8, top_k=2, shared=1, moe_inter=32, latent=32, scaling=2.0,
                          f32_full=True),
+    # Spec §9.8's vendor-code fixture as far as the spec states it: hidden 64, intermediate 64,
+    # 6 layers with MLA at 1-based 3 and 6, MLA heads 2, q_lora 32, kv_lora 32, nope 32, extra
+    # 16, v 32; KDA 2 heads x 32 (full-rank gate: decay rank = head_dim), conv 4; 8 experts top-2,
+    # 1 shared, expert inter 32, latent 32, routed_scaling_factor 2, first dense 1, AttnRes
+    # blocks of 2, rms_norm_eps 1e-3. What save_pretrained writes for it: every tensor F32 with
+    # full mantissas (dense matrices, norms and the embedding included), the routed experts as
+    # plain linear weights experts.{e}.w{1,2,3}.weight F32 (logical shapes, spec §2.3) instead of
+    # weight_packed + weight_scale, and no quantization_config. The vocabulary stays the
+    # fixtures' small tokenizer's; the values follow this file's conventions (not §9.8's
+    # torch draws). Layer 4 stores its experts matrix-major (all w1, then all w2, all w3), so
+    # an expert is not one contiguous range there (the engine's six/three-read path).
+    "vendor-f32": dict(_TINY, layers=6, full=[3, 6], block=2, rms_eps=1e-3, kda_heads=2,
+                       kda_head_dim=32, kda_rank=32, a_log_len=32, q_lora=32, kv_lora=32,
+                       nope=32, extra=16, v_dim=32, dense_inter=64, experts=8, top_k=2, shared=1,
+                       moe_inter=32, latent=32, scaling=2.0, f32_full=True, all_f32=True,
+                       experts_f32=True, no_quant_config=True, matrix_major_layers=[4]),
     "real-experts": dict(_TINY, hidden=256, layers=5, block=12, dense_inter=256, experts=64,
                          top_k=16, moe_inter=3072, latent=3584),
     # Every width of K3 (spec §1.2) but 2 layers (KDA + dense MLP, MLA + LatentMoE), 32 experts
@@ -142,6 +163,13 @@ class Gen:
 # A streaming safetensors writer: header from (name, dtype, shape, nbytes), then data in order.
 
 _DTYPE_SIZE = {"BF16": 2, "F32": 4, "U8": 1}
+
+
+def dense_tensor(p, name, values):
+    """A tensor spec §2.3 lists as BF16: BF16, or (preset all_f32) F32 with full mantissas."""
+    if p.get("all_f32"):
+        return f32_tensor(name, values, full=True)
+    return bf16_tensor(name, values)
 
 
 class Tensor:
@@ -426,6 +454,10 @@ def make_config(p, base):
             "sparsity_config": {},
         },
     }
+    if p.get("no_quant_config"):
+        # A full-precision save: nothing is quantized, so there is no quantization_config.
+        del text["quantization_config"]
+        text["torch_dtype"] = "float32"
     return {
         "coli_fixture": FIXTURE_LABEL,
         "architectures": ["KimiK3ForConditionalGeneration"],
@@ -441,7 +473,7 @@ def make_config(p, base):
         "media_placeholder_token_id": base + 21,
         "image_placeholder": "<|kimi_image_placeholder|>",
         "ignore_index": -100,
-        "dtype": "bfloat16",
+        "dtype": "float32" if p.get("all_f32") else "bfloat16",
         "tie_word_embeddings": False,
         "text_config": text,
         "vision_config": {"model_type": "kimi_k3_vision", "hidden_size": 16,
@@ -463,13 +495,16 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
     def f32(name, values):
         return f32_tensor(name, values, full)
 
+    def dense(name, values):
+        return dense_tensor(p, name, values)
+
     t = [
-        bf16_tensor(f"{P}.input_layernorm.weight", g.norm_w(D)),
-        bf16_tensor(f"{P}.post_attention_layernorm.weight", g.norm_w(D)),
-        bf16_tensor(f"{P}.self_attention_res_norm.weight", g.norm_w(D)),
-        bf16_tensor(f"{P}.self_attention_res_proj.weight", g.normal((1, D), RES_GAIN / np.sqrt(D))),
-        bf16_tensor(f"{P}.mlp_res_norm.weight", g.norm_w(D)),
-        bf16_tensor(f"{P}.mlp_res_proj.weight", g.normal((1, D), RES_GAIN / np.sqrt(D))),
+        dense(f"{P}.input_layernorm.weight", g.norm_w(D)),
+        dense(f"{P}.post_attention_layernorm.weight", g.norm_w(D)),
+        dense(f"{P}.self_attention_res_norm.weight", g.norm_w(D)),
+        dense(f"{P}.self_attention_res_proj.weight", g.normal((1, D), RES_GAIN / np.sqrt(D))),
+        dense(f"{P}.mlp_res_norm.weight", g.norm_w(D)),
+        dense(f"{P}.mlp_res_proj.weight", g.normal((1, D), RES_GAIN / np.sqrt(D))),
     ]
     A = f"{P}.self_attn"
     if is_mla:
@@ -479,14 +514,14 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
         # (1e-6 vendor vs 1e-5 production, spec §3.9) changes the output visibly.
         kva = np.concatenate([g.dense(kvr, D, 0.016, lazy=False), g.dense(x, D, 1.0, lazy=False)])
         t += [
-            bf16_tensor(f"{A}.q_a_proj.weight", g.dense(qr, D, 0.016)),
-            bf16_tensor(f"{A}.q_a_layernorm.weight", g.norm_w(qr)),
-            bf16_tensor(f"{A}.q_b_proj.weight", g.dense(H * (n + x), qr)),
-            bf16_tensor(f"{A}.kv_a_proj_with_mqa.weight", kva),
-            bf16_tensor(f"{A}.kv_a_layernorm.weight", g.norm_w(kvr)),
-            bf16_tensor(f"{A}.kv_b_proj.weight", g.dense(H * (n + v), kvr)),
-            bf16_tensor(f"{A}.g_proj.weight", g.dense(H * v, D)),
-            bf16_tensor(f"{A}.o_proj.weight", g.dense(D, H * v, OUT_GAIN)),
+            dense(f"{A}.q_a_proj.weight", g.dense(qr, D, 0.016)),
+            dense(f"{A}.q_a_layernorm.weight", g.norm_w(qr)),
+            dense(f"{A}.q_b_proj.weight", g.dense(H * (n + x), qr)),
+            dense(f"{A}.kv_a_proj_with_mqa.weight", kva),
+            dense(f"{A}.kv_a_layernorm.weight", g.norm_w(kvr)),
+            dense(f"{A}.kv_b_proj.weight", g.dense(H * (n + v), kvr)),
+            dense(f"{A}.g_proj.weight", g.dense(H * v, D)),
+            dense(f"{A}.o_proj.weight", g.dense(D, H * v, OUT_GAIN)),
         ]
     else:
         H, d, r, K = p["kda_heads"], p["kda_head_dim"], p["kda_rank"], p["conv"]
@@ -494,28 +529,28 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
         a_log = np.zeros(p["a_log_len"])
         a_log[:H] = np.log(g.rng.uniform(1.0, 16.0, H))  # per head; padding stays exactly 0
         t += [
-            bf16_tensor(f"{A}.q_proj.weight", g.dense(C, D)),
-            bf16_tensor(f"{A}.k_proj.weight", g.dense(C, D)),
-            bf16_tensor(f"{A}.v_proj.weight", g.dense(C, D)),
+            dense(f"{A}.q_proj.weight", g.dense(C, D)),
+            dense(f"{A}.k_proj.weight", g.dense(C, D)),
+            dense(f"{A}.v_proj.weight", g.dense(C, D)),
             f32(f"{A}.q_conv1d.weight", g.normal((C, 1, K), 0.5)),
             f32(f"{A}.k_conv1d.weight", g.normal((C, 1, K), 0.5)),
             f32(f"{A}.v_conv1d.weight", g.normal((C, 1, K), 0.5)),
-            bf16_tensor(f"{A}.f_a_proj.weight", g.dense(r, D)),
-            bf16_tensor(f"{A}.f_b_proj.weight", g.dense(C, r)),
-            bf16_tensor(f"{A}.b_proj.weight", g.dense(H, D)),
+            dense(f"{A}.f_a_proj.weight", g.dense(r, D)),
+            dense(f"{A}.f_b_proj.weight", g.dense(C, r)),
+            dense(f"{A}.b_proj.weight", g.dense(H, D)),
             f32(f"{A}.A_log", a_log),
             f32(f"{A}.dt_bias", g.normal(C, 0.5)),
             f32(f"{A}.o_norm.weight", g.norm_w(d)),
-            bf16_tensor(f"{A}.g_proj.weight", g.dense(C, D)),
-            bf16_tensor(f"{A}.o_proj.weight", g.dense(D, C, OUT_GAIN)),
+            dense(f"{A}.g_proj.weight", g.dense(C, D)),
+            dense(f"{A}.o_proj.weight", g.dense(D, C, OUT_GAIN)),
         ]
     if i == 0:
         I = p["dense_inter"]
         M = f"{P}.mlp"
         t += [
-            bf16_tensor(f"{M}.gate_proj.weight", g.dense(I, D)),
-            bf16_tensor(f"{M}.up_proj.weight", g.dense(I, D)),
-            bf16_tensor(f"{M}.down_proj.weight", g.dense(D, I, OUT_GAIN)),
+            dense(f"{M}.gate_proj.weight", g.dense(I, D)),
+            dense(f"{M}.up_proj.weight", g.dense(I, D)),
+            dense(f"{M}.down_proj.weight", g.dense(D, I, OUT_GAIN)),
         ]
     else:
         E, lat, S = p["experts"], p["latent"], p["shared"] * p["moe_inter"]
@@ -525,14 +560,14 @@ def layer_tensors(g, p, i, is_mla, prefix, shared_router=None):
         else:
             router, bias = g.dense(E, D, 2.0), g.normal(E, 0.05)
         t += [
-            bf16_tensor(f"{M}.gate.weight", router),
+            dense(f"{M}.gate.weight", router),
             f32(f"{M}.gate.e_score_correction_bias", bias),
-            bf16_tensor(f"{M}.routed_expert_down_proj.weight", g.dense(lat, D)),
-            bf16_tensor(f"{M}.routed_expert_norm.weight", g.norm_w(lat)),
-            bf16_tensor(f"{M}.routed_expert_up_proj.weight", g.dense(D, lat, OUT_GAIN)),
-            bf16_tensor(f"{M}.shared_experts.gate_proj.weight", g.dense(S, D)),
-            bf16_tensor(f"{M}.shared_experts.up_proj.weight", g.dense(S, D)),
-            bf16_tensor(f"{M}.shared_experts.down_proj.weight", g.dense(D, S, OUT_GAIN)),
+            dense(f"{M}.routed_expert_down_proj.weight", g.dense(lat, D)),
+            dense(f"{M}.routed_expert_norm.weight", g.norm_w(lat)),
+            dense(f"{M}.routed_expert_up_proj.weight", g.dense(D, lat, OUT_GAIN)),
+            dense(f"{M}.shared_experts.gate_proj.weight", g.dense(S, D)),
+            dense(f"{M}.shared_experts.up_proj.weight", g.dense(S, D)),
+            dense(f"{M}.shared_experts.down_proj.weight", g.dense(D, S, OUT_GAIN)),
         ]
     return t
 
@@ -560,6 +595,12 @@ def expert_tensors(g, p, prefix, i, e):
     when written, so a real-size shard is never held in memory."""
     lat, inter = p["latent"], p["moe_inter"]
     E = f"{prefix}model.layers.{i}.block_sparse_moe.experts.{e}"
+    if p.get("experts_f32"):
+        # Unquantized experts (spec §9.8): w1 = gate [inter, latent], w2 = down [latent, inter],
+        # w3 = up [inter, latent], F32 with full mantissas, in that order.
+        return [f32_tensor(f"{E}.w1.weight", g.dense(inter, lat), full=True),
+                f32_tensor(f"{E}.w2.weight", g.dense(lat, inter), full=True),
+                f32_tensor(f"{E}.w3.weight", g.dense(inter, lat), full=True)]
     out = []
     for w, (rows, cols) in (("w1", (inter, lat)), ("w2", (lat, inter)), ("w3", (inter, lat))):
         cache = {}
@@ -578,12 +619,16 @@ def expert_tensors(g, p, prefix, i, e):
 
 def global_tensors(g, p, prefix, vocab):
     D = p["hidden"]
+
+    def dense(name, values):
+        return dense_tensor(p, name, values)
+
     return [
-        bf16_tensor(f"{prefix}model.embed_tokens.weight", g.normal((vocab, D), 1.0)),
-        bf16_tensor(f"{prefix}lm_head.weight", g.dense(vocab, D)),
-        bf16_tensor(f"{prefix}model.norm.weight", g.norm_w(D)),
-        bf16_tensor(f"{prefix}model.output_attn_res_norm.weight", g.norm_w(D)),
-        bf16_tensor(f"{prefix}model.output_attn_res_proj.weight",
+        dense(f"{prefix}model.embed_tokens.weight", g.normal((vocab, D), 1.0)),
+        dense(f"{prefix}lm_head.weight", g.dense(vocab, D)),
+        dense(f"{prefix}model.norm.weight", g.norm_w(D)),
+        dense(f"{prefix}model.output_attn_res_norm.weight", g.norm_w(D)),
+        dense(f"{prefix}model.output_attn_res_proj.weight",
                     g.normal((1, D), RES_GAIN / np.sqrt(D))),
     ]
 
@@ -645,8 +690,13 @@ def build(out_dir, preset, seed=1, prefix=True, moe_layers=None, experts=None, t
         if i > 0:
             order = [int(e) for e in g.rng.permutation(p["experts"])]
             expert_order[i] = order
-            for e in order:
-                tensors += expert_tensors(g, p, pre, i, e)
+            per_expert = [expert_tensors(g, p, pre, i, e) for e in order]
+            if i in p.get("matrix_major_layers", []):
+                # Matrix-major: every expert's first tensor, then every second, ...
+                tensors += [ts[k] for k in range(len(per_expert[0])) for ts in per_expert]
+            else:
+                for ts in per_expert:
+                    tensors += ts
         total += write_safetensors(os.path.join(tmp, names[i]), tensors)
         for t in tensors:
             weight_map[t.name] = names[i]
@@ -670,7 +720,8 @@ def build(out_dir, preset, seed=1, prefix=True, moe_layers=None, experts=None, t
             f"RANDOM WEIGHTS - NOT A REAL MODEL.\n\n"
             f"A Kimi K3-shaped test fixture written by tools/k3/make_fixture.py "
             f"(preset {preset}, seed {seed}). It has the real file layout, names, dtypes and "
-            f"MXFP4 packing with small widths; its outputs are meaningless text.\n"
+            f"{'F32 (unquantized experts)' if p.get('experts_f32') else 'MXFP4'} packing with small "
+            f"widths; its outputs are meaningless text.\n"
             f"Expert order per shard (layer: ids in file order):\n" +
             "".join(f"  {i}: {' '.join(map(str, o))}\n" for i, o in expert_order.items()))
     with open(os.path.join(tmp, "config.json"), "w") as f:

@@ -36,6 +36,7 @@ def setUpModule():
     F.build(os.path.join(_TMP, "ties"), "tiny-ties", log=None)
     F.build(os.path.join(_TMP, "noprefix"), "tiny", seed=5, prefix=False, log=None)
     F.build(os.path.join(_TMP, "variant"), "tiny-variant", log=None)
+    F.build(os.path.join(_TMP, "vendor"), "vendor-f32", log=None)
 
 
 def tearDownModule():
@@ -454,6 +455,76 @@ class FixtureTest(unittest.TestCase):
         self.assertTrue(np.all(a[4:] == 0) and np.all(a[:4] != 0))
         self.assertEqual(len(R.Model(fx("ties")).layer(0)["attn"]["A_log"]), 2)
 
+    def test_vendor_f32_preset_is_full_precision_with_plain_experts(self):
+        # Spec §9.8: every tensor F32 with full mantissas, experts as plain w{1,2,3}.weight of
+        # the logical shapes, no quantization_config, the oracle's dimensions.
+        d = fx("vendor")
+        with open(os.path.join(d, "config.json")) as f:
+            t = json.load(f)["text_config"]
+        self.assertNotIn("quantization_config", t)
+        want = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=6, num_attention_heads=2,
+                    q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                    v_head_dim=32, num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+                    moe_intermediate_size=32, routed_expert_hidden_size=32,
+                    routed_scaling_factor=2.0, first_k_dense_replace=1, attn_res_block_size=2,
+                    rms_norm_eps=1e-3)
+        for k, v in want.items():
+            self.assertEqual(t[k], v, k)
+        la = t["linear_attn_config"]
+        self.assertEqual((la["num_heads"], la["head_dim"], la["short_conv_kernel_size"]),
+                         (2, 32, 4))
+        self.assertEqual(la["full_attn_layers"], [3, 6])
+        m = R.Model(d)
+        m.check()
+        full_mantissa = 0
+        for fname in sorted(set(m.snap.weight_map.values()))[:7]:   # the text shards
+            shard = m.snap._shard(fname)
+            for name, (dtype, shape, off, nb) in shard.tensors.items():
+                self.assertEqual(dtype, "F32", name)
+                self.assertNotIn("weight_packed", name)
+                full_mantissa += int(np.any(shard.raw(name).view(np.uint32) & 0xFFFF))
+        self.assertGreater(full_mantissa, 100)
+        lat, inter = t["routed_expert_hidden_size"], t["moe_intermediate_size"]
+        E = "model.layers.2.block_sparse_moe.experts.5"
+        w1, w2, w3 = m.expert(2, 5)
+        for got, (mat, shape) in zip((w1, w2, w3), (("w1", [inter, lat]), ("w2", [lat, inter]),
+                                                    ("w3", [inter, lat]))):
+            stored = m.snap.raw(f"{E}.{mat}.weight", "F32", shape)
+            np.testing.assert_array_equal(got, stored.astype(np.float64))
+        # Layer 4 is matrix-major (an expert is not one range), layer 2 expert-contiguous.
+        def spans(i, e):
+            infos = [m.snap.info(f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight")
+                     for w in ("w1", "w2", "w3")]
+            return all(a[2] + a[3] == b[2] for a, b in zip(infos, infos[1:]))
+        self.assertTrue(all(spans(2, e) for e in range(8)))
+        self.assertFalse(any(spans(4, e) for e in range(8)))
+
+    def test_expert_mixing_plain_and_packed_is_refused(self):
+        d = os.path.join(_TMP, "vendor_mixed")
+        shutil.copytree(fx("vendor"), d)
+        old = "language_model.model.layers.3.block_sparse_moe.experts.6.w3.weight"
+        new = old + "_packed"
+        p = os.path.join(d, "model.safetensors.index.json")
+        with open(p) as f:
+            j = json.load(f)
+        shard = j["weight_map"].pop(old)
+        j["weight_map"][new] = shard
+        with open(p, "w") as f:
+            json.dump(j, f)
+        sp = os.path.join(d, shard)
+        with open(sp, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            h = json.loads(f.read(n))
+            rest = f.read()
+        h[new] = h.pop(old)
+        hj = json.dumps(h).encode()
+        hj += b" " * ((8 - (8 + len(hj)) % 8) % 8)
+        with open(sp, "wb") as f:
+            f.write(struct.pack("<Q", len(hj)) + hj + rest)
+        with self.assertRaises(R.RefError) as ctx:
+            R.Model(d).expert(3, 6)
+        self.assertIn("experts.6", str(ctx.exception))
+
     def test_tokenizer_files(self):
         d = fx("tiny")
         vocab = []
@@ -573,7 +644,7 @@ class ModelTest(unittest.TestCase):
 
     def test_fixture_is_well_conditioned_in_f32(self):
         # An all-f32 evaluation must stay far inside the engine's 1e-5 gate at every position.
-        for name in ("tiny", "ties", "variant"):
+        for name in ("tiny", "ties", "variant", "vendor"):
             m64, m32 = R.Model(fx(name)), R.Model(fx(name), dtype=np.float32)
             ids = np.random.default_rng(11).integers(0, 512, 96)
             a, ta, _ = m64.forward(m64.embed(ids))
@@ -652,9 +723,10 @@ class ModelTest(unittest.TestCase):
 
         name = "language_model.model.layers.1.self_attn.q_proj.weight"
         variant("missing", lambda d: edit_index(d, lambda m: m.pop(name)))
+        # I16 (not F16: a BF16 slot takes F32 / F16 too, spec §9.8's full-precision snapshot).
         variant("dtype", lambda d: rewrite_header(
             d, "model-00002-of-000011.safetensors",
-            lambda h: h[name].update(dtype="F16")))
+            lambda h: h[name].update(dtype="I16")))
         variant("shape", lambda d: rewrite_header(
             d, "model-00002-of-000011.safetensors",
             lambda h: h[name].update(shape=[16, 128])))
