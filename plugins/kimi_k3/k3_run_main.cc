@@ -120,8 +120,8 @@ absl::StatusOr<std::vector<float>> ReadF32File(const std::string& path) {
   return v;
 }
 
-int Usage() {
-  std::cerr << "usage: k3-run [<model_dir>] [\"prompt\"] [--ids 1,2,3] [--ngen N] [--print-ids]\n"
+int Usage(std::ostream& out = std::cerr) {
+  out << "usage: k3-run [<model_dir>] [\"prompt\"] [--ids 1,2,3] [--ngen N] [--print-ids]\n"
                "              [--temp T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]\n"
                "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_MMAP K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
                "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n"
@@ -130,7 +130,20 @@ int Usage() {
   return 2;
 }
 
+// A flag's value out of range: INVALID_ARGUMENT naming the flag and the value.
+template <typename T>
+absl::Status CheckRange(const std::string& flag, T v, T lo, T hi) {
+  if (v >= lo && v <= hi) return absl::OkStatus();  // false for NaN too
+  std::ostringstream m;
+  m << flag << " " << v << ": expected a value in [" << lo << ", " << hi << "]";
+  return absl::InvalidArgumentError(m.str());
+}
+
+// Set when Main fails on the command line itself (exit 2, not 1).
+bool g_usage_error = false;
+
 absl::Status Main(int argc, char** argv) {
+  g_usage_error = true;  // until the command line and the switches are through
   std::string model_dir, prompt;
   std::vector<int32_t> ids;
   bool have_ids = false, print_ids = false;
@@ -151,9 +164,17 @@ absl::Status Main(int argc, char** argv) {
     }
   }
   std::vector<std::string> positional;
+  g_usage_error = true;  // until the command line is through
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+    std::string a = argv[i];
+    // `--flag=value` as well as `--flag value`.
+    std::optional<std::string> inline_value;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      inline_value = a.substr(a.find('=') + 1);
+      a.resize(a.find('='));
+    }
     auto next = [&]() -> absl::StatusOr<std::string> {
+      if (inline_value.has_value()) return *inline_value;
       if (i + 1 >= argc) return absl::InvalidArgumentError(a + " needs a value");
       return std::string(argv[++i]);
     };
@@ -165,6 +186,10 @@ absl::Status Main(int argc, char** argv) {
       if (!ok) return absl::InvalidArgumentError(a + " '" + v + "': not a number");
       return absl::OkStatus();
     };
+    if (inline_value.has_value() &&
+        (a == "--print-ids" || a == "-h" || a == "--help")) {
+      return absl::InvalidArgumentError(a + " takes no value");
+    }
     if (a == "--ngen") COLI_RETURN_IF_ERROR(num(&ngen));
     else if (a == "--print-ids") print_ids = true;
     else if (a == "--temp") COLI_RETURN_IF_ERROR(num(&sopt.temperature));
@@ -181,7 +206,7 @@ absl::Status Main(int argc, char** argv) {
         ids.push_back(id);
       }
     } else if (a == "-h" || a == "--help") {
-      Usage();
+      Usage(std::cout);
       return absl::OkStatus();
     } else if (a.rfind("--", 0) == 0) {
       Usage();
@@ -190,9 +215,26 @@ absl::Status Main(int argc, char** argv) {
       positional.push_back(a);
     }
   }
-  if (!positional.empty() && IsDir(positional[0])) {
+  COLI_RETURN_IF_ERROR(CheckRange("--ngen", ngen, 0, 1 << 30));
+  COLI_RETURN_IF_ERROR(CheckRange("--temp", sopt.temperature, 0.0f, 100.0f));
+  COLI_RETURN_IF_ERROR(CheckRange("--top-p", sopt.top_p, 0.0f, 1.0f));
+  COLI_RETURN_IF_ERROR(CheckRange("--logprobs", sopt.logprobs, 0, 1 << 20));
+  // The model folder is the first argument when it names one. It must, when a second argument
+  // follows (the prompt) or when the prompt comes from --ids / K3_X0: a mistyped folder used to
+  // become the prompt, and the tiny fixture ran instead (exit 0).
+  const bool prompt_elsewhere = have_ids || !EnvString("K3_X0").empty();
+  const bool first_is_model =
+      !positional.empty() && (IsDir(positional[0]) || positional.size() >= 2 || prompt_elsewhere);
+  if (first_is_model) {
     model_dir = positional[0];
     positional.erase(positional.begin());
+    struct stat st;
+    if (::stat(model_dir.c_str(), &st) != 0) {
+      return absl::NotFoundError("model folder '" + model_dir + "': no such folder");
+    }
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError("model folder '" + model_dir + "' is a file, not a folder");
+    }
   } else {
     model_dir = COLI_K3_DEFAULT_MODEL;
     std::cerr << "[k3-run] no model folder given: using the build's tiny fixture " << model_dir
@@ -200,6 +242,10 @@ absl::Status Main(int argc, char** argv) {
   }
   if (positional.size() > 1) return absl::InvalidArgumentError("more than one prompt given");
   if (!positional.empty()) prompt = positional[0];
+  if (have_ids && !prompt.empty()) {
+    return absl::InvalidArgumentError("give a prompt or --ids, not both");
+  }
+  g_usage_error = false;
 
   COLI_ASSIGN_OR_RETURN(ModelOptions opt, OptionsFromEnv());
   const double t0 = Seconds();
@@ -374,7 +420,7 @@ int main(int argc, char** argv) {
   absl::Status s = coli::k3::Main(argc, argv);
   if (!s.ok()) {
     std::cerr << "k3-run: " << s << "\n";
-    return 1;
+    return coli::k3::g_usage_error ? 2 : 1;
   }
   return 0;
 }

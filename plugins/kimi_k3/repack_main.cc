@@ -6,7 +6,10 @@
 //
 // Progress on stderr; exit 0 on success, 1 on an error (message naming file and tensor),
 // 2 on a usage error.
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,10 +20,9 @@
 
 namespace {
 
-int Usage(const std::string& why) {
+int Usage(const std::string& why, std::ostream& out = std::cerr) {
   if (!why.empty()) std::cerr << "k3-repack: " << why << "\n";
-  std::cerr
-      << "usage: k3-repack <src> <dst> [--bits 8|4] [--mla-bits 8|4] [--head-bits 8|4]\n"
+  out << "usage: k3-repack <src> <dst> [--bits 8|4] [--mla-bits 8|4] [--head-bits 8|4]\n"
          "                 [--shards 1,2,94] [--verify-full] [--threads N] [--in-flight N]\n"
          "                 [--piece-mib N] [--buffered]\n"
          "  --bits       KDA q/k/v/o/g, latent down/up, shared experts, dense MLP (default 8)\n"
@@ -43,8 +45,24 @@ int main(int argc, char** argv) {
   coli::k3::RepackOptions o;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](int* out) { return i + 1 < argc && absl::SimpleAtoi(argv[++i], out); };
+    std::string a = argv[i];
+    // `--flag=value` as well as `--flag value`.
+    std::optional<std::string> inline_value;
+    if (a.rfind("--", 0) == 0 && a.find('=') != std::string::npos) {
+      inline_value = a.substr(a.find('=') + 1);
+      a.resize(a.find('='));
+    }
+    auto text = [&]() -> std::optional<std::string> {
+      if (inline_value.has_value()) return inline_value;
+      if (i + 1 < argc) return std::string(argv[++i]);
+      return std::nullopt;
+    };
+    auto value = [&](int* out) {
+      std::optional<std::string> v = text();
+      return v.has_value() && absl::SimpleAtoi(*v, out);
+    };
+    const bool is_switch = a == "--buffered" || a == "--verify-full" || a == "-h" || a == "--help";
+    if (is_switch && inline_value.has_value()) return Usage(a + " takes no value");
     if (a == "--bits") {
       if (!value(&o.bits)) return Usage("--bits needs 4 or 8");
     } else if (a == "--mla-bits") {
@@ -52,12 +70,16 @@ int main(int argc, char** argv) {
     } else if (a == "--head-bits") {
       if (!value(&o.head_bits)) return Usage("--head-bits needs 4 or 8");
     } else if (a == "--shards") {
-      if (i + 1 >= argc) return Usage("--shards needs a list like 1,2,94");
-      for (absl::string_view s : absl::StrSplit(argv[++i], ',', absl::SkipEmpty())) {
+      std::optional<std::string> list = text();
+      if (!list.has_value()) return Usage("--shards needs a list like 1,2,94");
+      for (absl::string_view s : absl::StrSplit(*list, ',', absl::SkipEmpty())) {
         int n = 0;
-        if (!absl::SimpleAtoi(s, &n) || n < 1) return Usage("--shards: bad shard number");
+        if (!absl::SimpleAtoi(s, &n) || n < 1) {
+          return Usage("--shards: '" + std::string(s) + "' is not a shard number (1, 2, ...)");
+        }
         o.shards.push_back(n);
       }
+      if (o.shards.empty()) return Usage("--shards '" + *list + "' lists no shard");
     } else if (a == "--threads") {
       if (!value(&o.threads) || o.threads < 1) return Usage("--threads needs a count >= 1");
     } else if (a == "--in-flight") {
@@ -71,14 +93,28 @@ int main(int argc, char** argv) {
     } else if (a == "--verify-full") {
       o.verify_full = true;
     } else if (a == "-h" || a == "--help") {
-      return Usage("");
-    } else if (a.rfind("--", 0) == 0) {
+      Usage("", std::cout);
+      return 0;
+    } else if (a.size() > 1 && a[0] == '-') {
       return Usage("unknown option " + a);
     } else {
       positional.push_back(a);
     }
   }
-  if (positional.size() != 2) return Usage("need <src> and <dst>");
+  if (positional.size() != 2) {
+    return Usage("need <src> and <dst>, got " + std::to_string(positional.size()) +
+                 " names");
+  }
+  struct stat st;
+  if (::stat(positional[0].c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    std::cerr << "k3-repack: source '" << positional[0] << "' is not a folder (a Hugging Face "
+              << "snapshot: config.json + model-*.safetensors)\n";
+    return 1;
+  }
+  if (::stat(positional[1].c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    std::cerr << "k3-repack: destination '" << positional[1] << "' is a file, not a folder\n";
+    return 1;
+  }
   o.progress = [](std::string_view line) { std::cerr << line << "\n"; };
   auto summary = coli::k3::Repack(positional[0], positional[1], o);
   if (!summary.ok()) {

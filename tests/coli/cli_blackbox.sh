@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# The `coli` command-line tools driven from outside, as a user's shell drives them: exit codes,
+# the message on stderr, stdout, signals, pipes, files. Every check here failed before the pass
+# that added it (docs/status/cli-blackbox.md lists what each one was).
+# Usage: cli_blackbox.sh BIN_DIR MODEL_DIR
+set -uo pipefail
+bin=$1 model=$2
+coli=$bin/coli
+work=$(mktemp -d)
+# A private TMPDIR: the private hosts' folders (coli-XXXXXX) must all be gone at the end.
+export TMPDIR=$work/tmp
+mkdir -p "$TMPDIR"
+export HOME=$work/home
+mkdir -p "$HOME"
+unset COLI_MODEL COLI_TEMP K3_THINK K3_MAXT NO_COLOR
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# expect RC NEEDLE -- CMD...: runs CMD (stdin from /dev/null unless redirected by the caller's
+# wrapper), checks its exit code and that stderr contains NEEDLE (a fixed string; "" = any).
+expect() {
+  local want_rc=$1 needle=$2
+  shift 3
+  "$@" > "$work/out" 2> "$work/err" < "${STDIN:-/dev/null}"
+  local rc=$?
+  if [[ $rc != "$want_rc" ]]; then
+    fail "$* -> exit $rc, wanted $want_rc; stderr: $(head -c 400 "$work/err")"
+  elif [[ -n $needle ]] && ! grep -qF -- "$needle" "$work/err"; then
+    fail "$* -> stderr lacks '$needle': $(head -c 400 "$work/err")"
+  fi
+}
+no_private_hosts_left() {
+  local left
+  left=$(find "$TMPDIR" -maxdepth 1 -name 'coli-*' | wc -l)
+  ((left == 0)) || fail "$1: $left private host folder(s) left in TMPDIR"
+}
+
+echo "== help and unknown commands"
+expect 0 "" -- "$coli" chat --help
+grep -q 'usage: coli chat' "$work/out" || fail "coli chat --help: usage not on stdout"
+expect 0 "" -- "$coli" run --help
+grep -q -- '-f FILE' "$work/out" || fail "coli run --help: usage not on stdout"
+expect 0 "" -- "$coli" help run
+grep -q 'usage: coli run' "$work/out" || fail "coli help run did not show run's usage"
+expect 0 "" -- "$coli" bench --help
+grep -q 'areas:' "$work/out" || fail "coli bench --help: areas not on stdout"
+expect 0 "" -- "$coli" tokenize --help
+grep -q 'usage: coli tokenize' "$work/out" || fail "coli tokenize --help: usage not on stdout"
+expect 2 "unknown command 'nope'" -- "$coli" nope
+expect 2 "unknown area 'nope'" -- "$coli" bench nope
+
+echo "== coli run: flags"
+expect 0 "" -- "$coli" run --model "$model" "hello" --ngen=3
+[[ -s $work/out ]] || fail "coli run --ngen=3 printed nothing"
+expect 2 "--ngen 0 would generate nothing" -- "$coli" run hello --ngen 0
+expect 2 "--ngen: '1e9' is not a whole number" -- "$coli" run hello --ngen 1e9
+expect 2 "--temperature: 'nan' is not a finite number" -- "$coli" run hello --temperature nan
+expect 2 "--top-p: '2' is outside [0, 1]" -- "$coli" run hello --top-p 2
+expect 2 "--ngen needs a value" -- "$coli" run hello --ngen
+expect 2 "--model is empty" -- "$coli" run --model "" hello
+echo '{}' > "$work/a_file"
+expect 2 "is a file, not a folder" -- "$coli" run --model "$work/a_file" hello
+expect 2 "no such folder" -- "$coli" run --model "$work/nope" hello
+expect 2 "more than one prompt given" -- "$coli" run hello --ids 1,2
+expect 2 "--system needs --chat" -- "$coli" run hello --system "be brief"
+expect 2 "unknown flag '--bogus'" -- "$coli" run hello --bogus
+
+echo "== coli run: prompts"
+# Was an abort (SIGABRT, exit 134) with --chat: the JSON encoder threw on the bytes.
+expect 2 "the prompt is not valid UTF-8: byte 0xFF at offset 4" -- \
+  "$coli" run --model "$model" --chat $'bad \xff bytes' --ngen 2
+expect 2 "the prompt is not valid UTF-8" -- "$coli" run --model "$model" $'\xc3' --ngen 2
+printf 'a prompt from stdin' > "$work/prompt.txt"
+# `-` and -f FILE read the text itself (it was sent as the one-character prompt "-").
+n=$("$coli" tokenize --tokenizer "$model" < "$work/prompt.txt" |
+    python3 -c 'import json, sys; print(len(json.load(sys.stdin)))')
+STDIN=$work/prompt.txt expect 0 "coli run: $n prompt tokens" -- "$coli" run --model "$model" - --ngen 2
+expect 0 "coli run: $n prompt tokens" -- "$coli" run --model "$model" -f "$work/prompt.txt" --ngen 2
+expect 2 "--file '$work/none.txt'" -- "$coli" run -f "$work/none.txt"
+: > "$work/empty.txt"
+expect 2 "is empty" -- "$coli" run -f "$work/empty.txt"
+expect 1 "tokens but the context holds 64" -- \
+  env K3_MAXT=64 "$coli" run --model "$model" "$(printf 'word %.0s' {1..100})" --ngen 2
+
+echo "== coli run: pipes and signals"
+"$coli" run --model "$model" hello --ngen 400 2> "$work/err" | head -c 1 > /dev/null
+rc=${PIPESTATUS[0]}
+((rc == 141)) || fail "coli run | head -c1 -> exit $rc, wanted 141 (quiet, as cat)"
+grep -q 'terminate\|Aborted\|core' "$work/err" && fail "coli run | head: noise on stderr"
+no_private_hosts_left "coli run | head -c1"
+for sig in INT TERM; do
+  COLI_DECODE_DELAY_MS=20 "$coli" run --model "$model" hello --ngen 2000 > "$work/out" \
+    2> "$work/err" &
+  pid=$!
+  # Wait until tokens stream (no time bound is asserted; the loop only waits).
+  for _ in $(seq 600); do [[ -s $work/out ]] && break; sleep 0.1; done
+  kill -"$sig" "$pid"
+  wait "$pid"
+  rc=$?
+  want=$((128 + $(kill -l "$sig")))
+  ((rc == want)) || fail "SIG$sig during coli run -> exit $rc, wanted $want"
+  grep -q 'interrupted' "$work/err" || fail "SIG$sig during coli run: no 'interrupted' on stderr"
+  no_private_hosts_left "SIG$sig during coli run"
+done
+
+echo "== coli tokenize"
+expect 2 "--tokenizer needs a value" -- "$coli" tokenize --tokenizer
+expect 2 "is a file, not a folder" -- "$coli" tokenize --tokenizer "$work/a_file"
+printf '[18446744073709551615]' > "$work/ids.json"
+STDIN=$work/ids.json expect 1 "element 0 (18446744073709551615) is not a token id" -- \
+  "$coli" tokenize --tokenizer "$model" --decode
+STDIN=$work/prompt.txt expect 0 "" -- "$coli" tokenize --model "$model"
+grep -q '^\[' "$work/out" || fail "coli tokenize --model: no ids"
+"$coli" tokenize --tokenizer "$model" < "$work/prompt.txt" > /dev/full 2> "$work/err"
+rc=$?
+((rc == 1)) && grep -q 'cannot write to stdout' "$work/err" ||
+  fail "coli tokenize > /dev/full -> exit $rc, stderr: $(cat "$work/err")"
+
+echo "== coli chat without a terminal"
+printf '{"a": 1}' > "$work/precious.json"
+chmod 600 "$work/precious.json"
+cat > "$work/chat_in.txt" <<EOF
+bad $(printf '\xff') byte
+$(printf 'word %.0s' {1..150})
+"""
+line one
+
+line three
+"""
+/save $work/precious.json
+EOF
+STDIN=$work/chat_in.txt expect 0 "" -- env K3_MAXT=300 "$coli" chat --model "$model" --max-tokens 3
+grep -q 'this line is not valid UTF-8: byte 0xFF' "$work/out" ||
+  fail "chat: a line that is not UTF-8 was not refused: $(head -c 600 "$work/out")"
+grep -q 'that message was not added to the conversation' "$work/out" ||
+  fail "chat: the context error did not say the message was dropped"
+# After the refused long message the next one is answered (it used to fail the same way).
+(($(grep -c 'tok/s' "$work/out") == 1)) || fail "chat: no reply after a context error"
+python3 - "$work/precious.json" <<'PY' || fail "chat: /save wrote the wrong conversation"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+users = [m["content"] for m in doc["messages"] if m["role"] == "user"]
+assert users == ["line one\n\nline three"], users
+PY
+[[ $(stat -c %a "$work/precious.json") == 600 ]] || fail "chat: /save changed the file's mode"
+
+echo "== bench argument handling"
+expect 2 "--min-seconds: 'abc' is not a number" -- \
+  "$coli" bench tokenizer --tokenizer "$model" --min-seconds abc
+expect 2 "--model needs a value" -- "$coli" bench grpc --model
+
+echo "== k3-run and k3-repack"
+# A mistyped folder used to become the prompt while the tiny fixture ran (exit 0).
+expect 2 "model folder '$work/nope': no such folder" -- "$bin/k3-run" "$work/nope" --ids 1,2 --ngen 2
+expect 2 "--ngen -5" -- "$bin/k3-run" "$model" hi --ngen -5
+expect 2 "--temp nan" -- "$bin/k3-run" "$model" hi --temp nan
+expect 0 "" -- "$bin/k3-run" "$model" --ids 1,2 --ngen=2 --print-ids
+expect 0 "" -- "$bin/k3-repack" --help
+grep -q 'usage: k3-repack' "$work/out" || fail "k3-repack --help: usage not on stdout"
+expect 1 "source '$work/nope' is not a folder" -- "$bin/k3-repack" "$work/nope" "$work/dst" --bits=8
+expect 2 "unknown option -x" -- "$bin/k3-repack" "$model" "$work/dst" -x
+
+no_private_hosts_left "the whole run"
+if ((failures > 0)); then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "all checks passed"
