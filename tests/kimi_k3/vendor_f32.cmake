@@ -1,8 +1,8 @@
 # The engine on spec §9.8's full-precision vendor-style snapshot (build/fixtures/k3_vendor_f32:
 # every tensor F32, routed experts as plain w{1,2,3}.weight F32, no quantization_config; random
-# weights) against the independent float64 reference tools/k3/k3_ref.py: load-time
-# quantization, the streaming store and pread sources (chunked and token-at-a-time), the Vulkan
-# tier's off switch, damaged variants. Logits, greedy ids and per-layer hidden states: in
+# weights) against the independent float64 reference tools/k3/k3_ref.py: the streaming store
+# and pread sources (chunked and token-at-a-time), the Vulkan tier's off switch, damaged
+# variants. Logits, greedy ids, per-layer hidden states and load-time quantization: in
 # k3_model_test. Plugin-level: k3_vendor_plugin_test.
 coli_cc_test(NAME k3_vendor_f32_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/vendor_f32_test.cc

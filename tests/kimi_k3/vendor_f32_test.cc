@@ -5,9 +5,9 @@
 // are plain `experts.{e}.w{1,2,3}.weight` F32 matrices and whose config has no
 // quantization_config. Expected values come from the independent float64 reference
 // tools/k3/k3_ref.py; self-consistency (chunked == token-at-a-time, store == pread) is bit-exact.
-// Logits of every position, greedy ids and per-layer hidden states on this fixture are in
-// model_test.cc (K3Reference, with the other fixtures); the plugin's C ABI path in
-// vendor_plugin_test.cc.
+// Logits of every position, greedy ids, per-layer hidden states and load-time quantization on
+// this fixture are in model_test.cc (K3Reference, with the other fixtures); the plugin's C ABI
+// path in vendor_plugin_test.cc.
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -64,31 +64,6 @@ ExpertStoreOptions StoreOptions(double expert_gb, bool direct) {
   o.load_threads = 2;
   o.usage_path = "";
   return o;
-}
-
-// The load-time quantizers act on the F32 source values exactly as on BF16 ones (the reference
-// emulates them on the stored rows).
-TEST(K3VendorF32, LoadTimeQuantizationOfF32MatricesMatchesTheReference) {
-  struct Case { int bits, mla_bits, head_bits; const char* ref_flags; };
-  const Case cases[] = {{8, 32, 32, "--bits 8"}, {4, 8, 8, "--bits 4 --mla-bits 8 --head-bits 8"}};
-  const std::vector<int32_t> ids = RandomIds(24, 400, 104);
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.ref_flags);
-    TempDir tmp;
-    ModelOptions o = F32Options();
-    o.bits = c.bits;
-    o.mla_bits = c.mla_bits;
-    o.head_bits = c.head_bits;
-    o.logits_path = tmp.File("engine.f32");
-    ASSERT_OK_AND_ASSIGN(auto model, Model::Load(kDir, o));
-    ASSERT_OK(RunReference(absl::StrCat("run --model ", kDir, " --ids ", JoinIds(ids), " ",
-                                        c.ref_flags, " --out-logits ", tmp.File("ref.f32")))
-                  .status());
-    ASSERT_OK(model->NewSession()->Prefill(ids).status());
-    EXPECT_LE(WorstRowError(ReadF32(o.logits_path), ReadF32(tmp.File("ref.f32")),
-                            model->vocab_size()),
-              kF32Tolerance);
-  }
 }
 
 // The streaming store (the plugin's expert source) on F32 experts: the same logits as the
