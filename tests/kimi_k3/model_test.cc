@@ -229,10 +229,22 @@ TEST(K3Reference, MlaLatentNormEpsilonIsTheVendorsAndConfigurable) {
 
 // ---- Each layer kind alone -----------------------------------------------------------------
 
-class K3Layers : public ::testing::Test {
+// Each layer kind alone on a fixture, at layers of the right kind in it (spec §9 gate (a):
+// KDA/MLA/MoE/AttnRes unit tests; on k3_vendor_f32 with F32 weights and unquantized experts,
+// its MoE layer 4 stored matrix-major).
+struct LayerFixture {
+  const char* name;
+  const char* dir;
+  int mla, moe, mix, reorder;  // an MLA layer, MoE layers for the sublayer / arrival-order tests
+};
+void PrintTo(const LayerFixture& f, std::ostream* os) { *os << f.name; }
+const LayerFixture kLayerFixtures[] = {{"tiny", K3_TEST_TINY, 3, 2, 6, 4},
+                                       {"vendor_f32", K3_TEST_VENDOR, 2, 4, 5, 3}};
+
+class K3Layers : public ::testing::TestWithParam<LayerFixture> {
  protected:
   void SetUp() override {
-    model_ = Load(K3_TEST_TINY, F32Options());
+    model_ = Load(GetParam().dir, F32Options());
     ASSERT_NE(model_, nullptr);
     c_.matmul.idot = false;
     c_.matmul.threads = 1;
@@ -248,7 +260,7 @@ class K3Layers : public ::testing::Test {
   std::vector<float> Reference(const std::string& kind, int layer, const std::vector<float>& in,
                                int T) {
     WriteF32(tmp_.File("in.f32"), in);
-    auto out = RunReference(absl::StrCat("layer --model ", K3_TEST_TINY, " --layer ", layer,
+    auto out = RunReference(absl::StrCat("layer --model ", GetParam().dir, " --layer ", layer,
                                          " --kind ", kind, " --in ", tmp_.File("in.f32"),
                                          " --rows ", T, " --out ", tmp_.File("out.f32")));
     EXPECT_TRUE(out.ok()) << out.status();
@@ -259,7 +271,7 @@ class K3Layers : public ::testing::Test {
   TempDir tmp_;
 };
 
-TEST_F(K3Layers, KdaAloneMatchesReference) {
+TEST_P(K3Layers, KdaAloneMatchesReference) {
   const int T = 24, layer = 0;
   ASSERT_TRUE(model_->config().is_kda[layer]);
   const auto x = RandomRows(T, 1);
@@ -273,8 +285,8 @@ TEST_F(K3Layers, KdaAloneMatchesReference) {
   EXPECT_LE(WorstRowError(y, ref, model_->hidden_size()), kF32Tolerance);
 }
 
-TEST_F(K3Layers, MlaAloneMatchesReference) {
-  const int T = 24, layer = 3;
+TEST_P(K3Layers, MlaAloneMatchesReference) {
+  const int T = 24, layer = GetParam().mla;
   ASSERT_FALSE(model_->config().is_kda[layer]);
   const auto x = RandomRows(T, 2);
   MlaCache cache;
@@ -290,7 +302,7 @@ TEST_F(K3Layers, MlaAloneMatchesReference) {
   EXPECT_LE(WorstRowError(y, ref, model_->hidden_size()), kF32Tolerance);
 }
 
-TEST_F(K3Layers, DenseMlpAloneMatchesReference) {
+TEST_P(K3Layers, DenseMlpAloneMatchesReference) {
   const int T = 6;
   const auto x = RandomRows(T, 3);
   std::vector<float> y(x.size());
@@ -299,12 +311,13 @@ TEST_F(K3Layers, DenseMlpAloneMatchesReference) {
   EXPECT_LE(WorstRowError(y, Reference("dense", 0, x, T), model_->hidden_size()), kF32Tolerance);
 }
 
-TEST_F(K3Layers, LatentMoeAloneMatchesReference) {
-  const int T = 12, layer = 2;
+TEST_P(K3Layers, LatentMoeAloneMatchesReference) {
+  const int T = 12, layer = GetParam().moe;
   const auto x = RandomRows(T, 4);
-  auto snap = st::Snapshot::Open(K3_TEST_TINY);
+  auto snap = st::Snapshot::Open(GetParam().dir);
   ASSERT_TRUE(snap.ok());
-  auto src = PreadExpertSource::Create(**snap, model_->config(), model_->weights().prefix(), 3);
+  auto src =
+      PreadExpertSource::Create(**snap, model_->config(), model_->weights().prefix(), layer + 1);
   ASSERT_TRUE(src.ok()) << src.status();
   std::vector<float> y(x.size());
   MoeStats stats;
@@ -315,8 +328,8 @@ TEST_F(K3Layers, LatentMoeAloneMatchesReference) {
   EXPECT_LE(WorstRowError(y, Reference("moe", layer, x, T), model_->hidden_size()), kF32Tolerance);
 }
 
-TEST_F(K3Layers, AttnResMixAloneMatchesReference) {
-  const int T = 5, layer = 6;
+TEST_P(K3Layers, AttnResMixAloneMatchesReference) {
+  const int T = 5, layer = GetParam().mix;
   const int64_t D = model_->hidden_size();
   const auto cand = RandomRows(3 * T, 5, 2.0f);  // [3, T, D]: two snapshots + the prefix
   std::vector<float> y(T * D);
@@ -347,12 +360,13 @@ class ReversedSource : public ExpertSource {
   ExpertSource& inner_;
 };
 
-TEST_F(K3Layers, MoeSumDoesNotDependOnExpertArrivalOrder) {
-  const int T = 9, layer = 4;
+TEST_P(K3Layers, MoeSumDoesNotDependOnExpertArrivalOrder) {
+  const int T = 9, layer = GetParam().reorder;
   const auto x = RandomRows(T, 6);
-  auto snap = st::Snapshot::Open(K3_TEST_TINY);
+  auto snap = st::Snapshot::Open(GetParam().dir);
   ASSERT_TRUE(snap.ok());
-  auto src = PreadExpertSource::Create(**snap, model_->config(), model_->weights().prefix(), 5);
+  auto src =
+      PreadExpertSource::Create(**snap, model_->config(), model_->weights().prefix(), layer + 1);
   ASSERT_TRUE(src.ok());
   ReversedSource reversed(**src);
   std::vector<float> a(x.size()), b(x.size());
@@ -361,6 +375,11 @@ TEST_F(K3Layers, MoeSumDoesNotDependOnExpertArrivalOrder) {
   ASSERT_TRUE(LatentMoeForward(model_->config(), w, layer, reversed, 0.0, c_, x.data(), T, b.data()).ok());
   EXPECT_TRUE(a == b);
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, K3Layers, ::testing::ValuesIn(kLayerFixtures),
+                         [](const ::testing::TestParamInfo<LayerFixture>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // ---- Chunked prefill -----------------------------------------------------------------------
 
