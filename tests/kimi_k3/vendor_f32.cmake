@@ -7,8 +7,8 @@
 coli_cc_test(NAME k3_vendor_f32_test
   SRCS ${CMAKE_CURRENT_LIST_DIR}/vendor_f32_test.cc
        ${CMAKE_CURRENT_LIST_DIR}/reference_util.cc
-  DEPS kimi_k3_vk_tier kimi_k3_expert_store kimi_k3_core coli_sampling coli_safetensors coli_json
-       coli_status absl::strings)
+  DEPS kimi_k3_vk_tier kimi_k3_expert_store kimi_k3_core coli_vk coli_sampling coli_safetensors
+       coli_json coli_status absl::strings)
 target_compile_definitions(k3_vendor_f32_test PRIVATE
   K3_TEST_PYTHON="${COLI_PYTHON}"
   K3_TEST_REF="${PROJECT_SOURCE_DIR}/tools/k3/k3_ref.py"

@@ -27,10 +27,12 @@
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/vk_tier.h"
 #include "tests/kimi_k3/reference_util.h"
+#include "tests/kimi_k3/vk_test_util.h"
 
 namespace coli::k3 {
 namespace {
 
+using ::coli::testing::IsOk;
 using ::coli::testing::StatusIs;
 using ::testing::HasSubstr;
 using testing::JoinIds;
@@ -176,6 +178,19 @@ TEST(K3VendorF32, TheVulkanTierStaysOffForF32Experts) {
   ASSERT_OK_AND_ASSIGN(std::vector<float> a, cpu->NewSession()->Prefill(ids));
   ASSERT_OK_AND_ASSIGN(std::vector<float> b, vk->NewSession()->Prefill(ids));
   EXPECT_TRUE(a == b);
+}
+
+// Asked directly (not through the factory), the tier refuses a snapshot with F32 experts.
+TEST(K3VendorF32, TheVulkanTierRefusesF32ExpertsWhenCreatedDirectly) {
+  COLI_VK_CONTEXT_OR_SKIP(vk);
+  ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(kDir));
+  ASSERT_OK_AND_ASSIGN(Config cfg, Config::LoadDir(kDir));
+  ASSERT_OK_AND_ASSIGN(auto pread,
+                       PreadExpertSource::Create(*snapshot, cfg, "language_model.", cfg.num_layers));
+  auto tier = VkExpertTier::Create(std::move(vk), std::move(pread), *snapshot, cfg,
+                                   "language_model.", cfg.num_layers, VkTierOptions{});
+  EXPECT_THAT(tier.status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("MXFP4 experts only")));
 }
 
 // ---- Damaged variants, each refused naming the tensor ----------------------------------------
