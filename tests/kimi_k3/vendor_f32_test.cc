@@ -9,6 +9,7 @@
 // this fixture are in model_test.cc (K3Reference, with the other fixtures); the plugin's C ABI
 // path in vendor_plugin_test.cc.
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -125,6 +126,50 @@ TEST(K3VendorF32, StreamingStoreMatchesPreadBitForBitAndTheReference) {
   const std::vector<float> prompt_part(pread.begin(), pread.begin() + ref.size());
   EXPECT_LE(WorstRowError(prompt_part, ref, static_cast<int64_t>(ref.size() / ids.size())),
             kF32Tolerance);
+}
+
+// What save_pretrained writes for a model this small: ONE model.safetensors (no index), the text
+// model's names without the `language_model.` prefix, data in name order (so every expert's
+// w1, w2, w3 are back to back, experts in 0, 1, 10, ... order). Same logits, bit for bit, as the
+// sharded fixture, through both sources.
+TEST(K3VendorF32, ASingleFileSavePretrainedLayoutGivesTheSameLogits) {
+  TempDir tmp;
+  const std::string single = tmp.File("single");
+  std::filesystem::create_directories(single);
+  {
+    ASSERT_OK_AND_ASSIGN(auto snapshot, st::Snapshot::Open(kDir));
+    st::Writer writer;
+    writer.SetMetadata({{"format", "pt"}});
+    const std::string prefix = "language_model.";
+    for (const std::string& name : snapshot->Names()) {  // sorted
+      if (!name.starts_with(prefix)) continue;           // vision_tower.*, mm_projector.*
+      ASSERT_OK_AND_ASSIGN(const st::TensorInfo* t, snapshot->Get(name));
+      std::string bytes(t->nbytes, '\0');
+      ASSERT_OK(snapshot->Read(*t, bytes.data()));
+      ASSERT_OK(writer.Add(name.substr(prefix.size()), t->dtype, t->shape, std::move(bytes)));
+    }
+    ASSERT_OK(writer.Write(single + "/model.safetensors"));
+    std::filesystem::copy_file(kDir + "/config.json", single + "/config.json");
+  }
+  const std::vector<int32_t> ids = RandomIds(20, 400, 107);
+  std::vector<std::vector<float>> out;
+  for (const std::string& dir : {kDir, single}) {
+    for (bool store : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(dir, store ? " store" : " pread"));
+      StreamingExpertStore* s = nullptr;
+      ASSERT_OK_AND_ASSIGN(
+          auto model,
+          Model::Load(dir, F32Options(), nullptr,
+                      store ? StreamingExpertSourceFactory(StoreOptions(0.0, true), &s) : nullptr));
+      EXPECT_EQ(model->weights().prefix(), dir == single ? "" : "language_model.");
+      if (store && dir == single) {
+        EXPECT_EQ(s->contiguous_experts(), kMoeLayers * kExperts);
+      }
+      ASSERT_OK_AND_ASSIGN(std::vector<float> logits, model->NewSession()->Prefill(ids));
+      out.push_back(std::move(logits));
+    }
+  }
+  for (size_t i = 1; i < out.size(); ++i) EXPECT_TRUE(out[i] == out[0]) << "run " << i;
 }
 
 // The views the sources hand out are the stored F32 matrices themselves (never re-encoded),
