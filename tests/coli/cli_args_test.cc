@@ -101,6 +101,15 @@ TEST(ArgReader, NegativeNumbersAreNotFlags) {
   EXPECT_FALSE(r.IsFlag());
 }
 
+TEST(ArgReader, WantsHelpAnywhereBeforeDashes) {
+  Argv help({"--json", "-h"});
+  EXPECT_TRUE(WantsHelp(help.argc(), help.argv()));
+  Argv late({"--json", "--", "--help"});
+  EXPECT_FALSE(WantsHelp(late.argc(), late.argv()));
+  Argv none({"--json", "--helpful"});
+  EXPECT_FALSE(WantsHelp(none.argc(), none.argv()));
+}
+
 TEST(Numbers, WholeNumbersSayWhatIsWrong) {
   EXPECT_EQ(*ParseWholeNumber("--n", "-1", -1, 5), -1);
   EXPECT_EQ(ParseWholeNumber("--n", "1e9", 0, 5).status().message(),

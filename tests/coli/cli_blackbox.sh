@@ -146,6 +146,14 @@ PY
 [[ $(stat -c %a "$work/precious.json") == 600 ]] || fail "chat: /save changed the file's mode"
 
 echo "== bench argument handling"
+# Every area: --help is help (stdout, exit 0; was exit 2 on stderr), an unknown flag is named.
+areas=$("$coli" bench --help | awk '/^areas:/ {on = 1; next} on && NF {print $1}')
+[[ -n $areas ]] || fail "coli bench --help lists no areas"
+for area in $areas; do
+  expect 0 "" -- "$coli" bench "$area" --help
+  grep -q "usage: coli bench $area" "$work/out" || fail "coli bench $area --help: usage not on stdout"
+  expect 2 "--bogus" -- "$coli" bench "$area" --bogus
+done
 expect 2 "--min-seconds: 'abc' is not a number" -- \
   "$coli" bench tokenizer --tokenizer "$model" --min-seconds abc
 expect 2 "--model needs a value" -- "$coli" bench grpc --model

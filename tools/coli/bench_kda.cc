@@ -39,6 +39,7 @@
 #include "common/kernels/kernels.h"
 #include "common/ops/kda_sweep.h"
 #include "common/ops/ops.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -53,8 +54,8 @@ struct Result {
       bw_ratio_paired, speedup;
 };
 
-int Usage() {
-  std::fprintf(stderr,
+int Usage(std::FILE* out = stderr) {
+  std::fprintf(out,
                "usage: coli bench kda [--json] [--threads N] [--rows 1,8,32] [--layers L] "
                "[--quick] [--cpu-time]\n");
   return 2;
@@ -138,6 +139,10 @@ int RunBenchKda(int argc, char** argv) {
   int layers = -1;
   std::vector<int> row_counts = {1, 8, 32};
   bool rows_given = false;
+  if (WantsHelp(argc, argv)) {
+    Usage(stdout);
+    return 0;
+  }
   for (int i = 1; i < argc; ++i) {
     long v = 0;
     const int taken = bench::TakeComputeFlag("coli bench kda", argc, argv, &i, &flags);
@@ -160,6 +165,7 @@ int RunBenchKda(int argc, char** argv) {
       }
       rows_given = true;
     } else {
+      std::fprintf(stderr, "coli bench kda: unknown argument '%s'\n", argv[i]);
       return Usage();
     }
   }

@@ -33,6 +33,7 @@
 
 #include "bench/kernels/bench_util.h"
 #include "common/kernels/kernels.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -59,17 +60,24 @@ struct Result {
   double gflops, weight_gbs, bw_ratio, weight_gbs_mean, bw_ratio_mean, bw_ratio_paired;
 };
 
-int Usage() {
-  std::fprintf(stderr, "usage: coli bench kernels [--json] [--threads N] [--quick] [--cpu-time]\n");
+int Usage(std::FILE* out = stderr) {
+  std::fprintf(out, "usage: coli bench kernels [--json] [--threads N] [--quick] [--cpu-time]\n");
   return 2;
 }
 
 int RunBenchKernels(int argc, char** argv) {
   bench::ComputeFlags flags = bench::DefaultComputeFlags();
+  if (WantsHelp(argc, argv)) {
+    Usage(stdout);
+    return 0;
+  }
   for (int i = 1; i < argc; ++i) {
     const int taken = bench::TakeComputeFlag("coli bench kernels", argc, argv, &i, &flags);
     if (taken < 0) return 2;
-    if (taken == 0) return Usage();
+    if (taken == 0) {
+      std::fprintf(stderr, "coli bench kernels: unknown argument '%s'\n", argv[i]);
+      return Usage();
+    }
   }
   const bool json = flags.json, quick = flags.quick, cpu_time = flags.cpu_time;
   const int threads = flags.threads;

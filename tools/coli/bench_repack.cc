@@ -45,6 +45,7 @@
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/repack.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -261,6 +262,10 @@ std::string LoadAverage() {
 int RunBenchRepack(int argc, char** argv) {
   Args args;
   std::string error;
+  if (WantsHelp(argc, argv)) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   if (!ParseArgs(argc, argv, &args, &error)) {
     std::fprintf(stderr, "coli bench repack: %s\n%s", error.c_str(), kUsage);
     return 2;

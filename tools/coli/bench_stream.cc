@@ -55,6 +55,7 @@
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/expert_store.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -529,6 +530,10 @@ int Fail(const absl::Status& s) {
 int RunBenchStream(int argc, char** argv) {
   Args args;
   std::string error;
+  if (WantsHelp(argc, argv)) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   if (!ParseArgs(argc, argv, &args, &error)) {
     std::fprintf(stderr, "coli bench stream: %s\n%s", error.c_str(), kUsage);
     return 2;

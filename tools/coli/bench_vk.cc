@@ -58,6 +58,7 @@
 #include "common/kernels/kernels.h"
 #include "common/ops/ops.h"
 #include "common/vk/vulkan_context.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -109,8 +110,8 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-int Usage() {
-  std::fprintf(stderr,
+int Usage(std::FILE* out = stderr) {
+  std::fprintf(out,
                "usage: coli bench vk [--json] [--quick] [--experts N]\n"
                "       coli bench vk --dense [--json] [--quick] [--bits 4|8|32]\n");
   return 2;
@@ -177,6 +178,10 @@ int RunBenchVkDense(bool json, bool quick, int bits);
 int RunBenchVk(int argc, char** argv) {
   bool json = false, quick = false, dense = false;
   int experts = 0, bits = 0;
+  if (WantsHelp(argc, argv)) {
+    Usage(stdout);
+    return 0;
+  }
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) {
       json = true;
@@ -191,6 +196,7 @@ int RunBenchVk(int argc, char** argv) {
       experts = std::atoi(argv[++i]);
       if (experts < 1 || experts > 64) return Usage();
     } else {
+      std::fprintf(stderr, "coli bench vk: unknown argument '%s'\n", argv[i]);
       return Usage();
     }
   }

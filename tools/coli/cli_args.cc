@@ -105,6 +105,15 @@ absl::Status ArgReader::Unknown() const {
   return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg_, "'"));
 }
 
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--") return false;
+    if (a == "--help" || a == "-h") return true;
+  }
+  return false;
+}
+
 // ---- numbers --------------------------------------------------------------------------------
 
 absl::StatusOr<int64_t> ParseWholeNumber(std::string_view what, std::string_view text, int64_t lo,

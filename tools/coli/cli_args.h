@@ -68,6 +68,10 @@ class ArgReader {
   bool positional_ = false;
 };
 
+// Whether the arguments ask for help: "--help" or "-h" anywhere before a bare "--". For
+// commands whose own parsers predate ArgReader (the bench areas): help on stdout, exit 0.
+bool WantsHelp(int argc, char** argv);
+
 // Number parsing with the messages ArgReader uses; `what` names the thing ("--ngen",
 // "K3_MAXT").
 absl::StatusOr<int64_t> ParseWholeNumber(std::string_view what, std::string_view text, int64_t lo,
