@@ -301,6 +301,8 @@ class ChatApp {
     absl::StatusOr<v1::Finished> finished = client_->Chat(request, cb);
     done.store(true);
     watcher.join();
+    // A reply that ended before its first token leaves no progress line behind.
+    if (!first_token.load()) std::printf("%s", style_.clear_line());
     std::printf("%s\n", style_.reset());
     last_reasoning_ = turn.reasoning;
     if (finished.ok()) {

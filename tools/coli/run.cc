@@ -199,11 +199,13 @@ int RunCommand(int argc, char** argv) {
     reused = s.tokens_reused();
   };
   const bool chat = flags.chat;
+  bool printed_logprobs = false;  // then the statistics start on a line of their own
   cb.on_token = [&](const v1::Token& t) {
     generated.push_back(t.id());
     if (!chat) out.Write(t.text());
     if (t.has_logprobs()) {
       std::fprintf(stderr, "[logprob %d %.4f]", t.id(), t.logprobs().sampled().logprob());
+      printed_logprobs = true;
     }
   };
   bool in_reasoning = false;
@@ -251,7 +253,7 @@ int RunCommand(int argc, char** argv) {
   }
   done.store(true);
   if (watcher.joinable()) watcher.join();
-  if (in_reasoning) std::fprintf(stderr, "\n");
+  if (in_reasoning || printed_logprobs) std::fprintf(stderr, "\n");
   if (out.error() == EPIPE) return 128 + SIGPIPE;  // the reader left: quietly, as `cat` does
   out.Write("\n");
   if (flags.print_ids) {
