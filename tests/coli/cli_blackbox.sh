@@ -118,6 +118,9 @@ rc=$?
   fail "coli tokenize > /dev/full -> exit $rc, stderr: $(cat "$work/err")"
 
 echo "== coli chat without a terminal"
+expect 2 "--temperature: 'nan' is not a finite number" -- "$coli" chat --temperature=nan
+expect 2 "unexpected argument 'hello'" -- "$coli" chat hello
+expect 2 "is a file, not a folder" -- "$coli" chat --model "$work/a_file"
 printf '{"a": 1}' > "$work/precious.json"
 chmod 600 "$work/precious.json"
 cat > "$work/chat_in.txt" <<EOF

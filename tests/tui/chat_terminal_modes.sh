@@ -37,29 +37,31 @@ run_recorded() {
 
 tmux_ new-session -d -s main -x 120 -y 40 "sleep 600"
 
+# one_reply NAME: a message, its reply, Ctrl-D; the program exits 0.
+one_reply() {
+  tmux_ send-keys -t "$1" 'hello' Enter
+  wait_file "$work/$1.log" 'tok/s' 120
+  tmux_ send-keys -t "$1" C-d
+  wait_file "$work/$1.log" 'EXITED-0' 60
+}
+# refuse_escapes NAME REGEX WHAT: fails when the recorded output matches REGEX.
+refuse_escapes() {
+  if grep -qE "$2" "$work/$1.log"; then
+    echo "FAIL: $3:" >&2
+    cat -v "$work/$1.log" >&2
+    exit 1
+  fi
+}
+
 # TERM=dumb: no escape sequence at all (the prefill bar and styles used to be drawn anyway).
 run_recorded dumb TERM=dumb
-tmux_ send-keys -t dumb 'hello' Enter
-wait_file "$work/dumb.log" 'tok/s' 120
-tmux_ send-keys -t dumb C-d
-wait_file "$work/dumb.log" 'EXITED-0' 60
-if grep -q $'\x1b' "$work/dumb.log"; then
-  echo "FAIL: TERM=dumb output has escape sequences:" >&2
-  cat -v "$work/dumb.log" >&2
-  exit 1
-fi
+one_reply dumb
+refuse_escapes dumb $'\x1b' "TERM=dumb output has escape sequences"
 
 # NO_COLOR on a capable terminal: no dim / bold (line redraws stay).
 run_recorded nocolor TERM=xterm NO_COLOR=1
-tmux_ send-keys -t nocolor 'hello' Enter
-wait_file "$work/nocolor.log" 'tok/s' 120
-tmux_ send-keys -t nocolor C-d
-wait_file "$work/nocolor.log" 'EXITED-0' 60
-if grep -qE $'\x1b\\[(1|2|0)m' "$work/nocolor.log"; then
-  echo "FAIL: NO_COLOR output has dim/bold:" >&2
-  cat -v "$work/nocolor.log" >&2
-  exit 1
-fi
+one_reply nocolor
+refuse_escapes nocolor $'\x1b\\[(1|2|0)m' "NO_COLOR output has dim/bold"
 
 # A paste between """ lines is one message; Ctrl-C at the continuation prompt drops one.
 run_recorded paste TERM=xterm

@@ -116,6 +116,10 @@ int RunBenchGrpc(int argc, char** argv) {
     std::fprintf(stderr, "coli bench grpc: %s\n%s", why.c_str(), kUsage);
     return 2;
   };
+  if (WantsHelp(argc, argv)) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   ArgReader args(argc, argv);
   while (args.Next()) {
     // A missing value used to mean the default: `--model` alone benchmarked the tiny fixture.
@@ -134,9 +138,6 @@ int RunBenchGrpc(int argc, char** argv) {
       absl::StatusOr<int64_t> v = args.Int(1, 1 << 20);
       if (!v.ok()) return usage_error(std::string(v.status().message()));
       (is_ngen ? ngen : reps) = static_cast<int>(*v);
-    } else if (args.Is("--help") || args.Is("-h")) {
-      std::printf("%s", kUsage);
-      return 0;
     } else {
       return usage_error("unknown argument '" + args.arg() + "'");
     }

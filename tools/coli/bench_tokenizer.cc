@@ -87,6 +87,10 @@ int RunTokenizerBench(int argc, char** argv) {
     std::fprintf(stderr, "coli bench tokenizer: %s\n%s", why.c_str(), kUsage);
     return 2;
   };
+  if (WantsHelp(argc, argv)) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   cli::ArgReader args(argc, argv);
   while (args.Next()) {
     absl::Status bad;
@@ -103,9 +107,6 @@ int RunTokenizerBench(int argc, char** argv) {
       absl::StatusOr<double> v = args.Real(0, 3600);
       if (!v.ok()) return usage_error(std::string(v.status().message()));
       min_seconds = *v;
-    } else if (args.Is("--help") || args.Is("-h")) {
-      std::printf("%s", kUsage);
-      return 0;
     } else {
       return usage_error("unknown argument '" + args.arg() + "'");
     }

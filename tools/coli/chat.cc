@@ -35,6 +35,7 @@
 #include "tools/coli/cli_args.h"
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
+#include "tools/coli/run_flags.h"
 
 namespace coli::cli {
 namespace {
@@ -104,13 +105,10 @@ class LineReader {
   std::string history_;
 };
 
-struct ChatFlags {
-  std::string model, host, system;
-  bool model_given = false;
+struct ChatFlags : CommonFlags {  // seed_given false: each reply draws a random seed
+  std::string system;
   bool think = true;
   int max_tokens = 0;  // 0: until the context is full
-  v1::SamplingParams sampling;
-  bool seed_given = false;  // else each reply draws a random seed (when it samples)
 };
 
 class ChatApp {
@@ -380,44 +378,20 @@ absl::StatusOr<ChatFlags> ParseChatFlags(int argc, char** argv, bool* help) {
   if (const char* t = std::getenv("K3_THINK")) flags.think = std::string(t) != "0";
   ArgReader args(argc, argv);
   while (args.Next()) {
+    COLI_ASSIGN_OR_RETURN(bool taken, TakeCommonFlag(args, &flags));
+    if (taken) continue;
     if (args.Is("--help") || args.Is("-h")) {
       *help = true;
       return flags;
     } else if (args.Is("--no-think") || args.Is("--think")) {
       COLI_RETURN_IF_ERROR(args.NoValue());
       flags.think = args.Is("--think");
-    } else if (args.Is("--model")) {
-      COLI_ASSIGN_OR_RETURN(flags.model, args.Value());
-      if (flags.model.empty()) return absl::InvalidArgumentError("--model is empty: give a folder");
-      flags.model_given = true;
-    } else if (args.Is("--host")) {
-      COLI_ASSIGN_OR_RETURN(flags.host, args.Value());
-      if (flags.host.empty()) return absl::InvalidArgumentError("--host is empty: give an address");
     } else if (args.Is("--system")) {
       COLI_ASSIGN_OR_RETURN(flags.system, args.Value());
       COLI_RETURN_IF_ERROR(CheckUtf8("--system", flags.system));
     } else if (args.Is("--max-tokens") || args.Is("--ngen") || args.Is("-n")) {
       COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(-1, std::numeric_limits<int32_t>::max()));
       flags.max_tokens = static_cast<int>(std::max<int64_t>(n, 0));
-    } else if (args.Is("--temperature") || args.Is("--temp")) {
-      COLI_ASSIGN_OR_RETURN(double t, args.Real(0, 100));
-      flags.sampling.set_temperature(static_cast<float>(t));
-    } else if (args.Is("--top-p")) {
-      COLI_ASSIGN_OR_RETURN(double p, args.Real(0, 1));
-      flags.sampling.set_top_p(static_cast<float>(p));
-    } else if (args.Is("--top-k")) {
-      COLI_ASSIGN_OR_RETURN(int64_t k, args.Int(-1, std::numeric_limits<int32_t>::max()));
-      flags.sampling.set_top_k(static_cast<int32_t>(std::max<int64_t>(k, 0)));
-    } else if (args.Is("--seed") || args.Is("-s")) {
-      const std::string flag = args.arg();
-      COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
-      COLI_ASSIGN_OR_RETURN(std::optional<uint64_t> seed, ParseSeed(flag, v));
-      flags.seed_given = seed.has_value();
-      flags.sampling.set_seed(seed.value_or(0));
-    } else if (client::IsSamplingKnobFlag(args.arg())) {
-      const std::string flag = args.arg();
-      COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
-      COLI_RETURN_IF_ERROR(client::ParseSamplingKnobFlag(flag, v, &flags.sampling));
     } else if (args.IsFlag()) {
       return args.Unknown();
     } else {
@@ -458,15 +432,9 @@ int RunChat(int argc, char** argv) {
     return 2;
   }
   std::string model_dir = client::ResolveModelDir(flags.model);
-  if (flags.host.empty()) {  // a remote host resolves the folder on its own machine
-    const char* from = flags.model_given ? "--model"
-                       : std::getenv("COLI_MODEL") != nullptr && *std::getenv("COLI_MODEL")
-                           ? "COLI_MODEL"
-                           : "the embedded tiny model";
-    if (absl::Status bad = CheckModelDir(from, model_dir); !bad.ok()) {
-      std::fprintf(stderr, "coli chat: %s\n", std::string(bad.message()).c_str());
-      return 2;
-    }
+  if (absl::Status bad = CheckLocalModelDir(flags, model_dir); !bad.ok()) {
+    std::fprintf(stderr, "coli chat: %s\n", std::string(bad.message()).c_str());
+    return 2;
   }
 
   client::ConnectOptions connect;

@@ -123,14 +123,8 @@ int RunCommand(int argc, char** argv) {
   auto options = client::ModelOptionsFromEnv();
   if (!options.ok()) return UsageError(std::string(options.status().message()));
   const std::string model_dir = client::ResolveModelDir(flags.model);
-  if (flags.host.empty()) {  // a remote host resolves the folder on its own machine
-    const char* from = flags.model_given ? "--model"
-                       : std::getenv("COLI_MODEL") != nullptr && *std::getenv("COLI_MODEL")
-                           ? "COLI_MODEL"
-                           : "the embedded tiny model";
-    if (absl::Status bad = CheckModelDir(from, model_dir); !bad.ok()) {
-      return UsageError(std::string(bad.message()));
-    }
+  if (absl::Status bad = CheckLocalModelDir(flags, model_dir); !bad.ok()) {
+    return UsageError(std::string(bad.message()));
   }
 
   // Ctrl-C (and SIGTERM, SIGHUP) cancel the load or the request; the watcher thread turns the

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +34,50 @@ absl::StatusOr<std::string> ReadAll(std::FILE* f, const std::string& what) {
 }
 
 }  // namespace
+
+absl::StatusOr<bool> TakeCommonFlag(ArgReader& args, CommonFlags* f) {
+  constexpr int64_t kMax = kMaxInt32;
+  if (args.Is("--model")) {
+    COLI_ASSIGN_OR_RETURN(f->model, args.Value());
+    if (f->model.empty()) return absl::InvalidArgumentError("--model is empty: give a folder");
+    f->model_given = true;
+  } else if (args.Is("--host")) {
+    COLI_ASSIGN_OR_RETURN(f->host, args.Value());
+    if (f->host.empty()) return absl::InvalidArgumentError("--host is empty: give an address");
+  } else if (args.Is("--temperature") || args.Is("--temp")) {
+    COLI_ASSIGN_OR_RETURN(double t, args.Real(0, 100));
+    f->sampling.set_temperature(static_cast<float>(t));
+  } else if (args.Is("--top-p")) {
+    COLI_ASSIGN_OR_RETURN(double p, args.Real(0, 1));
+    f->sampling.set_top_p(static_cast<float>(p));
+  } else if (args.Is("--top-k")) {
+    // llama.cpp: 0 or less = off; the host's off is 0.
+    COLI_ASSIGN_OR_RETURN(int64_t k, args.Int(-1, kMax));
+    f->sampling.set_top_k(static_cast<int32_t>(std::max<int64_t>(k, 0)));
+  } else if (args.Is("--seed") || args.Is("-s")) {
+    const std::string flag = args.arg();
+    COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
+    COLI_ASSIGN_OR_RETURN(std::optional<uint64_t> seed, ParseSeed(flag, v));
+    f->seed_given = seed.has_value();
+    f->sampling.set_seed(seed.value_or(0));
+  } else if (args.IsFlag() && client::IsSamplingKnobFlag(args.arg())) {
+    const std::string flag = args.arg();
+    COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
+    COLI_RETURN_IF_ERROR(client::ParseSamplingKnobFlag(flag, v, &f->sampling));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+absl::Status CheckLocalModelDir(const CommonFlags& flags, const std::string& model_dir) {
+  if (!flags.host.empty()) return absl::OkStatus();
+  const char* env = std::getenv("COLI_MODEL");
+  const char* from = flags.model_given                    ? "--model"
+                     : env != nullptr && *env != '\0' ? "COLI_MODEL"
+                                                          : "the embedded tiny model";
+  return CheckModelDir(from, model_dir);
+}
 
 std::string RunUsage() {
   return absl::StrCat(
@@ -65,16 +111,11 @@ absl::StatusOr<RunFlags> ParseRunFlags(int argc, char** argv) {
   int prompt_sources = 0;
   ArgReader args(argc, argv);
   while (args.Next()) {
+    COLI_ASSIGN_OR_RETURN(bool taken, TakeCommonFlag(args, &f));
+    if (taken) continue;
     if (args.Is("--help") || args.Is("-h")) {
       f.help = true;
       return f;
-    } else if (args.Is("--model")) {
-      COLI_ASSIGN_OR_RETURN(f.model, args.Value());
-      if (f.model.empty()) return absl::InvalidArgumentError("--model is empty: give a folder");
-      f.model_given = true;
-    } else if (args.Is("--host")) {
-      COLI_ASSIGN_OR_RETURN(f.host, args.Value());
-      if (f.host.empty()) return absl::InvalidArgumentError("--host is empty: give an address");
     } else if (args.Is("--ngen") || args.Is("-n")) {
       COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(-1, kMaxInt32));
       if (n == 0) {
@@ -118,22 +159,6 @@ absl::StatusOr<RunFlags> ParseRunFlags(int argc, char** argv) {
       f.json_object = true;
     } else if (args.Is("--json-schema")) {
       COLI_ASSIGN_OR_RETURN(f.json_schema_path, args.Value());
-    } else if (args.Is("--temperature") || args.Is("--temp")) {
-      COLI_ASSIGN_OR_RETURN(double t, args.Real(0, 100));
-      f.sampling.set_temperature(static_cast<float>(t));
-    } else if (args.Is("--top-p")) {
-      COLI_ASSIGN_OR_RETURN(double p, args.Real(0, 1));
-      f.sampling.set_top_p(static_cast<float>(p));
-    } else if (args.Is("--top-k")) {
-      // llama.cpp: 0 or less = off; the host's off is 0.
-      COLI_ASSIGN_OR_RETURN(int64_t k, args.Int(-1, kMaxInt32));
-      f.sampling.set_top_k(static_cast<int32_t>(std::max<int64_t>(k, 0)));
-    } else if (args.Is("--seed") || args.Is("-s")) {
-      const std::string flag = args.arg();
-      COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
-      COLI_ASSIGN_OR_RETURN(std::optional<uint64_t> seed, ParseSeed(flag, v));
-      f.seed_given = seed.has_value();
-      f.sampling.set_seed(seed.value_or(0));
     } else if (args.Is("--logprobs")) {
       COLI_ASSIGN_OR_RETURN(int64_t k, args.Int(0, 20));
       f.sampling.set_logprobs(static_cast<int32_t>(k));
@@ -142,10 +167,6 @@ absl::StatusOr<RunFlags> ParseRunFlags(int argc, char** argv) {
       (args.arg() == "-" ? f.prompt_file : f.prompt) = args.arg();
       f.have_prompt = true;
       ++prompt_sources;
-    } else if (client::IsSamplingKnobFlag(args.arg())) {
-      const std::string flag = args.arg();
-      COLI_ASSIGN_OR_RETURN(std::string v, args.Value());
-      COLI_RETURN_IF_ERROR(client::ParseSamplingKnobFlag(flag, v, &f.sampling));
     } else {
       return args.Unknown();
     }

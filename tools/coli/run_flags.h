@@ -12,15 +12,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/client.h"
 
 namespace coli::cli {
 
-struct RunFlags {
-  bool help = false;  // --help / -h: print the usage on stdout, exit 0
-  std::string model;  // --model DIR ("" = not given)
+// What `coli run` and `coli chat` share; TakeCommonFlag fills it.
+struct CommonFlags {
+  std::string model;
   bool model_given = false;
-  std::string host;   // --host ADDR
+  std::string host;
+  v1::SamplingParams sampling;
+  bool seed_given = false;  // false: no --seed, or --seed -1 (the caller draws one)
+};
+
+struct RunFlags : CommonFlags {
+  bool help = false;  // --help / -h: print the usage on stdout, exit 0
   // The prompt: `text` as given, or read from `prompt_file` ("-" = stdin) by ReadPrompt.
   std::string prompt;
   std::string prompt_file;
@@ -31,9 +38,6 @@ struct RunFlags {
   std::string system;
   bool think = true;
   int32_t ngen = 64;  // max tokens for the host; 0 = until the context is full (--ngen -1)
-  v1::SamplingParams sampling;
-  // False: no --seed, or --seed -1; run.cc then draws a random seed for a sampled run.
-  bool seed_given = false;
   std::string json_schema_path;
   bool json_object = false;
 };
@@ -49,6 +53,18 @@ absl::StatusOr<std::string> ReadPrompt(const RunFlags& flags);
 
 // The usage text (`coli run --help`).
 std::string RunUsage();
+
+// The flags `coli run` and `coli chat` share, taken when args is at one of them:
+//   --model DIR / --host ADDR (refused empty), --temperature / --temp T in [0, 100],
+//   --top-p P in [0, 1], --top-k K (-1 or 0 = off), --seed / -s S (-1 = random),
+//   and client::IsSamplingKnobFlag's penalties, --min-p and --logit-bias.
+// True when it took the flag; INVALID_ARGUMENT naming the flag and the value.
+absl::StatusOr<bool> TakeCommonFlag(ArgReader& args, CommonFlags* flags);
+
+// With a private host (host empty): CheckModelDir on the folder the model comes from, named as
+// the user gave it ("--model", "COLI_MODEL" or "the embedded tiny model"). A remote host
+// resolves the folder on its own machine: OK.
+absl::Status CheckLocalModelDir(const CommonFlags& flags, const std::string& model_dir);
 
 }  // namespace coli::cli
 
