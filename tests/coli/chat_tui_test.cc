@@ -106,6 +106,8 @@ TEST(MultilineInput, BackslashContinuesAndQuotesMakeABlock) {
   EXPECT_EQ(in.Finish(), std::nullopt);
   EXPECT_EQ(in.Add("\"\"\"unclosed"), std::nullopt);
   EXPECT_EQ(in.Finish(), "unclosed");  // end of input closes it
+  EXPECT_EQ(in.Add("crlf \\\r"), std::nullopt);  // a file with Windows line ends
+  EXPECT_EQ(in.Add("end\r"), "crlf \nend");
 }
 
 TEST(TerminalStyle, DumbTerminalsAndNoColor) {

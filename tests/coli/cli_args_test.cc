@@ -192,6 +192,10 @@ TEST(Errors, HostTokensBecomeSentences) {
                 "CONTEXT_EXCEEDED prompt_tokens=402 capacity=64")),
             "the prompt is 402 tokens but the context holds 64 (shorten the prompt, or raise "
             "K3_MAXT)");
+  EXPECT_EQ(DescribeError(absl::ResourceExhaustedError(
+                "CONTEXT_EXCEEDED prompt_tokens=42 capacity=42")),
+            "the prompt fills the whole context (42 tokens), leaving no room for a reply "
+            "(shorten the prompt, or raise K3_MAXT)");
   EXPECT_EQ(DescribeError(absl::InvalidArgumentError("EMPTY_PROMPT")), "the prompt is empty");
   EXPECT_EQ(DescribeError(absl::UnimplementedError("")), "UNIMPLEMENTED");
   EXPECT_EQ(DescribeError(absl::NotFoundError("no such model")), "no such model");

@@ -103,6 +103,7 @@ ChatInput ParseChatInput(const std::string& raw) {
 std::optional<std::string> MultilineInput::Add(const std::string& line) {
   constexpr absl::string_view kQuotes = "\"\"\"";
   absl::string_view rest = line;
+  if (absl::EndsWith(rest, "\r")) rest.remove_suffix(1);  // a file with CRLF line ends
   if (!pending_) {
     text_.clear();
     const absl::string_view lead = absl::StripLeadingAsciiWhitespace(rest);

@@ -253,6 +253,11 @@ std::string DescribeError(const absl::Status& status) {
     long long tokens = -1, capacity = -1;
     if (std::sscanf(message.c_str(), "CONTEXT_EXCEEDED prompt_tokens=%lld capacity=%lld", &tokens,
                     &capacity) == 2) {
+      if (tokens == capacity) {  // it fits, with no room for a reply
+        return absl::StrCat("the prompt fills the whole context (", capacity,
+                            " tokens), leaving no room for a reply (shorten the prompt, or raise "
+                            "K3_MAXT)");
+      }
       return absl::StrCat("the prompt is ", tokens, " tokens but the context holds ", capacity,
                           " (shorten the prompt, or raise K3_MAXT)");
     }
