@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `coli` command-line tools driven from outside, as a user's shell drives them: exit codes,
 # the message on stderr, stdout, signals, pipes, files. Every check here failed before the pass
-# that added it (docs/status/cli-blackbox.md lists what each one was).
+# that added it; where it is not obvious, the comment above a check says what happened before.
 # Usage: cli_blackbox.sh BIN_DIR MODEL_DIR
 set -uo pipefail
 bin=$1 model=$2
