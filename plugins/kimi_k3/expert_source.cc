@@ -20,22 +20,32 @@ std::string ExpertBase(const std::string& prefix, int layer, int expert) {
   return absl::StrCat(prefix, "model.layers.", layer, ".block_sparse_moe.experts.", expert, ".");
 }
 
-// DATA_LOSS naming the tensors when expert `base` has parts of the format it is not in.
+// DATA_LOSS naming the tensor when expert `base` has parts of the format it is not in: both
+// formats in one expert, or only the other format in a checkpoint whose experts are `format`.
 absl::Status CheckNotMixed(const st::Snapshot& snapshot, const std::string& base,
                            ExpertFormat format) {
+  const bool f32 = format == ExpertFormat::kF32;
   for (std::string_view m : kMatrices) {
-    const std::string plain = base + std::string(m) + ".weight";
-    for (std::string_view part : {".weight_packed", ".weight_scale"}) {
-      const std::string packed = base + std::string(m) + std::string(part);
-      const bool has_plain = format == ExpertFormat::kF32 || snapshot.Contains(plain);
-      const bool has_packed = format == ExpertFormat::kMxfp4 || snapshot.Contains(packed);
-      if (has_plain && has_packed) {
+    const std::string w = base + std::string(m);
+    const std::string plain = w + ".weight", packed = w + ".weight_packed",
+                      scale = w + ".weight_scale";
+    const std::string& own = f32 ? plain : packed;
+    // One index lookup per matrix on the released (MXFP4) checkpoint.
+    const std::vector<const std::string*> others =
+        f32 ? std::vector<const std::string*>{&packed, &scale}
+            : std::vector<const std::string*>{&plain};
+    for (const std::string* other : others) {
+      if (!snapshot.Contains(*other)) continue;
+      if (snapshot.Contains(own)) {
         return absl::DataLossError(absl::StrCat(
-            "tensor '", format == ExpertFormat::kF32 ? packed : plain, "': the expert holds both '",
-            plain, "' (unquantized) and '", packed, "' (MXFP4); an expert is either ",
-            "w{1,2,3}.weight (F32) or w{1,2,3}.weight_packed + weight_scale (MXFP4), and every ",
-            "expert of a checkpoint uses the same format (here ", ExpertFormatName(format), ")"));
+            "tensor '", *other, "': the expert holds both '", own, "' and '", *other,
+            "'; an expert is either w{1,2,3}.weight (F32) or w{1,2,3}.weight_packed + ",
+            "weight_scale (MXFP4)"));
       }
+      return absl::DataLossError(absl::StrCat(
+          "tensor '", *other, "': a ", f32 ? "MXFP4" : "plain (unquantized)",
+          " expert tensor in a checkpoint whose experts are ", ExpertFormatName(format),
+          " (as its first MoE layer's expert 0); every routed expert must use one format"));
     }
   }
   return absl::OkStatus();

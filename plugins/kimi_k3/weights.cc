@@ -167,9 +167,9 @@ class Loader {
 
   static absl::Status NeedsConversion(const std::string& name) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "K3_MMAP=1: tensor '", name, "' is a source (BF16 / F32) matrix that needs load-time ",
-        "quantization; K3_MMAP maps only a repacked container's U8 matrices (run k3-repack, or ",
-        "unset K3_MMAP)"));
+        "K3_MMAP=1: tensor '", name, "' is a source BF16 matrix (or F32 / F16) that needs ",
+        "load-time quantization; K3_MMAP maps only a repacked container's U8 matrices (run ",
+        "k3-repack, or unset K3_MMAP)"));
   }
 
   // A source matrix [rows, cols] (BF16, or F32 / F16: ExpectFloat) → a resident matrix in
