@@ -225,6 +225,34 @@ TEST(K3VendorF32, TheVulkanTierStaysOffForF32Experts) {
   EXPECT_TRUE(a == b);
 }
 
+// §9.8 sets rms_norm_eps 1e-3 "so the MLA norms' 1e-6 is visible": an engine that used the
+// model's epsilon for the MLA latent norms would miss the reference by far more than 1e-5.
+TEST(K3VendorF32, TheMlaLatentNormEpsilonIsVisibleNextToRmsNormEps) {
+  TempDir tmp;
+  const std::vector<int32_t> ids = RandomIds(24, 400, 108);
+  ASSERT_OK(RunReference(absl::StrCat("run --model ", kDir, " --ids ", JoinIds(ids),
+                                      " --out-logits ", tmp.File("ref.f32")))
+                .status());
+  const std::vector<float> ref = ReadF32(tmp.File("ref.f32"));
+  for (float eps : {1e-6f, 1e-3f}) {
+    SCOPED_TRACE(eps);
+    ModelOptions o = F32Options();
+    o.mla_latent_norm_eps = eps;
+    o.logits_path = tmp.File("eng.f32");
+    ASSERT_OK_AND_ASSIGN(auto model, Model::Load(kDir, o));
+    ASSERT_EQ(model->config().rms_norm_eps, 1e-3f);
+    ASSERT_OK(model->NewSession()->Prefill(ids).status());
+    const std::vector<float> eng = ReadF32(o.logits_path);
+    ASSERT_EQ(eng.size(), ref.size());
+    const double err = WorstRowError(eng, ref, model->vocab_size());
+    if (eps == 1e-6f) {
+      EXPECT_LE(err, kF32Tolerance);
+    } else {
+      EXPECT_GT(err, 1e-2);
+    }
+  }
+}
+
 // Asked directly (not through the factory), the tier refuses a snapshot with F32 experts.
 TEST(K3VendorF32, TheVulkanTierRefusesF32ExpertsWhenCreatedDirectly) {
   COLI_VK_CONTEXT_OR_SKIP(vk);
