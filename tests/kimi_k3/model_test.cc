@@ -709,6 +709,46 @@ TEST_F(K3BadCheckpoint, WrongDtypeIsNamed) {
   }
 }
 
+TEST_F(K3BadCheckpoint, F16InABf16SlotIsConvertedExactly) {
+  // A matrix stored as F16 gives the logits of the same values stored as F32, bit for bit (the
+  // BF16 values are first rounded to F16 here; both files then hold exactly those values).
+  const std::string name = P("layers.2.block_sparse_moe.routed_expert_down_proj.weight");
+  const std::string f16_dir = tmp_.File("f16"), f32_dir = tmp_.File("f32");
+  const auto ids = RandomIds(16, 768, 73);
+  std::vector<std::vector<float>> out;
+  for (bool half : {true, false}) {
+    const std::string dir = half ? f16_dir : f32_dir;
+    testing::CopyDir(K3_TEST_TIES, dir);
+    ASSERT_TRUE(testing::RewriteShardOf(dir, name, [&](testing::EditableTensor& t) {
+                  if (t.name != name) return;
+                  const size_t n = t.bytes.size() / 2;
+                  std::string bytes(n * (half ? 2 : 4), '\0');
+                  for (size_t i = 0; i < n; ++i) {
+                    uint16_t bf16;
+                    std::memcpy(&bf16, &t.bytes[2 * i], 2);
+                    const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+                    float v;
+                    std::memcpy(&v, &bits, 4);
+                    const _Float16 h = static_cast<_Float16>(v);
+                    const float back = static_cast<float>(h);
+                    if (half) {
+                      std::memcpy(&bytes[2 * i], &h, 2);
+                    } else {
+                      std::memcpy(&bytes[4 * i], &back, 4);
+                    }
+                  }
+                  t.dtype = half ? st::DType::kF16 : st::DType::kF32;
+                  t.bytes = std::move(bytes);
+                }).ok());
+    auto model = Load(dir, F32Options());
+    ASSERT_NE(model, nullptr);
+    auto logits = model->NewSession()->Prefill(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    out.push_back(*logits);
+  }
+  EXPECT_TRUE(out[0] == out[1]);
+}
+
 TEST_F(K3BadCheckpoint, F32InABf16SlotIsConvertedExactly) {
   // The same values stored as F32 instead of BF16 give bit-identical logits.
   const std::string name = P("layers.1.self_attn.q_proj.weight");
