@@ -25,6 +25,7 @@
 #include "plugins/kimi_k3/expert_source.h"
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/repack.h"
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/vk_tier.h"
 #include "tests/kimi_k3/reference_util.h"
@@ -264,6 +265,25 @@ TEST(K3VendorF32, TheVulkanTierRefusesF32ExpertsWhenCreatedDirectly) {
                                    "language_model.", cfg.num_layers, VkTierOptions{});
   EXPECT_THAT(tier.status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("MXFP4 experts only")));
+}
+
+// k3-repack (repack.h) does not convert a full-precision snapshot (its quantizer reads BF16
+// rows; plain experts would pass through unordered): it refuses at the first F32 matrix,
+// naming it and the shard, and leaves no output shard behind.
+TEST(K3VendorF32, RepackRefusesAFullPrecisionSnapshotNamingTheTensor) {
+  TempDir tmp;
+  const std::string dst = tmp.File("container");
+  auto summary = Repack(kDir, dst, RepackOptions{});
+  EXPECT_THAT(summary.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(HasSubstr("self_attn.q_proj.weight"),
+                                        HasSubstr("model-00001-of-000009.safetensors"),
+                                        HasSubstr("F32"))));
+  int shards = 0;
+  if (std::filesystem::exists(dst))
+    for (const auto& e : std::filesystem::directory_iterator(dst))
+      shards += e.path().extension() == ".safetensors" || e.path().extension() == ".tmp";
+  EXPECT_EQ(shards, 0);
 }
 
 // ---- Damaged variants, each refused naming the tensor ----------------------------------------
