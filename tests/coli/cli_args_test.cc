@@ -2,6 +2,7 @@
 // flags (tools/coli/run_flags.h): every refusal names the flag and the value.
 #include "tools/coli/cli_args.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -108,6 +109,27 @@ TEST(ArgReader, WantsHelpAnywhereBeforeDashes) {
   EXPECT_FALSE(WantsHelp(late.argc(), late.argv()));
   Argv none({"--json", "--helpful"});
   EXPECT_FALSE(WantsHelp(none.argc(), none.argv()));
+}
+
+void NoteSignal(int) {}
+
+TEST(Signals, AnIgnoredSignalStaysIgnored) {
+  // `nohup coli run …` ignores SIGHUP; catching it would end the run when the terminal closes.
+  struct sigaction saved_hup = {}, saved_usr = {};
+  sigaction(SIGHUP, nullptr, &saved_hup);
+  sigaction(SIGUSR1, nullptr, &saved_usr);
+  signal(SIGHUP, SIG_IGN);
+  CatchUnlessIgnored(SIGHUP, NoteSignal);
+  struct sigaction now = {};
+  sigaction(SIGHUP, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  signal(SIGUSR1, SIG_DFL);
+  CatchUnlessIgnored(SIGUSR1, NoteSignal);
+  sigaction(SIGUSR1, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, &NoteSignal);
+  EXPECT_EQ(now.sa_flags & SA_RESTART, 0);
+  sigaction(SIGHUP, &saved_hup, nullptr);
+  sigaction(SIGUSR1, &saved_usr, nullptr);
 }
 
 TEST(Numbers, WholeNumbersSayWhatIsWrong) {

@@ -90,8 +90,10 @@ rc=${PIPESTATUS[0]}
 grep -q 'terminate\|Aborted\|core' "$work/err" && fail "coli run | head: noise on stderr"
 no_private_hosts_left "coli run | head -c1"
 for sig in INT TERM; do
-  COLI_DECODE_DELAY_MS=20 "$coli" run --model "$model" hello --ngen 2000 > "$work/out" \
-    2> "$work/err" &
+  # A background job of a script starts with SIGINT ignored (and coli keeps an ignored signal
+  # ignored, as for nohup): restore the default, as a terminal's foreground job has it.
+  COLI_DECODE_DELAY_MS=20 env --default-signal=INT "$coli" run --model "$model" hello \
+    --ngen 2000 > "$work/out" 2> "$work/err" &
   pid=$!
   # Wait until tokens stream (no time bound is asserted; the loop only waits).
   for _ in $(seq 600); do [[ -s $work/out ]] && break; sleep 0.1; done
@@ -103,6 +105,19 @@ for sig in INT TERM; do
   grep -q 'interrupted' "$work/err" || fail "SIG$sig during coli run: no 'interrupted' on stderr"
   no_private_hosts_left "SIG$sig during coli run"
 done
+
+# `nohup coli run …`: an ignored SIGHUP stays ignored (the run is not ended by it).
+nohup_out=$work/nohup.out
+# 400 tokens 5 ms apart: still running for ~2 s after its first byte.
+COLI_DECODE_DELAY_MS=5 nohup "$coli" run --model "$model" hello --ngen 400 > "$nohup_out" \
+  2> "$work/err" &
+pid=$!
+for _ in $(seq 600); do [[ -s $nohup_out ]] && break; sleep 0.1; done
+kill -HUP "$pid" || fail "nohup coli run ended before the SIGHUP could test it"
+wait "$pid"
+rc=$?
+((rc == 0)) || fail "SIGHUP to 'nohup coli run' -> exit $rc, wanted 0 (nohup ignores SIGHUP)"
+no_private_hosts_left "nohup coli run"
 
 echo "== coli tokenize"
 expect 2 "--tokenizer needs a value" -- "$coli" tokenize --tokenizer

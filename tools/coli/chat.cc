@@ -416,14 +416,10 @@ int RunChat(int argc, char** argv) {
   }
   const ChatFlags& flags = *parsed;
 
-  struct sigaction sa = {};
-  sa.sa_handler = OnSigint;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: an interrupted line read returns
-  sigaction(SIGINT, &sa, nullptr);
-  sa.sa_handler = OnTerminate;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  // No SA_RESTART: an interrupted line read returns.
+  CatchUnlessIgnored(SIGINT, OnSigint);
+  CatchUnlessIgnored(SIGTERM, OnTerminate);
+  CatchUnlessIgnored(SIGHUP, OnTerminate);
   signal(SIGPIPE, SIG_IGN);  // a closed stdout is noticed by its write error
 
   absl::StatusOr<v1::ModelOptions> options = client::ModelOptionsFromEnv();

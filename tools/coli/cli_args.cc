@@ -1,5 +1,6 @@
 #include "tools/coli/cli_args.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -103,6 +104,16 @@ absl::Status ArgReader::NoValue() const {
 
 absl::Status ArgReader::Unknown() const {
   return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg_, "'"));
+}
+
+void CatchUnlessIgnored(int sig, void (*handler)(int)) {
+  struct sigaction old = {};
+  if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) return;
+  struct sigaction sa = {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  ::sigaction(sig, &sa, nullptr);
 }
 
 bool WantsHelp(int argc, char** argv) {

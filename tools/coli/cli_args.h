@@ -68,6 +68,11 @@ class ArgReader {
   bool positional_ = false;
 };
 
+// Installs `handler` for `sig` (no SA_RESTART: a blocked read returns EINTR) unless the signal
+// is ignored on entry: `nohup coli run …` (SIGHUP) and a background job of a script (SIGINT)
+// keep ignoring it.
+void CatchUnlessIgnored(int sig, void (*handler)(int));
+
 // Whether the arguments ask for help: "--help" or "-h" anywhere before a bare "--". For
 // commands whose own parsers predate ArgReader (the bench areas): help on stdout, exit 0.
 bool WantsHelp(int argc, char** argv);

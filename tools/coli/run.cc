@@ -130,10 +130,7 @@ int RunCommand(int argc, char** argv) {
   // Ctrl-C (and SIGTERM, SIGHUP) cancel the load or the request; the watcher thread turns the
   // flag into a cancel, and the private host is stopped and its folder removed on the way out.
   // A closed stdout is noticed by its write error, not by SIGPIPE.
-  struct sigaction sa = {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) CatchUnlessIgnored(sig, OnSignal);
   signal(SIGPIPE, SIG_IGN);
   client::CancelToken load_cancel, cancel;
   Output out;
