@@ -93,10 +93,11 @@ wait_file "$work/paste.log" 'EXITED-0' 60
 
 # Closing the terminal: SIGHUP ends the chat with the history saved and the host's folder gone.
 rm -f "$work/home/.coli_chat_history"
+# The window's shell writes its pid and becomes coli chat (exec), so that pid is the chat's.
 tmux_ new-window -d -n hup \
-  "env HOME=$work/home TMPDIR=$work/tmp $coli chat --model $model --max-tokens 3 > $work/hup.log 2>&1"
+  "echo \$\$ > $work/hup.pid; exec env HOME=$work/home TMPDIR=$work/tmp $coli chat --model $model --max-tokens 3 > $work/hup.log 2>&1"
 wait_file "$work/hup.log" 'coli chat' 120
-pid=$(pgrep -f "coli chat --model $model --max-tokens 3\$" | head -1 || true)
+pid=$(cat "$work/hup.pid")
 tmux_ send-keys -t hup 'remember me' Enter
 wait_file "$work/hup.log" 'tok/s' 120
 [[ -n $pid ]] || { echo "FAIL: no coli chat process found" >&2; exit 1; }
