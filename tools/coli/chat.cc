@@ -366,7 +366,7 @@ class ChatApp {
 
 constexpr const char* kUsage =
     "usage: coli chat [--model DIR] [--host ADDR] [--system TEXT] [--no-think]\n"
-    "                 [--max-tokens N] [--temperature T] [--top-p P] [--seed S]\n"
+    "                 [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "                 [--frequency-penalty F] [--presence-penalty P] [--repetition-penalty R]\n"
     "                 [--min-p M] [--logit-bias ID=BIAS[,ID=BIAS...]]\n"
     "  --max-tokens N  per reply (default 0 = until the context is full; -1 the same)\n"

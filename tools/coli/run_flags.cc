@@ -80,7 +80,7 @@ absl::Status CheckLocalModelDir(const CommonFlags& flags, const std::string& mod
 }
 
 std::string RunUsage() {
-  return absl::StrCat(
+  return std::string(
       "usage: coli run [--model DIR] [--host ADDR] PROMPT [--ngen N] [flags]\n"
       "  PROMPT is the text itself, - (read stdin) or -f FILE / --file FILE\n"
       "  --model DIR        the model folder (default $COLI_MODEL, else the tiny test fixture)\n"
@@ -93,9 +93,8 @@ std::string RunUsage() {
       "  --temperature T    0 = greedy (default); sampled runs get a random seed unless --seed S\n"
       "                     (-1 = random) is given\n"
       "  --top-p P  --top-k K  --min-p M  --logprobs K (0-20)\n"
-      "  ",
-      client::kSamplingKnobUsage,
-      "\n"
+      "  --frequency-penalty F  --presence-penalty P  --repetition-penalty R\n"
+      "  --logit-bias ID=BIAS[,ID=BIAS...]\n"
       "  --json-schema FILE | --json-object   enforce the output's form (with --chat, the answer's)\n"
       "  Flags take --flag VALUE or --flag=VALUE. Ctrl-C stops the reply (exit 130).\n");
 }
