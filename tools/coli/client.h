@@ -47,9 +47,6 @@ absl::Status FromGrpc(const grpc::Status& status);
 //   --frequency-penalty F  --presence-penalty P  --repetition-penalty R  --min-p M
 //   --logit-bias ID=BIAS[,ID=BIAS...]
 // The host checks the ranges; these parse the text only.
-inline constexpr char kSamplingKnobUsage[] =
-    "[--frequency-penalty F] [--presence-penalty P] [--repetition-penalty R] [--min-p M]\n"
-    "                [--logit-bias ID=BIAS[,ID=BIAS...]]";
 bool IsSamplingKnobFlag(std::string_view flag);
 // Sets the knob `flag` names in *sampling from `value` (INVALID_ARGUMENT naming the flag when
 // the text is not a number, or not ID=BIAS pairs for --logit-bias; repeats of --logit-bias add).
