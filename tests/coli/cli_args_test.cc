@@ -287,6 +287,9 @@ TEST(RunFlags, PromptSources) {
   ExpectRefused({"hi", "--model="}, "--model is empty");
   EXPECT_EQ(Parse({"-"})->prompt_file, "-");
   EXPECT_EQ(Parse({"-f", "p.txt"})->prompt_file, "p.txt");
+  EXPECT_EQ(Parse({"-p", "-starts with a dash"})->prompt, "-starts with a dash");  // llama.cpp
+  EXPECT_EQ(Parse({"--prompt=x"})->prompt, "x");
+  ExpectRefused({"-p", "x", "y"}, "more than one prompt given");
   EXPECT_EQ(Parse({"--", "-starts with a dash"})->prompt, "-starts with a dash");
   EXPECT_EQ(Parse({"-5"})->prompt, "-5");
   EXPECT_EQ(Parse({"--ids", "1, 2,3"})->ids, (std::vector<int32_t>{1, 2, 3}));

@@ -82,7 +82,7 @@ absl::Status CheckLocalModelDir(const CommonFlags& flags, const std::string& mod
 std::string RunUsage() {
   return std::string(
       "usage: coli run [--model DIR] [--host ADDR] PROMPT [--ngen N] [flags]\n"
-      "  PROMPT is the text itself, - (read stdin) or -f FILE / --file FILE\n"
+      "  PROMPT is the text itself (or -p TEXT), - (read stdin) or -f FILE / --file FILE\n"
       "  --model DIR        the model folder (default $COLI_MODEL, else the tiny test fixture)\n"
       "  --host ADDR        a running coli-host (default: a private one, started and stopped here)\n"
       "  --ngen N           tokens to generate (default 64; -1 = until the context is full or\n"
@@ -134,6 +134,10 @@ absl::StatusOr<RunFlags> ParseRunFlags(int argc, char** argv) {
         return absl::InvalidArgumentError(
             absl::StrCat("--ids '", list, "' has no token ids (e.g. 1,2,3)"));
       }
+      ++prompt_sources;
+    } else if (args.Is("--prompt") || args.Is("-p")) {  // llama.cpp's -p
+      COLI_ASSIGN_OR_RETURN(f.prompt, args.Value());
+      f.have_prompt = true;
       ++prompt_sources;
     } else if (args.Is("--file") || args.Is("-f")) {
       COLI_ASSIGN_OR_RETURN(f.prompt_file, args.Value());
