@@ -5,6 +5,6 @@
 coli_cc_library(NAME coli_cli_args
   SRCS ${CMAKE_CURRENT_LIST_DIR}/cli_args.cc ${CMAKE_CURRENT_LIST_DIR}/run_flags.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/cli_args.h ${CMAKE_CURRENT_LIST_DIR}/run_flags.h
-  PUBLIC_DEPS coli_client absl::status absl::statusor
+  PUBLIC_DEPS coli_flags coli_client absl::status absl::statusor
   DEPS coli_status absl::strings absl::str_format)
 target_link_libraries(coli PRIVATE coli_cli_args)
