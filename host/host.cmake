@@ -10,6 +10,6 @@ coli_cc_library(NAME coli_host_core
   DEPS coli_sampling gRPC::grpc++_reflection nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 target_compile_definitions(coli_host_core PRIVATE COLI_HOST_VERSION="${PROJECT_VERSION}")
 
-coli_cc_binary(NAME coli-host SRCS ${CMAKE_CURRENT_LIST_DIR}/main.cc DEPS coli_host_core)
+coli_cc_binary(NAME coli-host SRCS ${CMAKE_CURRENT_LIST_DIR}/main.cc DEPS coli_host_core coli_flags)
 target_compile_definitions(coli-host PRIVATE COLI_HOST_VERSION="${PROJECT_VERSION}"
   COLI_PLUGIN_DIR="${COLI_PLUGIN_DIR}")

@@ -7,32 +7,44 @@
 //             [--max-batch N]         (decode rows of one model per decode call; 1 = off)
 //
 // SIGINT/SIGTERM end it cleanly: requests in flight finish with UNAVAILABLE, then it exits 0.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags/flags.h"
 #include "common/log/log.h"
+#include "common/status/status.h"
 #include "host/engine.h"
 #include "host/service.h"
 
 namespace {
 
-void Usage() {
-  std::fprintf(
-      stderr,
-      "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
-      "                 [--workers N] [--queue N] [--pool N] [--model DIR]... [--ready-fd FD]\n"
-      "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
-      "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
-      "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
-      "        any other address needs --allow-remote\n");
-}
+constexpr char kUsage[] =
+    "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
+    "                 [--workers N] [--queue N] [--pool N] [--model DIR]... [--ready-fd FD]\n"
+    "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
+    "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
+    "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
+    "        any other address needs --allow-remote\n"
+    "  --workers N (1-1024, default 4)  --queue N (1-1000000, default 16)\n"
+    "  --pool N (0-1024, 0 = one per worker; env COLI_POOL_SESSIONS)\n"
+    "  --max-batch N (1-1024, default 8; 1 = no batching)\n"
+    "  --decode-delay-ms N / --prefill-delay-ms N (0-60000; env COLI_DECODE_DELAY_MS,\n"
+    "        COLI_PREFILL_DELAY_MS)\n"
+    "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n";
+
+constexpr int64_t kMaxDelayMs = 60000;
+constexpr int64_t kMaxThreads = 1024;
 
 std::string DefaultListen() {
   if (const char* run = std::getenv("XDG_RUNTIME_DIR"); run && *run) {
@@ -41,84 +53,102 @@ std::string DefaultListen() {
   return "unix:/tmp/coli-host-" + std::to_string(getuid()) + ".sock";
 }
 
+struct Flags {
+  coli::host::EngineOptions engine;
+  coli::host::ServerOptions server;
+  std::vector<std::string> models;
+  int ready_fd = -1;
+  bool help = false;
+};
+
+// An integer environment variable in [lo, hi] into *out (unset or empty: unchanged).
+absl::Status FromEnv(const char* name, int64_t lo, int64_t hi, int* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return absl::OkStatus();
+  COLI_ASSIGN_OR_RETURN(int64_t n, coli::flags::ParseWholeNumber(name, v, lo, hi));
+  *out = static_cast<int>(n);
+  return absl::OkStatus();
+}
+
+// The environment, then the command line (flags win). INVALID_ARGUMENT / NOT_FOUND /
+// FAILED_PRECONDITION naming the flag and the value.
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags f;
+  f.engine.plugin_dir = COLI_PLUGIN_DIR;
+  if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir) f.engine.plugin_dir = dir;
+  // Private hosts inherit the client's environment: COLI_DECODE_DELAY_MS paces them too.
+  COLI_RETURN_IF_ERROR(FromEnv("COLI_DECODE_DELAY_MS", 0, kMaxDelayMs, &f.engine.decode_delay_ms));
+  COLI_RETURN_IF_ERROR(FromEnv("COLI_POOL_SESSIONS", 0, kMaxThreads, &f.engine.pool_sessions));
+  COLI_RETURN_IF_ERROR(
+      FromEnv("COLI_PREFILL_DELAY_MS", 0, kMaxDelayMs, &f.engine.prefill_delay_ms));
+  coli::flags::ArgReader args(argc, argv);
+  auto number = [&args](int64_t lo, int64_t hi, int* out) -> absl::Status {
+    COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(lo, hi));
+    *out = static_cast<int>(n);
+    return absl::OkStatus();
+  };
+  while (args.Next()) {
+    if (args.Is("--plugin-dir")) {
+      COLI_ASSIGN_OR_RETURN(f.engine.plugin_dir, args.Value());
+      COLI_RETURN_IF_ERROR(coli::flags::CheckModelDir("--plugin-dir", f.engine.plugin_dir));
+    } else if (args.Is("--listen")) {
+      COLI_ASSIGN_OR_RETURN(f.server.listen,
+                            args.NonEmptyValue("an address (unix:/path or HOST:PORT)"));
+    } else if (args.Is("--allow-remote")) {
+      COLI_RETURN_IF_ERROR(args.NoValue());
+      f.server.allow_remote = true;
+    } else if (args.Is("--workers")) {
+      COLI_RETURN_IF_ERROR(number(1, kMaxThreads, &f.engine.workers));
+    } else if (args.Is("--queue")) {
+      COLI_RETURN_IF_ERROR(number(1, 1000000, &f.engine.queue_capacity));
+    } else if (args.Is("--decode-delay-ms")) {
+      COLI_RETURN_IF_ERROR(number(0, kMaxDelayMs, &f.engine.decode_delay_ms));
+    } else if (args.Is("--prefill-delay-ms")) {
+      COLI_RETURN_IF_ERROR(number(0, kMaxDelayMs, &f.engine.prefill_delay_ms));
+    } else if (args.Is("--max-batch")) {
+      COLI_RETURN_IF_ERROR(number(1, kMaxThreads, &f.engine.max_batch));
+    } else if (args.Is("--pool")) {
+      COLI_RETURN_IF_ERROR(number(0, kMaxThreads, &f.engine.pool_sessions));
+    } else if (args.Is("--model")) {
+      COLI_ASSIGN_OR_RETURN(std::string dir, args.Value());
+      COLI_RETURN_IF_ERROR(coli::flags::CheckModelDir("--model", dir));
+      f.models.push_back(std::move(dir));
+    } else if (args.Is("--ready-fd")) {
+      COLI_RETURN_IF_ERROR(number(0, std::numeric_limits<int>::max(), &f.ready_fd));
+      if (fcntl(f.ready_fd, F_GETFD) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--ready-fd ", f.ready_fd, " is not an open file descriptor: ", std::strerror(errno)));
+      }
+    } else if (args.Is("--help") || args.Is("-h")) {
+      COLI_RETURN_IF_ERROR(args.NoValue());
+      f.help = true;
+    } else if (args.IsFlag()) {
+      return args.Unknown();
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args.arg(),
+                                                     "' (models are given with --model DIR)"));
+    }
+  }
+  return f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  coli::host::EngineOptions engine_options;
-  engine_options.plugin_dir = COLI_PLUGIN_DIR;
-  if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir)
-    engine_options.plugin_dir = dir;
-  // Private hosts inherit the client's environment: COLI_DECODE_DELAY_MS paces them too.
-  if (const char* delay = std::getenv("COLI_DECODE_DELAY_MS");
-      delay && *delay && !absl::SimpleAtoi(delay, &engine_options.decode_delay_ms)) {
-    std::fprintf(stderr, "coli-host: COLI_DECODE_DELAY_MS='%s' is not a number\n", delay);
+  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "coli-host: %s\n(coli-host --help lists the flags)\n",
+                 std::string(flags.status().message()).c_str());
     return 2;
   }
-  if (const char* pool = std::getenv("COLI_POOL_SESSIONS");
-      pool && *pool && !absl::SimpleAtoi(pool, &engine_options.pool_sessions)) {
-    std::fprintf(stderr, "coli-host: COLI_POOL_SESSIONS='%s' is not a number\n", pool);
-    return 2;
+  if (flags->help) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
-  if (const char* delay = std::getenv("COLI_PREFILL_DELAY_MS");
-      delay && *delay && !absl::SimpleAtoi(delay, &engine_options.prefill_delay_ms)) {
-    std::fprintf(stderr, "coli-host: COLI_PREFILL_DELAY_MS='%s' is not a number\n", delay);
-    return 2;
-  }
-  coli::host::ServerOptions server_options;
-  std::vector<std::string> models;
-  int ready_fd = -1;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "coli-host: %s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto number = [&](int* out) {
-      const char* v = value();
-      if (!absl::SimpleAtoi(v, out)) {
-        std::fprintf(stderr, "coli-host: %s: '%s' is not a number\n", arg.c_str(), v);
-        std::exit(2);
-      }
-    };
-    if (arg == "--plugin-dir")
-      engine_options.plugin_dir = value();
-    else if (arg == "--listen")
-      server_options.listen = value();
-    else if (arg == "--allow-remote")
-      server_options.allow_remote = true;
-    else if (arg == "--workers")
-      number(&engine_options.workers);
-    else if (arg == "--queue")
-      number(&engine_options.queue_capacity);
-    else if (arg == "--decode-delay-ms")
-      number(&engine_options.decode_delay_ms);
-    else if (arg == "--prefill-delay-ms")
-      number(&engine_options.prefill_delay_ms);
-    else if (arg == "--max-batch")
-      number(&engine_options.max_batch);
-    else if (arg == "--pool")
-      number(&engine_options.pool_sessions);
-    else if (arg == "--model")
-      models.push_back(value());
-    else if (arg == "--ready-fd")
-      number(&ready_fd);
-    else if (arg == "--help" || arg == "-h") {
-      Usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "coli-host: unknown argument '%s'\n", arg.c_str());
-      Usage();
-      return 2;
-    }
-  }
-  if (engine_options.pool_sessions < 0 || engine_options.pool_sessions > 1024) {
-    std::fprintf(stderr, "coli-host: --pool / COLI_POOL_SESSIONS: %d is not in [0, 1024]\n",
-                 engine_options.pool_sessions);
-    return 2;
-  }
+  coli::host::EngineOptions& engine_options = flags->engine;
+  coli::host::ServerOptions& server_options = flags->server;
+  const std::vector<std::string>& models = flags->models;
+  const int ready_fd = flags->ready_fd;
   if (server_options.listen.empty()) server_options.listen = DefaultListen();
   if (server_options.listen.rfind("unix:", 0) == 0) {
     unlink(server_options.listen.c_str() + 5);  // a stale socket from a crashed host
