@@ -9,11 +9,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/sampling/sampling.h"
 #include "common/status/status.h"
 #include "nlohmann/json.hpp"
 
 namespace coli::host {
 namespace {
+
+// The largest temperature a request may ask for (coli run's --temperature; the OpenAI API's is 2)
+// and the most top logprobs per token (OpenAI's top_logprobs and vLLM's default max_logprobs).
+constexpr float kMaxTemperature = 100.0f;
+constexpr int32_t kMaxLogprobs = 20;
 
 using Clock = std::chrono::steady_clock;
 
@@ -186,6 +192,40 @@ v1::ModelInfo ToProto(const ModelInfo& m, const std::string& id, const std::stri
   out.set_chat_tools(m.chat_capabilities & COLI_CHAT_CAP_TOOLS);
   out.set_logprobs(m.chat_capabilities & COLI_CHAT_CAP_LOGPROBS);
   return out;
+}
+
+// The request's numbers, checked at Submit before any work (no tokenizing, no queueing), so a
+// gRPC client other than coli's own (which checks them too) cannot sample with nan or read
+// past an array: INVALID_ARGUMENT naming the field and the value. The bounds take everything
+// `coli serve` (temperature [0, 2], top_p [0, 1], top_k >= -1, top_logprobs [0, 20]) and
+// `coli run` / `coli chat` (temperature [0, 100]) send; proto3's zeros mean "unset" (top_p 0 =
+// off, max_tokens 0 = up to the context). The logit_bias ids are checked against the model's
+// vocabulary later (Model::CheckSampling), with the plugin's ABI minor.
+absl::Status ValidateRequest(const GenerationInput& in) {
+  const v1::SamplingParams& s = in.sampling;
+  auto outside = [](const char* field, auto value, const char* range) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " ", value, " is outside ", range));
+  };
+  if (in.max_tokens < 0) {
+    return outside("max_tokens", in.max_tokens, "[0, 2147483647] (0 = up to the context)");
+  }
+  if (!(s.temperature() >= 0.0f && s.temperature() <= kMaxTemperature)) {
+    return outside("temperature", s.temperature(), "[0, 100] (0 = greedy)");
+  }
+  if (!(s.top_p() >= 0.0f && s.top_p() <= 1.0f)) {
+    return outside("top_p", s.top_p(), "[0, 1] (0 or 1 = off)");
+  }
+  if (s.top_k() < -1) return outside("top_k", s.top_k(), "[-1, 2147483647] (-1 or 0 = off)");
+  if (s.logprobs() < 0 || s.logprobs() > kMaxLogprobs) {
+    return outside("logprobs", s.logprobs(), "[0, 20]");
+  }
+  sampling::SamplerOptions o;
+  o.repetition_penalty = s.repetition_penalty();
+  o.frequency_penalty = s.frequency_penalty();
+  o.presence_penalty = s.presence_penalty();
+  o.min_p = s.min_p();
+  for (const v1::LogitBias& b : s.logit_bias()) o.logit_bias.push_back({b.id(), b.bias()});
+  return sampling::ValidatePenalties(o, /*vocab_size=*/0);
 }
 
 }  // namespace
@@ -408,6 +448,11 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("host shutting down");
+    if (absl::Status valid = ValidateRequest(input); !valid.ok()) {
+      ++counters_.total;  // counted as a request that failed, as a prompt that cannot be made
+      ++counters_.failed;
+      return valid;
+    }
     COLI_ASSIGN_OR_RETURN(model, FindModelLocked(input.model));
   }
   // The prompt's tokens now, outside the lock: an unnamed request is placed on the pooled

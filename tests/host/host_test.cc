@@ -5,7 +5,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -276,6 +278,90 @@ TEST_F(HostTest, SamplingKnobsReachThePlugin) {
   refused = Generate(bad);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.status.error_message(), HasSubstr("token id 260"));
+}
+
+// A gRPC client other than coli's own can send any numbers: each out-of-range or non-finite
+// sampling field (and a negative max_tokens) is refused with INVALID_ARGUMENT naming the field
+// and the value, before any event, on Generate and on Chat alike; everything coli serve and
+// coli run send at the edges of their ranges is served.
+TEST_F(HostTest, OutOfRangeRequestFieldsAreRefusedByNameBeforeAnyWork) {
+  Start();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Bad {
+    std::function<void(v1::GenerateRequest*)> set;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {[&](auto* r) { r->mutable_sampling()->set_temperature(nan); }, "temperature nan"},
+      {[&](auto* r) { r->mutable_sampling()->set_temperature(-0.5f); }, "temperature -0.5"},
+      {[&](auto* r) { r->mutable_sampling()->set_temperature(inf); }, "temperature inf"},
+      {[&](auto* r) { r->mutable_sampling()->set_temperature(101.0f); }, "temperature 101"},
+      {[&](auto* r) { r->mutable_sampling()->set_top_p(nan); }, "top_p nan"},
+      {[&](auto* r) { r->mutable_sampling()->set_top_p(1.5f); }, "top_p 1.5"},
+      {[&](auto* r) { r->mutable_sampling()->set_top_p(-0.1f); }, "top_p -0.1"},
+      {[&](auto* r) { r->mutable_sampling()->set_top_k(-2); }, "top_k -2"},
+      {[&](auto* r) { r->mutable_sampling()->set_logprobs(21); }, "logprobs 21"},
+      {[&](auto* r) { r->mutable_sampling()->set_logprobs(-1); }, "logprobs -1"},
+      {[&](auto* r) { r->mutable_sampling()->set_min_p(nan); }, "min_p nan"},
+      {[&](auto* r) { r->mutable_sampling()->set_min_p(1.5f); }, "min_p 1.5"},
+      {[&](auto* r) { r->mutable_sampling()->set_frequency_penalty(inf); },
+       "frequency_penalty inf"},
+      {[&](auto* r) { r->mutable_sampling()->set_repetition_penalty(-1.0f); },
+       "repetition_penalty -1"},
+      {[&](auto* r) { r->set_max_tokens(-5); }, "max_tokens -5"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.message);
+    v1::GenerateRequest request = Request("hi", 3);
+    b.set(&request);
+    Stream refused = Generate(request);
+    EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(refused.status.error_message(), HasSubstr(b.message));
+    EXPECT_TRUE(refused.started.request_id().empty());  // no Started: nothing was queued
+    EXPECT_TRUE(refused.ids.empty());
+
+    // The same numbers on Chat.
+    v1::ChatRequest chat;
+    chat.set_model("echo");
+    chat.set_request_json(R"({"messages": [{"role": "user", "content": "hi"}]})");
+    chat.set_max_tokens(request.max_tokens());
+    *chat.mutable_sampling() = request.sampling();
+    grpc::ClientContext ctx;
+    auto reader = stub_->Chat(&ctx, chat);
+    v1::ChatEvent e;
+    int events = 0;
+    while (reader->Read(&e)) ++events;
+    const grpc::Status status = reader->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr(b.message));
+    EXPECT_EQ(events, 0);
+  }
+  // Nothing was tokenized or generated for them; each counts as a failed request.
+  v1::MetricsResponse m = Metrics();
+  EXPECT_EQ(m.requests_failed(), 2 * bad.size());
+  EXPECT_EQ(m.prompt_tokens(), 0u);
+
+  // The edges of what coli serve (temperature 2, top_p 0 = off, top_k -1, 20 top logprobs,
+  // max_tokens 0 = up to the context) and coli run (temperature 100) send are served.
+  v1::GenerateRequest edges = Request("hi", 0);
+  edges.mutable_sampling()->set_temperature(2.0f);
+  edges.mutable_sampling()->set_top_p(0.0f);
+  edges.mutable_sampling()->set_top_k(-1);
+  edges.mutable_sampling()->set_logprobs(20);
+  edges.mutable_sampling()->set_seed(7);
+  Stream served = Generate(edges);
+  EXPECT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_FALSE(served.ids.empty());
+  edges.mutable_sampling()->set_temperature(100.0f);
+  edges.mutable_sampling()->set_top_p(1.0f);
+  edges.mutable_sampling()->set_min_p(1.0f);
+  edges.mutable_sampling()->set_repetition_penalty(0.0f);  // proto3's unset
+  edges.mutable_sampling()->set_frequency_penalty(-2.0f);
+  edges.mutable_sampling()->set_presence_penalty(2.0f);
+  served = Generate(edges);
+  EXPECT_TRUE(served.status.ok()) << served.status.error_message();
+  EXPECT_FALSE(served.ids.empty());
 }
 
 TEST_F(HostTest, CancelEndsWithinOneTokenAndSessionIsReusable) {
