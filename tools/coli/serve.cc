@@ -40,9 +40,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "coli/v1/coli.grpc.pb.h"
+#include "common/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "httplib.h"
+#include "tools/coli/cli_args.h"
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
 #include "tools/coli/serve_connection.h"
@@ -1693,9 +1696,9 @@ void Gateway::Register(httplib::Server* server) {
 
 std::atomic<httplib::Server*> g_server{nullptr};
 
-void Usage(bool web) {
+void Usage(bool web, FILE* out) {
   std::fprintf(
-      stderr,
+      out,
       web ? "usage: coli web [--model DIR] [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
             "                [--connect ADDR] [--model-id ID] [--allow-origin ORIGIN]\n"
             "                [--http-threads N]\n"
@@ -1705,107 +1708,128 @@ void Usage(bool web) {
             "                  [--connect ADDR] [--model-id ID] [--max-background N]\n"
             "                  [--responses-dir DIR] [--allow-origin ORIGIN] [--http-threads N]\n");
   std::fprintf(
-      stderr,
+      out,
+      "  --model DIR    the model folder (env COLI_MODEL)\n"
+      "  --port N       TCP port, 0-65535 (0 = any free one, printed at start)\n"
       "  --host ADDR    listen address; anything but loopback requires --api-key\n"
       "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
       "  --connect ADDR use a running coli-host instead of starting one\n"
-      "  --max-background N  background /v1/responses running at once (default 16)\n"
+      "  --model-id ID  the id the model is served as (default: its folder's name)\n"
+      "  --max-background N  background /v1/responses running at once, 0-1024 (default 16)\n"
       "  --responses-dir DIR  keep finished stored /v1/responses in DIR, one file each,\n"
       "                 so they survive a restart (env COLI_RESPONSES_DIR; default:\n"
       "                 in memory only)\n"
       "  --allow-origin ORIGIN  let browser pages from ORIGIN (e.g. http://localhost:3000;\n"
       "                 '*' = any) call the API: CORS headers; repeatable. Default: none\n"
       "                 (same-origin only, as the `coli web` page is)\n"
-      "  --http-threads N  HTTP connections served at once, open streams included\n"
-      "                 (default 256; more wait for a free thread)\n");
+      "  --http-threads N  HTTP connections served at once, open streams included, 4-4096\n"
+      "                 (default 256; more wait for a free thread)\n"
+      "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n");
 }
 
-// A whole decimal number in [lo, hi] for `flag`; false (after saying why on stderr) otherwise.
-bool ParseCount(const char* name, const char* flag, const std::string& v, long lo, long hi,
-                const char* what, long* out) {
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0' || x < lo || x > hi) {
-    std::fprintf(stderr, "%s: %s '%s' is not %s in [%ld, %ld]\n", name, flag, v.c_str(), what, lo,
-                 hi);
-    return false;
-  }
-  *out = x;
-  return true;
-}
-
-// `coli serve` and `coli web` share everything but the page and the default model.
-int RunGateway(int argc, char** argv, bool web) {
-  const char* name = web ? "coli web" : "coli serve";
+// The command line of `coli serve` / `coli web`, after the environment (flags win).
+struct GatewayFlags {
+  bool help = false;
   std::string model_dir, host = "127.0.0.1", api_key, connect, model_id, responses_dir;
   int port = 8000;
-  long max_background = 16;
-  long http_threads = 256;
+  size_t max_background = 16;
+  size_t http_threads = 256;
   std::vector<std::string> allowed_origins;
-  if (const char* k = std::getenv("COLI_API_KEY"); k && *k) api_key = k;
-  if (const char* m = std::getenv("COLI_MODEL"); m && *m) model_dir = m;
-  if (const char* d = std::getenv("COLI_RESPONSES_DIR"); d && *d) responses_dir = d;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s: %s needs a value\n", name, arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--model")
-      model_dir = value();
-    else if (arg == "--host")
-      host = value();
-    else if (arg == "--api-key")
-      api_key = value();
-    else if (arg == "--connect")
-      connect = value();
-    else if (arg == "--model-id")
-      model_id = value();
-    else if (arg == "--responses-dir")
-      responses_dir = value();
-    else if (arg == "--allow-origin") {
-      const std::string v = value();
+};
+
+// INVALID_ARGUMENT (NOT_FOUND, FAILED_PRECONDITION for a model folder that is missing, a file or
+// unreadable) naming the flag and the value; a usage error either way.
+absl::StatusOr<GatewayFlags> ParseGatewayFlags(int argc, char** argv, bool web) {
+  GatewayFlags f;
+  if (const char* k = std::getenv("COLI_API_KEY"); k && *k) f.api_key = k;
+  if (const char* m = std::getenv("COLI_MODEL"); m && *m) f.model_dir = m;
+  if (const char* d = std::getenv("COLI_RESPONSES_DIR"); d && *d) f.responses_dir = d;
+  bool model_given = false;
+  cli::ArgReader args(argc, argv);
+  while (args.Next()) {
+    if (args.Is("--model")) {
+      COLI_ASSIGN_OR_RETURN(f.model_dir, args.Value());
+      model_given = true;
+    } else if (args.Is("--host")) {
+      COLI_ASSIGN_OR_RETURN(f.host, args.NonEmptyValue("an address to listen on"));
+    } else if (args.Is("--api-key")) {
+      COLI_ASSIGN_OR_RETURN(f.api_key, args.NonEmptyValue("a key"));
+    } else if (args.Is("--connect")) {
+      COLI_ASSIGN_OR_RETURN(f.connect, args.NonEmptyValue("a coli-host address"));
+    } else if (args.Is("--model-id")) {
+      COLI_ASSIGN_OR_RETURN(f.model_id, args.NonEmptyValue("an id"));
+    } else if (args.Is("--responses-dir")) {
+      COLI_ASSIGN_OR_RETURN(f.responses_dir, args.NonEmptyValue("a folder"));
+    } else if (args.Is("--allow-origin")) {
+      COLI_ASSIGN_OR_RETURN(const std::string v, args.Value());
       // An origin is scheme://host[:port] and nothing after (a browser's Origin header never
       // has a path or a trailing slash, so such a value could never match).
       const size_t scheme = v.find("://");
       if (v != "*" && (scheme == std::string::npos || scheme == 0 ||
                        v.find('/', scheme + 3) != std::string::npos || v.size() == scheme + 3)) {
-        std::fprintf(stderr,
-                     "%s: --allow-origin '%s' is not an origin (scheme://host[:port] or *)\n", name,
-                     v.c_str());
-        return 2;
+        return absl::InvalidArgumentError(
+            absl::StrCat("--allow-origin '", v, "' is not an origin (scheme://host[:port] or *)"));
       }
-      allowed_origins.push_back(v);
-    } else if (arg == "--http-threads") {
-      if (!ParseCount(name, "--http-threads", value(), 4, 4096, "a count", &http_threads)) return 2;
-    } else if (arg == "--port") {
-      long p = 0;
-      if (!ParseCount(name, "--port", value(), 0, 65535, "a port number", &p)) return 2;
-      port = static_cast<int>(p);
-    } else if (arg == "--max-background") {
-      if (!ParseCount(name, "--max-background", value(), 0, 1024, "a count", &max_background)) {
-        return 2;
-      }
-    } else if (arg == "--help" || arg == "-h") {
-      Usage(web);
-      return 0;
+      f.allowed_origins.push_back(v);
+    } else if (args.Is("--http-threads")) {
+      COLI_ASSIGN_OR_RETURN(const int64_t n, args.Int(4, 4096));
+      f.http_threads = static_cast<size_t>(n);
+    } else if (args.Is("--port")) {
+      COLI_ASSIGN_OR_RETURN(const int64_t n, args.Int(0, 65535));
+      f.port = static_cast<int>(n);
+    } else if (args.Is("--max-background")) {
+      COLI_ASSIGN_OR_RETURN(const int64_t n, args.Int(0, 1024));
+      f.max_background = static_cast<size_t>(n);
+    } else if (args.Is("--help") || args.Is("-h")) {
+      COLI_RETURN_IF_ERROR(args.NoValue());
+      f.help = true;
+    } else if (args.IsFlag()) {
+      return args.Unknown();
     } else {
-      std::fprintf(stderr, "%s: unknown argument '%s'\n", name, arg.c_str());
-      Usage(web);
-      return 2;
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args.arg(),
+                                                     "' (the model is given with --model DIR)"));
     }
   }
-  if (model_dir.empty() && connect.empty()) {
-    if (!web) {
-      std::fprintf(stderr, "coli serve: --model DIR is required (or COLI_MODEL)\n");
-      Usage(web);
-      return 2;
-    }
-    model_dir = client::ResolveModelDir("");  // the embedded tiny model
+  if (f.help) return f;
+  if (model_given && f.model_dir.empty()) {  // `--model "$UNSET"`: never the fixture instead
+    return absl::InvalidArgumentError("--model is empty: give a folder");
   }
+  if (f.model_dir.empty() && f.connect.empty()) {
+    if (!web) return absl::InvalidArgumentError("--model DIR is required (or COLI_MODEL)");
+    f.model_dir = client::ResolveModelDir("");  // the embedded tiny model
+  }
+  // A private host reads the folder here; a --connect host resolves it on its own machine.
+  if (!f.model_dir.empty() && f.connect.empty()) {
+    const char* env = std::getenv("COLI_MODEL");
+    const char* from = model_given                      ? "--model"
+                       : env != nullptr && *env != '\0' ? "COLI_MODEL"
+                                                        : "the embedded tiny model";
+    COLI_RETURN_IF_ERROR(cli::CheckModelDir(from, f.model_dir));
+  }
+  return f;
+}
+
+// `coli serve` and `coli web` share everything but the page and the default model.
+int RunGateway(int argc, char** argv, bool web) {
+  const char* name = web ? "coli web" : "coli serve";
+  absl::StatusOr<GatewayFlags> parsed = ParseGatewayFlags(argc, argv, web);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s: %s\n(%s --help lists the flags)\n", name,
+                 std::string(parsed.status().message()).c_str(), name);
+    return 2;
+  }
+  if (parsed->help) {
+    Usage(web, stdout);
+    return 0;
+  }
+  GatewayFlags& flags = *parsed;
+  const std::string& model_dir = flags.model_dir;
+  const std::string& host = flags.host;
+  const std::string& api_key = flags.api_key;
+  const std::string& connect = flags.connect;
+  const std::string& model_id = flags.model_id;
+  const int port = flags.port;
+  std::vector<std::string>& allowed_origins = flags.allowed_origins;
   // Any web page reading the API is as wide as any host reaching it: it needs the key too.
   if (api_key.empty() &&
       std::find(allowed_origins.begin(), allowed_origins.end(), "*") != allowed_origins.end()) {
@@ -1823,8 +1847,8 @@ int RunGateway(int argc, char** argv, bool web) {
     return 2;
   }
   std::unique_ptr<ResponseDir> stored_dir;  // before the host starts: a bad DIR fails fast
-  if (!responses_dir.empty()) {
-    auto opened = ResponseDir::Open(responses_dir);
+  if (!flags.responses_dir.empty()) {
+    auto opened = ResponseDir::Open(flags.responses_dir);
     if (!opened.ok()) {
       std::fprintf(stderr, "%s: --responses-dir: %s\n", name,
                    std::string(opened.status().message()).c_str());
@@ -1880,10 +1904,8 @@ int RunGateway(int argc, char** argv, bool web) {
   // httplib's default pool is max(8, cores - 1) threads, and every open stream holds one: eight
   // streams made /health and every further request wait, and a burst never reached the host's
   // queue (which answers its excess with a 429). A thread waiting on the host costs no CPU.
-  server.new_task_queue = [n = static_cast<size_t>(http_threads)] {
-    return new httplib::ThreadPool(n);
-  };
-  Gateway gateway(&(*client)->stub(), info, api_key, web, static_cast<size_t>(max_background),
+  server.new_task_queue = [n = flags.http_threads] { return new httplib::ThreadPool(n); };
+  Gateway gateway(&(*client)->stub(), info, api_key, web, flags.max_background,
                   std::move(stored_dir), std::move(allowed_origins));
   gateway.Register(&server);
   int bound = port;
