@@ -187,6 +187,59 @@ grep -q 'usage: k3-repack' "$work/out" || fail "k3-repack --help: usage not on s
 expect 1 "source '$work/nope' is not a folder" -- "$bin/k3-repack" "$work/nope" "$work/dst" --bits=8
 expect 2 "unknown option -x" -- "$bin/k3-repack" "$model" "$work/dst" -x
 
+echo "== coli serve, coli web and coli-host: flags"
+# Each server command is wrapped in `timeout`: before this pass some of these started serving
+# (coli web --model "" served the tiny fixture) instead of refusing.
+expect 0 "" -- "$coli" serve --help
+grep -q 'usage: coli serve' "$work/out" || fail "coli serve --help: usage not on stdout"
+expect 0 "" -- "$coli" web --help
+grep -q 'usage: coli web' "$work/out" || fail "coli web --help: usage not on stdout"
+expect 2 "--model is empty" -- timeout 20 "$coli" web --model ""
+expect 2 "--model '$work/a_file' is a file, not a folder" -- timeout 20 "$coli" web --model "$work/a_file"
+expect 2 "--model '$work/nope': no such folder" -- timeout 20 "$coli" serve --model="$work/nope"
+expect 2 "--model DIR is required" -- timeout 20 "$coli" serve
+expect 2 "--port: '99999' is outside [0, 65535]" -- timeout 20 "$coli" serve --model "$model" --port=99999
+expect 2 "--port: 'abc' is not a number" -- timeout 20 "$coli" web --port abc
+expect 2 "--http-threads: '0' is outside [4, 4096]" -- timeout 20 "$coli" web --http-threads 0
+expect 2 "--max-background: '-1' is outside [0, 1024]" -- timeout 20 "$coli" serve --model "$model" --max-background -1
+expect 2 "--api-key needs a value" -- timeout 20 "$coli" web --api-key
+expect 2 "--api-key needs a value, got the flag '--port'" -- timeout 20 "$coli" web --api-key --port 1
+expect 2 "--host is empty" -- timeout 20 "$coli" web --host=
+expect 2 "--allow-origin 'http://x/' is not an origin" -- timeout 20 "$coli" web --allow-origin http://x/
+expect 2 "unknown flag '--bogus'" -- timeout 20 "$coli" web --bogus
+expect 2 "unexpected argument 'stray'" -- timeout 20 "$coli" serve --model "$model" stray
+host=$bin/coli-host
+expect 0 "" -- "$host" --help
+grep -q 'usage: coli-host' "$work/out" || fail "coli-host --help: usage not on stdout"
+expect 2 "--max-batch: '-1' is outside [1, 1024]" -- timeout 20 "$host" --max-batch -1
+expect 2 "--workers: '0' is outside [1, 1024]" -- timeout 20 "$host" --workers=0
+expect 2 "--workers: 'abc' is not a number" -- timeout 20 "$host" --workers abc
+expect 2 "--listen needs a value" -- timeout 20 "$host" --listen
+expect 2 "--model '$work/a_file' is a file, not a folder" -- timeout 20 "$host" --model "$work/a_file"
+expect 2 "--ready-fd 99 is not an open file descriptor" -- timeout 20 "$host" --ready-fd 99
+expect 2 "unknown flag '--bogus'" -- timeout 20 "$host" --bogus
+# Every flag in its --flag=value form (--workers=2 was "unknown argument"): a host with no
+# plugin starts, says READY, and `coli serve --connect=…` reaches it (and finds no model).
+mkdir -p "$work/no_plugins"
+timeout 60 "$host" --listen="unix:$work/h.sock" --plugin-dir="$work/no_plugins" --workers=2 \
+  --queue=4 --pool=0 --max-batch=1 --decode-delay-ms=0 --prefill-delay-ms=0 --ready-fd=3 \
+  3> "$work/ready" 2> "$work/host_err" &
+host_pid=$!
+for _ in $(seq 200); do  # a hang guard, not a timing check
+  grep -q READY "$work/ready" 2> /dev/null && break
+  kill -0 "$host_pid" 2> /dev/null || break
+  sleep 0.1
+done
+if grep -q READY "$work/ready"; then
+  expect 1 "has no model loaded" -- timeout 20 "$coli" serve --connect="unix:$work/h.sock" --port=0
+  kill -TERM "$host_pid"
+  wait "$host_pid" || fail "coli-host with --flag=value flags: exit $? after SIGTERM, wanted 0"
+else
+  fail "coli-host with --flag=value flags did not start: $(head -c 400 "$work/host_err")"
+  kill -TERM "$host_pid" 2> /dev/null
+  wait "$host_pid"
+fi
+
 no_private_hosts_left "the whole run"
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2
