@@ -92,8 +92,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       COLI_ASSIGN_OR_RETURN(f.engine.plugin_dir, args.Value());
       COLI_RETURN_IF_ERROR(coli::flags::CheckModelDir("--plugin-dir", f.engine.plugin_dir));
     } else if (args.Is("--listen")) {
-      COLI_ASSIGN_OR_RETURN(f.server.listen,
-                            args.NonEmptyValue("an address (unix:/path or HOST:PORT)"));
+      COLI_ASSIGN_OR_RETURN(f.server.listen, args.Value());
+      COLI_RETURN_IF_ERROR(
+          coli::flags::CheckGrpcAddress("--listen", f.server.listen, /*listening=*/true));
     } else if (args.Is("--allow-remote")) {
       COLI_RETURN_IF_ERROR(args.NoValue());
       f.server.allow_remote = true;

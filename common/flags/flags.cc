@@ -183,4 +183,28 @@ absl::Status CheckModelDir(std::string_view flag, const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status CheckGrpcAddress(std::string_view flag, const std::string& address, bool listening) {
+  if (address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Absl(flag), " is empty: give unix:/path or HOST:PORT"));
+  }
+  for (const char* scheme : {"unix:", "unix-abstract:"}) {
+    if (!absl::StartsWith(address, scheme)) continue;
+    if (address.size() == std::strlen(scheme)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Absl(flag), " '", address, "' names no socket (unix:/path/to/socket)"));
+    }
+    return absl::OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Absl(flag), " '", address, "' is not unix:/path or HOST:PORT (e.g. 127.0.0.1:50051)"));
+  }
+  const std::string what = absl::StrCat(Absl(flag), " '", address, "': the port");
+  absl::StatusOr<int64_t> port =
+      ParseWholeNumber(what, std::string_view(address).substr(colon + 1), listening ? 0 : 1, 65535);
+  return port.status();
+}
+
 }  // namespace coli::flags

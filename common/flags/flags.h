@@ -86,6 +86,12 @@ absl::StatusOr<double> ParseRealNumber(std::string_view what, std::string_view t
 // each message naming the flag and the path.
 absl::Status CheckModelDir(std::string_view flag, const std::string& path);
 
+// A gRPC address named by `flag`: "unix:PATH" / "unix-abstract:NAME" with something after the
+// colon, or HOST:PORT (also "ipv4:…", "dns:///…") whose PORT is a whole number in [1, 65535],
+// or [0, 65535] when `listening` (0 = any free port). gRPC itself would take 127.0.0.1:99999 as
+// port 34463. INVALID_ARGUMENT naming the flag and the address.
+absl::Status CheckGrpcAddress(std::string_view flag, const std::string& address, bool listening);
+
 }  // namespace coli::flags
 
 #endif  // COLI_COMMON_FLAGS_FLAGS_H_

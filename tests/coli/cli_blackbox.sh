@@ -215,6 +215,10 @@ expect 2 "--max-batch: '-1' is outside [1, 1024]" -- timeout 20 "$host" --max-ba
 expect 2 "--workers: '0' is outside [1, 1024]" -- timeout 20 "$host" --workers=0
 expect 2 "--workers: 'abc' is not a number" -- timeout 20 "$host" --workers abc
 expect 2 "--listen needs a value" -- timeout 20 "$host" --listen
+# gRPC took port 99999 as 34463 (99999 - 65536) and listened there.
+expect 2 "--listen '127.0.0.1:99999': the port: '99999' is outside [0, 65535]" -- \
+  timeout 20 "$host" --listen 127.0.0.1:99999
+expect 2 "--connect '127.0.0.1:99999': the port" -- timeout 20 "$coli" serve --connect 127.0.0.1:99999
 expect 2 "--model '$work/a_file' is a file, not a folder" -- timeout 20 "$host" --model "$work/a_file"
 expect 2 "--ready-fd 99 is not an open file descriptor" -- timeout 20 "$host" --ready-fd 99
 expect 2 "unknown flag '--bogus'" -- timeout 20 "$host" --bogus

@@ -22,6 +22,7 @@ namespace coli::cli {
 // The argv walker and the number / folder checks live in common/flags (coli-host uses them too,
 // without this library's gRPC client); the `coli` subcommands name them from here.
 using flags::ArgReader;
+using flags::CheckGrpcAddress;
 using flags::CheckModelDir;
 using flags::ParseRealNumber;
 using flags::ParseWholeNumber;

@@ -1755,7 +1755,8 @@ absl::StatusOr<GatewayFlags> ParseGatewayFlags(int argc, char** argv, bool web) 
     } else if (args.Is("--api-key")) {
       COLI_ASSIGN_OR_RETURN(f.api_key, args.NonEmptyValue("a key"));
     } else if (args.Is("--connect")) {
-      COLI_ASSIGN_OR_RETURN(f.connect, args.NonEmptyValue("a coli-host address"));
+      COLI_ASSIGN_OR_RETURN(f.connect, args.Value());
+      COLI_RETURN_IF_ERROR(cli::CheckGrpcAddress("--connect", f.connect, /*listening=*/false));
     } else if (args.Is("--model-id")) {
       COLI_ASSIGN_OR_RETURN(f.model_id, args.NonEmptyValue("an id"));
     } else if (args.Is("--responses-dir")) {
