@@ -156,8 +156,9 @@ test('a --responses-dir that cannot be made is a startup error naming it', () =>
     assert.match(r.stderr, /--responses-dir/);
     assert.ok(r.stderr.includes(`'${bad}'`), r.stderr);
     const help = spawnSync(COLI, ['serve', '--help'], { encoding: 'utf8', timeout: 60000 });
-    assert.match(help.stderr, /--responses-dir DIR/);
-    assert.match(help.stderr, /COLI_RESPONSES_DIR/);
+    assert.equal(help.status, 0, help.stderr);  // --help: the usage on stdout, exit 0
+    assert.match(help.stdout, /--responses-dir DIR/);
+    assert.match(help.stdout, /COLI_RESPONSES_DIR/);
   } finally {
     fs.rmSync(parent, { recursive: true, force: true });
   }
