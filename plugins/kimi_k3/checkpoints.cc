@@ -1,6 +1,7 @@
 #include "plugins/kimi_k3/checkpoints.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -197,32 +198,55 @@ absl::StatusOr<PrefixFileHead> PeekPrefixState(std::string_view bytes) {
   return head;
 }
 
-int RemoveOrphanedParkedFiles(const std::string& dir) {
+bool IsOwnRegularFile(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
+}
+
+namespace {
+
+// The pid in "<pid>-…" (what follows "coli-k3-ckpt-" / "coli-k3-prefix-"), or 0.
+pid_t LeadingPid(std::string_view rest) {
+  const size_t dash = rest.find('-');
+  int64_t pid = 0;
+  if (dash == std::string_view::npos || !absl::SimpleAtoi(std::string(rest.substr(0, dash)), &pid) ||
+      pid <= 0 || pid > INT32_MAX) {
+    return 0;
+  }
+  return static_cast<pid_t>(pid);
+}
+
+}  // namespace
+
+int RemoveOrphanedParkedFiles(const std::string& dir, std::chrono::seconds stale_temp,
+                              std::chrono::seconds unused_kept) {
   int removed = 0;
   std::error_code ec;
+  const auto now = std::filesystem::file_time_type::clock::now();
   for (const std::filesystem::directory_entry& f : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = f.path().filename().string();
-    std::string_view rest = name;
-    if (rest.starts_with("coli-k3-ckpt-")) {
-      rest.remove_prefix(13);
-    } else if (rest.starts_with("coli-k3-prefix-")) {
-      rest.remove_prefix(15);  // kept files ("keep-<tag>-…") have no pid and never match below
-    } else {
-      continue;
+    const std::string file_name = f.path().filename().string();
+    std::string_view name = file_name;
+    // io::WriteFileAtomic's temp twin of a file: ".<name>.tmp.XXXXXX".
+    const bool temp = name.starts_with('.') && name.find(".bin.tmp.") != std::string_view::npos;
+    if (temp) name.remove_prefix(1);
+    if (!temp && !name.ends_with(".bin")) continue;
+    bool gone = false;
+    if (name.starts_with("coli-k3-prefix-keep-")) {
+      std::error_code tec;
+      const auto age = now - f.last_write_time(tec);
+      gone = !tec && age > (temp ? stale_temp : unused_kept);
+    } else if (name.starts_with("coli-k3-ckpt-") || name.starts_with("coli-k3-prefix-")) {
+      name.remove_prefix(name.find('-', 8) + 1);  // past "coli-k3-ckpt-" / "coli-k3-prefix-"
+      const pid_t pid = LeadingPid(name);
+      gone = pid != 0 && kill(pid, 0) != 0 && errno == ESRCH;  // alive, or not ours: kept
     }
-    const size_t dash = rest.find('-');
-    int64_t pid = 0;
-    if (!name.ends_with(".bin") || dash == std::string_view::npos ||
-        !absl::SimpleAtoi(std::string(rest.substr(0, dash)), &pid) || pid <= 0 || pid > INT32_MAX) {
-      continue;
-    }
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours
+    if (!gone || !IsOwnRegularFile(f.path().string())) continue;
     std::error_code rec;
     if (std::filesystem::remove(f.path(), rec)) ++removed;
   }
   if (removed > 0) {
-    COLI_LOG(kInfo) << "kimi_k3: removed " << removed << " parked files of ended processes in "
-                    << dir;
+    COLI_LOG(kInfo) << "kimi_k3: removed " << removed
+                    << " parked files no process will use again in " << dir;
   }
   return removed;
 }

@@ -17,6 +17,7 @@
 #ifndef COLI_PLUGINS_KIMI_K3_CHECKPOINTS_H_
 #define COLI_PLUGINS_KIMI_K3_CHECKPOINTS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <optional>
@@ -102,12 +103,26 @@ absl::StatusOr<PrefixFileHead> PeekPrefixState(std::string_view bytes);
 // names a persistent prefix cache's configuration).
 uint64_t StableHash64(std::string_view bytes);
 
-// Deletes the parked files (checkpoints and unkept prefix cache entries, named
-// "coli-k3-{ckpt,prefix}-<pid>-…") that processes which are gone left in `dir` — a server that
-// was killed cannot delete its own, each K3 one half a gigabyte. A pid that is running (or that
-// this process cannot see: another pid namespace counts as gone) is left alone. Returns how many
-// files were deleted.
-int RemoveOrphanedParkedFiles(const std::string& dir);
+// The janitor of a parking folder (COLI_K3_CKPT_DIR), run when a model loads: deletes what no
+// process will use again — each K3 file is half a gigabyte, and a server that was killed cannot
+// delete its own:
+//   - parked checkpoints and unkept prefix cache entries ("coli-k3-{ckpt,prefix}-<pid>-….bin")
+//     of a pid that is gone, and the temp files of their unfinished writes
+//     (io::WriteFileAtomic's ".<name>.tmp.XXXXXX");
+//   - temp files of kept entries ("coli-k3-prefix-keep-…") older than `stale_temp` (a write
+//     takes seconds);
+//   - kept entries of any configuration not written or used for `unused_kept` (another build or
+//     switch setting strands its files otherwise; a later process of the same configuration only
+//     prefills those prompts again).
+// A running pid (or one this process cannot see: another pid namespace counts as gone) is left
+// alone, as is anything that is not a regular file of this user. Returns how many files went.
+int RemoveOrphanedParkedFiles(const std::string& dir,
+                              std::chrono::seconds stale_temp = std::chrono::minutes(10),
+                              std::chrono::seconds unused_kept = std::chrono::hours(24 * 14));
+
+// Whether `path` is a regular file (not a link) owned by this process's user: parked files are
+// only read back or deleted when they are.
+bool IsOwnRegularFile(const std::string& path);
 
 // Where a prompt's last message starts: just after the last end-of-message token that has
 // another one after it (the one closing the message before the last), or -1.

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/sampling/sampling.h"
@@ -966,8 +967,14 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   // split does not change results: chunked prefill is bit-identical to token at a time).
   std::vector<size_t> ends;
   // An entry for the prefix cache that is parked in a file is written after the forward lock is
-  // let go (K3: half a gigabyte; every other session's decode would wait for the disk).
+  // let go (K3: half a gigabyte; every other session's decode would wait for the disk). Until
+  // then the cache counts it as coming (Wants); a prefill that ends without it (an exception
+  // before the copy was made) says so, or the prefix would never be kept.
   std::optional<PrefixState> to_park;
+  std::vector<int32_t> park_tokens;
+  absl::Cleanup abandon_park = [&] {
+    if (!park_tokens.empty()) s->m->prefix_cache->Abandon(park_tokens);
+  };
   if ((s->checkpoints != nullptr || s->m->prefix_cache != nullptr) && s->m->end_of_msg >= 0) {
     const int64_t split = LastMessageStart(prompt, s->m->end_of_msg);
     if (split > static_cast<int64_t>(keep) && split < static_cast<int64_t>(prompt.size())) {
@@ -1004,6 +1011,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       PrefixCache* cache = s->m->prefix_cache.get();
       if (cache != nullptr && ends[i] < prompt.size() && cache->Wants(prompt.first(ends[i]))) {
         if (cache->parks()) {
+          park_tokens.assign(prompt.begin(), prompt.begin() + ends[i]);
           to_park = s->session->TakePrefixState(*logits);
         } else {
           cache->Insert(s->session->TakePrefixState(*logits));
@@ -1018,7 +1026,10 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     TakeExpertStats(s);
     held.reset();
   }
-  if (to_park.has_value()) s->m->prefix_cache->Insert(*std::move(to_park));
+  if (to_park.has_value()) {
+    park_tokens.clear();  // Insert ends the wait (kept or not)
+    s->m->prefix_cache->Insert(*std::move(to_park));
+  }
   if (!logits.ok()) {
     // The chunks that ran stay recorded (a consistent record); a failed pass resets.
     if (!cancelled) s->session->Reset();

@@ -23,9 +23,6 @@ namespace {
 // Parked files are "coli-k3-prefix-<pid>-<cache>-<n>.bin", or, kept across restarts,
 // "coli-k3-prefix-keep-<tag>-<nonce>-<n>.bin".
 constexpr char kFilePrefix[] = "coli-k3-prefix-";
-// A kept file's temp twin (io::WriteFileAtomic's ".<name>.tmp.XXXXXX") this old belongs to a
-// write that died with its process (one entry takes seconds to write).
-constexpr auto kStaleTemp = std::chrono::minutes(10);
 
 absl::StatusOr<PrefixFileHead> ReadHead(const std::string& path) {
   absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(path);
@@ -77,17 +74,17 @@ void PrefixCache::Adopt() {
   };
   std::vector<Found> found;
   std::error_code ec;
-  const auto now = std::filesystem::file_time_type::clock::now();
+  // (Temp files of dead writes and long unused kept files of every tag are the janitor's:
+  // RemoveOrphanedParkedFiles, run when a model loads.)
   for (const std::filesystem::directory_entry& f : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = f.path().filename().string();
-    std::error_code fec;
-    const auto written = f.last_write_time(fec);
-    if (fec) continue;
-    if (name.starts_with("." + head) && name.find(".tmp.") != std::string::npos) {
-      if (now - written > kStaleTemp) std::filesystem::remove(f.path(), fec);
+    // Only this user's regular files: a state planted in a shared folder is never served.
+    if (!name.starts_with(head) || !name.ends_with(".bin") ||
+        !IsOwnRegularFile(f.path().string())) {
       continue;
     }
-    if (!name.starts_with(head) || !name.ends_with(".bin") || !f.is_regular_file(fec)) continue;
+    std::error_code fec;
+    const auto written = f.last_write_time(fec);
     const uintmax_t bytes = f.file_size(fec);
     if (!fec) found.push_back({f.path().string(), written, static_cast<size_t>(bytes)});
   }
@@ -143,12 +140,24 @@ bool PrefixCache::Wants(std::span<const int32_t> tokens) {
   if (static_cast<int64_t>(tokens.size()) < min_tokens_ || max_bytes_ == 0) return false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = FindLocked(tokens);
-  if (it == entries_.end()) return true;
-  entries_.splice(entries_.begin(), entries_, it);
-  return false;
+  if (it != entries_.end()) {
+    entries_.splice(entries_.begin(), entries_, it);
+    return false;
+  }
+  if (!parks()) return true;
+  auto same = [&](const std::vector<int32_t>& c) { return std::ranges::equal(c, tokens); };
+  if (std::ranges::any_of(coming_, same)) return false;
+  coming_.emplace_back(tokens.begin(), tokens.end());
+  return true;
+}
+
+void PrefixCache::Abandon(std::span<const int32_t> tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(coming_, [&](const std::vector<int32_t>& c) { return std::ranges::equal(c, tokens); });
 }
 
 bool PrefixCache::Insert(PrefixState p) {
+  if (parks()) Abandon(p.at.tokens);  // no longer on its way, whatever happens below
   if (static_cast<int64_t>(p.at.tokens.size()) < min_tokens_) return false;
   Entry e;
   e.bytes = p.bytes();

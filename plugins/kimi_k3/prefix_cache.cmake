@@ -3,5 +3,5 @@
 # holds Session::TakePrefixState's states); tests in tests/kimi_k3/prefix_cache.cmake.
 target_sources(kimi_k3_core PRIVATE ${CMAKE_CURRENT_LIST_DIR}/prefix_cache.cc
                                     ${CMAKE_CURRENT_LIST_DIR}/prefix_cache_tag.cc)
-# prefix_cache_tag finds the binary it was loaded from with dladdr.
+# prefix_cache_tag hashes its own loaded code (dl_iterate_phdr).
 target_link_libraries(kimi_k3_core PRIVATE ${CMAKE_DL_LIBS})

@@ -79,9 +79,14 @@ class PrefixCache {
 
   // Whether an entry for exactly `tokens` is worth taking: long enough and not held already
   // (taking a PrefixState copies the whole state: ask before paying for it). Marks a held one
-  // used.
+  // used. A parking cache (parks()) then counts the entry as on its way until Insert or Abandon
+  // for the same tokens, and answers false for it meanwhile: concurrent first turns of one new
+  // system prompt make one copy and one file, not one each.
   bool Wants(std::span<const int32_t> tokens);
-  // Publishes `p` (replacing one with the same tokens only if `p` has logits and it has none),
+  // The caller of a true Wants will not Insert after all (its prefill failed before the copy).
+  void Abandon(std::span<const int32_t> tokens);
+  // Publishes `p` (replacing one with the same tokens only if `p` has logits and it has none;
+  // ends its Wants' wait),
   // then drops least recently used entries until the budget holds. Returns false when `p` was
   // not kept (too short, larger than the whole budget, already held, or its file could not be
   // written: logged as a warning).
@@ -133,6 +138,7 @@ class PrefixCache {
   uint64_t next_file_ = 0;
   uint64_t nonce_ = 0;        // random: kept files' names must not meet a later process's
   std::list<Entry> entries_;  // most recently used first
+  std::vector<std::vector<int32_t>> coming_;  // parking: Wants said yes, Insert not yet called
   size_t bytes_ = 0;
   uint64_t hits_ = 0;
 };

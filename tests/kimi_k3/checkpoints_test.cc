@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -262,8 +263,9 @@ TEST(CheckpointCache, LeastRecentlyUsedIsDroppedAndSameTokensReplace) {
   EXPECT_EQ(off.size(), 0u);
 }
 
-// Files a killed server could not delete: those of pids that are gone go at the next load;
-// a running process's files, kept prefix cache files and other files stay.
+// Files no process will use again go when a model loads: a gone pid's parked files and their
+// unfinished writes, a kept entry's write that died, kept entries unused for two weeks; a
+// running process's files, recent kept entries, writes in progress and other files stay.
 TEST(ParkedFiles, OrphansOfEndedProcessesAreRemoved) {
   namespace fs = std::filesystem;
   const std::string dir = ::testing::TempDir() + "/k3_orphans_" + std::to_string(getpid());
@@ -274,17 +276,34 @@ TEST(ParkedFiles, OrphansOfEndedProcessesAreRemoved) {
   if (child == 0) _exit(0);
   ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: its pid is free
   const std::string dead = std::to_string(child), alive = std::to_string(getpid());
-  const std::vector<std::string> gone = {"coli-k3-ckpt-" + dead + "-94000-0.bin",
-                                         "coli-k3-prefix-" + dead + "-94000-3.bin"};
-  const std::vector<std::string> stay = {"coli-k3-ckpt-" + alive + "-94000-0.bin",
-                                         "coli-k3-prefix-keep-0123456789abcdef-00ff-0.bin",
-                                         "coli-k3-ckpt-" + dead + "-94000-0.bin.part",
-                                         "coli-k3-ckpt-nopid-1.bin", "notes.bin"};
+  const std::string kept = "coli-k3-prefix-keep-0123456789abcdef-00ff-";
+  const std::vector<std::string> gone = {
+      "coli-k3-ckpt-" + dead + "-94000-0.bin", "coli-k3-prefix-" + dead + "-94000-3.bin",
+      // the temp files of writes that died with it
+      ".coli-k3-ckpt-" + dead + "-94000-1.bin.tmp.AbCdEf",
+      ".coli-k3-prefix-" + dead + "-94000-4.bin.tmp.XyZabc",
+      // a kept entry's write that died 11 minutes ago; kept entries unused for 15 days
+      "." + kept + "1.bin.tmp.QwErTy", kept + "2.bin",
+      "coli-k3-prefix-keep-fedcba9876543210-00aa-0.bin"};
+  const std::vector<std::string> stay = {
+      "coli-k3-ckpt-" + alive + "-94000-0.bin", ".coli-k3-ckpt-" + alive + "-94000-1.bin.tmp.Aa",
+      kept + "0.bin",                  // used a day ago
+      "." + kept + "3.bin.tmp.UiOpAs",  // a write in progress
+      "coli-k3-ckpt-" + dead + "-94000-0.bin.part", "coli-k3-ckpt-nopid-1.bin", "notes.bin"};
+  const auto now = fs::file_time_type::clock::now();
   for (const std::string& name : gone) std::ofstream(dir + "/" + name) << "x";
   for (const std::string& name : stay) std::ofstream(dir + "/" + name) << "x";
-  EXPECT_EQ(RemoveOrphanedParkedFiles(dir), 2);
+  fs::last_write_time(dir + "/." + kept + "1.bin.tmp.QwErTy", now - std::chrono::minutes(11));
+  fs::last_write_time(dir + "/" + kept + "2.bin", now - std::chrono::hours(24 * 15));
+  fs::last_write_time(dir + "/coli-k3-prefix-keep-fedcba9876543210-00aa-0.bin",
+                      now - std::chrono::hours(24 * 15));
+  fs::last_write_time(dir + "/" + kept + "0.bin", now - std::chrono::hours(24));
+  // A link named like an orphan is not this user's regular file: left alone.
+  fs::create_symlink(dir + "/notes.bin", dir + "/coli-k3-ckpt-" + dead + "-1-1.bin");
+  EXPECT_EQ(RemoveOrphanedParkedFiles(dir), static_cast<int>(gone.size()));
   for (const std::string& name : gone) EXPECT_FALSE(fs::exists(dir + "/" + name)) << name;
   for (const std::string& name : stay) EXPECT_TRUE(fs::exists(dir + "/" + name)) << name;
+  EXPECT_TRUE(fs::is_symlink(dir + "/coli-k3-ckpt-" + dead + "-1-1.bin"));
   EXPECT_EQ(RemoveOrphanedParkedFiles(dir + "/missing"), 0);
   fs::remove_all(dir);
 }

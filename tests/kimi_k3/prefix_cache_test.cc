@@ -554,6 +554,32 @@ TEST(PrefixCacheEntries, LeastRecentlyUsedDroppedUnderTheByteBudget) {
   EXPECT_EQ(cache.entries(), 0u);
 }
 
+// A parking cache counts an entry as coming from the first true Wants until Insert or Abandon:
+// concurrent first turns of one system prompt make one copy and one file; a RAM cache inserts
+// at once, so it needs no such mark.
+TEST(PrefixCacheEntries, AParkedEntryOnItsWayIsWantedOnce) {
+  const std::string dir = ::testing::TempDir() + "/k3_prefix_coming_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::vector<int32_t> sys = Ids(40, 100);
+  {
+    PrefixCache parking(1 << 20, 4, dir);
+    EXPECT_TRUE(parking.Wants(sys));
+    EXPECT_FALSE(parking.Wants(sys)) << "another session's copy is on its way";
+    EXPECT_TRUE(parking.Wants(Ids(40, 500))) << "other tokens are not";
+    parking.Abandon(sys);
+    EXPECT_TRUE(parking.Wants(sys)) << "abandoned: wanted again";
+    ASSERT_TRUE(parking.Insert(State(sys, 10)));
+    EXPECT_FALSE(parking.Wants(sys)) << "held now";
+    parking.Clear();
+    EXPECT_TRUE(parking.Wants(sys)) << "Insert ended the wait";
+  }
+  PrefixCache ram(1 << 20, 4);
+  EXPECT_TRUE(ram.Wants(sys));
+  EXPECT_TRUE(ram.Wants(sys));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PrefixCacheEntries, ShortPrefixesAndAZeroBudgetKeepNothing) {
   PrefixCache cache(1 << 20);
   EXPECT_EQ(cache.min_tokens(), PrefixCache::kDefaultMinTokens);
@@ -634,21 +660,18 @@ TEST(PrefixCacheKept, AdoptionFollowsTagRecencyAndBudget) {
   }
   EXPECT_EQ(kept_files(tag).size(), 2u);
   EXPECT_EQ(kept_files(other_tag).size(), 1u);
-  // A file whose head is cut off is deleted at adoption; so is a temp file of the tag left by a
-  // write that died long ago, while a fresh one (a write in progress) stays.
-  fs::resize_file(kept_files(tag).at(0), 20);
-  const std::string stale = dir + "/.coli-k3-prefix-keep-" + tag + "-x-0.bin.tmp.AAAAAA";
-  const std::string fresh = dir + "/.coli-k3-prefix-keep-" + tag + "-x-1.bin.tmp.BBBBBB";
-  std::ofstream(stale) << "partial";
-  std::ofstream(fresh) << "partial";
-  fs::last_write_time(stale, now - std::chrono::hours(1));
+  // A file whose head is cut off is deleted at adoption; a link named like a kept file (a state
+  // planted in a shared folder) is neither served nor deleted.
+  const std::vector<std::string> two = kept_files(tag);
+  fs::resize_file(two.at(0), 20);
+  const std::string planted = dir + "/coli-k3-prefix-keep-" + tag + "-planted-0.bin";
+  fs::create_symlink(two.at(1), planted);
   {
     PrefixCache after(1 << 20, 4, dir, tag);
     EXPECT_EQ(after.entries(), 1u);
   }
-  EXPECT_EQ(kept_files(tag).size(), 1u);
-  EXPECT_FALSE(fs::exists(stale));
-  EXPECT_TRUE(fs::exists(fresh));
+  EXPECT_FALSE(fs::exists(two.at(0)));
+  EXPECT_TRUE(fs::is_symlink(planted));
   EXPECT_EQ(kept_files(other_tag).size(), 1u);
   fs::remove_all(dir);
 }
