@@ -69,9 +69,13 @@ absl::StatusOr<std::string> ArgReader::Value() {
   if (i_ + 1 >= argc_) return absl::InvalidArgumentError(absl::StrCat(arg_, " needs a value"));
   const std::string next = argv_[i_ + 1];
   if (absl::StartsWith(next, "--") && next.size() > 2) {
-    return absl::InvalidArgumentError(absl::StrCat(arg_, " needs a value, got the flag '", next,
-                                                   "' (write ", arg_, "=", next,
-                                                   " if that is the value)"));
+    // Only long flags split at '=': a short one's value cannot start with "--".
+    return absl::InvalidArgumentError(absl::StrCat(
+        arg_, " needs a value, got the flag '", next, "' (",
+        absl::StartsWith(arg_, "--")
+            ? absl::StrCat("write ", arg_, "=", next, " if that is the value")
+            : std::string("a value starting with '--' needs the flag's long form with '='"),
+        ")"));
   }
   ++i_;
   return next;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -130,6 +131,28 @@ TEST(Signals, AnIgnoredSignalStaysIgnored) {
   EXPECT_EQ(now.sa_flags & SA_RESTART, 0);
   sigaction(SIGHUP, &saved_hup, nullptr);
   sigaction(SIGUSR1, &saved_usr, nullptr);
+}
+
+// After its cleanup a command that caught Ctrl-C dies of SIGINT (a calling shell's loop stops
+// too); other codes are plain exits.
+TEST(Signals, ACaughtSignalEndsTheProcessAsThatSignal) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      signal(sig, NoteSignal);  // as run / chat leave it
+      _exit(ExitLikeSignal(128 + sig) == 128 + sig ? 100 : 101);  // only if it did not die
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFSIGNALED(status)) << "signal " << sig << ": exit " << WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) {
+      EXPECT_EQ(WTERMSIG(status), sig);
+    }
+  }
+  EXPECT_EQ(ExitLikeSignal(0), 0);
+  EXPECT_EQ(ExitLikeSignal(2), 2);
+  EXPECT_EQ(ExitLikeSignal(128 + SIGPIPE), 128 + SIGPIPE);  // a closed pipe stays a quiet exit
 }
 
 TEST(Numbers, WholeNumbersSayWhatIsWrong) {

@@ -163,6 +163,42 @@ assert users == ["line one\n\nline three"], users
 PY
 [[ $(stat -c %a "$work/precious.json") == 600 ]] || fail "chat: /save changed the file's mode"
 
+# SIGTERM during a reply ends the chat (exit 143, host folder removed); it used to stop the reply
+# and then wait for one more input line (a stdin that stays open: forever). Ctrl-C while the chat
+# waits for piped input leaves as a Ctrl-C (130), not as a finished input (0).
+fifo=$work/chat_fifo
+for case in term-in-reply int-idle; do
+  rm -f "$fifo"
+  mkfifo "$fifo"
+  COLI_DECODE_DELAY_MS=20 env --default-signal=INT "$coli" chat --model "$model" \
+    --max-tokens 2000 < "$fifo" > "$work/out" 2> "$work/err" &
+  pid=$!
+  exec 7> "$fifo"  # held open: the chat never sees the end of its input
+  if [[ $case == term-in-reply ]]; then
+    echo "tell me a long story" >&7
+    for _ in $(seq 600); do grep -q 'coli chat —' "$work/out" 2> /dev/null && break; sleep 0.1; done
+    sleep 1  # into the reply (2,000 tokens 20 ms apart); any moment after the line was sent will do
+    kill -TERM "$pid"
+    want=143
+  else
+    for _ in $(seq 600); do grep -q 'coli chat —' "$work/out" 2> /dev/null && break; sleep 0.1; done
+    sleep 0.5
+    kill -INT "$pid"
+    want=130
+  fi
+  # The chat must end by itself; the loop only waits (up to a minute) before failing.
+  for _ in $(seq 600); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2> /dev/null; then
+    fail "coli chat ($case) still running with its input open"
+    kill -KILL "$pid"
+  fi
+  wait "$pid"
+  rc=$?
+  exec 7>&-
+  ((rc == want)) || fail "coli chat ($case) -> exit $rc, wanted $want"
+  no_private_hosts_left "coli chat ($case)"
+done
+
 echo "== bench argument handling"
 # Every area: --help is help (stdout, exit 0; was exit 2 on stderr), an unknown flag is named.
 areas=$("$coli" bench --help | awk '/^areas:/ {on = 1; next} on && NF {print $1}')

@@ -78,7 +78,13 @@ class LineReader {
   // false at end of input (Ctrl-D). An interrupted read returns true with an empty line.
   bool Read(const char* prompt, std::string* line) {
     interrupted_ = false;
-    if (!interactive_) return static_cast<bool>(std::getline(std::cin, *line));
+    if (!interactive_) {
+      if (std::getline(std::cin, *line)) return true;
+      // Ctrl-C while waiting for piped input: the read was interrupted, not at its end — leave
+      // as a Ctrl-C leaves (128 + SIGINT), not as a finished input (0).
+      if (g_interrupt.exchange(false) && g_terminate.load() == 0) g_terminate.store(SIGINT);
+      return false;
+    }
     char* raw = readline(prompt);
     if (raw == nullptr) {
       if (g_terminate.load() != 0) return false;
@@ -126,6 +132,8 @@ class ChatApp {
     MultilineInput multiline;
     // Plain prompt: libedit would count escape codes as visible columns.
     while (true) {
+      // A SIGTERM / SIGHUP that stopped a reply ends the chat here, not after one more line.
+      if (g_terminate.load() != 0) break;
       if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
         return 128 + SIGPIPE;  // nobody reads the output any more (`coli chat < in | head`)
       }

@@ -28,6 +28,20 @@ void CatchUnlessIgnored(int sig, void (*handler)(int)) {
   ::sigaction(sig, &sa, nullptr);
 }
 
+int ExitLikeSignal(int rc) {
+  const int sig = rc - 128;
+  if (sig != SIGINT && sig != SIGTERM && sig != SIGHUP) return rc;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::signal(sig, SIG_DFL);
+  sigset_t only;
+  sigemptyset(&only);
+  sigaddset(&only, sig);
+  ::sigprocmask(SIG_UNBLOCK, &only, nullptr);
+  ::raise(sig);
+  return rc;
+}
+
 // ---- numbers --------------------------------------------------------------------------------
 
 absl::StatusOr<std::optional<uint64_t>> ParseSeed(std::string_view what, std::string_view text) {

@@ -33,6 +33,13 @@ using flags::WantsHelp;
 // keep ignoring it.
 void CatchUnlessIgnored(int sig, void (*handler)(int));
 
+// A command that caught SIGINT / SIGTERM / SIGHUP cleaned up and returned 128 + the signal: the
+// process then dies of that signal (default action, re-raised) instead of exiting with the
+// number, so a calling shell sees a child killed by Ctrl-C and stops its loop or script too
+// (bash's wait-and-cooperative-exit; `$?` is 128 + the signal either way). Any other code is
+// returned as it is (also when the signal cannot end the process).
+int ExitLikeSignal(int rc);
+
 // A sampling seed: a whole number in [0, 2^64), or -1 = a random one (llama.cpp's convention).
 // nullopt for -1.
 absl::StatusOr<std::optional<uint64_t>> ParseSeed(std::string_view what, std::string_view text);

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "tools/coli/cli_args.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -59,5 +60,5 @@ int main(int argc, char** argv) {
     coli::cli::PrintUsage(stderr);
     return 2;
   }
-  return it->second.run(argc - 1, argv + 1);
+  return coli::cli::ExitLikeSignal(it->second.run(argc - 1, argv + 1));
 }

@@ -37,6 +37,22 @@ TEST(ArgReaderNonEmptyValue, RefusesAnEmptyValueInEitherFormAndNamesTheFlag) {
   EXPECT_FALSE(r.Next());
 }
 
+// A flag followed by another flag: the advice fits the flag ('=' splits only long flags).
+TEST(ArgReaderValue, AFlagWhereAValueShouldBeSaysHowToGiveIt) {
+  std::vector<std::string> args = {"coli", "--prompt", "--in", "-p", "--in"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ArgReader r(static_cast<int>(argv.size()), argv.data());
+  ASSERT_TRUE(r.Next());
+  EXPECT_THAT(r.Value().status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("(write --prompt=--in if that is the value)")));
+  ASSERT_TRUE(r.Next());  // --in
+  ASSERT_TRUE(r.Next());  // -p
+  EXPECT_THAT(r.Value().status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a value starting with '--' needs the flag's long form with '='")));
+}
+
 TEST(CheckGrpcAddress, TakesSocketsAndPortsInRange) {
   for (const char* ok : {"unix:/tmp/h.sock", "unix-abstract:coli", "127.0.0.1:50051", "localhost:1",
                          "[::1]:65535", "ipv4:127.0.0.1:8000", "dns:///example.org:443"}) {
