@@ -61,26 +61,23 @@ struct Flags {
   bool help = false;
 };
 
-// An integer environment variable in [lo, hi] into *out (unset or empty: unchanged).
-absl::Status FromEnv(const char* name, int64_t lo, int64_t hi, int* out) {
+// An integer environment variable in [lo, hi] into *out (unset or empty: unchanged). Read after
+// the flags, and only where no flag set the value: a stale variable a flag overrides is no error.
+absl::Status FromEnv(const char* name, int64_t lo, int64_t hi, bool flag_given, int* out) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return absl::OkStatus();
+  if (flag_given || v == nullptr || *v == '\0') return absl::OkStatus();
   COLI_ASSIGN_OR_RETURN(int64_t n, coli::flags::ParseWholeNumber(name, v, lo, hi));
   *out = static_cast<int>(n);
   return absl::OkStatus();
 }
 
-// The environment, then the command line (flags win). INVALID_ARGUMENT / NOT_FOUND /
-// FAILED_PRECONDITION naming the flag and the value.
+// The command line, then the environment where no flag gave the value (flags win).
+// INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION naming the flag and the value.
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
   f.engine.plugin_dir = COLI_PLUGIN_DIR;
   if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir) f.engine.plugin_dir = dir;
-  // Private hosts inherit the client's environment: COLI_DECODE_DELAY_MS paces them too.
-  COLI_RETURN_IF_ERROR(FromEnv("COLI_DECODE_DELAY_MS", 0, kMaxDelayMs, &f.engine.decode_delay_ms));
-  COLI_RETURN_IF_ERROR(FromEnv("COLI_POOL_SESSIONS", 0, kMaxThreads, &f.engine.pool_sessions));
-  COLI_RETURN_IF_ERROR(
-      FromEnv("COLI_PREFILL_DELAY_MS", 0, kMaxDelayMs, &f.engine.prefill_delay_ms));
+  bool decode_delay_flag = false, prefill_delay_flag = false, pool_flag = false;
   coli::flags::ArgReader args(argc, argv);
   auto number = [&args](int64_t lo, int64_t hi, int* out) -> absl::Status {
     COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(lo, hi));
@@ -104,12 +101,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       COLI_RETURN_IF_ERROR(number(1, 1000000, &f.engine.queue_capacity));
     } else if (args.Is("--decode-delay-ms")) {
       COLI_RETURN_IF_ERROR(number(0, kMaxDelayMs, &f.engine.decode_delay_ms));
+      decode_delay_flag = true;
     } else if (args.Is("--prefill-delay-ms")) {
       COLI_RETURN_IF_ERROR(number(0, kMaxDelayMs, &f.engine.prefill_delay_ms));
+      prefill_delay_flag = true;
     } else if (args.Is("--max-batch")) {
       COLI_RETURN_IF_ERROR(number(1, kMaxThreads, &f.engine.max_batch));
     } else if (args.Is("--pool")) {
       COLI_RETURN_IF_ERROR(number(0, kMaxThreads, &f.engine.pool_sessions));
+      pool_flag = true;
     } else if (args.Is("--model")) {
       COLI_ASSIGN_OR_RETURN(std::string dir, args.Value());
       COLI_RETURN_IF_ERROR(coli::flags::CheckModelDir("--model", dir));
@@ -130,6 +130,13 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                                                      "' (models are given with --model DIR)"));
     }
   }
+  // Private hosts inherit the client's environment: COLI_DECODE_DELAY_MS paces them too.
+  COLI_RETURN_IF_ERROR(FromEnv("COLI_DECODE_DELAY_MS", 0, kMaxDelayMs, decode_delay_flag,
+                               &f.engine.decode_delay_ms));
+  COLI_RETURN_IF_ERROR(
+      FromEnv("COLI_POOL_SESSIONS", 0, kMaxThreads, pool_flag, &f.engine.pool_sessions));
+  COLI_RETURN_IF_ERROR(FromEnv("COLI_PREFILL_DELAY_MS", 0, kMaxDelayMs, prefill_delay_flag,
+                               &f.engine.prefill_delay_ms));
   return f;
 }
 

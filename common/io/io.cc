@@ -67,14 +67,19 @@ absl::Status CheckRange(const std::string& path, uint64_t size, uint64_t offset,
 }
 
 // Opens `path` read-only with extra `flags` and checks that it is a regular file.
-absl::StatusOr<int> OpenRegular(const std::string& path, int flags, uint64_t* size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | flags);
+absl::StatusOr<int> OpenRegular(const std::string& path, int flags, uint64_t* size,
+                                bool own_file_only = false) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | flags | (own_file_only ? O_NOFOLLOW : 0));
   if (fd < 0) return ErrnoError(errno, "cannot open", path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
     return ErrnoError(err, "cannot stat", path);
+  }
+  if (own_file_only && st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return absl::PermissionDeniedError(Cat("file '", path, "' belongs to another user"));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -149,9 +154,10 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path, uint64_t m
 // ---------------------------------------------------------------------------------------------
 // MappedFile
 
-absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Map(const std::string& path) {
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Map(const std::string& path,
+                                                           bool own_file_only) {
   uint64_t size = 0;
-  absl::StatusOr<int> fd = OpenRegular(path, 0, &size);
+  absl::StatusOr<int> fd = OpenRegular(path, 0, &size, own_file_only);
   if (!fd.ok()) return fd.status();
   const uint8_t* data = nullptr;
   if (size > 0) {

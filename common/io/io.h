@@ -65,7 +65,10 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path,
 // data() == nullptr, size() == 0.
 class MappedFile {
  public:
-  static absl::StatusOr<std::unique_ptr<MappedFile>> Map(const std::string& path);
+  // With `own_file_only`, a link (O_NOFOLLOW) or a file of another user is refused
+  // (PERMISSION_DENIED): what this process reads back from a folder others may write to.
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Map(const std::string& path,
+                                                         bool own_file_only = false);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -25,14 +25,16 @@ namespace {
 constexpr char kFilePrefix[] = "coli-k3-prefix-";
 
 absl::StatusOr<PrefixFileHead> ReadHead(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(path);
+  absl::StatusOr<std::unique_ptr<io::MappedFile>> file =
+      io::MappedFile::Map(path, /*own_file_only=*/true);
   if (!file.ok()) return file.status();
   return PeekPrefixState(
       std::string_view(reinterpret_cast<const char*>((*file)->data()), (*file)->size()));
 }
 
 absl::StatusOr<PrefixState> ReadParked(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<io::MappedFile>> file = io::MappedFile::Map(path);
+  absl::StatusOr<std::unique_ptr<io::MappedFile>> file =
+      io::MappedFile::Map(path, /*own_file_only=*/true);
   if (!file.ok()) return file.status();
   return ParsePrefixState(
       std::string_view(reinterpret_cast<const char*>((*file)->data()), (*file)->size()));
@@ -153,7 +155,8 @@ bool PrefixCache::Wants(std::span<const int32_t> tokens) {
 
 void PrefixCache::Abandon(std::span<const int32_t> tokens) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::erase_if(coming_, [&](const std::vector<int32_t>& c) { return std::ranges::equal(c, tokens); });
+  std::erase_if(coming_,
+                [&](const std::vector<int32_t>& c) { return std::ranges::equal(c, tokens); });
 }
 
 bool PrefixCache::Insert(PrefixState p) {

@@ -258,6 +258,18 @@ expect 2 "--connect '127.0.0.1:99999': the port" -- timeout 20 "$coli" serve --c
 expect 2 "--model '$work/a_file' is a file, not a folder" -- timeout 20 "$host" --model "$work/a_file"
 expect 2 "--ready-fd 99 is not an open file descriptor" -- timeout 20 "$host" --ready-fd 99
 expect 2 "unknown flag '--bogus'" -- timeout 20 "$host" --bogus
+# A stale environment value a flag overrides is no error (it was checked before the flags);
+# without the flag it still is, named.
+expect 0 "" -- env COLI_POOL_SESSIONS=2000 COLI_DECODE_DELAY_MS=70000 "$host" --pool 4 \
+  --decode-delay-ms 0 --help
+expect 2 "COLI_POOL_SESSIONS: '2000' is outside [0, 1024]" -- \
+  env COLI_POOL_SESSIONS=2000 timeout 20 "$host" --help
+# A private host that refuses its environment: the client says it exited (it sometimes said
+# "did not report READY within 60 s" when the pipe closed before the exit could be reaped).
+for _ in 1 2 3; do
+  expect 1 "private coli-host '$host' exited with status 2" -- \
+    env COLI_DECODE_DELAY_MS=70000 timeout 60 "$coli" run --model "$model" hi --ngen 1
+done
 # Every flag in its --flag=value form (--workers=2 was "unknown argument"): a host with no
 # plugin starts, says READY, and `coli serve --connect=…` reaches it (and finds no model).
 mkdir -p "$work/no_plugins"

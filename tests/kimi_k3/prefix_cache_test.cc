@@ -672,6 +672,7 @@ TEST(PrefixCacheKept, AdoptionFollowsTagRecencyAndBudget) {
   }
   EXPECT_FALSE(fs::exists(two.at(0)));
   EXPECT_TRUE(fs::is_symlink(planted));
+  EXPECT_TRUE(fs::exists(two.at(1))) << "the real file is adopted, not dropped as the link's twin";
   EXPECT_EQ(kept_files(other_tag).size(), 1u);
   fs::remove_all(dir);
 }

@@ -102,8 +102,15 @@ tmux_ send-keys -t hup 'remember me' Enter
 wait_file "$work/hup.log" 'tok/s' 120
 [[ -n $pid ]] || { echo "FAIL: no coli chat process found" >&2; exit 1; }
 kill -HUP "$pid"
-for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-if kill -0 "$pid" 2>/dev/null; then
+# Alive = present and not a zombie: the chat ends as killed by SIGHUP, and its parent (the tmux
+# server) may take its time to reap it.
+alive() {
+  local state
+  state=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null || true)
+  [[ -n $state && $state != Z ]]
+}
+for _ in $(seq 300); do alive "$pid" || break; sleep 0.1; done
+if alive "$pid"; then
   echo "FAIL: coli chat still runs after SIGHUP" >&2
   exit 1
 fi

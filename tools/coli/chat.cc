@@ -8,7 +8,8 @@
 // Line editing and history come from libedit (history in ~/.coli_chat_history). Replies stream
 // as they are generated; reasoning streams dimmed, or collapsed to a counter (/reasoning hide).
 // Ctrl-C stops the current reply (the host stops within one token) and keeps the program;
-// Ctrl-D exits; SIGTERM / SIGHUP stop the reply, save the history and exit 128 + the signal.
+// Ctrl-D exits; SIGTERM / SIGHUP stop the reply, save the history and end the process as killed
+// by that signal ($? = 128 + the signal; cli_args.h ExitLikeSignal).
 // A line ending in `\` continues on the next one; `"""` ... `"""` is one multi-line message
 // (a paste). Lines that are not UTF-8 are refused, never sent. When stdout is not a terminal,
 // or TERM=dumb, the output is plain text without escape codes; NO_COLOR drops dim and bold.
@@ -40,11 +41,24 @@
 namespace coli::cli {
 namespace {
 
+// True while the chat waits for piped (non-terminal) input. A signal then closes stdin: a signal
+// that lands between the last check of the flags and the blocking read would otherwise only set
+// its flag, and the read would wait for one more line (forever on a pipe held open).
+std::atomic<bool> g_reading_pipe{false};
+void EndPipeRead() {
+  if (g_reading_pipe.load()) ::close(STDIN_FILENO);  // async-signal-safe
+}
 std::atomic<bool> g_interrupt{false};
-void OnSigint(int) { g_interrupt.store(true); }
+void OnSigint(int) {
+  g_interrupt.store(true);
+  EndPipeRead();
+}
 // SIGTERM / SIGHUP (the terminal went away): leave the loop, save the history, stop the host.
 std::atomic<int> g_terminate{0};
-void OnTerminate(int sig) { g_terminate.store(sig); }
+void OnTerminate(int sig) {
+  g_terminate.store(sig);
+  EndPipeRead();
+}
 
 constexpr const char* kHelp =
     "  \"\"\"                 start a multi-line message (paste); a line ending in \"\"\" ends it\n"
@@ -79,7 +93,11 @@ class LineReader {
   bool Read(const char* prompt, std::string* line) {
     interrupted_ = false;
     if (!interactive_) {
-      if (std::getline(std::cin, *line)) return true;
+      g_reading_pipe.store(true);
+      const bool stop = g_terminate.load() != 0 || g_interrupt.load();
+      const bool got = !stop && static_cast<bool>(std::getline(std::cin, *line));
+      g_reading_pipe.store(false);
+      if (got && g_terminate.load() == 0 && !g_interrupt.load()) return true;
       // Ctrl-C while waiting for piped input: the read was interrupted, not at its end — leave
       // as a Ctrl-C leaves (128 + SIGINT), not as a finished input (0).
       if (g_interrupt.exchange(false) && g_terminate.load() == 0) g_terminate.store(SIGINT);
@@ -135,6 +153,7 @@ class ChatApp {
       // A SIGTERM / SIGHUP that stopped a reply ends the chat here, not after one more line.
       if (g_terminate.load() != 0) break;
       if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        if (g_terminate.load() != 0) break;  // a signal interrupted the write: that signal's exit
         return 128 + SIGPIPE;  // nobody reads the output any more (`coli chat < in | head`)
       }
       const bool more = reader.Read(multiline.pending() ? "...> " : "you> ", &line);

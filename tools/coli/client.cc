@@ -200,7 +200,14 @@ absl::Status Client::StartPrivateHost(const ConnectOptions& options) {
   if (!ok || line.rfind("READY ", 0) != 0) {
     int status = 0;
     std::string why = "did not report READY within 60 s";
-    if (waitpid(pid, &status, WNOHANG) == pid) {
+    // A host that refused its flags or environment closes the pipe as it exits: give it a
+    // moment to be reaped, so the error says it exited (and how) instead of a timeout.
+    bool reaped = waitpid(pid, &status, WNOHANG) == pid;
+    for (int i = 0; i < 100 && !reaped && !ok; ++i) {
+      usleep(10000);
+      reaped = waitpid(pid, &status, WNOHANG) == pid;
+    }
+    if (reaped) {
       child_ = -1;
       why = WIFEXITED(status) ? absl::StrCat("exited with status ", WEXITSTATUS(status))
                               : absl::StrCat("died by signal ", WTERMSIG(status));

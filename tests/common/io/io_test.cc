@@ -118,6 +118,16 @@ TEST(IoMappedFile, ViewMatchesFile) {
   EXPECT_THAT(MappedFile::Map(dir.File("missing")), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// What a process reads back from a folder others may write to: its own regular files only.
+TEST(IoMappedFile, OwnFileOnlyRefusesALink) {
+  TempDir dir;
+  WriteRaw(dir.File("m"), Pattern(100, 5));
+  ASSERT_EQ(::symlink(dir.File("m").c_str(), dir.File("link").c_str()), 0);
+  EXPECT_OK(MappedFile::Map(dir.File("link")).status());
+  EXPECT_OK(MappedFile::Map(dir.File("m"), /*own_file_only=*/true).status());
+  EXPECT_FALSE(MappedFile::Map(dir.File("link"), /*own_file_only=*/true).ok());
+}
+
 TEST(IoAlignedBuffer, AlignedAndGrows) {
   AlignedBuffer empty;
   EXPECT_EQ(empty.capacity(), 0u);
