@@ -47,8 +47,8 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/sampling/sampling.h"
@@ -111,7 +111,7 @@ struct K3Model {
   // parked in checkpoint_dir when that is set).
   int64_t prefix_cache_mb = 0;
   int64_t prefix_cache_min = PrefixCache::kDefaultMinTokens;
-  bool prefix_cache_keep = false;  // prefix_cache_keep = COLI_K3_PREFIX_CACHE_KEEP (files outlive us)
+  bool prefix_cache_keep = false;  // COLI_K3_PREFIX_CACHE_KEEP: its files outlive the process
   std::unique_ptr<PrefixCache> prefix_cache;
   // The Vulkan expert tier (vk_tier.h): its switches as the client sent them, the tier (owned
   // by `model`; null unless COLI_VULKAN=1 / K3_VK=1) and its counters at the last take.
@@ -1009,12 +1009,17 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       // checkpoints: they rarely begin another conversation, and each entry costs the whole
       // recurrent state (K3: 465 MB).
       PrefixCache* cache = s->m->prefix_cache.get();
-      if (cache != nullptr && ends[i] < prompt.size() && cache->Wants(prompt.first(ends[i]))) {
-        if (cache->parks()) {
-          park_tokens.assign(prompt.begin(), prompt.begin() + ends[i]);
-          to_park = s->session->TakePrefixState(*logits);
-        } else {
-          cache->Insert(s->session->TakePrefixState(*logits));
+      if (cache != nullptr && ends[i] < prompt.size()) {
+        // Copied before Wants marks a parked entry coming: from then on the cleanup must know
+        // the tokens, whatever throws.
+        std::vector<int32_t> head(prompt.begin(), prompt.begin() + ends[i]);
+        if (cache->Wants(head)) {
+          if (cache->parks()) {
+            park_tokens = std::move(head);
+            to_park = s->session->TakePrefixState(*logits);
+          } else {
+            cache->Insert(s->session->TakePrefixState(*logits));
+          }
         }
       }
     }
