@@ -24,20 +24,14 @@ namespace {
 // "coli-k3-prefix-keep-<tag>-<nonce>-<n>.bin".
 constexpr char kFilePrefix[] = "coli-k3-prefix-";
 
-absl::StatusOr<PrefixFileHead> ReadHead(const std::string& path) {
+// Maps this user's own parked file `path` (never through a link) and runs `parse` over its
+// bytes: PeekPrefixState for the head alone (adoption), ParsePrefixState for the whole entry.
+template <typename Parse>
+auto ReadOwnFile(const std::string& path, Parse parse) -> decltype(parse(std::string_view())) {
   absl::StatusOr<std::unique_ptr<io::MappedFile>> file =
       io::MappedFile::Map(path, /*own_file_only=*/true);
   if (!file.ok()) return file.status();
-  return PeekPrefixState(
-      std::string_view(reinterpret_cast<const char*>((*file)->data()), (*file)->size()));
-}
-
-absl::StatusOr<PrefixState> ReadParked(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<io::MappedFile>> file =
-      io::MappedFile::Map(path, /*own_file_only=*/true);
-  if (!file.ok()) return file.status();
-  return ParsePrefixState(
-      std::string_view(reinterpret_cast<const char*>((*file)->data()), (*file)->size()));
+  return parse(std::string_view(reinterpret_cast<const char*>((*file)->data()), (*file)->size()));
 }
 
 }  // namespace
@@ -99,7 +93,7 @@ void PrefixCache::Adopt() {
             [](const Found& a, const Found& b) { return a.written > b.written; });
   std::lock_guard<std::mutex> lock(mu_);
   for (const Found& f : found) {
-    absl::StatusOr<PrefixFileHead> file = ReadHead(f.path);
+    absl::StatusOr<PrefixFileHead> file = ReadOwnFile(f.path, PeekPrefixState);
     const bool fits = file.ok() && static_cast<int64_t>(file->tokens.size()) >= min_tokens_ &&
                       bytes_ + f.bytes <= max_bytes_ && FindLocked(file->tokens) == entries_.end();
     if (!fits) {
@@ -231,7 +225,7 @@ std::shared_ptr<const PrefixState> PrefixCache::Deepest(std::span<const int32_t>
       tokens = best->tokens;
     }
     // Parked: read back without the lock (K3: half a gigabyte).
-    absl::StatusOr<PrefixState> loaded = ReadParked(path);
+    absl::StatusOr<PrefixState> loaded = ReadOwnFile(path, ParsePrefixState);
     std::lock_guard<std::mutex> lock(mu_);
     if (loaded.ok() && loaded->at.tokens == tokens) {
       // Its time is its place in the next process's order (Adopt).
