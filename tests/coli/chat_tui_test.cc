@@ -110,6 +110,36 @@ TEST(MultilineInput, BackslashContinuesAndQuotesMakeABlock) {
   EXPECT_EQ(in.Add("end\r"), "crlf \nend");
 }
 
+TEST(MultilineInput, APasteIsOneMessageEndedByTheNextLine) {
+  MultilineInput in;
+  in.AddPaste("line one\nline two");
+  EXPECT_TRUE(in.pending());
+  EXPECT_EQ(in.Add(""), "line one\nline two");  // Enter alone: the paste as it is
+  EXPECT_FALSE(in.pending());
+  in.AddPaste("code:\n  x = 1");
+  in.AddPaste("  y = 2\n");  // a second paste at the continuation prompt
+  EXPECT_EQ(in.Add("what does it do?"), "code:\n  x = 1\n  y = 2\n\nwhat does it do?");
+  in.AddPaste("a\nb");
+  EXPECT_EQ(in.Add("more \\"), std::nullopt);  // a continuation after a paste goes on
+  EXPECT_EQ(in.Add("end"), "a\nb\nmore \nend");
+  in.AddPaste("dropped\npaste");
+  in.Reset();  // Ctrl-C
+  EXPECT_EQ(in.Add("after"), "after");
+  in.AddPaste("kept\nat the end");
+  EXPECT_EQ(in.Finish(), "kept\nat the end");  // Ctrl-D sends it
+  // Inside a """ block a paste is more of the block, which a """ line still ends.
+  EXPECT_EQ(in.Add("\"\"\""), std::nullopt);
+  in.AddPaste("p1\np2");
+  EXPECT_EQ(in.Add("typed"), std::nullopt);
+  in.AddPaste("p3\np4");
+  EXPECT_EQ(in.Add(""), std::nullopt);
+  EXPECT_EQ(in.Add("\"\"\""), "p1\np2\ntyped\np3\np4\n");
+  // After a `\` continuation line a paste joins the message, and Enter ends it.
+  EXPECT_EQ(in.Add("intro \\"), std::nullopt);
+  in.AddPaste("x\ny");
+  EXPECT_EQ(in.Add(""), "intro \nx\ny");
+}
+
 TEST(TerminalStyle, DumbTerminalsAndNoColor) {
   TerminalStyle tty = StyleFor(true, "xterm-256color", nullptr);
   EXPECT_TRUE(tty.decorate);

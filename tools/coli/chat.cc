@@ -10,21 +10,30 @@
 // Ctrl-C stops the current reply (the host stops within one token) and keeps the program;
 // Ctrl-D exits; SIGTERM / SIGHUP stop the reply, save the history and end the process as killed
 // by that signal ($? = 128 + the signal; cli_args.h ExitLikeSignal).
-// A line ending in `\` continues on the next one; `"""` ... `"""` is one multi-line message
-// (a paste). Lines that are not UTF-8 are refused, never sent. When stdout is not a terminal,
-// or TERM=dumb, the output is plain text without escape codes; NO_COLOR drops dim and bold.
-// A reply that fails before any text takes its user message back out of the conversation.
+// A line ending in `\` continues on the next one; `"""` ... `"""` is one multi-line message.
+// Terminals that support bracketed paste (xterm's mode 2004, turned on while the chat runs) mark
+// pasted text: a paste with line breaks is one message, sent with the next Enter (chat_keys.h).
+// Typed text is UTF-8 whatever the locale; lines that are not UTF-8 are refused, never sent.
+// When stdout is not a terminal, or TERM=dumb, the output is plain text without escape codes;
+// NO_COLOR drops dim and bold. A reply that fails before any text takes its user message back
+// out of the conversation.
+#include <langinfo.h>
+#include <locale.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <editline/readline.h>
@@ -32,6 +41,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status/status.h"
+#include "tools/coli/chat_keys.h"
 #include "tools/coli/chat_tui.h"
 #include "tools/coli/cli_args.h"
 #include "tools/coli/client.h"
@@ -61,7 +71,8 @@ void OnTerminate(int sig) {
 }
 
 constexpr const char* kHelp =
-    "  \"\"\"                 start a multi-line message (paste); a line ending in \"\"\" ends it\n"
+    "  \"\"\"                 start a multi-line message; a line ending in \"\"\" ends it\n"
+    "  (a paste)           pasted lines are one message; Enter sends it, or type a line to add\n"
     "  TEXT\\               a line ending in \\ continues on the next line\n"
     "  /think on|off       thinking channel on or off for the next replies\n"
     "  /system TEXT        set the system prompt (empty clears it)\n"
@@ -78,15 +89,78 @@ Style CurrentStyle() {
   return StyleFor(isatty(STDOUT_FILENO) == 1, std::getenv("TERM"), std::getenv("NO_COLOR"));
 }
 
+// One byte of the terminal for TerminalKeys: waits at most timeout_ms (< 0: no limit). A signal
+// the chat acts on (Ctrl-C, SIGTERM, SIGHUP) ends the read; others (a resize) do not.
+int ReadTerminalByte(int timeout_ms) {
+  const auto stop_wanted = [] { return g_interrupt.load() || g_terminate.load() != 0; };
+  while (true) {
+    if (timeout_ms >= 0) {
+      pollfd p{STDIN_FILENO, POLLIN, 0};
+      const int ready = ::poll(&p, 1, timeout_ms);
+      if (ready == 0) return TerminalKeys::kTimedOut;
+      if (ready < 0) {
+        if (errno == EINTR && !stop_wanted()) continue;
+        return TerminalKeys::kEnd;
+      }
+    }
+    unsigned char c;
+    const ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    if (n == 1) return c;
+    if (n < 0 && errno == EINTR && !stop_wanted()) continue;
+    return TerminalKeys::kEnd;
+  }
+}
+
+TerminalKeys* g_keys = nullptr;  // the interactive LineReader's, for libedit's read hook
+int ReadKeyForLibedit(FILE*) { return g_keys->Next(); }
+
+// libedit turns the line's characters into bytes with the C library's multibyte functions: in
+// the C locale (how the chat ran before) every non-ASCII character was dropped. The chat takes
+// only UTF-8, so its LC_CTYPE is UTF-8 whatever the user's locale says.
+void UseUtf8Ctype() {
+  if (setlocale(LC_CTYPE, "") != nullptr && std::string_view(nl_langinfo(CODESET)) == "UTF-8") {
+    return;
+  }
+  if (setlocale(LC_CTYPE, "C.UTF-8") == nullptr) {
+    std::fprintf(stderr, "coli chat: warning: no UTF-8 locale; non-ASCII input may be lost\n");
+  }
+}
+
+// A terminal-text rendering of pasted text for its echo: control characters other than line
+// breaks and tabs are shown as ^X (an ESC in a paste would otherwise drive the terminal).
+std::string Printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F) {
+      out += '^';
+      out += static_cast<char>(c == 0x7F ? '?' : c + '@');
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 class LineReader {
  public:
-  explicit LineReader(bool interactive) : interactive_(interactive) {
+  explicit LineReader(bool interactive) : interactive_(interactive), keys_(ReadTerminalByte) {
     if (!interactive_) return;
-    if (const char* home = std::getenv("HOME")) history_ = std::string(home) + "/.coli_chat_history";
+    // Before anything that initializes libedit (using_history does): it takes the hook then.
+    g_keys = &keys_;
+    rl_getc_function = ReadKeyForLibedit;
+    if (const char* home = std::getenv("HOME")) {
+      history_ = std::string(home) + "/.coli_chat_history";
+    }
     using_history();
     if (!history_.empty()) read_history(history_.c_str());
+    // Bracketed paste: only where escape codes are welcome (TERM=dumb and files get none).
+    bracketed_paste_ = CurrentStyle().decorate;
   }
   ~LineReader() {
+    if (bracketed_paste_) {
+      std::printf("\x1b[?2004l");
+      std::fflush(stdout);
+    }
     if (interactive_ && !history_.empty()) write_history(history_.c_str());
   }
   // false at end of input (Ctrl-D). An interrupted read returns true with an empty line.
@@ -103,11 +177,15 @@ class LineReader {
       if (g_interrupt.exchange(false) && g_terminate.load() == 0) g_terminate.store(SIGINT);
       return false;
     }
+    pasted_ = refused_ = false;
+    // At every prompt: a shell that ran while the chat was stopped (Ctrl-Z, fg) turns it off.
+    if (bracketed_paste_) std::printf("\x1b[?2004h");
     char* raw = readline(prompt);
     if (raw == nullptr) {
       if (g_terminate.load() != 0) return false;
       if (g_interrupt.exchange(false)) {
         interrupted_ = true;
+        keys_.Reset();
         line->clear();
         std::printf("\n");
         return true;
@@ -117,15 +195,40 @@ class LineReader {
     *line = raw;
     if (*raw) add_history(raw);
     std::free(raw);
+    std::optional<std::string> paste = keys_.TakePaste();
+    if (std::optional<int> bad = keys_.TakeInvalidByte(); bad.has_value()) {
+      std::printf("this line is not valid UTF-8 (byte 0x%02X); it was not sent\n", *bad);
+      refused_ = true;
+    } else if (paste.has_value()) {
+      if (absl::Status utf8 = CheckUtf8("the pasted text", *paste); !utf8.ok()) {
+        std::printf("%s; it was not sent\n", std::string(utf8.message()).c_str());
+        refused_ = true;
+      } else {
+        // The terminal did not show the paste (the editor took it out of the keys): shown here,
+        // below the typed start of its line, which is the message's first line.
+        std::printf("%s\n", Printable(*paste).c_str());
+        if (!line->empty()) *line += '\n';
+        *line += *paste;
+        pasted_ = true;
+      }
+    }
     return true;
   }
 
   // The last Read was ended by Ctrl-C (its line is empty).
   bool interrupted() const { return interrupted_; }
+  // The last Read's line ends in a paste with line breaks (MultilineInput::AddPaste).
+  bool pasted() const { return pasted_; }
+  // The last Read's line was refused (not UTF-8) and said so; it is dropped.
+  bool refused() const { return refused_; }
 
  private:
   bool interactive_;
+  TerminalKeys keys_;
+  bool bracketed_paste_ = false;
   bool interrupted_ = false;
+  bool pasted_ = false;
+  bool refused_ = false;
   std::string history_;
 };
 
@@ -164,6 +267,11 @@ class ChatApp {
         line = *std::move(last);
       } else if (reader.interrupted()) {
         multiline.Reset();  // Ctrl-C at a continuation prompt drops the unfinished message
+        continue;
+      } else if (reader.refused()) {
+        continue;  // what was gathered before stays
+      } else if (reader.pasted()) {
+        multiline.AddPaste(line);
         continue;
       } else {
         std::optional<std::string> whole = multiline.Add(line);
@@ -443,6 +551,7 @@ int RunChat(int argc, char** argv) {
   }
   const ChatFlags& flags = *parsed;
 
+  UseUtf8Ctype();
   // No SA_RESTART: an interrupted line read returns.
   CatchUnlessIgnored(SIGINT, OnSigint);
   CatchUnlessIgnored(SIGTERM, OnTerminate);

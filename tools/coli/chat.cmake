@@ -1,8 +1,8 @@
 # `coli chat`: the terminal chat (libedit line editing) over the client core.
 pkg_check_modules(LIBEDIT REQUIRED IMPORTED_TARGET libedit)
 coli_cc_library(NAME coli_chat_tui
-  SRCS ${CMAKE_CURRENT_LIST_DIR}/chat_tui.cc
-  HDRS ${CMAKE_CURRENT_LIST_DIR}/chat_tui.h
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/chat_tui.cc ${CMAKE_CURRENT_LIST_DIR}/chat_keys.cc
+  HDRS ${CMAKE_CURRENT_LIST_DIR}/chat_tui.h ${CMAKE_CURRENT_LIST_DIR}/chat_keys.h
   PUBLIC_DEPS coli_io coli_status nlohmann_json::nlohmann_json absl::strings
   DEPS coli_cli_args)
 target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/chat.cc)

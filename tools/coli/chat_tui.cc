@@ -121,6 +121,11 @@ std::optional<std::string> MultilineInput::Add(const std::string& line) {
     if (rest.empty()) return std::nullopt;  // a bare `"""` opens the block
   }
   if (!block_) {
+    if (pasted_ && rest.empty()) {  // Enter after a paste: the paste as it is
+      std::string done = std::move(text_);
+      Reset();
+      return done;
+    }
     text_ += '\n';
     if (absl::EndsWith(rest, "\\")) {
       rest.remove_suffix(1);
@@ -147,9 +152,22 @@ std::optional<std::string> MultilineInput::Add(const std::string& line) {
   return done;
 }
 
+void MultilineInput::AddPaste(const std::string& text) {
+  if (!pending_) {
+    text_ = text;
+    pending_ = true;
+  } else {
+    if (!block_ || !first_) text_ += '\n';
+    text_ += text;
+    first_ = false;
+  }
+  if (!block_) pasted_ = true;
+}
+
 void MultilineInput::Reset() {
   pending_ = false;
   block_ = false;
+  pasted_ = false;
   text_.clear();
 }
 

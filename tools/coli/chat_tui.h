@@ -65,11 +65,18 @@ ChatInput ParseChatInput(const std::string& line);
 //   a line ending in `\` continues on the next line (llama.cpp's multi-line input);
 //   a line that starts with `"""` opens a block that the next line ending in `"""` closes
 //   (ollama's), so pasted text with newlines is one message.
+//   a bracketed paste that holds line breaks (chat_keys.h), with what was typed before it on
+//   its line, is gathered as it is: the next line typed (Enter alone: nothing) ends the message,
+//   so a pasted block can be sent as it is or followed by a question. Inside a block it is
+//   more of the block.
 // The joined text keeps the newlines.
 class MultilineInput {
  public:
   // Takes one line; the whole message once it is complete, else nullopt (more lines wanted).
   std::optional<std::string> Add(const std::string& line);
+  // Takes a pasted text (line breaks kept, the typed start of its line in front); always
+  // wants more: the next Add ends it.
+  void AddPaste(const std::string& text);
   bool pending() const { return pending_; }
   // Drops what was gathered (Ctrl-C at a continuation prompt).
   void Reset();
@@ -80,6 +87,7 @@ class MultilineInput {
   bool pending_ = false;
   bool block_ = false;  // inside """ ... """
   bool first_ = true;   // no line of the block taken yet
+  bool pasted_ = false;  // gathering a paste: the next line ends the message
   std::string text_;
 };
 

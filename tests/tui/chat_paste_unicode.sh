@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# `coli chat` in a real terminal (tmux), what users type and paste: non-ASCII text typed under
+# the C locale arrives whole (libedit used to drop every non-ASCII character there), and
+# bracketed pastes (tmux paste-buffer -p, as a terminal emulator's paste) with line breaks are
+# one message that the next Enter sends, with a typed line before or after; a one-line paste is
+# typed into the line; a paste that is not UTF-8 is refused. The saved conversation (/save) must
+# hold exactly those messages.
+# Usage: chat_paste_unicode.sh COLI_BIN MODEL_DIR
+set -euo pipefail
+coli=$1 model=$2
+work=$(mktemp -d)
+sock="$work/tmux.sock"
+tmux_() { tmux -S "$sock" "$@"; }
+cleanup() { tmux_ kill-server 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+mkdir -p "$work/home" "$work/tmp"
+
+# wait_count FILE REGEX N SECONDS: until FILE has at least N lines matching REGEX.
+wait_count() {
+  local deadline=$((SECONDS + $4)) n
+  while ((SECONDS < deadline)); do
+    n=$(grep -Eac -- "$2" "$1" 2>/dev/null || true)
+    ((${n:-0} >= $3)) && return 0
+    sleep 0.2
+  done
+  echo "FAIL: $1 never had $3 lines matching /$2/ within $4 s; it holds:" >&2
+  cat -v "$1" >&2 || true
+  return 1
+}
+# paste TEXT: a bracketed paste into the chat (the pane has asked for mode 2004).
+paste() {
+  printf '%s' "$1" > "$work/paste.txt"
+  tmux_ load-buffer -b p "$work/paste.txt"
+  tmux_ paste-buffer -p -b p -t chat
+}
+log=$work/chat.log
+
+tmux_ new-session -d -s main -x 120 -y 40 "sleep 600"
+# LC_ALL=C: the locale that used to lose every non-ASCII character.
+tmux_ new-window -d -n chat \
+  "script -qfc 'env LC_ALL=C LANG=C TERM=xterm HOME=$work/home TMPDIR=$work/tmp $coli chat --model $model --max-tokens 2 --seed 1; echo EXITED-\$?' $log"
+wait_count "$log" 'you> ' 1 120
+grep -aq $'\x1b\\[?2004h' "$log" || { echo "FAIL: bracketed paste was not turned on" >&2; exit 1; }
+
+# 1. Typed UTF-8 (Latin, CJK, an emoji) under LC_ALL=C.
+tmux_ send-keys -t chat -l 'héllo 你好 😀'
+tmux_ send-keys -t chat Enter
+wait_count "$log" 'tok/s' 1 120
+
+# 2. Typed text, then a paste with line breaks, a tab and a trailing line break: the chat
+#    shows the continuation prompt; a typed line ends the message.
+tmux_ send-keys -t chat -l 'Explain:'
+paste $'def f():\n\treturn 1\n\n# done\n'
+wait_count "$log" '\.\.\.> ' 1 30
+tmux_ send-keys -t chat -l 'briefly'
+tmux_ send-keys -t chat Enter
+wait_count "$log" 'tok/s' 2 120
+
+# 3. A one-line paste is typed into the line: more typing follows it, Enter sends it.
+paste 'one line pasted'
+tmux_ send-keys -t chat -l ', then typed'
+tmux_ send-keys -t chat Enter
+wait_count "$log" 'tok/s' 3 120
+
+# 4. A multi-line paste sent as it is with Enter alone.
+paste $'p1\np2'
+wait_count "$log" '\.\.\.> ' 2 30
+tmux_ send-keys -t chat Enter
+wait_count "$log" 'tok/s' 4 120
+
+# 5. A paste that is not UTF-8 is refused and nothing is sent.
+printf 'bad\n\xff byte' > "$work/bad.txt"
+tmux_ load-buffer -b b "$work/bad.txt"
+tmux_ paste-buffer -p -b b -t chat
+wait_count "$log" 'pasted text is not valid UTF-8' 1 30
+
+tmux_ send-keys -t chat "/save $work/chat.json" Enter
+wait_count "$log" 'saved 8 messages' 1 30
+python3 - "$work/chat.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+users = [m["content"] for m in doc["messages"] if m["role"] == "user"]
+want = ["héllo 你好 😀", "Explain:\ndef f():\n\treturn 1\n\n# done\nbriefly",
+        "one line pasted, then typed", "p1\np2"]
+assert users == want, users
+PY
+tmux_ send-keys -t chat C-d
+wait_count "$log" 'EXITED-0' 1 60
+# Mode 2004 is turned off again before the chat exits.
+tail -c 400 "$log" | grep -aq $'\x1b\\[?2004l' || { echo "FAIL: bracketed paste left on" >&2; exit 1; }
+echo "PASS"
