@@ -112,32 +112,144 @@ TEST(MultilineInput, BackslashContinuesAndQuotesMakeABlock) {
 
 TEST(MultilineInput, APasteIsOneMessageEndedByTheNextLine) {
   MultilineInput in;
-  in.AddPaste("line one\nline two");
+  in.AddPaste("", "line one\nline two");
   EXPECT_TRUE(in.pending());
   EXPECT_EQ(in.Add(""), "line one\nline two");  // Enter alone: the paste as it is
   EXPECT_FALSE(in.pending());
-  in.AddPaste("code:\n  x = 1");
-  in.AddPaste("  y = 2\n");  // a second paste at the continuation prompt
+  EXPECT_TRUE(in.verbatim());
+  in.AddPaste("code:", "  x = 1");  // typed before the paste: the message's first line
+  in.AddPaste("", "  y = 2\n");     // a second paste at the continuation prompt
   EXPECT_EQ(in.Add("what does it do?"), "code:\n  x = 1\n  y = 2\n\nwhat does it do?");
-  in.AddPaste("a\nb");
+  EXPECT_FALSE(in.verbatim());  // typed first: may be a command ("/system " + a prompt)
+  in.AddPaste("", "a\nb");
   EXPECT_EQ(in.Add("more \\"), std::nullopt);  // a continuation after a paste goes on
   EXPECT_EQ(in.Add("end"), "a\nb\nmore \nend");
-  in.AddPaste("dropped\npaste");
+  EXPECT_TRUE(in.verbatim());
+  in.AddPaste("", "dropped\npaste");
   in.Reset();  // Ctrl-C
   EXPECT_EQ(in.Add("after"), "after");
-  in.AddPaste("kept\nat the end");
+  EXPECT_FALSE(in.verbatim());
+  in.AddPaste("", "kept\nat the end");
   EXPECT_EQ(in.Finish(), "kept\nat the end");  // Ctrl-D sends it
-  // Inside a """ block a paste is more of the block, which a """ line still ends.
+  // Inside a \"\"\" block a paste is more of the block, which a \"\"\" line still ends.
   EXPECT_EQ(in.Add("\"\"\""), std::nullopt);
-  in.AddPaste("p1\np2");
+  in.AddPaste("", "p1\np2");
   EXPECT_EQ(in.Add("typed"), std::nullopt);
-  in.AddPaste("p3\np4");
+  in.AddPaste("x", "p3\np4");
   EXPECT_EQ(in.Add(""), std::nullopt);
-  EXPECT_EQ(in.Add("\"\"\""), "p1\np2\ntyped\np3\np4\n");
+  EXPECT_EQ(in.Add("\"\"\""), "p1\np2\ntyped\nx\np3\np4\n");
+  EXPECT_TRUE(in.verbatim());
   // After a `\` continuation line a paste joins the message, and Enter ends it.
   EXPECT_EQ(in.Add("intro \\"), std::nullopt);
-  in.AddPaste("x\ny");
+  in.AddPaste("", "x\ny");
   EXPECT_EQ(in.Add(""), "intro \nx\ny");
+  EXPECT_FALSE(in.verbatim());
+}
+
+TEST(ChatInput, VerbatimMessagesAreNeverCommands) {
+  // Pasted code or paths start with "/" or "//": as typed lines they are commands or lose a
+  // slash; as a paste or a block they are the message exactly.
+  ChatInput code = ParseChatMessage("// comment\nint main() {}\n  ");
+  EXPECT_EQ(code.kind, K::kMessage);
+  EXPECT_EQ(code.argument, "// comment\nint main() {}");
+  EXPECT_EQ(ParseChatMessage("/etc/hosts\n127.0.0.1 localhost").argument,
+            "/etc/hosts\n127.0.0.1 localhost");
+  EXPECT_EQ(ParseChatMessage(" \n\t").kind, K::kEmpty);
+  EXPECT_EQ(ParseChatMessage("bad \xFF\nline").kind, K::kInvalid);
+  // A typed command before a pasted text takes it as its argument.
+  ChatInput system = ParseChatInput("/system\nYou are terse.\nAnswer in French.");
+  EXPECT_EQ(system.kind, K::kSystem);
+  EXPECT_EQ(system.argument, "You are terse.\nAnswer in French.");
+  EXPECT_EQ(ParseChatInput("/retry").kind, K::kRetry);
+  EXPECT_EQ(ParseChatInput("/undo").kind, K::kUndo);
+  EXPECT_EQ(ParseChatInput("/retry now").kind, K::kInvalid);
+  EXPECT_EQ(ParseChatInput("/load").kind, K::kInvalid);
+  EXPECT_EQ(ParseChatInput("/load ~/c.json").argument, "~/c.json");
+}
+
+TEST(Conversation, LoadTakesWhatSaveWroteAndOpenAiMessages) {
+  Conversation saved;
+  saved.set_system("Be brief.");
+  saved.set_thinking(false);
+  saved.turns().push_back({"user", "héllo 你好", "", {}});
+  nlohmann::json call = {
+      {"id", "call_0"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}};
+  saved.turns().push_back({"assistant", "A1", "R1", {call}});
+  saved.turns().push_back({"user", "Q2", "", {}});
+  const std::string path = ::testing::TempDir() + "/coli_chat_load.json";
+  ASSERT_OK(saved.Save(path, "k3_tiny"));
+  Conversation loaded;
+  ASSERT_OK(loaded.Load(path));
+  EXPECT_EQ(loaded.Messages(), saved.Messages());
+  EXPECT_FALSE(loaded.thinking());
+
+  // A bare OpenAI array with content parts and a null content beside tool calls.
+  Conversation c;
+  ASSERT_OK(c.FromJson(nlohmann::json::parse(R"([
+      {"role": "developer", "content": "Sys"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null, "tool_calls": [
+          {"id": "c", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}])")));
+  EXPECT_EQ(c.system(), "Sys");
+  ASSERT_EQ(c.turns().size(), 2u);
+  EXPECT_EQ(c.turns()[0].content, "ab");
+  EXPECT_EQ(c.turns()[1].tool_calls.size(), 1u);
+  EXPECT_TRUE(c.thinking());  // no "thinking": unchanged
+  std::remove(path.c_str());
+}
+
+TEST(Conversation, LoadRefusesWhatItCannotKeepAndChangesNothing) {
+  Conversation c;
+  c.set_system("kept");
+  c.turns().push_back({"user", "kept too", "", {}});
+  const nlohmann::json before = c.Messages();
+  const struct {
+    const char* doc;
+    const char* error;
+  } cases[] = {
+      {R"({"model": "m"})", "no \"messages\" array"},
+      {R"({"messages": {}})", "not an array"},
+      {R"([{"content": "x"}])", "messages[0] has no role"},
+      {R"([{"role": "user", "content": 5}])", "messages[0].content is not a string"},
+      {R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])",
+       "messages[0].content[0] is not a text part"},
+      {R"([{"role": "user", "content": "a"}, {"role": "system", "content": "s"}])",
+       "messages[1]: a system message is only taken as the first one"},
+      {R"([{"role": "tool", "content": "r", "tool_call_id": "c"}])", "role \"tool\""},
+      {R"([{"role": "assistant", "content": "a", "reasoning_content": 1}])",
+       "reasoning_content is not a string"},
+      {R"([{"role": "assistant", "content": "a", "tool_calls": [{"id": "x"}]}])",
+       "a call without a function"},
+      {R"({"messages": [], "thinking": "yes"})", "\"thinking\" is not true or false"},
+  };
+  for (const auto& t : cases) {
+    absl::Status s = c.FromJson(nlohmann::json::parse(t.doc));
+    EXPECT_FALSE(s.ok()) << t.doc;
+    EXPECT_NE(std::string(s.message()).find(t.error), std::string::npos) << s.message();
+    EXPECT_EQ(c.Messages(), before) << t.doc;
+  }
+  const std::string path = ::testing::TempDir() + "/coli_chat_load_bad.json";
+  std::ofstream(path) << "{\"messages\": [";  // cut short
+  absl::Status truncated = c.Load(path);
+  EXPECT_FALSE(truncated.ok());
+  EXPECT_NE(std::string(truncated.message()).find("is not JSON"), std::string::npos);
+  std::ofstream(path) << "[{\"role\": \"user\", \"content\": \"\xFF\"}]";  // not UTF-8
+  EXPECT_FALSE(c.Load(path).ok());
+  EXPECT_FALSE(c.Load(path + ".missing").ok());
+  EXPECT_EQ(c.Messages(), before);
+  std::remove(path.c_str());
+}
+
+TEST(Conversation, UndoTakesBackTheLastExchange) {
+  Conversation c;
+  EXPECT_EQ(c.Undo(), 0);
+  c.turns().push_back({"user", "Q1", "", {}});
+  c.turns().push_back({"assistant", "A1", "", {}});
+  c.turns().push_back({"user", "Q2", "", {}});
+  EXPECT_EQ(c.Undo(), 1);  // a message whose reply failed: only it
+  EXPECT_EQ(c.Undo(), 2);
+  EXPECT_EQ(c.Undo(), 0);
+  EXPECT_TRUE(c.turns().empty());
 }
 
 TEST(TerminalStyle, DumbTerminalsAndNoColor) {

@@ -3,8 +3,9 @@
 # the C locale arrives whole (libedit used to drop every non-ASCII character there), and
 # bracketed pastes (tmux paste-buffer -p, as a terminal emulator's paste) with line breaks are
 # one message that the next Enter sends, with a typed line before or after; a one-line paste is
-# typed into the line; a paste that is not UTF-8 is refused. The saved conversation (/save) must
-# hold exactly those messages.
+# typed into the line; a paste that is not UTF-8 is refused; pasted code starting with "//" is
+# the message exactly; /retry, /undo and /load. The saved conversations (/save) must hold exactly
+# those messages.
 # Usage: chat_paste_unicode.sh COLI_BIN MODEL_DIR
 set -euo pipefail
 coli=$1 model=$2
@@ -74,15 +75,55 @@ tmux_ load-buffer -b b "$work/bad.txt"
 tmux_ paste-buffer -p -b b -t chat
 wait_count "$log" 'pasted text is not valid UTF-8' 1 30
 
+# 6. Pasted code that starts with "//" is the message exactly (a typed "//x" sends "/x").
+paste $'// comment\nint x;'
+wait_count "$log" '\.\.\.> ' 3 30
+tmux_ send-keys -t chat Enter
+wait_count "$log" 'tok/s' 5 120
+
+# 7. /retry answers the last message again (its reply replaced); /undo takes back an exchange.
+tmux_ send-keys -t chat '/retry' Enter
+wait_count "$log" 'tok/s' 6 120
+tmux_ send-keys -t chat 'to be taken back' Enter
+wait_count "$log" 'tok/s' 7 120
+tmux_ send-keys -t chat '/undo' Enter
+wait_count "$log" 'took back the last exchange: 2 messages' 1 30
+
 tmux_ send-keys -t chat "/save $work/chat.json" Enter
-wait_count "$log" 'saved 8 messages' 1 30
+wait_count "$log" 'saved 10 messages' 1 30
 python3 - "$work/chat.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
+roles = [m["role"] for m in doc["messages"]]
+assert roles == ["user", "assistant"] * 5, roles
 users = [m["content"] for m in doc["messages"] if m["role"] == "user"]
 want = ["héllo 你好 😀", "Explain:\ndef f():\n\treturn 1\n\n# done\nbriefly",
-        "one line pasted, then typed", "p1\np2"]
+        "one line pasted, then typed", "p1\np2", "// comment\nint x;"]
 assert users == want, users
+PY
+
+# 8. /load continues a saved conversation (here a bare OpenAI messages array); a file that is
+#    not one is refused and changes nothing.
+cat > "$work/load.json" <<'JSON'
+[{"role": "system", "content": "Réponds en français."},
+ {"role": "user", "content": "Bonjour"},
+ {"role": "assistant", "content": "Salut !"}]
+JSON
+printf '{"messages": [' > "$work/bad.json"
+tmux_ send-keys -t chat "/load $work/bad.json" Enter
+wait_count "$log" 'load failed: .*is not JSON.*\(the conversation is unchanged\)' 1 30
+tmux_ send-keys -t chat "/load $work/load.json" Enter
+wait_count "$log" 'loaded 3 messages' 1 30
+tmux_ send-keys -t chat 'Et ensuite ?' Enter
+wait_count "$log" 'tok/s' 8 120
+tmux_ send-keys -t chat "/save $work/loaded.json" Enter
+wait_count "$log" 'saved 5 messages' 1 30
+python3 - "$work/loaded.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["messages"]
+assert [x["role"] for x in m] == ["system", "user", "assistant", "user", "assistant"], m
+assert [x["content"] for x in m[:4]] == ["Réponds en français.", "Bonjour", "Salut !",
+                                          "Et ensuite ?"], m
 PY
 tmux_ send-keys -t chat C-d
 wait_count "$log" 'EXITED-0' 1 60

@@ -35,6 +35,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include <editline/readline.h>
 #include <sys/stat.h>
@@ -77,8 +78,12 @@ constexpr const char* kHelp =
     "  /think on|off       thinking channel on or off for the next replies\n"
     "  /system TEXT        set the system prompt (empty clears it)\n"
     "  /clear              start a new conversation\n"
+    "  /retry              answer the last message again (a new seed unless --seed)\n"
+    "  /undo               take back the last message and its reply\n"
     "  /save FILE          save the conversation as JSON (OpenAI message shape; written\n"
     "                      atomically, an existing FILE is replaced and keeps its mode)\n"
+    "  /load FILE          continue a saved conversation (/save's file or an OpenAI messages\n"
+    "                      array); the model reads it all with the next message\n"
     "  /stats              timing and expert-cache figures\n"
     "  /reasoning show|hide|last   stream reasoning, collapse it, or print the last one\n"
     "  /quit               exit (Ctrl-D too); Ctrl-C stops a reply\n";
@@ -207,8 +212,7 @@ class LineReader {
         // The terminal did not show the paste (the editor took it out of the keys): shown here,
         // below the typed start of its line, which is the message's first line.
         std::printf("%s\n", Printable(*paste).c_str());
-        if (!line->empty()) *line += '\n';
-        *line += *paste;
+        paste_ = *std::move(paste);
         pasted_ = true;
       }
     }
@@ -217,8 +221,10 @@ class LineReader {
 
   // The last Read was ended by Ctrl-C (its line is empty).
   bool interrupted() const { return interrupted_; }
-  // The last Read's line ends in a paste with line breaks (MultilineInput::AddPaste).
+  // Whether the last Read ended in a paste with line breaks (MultilineInput::AddPaste); its
+  // line is what was typed before the paste.
   bool pasted() const { return pasted_; }
+  const std::string& paste() const { return paste_; }
   // The last Read's line was refused (not UTF-8) and said so; it is dropped.
   bool refused() const { return refused_; }
 
@@ -229,6 +235,7 @@ class LineReader {
   bool interrupted_ = false;
   bool pasted_ = false;
   bool refused_ = false;
+  std::string paste_;
   std::string history_;
 };
 
@@ -271,14 +278,14 @@ class ChatApp {
       } else if (reader.refused()) {
         continue;  // what was gathered before stays
       } else if (reader.pasted()) {
-        multiline.AddPaste(line);
+        multiline.AddPaste(line, reader.paste());
         continue;
       } else {
         std::optional<std::string> whole = multiline.Add(line);
         if (!whole.has_value()) continue;
         line = *std::move(whole);
       }
-      ChatInput in = ParseChatInput(line);
+      ChatInput in = multiline.verbatim() ? ParseChatMessage(line) : ParseChatInput(line);
       using K = ChatInput::Kind;
       switch (in.kind) {
         case K::kEmpty: break;
@@ -309,6 +316,44 @@ class ChatApp {
           }
           break;
         }
+        case K::kLoad: {
+          absl::Status s = conversation_.Load(in.argument);
+          if (s.ok()) {
+            std::printf("(loaded %zu messages from %s; thinking %s)\n",
+                        conversation_.Messages().size(), in.argument.c_str(),
+                        conversation_.thinking() ? "on" : "off");
+          } else {
+            std::printf("load failed: %s (the conversation is unchanged)\n",
+                        std::string(s.message()).c_str());
+          }
+          break;
+        }
+        case K::kUndo: {
+          const int removed = conversation_.Undo();
+          if (removed == 0) {
+            std::printf("(nothing to take back)\n");
+          } else {
+            std::printf("(took back the last exchange: %d message%s)\n", removed,
+                        removed == 1 ? "" : "s");
+          }
+          break;
+        }
+        case K::kRetry: {
+          std::vector<ChatTurn>& turns = conversation_.turns();
+          const bool replying = !turns.empty() && turns.back().role == "assistant";
+          const size_t user_at = turns.size() - (replying ? 2 : 1);
+          if (turns.empty() || user_at >= turns.size() || turns[user_at].role != "user") {
+            std::printf("(no message to answer again)\n");
+            break;
+          }
+          std::optional<ChatTurn> previous;
+          if (replying) {
+            previous = std::move(turns.back());
+            turns.pop_back();
+          }
+          Reply(std::move(previous));
+          break;
+        }
         case K::kStats: PrintStats(); break;
         case K::kReasoning:
           if (in.argument == "last" || in.argument.empty()) {
@@ -332,7 +377,9 @@ class ChatApp {
   }
 
  private:
-  void Reply() {
+  // The reply to the last user message. `previous`: the reply it replaces (/retry), put back
+  // if the new one fails before any text.
+  void Reply(std::optional<ChatTurn> previous = std::nullopt) {
     ChatTurn turn{"assistant", "", "", {}};
     v1::ChatRequest request;
     request.set_model(model_id_);
@@ -455,6 +502,10 @@ class ChatApp {
         std::printf("%serror: %s%s\n", style_.bold(), DescribeError(finished.status()).c_str(),
                     style_.reset());
         conversation_.turns().push_back(std::move(turn));
+      } else if (previous.has_value()) {
+        std::printf("%serror: %s%s\n(the previous reply was kept)\n", style_.bold(),
+                    DescribeError(finished.status()).c_str(), style_.reset());
+        conversation_.turns().push_back(*std::move(previous));
       } else {
         conversation_.turns().pop_back();
         std::printf("%serror: %s%s\n(that message was not added to the conversation%s)\n",

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "common/io/io.h"
+#include "common/status/status.h"
 #include "tools/coli/cli_args.h"
 
 namespace coli::cli {
@@ -43,6 +44,117 @@ absl::Status Conversation::Save(const std::string& path, const std::string& mode
   return io::WriteFileAtomic(target, text, mode);
 }
 
+namespace {
+
+// A message's content: a string, null (an assistant message with tool calls), or OpenAI's text
+// content parts joined.
+absl::StatusOr<std::string> ContentText(const nlohmann::json& m, const std::string& where) {
+  const auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return std::string();
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) return absl::InvalidArgumentError(where + ".content is not a string");
+  std::string text;
+  for (size_t k = 0; k < it->size(); ++k) {
+    const nlohmann::json& part = (*it)[k];
+    const std::string at = absl::StrFormat("%s.content[%d]", where, k);
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return absl::InvalidArgumentError(
+          at + " is not a text part (coli chat keeps text only; images and files are not read)");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::Status Conversation::FromJson(const nlohmann::json& doc) {
+  const nlohmann::json* messages = &doc;
+  if (doc.is_object()) {
+    if (!doc.contains("messages")) return absl::InvalidArgumentError("no \"messages\" array");
+    messages = &doc["messages"];
+  }
+  if (!messages->is_array()) return absl::InvalidArgumentError("\"messages\" is not an array");
+  std::string system;
+  std::vector<ChatTurn> turns;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const nlohmann::json& m = (*messages)[i];
+    const std::string where = absl::StrFormat("messages[%d]", i);
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return absl::InvalidArgumentError(where + " has no role");
+    }
+    const std::string role = m["role"].get<std::string>();
+    COLI_ASSIGN_OR_RETURN(std::string content, ContentText(m, where));
+    if (role == "system" || role == "developer") {
+      if (i != 0) {
+        return absl::InvalidArgumentError(where +
+                                          ": a system message is only taken as the first one");
+      }
+      system = std::move(content);
+    } else if (role == "user") {
+      turns.push_back({"user", std::move(content), "", {}});
+    } else if (role == "assistant") {
+      ChatTurn t{"assistant", std::move(content), "", {}};
+      if (const auto r = m.find("reasoning_content"); r != m.end() && !r->is_null()) {
+        if (!r->is_string()) {
+          return absl::InvalidArgumentError(where + ".reasoning_content is not a string");
+        }
+        t.reasoning = r->get<std::string>();
+      }
+      if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+        if (!calls->is_array()) {
+          return absl::InvalidArgumentError(where + ".tool_calls is not an array");
+        }
+        for (const nlohmann::json& call : *calls) {
+          if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+            return absl::InvalidArgumentError(where + ".tool_calls has a call without a function");
+          }
+          t.tool_calls.push_back(call);
+        }
+      }
+      turns.push_back(std::move(t));
+    } else {
+      return absl::InvalidArgumentError(where + ": role \"" + role +
+                                        "\" is not one coli chat keeps (system, user, assistant)");
+    }
+  }
+  if (doc.is_object() && doc.contains("thinking")) {
+    if (!doc["thinking"].is_boolean()) {
+      return absl::InvalidArgumentError("\"thinking\" is not true or false");
+    }
+    thinking_ = doc["thinking"].get<bool>();
+  }
+  system_ = std::move(system);
+  turns_ = std::move(turns);
+  return absl::OkStatus();
+}
+
+absl::Status Conversation::Load(const std::string& path) {
+  constexpr uint64_t kMaxBytes = uint64_t{64} << 20;
+  COLI_ASSIGN_OR_RETURN(std::string text, io::ReadFileToString(ExpandHome(path), kMaxBytes));
+  nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return absl::InvalidArgumentError(path + " is not JSON (or not UTF-8)");
+  }
+  absl::Status s = FromJson(doc);
+  if (!s.ok()) return absl::InvalidArgumentError(path + ": " + std::string(s.message()));
+  return absl::OkStatus();
+}
+
+int Conversation::Undo() {
+  int removed = 0;
+  if (!turns_.empty() && turns_.back().role == "assistant") {
+    turns_.pop_back();
+    ++removed;
+  }
+  if (!turns_.empty() && turns_.back().role == "user") {
+    turns_.pop_back();
+    ++removed;
+  }
+  return removed;
+}
+
 ChatInput ParseChatInput(const std::string& raw) {
   std::string line(absl::StripTrailingAsciiWhitespace(raw));
   ChatInput in;
@@ -57,7 +169,8 @@ ChatInput ParseChatInput(const std::string& raw) {
     in.argument = line;
     return in;
   }
-  std::string command = line.substr(0, line.find(' '));
+  // The command ends at the first space, tab or line break ("/system" then a pasted prompt).
+  std::string command = line.substr(0, line.find_first_of(" \t\n"));
   std::string rest = line.size() > command.size()
                          ? std::string(absl::StripAsciiWhitespace(line.substr(command.size())))
                          : "";
@@ -83,12 +196,18 @@ ChatInput ParseChatInput(const std::string& raw) {
   } else if (command == "/system") {
     in.kind = K::kSystem;
     in.argument = rest;
-  } else if (command == "/save") {
-    in.kind = K::kSave;
+  } else if (command == "/save" || command == "/load") {
+    in.kind = command == "/save" ? K::kSave : K::kLoad;
     in.argument = rest;
     if (rest.empty()) {
       in.kind = K::kInvalid;
-      in.error = "usage: /save FILE";
+      in.error = "usage: " + command + " FILE";
+    }
+  } else if (command == "/retry" || command == "/undo") {
+    in.kind = command == "/retry" ? K::kRetry : K::kUndo;
+    if (!rest.empty()) {
+      in.kind = K::kInvalid;
+      in.error = command + " takes no argument";
     }
   } else if (absl::StartsWith(line, "//")) {
     in.kind = K::kMessage;  // "//text" sends "/text"
@@ -106,6 +225,7 @@ std::optional<std::string> MultilineInput::Add(const std::string& line) {
   if (absl::EndsWith(rest, "\r")) rest.remove_suffix(1);  // a file with CRLF line ends
   if (!pending_) {
     text_.clear();
+    verbatim_ = false;
     const absl::string_view lead = absl::StripLeadingAsciiWhitespace(rest);
     if (!absl::StartsWith(lead, kQuotes)) {
       if (!absl::EndsWith(rest, "\\")) return std::string(rest);
@@ -121,11 +241,7 @@ std::optional<std::string> MultilineInput::Add(const std::string& line) {
     if (rest.empty()) return std::nullopt;  // a bare `"""` opens the block
   }
   if (!block_) {
-    if (pasted_ && rest.empty()) {  // Enter after a paste: the paste as it is
-      std::string done = std::move(text_);
-      Reset();
-      return done;
-    }
+    if (pasted_ && rest.empty()) return Done();  // Enter after a paste: the paste as it is
     text_ += '\n';
     if (absl::EndsWith(rest, "\\")) {
       rest.remove_suffix(1);
@@ -133,9 +249,7 @@ std::optional<std::string> MultilineInput::Add(const std::string& line) {
       return std::nullopt;
     }
     text_ += std::string(rest);
-    std::string done = std::move(text_);
-    Reset();
-    return done;
+    return Done();
   }
   const absl::string_view trimmed = absl::StripTrailingAsciiWhitespace(rest);
   const bool closes = absl::EndsWith(trimmed, kQuotes);
@@ -147,15 +261,15 @@ std::optional<std::string> MultilineInput::Add(const std::string& line) {
     first_ = false;
   }
   if (!closes) return std::nullopt;
-  std::string done = std::move(text_);
-  Reset();
-  return done;
+  return Done();
 }
 
-void MultilineInput::AddPaste(const std::string& text) {
+void MultilineInput::AddPaste(const std::string& typed, const std::string& pasted) {
+  const std::string text = typed.empty() ? pasted : typed + "\n" + pasted;
   if (!pending_) {
     text_ = text;
     pending_ = true;
+    paste_first_ = typed.empty();
   } else {
     if (!block_ || !first_) text_ += '\n';
     text_ += text;
@@ -164,18 +278,38 @@ void MultilineInput::AddPaste(const std::string& text) {
   if (!block_) pasted_ = true;
 }
 
+std::string MultilineInput::Done() {
+  verbatim_ = block_ || paste_first_;
+  std::string done = std::move(text_);
+  Reset();
+  return done;
+}
+
 void MultilineInput::Reset() {
   pending_ = false;
   block_ = false;
   pasted_ = false;
+  paste_first_ = false;
   text_.clear();
 }
 
 std::optional<std::string> MultilineInput::Finish() {
   if (!pending_) return std::nullopt;
-  std::string done = std::move(text_);
-  Reset();
-  return done;
+  return Done();
+}
+
+ChatInput ParseChatMessage(const std::string& text) {
+  ChatInput in;
+  if (absl::Status utf8 = CheckUtf8("this message", text); !utf8.ok()) {
+    in.kind = ChatInput::Kind::kInvalid;
+    in.error = std::string(utf8.message()) + "; it was not sent";
+    return in;
+  }
+  const absl::string_view trimmed = absl::StripTrailingAsciiWhitespace(text);
+  if (absl::StripAsciiWhitespace(trimmed).empty()) return in;
+  in.kind = ChatInput::Kind::kMessage;
+  in.argument = std::string(trimmed);
+  return in;
 }
 
 TerminalStyle StyleFor(bool is_tty, const char* term, const char* no_color) {

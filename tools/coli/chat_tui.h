@@ -42,6 +42,16 @@ class Conversation {
   // 0644. Text that is not UTF-8 (it cannot come from the input, which refuses it) is written
   // as U+FFFD rather than failing.
   absl::Status Save(const std::string& path, const std::string& model) const;
+  // Replaces the conversation with a saved one (/load): what Save writes, or any OpenAI
+  // messages array, bare or under "messages" (a system message first only; user and assistant
+  // messages with string content, text content parts, reasoning_content, tool_calls; "thinking"
+  // when present). INVALID_ARGUMENT naming the message and field that is not that (tool
+  // messages, images), and the conversation is then left as it was. Files over 64 MiB refused.
+  absl::Status Load(const std::string& path);
+  absl::Status FromJson(const nlohmann::json& doc);
+  // Takes back the last exchange (/undo): the last user message and the reply after it.
+  // How many messages went (0: none).
+  int Undo();
 
  private:
   std::string system_;
@@ -51,8 +61,8 @@ class Conversation {
 
 // A parsed input line: a slash command or a message.
 struct ChatInput {
-  enum class Kind { kMessage, kClear, kThink, kSystem, kSave, kStats, kReasoning, kHelp, kQuit,
-                    kEmpty, kInvalid };
+  enum class Kind { kMessage, kClear, kThink, kSystem, kSave, kLoad, kRetry, kUndo, kStats,
+                    kReasoning, kHelp, kQuit, kEmpty, kInvalid };
   Kind kind = Kind::kEmpty;
   std::string argument;  // message text, system text, file name, on/off
   std::string error;     // kInvalid: why
@@ -60,23 +70,30 @@ struct ChatInput {
 
 // A line that is not valid UTF-8 is kInvalid (saying where), never sent or kept.
 ChatInput ParseChatInput(const std::string& line);
+// The same for text that is a message whatever it starts with (a `"""` block, a paste: pasted
+// code may start with "//" or a path with "/"): kMessage, kEmpty or kInvalid.
+ChatInput ParseChatMessage(const std::string& text);
 
 // Joins input lines into one message:
 //   a line ending in `\` continues on the next line (llama.cpp's multi-line input);
 //   a line that starts with `"""` opens a block that the next line ending in `"""` closes
 //   (ollama's), so pasted text with newlines is one message.
-//   a bracketed paste that holds line breaks (chat_keys.h), with what was typed before it on
-//   its line, is gathered as it is: the next line typed (Enter alone: nothing) ends the message,
-//   so a pasted block can be sent as it is or followed by a question. Inside a block it is
-//   more of the block.
-// The joined text keeps the newlines.
+//   a bracketed paste that holds line breaks (chat_keys.h), after what was typed before it on
+//   its line (then its own first line), is gathered as it is: the next line typed (Enter alone:
+//   nothing) ends the message, so a pasted block can be sent as it is or followed by a
+//   question. Inside a block it is more of the block.
+// The joined text keeps the newlines. A message that is a block or starts with a paste is
+// verbatim: a message whatever it starts with (ParseChatMessage); typed text before a paste
+// can still be a command ("/system " then a pasted prompt).
 class MultilineInput {
  public:
   // Takes one line; the whole message once it is complete, else nullopt (more lines wanted).
   std::optional<std::string> Add(const std::string& line);
-  // Takes a pasted text (line breaks kept, the typed start of its line in front); always
-  // wants more: the next Add ends it.
-  void AddPaste(const std::string& text);
+  // Takes a paste with line breaks and the text typed before it on its line; always wants
+  // more: the next Add ends it.
+  void AddPaste(const std::string& typed, const std::string& pasted);
+  // Whether the last message Add or Finish returned is verbatim (see above).
+  bool verbatim() const { return verbatim_; }
   bool pending() const { return pending_; }
   // Drops what was gathered (Ctrl-C at a continuation prompt).
   void Reset();
@@ -84,10 +101,14 @@ class MultilineInput {
   std::optional<std::string> Finish();
 
  private:
+  std::string Done();  // the gathered message; resets
+
   bool pending_ = false;
   bool block_ = false;  // inside """ ... """
   bool first_ = true;   // no line of the block taken yet
-  bool pasted_ = false;  // gathering a paste: the next line ends the message
+  bool pasted_ = false;       // gathering a paste: the next line ends the message
+  bool paste_first_ = false;  // the message being gathered starts with pasted text
+  bool verbatim_ = false;
   std::string text_;
 };
 
