@@ -845,18 +845,17 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     token.set_id(step.token);
     token.set_text(step.text);
     if (sampling.logprobs > 0) {
-      auto* lp = token.mutable_logprobs();
-      lp->mutable_sampled()->set_id(step.token);
-      lp->mutable_sampled()->set_logprob(step.logprob);
-      lp->mutable_sampled()->set_text(step.text);
-      for (const auto& top : step.top_logprobs) {
-        auto* t = lp->add_top();
-        t->set_id(top.id);
-        t->set_logprob(top.logprob);
-        int32_t id = top.id;
+      // Each entry holds its token's own bytes (OpenAI's `bytes`), not the decoder's text: a
+      // token that is half a character has bytes of its own but completes no text.
+      auto fill = [&model](int32_t id, float logprob, v1::TokenLogprob* t) {
+        t->set_id(id);
+        t->set_logprob(logprob);
         auto text = model.Detokenize(std::span<const int32_t>(&id, 1));
         if (text.ok()) t->set_text(*text);
-      }
+      };
+      auto* lp = token.mutable_logprobs();
+      fill(step.token, step.logprob, lp->mutable_sampled());
+      for (const auto& top : step.top_logprobs) fill(top.id, top.logprob, lp->add_top());
     }
     deltas.clear();
     for (const auto& e : step.events) {

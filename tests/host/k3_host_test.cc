@@ -516,5 +516,47 @@ TEST_F(K3HostTest, ChatUsesTheXtmlRendererAndParser) {
   EXPECT_THAT(status.error_message(), HasSubstr("robot"));
 }
 
+// OpenAI's logprobs `bytes` are each token's own bytes, so a client can join the bytes of tokens
+// that split a character. The host's logprob entries carry the raw token bytes (the top entries
+// always did); the sampled one carried the streaming decoder's text: "" for the first half of a
+// character, the whole character on the token that completed it.
+TEST_F(K3HostTest, LogprobsCarryEachTokensOwnBytesEvenForPartialCharacters) {
+  auto tokenizer = tok::Tokenizer::LoadDir(COLI_K3_TINY_DIR);
+  ASSERT_OK(tokenizer.status());
+  const std::string han = "\xE4\xBD\xA0";  // U+4F60, split over two tokens by the tiny vocabulary
+  const std::vector<int32_t> ids = (*tokenizer)->Encode(han, false);
+  ASSERT_GE(ids.size(), 2u);
+  const int32_t half = ids[0];
+  const std::string half_bytes((*tokenizer)->TokenBytes(half));
+  ASSERT_LT(half_bytes.size(), han.size());
+  ASSERT_EQ(han.compare(0, half_bytes.size(), half_bytes), 0);
+
+  v1::GenerateRequest r;
+  r.set_prompt("Hi");
+  r.set_max_tokens(3);
+  r.mutable_sampling()->set_logprobs(2);
+  auto* bias = r.mutable_sampling()->add_logit_bias();  // every step picks the half character
+  bias->set_id(half);
+  bias->set_bias(100.0f);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, r);
+  v1::GenerateEvent e;
+  std::vector<v1::Token> tokens;
+  while (reader->Read(&e)) {
+    if (e.has_token()) tokens.push_back(e.token());
+  }
+  grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(tokens.size(), 3u);
+  for (const v1::Token& t : tokens) {
+    ASSERT_EQ(t.id(), half);
+    EXPECT_EQ(t.logprobs().sampled().id(), half);
+    EXPECT_EQ(t.logprobs().sampled().text(), half_bytes);
+  }
+  // The token text stays the decoder's: nothing until the character can no longer complete.
+  EXPECT_EQ(tokens[0].text(), "");
+  EXPECT_EQ(tokens[1].text(), "\xEF\xBF\xBD");
+}
+
 }  // namespace
 }  // namespace coli::host
