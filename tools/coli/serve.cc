@@ -100,9 +100,6 @@ Json PromptProgress(const v1::PrefillProgress& p) {
   return j;
 }
 
-// Which visible channel the last delta of a choice went to (for logprobs of content tokens).
-enum class ChatChannel { kNone, kReasoning, kContent };
-
 // One generation's accumulated result (one choice).
 struct ChoiceResult {
   std::string reasoning, content;
@@ -466,6 +463,20 @@ void Gateway::Models(const Req& req, Res& res) {
   Reply(res, 200, out);
 }
 
+// A logprob entry's `token` as OpenAI writes it: the token's text, or for a token whose bytes are
+// not UTF-8 on their own (part of a character) "bytes:" and each byte as \xNN, e.g.
+// "bytes:\xe4\xbd" (clients such as HELM read that form back). `bytes` holds the raw bytes.
+std::string LogprobTokenText(const std::string& bytes) {
+  if (!FirstInvalidUtf8(bytes).has_value()) return bytes;
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
 Json Gateway::LogprobEntry(const v1::Token& token, int top) const {
   auto bytes_of = [](const std::string& s) {
     Json b = Json::array();
@@ -474,14 +485,14 @@ Json Gateway::LogprobEntry(const v1::Token& token, int top) const {
   };
   const auto& lp = token.logprobs();
   Json e;
-  const std::string text = lp.sampled().text().empty() ? token.text() : lp.sampled().text();
-  e["token"] = text;
+  const std::string& bytes = lp.sampled().text();  // the token's own bytes
+  e["token"] = LogprobTokenText(bytes);
   e["logprob"] = lp.sampled().logprob();
-  e["bytes"] = bytes_of(text);
+  e["bytes"] = bytes_of(bytes);
   e["top_logprobs"] = Json::array();
   for (int i = 0; i < lp.top_size() && i < top; ++i) {
     Json t;
-    t["token"] = lp.top(i).text();
+    t["token"] = LogprobTokenText(lp.top(i).text());
     t["logprob"] = lp.top(i).logprob();
     t["bytes"] = bytes_of(lp.top(i).text());
     e["top_logprobs"].push_back(std::move(t));
@@ -541,7 +552,11 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
                                 const v1::ChatEvent* first, const DeltaFn& on_delta) {
   StopFilter stop(f.stop);
   bool stopped = false, cancelled = false, tool_calls = false;
-  ChatChannel last = ChatChannel::kNone;
+  // Logprobs list the content's tokens. A token that shows nothing yet (part of a character, the
+  // name in a structural tag such as <|close|>response<|sep|>) waits here: the next token that
+  // shows content claims it, one that shows other text or a special token drops it, so the
+  // entries' bytes join to the content.
+  std::vector<Json> unclaimed_logprobs;
   // The call the host is streaming: its index among this choice's calls and its id (-1: none).
   int streaming_index = -1;
   std::string streaming_id;
@@ -569,14 +584,15 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       const v1::ChatToken& t = ev.token();
       ++out->completion_tokens;
       const int64_t emitted_before = emitted;
+      bool showed_content = false, showed_other = false;
       for (const v1::ChatDelta& d : t.deltas()) {
         if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
-          last = ChatChannel::kReasoning;
+          showed_other = true;
           out->reasoning += d.text();
           out->reasoning_tokens = out->completion_tokens;
           emit("reasoning", d.text());
         } else if (d.channel() == v1::CHANNEL_CONTENT && !d.text().empty()) {
-          last = ChatChannel::kContent;
+          showed_content = true;
           if (stopped) continue;
           std::string visible = stop.Push(d.text());
           out->content += visible;
@@ -586,6 +602,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
             StopAtHost(call.request_id);
           }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL_DELTA) {
+          showed_other = true;
           const Json piece = Json::parse(d.text(), nullptr, /*allow_exceptions=*/false);
           if (!piece.is_object() || !piece.contains("arguments") ||
               !piece["arguments"].is_string()) {
@@ -606,6 +623,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
                  Json{{"index", streaming_index}, {"function", {{"arguments", arguments}}}});
           }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL) {
+          showed_other = true;
           tool_calls = true;
           const int index = static_cast<int>(out->tool_calls.size());
           Json tc = ToolCallFromDelta(d.text(), index);
@@ -616,11 +634,21 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           emit(streamed ? "tool_call_done" : "tool_call", tc);
         }
       }
-      if (f.top_logprobs >= 0 && !stopped && last == ChatChannel::kContent &&
-          t.token().id() < first_special_) {
-        Json entry = LogprobEntry(t.token(), f.top_logprobs);
-        out->logprobs.push_back(entry);
-        emit("logprob", entry);
+      if (f.top_logprobs >= 0 && !stopped) {
+        if (t.token().id() >= first_special_) {
+          unclaimed_logprobs.clear();
+        } else if (showed_content) {
+          unclaimed_logprobs.push_back(LogprobEntry(t.token(), f.top_logprobs));
+          for (const Json& entry : unclaimed_logprobs) {
+            out->logprobs.push_back(entry);
+            emit("logprob", entry);
+          }
+          unclaimed_logprobs.clear();
+        } else if (showed_other) {
+          unclaimed_logprobs.clear();
+        } else {
+          unclaimed_logprobs.push_back(LogprobEntry(t.token(), f.top_logprobs));
+        }
       }
       // A token that showed nothing still lets a stream check that its client is there.
       if (emitted == emitted_before) emit("tick", nullptr);
@@ -854,12 +882,13 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
         const auto& lp = ev.token().logprobs();
         Json top = Json::object();
         for (int k = 0; k < lp.top_size() && k < f.top_logprobs; ++k) {
-          top[lp.top(k).text()] = lp.top(k).logprob();
+          top[LogprobTokenText(lp.top(k).text())] = lp.top(k).logprob();
         }
-        out->tokens.push_back(ev.token().text());
+        const std::string token_text = LogprobTokenText(lp.sampled().text());
+        out->tokens.push_back(token_text);
         out->token_logprobs.push_back(lp.sampled().logprob());
         out->top_logprobs.push_back(top);
-        piece["logprobs"] = Json{{"tokens", Json::array({ev.token().text()})},
+        piece["logprobs"] = Json{{"tokens", Json::array({token_text})},
                                  {"token_logprobs", Json::array({lp.sampled().logprob()})},
                                  {"top_logprobs", Json::array({top})}};
       }

@@ -156,7 +156,10 @@ test('logprobs and top_logprobs', async () => {
     // Greedy: the sampled token is the most likely one.
     assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4);
   }
-  assert.equal(lp.map((e) => e.token).join(''), r.choices[0].message.content);
+  // Each entry has its token's own bytes (a part of a character too: token "bytes:\\xe4\\xbd"),
+  // so the bytes, decoded as a whole, are the content.
+  const bytes = Uint8Array.from(lp.flatMap((e) => e.bytes));
+  assert.equal(new TextDecoder().decode(bytes), r.choices[0].message.content);
 });
 
 test('legacy completions, tokenize/detokenize, apply-template', async () => {

@@ -367,7 +367,8 @@ test('logprobs: include + top_logprobs give the chat endpoint\'s entries, plain 
   assert.equal(r.output_text, chat.choices[0].message.content);
   const part = r.output.find((o) => o.type === 'message').content[0];
   checkLogprobs(part.logprobs, want);
-  assert.equal(part.logprobs.map((e) => e.token).join(''), r.output_text);
+  const bytes = Uint8Array.from(part.logprobs.flatMap((e) => e.bytes));
+  assert.equal(new TextDecoder().decode(bytes), r.output_text);
 
   // Streamed: each output_text.delta carries its tokens' entries (token, logprob, top_logprobs);
   // together they are the final part's, and the done event repeats them.

@@ -1,0 +1,150 @@
+// `coli serve` with text outside ASCII, as Kimi's users write it (Chinese, emoji with ZWJ
+// sequences, accents), through the official `openai` SDK and raw SSE. The tiny fixture's
+// byte-level vocabulary splits most such characters over several tokens; a json_schema enum
+// makes the greedy model spell one exact string, so every test sees tokens that are parts of a
+// character. docs/status/blackbox.md "Text outside ASCII".
+//
+// Environment (set by CMakeLists.txt): COLI_BIN, COLI_TINY_MODEL.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from '../openai/node_modules/openai/index.mjs';
+
+import { TINY, startServer, stopServer, post } from '../openai/serve_helpers.mjs';
+
+let server, client, modelId;
+
+before(async () => {
+  server = await startServer(TINY);
+  client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  modelId = (await client.models.list()).data[0].id;
+});
+
+after(() => stopServer(server));
+
+const TEXT = '你好世界🙂👨‍👩‍👧é';
+const utf8 = new TextEncoder();
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true });
+
+// A greedy chat request whose answer is the JSON string TEXT, with logprobs.
+const spelled = (extra = {}) => ({
+  model: modelId,
+  messages: [{ role: 'user', content: '你好' }],
+  max_tokens: 80,
+  temperature: 0,
+  enable_thinking: false,
+  logprobs: true,
+  top_logprobs: 3,
+  response_format: {
+    type: 'json_schema',
+    json_schema: { name: 'greeting', schema: { type: 'string', enum: [TEXT] } },
+  },
+  ...extra,
+});
+
+const isUtf8 = (bytes) => {
+  try {
+    strictUtf8.decode(Uint8Array.from(bytes));
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+// OpenAI's `token` for a logprob entry: the text, or "bytes:\xNN..." for a part of a character.
+const expectedToken = (bytes) => (isUtf8(bytes)
+  ? strictUtf8.decode(Uint8Array.from(bytes))
+  : `bytes:${bytes.map((b) => `\\x${b.toString(16).padStart(2, '0')}`).join('')}`);
+
+function checkEntries(entries, content, label) {
+  const joined = entries.flatMap((e) => e.bytes);
+  assert.deepEqual(joined, [...utf8.encode(content)], `${label}: the bytes join to the content`);
+  assert.ok(entries.some((e) => !isUtf8(e.bytes)), `${label}: some token is part of a character`);
+  for (const e of entries) {
+    assert.equal(e.token, expectedToken(e.bytes), `${label}: ${JSON.stringify(e)}`);
+    for (const t of e.top_logprobs ?? []) assert.equal(t.token, expectedToken(t.bytes), label);
+  }
+}
+
+test('chat logprobs: each token carries its own bytes, and they join to the content', async () => {
+  const r = await client.chat.completions.create(spelled());
+  const content = r.choices[0].message.content;
+  assert.equal(content, JSON.stringify(TEXT));
+  // The tag that closes the answer (<|close|>response<|sep|>...) is no content token.
+  checkEntries(r.choices[0].logprobs.content, content, 'non-streamed');
+});
+
+test('chat stream: deltas and logprobs equal the non-streamed answer', async () => {
+  const whole = await client.chat.completions.create(spelled());
+  const stream = await client.chat.completions.create(spelled({ stream: true }));
+  let content = '';
+  const entries = [];
+  for await (const chunk of stream) {
+    for (const c of chunk.choices) {
+      content += c.delta.content ?? '';
+      entries.push(...(c.logprobs?.content ?? []));
+    }
+  }
+  assert.equal(content, whole.choices[0].message.content);
+  assert.deepEqual(entries, whole.choices[0].logprobs.content);
+  checkEntries(entries, content, 'streamed');
+});
+
+test('chat stream: every SSE event is strict UTF-8 JSON, cut where a stop string starts', async () => {
+  for (const stop of ['世', '👩', '\u200d👧']) {
+    const r = await fetch(`${server.base}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(spelled({ stream: true, stop: [stop] })),
+    });
+    const raw = new Uint8Array(await r.arrayBuffer());
+    const text = strictUtf8.decode(raw);  // throws on any ill-formed byte
+    let content = '';
+    for (const line of text.split('\n')) {
+      if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+      const chunk = JSON.parse(line.slice(6));
+      for (const c of chunk.choices) content += c.delta.content ?? '';
+    }
+    const quoted = JSON.stringify(TEXT);
+    assert.equal(content, quoted.slice(0, quoted.indexOf(stop)), `stop ${JSON.stringify(stop)}`);
+  }
+});
+
+test('legacy completions logprobs: partial tokens named by their bytes, no two keys merged', async () => {
+  // Token ids of 你 (two tokens in the tiny vocabulary); biasing the first repeats a half
+  // character, so the answer is all parts of characters.
+  const ids = (await post(server.base, '/tokenize', { model: modelId, prompt: '你' })).json.tokens;
+  assert.ok(ids.length >= 2, `你 is ${JSON.stringify(ids)}`);
+  const half = (await post(server.base, '/detokenize', { model: modelId, tokens: [ids[0]] }));
+  assert.equal(half.status, 200);
+  const r = await post(server.base, '/v1/completions', {
+    model: modelId, prompt: '你好', max_tokens: 6, temperature: 0, logprobs: 5,
+    logit_bias: { [ids[0]]: 100 },
+  });
+  assert.equal(r.status, 200, r.text);
+  const lp = r.json.choices[0].logprobs;
+  assert.deepEqual(lp.tokens, Array(6).fill('bytes:\\xe4\\xbd'));
+  // Distinct tokens are distinct keys (several partial tokens all read "\ufffd" before).
+  for (const top of lp.top_logprobs) assert.equal(Object.keys(top).length, 5, JSON.stringify(top));
+});
+
+test('responses: output_text logprobs join to the text, streamed deltas to the same text', async () => {
+  const body = {
+    model: modelId,
+    input: '你好',
+    max_output_tokens: 80,
+    reasoning: { effort: 'none' },
+    temperature: 0,
+    include: ['message.output_text.logprobs'],
+    top_logprobs: 2,
+    text: { format: { type: 'json_schema', name: 'greeting', schema: { type: 'string', enum: [TEXT] } } },
+  };
+  const r = await client.responses.create(body);
+  const part = r.output.find((o) => o.type === 'message').content[0];
+  assert.equal(part.text, JSON.stringify(TEXT));
+  checkEntries(part.logprobs, part.text, 'responses');
+  let streamed = '';
+  for await (const ev of await client.responses.create({ ...body, stream: true })) {
+    if (ev.type === 'response.output_text.delta') streamed += ev.delta;
+  }
+  assert.equal(streamed, part.text);
+});
