@@ -117,6 +117,13 @@ TEST(TerminalKeys, TabsAndControlCharactersMakeAPasteWhole) {
   tab.term.Send("\x1b[200~a\tb\x1b[201~");
   EXPECT_EQ(tab.keys.Next(), '\r');
   EXPECT_EQ(tab.keys.TakePaste(), "a\tb");
+  Harness c1;  // U+0088 is a C1 control: libedit would take it as Meta+H (delete a word)
+  c1.term.Send("\x1b[200~alpha beta\xC2\x88 gamma\x1b[201~");
+  EXPECT_EQ(c1.keys.Next(), '\r');
+  EXPECT_EQ(c1.keys.TakePaste(), "alpha beta\xC2\x88 gamma");
+  Harness latin;  // U+00A0 and above are text
+  latin.term.Send("\x1b[200~a\xC2\xA0\xC3\xA9\x1b[201~");
+  EXPECT_EQ(Drain(latin.keys), (std::vector<int>{'a', 0xA0, 0xE9}));
   Harness esc;  // an ESC inside a paste is text, not a key
   esc.term.Send("\x1b[200~red: \x1b[31mX\x1b[201~");
   EXPECT_EQ(esc.keys.Next(), '\r');
@@ -134,11 +141,12 @@ TEST(TerminalKeys, EmptyAndCutPastes) {
   Harness empty;
   empty.term.Send("\x1b[200~\r\n\x1b[201~k");
   EXPECT_EQ(Drain(empty.keys), (std::vector<int>{'k'}));
-  Harness cut;  // the terminal went away mid-paste: what came is the paste, then the end
-  cut.term.Send("\x1b[200~one\rtwo");
-  EXPECT_EQ(cut.keys.Next(), '\r');
-  EXPECT_EQ(cut.keys.TakePaste(), "one\ntwo");
+  Harness cut;  // Ctrl-C (or the terminal gone) mid-paste: the paste goes with the line
+  cut.term.Send("ab\x1b[200~one\rtwo");
+  EXPECT_EQ(cut.keys.Next(), 'a');
+  EXPECT_EQ(cut.keys.Next(), 'b');
   EXPECT_EQ(cut.keys.Next(), TerminalKeys::kEnd);
+  EXPECT_EQ(cut.keys.TakePaste(), std::nullopt);
 }
 
 TEST(TerminalKeys, ResetForgetsQueuedKeysAndAnInterruptedEnd) {

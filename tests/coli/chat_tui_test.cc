@@ -139,6 +139,13 @@ TEST(MultilineInput, APasteIsOneMessageEndedByTheNextLine) {
   EXPECT_EQ(in.Add(""), std::nullopt);
   EXPECT_EQ(in.Add("\"\"\""), "p1\np2\ntyped\nx\np3\np4\n");
   EXPECT_TRUE(in.verbatim());
+  // `"""` typed and a paste on the same line: the block opens with the paste inside.
+  in.AddPaste("\"\"\"", "q1\nq2");
+  EXPECT_TRUE(in.pending());
+  EXPECT_EQ(in.Add("\"\"\""), "q1\nq2");
+  EXPECT_TRUE(in.verbatim());
+  in.AddPaste("\"\"\"one\"\"\"", "two\nthree");  // a closed one-liner: text before the paste
+  EXPECT_EQ(in.Add(""), "one\ntwo\nthree");
   // After a `\` continuation line a paste joins the message, and Enter ends it.
   EXPECT_EQ(in.Add("intro \\"), std::nullopt);
   in.AddPaste("", "x\ny");
@@ -165,6 +172,11 @@ TEST(ChatInput, VerbatimMessagesAreNeverCommands) {
   EXPECT_EQ(ParseChatInput("/retry now").kind, K::kInvalid);
   EXPECT_EQ(ParseChatInput("/load").kind, K::kInvalid);
   EXPECT_EQ(ParseChatInput("/load ~/c.json").argument, "~/c.json");
+  // "/save FILE" then a pasted text: no file named with line breaks.
+  ChatInput save = ParseChatInput("/save out.json\nm1\nm2");
+  EXPECT_EQ(save.kind, K::kInvalid);
+  EXPECT_NE(save.error.find("line break"), std::string::npos);
+  EXPECT_EQ(ParseChatInput("/load in.json\nx").kind, K::kInvalid);
 }
 
 TEST(Conversation, LoadTakesWhatSaveWroteAndOpenAiMessages) {

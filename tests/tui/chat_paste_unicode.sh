@@ -4,8 +4,8 @@
 # bracketed pastes (tmux paste-buffer -p, as a terminal emulator's paste) with line breaks are
 # one message that the next Enter sends, with a typed line before or after; a one-line paste is
 # typed into the line; a paste that is not UTF-8 is refused; pasted code starting with "//" is
-# the message exactly; /retry, /undo and /load. The saved conversations (/save) must hold exactly
-# those messages.
+# the message exactly; /retry, /undo and /load; Ctrl-Z / fg and resizes while a line is edited.
+# The saved conversations (/save) must hold exactly those messages.
 # Usage: chat_paste_unicode.sh COLI_BIN MODEL_DIR
 set -euo pipefail
 coli=$1 model=$2
@@ -129,4 +129,48 @@ tmux_ send-keys -t chat C-d
 wait_count "$log" 'EXITED-0' 1 60
 # Mode 2004 is turned off again before the chat exits.
 tail -c 400 "$log" | grep -aq $'\x1b\\[?2004l' || { echo "FAIL: bracketed paste left on" >&2; exit 1; }
+
+# 9. Ctrl-Z and `fg` in an interactive bash (which turns bracketed paste off while it reads
+#    `fg`), twice, and two resizes: the line typed before is redrawn and kept, and a paste after
+#    the resume is still one message (it came out as one message per line).
+tmux_ new-window -d -n job "env HOME=$work/home TMPDIR=$work/tmp PS1='sh$ ' bash --norc -i"
+sleep 0.5
+tmux_ send-keys -t job "$coli chat --model $model --max-tokens 2 --seed 1 2>/dev/null" Enter
+screen_has() { tmux_ capture-pane -p -J -t job | grep -Eq -- "$1"; }
+wait_screen() {
+  local deadline=$((SECONDS + $2))
+  while ((SECONDS < deadline)); do screen_has "$1" && return 0; sleep 0.2; done
+  echo "FAIL: the job window never showed /$1/:" >&2
+  tmux_ capture-pane -p -J -t job >&2
+  return 1
+}
+wait_screen '^you> ' 120
+tmux_ send-keys -t job -l 'kept across'
+for round in 1 2; do
+  tmux_ send-keys -t job C-z
+  wait_screen "Stopped" 30
+  tmux_ send-keys -t job "clear; fg" Enter
+  wait_screen '^you> kept across' 30  # redrawn after the resume
+done
+tmux_ resize-window -t job -x 70
+sleep 0.3
+tmux_ resize-window -t job -x 110
+sleep 0.3
+tmux_ send-keys -t job -l ' the stop'
+tmux_ send-keys -t job Enter
+wait_screen 'tok/s' 120
+printf 'after\nthe resume' > "$work/resume.txt"
+tmux_ load-buffer -b r "$work/resume.txt"
+tmux_ paste-buffer -p -b r -t job
+wait_screen '^\.\.\.> ' 30
+tmux_ send-keys -t job Enter
+sleep 0.5
+tmux_ send-keys -t job "/save $work/job.json" Enter
+wait_screen 'saved 4 messages' 60
+python3 - "$work/job.json" <<'PY'
+import json, sys
+users = [m["content"] for m in json.load(open(sys.argv[1]))["messages"] if m["role"] == "user"]
+assert users == ["kept across the stop", "after\nthe resume"], users
+PY
+tmux_ send-keys -t job C-d
 echo "PASS"

@@ -17,6 +17,7 @@
 // When stdout is not a terminal, or TERM=dumb, the output is plain text without escape codes;
 // NO_COLOR drops dim and bold. A reply that fails before any text takes its user message back
 // out of the conversation.
+#include <fcntl.h>
 #include <langinfo.h>
 #include <locale.h>
 #include <poll.h>
@@ -59,16 +60,19 @@ std::atomic<bool> g_reading_pipe{false};
 void EndPipeRead() {
   if (g_reading_pipe.load()) ::close(STDIN_FILENO);  // async-signal-safe
 }
+void WakeReader();
 std::atomic<bool> g_interrupt{false};
 void OnSigint(int) {
   g_interrupt.store(true);
   EndPipeRead();
+  WakeReader();
 }
 // SIGTERM / SIGHUP (the terminal went away): leave the loop, save the history, stop the host.
 std::atomic<int> g_terminate{0};
 void OnTerminate(int sig) {
   g_terminate.store(sig);
   EndPipeRead();
+  WakeReader();
 }
 
 constexpr const char* kHelp =
@@ -94,24 +98,68 @@ Style CurrentStyle() {
   return StyleFor(isatty(STDOUT_FILENO) == 1, std::getenv("TERM"), std::getenv("NO_COLOR"));
 }
 
+// A resize (SIGWINCH) and a resume after Ctrl-Z (SIGCONT) while a line is edited. libedit's own
+// reader handles them when its read is interrupted; with the read hook below that is ours to do
+// (without it the line was not redrawn after `fg`, and a second resize left a stale width).
+std::atomic<bool> g_resized{false};
+std::atomic<bool> g_continued{false};
+bool g_bracketed_paste = false;  // whether the chat asks the terminal for mode 2004
+// The read hook waits on the terminal and on this pipe, which every handler writes a byte to: a
+// signal taken by another thread (gRPC's) does not interrupt the hook's read, and one taken just
+// after the hook looked at the flags would otherwise wait for the next key.
+int g_wake_fds[2] = {-1, -1};
+void WakeReader() {
+  if (g_wake_fds[1] >= 0) {
+    const int saved = errno;
+    [[maybe_unused]] ssize_t n = ::write(g_wake_fds[1], "!", 1);  // async-signal-safe
+    errno = saved;
+  }
+}
+void OnResize(int) {
+  g_resized.store(true);
+  WakeReader();
+}
+void OnContinue(int) {
+  g_continued.store(true);
+  WakeReader();
+}
+
+// After a wake-up or EINTR: true when the read should end (Ctrl-C, SIGTERM, SIGHUP); a resize or
+// a resume is handled here.
+bool HandleSignalsWhileReading() {
+  if (g_interrupt.load() || g_terminate.load() != 0) return true;
+  if (g_continued.exchange(false)) {
+    // The shell that ran meanwhile turned bracketed paste off (bash does on `fg`).
+    if (g_bracketed_paste) std::printf("\x1b[?2004h");
+    std::fflush(stdout);
+    rl_forced_update_display();
+  }
+  if (g_resized.exchange(false)) rl_resize_terminal();
+  return false;
+}
+
 // One byte of the terminal for TerminalKeys: waits at most timeout_ms (< 0: no limit). A signal
 // the chat acts on (Ctrl-C, SIGTERM, SIGHUP) ends the read; others (a resize) do not.
 int ReadTerminalByte(int timeout_ms) {
-  const auto stop_wanted = [] { return g_interrupt.load() || g_terminate.load() != 0; };
   while (true) {
-    if (timeout_ms >= 0) {
-      pollfd p{STDIN_FILENO, POLLIN, 0};
-      const int ready = ::poll(&p, 1, timeout_ms);
-      if (ready == 0) return TerminalKeys::kTimedOut;
-      if (ready < 0) {
-        if (errno == EINTR && !stop_wanted()) continue;
-        return TerminalKeys::kEnd;
+    pollfd fds[2] = {{STDIN_FILENO, POLLIN, 0}, {g_wake_fds[0], POLLIN, 0}};
+    const int ready = ::poll(fds, g_wake_fds[0] >= 0 ? 2 : 1, timeout_ms);
+    if (ready < 0 && errno != EINTR) return TerminalKeys::kEnd;
+    if (ready < 0 || (fds[1].revents & POLLIN) != 0) {
+      char drain[64];
+      while (g_wake_fds[0] >= 0 && ::read(g_wake_fds[0], drain, sizeof(drain)) > 0) {
       }
+      if (HandleSignalsWhileReading()) return TerminalKeys::kEnd;
+      continue;
     }
+    if (ready == 0) return TerminalKeys::kTimedOut;
     unsigned char c;
     const ssize_t n = ::read(STDIN_FILENO, &c, 1);
     if (n == 1) return c;
-    if (n < 0 && errno == EINTR && !stop_wanted()) continue;
+    if (n < 0 && errno == EINTR) {
+      if (HandleSignalsWhileReading()) return TerminalKeys::kEnd;
+      continue;
+    }
     return TerminalKeys::kEnd;
   }
 }
@@ -150,6 +198,7 @@ class LineReader {
  public:
   explicit LineReader(bool interactive) : interactive_(interactive), keys_(ReadTerminalByte) {
     if (!interactive_) return;
+    if (::pipe2(g_wake_fds, O_CLOEXEC | O_NONBLOCK) != 0) g_wake_fds[0] = g_wake_fds[1] = -1;
     // Before anything that initializes libedit (using_history does): it takes the hook then.
     g_keys = &keys_;
     rl_getc_function = ReadKeyForLibedit;
@@ -159,9 +208,11 @@ class LineReader {
     using_history();
     if (!history_.empty()) read_history(history_.c_str());
     // Bracketed paste: only where escape codes are welcome (TERM=dumb and files get none).
-    bracketed_paste_ = CurrentStyle().decorate;
+    bracketed_paste_ = g_bracketed_paste = CurrentStyle().decorate;
   }
   ~LineReader() {
+    // It stays on while a reply streams: a paste typed ahead then is still one message (the
+    // terminal echoes its markers into the reply, as it echoes any typed-ahead keys).
     if (bracketed_paste_) {
       std::printf("\x1b[?2004l");
       std::fflush(stdout);
@@ -183,10 +234,17 @@ class LineReader {
       return false;
     }
     pasted_ = refused_ = false;
+    g_resized.store(false);
+    g_continued.store(false);
     // At every prompt: a shell that ran while the chat was stopped (Ctrl-Z, fg) turns it off.
     if (bracketed_paste_) std::printf("\x1b[?2004h");
     char* raw = readline(prompt);
-    if (raw == nullptr) {
+    if (raw != nullptr) {
+      *line = raw;
+      std::free(raw);
+    }
+    // A signal can also end a line normally: a paste cut short by Ctrl-C ends it with '\r'.
+    if (raw == nullptr || g_interrupt.load() || g_terminate.load() != 0) {
       if (g_terminate.load() != 0) return false;
       if (g_interrupt.exchange(false)) {
         interrupted_ = true;
@@ -197,14 +255,17 @@ class LineReader {
       }
       return false;
     }
-    *line = raw;
-    if (*raw) add_history(raw);
-    std::free(raw);
     std::optional<std::string> paste = keys_.TakePaste();
-    if (std::optional<int> bad = keys_.TakeInvalidByte(); bad.has_value()) {
+    const std::optional<int> bad = keys_.TakeInvalidByte();
+    // A bad byte the user deleted again leaves no U+FFFD behind: only a line that still shows
+    // one is refused.
+    if (bad.has_value() && line->find("\xEF\xBF\xBD") != std::string::npos) {
       std::printf("this line is not valid UTF-8 (byte 0x%02X); it was not sent\n", *bad);
       refused_ = true;
-    } else if (paste.has_value()) {
+      return true;
+    }
+    if (!line->empty()) add_history(line->c_str());
+    if (paste.has_value()) {
       if (absl::Status utf8 = CheckUtf8("the pasted text", *paste); !utf8.ok()) {
         std::printf("%s; it was not sent\n", std::string(utf8.message()).c_str());
         refused_ = true;
@@ -604,6 +665,8 @@ int RunChat(int argc, char** argv) {
 
   UseUtf8Ctype();
   // No SA_RESTART: an interrupted line read returns.
+  CatchUnlessIgnored(SIGWINCH, OnResize);
+  CatchUnlessIgnored(SIGCONT, OnContinue);
   CatchUnlessIgnored(SIGINT, OnSigint);
   CatchUnlessIgnored(SIGTERM, OnTerminate);
   CatchUnlessIgnored(SIGHUP, OnTerminate);

@@ -120,7 +120,8 @@ int TerminalKeys::ReadPaste() {
   std::string text;
   while (true) {
     const int b = ReadByte(-1);
-    if (b < 0) break;  // the terminal went away mid-paste: keep what came
+    // Ctrl-C (or the terminal gone) mid-paste: the paste goes, as a line interrupted goes.
+    if (b < 0) return kEnd;
     text.push_back(static_cast<char>(b));
     if (text.size() >= kPasteEnd.size() &&
         std::string_view(text).substr(text.size() - kPasteEnd.size()) == kPasteEnd) {
@@ -144,6 +145,9 @@ int TerminalKeys::ReadPaste() {
   bool plain = true;
   for (unsigned char c : normalized) plain = plain && !IsControl(c);
   std::optional<std::u32string> decoded = DecodeUtf8(normalized);
+  if (decoded.has_value()) {  // C1 controls (U+0080–U+009F) are Meta keys to the editor
+    for (char32_t cp : *decoded) plain = plain && !(cp >= 0x80 && cp <= 0x9F);
+  }
   if (plain && decoded.has_value()) {
     for (char32_t cp : *decoded) queued_.push_back(static_cast<int>(cp));
     return Next();

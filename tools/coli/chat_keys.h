@@ -7,10 +7,11 @@
 //  - Bracketed paste (xterm's mode 2004: the terminal wraps pasted text in ESC[200~ … ESC[201~):
 //    a paste that holds a line break, a tab or another control character is taken out of the key
 //    stream whole, so its lines do not each end the input line (one turn per pasted line) and its
-//    tabs do not run completion. It reaches the editor as one '\r' (the line typed so far is
+//    tabs (and C1 controls, Meta keys to libedit) do not run editor commands. It reaches the editor as one '\r' (the line typed so far is
 //    accepted) and the chat takes the text with TakePaste(). A paste of plain text on one line
 //    is typed into the line as if it were keys. Pasted CR LF and CR become LF; line breaks at the
-//    end of a paste are dropped (a copied line usually ends in one).
+//    end of a paste are dropped (a copied line usually ends in one). A paste cut short by the
+//    end of input (Ctrl-C) is dropped.
 // The byte source is a function so the logic is tested without a terminal.
 #ifndef COLI_TOOLS_COLI_CHAT_KEYS_H_
 #define COLI_TOOLS_COLI_CHAT_KEYS_H_

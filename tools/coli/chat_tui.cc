@@ -202,6 +202,9 @@ ChatInput ParseChatInput(const std::string& raw) {
     if (rest.empty()) {
       in.kind = K::kInvalid;
       in.error = "usage: " + command + " FILE";
+    } else if (rest.find('\n') != std::string::npos) {  // a paste after the command
+      in.kind = K::kInvalid;
+      in.error = command + ": a file name cannot hold a line break (was text pasted after it?)";
     }
   } else if (command == "/retry" || command == "/undo") {
     in.kind = command == "/retry" ? K::kRetry : K::kUndo;
@@ -265,6 +268,13 @@ std::optional<std::string> MultilineInput::Add(const std::string& line) {
 }
 
 void MultilineInput::AddPaste(const std::string& typed, const std::string& pasted) {
+  // `"""` typed, then a paste on the same line: the block opens and the paste is its content.
+  if (!pending_ && absl::StartsWith(absl::StripLeadingAsciiWhitespace(typed), "\"\"\"")) {
+    std::optional<std::string> closed = Add(typed);
+    // `"""one-liner"""` then a paste: the one-liner is text before it.
+    AddPaste(closed.value_or(""), pasted);
+    return;
+  }
   const std::string text = typed.empty() ? pasted : typed + "\n" + pasted;
   if (!pending_) {
     text_ = text;
