@@ -4,7 +4,8 @@
 # bracketed pastes (tmux paste-buffer -p, as a terminal emulator's paste) with line breaks are
 # one message that the next Enter sends, with a typed line before or after; a one-line paste is
 # typed into the line; a paste that is not UTF-8 is refused; pasted code starting with "//" is
-# the message exactly; /retry, /undo and /load; Ctrl-Z / fg and resizes while a line is edited.
+# the message exactly; /retry, /undo and /load; Tab completion; Ctrl-Z / fg and resizes while a
+# line is edited.
 # The saved conversations (/save) must hold exactly those messages.
 # Usage: chat_paste_unicode.sh COLI_BIN MODEL_DIR
 set -euo pipefail
@@ -124,6 +125,26 @@ m = json.load(open(sys.argv[1]))["messages"]
 assert [x["role"] for x in m] == ["system", "user", "assistant", "user", "assistant"], m
 assert [x["content"] for x in m[:4]] == ["Réponds en français.", "Bonjour", "Salut !",
                                           "Et ensuite ?"], m
+PY
+
+# Tab completes commands and, after /save, file names; inside a message it adds nothing (it
+# used to complete "/tm" to "/tmp/" anywhere).
+tmux_ send-keys -t chat -l 'see /tm'
+tmux_ send-keys -t chat Tab
+tmux_ send-keys -t chat -l 'X'
+tmux_ send-keys -t chat Enter
+wait_count "$log" 'tok/s' 9 120
+: > "$work/completion-target.json"
+tmux_ send-keys -t chat -l '/sa'
+tmux_ send-keys -t chat Tab
+tmux_ send-keys -t chat -l "$work/completion-ta"
+tmux_ send-keys -t chat Tab
+tmux_ send-keys -t chat Enter
+wait_count "$log" 'saved 7 messages to .*completion-target.json' 1 30
+python3 - "$work/completion-target.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))["messages"]
+assert m[5] == {"role": "user", "content": "see /tmX"}, m[5]
 PY
 tmux_ send-keys -t chat C-d
 wait_count "$log" 'EXITED-0' 1 60

@@ -29,7 +29,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -90,7 +92,8 @@ constexpr const char* kHelp =
     "                      array); the model reads it all with the next message\n"
     "  /stats              timing and expert-cache figures\n"
     "  /reasoning show|hide|last   stream reasoning, collapse it, or print the last one\n"
-    "  /quit               exit (Ctrl-D too); Ctrl-C stops a reply\n";
+    "  /quit               exit (Ctrl-D too); Ctrl-C stops a reply\n"
+    "  Tab completes a command, and a file name after /save or /load.\n";
 
 using Style = TerminalStyle;
 
@@ -164,6 +167,35 @@ int ReadTerminalByte(int timeout_ms) {
   }
 }
 
+// Tab completes the chat's commands at the start of a line and file names after /save and /load;
+// in a message it does nothing (libedit completed file names anywhere, "/lo" to "/lost+found").
+constexpr const char* kCommandNames[] = {"/clear",     "/help",  "/load", "/quit",
+                                         "/reasoning", "/retry", "/save", "/stats",
+                                         "/system",    "/think", "/undo"};
+char* NextCommandName(const char* text, int state) {
+  static size_t next = 0;
+  if (state == 0) next = 0;
+  const std::string_view prefix(text);
+  while (next < std::size(kCommandNames)) {
+    const std::string_view name = kCommandNames[next++];
+    if (name.substr(0, prefix.size()) == prefix) return ::strdup(name.data());
+  }
+  return nullptr;
+}
+char** CompleteChatLine(const char* text, int start, int /*end*/) {
+  std::string_view before(rl_line_buffer, static_cast<size_t>(start));
+  while (!before.empty() && (before.front() == ' ' || before.front() == '\t')) {
+    before.remove_prefix(1);
+  }
+  if (before.empty() && text[0] == '/') {
+    rl_attempted_completion_over = 1;
+    return rl_completion_matches(text, NextCommandName);
+  }
+  if (before.starts_with("/save ") || before.starts_with("/load ")) return nullptr;  // file names
+  rl_attempted_completion_over = 1;
+  return nullptr;
+}
+
 TerminalKeys* g_keys = nullptr;  // the interactive LineReader's, for libedit's read hook
 int ReadKeyForLibedit(FILE*) { return g_keys->Next(); }
 
@@ -202,6 +234,7 @@ class LineReader {
     // Before anything that initializes libedit (using_history does): it takes the hook then.
     g_keys = &keys_;
     rl_getc_function = ReadKeyForLibedit;
+    rl_attempted_completion_function = CompleteChatLine;
     if (const char* home = std::getenv("HOME")) {
       history_ = std::string(home) + "/.coli_chat_history";
     }
