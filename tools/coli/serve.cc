@@ -326,6 +326,7 @@ class Gateway {
   struct CompletionResult {
     std::string text, finish_reason;
     Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
+    Json text_offset = Json::array();
     int64_t prompt_tokens = 0, completion_tokens = 0;
   };
   std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f, const std::string& prompt,
@@ -852,6 +853,11 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
                                     const DeltaFn& on_piece) {
   StopFilter stop(f.stop);
   bool stopped = false, cancelled = false;
+  // Characters (code points, as OpenAI's Python counts) of the text before the current token: its
+  // logprobs' text_offset. The text is a prefix of the tokens' texts (a stop string only cuts it),
+  // so text[offset[i], offset[i + 1]) is what token i completed: "" for the first part of a
+  // character, the character for the token that ends it.
+  int64_t text_chars = 0;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::GenerateEvent ev;
   bool have = first != nullptr;
@@ -873,7 +879,10 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
     } else if (ev.has_token() && !stopped) {
       ++out->completion_tokens;
       const bool hidden = f.skip_special_tokens && ev.token().id() >= first_special_;
-      const std::string visible = stop.Push(hidden ? std::string() : ev.token().text());
+      const std::string shown = hidden ? std::string() : ev.token().text();
+      const int64_t offset = text_chars;
+      for (unsigned char c : shown) text_chars += (c & 0xC0) != 0x80;
+      const std::string visible = stop.Push(shown);
       out->text += visible;
       // One piece per token: its visible text and (with logprobs) the token's entry.
       Json piece;
@@ -888,9 +897,11 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
         out->tokens.push_back(token_text);
         out->token_logprobs.push_back(lp.sampled().logprob());
         out->top_logprobs.push_back(top);
+        out->text_offset.push_back(offset);
         piece["logprobs"] = Json{{"tokens", Json::array({token_text})},
                                  {"token_logprobs", Json::array({lp.sampled().logprob()})},
-                                 {"top_logprobs", Json::array({top})}};
+                                 {"top_logprobs", Json::array({top})},
+                                 {"text_offset", Json::array({offset})}};
       }
       // A token that shows nothing still lets a stream check that its client is there.
       emit(!visible.empty() || piece.contains("logprobs") ? "text" : "tick", piece);
@@ -952,7 +963,8 @@ void Gateway::Completions(const Req& req, Res& res) {
       choice["text"] = r.text;
       choice["logprobs"] = f->top_logprobs >= 0 ? Json{{"tokens", r.tokens},
                                                        {"token_logprobs", r.token_logprobs},
-                                                       {"top_logprobs", r.top_logprobs}}
+                                                       {"top_logprobs", r.top_logprobs},
+                                                       {"text_offset", r.text_offset}}
                                                 : Json(nullptr);
       choice["finish_reason"] = r.finish_reason;
       out["choices"].push_back(choice);

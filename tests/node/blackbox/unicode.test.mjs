@@ -127,6 +127,52 @@ test('legacy completions logprobs: partial tokens named by their bytes, no two k
   for (const top of lp.top_logprobs) assert.equal(Object.keys(top).length, 5, JSON.stringify(top));
 });
 
+// The raw bytes a legacy completions token name stands for ("bytes:\xNN..." or its text).
+const tokenBytes = (name) => (name.startsWith('bytes:')
+  ? name.slice(6).split('\\x').slice(1).map((h) => parseInt(h, 16))
+  : [...utf8.encode(name)]);
+
+test('legacy completions text_offset: where each token starts in the text, in characters', async () => {
+  // The four tokens of 🙂 biased alike: the greedy model strings them in its own order, so some
+  // runs complete characters across tokens and some bytes never do (U+FFFD).
+  const ids = (await post(server.base, '/tokenize', { model: modelId, prompt: '🙂' })).json.tokens;
+  assert.ok(ids.length >= 3, `🙂 is ${JSON.stringify(ids)}`);
+  const body = {
+    model: modelId, prompt: '你好', max_tokens: 16, temperature: 0, logprobs: 1,
+    skip_special_tokens: false, logit_bias: Object.fromEntries(ids.map((id) => [id, 100])),
+  };
+  const r = await post(server.base, '/v1/completions', body);
+  assert.equal(r.status, 200, r.text);
+  const { text, logprobs } = r.json.choices[0];
+  assert.equal(logprobs.text_offset.length, logprobs.tokens.length);
+  // Reference: a streaming WHATWG decoder (U+FFFD per maximal subpart, as the server's) fed the
+  // tokens' bytes; a token's offset is the characters it had produced before that token.
+  const decoder = new TextDecoder();
+  let chars = 0;
+  const want = logprobs.tokens.map((name) => {
+    const at = chars;
+    chars += [...decoder.decode(Uint8Array.from(tokenBytes(name)), { stream: true })].length;
+    return at;
+  });
+  assert.deepEqual(logprobs.text_offset, want);
+  const cps = [...text];
+  assert.ok(logprobs.text_offset.some((o, i) => o === logprobs.text_offset[i + 1]),
+    'some token completes no character');
+  assert.ok(cps.some((c) => c.codePointAt(0) > 0xffff), `no character of 4 bytes in ${text}`);
+  // Streamed: the same offsets, chunk by chunk.
+  const raw = await fetch(`${server.base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ ...body, stream: true }),
+  });
+  const streamed = [];
+  for (const line of (await raw.text()).split('\n')) {
+    if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+    for (const c of JSON.parse(line.slice(6)).choices) streamed.push(...(c.logprobs?.text_offset ?? []));
+  }
+  assert.deepEqual(streamed, logprobs.text_offset);
+});
+
 test('responses: output_text logprobs join to the text, streamed deltas to the same text', async () => {
   const body = {
     model: modelId,
