@@ -1,6 +1,8 @@
 #include "plugins/kimi_k3/repack.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,6 +58,7 @@ std::string Join(const std::string& dir, std::string_view name) {
 struct ShardFile {
   std::unique_ptr<io::File> file;
   st::Header header;
+  std::string header_bytes;  // the 8-byte length and the JSON, as in the file
 };
 
 absl::StatusOr<ShardFile> OpenShard(const std::string& path) {
@@ -71,6 +74,7 @@ absl::StatusOr<ShardFile> OpenShard(const std::string& path) {
   std::string json(n, '\0');
   COLI_RETURN_IF_ERROR(s.file->ReadAt(8, n, json.data()));
   COLI_ASSIGN_OR_RETURN(s.header, st::ParseHeader(json, s.file->size(), path));
+  s.header_bytes = prefix + json;
   return s;
 }
 
@@ -100,6 +104,86 @@ bool ParseNumber(std::string_view name, size_t* pos, int* out) {
 struct Bits {
   int bits, mla_bits, head_bits;
 };
+
+// Every output shard records in its "__metadata__" what it was made from: the bits and the
+// source shard's size, modification time and header digest. A resumed run keeps an existing
+// shard only when all of these match this run's, so one container never mixes two sources (a
+// snapshot updated between runs) or two --bits; the mtime catches a re-downloaded shard whose
+// tensors kept their names, shapes and offsets.
+constexpr char kProvenanceKey[] = "k3_repack";  // the value is the provenance format's version
+constexpr char kProvenanceVersion[] = "1";
+
+// 64-bit FNV-1a: tells two source headers apart (not a security digest).
+uint64_t Fnv1a64(std::string_view bytes) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> Provenance(const std::string& src_path,
+                                                              const ShardFile& src, const Bits& b) {
+  struct stat st;
+  if (::stat(src_path.c_str(), &st) != 0) {
+    return absl::NotFoundError(Cat("cannot stat '", src_path, "': ", std::strerror(errno)));
+  }
+  char digest[17];
+  std::snprintf(digest, sizeof(digest), "%016llx",
+                static_cast<unsigned long long>(Fnv1a64(src.header_bytes)));
+  const int64_t mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  return std::map<std::string, std::string>{{"format", "pt"},
+                                            {kProvenanceKey, kProvenanceVersion},
+                                            {"k3_repack.bits", std::to_string(b.bits)},
+                                            {"k3_repack.mla_bits", std::to_string(b.mla_bits)},
+                                            {"k3_repack.head_bits", std::to_string(b.head_bits)},
+                                            {"k3_repack.source_size", std::to_string(st.st_size)},
+                                            {"k3_repack.source_mtime_ns", std::to_string(mtime_ns)},
+                                            {"k3_repack.source_header_fnv1a64", digest}};
+}
+
+// OK when the existing output shard `out_path` was made by this k3-repack from `src_path`
+// (empty: the source shard is gone, so only the bits are compared) with these bits;
+// FAILED_PRECONDITION saying what differs otherwise (DATA_LOSS when it is not a valid shard).
+absl::Status CheckExistingOutput(const std::string& out_path, const std::string& src_path,
+                                 const Bits& b) {
+  const std::string remedy =
+      "; remove it to convert it again (or use another output folder); nothing was written";
+  absl::StatusOr<ShardFile> out = OpenShard(out_path);
+  if (!out.ok()) {
+    return Annotate(out.status(),
+                    "existing output shard, not a valid safetensors file (remove it "
+                    "to convert it again)");
+  }
+  const std::map<std::string, std::string>& have = out->header.metadata;
+  auto it = have.find(kProvenanceKey);
+  if (it == have.end() || it->second != kProvenanceVersion) {
+    return absl::FailedPreconditionError(
+        Cat("'", out_path, "' was not written by this k3-repack (no '", kProvenanceKey, "' ",
+            kProvenanceVersion,
+            " in its __metadata__: another tool, an older k3-repack or "
+            "another model)",
+            remedy));
+  }
+  std::map<std::string, std::string> want = {{"k3_repack.bits", std::to_string(b.bits)},
+                                             {"k3_repack.mla_bits", std::to_string(b.mla_bits)},
+                                             {"k3_repack.head_bits", std::to_string(b.head_bits)}};
+  if (!src_path.empty()) {
+    COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
+    COLI_ASSIGN_OR_RETURN(want, Provenance(src_path, src, b));
+  }
+  std::string differences;
+  for (const auto& [key, now] : want) {
+    auto then = have.find(key);
+    const std::string was = then == have.end() ? "(none)" : then->second;
+    if (was != now) {
+      differences += Cat(differences.empty() ? "" : ", ", key.substr(key.find('.') + 1), " ", was,
+                         " then, ", now, " now");
+    }
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      Cat("'", out_path, "' was made from another source file or with other options than '",
+          src_path.empty() ? std::string("this run") : src_path, "' (", differences, ")", remedy));
+}
 
 absl::StatusOr<Role> Classify(std::string_view name, const Config& cfg, const Bits& b) {
   Role r;
@@ -570,8 +654,9 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
       if (!keep) ::unlink(path.c_str());
     }
   } cleanup{tmp};
+  COLI_ASSIGN_OR_RETURN(const auto provenance, Provenance(src_path, src, bits));
   COLI_ASSIGN_OR_RETURN(std::unique_ptr<st::PlannedWriter> w,
-                        st::PlannedWriter::Create(tmp, std::move(planned), {{"format", "pt"}}));
+                        st::PlannedWriter::Create(tmp, std::move(planned), provenance));
   run.say(Cat(run.tag, "reading ", pieces.size(), " pieces of ", in.size(), " tensors (",
               read_bytes, " bytes, ", reader->is_direct() ? "O_DIRECT" : "buffered", ")"));
   // One pass over the source in file order; each tensor lands where the header puts it.
@@ -611,6 +696,67 @@ absl::Status CopyFiles(const std::string& src, const std::string& dst) {
     if (!fs::exists(from, ec)) continue;
     COLI_ASSIGN_OR_RETURN(std::string bytes, io::ReadFileToString(from));
     COLI_RETURN_IF_ERROR(io::WriteFileAtomic(Join(dst, name), bytes));
+  }
+  return absl::OkStatus();
+}
+
+// An exclusive flock on `<dst>/.k3-repack.lock` for the whole run: two runs into one folder
+// would write the same `<shard>.tmp` (the second truncating what the first wrote) and one could
+// rename a file the other is still filling. The kernel drops the lock when the holder dies, so a
+// run killed with SIGKILL never blocks the next one.
+class FolderLock {
+ public:
+  static absl::StatusOr<std::unique_ptr<FolderLock>> Acquire(const std::string& dst) {
+    const std::string path = Join(dst, ".k3-repack.lock");
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::FailedPreconditionError(Cat(
+          "cannot create '", path, "' (is the output folder writable?): ", std::strerror(errno)));
+    }
+    auto lock = std::unique_ptr<FolderLock>(new FolderLock(fd));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) {
+        return absl::FailedPreconditionError(
+            Cat("another k3-repack is writing into '", dst, "' (it holds '", path,
+                "'); wait for it to finish or stop it, then run again"));
+      }
+      return absl::InternalError(Cat("cannot lock '", path, "': ", std::strerror(errno)));
+    }
+    return lock;
+  }
+  ~FolderLock() { ::close(fd_); }
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  explicit FolderLock(int fd) : fd_(fd) {}
+  const int fd_;
+};
+
+// Before anything is written: every *.safetensors already in dst must be a shard this run
+// would have made (a source shard of that name, the same bits, made from the same source file),
+// since the index is rebuilt from all of them and the existing ones are not converted again.
+absl::Status CheckExistingOutputs(const std::string& src, const std::string& dst,
+                                  const st::Index& index, const Bits& bits) {
+  const std::set<std::string> source_shards(index.shards.begin(), index.shards.end());
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dst, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".safetensors")) names.push_back(name);
+  }
+  if (ec) return absl::NotFoundError(Cat("folder '", dst, "': ", ec.message()));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (!source_shards.count(name)) {
+      return absl::FailedPreconditionError(
+          Cat("'", Join(dst, name), "' is not a shard of the source '", src,
+              "' (its index does not list it), but the container's index would take it in; "
+              "use an empty or new output folder"));
+    }
+    const std::string from = Join(src, name);
+    COLI_RETURN_IF_ERROR(
+        CheckExistingOutput(Join(dst, name), fs::exists(from, ec) ? from : std::string(), bits));
   }
   return absl::OkStatus();
 }
@@ -722,6 +868,8 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
   if (fs::equivalent(src, dst, ec)) {
     return absl::InvalidArgumentError(Cat("'", dst, "' is the source folder"));
   }
+  COLI_ASSIGN_OR_RETURN(std::unique_ptr<FolderLock> lock, FolderLock::Acquire(dst));
+  COLI_RETURN_IF_ERROR(CheckExistingOutputs(src, dst, index, bits));
   COLI_RETURN_IF_ERROR(CopyFiles(src, dst));
   say(Cat("k3-repack: ", index.shards.size(), " source shards, bits ", bits.bits, " / mla ",
           bits.mla_bits, " / head ", bits.head_bits));

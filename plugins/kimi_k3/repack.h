@@ -11,7 +11,11 @@
 // is bounded whatever the shard size); the first error of any stage stops and joins all of
 // them. The output bytes do not depend on `threads`, `in_flight` or `piece_bytes`; an existing
 // output shard is skipped (resume), a source shard listed by the index but absent is skipped with a
-// warning, a shard holding only vision tensors produces no output. Per tensor (classification needs
+// warning, a shard holding only vision tensors produces no output. Each shard's __metadata__
+// records the bits and its source file's size, mtime and header digest; before writing anything a
+// run checks every *.safetensors already in dst against them (FAILED_PRECONDITION naming the shard
+// and what differs: other bits, a changed source, a file k3-repack did not write), and holds an
+// flock on dst/.k3-repack.lock (a second run into the same folder is FAILED_PRECONDITION). Per tensor (classification needs
 // the config's linear_attn_config, since o_proj / g_proj exist in both attention kinds):
 //   * KDA q/k/v/o/g, latent down/up, shared experts, dense MLP → `bits`; MLA q_a, q_b, kv_a,
 //     kv_b, o, g → `mla_bits`; lm_head → `head_bits`: quantized with the engine's own

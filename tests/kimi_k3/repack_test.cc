@@ -6,8 +6,11 @@
 // against kernels::QuantizedMatrix::DowncastInt8ToInt4 of the container's own int8 bytes.
 #include "plugins/kimi_k3/repack.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -559,6 +562,116 @@ TEST(RepackResumeTest, DuplicateTensorNameAbortsTheIndexUpdate) {
   EXPECT_THAT(RunRepack(dir, 8).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(ReadAll(index), before);
   fs::remove_all(dir);
+}
+
+// Resuming into a folder whose shards were made with other bits, from a source file that has
+// changed since, or by something else must not mix them into one container: the run stops
+// before writing anything and names the shard and what differs.
+TEST(RepackResumeTest, ResumeRefusesShardsOfAnotherSourceOrOtherBits) {
+  const std::string src = TempDir("prov_src"), dst = TempDir("prov_dst");
+  CopyDir(K3_TEST_TINY, src);
+  RepackOptions o;
+  o.shards = {1, 2, 3};
+  ASSERT_OK(Repack(src, dst, o).status());
+  const std::string first = dst + "/model-00001-of-000016.safetensors";
+  const std::string first_bytes = ReadAll(first);
+  const std::string index = ReadAll(dst + "/model.safetensors.index.json");
+  auto outputs_unchanged = [&] {
+    EXPECT_EQ(Shards(dst).size(), 3u);
+    EXPECT_EQ(ReadAll(first), first_bytes);
+    EXPECT_EQ(ReadAll(dst + "/model.safetensors.index.json"), index);
+  };
+  RepackOptions int4;
+  int4.bits = 4;
+  EXPECT_THAT(Repack(src, dst, int4).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("model-00001-of-000016.safetensors"),
+                             HasSubstr("bits 8 then, 4 now"), HasSubstr("remove it"))));
+  outputs_unchanged();
+  RepackOptions head4;
+  head4.head_bits = 4;
+  EXPECT_THAT(Repack(src, dst, head4).status(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                         HasSubstr("head_bits 8 then, 4 now")));
+  outputs_unchanged();
+
+  // The snapshot is updated between runs: same tensor names, shapes and offsets, other values.
+  const std::string changed = src + "/model-00002-of-000016.safetensors";
+  const std::string name = "language_model.model.layers.1.self_attn.q_proj.weight";
+  ASSERT_OK_AND_ASSIGN(st::Header header, ReadHeader(changed));
+  std::string bytes = ReadAll(changed);
+  for (const st::TensorInfo& t : header.tensors)
+    if (t.name == name) bytes[t.file_offset + 3] ^= 0x01;
+  ASSERT_NE(bytes, ReadAll(changed));
+  WriteAll(changed, bytes);
+  EXPECT_THAT(Repack(src, dst, RepackOptions{}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("model-00002-of-000016.safetensors"),
+                             HasSubstr("another source file"), HasSubstr("source_mtime_ns"))));
+  outputs_unchanged();
+  // A source shard deleted after its conversion (to free disk) only has its bits checked.
+  fs::remove(changed);
+  fs::remove(dst + "/model-00002-of-000016.safetensors");
+  fs::remove(src + "/model-00001-of-000016.safetensors");
+  ASSERT_OK_AND_ASSIGN(RepackSummary s, Repack(src, dst, RepackOptions{}));
+  EXPECT_EQ(s.existing, 1);  // shard 3; 1 has no source now but its output is kept
+  EXPECT_EQ(s.missing_source, 2);
+  EXPECT_EQ(ReadAll(first), first_bytes);
+  EXPECT_THAT(Repack(src, dst, int4).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bits 8 then, 4 now")));
+
+  // A shard another tool wrote (here: a BF16 source shard) and a file the source does not list.
+  const std::string foreign = TempDir("prov_foreign");
+  fs::copy_file(std::string(K3_TEST_TINY) + "/model-00004-of-000016.safetensors",
+                foreign + "/model-00004-of-000016.safetensors");
+  EXPECT_THAT(Repack(K3_TEST_TINY, foreign, RepackOptions{}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("model-00004-of-000016.safetensors"),
+                             HasSubstr("not written by this k3-repack"))));
+  EXPECT_EQ(Shards(foreign).size(), 1u);
+  fs::remove(foreign + "/model-00004-of-000016.safetensors");
+  fs::copy_file(first, foreign + "/adapter.safetensors");
+  EXPECT_THAT(Repack(K3_TEST_TINY, foreign, RepackOptions{}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("adapter.safetensors"), HasSubstr("not a shard of"))));
+  EXPECT_EQ(Shards(foreign).size(), 1u);
+  fs::remove_all(foreign);
+  fs::remove_all(src);
+  fs::remove_all(dst);
+}
+
+// Two runs into one folder would share every `<shard>.tmp`. A second run is refused while the
+// first holds the folder's lock; a holder killed with SIGKILL leaves nothing that blocks.
+TEST(RepackResumeTest, SecondRunIntoTheSameFolderIsRefused) {
+  const std::string dst = TempDir("lock");
+  const int fd = ::open((dst + "/.k3-repack.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // what a running k3-repack holds
+  EXPECT_THAT(RunRepack(dst, 8).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("another k3-repack is writing into"), HasSubstr(dst))));
+  EXPECT_TRUE(Shards(dst).empty());
+  EXPECT_FALSE(fs::exists(dst + "/config.json"));
+  ::close(fd);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int cfd = ::open((dst + "/.k3-repack.lock").c_str(), O_RDWR);
+    if (cfd < 0 || ::flock(cfd, LOCK_EX) != 0) ::_exit(1);
+    for (;;) ::pause();
+  }
+  for (int i = 0; i < 500; ++i) {  // until the child holds it
+    const int probe = ::open((dst + "/.k3-repack.lock").c_str(), O_RDWR);
+    const bool held = ::flock(probe, LOCK_EX | LOCK_NB) != 0;
+    ::close(probe);
+    if (held) break;
+    ::usleep(10000);
+  }
+  EXPECT_THAT(RunRepack(dst, 8).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_OK_AND_ASSIGN(RepackSummary s, RunRepack(dst, 8));
+  EXPECT_EQ(s.written, 14);
+  fs::remove_all(dst);
 }
 
 // ---- --verify-full (the tool) -----------------------------------------------------------------
