@@ -66,6 +66,21 @@ int64_t NowSeconds() {
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
+// The type of every SSE answer. It names the charset: Python's requests (and other clients) read
+// a text/* body without one as Latin-1, so `iter_lines(decode_unicode=True)` turned every
+// non-ASCII character into mojibake (and U+0085 from a split character cut events short); vLLM
+// and OpenAI send the charset too. See SendUncompressed.
+constexpr char kEventStream[] = "text/event-stream; charset=utf-8";
+
+// httplib 0.11 compresses every text/* answer but exactly "text/event-stream" when the client
+// accepts gzip or br (curl --compressed, browsers, most SDKs), and its compressor holds the events
+// back until the stream ends. So a request answered with a stream drops its Accept-Encoding: the
+// events go out as they are made. httplib reads the header when it writes the answer, after the
+// handler; the Request is its own non-const object, handed to handlers as const.
+void SendUncompressed(const httplib::Request& req) {
+  const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
+}
+
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
 }
@@ -740,6 +755,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
     return Fail(res, FromHostStatus(why));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
+  SendUncompressed(req);
   StreamSse(
       res, watch, Header(id, "chat.completion.chunk", created), f->include_usage,
       [this, first_call, first, fields, request_json, watch](const SseSink& sse) {
@@ -800,8 +816,8 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
                         std::function<StreamEnd(const SseSink&)> body) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, watch, header = std::move(header), include_usage,
-                            body = std::move(body)](size_t, httplib::DataSink& sink) {
+      kEventStream, [this, watch, header = std::move(header), include_usage,
+                     body = std::move(body)](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         SseSink sse;
         sse.header = header;
@@ -985,6 +1001,7 @@ void Gateway::Completions(const Req& req, Res& res) {
     return Fail(res, CompletionsError(FromHostStatus(why)));
   }
   auto fields = std::make_shared<SamplingFields>(*f);
+  SendUncompressed(req);
   StreamSse(
       res, watch, Header(id, "text_completion", created), f->include_usage,
       [this, first_call, first, fields, prompt, watch](const SseSink& sse) {
@@ -1060,6 +1077,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   const std::string request_json = Dump(r->chat);
   Json object = NewResponseObject(*r, info_.id(), NowSeconds());
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
+  if (r->fields.stream) SendUncompressed(req);
   if (r->background) return StartBackgroundResponse(r, std::move(object), res, watch);
   if (!r->fields.stream) {
     auto call = StartChat(r->fields, request_json, 0, &watch);
@@ -1079,7 +1097,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, call, first, object, r, watch](size_t, httplib::DataSink& sink) {
+      kEventStream, [this, call, first, object, r, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         ResponseBuilder::Sink events;
         events.send = [this, &sink, &watch](const Json& e) {
@@ -1176,7 +1194,7 @@ void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> eve
                            ConnectionWatch watch) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [this, events, after, watch](size_t, httplib::DataSink& sink) {
+      kEventStream, [this, events, after, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         int64_t cursor = after;
         std::vector<std::string> frames;
@@ -1238,6 +1256,7 @@ void Gateway::ResponseById(const Req& req, Res& res) {
                                     " MiB of events): use starting_after >= " +
                                     std::to_string(events->first_kept() - 1)));
     }
+    SendUncompressed(req);
     return FollowEvents(res, events, after,
                         ConnectionWatch(req.local_port, req.remote_addr, req.remote_port));
   }
@@ -1489,7 +1508,7 @@ void Gateway::Metrics(const Req& req, Res& res) {
     }
   }
   res.status = 200;
-  res.set_content(out, "text/plain; version=0.0.4");
+  res.set_content(out, "text/plain; version=0.0.4; charset=utf-8");
 }
 
 void Gateway::Add(httplib::Server* server, const std::string& method, const std::string& pattern,

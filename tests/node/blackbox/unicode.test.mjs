@@ -173,6 +173,43 @@ test('legacy completions text_offset: where each token starts in the text, in ch
   assert.deepEqual(streamed, logprobs.text_offset);
 });
 
+// Python's requests reads a text/* body without a charset as Latin-1: `iter_lines(decode_unicode=
+// True)` over a charset-less event stream turned 你好 into mojibake (and cut events at U+0085).
+// With the charset, httplib would compress the stream for clients that accept gzip / br (and hold
+// every event back until the end), so a stream must also go out uncompressed.
+test('SSE answers say charset=utf-8 and are never compressed', async () => {
+  const headers = { 'content-type': 'application/json', 'accept-encoding': 'gzip, deflate, br' };
+  const ask = async (path, body, method = 'POST') => {
+    const r = await fetch(`${server.base}${path}`, {
+      method, headers, body: body && JSON.stringify(body),
+    });
+    const text = await r.text();
+    assert.equal(r.status, 200, `${path}: ${text}`);
+    return { r, text };
+  };
+  const chat = { model: modelId, messages: [{ role: 'user', content: '你好' }], max_tokens: 4 };
+  const background = (await ask('/v1/responses', {
+    model: modelId, input: '你好', max_output_tokens: 4, background: true, stream: true,
+  })).text.match(/"id":"(resp_[^"]+)"/)[1];
+  const streams = [
+    ['/v1/chat/completions', { ...chat, stream: true }],
+    ['/v1/completions', { model: modelId, prompt: '你好', max_tokens: 4, stream: true }],
+    ['/v1/responses', { model: modelId, input: '你好', max_output_tokens: 4, stream: true }],
+    [`/v1/responses/${background}?stream=true`, undefined, 'GET'],
+  ];
+  for (const [path, body, method] of streams) {
+    const { r, text } = await ask(path, body, method);
+    assert.equal(r.headers.get('content-type'), 'text/event-stream; charset=utf-8', path);
+    assert.equal(r.headers.get('content-encoding'), null, path);
+    assert.ok(text.includes('data: '), `${path}: ${text}`);
+  }
+  // JSON answers stay JSON (UTF-8 by definition) and may still be compressed.
+  const { r } = await ask('/v1/chat/completions', chat);
+  assert.equal(r.headers.get('content-type'), 'application/json');
+  const metrics = await fetch(`${server.base}/metrics`);
+  assert.match(metrics.headers.get('content-type'), /^text\/plain; version=0\.0\.4; charset=utf-8$/);
+});
+
 test('responses: output_text logprobs join to the text, streamed deltas to the same text', async () => {
   const body = {
     model: modelId,
