@@ -563,6 +563,32 @@ void FsyncDir(const std::string& dir) {
   }
 }
 
+// The source index and a shard's header must agree, as the loader checks them for the source
+// (a flipped byte in a header can rename a tensor and still parse): every tensor of the shard
+// listed as in it, every tensor listed as in it present. DATA_LOSS naming both files otherwise.
+absl::Status CheckShardAgainstIndex(const st::Header& header, const std::string& shard_path,
+                                    std::string_view shard_name, const st::Index& index,
+                                    const std::string& index_path) {
+  std::set<std::string_view> names;
+  for (const st::TensorInfo& t : header.tensors) {
+    names.insert(t.name);
+    auto it = index.weight_map.find(t.name);
+    if (it == index.weight_map.end() || it->second != shard_name) {
+      return absl::DataLossError(
+          Cat("tensor '", t.name, "' in '", shard_path, "' is not listed as in it by '", index_path,
+              "'", it == index.weight_map.end() ? "" : Cat(" (it names '", it->second, "')"),
+              ": a corrupt header or a shard of another snapshot"));
+    }
+  }
+  for (const auto& [name, shard] : index.weight_map) {
+    if (shard == shard_name && !names.count(name)) {
+      return absl::DataLossError(Cat("'", index_path, "' lists tensor '", name, "' in '",
+                                     shard_path, "', which does not have it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // How ConvertShard runs (from RepackOptions) and reports.
 struct RunOptions {
   int threads = 1;
@@ -576,9 +602,12 @@ struct RunOptions {
 // Converts one source shard into dst_path (via dst_path.tmp), adding its bytes and stage times
 // to *summary. false when it holds only vision tensors (no output).
 absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string& dst_path,
+                                  const st::Index& index, const std::string& index_path,
                                   const Config& cfg, const Bits& bits, const RunOptions& run,
                                   RepackSummary* summary) {
   COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
+  COLI_RETURN_IF_ERROR(CheckShardAgainstIndex(
+      src.header, src_path, fs::path(src_path).filename().string(), index, index_path));
   const std::vector<st::TensorInfo>& in = src.header.tensors;  // file-offset order
   std::vector<OutTensor> plain, experts;
   std::vector<std::optional<WeightFormat>> formats(in.size());
@@ -874,6 +903,7 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
   say(Cat("k3-repack: ", index.shards.size(), " source shards, bits ", bits.bits, " / mla ",
           bits.mla_bits, " / head ", bits.head_bits));
   RepackSummary summary;
+  std::vector<std::string> incomplete;  // missing source shards with text tensors, no output
   int k = 0;
   for (const std::string& name : index.shards) {
     ++k;
@@ -883,6 +913,10 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
     if (!fs::exists(from, ec)) {
       ++summary.missing_source;
       say(tag + "source missing, skipped");
+      const bool text =
+          std::any_of(index.weight_map.begin(), index.weight_map.end(),
+                      [&](const auto& e) { return e.second == name && !IsVision(e.first); });
+      if (text && !fs::exists(to, ec)) incomplete.push_back(name);
       continue;
     }
     if (fs::exists(to, ec)) {
@@ -892,7 +926,8 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
       const double t0 = Now();
       const RunOptions run{threads, options.in_flight, options.piece_bytes, options.direct, tag,
                            say};
-      COLI_ASSIGN_OR_RETURN(bool written, ConvertShard(from, to, cfg, bits, run, &summary));
+      COLI_ASSIGN_OR_RETURN(bool written,
+                            ConvertShard(from, to, index, index_path, cfg, bits, run, &summary));
       if (!written) {
         ++summary.dropped;
         say(tag + "vision only, dropped");
@@ -916,6 +951,17 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
   summary.index_shards = idx.shards;
   summary.total_size = idx.total_size;
   say(Cat("k3-repack: index of ", idx.shards, " shards, total_size ", idx.total_size));
+  if (!incomplete.empty()) {
+    // The converted shards and the index are kept: fetching the missing ones and running again
+    // converts only those.
+    std::string list;
+    for (const std::string& n : incomplete) list += Cat(list.empty() ? "" : ", ", "'", n, "'");
+    return absl::NotFoundError(
+        Cat(incomplete.size(), " source shard(s) listed by '", index_path, "' are missing: ", list,
+            "; the container in '", dst,
+            "' lacks their tensors and will not load. Fetch them and run again (the ",
+            summary.written + summary.existing, " converted shards are kept)"));
+  }
   return summary;
 }
 

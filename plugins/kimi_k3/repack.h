@@ -11,7 +11,10 @@
 // is bounded whatever the shard size); the first error of any stage stops and joins all of
 // them. The output bytes do not depend on `threads`, `in_flight` or `piece_bytes`; an existing
 // output shard is skipped (resume), a source shard listed by the index but absent is skipped with a
-// warning, a shard holding only vision tensors produces no output. Each shard's __metadata__
+// warning (if it holds text tensors and has no output, the run still converts the others and
+// rebuilds the index, then returns NOT_FOUND naming it: the container would not load), a shard
+// holding only vision tensors produces no output. Each source shard's header must agree with the
+// source index (DATA_LOSS otherwise, as at load). Each shard's __metadata__
 // records the bits and its source file's size, mtime and header digest; before writing anything a
 // run checks every *.safetensors already in dst against them (FAILED_PRECONDITION naming the shard
 // and what differs: other bits, a changed source, a file k3-repack did not write), and holds an

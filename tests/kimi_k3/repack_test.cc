@@ -610,7 +610,6 @@ TEST(RepackResumeTest, ResumeRefusesShardsOfAnotherSourceOrOtherBits) {
   outputs_unchanged();
   // A source shard deleted after its conversion (to free disk) only has its bits checked.
   fs::remove(changed);
-  fs::remove(dst + "/model-00002-of-000016.safetensors");
   fs::remove(src + "/model-00001-of-000016.safetensors");
   ASSERT_OK_AND_ASSIGN(RepackSummary s, Repack(src, dst, RepackOptions{}));
   EXPECT_EQ(s.existing, 1);  // shard 3; 1 has no source now but its output is kept
@@ -907,11 +906,41 @@ TEST(RepackBadInputTest, WrongDtypeAndMissingConfigAndMissingShard) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(name), HasSubstr("expected a BF16 matrix"),
                              HasSubstr("F32 [128, 64]"))));
-  // A missing source shard is skipped (the others convert), a missing config is an error.
+  // A missing source shard is skipped and the others convert, but the container would not load
+  // without it: the run ends with an error naming it (index rebuilt, converted shards kept).
   fs::remove(src + "/model-00002-of-000016.safetensors");
+  EXPECT_THAT(Repack(src, dst, o).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("'model-00002-of-000016.safetensors'"),
+                             HasSubstr("are missing"), HasSubstr("13 converted shards are kept"))));
+  EXPECT_EQ(Shards(dst).size(), 13u);
+  ASSERT_OK_AND_ASSIGN(st::Index partial,
+                       st::ParseIndex(ReadAll(dst + "/model.safetensors.index.json"), "partial"));
+  EXPECT_EQ(partial.shards.size(), 13u);
+  // Missing vision-only shards (a download without them) are fine.
+  fs::copy_file(std::string(K3_TEST_TINY) + "/model-00002-of-000016.safetensors",
+                src + "/model-00002-of-000016.safetensors");
+  fs::remove(src + "/model-00015-of-000016.safetensors");
+  fs::remove(src + "/model-00016-of-000016.safetensors");
   ASSERT_OK_AND_ASSIGN(RepackSummary s, Repack(src, dst, o));
-  EXPECT_EQ(s.missing_source, 1);
-  EXPECT_EQ(s.written + s.existing, 13);  // shard 1 was written before the failure above
+  EXPECT_EQ(s.missing_source, 2);
+  EXPECT_EQ(s.written, 1);
+  EXPECT_EQ(s.existing, 13);
+  // A header whose tensor name was corrupted still parses: the source index must list it.
+  const std::string renamed = src + "/model-00004-of-000016.safetensors";
+  std::string bytes = ReadAll(renamed);
+  const size_t at = bytes.find("language_model.model.layers.3.");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 19] ^= 0x04;  // "model" -> "modeh"
+  WriteAll(renamed, bytes);
+  fs::remove(dst + "/model-00004-of-000016.safetensors");
+  EXPECT_THAT(
+      Repack(src, dst, o).status(),
+      StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("language_model.modeh.layers.3."),
+                                                  HasSubstr("model-00004-of-000016.safetensors"),
+                                                  HasSubstr("is not listed as in it"))));
+  EXPECT_FALSE(fs::exists(dst + "/model-00004-of-000016.safetensors"));
+  // A missing config is an error.
   fs::remove(src + "/config.json");
   const std::string noconfig = TempDir("noconfig");
   EXPECT_THAT(Repack(src, noconfig, o).status(),
