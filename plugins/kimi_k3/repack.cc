@@ -821,6 +821,44 @@ absl::StatusOr<IndexSummary> RebuildIndex(const std::string& dst) {
   return summary;
 }
 
+// A quantized matrix: the source's BF16 rows quantized again with the engine's FromBf16 (as the
+// repack did, piece by piece: rows are independent) must give the stored U8 and sidecar bytes.
+absl::Status VerifyQuantized(const ShardFile& src, const st::TensorInfo& t, const ShardFile& dst,
+                             const st::TensorInfo& data, const st::TensorInfo& qs,
+                             const std::string& src_shard, const std::string& dst_shard) {
+  if (t.dtype != DType::kBF16 || t.shape.size() != 2 || t.shape[0] <= 0 || t.shape[1] <= 0) {
+    return absl::DataLossError(Cat("tensor '", t.name, "': quantized in '", dst_shard,
+                                   "' but the source has ", st::DescribeTensor(t.dtype, t.shape)));
+  }
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  COLI_ASSIGN_OR_RETURN(WeightFormat f, ContainerFormat(data, qs, rows, cols));
+  const kernels::MatrixBytes per_row = kernels::FormatBytes(f, 1, cols);
+  const int64_t step = std::max<int64_t>(1, static_cast<int64_t>(kPieceBytes) / (2 * cols));
+  std::vector<uint16_t> bf16;
+  std::string stored;
+  // Compares `want` with `bytes` bytes of tensor `out` from byte `at`.
+  auto compare = [&](const st::TensorInfo& out, uint64_t at, const QuantizedMatrix::Bytes& want) {
+    stored.resize(want.size());
+    COLI_RETURN_IF_ERROR(dst.file->ReadAt(out.file_offset + at, want.size(), stored.data()));
+    if (std::memcmp(stored.data(), want.data(), want.size()) == 0) return absl::OkStatus();
+    const auto diff = std::mismatch(want.begin(), want.end(), stored.begin(),
+                                    [](uint8_t a, char b) { return a == static_cast<uint8_t>(b); });
+    return absl::DataLossError(Cat("tensor '", out.name, "': byte ",
+                                   at + (diff.first - want.begin()), " of '", dst_shard,
+                                   "' differs from the source '", src_shard, "' quantized again"));
+  };
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t n = std::min(step, rows - r);
+    bf16.resize(static_cast<size_t>(n * cols));
+    COLI_RETURN_IF_ERROR(src.file->ReadAt(t.file_offset + 2 * r * cols, 2 * n * cols, bf16.data()));
+    absl::StatusOr<QuantizedMatrix> q = QuantizedMatrix::FromBf16(bf16.data(), n, cols, f);
+    if (!q.ok()) return Annotate(q.status(), Cat("tensor '", t.name, "' in '", src_shard, "'"));
+    COLI_RETURN_IF_ERROR(compare(data, r * per_row.data, q->data()));
+    COLI_RETURN_IF_ERROR(compare(qs, r * per_row.scales, q->scales()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_shard) {
   COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_shard));
   COLI_ASSIGN_OR_RETURN(ShardFile dst, OpenShard(dst_shard));
@@ -828,8 +866,13 @@ absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_sh
   for (const st::TensorInfo& t : dst.header.tensors) out[t.name] = &t;
   std::string a, b;
   for (const st::TensorInfo& t : src.header.tensors) {
-    if (IsVision(t.name) || out.count(ScaleSidecarName(t.name))) continue;  // dropped / quantized
+    if (IsVision(t.name)) continue;  // dropped
     auto it = out.find(t.name);
+    if (auto qs = out.find(ScaleSidecarName(t.name)); qs != out.end() && it != out.end()) {
+      COLI_RETURN_IF_ERROR(
+          VerifyQuantized(src, t, dst, *it->second, *qs->second, src_shard, dst_shard));
+      continue;
+    }
     if (it == out.end()) {
       return absl::DataLossError(
           Cat("tensor '", t.name, "': in '", src_shard, "' but not in '", dst_shard, "'"));

@@ -65,7 +65,8 @@ struct RepackOptions {
   // Read the source with O_DIRECT (no page cache; falls back to pread, logged, where the
   // filesystem refuses it); false = buffered pread.
   bool direct = true;
-  // Re-read every expert (and pass-through) byte of source and output and compare.
+  // Re-read every expert (and pass-through) byte of source and output and compare; quantize the
+  // source's matrices again and compare the stored U8 data and sidecars.
   bool verify_full = false;
   // One line per event (stderr in the tool); may be null. For every shard converted, the line
   // "[k/N] <shard>: reading …" comes after its header was validated and before any of its
@@ -101,7 +102,8 @@ struct IndexSummary {
 absl::StatusOr<IndexSummary> RebuildIndex(const std::string& dst);
 
 // Compares every expert and pass-through tensor of a source shard with the output shard byte
-// for byte (DATA_LOSS naming the tensor on the first difference or a missing tensor).
+// for byte, and every quantized matrix's U8 data and sidecar with the source quantized again
+// (DATA_LOSS naming the tensor and byte on the first difference, or a missing tensor).
 absl::Status VerifyShard(const std::string& src_shard, const std::string& dst_shard);
 
 }  // namespace coli::k3

@@ -714,6 +714,35 @@ TEST(RepackToolTest, VerifyFullNamesTheFlippedExpertByte) {
   fs::remove_all(dir);
 }
 
+// --verify-full quantizes the source's matrices again and compares the U8 data and the sidecar
+// byte for byte (a flipped byte in either gives a silently different model at load).
+TEST_F(RepackTest, VerifyFullNamesAFlippedByteInAQuantizedMatrixOrItsSidecar) {
+  const std::string shard = "model-00002-of-000016.safetensors";
+  const std::string source = std::string(K3_TEST_TINY) + "/" + shard;
+  const std::string matrix = "language_model.model.layers.1.self_attn.q_proj.weight";
+  for (const std::string* dir : {int8_dir_, int4_dir_}) {
+    const std::string copy = TempDir("verifyq") + "/" + shard;
+    const std::string original = ReadAll(*dir + "/" + shard);
+    EXPECT_OK(VerifyShard(source, *dir + "/" + shard));
+    ASSERT_OK_AND_ASSIGN(st::Header h, ReadHeader(*dir + "/" + shard));
+    for (const std::string& name : {matrix, ScaleSidecarName(matrix)}) {
+      const st::TensorInfo* victim = nullptr;
+      for (const st::TensorInfo& t : h.tensors)
+        if (t.name == name) victim = &t;
+      ASSERT_NE(victim, nullptr) << name;
+      std::string bytes = original;
+      bytes[victim->file_offset + 13] ^= 0x01;
+      WriteAll(copy, bytes);
+      EXPECT_THAT(VerifyShard(source, copy),
+                  StatusIs(absl::StatusCode::kDataLoss,
+                           AllOf(HasSubstr("tensor '" + name + "': byte 13 of"),
+                                 HasSubstr("quantized again"))))
+          << *dir;
+    }
+    fs::remove_all(fs::path(copy).parent_path());
+  }
+}
+
 // ---- K3_MMAP --------------------------------------------------------------------------------
 
 TEST_F(RepackTest, MmapLogitsBitIdenticalAndFileBacked) {
