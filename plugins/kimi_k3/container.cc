@@ -1,10 +1,36 @@
 #include "plugins/kimi_k3/container.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+
 #include "absl/strings/str_cat.h"
+#include "common/io/io.h"
 
 namespace coli::k3 {
 
 using kernels::WeightFormat;
+
+bool IsRepackContainer(const std::string& dir) {
+  std::error_code ec;
+  std::string first;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.ends_with(".safetensors") && (first.empty() || name < first)) first = name;
+  }
+  if (ec || first.empty()) return false;
+  const std::string path = (std::filesystem::path(dir) / first).string();
+  absl::StatusOr<std::unique_ptr<io::File>> file = io::File::Open(path);
+  if (!file.ok() || (*file)->size() < 8) return false;
+  std::string prefix(8, '\0');
+  if (!(*file)->ReadAt(0, 8, prefix.data()).ok()) return false;
+  absl::StatusOr<uint64_t> n = st::ParseHeaderLength(prefix, (*file)->size(), path);
+  if (!n.ok()) return false;
+  std::string json(*n, '\0');
+  if (!(*file)->ReadAt(8, *n, json.data()).ok()) return false;
+  absl::StatusOr<st::Header> header = st::ParseHeader(json, (*file)->size(), path);
+  return header.ok() && header->metadata.count(kRepackMetadataKey) != 0;
+}
 
 absl::StatusOr<WeightFormat> ContainerFormat(const st::TensorInfo& data, const st::TensorInfo& qs,
                                              int64_t rows, int64_t cols) {

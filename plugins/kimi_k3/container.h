@@ -36,6 +36,14 @@ absl::StatusOr<kernels::WeightFormat> ContainerFormat(const st::TensorInfo& data
                                                       const st::TensorInfo& qs, int64_t rows,
                                                       int64_t cols);
 
+// The "__metadata__" key k3-repack writes into every shard it makes (value: the version of its
+// provenance record, repack.cc).
+inline constexpr char kRepackMetadataKey[] = "k3_repack";
+
+// Whether the first *.safetensors in `dir` (by name) carries kRepackMetadataKey, i.e. `dir` is
+// (part of) a k3-repack output. Reads one header; false on any error.
+bool IsRepackContainer(const std::string& dir);
+
 // The tensors a quantized matrix becomes in a container: the U8 data (shape [O, I] for int8,
 // [O, I/2] for int4-g64) and the F32 sidecar. INVALID_ARGUMENT for any other format.
 absl::StatusOr<std::vector<st::PlannedTensor>> ContainerTensors(const std::string& name,

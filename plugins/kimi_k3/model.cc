@@ -6,6 +6,7 @@
 #include "common/ops/ops.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/attn_res.h"
+#include "plugins/kimi_k3/container.h"
 #include "plugins/kimi_k3/dense_mlp.h"
 #include "plugins/kimi_k3/session.h"
 
@@ -59,8 +60,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   COLI_ASSIGN_OR_RETURN(model->cfg_, Config::LoadDir(dir));
   COLI_ASSIGN_OR_RETURN(model->snapshot_,
                         st::Snapshot::Open(dir, {.extra_dirs = options.extra_dirs}));
-  COLI_ASSIGN_OR_RETURN(model->weights_,
-                        Weights::Load(*model->snapshot_, model->cfg_, options, progress));
+  absl::StatusOr<std::unique_ptr<Weights>> weights =
+      Weights::Load(*model->snapshot_, model->cfg_, options, progress);
+  if (weights.status().code() == absl::StatusCode::kNotFound && IsRepackContainer(dir)) {
+    // A container lacking a tensor is almost always a repack that has not finished.
+    return absl::NotFoundError(absl::StrCat(
+        weights.status().message(), "; '", dir,
+        "' is a k3-repack output that lacks it: the repack has not finished (or ran with "
+        "--shards); run k3-repack <source> '",
+        dir, "' again to complete it"));
+  }
+  COLI_ASSIGN_OR_RETURN(model->weights_, std::move(weights));
   const int layers = model->weights_->num_layers();
   if (experts) {
     COLI_ASSIGN_OR_RETURN(model->experts_, experts(*model->snapshot_, model->cfg_,

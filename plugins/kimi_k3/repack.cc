@@ -110,7 +110,7 @@ struct Bits {
 // shard only when all of these match this run's, so one container never mixes two sources (a
 // snapshot updated between runs) or two --bits; the mtime catches a re-downloaded shard whose
 // tensors kept their names, shapes and offsets.
-constexpr char kProvenanceKey[] = "k3_repack";  // the value is the provenance format's version
+constexpr const char* kProvenanceKey = kRepackMetadataKey;  // value: the record's version
 constexpr char kProvenanceVersion[] = "1";
 
 // 64-bit FNV-1a: tells two source headers apart (not a security digest).

@@ -673,6 +673,27 @@ TEST(RepackResumeTest, SecondRunIntoTheSameFolderIsRefused) {
   fs::remove_all(dst);
 }
 
+// A folder repacked in part (the run was stopped, or --shards) has a valid index of what is
+// there; loading it says the repack is unfinished rather than only naming a missing tensor.
+TEST(RepackResumeTest, LoadingAnUnfinishedRepackSaysSo) {
+  const std::string dir = TempDir("unfinished");
+  ASSERT_OK(RunRepack(dir, 8, {1, 2}).status());
+  EXPECT_THAT(
+      Model::Load(dir, Bits(8, false)).status(),
+      StatusIs(absl::StatusCode::kNotFound, AllOf(HasSubstr("is not in the snapshot"),
+                                                  HasSubstr("the repack has not finished"))));
+  ASSERT_OK(RunRepack(dir, 8).status());
+  EXPECT_OK(Model::Load(dir, Bits(8, false)).status());
+  // A source snapshot missing a tensor gets no such hint.
+  const std::string src = TempDir("unfinished_src");
+  CopyDir(K3_TEST_TINY, src);
+  fs::remove(src + "/model-00003-of-000016.safetensors");
+  EXPECT_THAT(Model::Load(src, Bits(8, true)).status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::Not(HasSubstr("has not finished"))));
+  fs::remove_all(src);
+  fs::remove_all(dir);
+}
+
 // ---- --verify-full (the tool) -----------------------------------------------------------------
 
 int RunTool(const std::string& args, std::string* err) {
