@@ -342,6 +342,9 @@ class Gateway {
     std::string text, finish_reason;
     Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
     Json text_offset = Json::array();
+    // Where text_offset counts from: OpenAI's offsets index the prompt followed by the completion
+    // (the first token of a reply to "Hello" is at 5, echo or not); vLLM's start at 0.
+    int64_t offset_base = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0;
   };
   std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f, const std::string& prompt,
@@ -568,11 +571,13 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
                                 const v1::ChatEvent* first, const DeltaFn& on_delta) {
   StopFilter stop(f.stop);
   bool stopped = false, cancelled = false, tool_calls = false;
-  // Logprobs list the content's tokens. A token that shows nothing yet (part of a character, the
-  // name in a structural tag such as <|close|>response<|sep|>) waits here: the next token that
-  // shows content claims it, one that shows other text or a special token drops it, so the
-  // entries' bytes join to the content.
+  // Logprobs list the content's tokens. A token that is part of a character shows nothing yet and
+  // waits here: the next token that shows content claims it (a reply cut inside a character lists
+  // it at the end), one that shows other text or a special token that shows nothing drops it.
+  // Whole text that shows nothing (the name in a structural tag such as <|close|>response<|sep|>)
+  // is not content. So the entries' bytes join to the content.
   std::vector<Json> unclaimed_logprobs;
+  bool content_last = false;  // the last token that showed anything showed content
   // The call the host is streaming: its index among this choice's calls and its id (-1: none).
   int streaming_index = -1;
   std::string streaming_id;
@@ -588,6 +593,14 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       cancelled = true;
       call.ctx.TryCancel();
     }
+  };
+  // The waiting entries, listed (each one's bytes are part of the content).
+  auto claim_logprobs = [&] {
+    for (const Json& entry : unclaimed_logprobs) {
+      out->logprobs.push_back(entry);
+      emit("logprob", entry);
+    }
+    unclaimed_logprobs.clear();
   };
   while (have || call.reader->Read(&ev)) {
     have = false;
@@ -651,20 +664,18 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
         }
       }
       if (f.top_logprobs >= 0 && !stopped) {
-        if (t.token().id() >= first_special_) {
+        const bool special = t.token().id() >= first_special_;
+        if (showed_content) {
+          // Also a special token that showed content: the parser flushed a character left
+          // unfinished before it (U+FFFD), whose parts wait here. The special token is not listed.
+          if (!special) unclaimed_logprobs.push_back(LogprobEntry(t.token(), f.top_logprobs));
+          claim_logprobs();
+        } else if (showed_other || special) {
           unclaimed_logprobs.clear();
-        } else if (showed_content) {
+        } else if (FirstInvalidUtf8(t.token().logprobs().sampled().text()).has_value()) {
           unclaimed_logprobs.push_back(LogprobEntry(t.token(), f.top_logprobs));
-          for (const Json& entry : unclaimed_logprobs) {
-            out->logprobs.push_back(entry);
-            emit("logprob", entry);
-          }
-          unclaimed_logprobs.clear();
-        } else if (showed_other) {
-          unclaimed_logprobs.clear();
-        } else {
-          unclaimed_logprobs.push_back(LogprobEntry(t.token(), f.top_logprobs));
-        }
+        }  // else whole text that shows nothing (a structural tag's name): not content
+        if (showed_content || showed_other) content_last = showed_content;
       }
       // A token that showed nothing still lets a stream check that its client is there.
       if (emitted == emitted_before) emit("tick", nullptr);
@@ -682,6 +693,9 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       out->content += tail;
       emit("content", tail);
     }
+    // The reply ended inside a character (max_tokens): its parts are still content tokens, one
+    // entry each, as OpenAI and vLLM list every generated content token.
+    if (content_last) claim_logprobs();
   }
   out->finish_reason = FinishReason(reason, tool_calls, stopped);
   if (cancelled) return grpc::Status(grpc::StatusCode::CANCELLED, "client disconnected");
@@ -864,6 +878,13 @@ std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFiel
   return call;
 }
 
+// Characters (code points, as OpenAI's Python counts them) of UTF-8 text.
+int64_t CodePoints(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
                                     CompletionResult* out, const v1::GenerateEvent* first,
                                     const DeltaFn& on_piece) {
@@ -873,7 +894,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
   // logprobs' text_offset. The text is a prefix of the tokens' texts (a stop string only cuts it),
   // so text[offset[i], offset[i + 1]) is what token i completed: "" for the first part of a
   // character, the character for the token that ends it.
-  int64_t text_chars = 0;
+  int64_t text_chars = out->offset_base;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   v1::GenerateEvent ev;
   bool have = first != nullptr;
@@ -968,6 +989,7 @@ void Gateway::Completions(const Req& req, Res& res) {
     for (int i = 0; i < f->n; ++i) {
       auto call = StartGenerate(*f, prompt, i, &watch);
       CompletionResult r;
+      r.offset_base = CodePoints(prompt);
       grpc::Status s =
           RunCompletion(*f, *call, &r, nullptr, [this, &watch](const char*, const Json&) {
             return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
@@ -1016,6 +1038,7 @@ void Gateway::Completions(const Req& req, Res& res) {
               i == 0 ? first_call
                      : std::shared_ptr<GenerateCall>(StartGenerate(*fields, prompt, i, &watch));
           CompletionResult r;
+          r.offset_base = CodePoints(prompt);
           grpc::Status s = RunCompletion(
               *fields, *call, &r, i == 0 ? first.get() : nullptr,
               [&](const char* kind, const Json& payload) {

@@ -146,9 +146,10 @@ test('legacy completions text_offset: where each token starts in the text, in ch
   const { text, logprobs } = r.json.choices[0];
   assert.equal(logprobs.text_offset.length, logprobs.tokens.length);
   // Reference: a streaming WHATWG decoder (U+FFFD per maximal subpart, as the server's) fed the
-  // tokens' bytes; a token's offset is the characters it had produced before that token.
+  // tokens' bytes; a token's offset is the characters before it in the prompt followed by the
+  // text (OpenAI's offsets start after the prompt, echo or not: a reply to "Hello" starts at 5).
   const decoder = new TextDecoder();
-  let chars = 0;
+  let chars = [...body.prompt].length;
   const want = logprobs.tokens.map((name) => {
     const at = chars;
     chars += [...decoder.decode(Uint8Array.from(tokenBytes(name)), { stream: true })].length;
@@ -230,4 +231,26 @@ test('responses: output_text logprobs join to the text, streamed deltas to the s
     if (ev.type === 'response.output_text.delta') streamed += ev.delta;
   }
   assert.equal(streamed, part.text);
+});
+
+// A reply cut by max_tokens inside a character: every generated content token still has its
+// entry (OpenAI and vLLM list each one); the parts of the unfinished character used to wait for
+// a token that never came and were lost. The greedy model spells TEXT, whose characters span
+// several tokens, so some of these cut points fall inside one.
+test('chat logprobs list every content token when max_tokens cuts inside a character', async () => {
+  let cutInside = 0;
+  for (let max = 1; max <= 10; max++) {
+    const r = await post(server.base, '/v1/chat/completions', spelled({ max_tokens: max }));
+    assert.equal(r.status, 200, r.text);
+    const { message, logprobs } = r.json.choices[0];
+    const entries = logprobs.content;
+    const lastBytes = entries.length ? entries[entries.length - 1].bytes : [];
+    if (entries.length && !isUtf8(entries.flatMap((e) => e.bytes))) ++cutInside;
+    // The constrained answer is content from its first token: one entry per generated token
+    // (the tokens of the closing tag come only after the whole string).
+    assert.equal(entries.length, r.json.usage.completion_tokens,
+      `max_tokens ${max}: ${entries.length} entries for ${r.json.usage.completion_tokens} tokens ` +
+      `(content ${JSON.stringify(message.content)}, last bytes ${lastBytes})`);
+  }
+  assert.ok(cutInside > 0, 'no cut point fell inside a character');
 });
