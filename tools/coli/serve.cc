@@ -571,11 +571,12 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
                                 const v1::ChatEvent* first, const DeltaFn& on_delta) {
   StopFilter stop(f.stop);
   bool stopped = false, cancelled = false, tool_calls = false;
-  // Logprobs list the content's tokens. A token that is part of a character shows nothing yet and
-  // waits here: the next token that shows content claims it (a reply cut inside a character lists
-  // it at the end), one that shows other text or a special token that shows nothing drops it.
-  // Whole text that shows nothing (the name in a structural tag such as <|close|>response<|sep|>)
-  // is not content. So the entries' bytes join to the content.
+  // Logprobs list the content's tokens. A token that is part of a character, or whose text the
+  // stop filter holds, shows nothing yet and waits here: the next token that shows content claims
+  // it (a reply cut inside a character lists it at the end), one that shows other text, a special
+  // token that shows nothing or a stop string drops it. Whole text that shows nothing (the name
+  // in a structural tag such as <|close|>response<|sep|>) is not content. So the entries' bytes
+  // join to the content (a token half cut by a stop string is listed whole).
   std::vector<Json> unclaimed_logprobs;
   bool content_last = false;  // the last token that showed anything showed content
   // The call the host is streaming: its index among this choice's calls and its id (-1: none).
@@ -614,6 +615,8 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       ++out->completion_tokens;
       const int64_t emitted_before = emitted;
       bool showed_content = false, showed_other = false;
+      // Content the stop filter let through, and whether a stop string ended the reply here.
+      bool visible_content = false, stopped_here = false;
       for (const v1::ChatDelta& d : t.deltas()) {
         if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
           showed_other = true;
@@ -625,9 +628,10 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           if (stopped) continue;
           std::string visible = stop.Push(d.text());
           out->content += visible;
+          visible_content = visible_content || !visible.empty();
           if (!visible.empty()) emit("content", visible);
           if (stop.stopped()) {
-            stopped = true;
+            stopped = stopped_here = true;
             StopAtHost(call.request_id);
           }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL_DELTA) {
@@ -663,13 +667,18 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           emit(streamed ? "tool_call_done" : "tool_call", tc);
         }
       }
-      if (f.top_logprobs >= 0 && !stopped) {
+      if (f.top_logprobs >= 0 && (!stopped || stopped_here)) {
         const bool special = t.token().id() >= first_special_;
-        if (showed_content) {
+        if (visible_content) {
           // Also a special token that showed content: the parser flushed a character left
           // unfinished before it (U+FFFD), whose parts wait here. The special token is not listed.
           if (!special) unclaimed_logprobs.push_back(LogprobEntry(t.token(), f.top_logprobs));
           claim_logprobs();
+        } else if (stopped_here) {
+          unclaimed_logprobs.clear();  // their text, and this token's, went with the stop string
+        } else if (showed_content) {
+          // The stop filter holds this text (it may begin a stop string): it waits with it.
+          if (!special) unclaimed_logprobs.push_back(LogprobEntry(t.token(), f.top_logprobs));
         } else if (showed_other || special) {
           unclaimed_logprobs.clear();
         } else if (FirstInvalidUtf8(t.token().logprobs().sampled().text()).has_value()) {

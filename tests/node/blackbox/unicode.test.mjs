@@ -254,3 +254,23 @@ test('chat logprobs list every content token when max_tokens cuts inside a chara
   }
   assert.ok(cutInside > 0, 'no cut point fell inside a character');
 });
+
+// A stop string: the entries of the tokens it cut (held by the stop filter, then dropped) are not
+// listed, so the entries' bytes still join to the content (they ran on past it: "你好世\uFFFD"
+// for the content "你好" with stop "世界"). Streamed entries equal the non-streamed ones.
+test('chat logprobs end where a stop string cuts the content', async () => {
+  for (const stop of ['世界', '🙂👨', 'é"', '\u200d👧']) {
+    const r = await post(server.base, '/v1/chat/completions', spelled({ stop: [stop] }));
+    assert.equal(r.status, 200, r.text);
+    const { message, logprobs, finish_reason } = r.json.choices[0];
+    assert.equal(finish_reason, 'stop', `stop ${JSON.stringify(stop)}`);
+    assert.ok(!message.content.includes(stop), message.content);
+    checkEntries(logprobs.content, message.content, `stop ${JSON.stringify(stop)}`);
+    const streamed = [];
+    for await (const chunk of await client.chat.completions.create(
+      { ...spelled({ stop: [stop] }), stream: true })) {
+      for (const c of chunk.choices) streamed.push(...(c.logprobs?.content ?? []));
+    }
+    assert.deepEqual(streamed, logprobs.content, `stop ${JSON.stringify(stop)}: streamed`);
+  }
+});
