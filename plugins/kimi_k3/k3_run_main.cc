@@ -31,6 +31,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/kernels/kernels.h"
 #include "common/sampling/sampling.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/model.h"
@@ -263,12 +264,23 @@ absl::Status Main(int argc, char** argv) {
             << model->weights().resident_bytes / 1e6 << " MB resident";
   if (model->weights().mapped_bytes > 0)
     std::cerr << " + " << model->weights().mapped_bytes / 1e6 << " MB mapped (K3_MMAP)";
-  // An unset switch shows "auto": a repacked container keeps its own format (weights.h), a
-  // BF16 snapshot gets the default.
-  auto bits = [](int b, bool set) { return set ? std::to_string(b) : "auto:" + std::to_string(b); };
-  std::cerr << "; bits " << bits(opt.bits, opt.bits_set) << "/"
-            << bits(opt.mla_bits, opt.mla_bits_set) << "/" << bits(opt.head_bits, opt.head_bits_set)
-            << ", idot " << opt.idot << ", chunk " << opt.chunk << ")\n";
+  // The formats the matrices have, not the switches: an unset switch leaves a repacked
+  // container's own format (weights.h), so "auto:8" misnamed a container made with 4. Shown for
+  // the first KDA layer's q_proj, the first MLA layer's q_a_proj and lm_head.
+  const Weights& w = model->weights();
+  auto format_of = [&](bool kda) -> std::string {
+    for (const LayerWeights& l : w.layers) {
+      if (l.kda == kda) {
+        return kernels::WeightFormatName((kda ? l.kda_w.q_proj : l.mla_w.q_a_proj).view().format);
+      }
+    }
+    return "-";
+  };
+  std::cerr << "; matrices " << format_of(true) << "/" << format_of(false) << "/"
+            << kernels::WeightFormatName(w.lm_head.view().format) << " (KDA/MLA/head"
+            << (opt.bits_set || opt.mla_bits_set || opt.head_bits_set ? ", as K3_*BITS asked"
+                                                                      : "")
+            << "), idot " << opt.idot << ", chunk " << opt.chunk << ")\n";
 
 #ifdef COLI_K3_HAVE_TOKENIZER
   std::unique_ptr<tok::Tokenizer> tokenizer;
