@@ -4,8 +4,9 @@
 //   echo -n '<|open|>' | coli tokenize --tokenizer /models/Kimi-K3 --allow-special  # [163587]
 //   echo '[163587]' | coli tokenize --tokenizer /models/Kimi-K3 --decode            # <|open|>
 //
-// Encode mode reads all of stdin as bytes (invalid UTF-8 is replaced as the tokenizer
-// documents) and prints one JSON array of ids. --decode reads one JSON array of ids and
+// Encode mode reads all of stdin and prints one JSON array of ids; stdin that is not UTF-8 is
+// refused naming the first bad byte, as `coli run` refuses such a prompt (the tokenizer would
+// replace it with U+FFFD: ids of text the user never wrote). --decode reads one JSON array of ids and
 // writes the raw bytes. --jsonl encodes many texts in one process: every stdin line is a
 // JSON string, every output line the JSON array of its ids (for scripts and tests).
 #include <cerrno>
@@ -137,6 +138,10 @@ int RunTokenize(int argc, char** argv) {
 
   std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   if (!decode) {
+    if (absl::Status bad = CheckUtf8("stdin", input); !bad.ok()) {
+      std::fprintf(stderr, "coli tokenize: %s\n", std::string(bad.message()).c_str());
+      return 1;
+    }
     std::string out = IdsToJson(tokenizer.Encode(input, allow_special));
     std::fprintf(stdout, "%s\n", out.c_str());
     return FlushStdout();
