@@ -7,7 +7,8 @@ coli_cc_library(NAME coli_host_core
   HDRS ${CMAKE_CURRENT_LIST_DIR}/plugin.h ${CMAKE_CURRENT_LIST_DIR}/engine.h
        ${CMAKE_CURRENT_LIST_DIR}/service.h
   PUBLIC_DEPS coli_proto coli_plugin_api coli_status coli_log gRPC::grpc++
-  DEPS coli_sampling gRPC::grpc++_reflection nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
+  DEPS coli_sampling coli_io coli_json gRPC::grpc++_reflection nlohmann_json::nlohmann_json
+       ${CMAKE_DL_LIBS})
 target_compile_definitions(coli_host_core PRIVATE COLI_HOST_VERSION="${PROJECT_VERSION}")
 
 coli_cc_binary(NAME coli-host SRCS ${CMAKE_CURRENT_LIST_DIR}/main.cc DEPS coli_host_core coli_flags)

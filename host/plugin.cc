@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/io/io.h"
+#include "common/json/json.h"
 #include "common/log/log.h"
 #include "common/sampling/sampling.h"
 #include "common/status/status.h"
@@ -195,11 +197,12 @@ absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
   return plugin;
 }
 
-absl::StatusOr<bool> Plugin::Probe(const std::string& model_dir) const {
+absl::StatusOr<bool> Plugin::Probe(const std::string& model_dir, std::string* serves_note) const {
   ErrorText err;
   int32_t serves = 0;
   coli_status_t code = api_->probe(Str(model_dir), &serves, err.get());
   COLI_RETURN_IF_ERROR(Annotate(err.ToStatus(code), absl::StrCat("plugin ", family_, " probe")));
+  if (serves_note != nullptr) *serves_note = serves != 0 ? "" : std::string(err.message());
   return serves != 0;
 }
 
@@ -569,6 +572,61 @@ absl::StatusOr<size_t> Model::Reusable(const Session* session,
 
 // ---- PluginSet ----------------------------------------------------------------------------
 
+namespace {
+
+// What `dir`/config.json declares, or why it cannot be read: the reason no plugin took the
+// folder, so a user pointed at the wrong folder or a foreign model sees which and why.
+std::string DescribeModelConfig(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(dir) / "config.json";
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  if (fs::is_symlink(link) && !fs::exists(path, ec)) {
+    return absl::StrCat("'", path.string(), "' is a symlink to '",
+                        fs::read_symlink(path, ec).string(),
+                        "', which does not exist (an interrupted or pruned download?)");
+  }
+  if (!fs::exists(link)) {
+    std::string hint;
+    if (fs::is_directory(fs::path(dir) / "snapshots", ec)) {
+      hint =
+          "; it looks like a Hugging Face cache folder: give one of its snapshots/<revision> "
+          "folders";
+    } else if (fs::is_empty(dir, ec) && !ec) {
+      hint = "; the folder is empty";
+    }
+    return absl::StrCat("it has no config.json", hint);
+  }
+  absl::StatusOr<std::string> text = io::ReadFileToString(path.string(), 16 << 20);
+  if (!text.ok()) return std::string(text.status().message());
+  absl::StatusOr<nlohmann::json> doc = json::Parse(*text, path.string());
+  if (!doc.ok()) return std::string(doc.status().message());
+  if (!doc->is_object()) return absl::StrCat("'", path.string(), "' is not a JSON object");
+  auto string_of = [](const nlohmann::json& object, const char* key) -> std::string {
+    auto it = object.find(key);
+    return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  std::string model_type = string_of(*doc, "model_type");
+  std::vector<std::string> architectures;
+  if (auto it = doc->find("architectures"); it != doc->end() && it->is_array()) {
+    for (const auto& a : *it) {
+      if (a.is_string()) architectures.push_back(a.get<std::string>());
+    }
+  }
+  if (model_type.empty() && architectures.empty()) {
+    return absl::StrCat("'", path.string(), "' names neither model_type nor architectures");
+  }
+  std::string declared = absl::StrCat("'", path.string(), "' declares");
+  if (!model_type.empty()) absl::StrAppend(&declared, " model_type '", model_type, "'");
+  if (!architectures.empty()) {
+    absl::StrAppend(&declared, model_type.empty() ? "" : ",", " architectures ",
+                    absl::StrJoin(architectures, ", "));
+  }
+  return declared;
+}
+
+}  // namespace
+
 PluginSet PluginSet::LoadDir(const std::string& dir) {
   PluginSet set;
   std::error_code ec;
@@ -604,18 +662,20 @@ absl::StatusOr<const Plugin*> PluginSet::ForModel(const std::string& model_dir) 
   std::vector<std::string> tried;
   std::vector<std::string> errors;
   for (const auto& plugin : plugins_) {
-    auto serves = plugin->Probe(model_dir);
+    std::string note;
+    auto serves = plugin->Probe(model_dir, &note);
     if (!serves.ok()) {
       errors.push_back(std::string(serves.status().message()));
       continue;
     }
     if (*serves) return plugin.get();
-    tried.push_back(plugin->family());
+    tried.push_back(note.empty() ? plugin->family() : absl::StrCat(plugin->family(), ": ", note));
   }
-  std::string detail = tried.empty() ? "no plugin loaded" : absl::StrJoin(tried, ", ");
+  std::string detail = tried.empty() ? "no plugin loaded" : absl::StrJoin(tried, "; ");
   if (!errors.empty()) absl::StrAppend(&detail, "; ", absl::StrJoin(errors, "; "));
-  return absl::NotFoundError(
-      absl::StrCat("no plugin serves model directory '", model_dir, "' (tried: ", detail, ")"));
+  return absl::NotFoundError(absl::StrCat("no plugin serves model directory '", model_dir,
+                                          "': ", DescribeModelConfig(model_dir),
+                                          " (supported: ", detail, ")"));
 }
 
 }  // namespace coli::host

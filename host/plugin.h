@@ -196,7 +196,10 @@ class Plugin {
   uint32_t minor() const { return minor_; }  // the negotiated minor
   const coli_plugin_api_t& api() const { return *api_; }
 
-  absl::StatusOr<bool> Probe(const std::string& model_dir) const;
+  // `serves_note`, when given, receives what the plugin says it serves when it does not serve
+  // `model_dir` (empty when it says nothing).
+  absl::StatusOr<bool> Probe(const std::string& model_dir,
+                             std::string* serves_note = nullptr) const;
   absl::StatusOr<std::unique_ptr<Model>> Open(const std::string& model_dir,
                                               const ModelOptions& options,
                                               const ProgressFn& progress) const;

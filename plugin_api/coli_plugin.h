@@ -432,7 +432,10 @@ typedef struct coli_plugin_api_t {
   void (*shutdown)(void);
 
   /* v1.0 [any-thread] Reads `model_dir`/config.json (borrowed) and sets *serves to 1 when this
-   * plugin serves the model, 0 otherwise. A non-OK status means the directory itself is bad. */
+   * plugin serves the model, 0 otherwise. A non-OK status means the directory itself is bad.
+   * With *serves = 0 and an OK status a plugin may also write into *error one short line of what
+   * it does serve ("model_type 'x' or architectures X*"); the host quotes it when no plugin
+   * serves the folder (any minor: an older host ignores it, an older plugin writes nothing). */
   coli_status_t (*probe)(coli_string_t model_dir, int32_t* serves, coli_error_t* error);
 
   /* v1.0 [any-thread] Opens a model. *model is plugin-owned; free it with model_close. */

@@ -11,6 +11,8 @@
 //     static constexpr const char* kFamily = "my_family";
 //     static constexpr const char* kVersion = "1.0.0";
 //     static absl::Status Probe(std::string_view dir, int32_t* serves);
+//     static constexpr const char* kServes = "model_type 'my_family'";  // optional: what
+//         // Probe accepts, quoted by the host when no plugin serves a folder
 //     static absl::StatusOr<std::unique_ptr<Model>> Open(const coli_model_open_args_t& args);
 //     static absl::Status Info(Model& m, coli_model_info_t* info);
 //     static absl::StatusOr<std::vector<int32_t>> Tokenize(Model& m, std::string_view text,
@@ -90,7 +92,12 @@ coli_plugin_api_t MakePluginTable() {
   api.probe = [](coli_string_t dir, int32_t* serves, coli_error_t* e) {
     return Guard(e, [&] {
       *serves = 0;
-      return Family::Probe(View(dir), serves);
+      absl::Status status = Family::Probe(View(dir), serves);
+      // What the family serves, for the host's "no plugin serves" message (optional member).
+      if constexpr (requires { Family::kServes; }) {
+        if (status.ok() && *serves == 0) WriteError(e, Family::kServes);
+      }
+      return status;
     });
   };
   api.model_open = [](const coli_model_open_args_t* a, coli_model_t** out, coli_error_t* e) {

@@ -1550,6 +1550,8 @@ struct K3Family {
   using Session = K3Session;
   static constexpr const char* kFamily = "kimi_k3";
   static constexpr const char* kVersion = "0.1.0";
+  static constexpr const char* kServes =
+      "architectures KimiK3ForConditionalGeneration (KimiK3*) or model_type 'kimi_k3'";
   static void Shutdown() {
     SetLogSink(nullptr);
     g_host = nullptr;
