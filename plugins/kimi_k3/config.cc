@@ -1,7 +1,10 @@
 #include "plugins/kimi_k3/config.h"
 
+#include <algorithm>
 #include <fstream>
+#include <limits>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -162,6 +165,20 @@ absl::StatusOr<Config> Config::Parse(std::string_view json_text, std::string_vie
   COLI_RETURN_IF_ERROR(RequireBool(lin, "use_full_rank_gate", true));
   COLI_ASSIGN_OR_RETURN(std::vector<int64_t> kda_layers, lin.IntArray("kda_layers"));
   COLI_ASSIGN_OR_RETURN(std::vector<int64_t> full_layers, lin.IntArray("full_attn_layers"));
+  // Every layer is in exactly one list, so a num_hidden_layers beyond the lists' length is
+  // refused before anything is sized by it (1e9 layers used to zero 4 GB and take minutes).
+  if (static_cast<size_t>(cfg.num_layers) > kda_layers.size() + full_layers.size()) {
+    const std::set<int64_t> listed(kda_layers.begin(), kda_layers.end());
+    int64_t missing = 1;
+    while (listed.count(missing) != 0 ||
+           std::find(full_layers.begin(), full_layers.end(), missing) != full_layers.end()) {
+      ++missing;
+    }
+    return Invalid(text, "num_hidden_layers",
+                   absl::StrCat(cfg.num_layers, " layers, but linear_attn_config.kda_layers and ",
+                                "full_attn_layers name ", kda_layers.size() + full_layers.size(),
+                                " (layer ", missing, ", 1-based, is in neither)"));
+  }
   std::vector<int> kind(cfg.num_layers, 0);  // 1 = KDA, 2 = MLA
   for (auto [list, key, value] : {std::tuple{&kda_layers, "kda_layers", 1},
                                   std::tuple{&full_layers, "full_attn_layers", 2}}) {
@@ -206,6 +223,26 @@ absl::StatusOr<Config> Config::Parse(std::string_view json_text, std::string_vie
   COLI_RETURN_IF_ERROR(RequireInt(text, "num_expert_group", 1));
   COLI_RETURN_IF_ERROR(RequireInt(text, "topk_group", 1));
   COLI_RETURN_IF_ERROR(CheckQuantization(text));
+  // Widths the engine derives from two keys are ints: one that does not fit is refused here
+  // rather than wrapped into a wrong (negative, or worse, plausible) tensor shape.
+  const struct {
+    const Cursor& at;
+    const char* what;
+    int64_t value;
+  } derived[] = {
+      {lin, "num_heads × head_dim", int64_t{cfg.kda.num_heads} * cfg.kda.head_dim},
+      {text, "qk_nope_head_dim + qk_rope_head_dim",
+       int64_t{cfg.mla.qk_nope_head_dim} + cfg.mla.qk_rope_head_dim},
+      {text, "kv_lora_rank + qk_rope_head_dim",
+       int64_t{cfg.mla.kv_lora_rank} + cfg.mla.qk_rope_head_dim},
+      {text, "num_shared_experts × moe_intermediate_size",
+       int64_t{cfg.moe.num_shared_experts} * cfg.moe.intermediate},
+  };
+  for (const auto& d : derived) {
+    if (d.value > std::numeric_limits<int32_t>::max()) {
+      return d.at.Error(absl::StrCat(d.what, " = ", d.value, " is too large (at most 2^31 - 1)"));
+    }
+  }
   // Ignored on purpose (§1.2): head_dim (hidden/heads, meaningless), rope_theta,
   // rope_parameters, rope_scaling (no RoPE anywhere), max_position_embeddings (informational),
   // num_nextn_predict_layers (no MTP head is used for decoding), use_grouped_topk (a no-op

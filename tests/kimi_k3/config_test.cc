@@ -136,6 +136,53 @@ TEST(K3Config, RefusesUnsupportedValuesNamingTheKey) {
   }
 }
 
+TEST(K3Config, HugeLayerCountIsRefusedBeforeAnythingIsSizedByIt) {
+  nlohmann::json j = RealConfig();
+  j["text_config"]["num_hidden_layers"] = 1000000000;  // used to zero 4 GB and take minutes
+  auto cfg = Config::Parse(j.dump(), "config.json");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(cfg.status().message().find(
+                "text_config.num_hidden_layers: 1000000000 layers, but linear_attn_config."
+                "kda_layers and full_attn_layers name 93 (layer 94, 1-based, is in neither)"),
+            std::string::npos)
+      << cfg.status();
+}
+
+TEST(K3Config, DerivedWidthsThatOverflowAnIntAreRefused) {
+  struct Case {
+    const char* what;
+    void (*edit)(nlohmann::json&);
+    const char* message;
+  };
+  const Case cases[] = {
+      // 1e9 × 128 wrapped to a negative q_proj row count; 33554433 × 128 wraps to exactly 128.
+      {"kda heads",
+       [](auto& j) { j["text_config"]["linear_attn_config"]["num_heads"] = 1000000000; },
+       "text_config.linear_attn_config: num_heads × head_dim = 128000000000 is too large"},
+      {"kda head_dim",
+       [](auto& j) { j["text_config"]["linear_attn_config"]["head_dim"] = 33554433; },
+       "num_heads × head_dim = 3221225568 is too large"},
+      {"shared", [](auto& j) { j["text_config"]["moe_intermediate_size"] = 1 << 30; },
+       "text_config: num_shared_experts × moe_intermediate_size = 2147483648 is too large"},
+      {"q head",
+       [](auto& j) {
+         j["text_config"]["qk_nope_head_dim"] = 1 << 30;
+         j["text_config"]["qk_rope_head_dim"] = 1 << 30;
+       },
+       "qk_nope_head_dim + qk_rope_head_dim = 2147483648 is too large"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = RealConfig();
+    c.edit(j);
+    auto cfg = Config::Parse(j.dump(), "config.json");
+    ASSERT_FALSE(cfg.ok()) << c.what;
+    EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(cfg.status().message().find(c.message), std::string::npos)
+        << c.what << ": " << cfg.status();
+  }
+}
+
 TEST(K3Config, MalformedJsonAndMissingFile) {
   EXPECT_EQ(Config::Parse("{\"text_config\": ").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Config::LoadDir("/nonexistent-k3").status().code(), absl::StatusCode::kNotFound);
