@@ -20,7 +20,11 @@ coli_cc_library(NAME coli_serve_api
        ${CMAKE_CURRENT_LIST_DIR}/serve_connection.h
   PUBLIC_DEPS gRPC::grpc++ nlohmann_json::nlohmann_json absl::status absl::statusor
   DEPS coli_io coli_log)
-target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/serve.cc)
+# The gateway itself: serve_gateway.h declares it; its handlers are split by endpoint family.
+target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/serve.cc ${CMAKE_CURRENT_LIST_DIR}/serve_gateway.cc
+                            ${CMAKE_CURRENT_LIST_DIR}/serve_chat.cc
+                            ${CMAKE_CURRENT_LIST_DIR}/serve_completions.cc
+                            ${CMAKE_CURRENT_LIST_DIR}/serve_responses_routes.cc)
 target_link_libraries(coli PRIVATE coli_serve_api coli_client coli_proto gRPC::grpc++
                                    PkgConfig::HTTPLIB nlohmann_json::nlohmann_json)
 target_link_libraries(coli PRIVATE coli_web_assets)

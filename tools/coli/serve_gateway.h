@@ -1,0 +1,369 @@
+// tools/coli/serve_gateway: the `coli serve` gateway's class and the helpers its handlers share.
+// The handlers live by endpoint family: serve_gateway.cc (authorization, bodies, routes, CORS,
+// httplib's own errors, /v1/models, /tokenize, /detokenize, /apply-template, /health, /metrics),
+// serve_chat.cc (/v1/chat/completions and the SSE writer), serve_completions.cc
+// (/v1/completions), serve_responses_routes.cc (/v1/responses and its sub-resources); serve.cc
+// holds the command line and the server's life.
+#ifndef COLI_TOOLS_COLI_SERVE_GATEWAY_H_
+#define COLI_TOOLS_COLI_SERVE_GATEWAY_H_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "coli/v1/coli.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "httplib.h"
+#include "tools/coli/serve_connection.h"
+#include "tools/coli/serve_openai.h"
+#include "tools/coli/serve_responses.h"
+#include "tools/coli/serve_responses_background.h"
+#include "tools/coli/serve_responses_disk.h"
+#include "tools/coli/serve_responses_stream.h"
+
+namespace coli::cli::serve {
+
+inline int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// The type of every SSE answer. It names the charset: Python's requests (and other clients) read
+// a text/* body without one as Latin-1, so `iter_lines(decode_unicode=True)` turned every
+// non-ASCII character into mojibake (and U+0085 from a split character cut events short); vLLM
+// and OpenAI send the charset too. See SendUncompressed.
+inline constexpr char kEventStream[] = "text/event-stream; charset=utf-8";
+
+// httplib 0.11 compresses every text/* answer but exactly "text/event-stream" when the client
+// accepts gzip or br (curl --compressed, browsers, most SDKs), and its compressor holds the events
+// back until the stream ends. So a request answered with a stream drops its Accept-Encoding: the
+// events go out as they are made. httplib reads the header when it writes the answer, after the
+// handler; the Request is its own non-const object, handed to handlers as const.
+inline void SendUncompressed(const httplib::Request& req) {
+  const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
+}
+
+inline bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+// ---- the gateway ------------------------------------------------------------------------------
+
+inline Json UsageJson(int64_t prompt_tokens, int64_t completion_tokens) {
+  return Json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+// A stream's first event, read before answering so that a request the host refuses is a plain
+// error response: false with the host's status in *why otherwise.
+template <typename Event>
+bool ReadFirstEvent(grpc::ClientReader<Event>& reader, Event* first, grpc::Status* why) {
+  if (reader.Read(first)) return true;
+  *why = reader.Finish();
+  if (why->ok()) *why = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
+  return false;
+}
+
+// llama.cpp's `prompt_progress` object (its server answers `return_progress` with it): prompt
+// tokens in all, of them reused from the cache, ready so far (the cached ones included), and
+// milliseconds since the prompt began to be read.
+inline Json PromptProgress(const v1::PrefillProgress& p) {
+  Json j;
+  j["total"] = p.total();
+  j["cache"] = p.reused();
+  j["processed"] = p.done();
+  j["time_ms"] = p.elapsed_ms();
+  return j;
+}
+
+// One generation's accumulated result (one choice).
+struct ChoiceResult {
+  std::string reasoning, content;
+  Json tool_calls = Json::array();
+  Json logprobs = Json::array();
+  std::string finish_reason;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  // The tokens through the last one that carried reasoning text (the tags closing the think
+  // block count as output), and the prompt tokens the host reused (/v1/responses' usage).
+  int64_t reasoning_tokens = 0, cached_tokens = 0;
+};
+
+// A logprob entry's `token` as OpenAI writes it: the token's text, or "bytes:\xe4\xbd" for a
+// token whose bytes are not UTF-8 on their own (serve_chat.cc).
+std::string LogprobTokenText(const std::string& bytes);
+
+class Gateway {
+ public:
+  Gateway(v1::Coli::Stub* stub, v1::ModelInfo info, std::string api_key, bool serve_web_page,
+          size_t max_background, std::unique_ptr<ResponseDir> responses_dir,
+          std::vector<std::string> allowed_origins)
+      : stub_(stub),
+        info_(std::move(info)),
+        api_key_(std::move(api_key)),
+        serve_web_page_(serve_web_page),
+        allowed_origins_(std::move(allowed_origins)),
+        background_(max_background) {
+    if (responses_dir) responses_.Persist(std::move(responses_dir));  // loads what it kept
+    // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
+    // where they start. None of them is answer text.
+    first_special_ = info_.vocab_size();
+    for (const auto& s : info_.special_tokens()) first_special_ = std::min(first_special_, s.id());
+  }
+
+  void Register(httplib::Server* server);
+  // The methods `path` takes ("" when no endpoint has that path), for Allow and 405.
+  std::vector<std::string> MethodsFor(const std::string& path) const;
+  // Ends every stream at its next token or event (their clients are treated as gone), cancels
+  // the background responses and joins their threads (which ends the streams that follow
+  // them). Called when the server is told to stop, before the HTTP server waits for its
+  // handlers, and again after (a no-op then); the host is still up.
+  void Shutdown() {
+    stopping_ = true;
+    background_.Shutdown();
+  }
+
+ private:
+  using Req = httplib::Request;
+  using Res = httplib::Response;
+  using Handler = std::function<void(const Req&, Res&)>;
+
+  // One endpoint: a method and a whole-path pattern (httplib's), kept so that a wrong method is
+  // a 405 naming the right ones, OPTIONS answers for every path, and a body-less POST (no
+  // Content-Length, which httplib 0.11 would read until the connection closes) is dispatched
+  // here with an empty body.
+  struct Route {
+    std::string method;
+    std::regex pattern;
+    Handler handler;
+  };
+  void Add(httplib::Server* server, const std::string& method, const std::string& pattern,
+           Handler handler);
+  // Before httplib routes a request: CORS headers, OPTIONS, body-less POST / DELETE.
+  httplib::Server::HandlerResponse PreRoute(const Req& req, Res& res);
+  // The error object for a reply httplib made itself (unknown path or method, a malformed
+  // request, a body or URI over the limits).
+  void HttpError(const Req& req, Res& res);
+  // Access-Control-Allow-Origin for an --allow-origin origin ("" otherwise).
+  std::string CorsOrigin(const Req& req) const;
+
+  void Reply(Res& res, int status, const Json& body) {
+    res.status = status;
+    res.set_content(Dump(body), "application/json");
+  }
+  void Fail(Res& res, const ApiError& e) {
+    res.status = e.http_status;
+    // The host's queue is full: a client that retries (the openai SDK does) waits a second.
+    if (e.http_status == 429 && e.code == "queue_full") res.set_header("Retry-After", "1");
+    res.set_content(ErrorBody(e), "application/json");
+  }
+  // A host call ended CANCELLED: its client went away (counted; the answer goes to nobody), the
+  // server stops (503), or something else cancelled it (the host's own 499).
+  void Abandoned(Res& res, const grpc::Status& s, const ConnectionWatch& client) {
+    if (!stopping_) {
+      if (client.PeerClosed()) ++disconnects_;
+      return Fail(res, FromHostStatus(s));
+    }
+    ApiError e;
+    e.http_status = 503;
+    e.type = "server_error";
+    e.message = "the server is shutting down";
+    Fail(res, e);
+  }
+  bool Authorized(const Req& req, Res& res);
+  // Parses the body as a JSON object (400 otherwise).
+  bool Body(const Req& req, Res& res, Json* body);
+  // Checks the request's model name (404 model_not_found for another).
+  bool ModelOk(const std::string& model, Res& res);
+
+  void Models(const Req& req, Res& res);
+  void ChatCompletions(const Req& req, Res& res);
+  void Completions(const Req& req, Res& res);
+  // /v1/responses (serve_responses.h): create, GET/DELETE by id, input_tokens.
+  void Responses(const Req& req, Res& res);
+  void ResponseById(const Req& req, Res& res);
+  void ResponseInputItems(const Req& req, Res& res);
+  void CancelResponse(const Req& req, Res& res);
+  void ResponseNotFound(Res& res, const std::string& id) {
+    ApiError e;
+    e.http_status = 404;
+    e.message = "Response with id '" + id + "' not found (store=false, evicted, or never made)";
+    Fail(res, e);
+  }
+  void ResponsesInputTokens(const Req& req, Res& res);
+  // Authorizes, parses and maps a /v1/responses body (nullopt: the error is answered).
+  std::optional<ResponsesRequest> ResponsesBody(const Req& req, Res& res);
+  // background: true — stores `object` as queued and generates it on a BackgroundJobs thread
+  // (429 when --max-background are running).
+  // With stream: true the reply is the response's event stream (FollowEvents from the start).
+  void StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r, Json object, Res& res,
+                               ConnectionWatch watch);
+  // Answers with the events of `events` after sequence number `after` (-1: all), live ones
+  // included, until the log closes or the client goes away (the response itself goes on).
+  void FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> events, int64_t after,
+                    ConnectionWatch watch);
+  void Tokenize(const Req& req, Res& res);
+  void Detokenize(const Req& req, Res& res);
+  void ApplyTemplate(const Req& req, Res& res);
+  void Health(const Req& req, Res& res);
+  void Metrics(const Req& req, Res& res);
+
+  void FillSampling(const SamplingFields& f, int choice, v1::SamplingParams* s) const {
+    s->set_temperature(f.temperature);
+    s->set_top_p(f.top_p >= 1.0f ? 0.0f : f.top_p);
+    s->set_top_k(f.top_k);
+    s->set_seed(f.has_seed ? f.seed + static_cast<uint64_t>(choice) : NowSeconds() * 7919 + choice);
+    s->set_logprobs(f.top_logprobs < 0 ? 0 : std::max(1, f.top_logprobs));
+    s->set_frequency_penalty(f.frequency_penalty);
+    s->set_presence_penalty(f.presence_penalty);
+    s->set_repetition_penalty(f.repetition_penalty);
+    s->set_min_p(f.min_p);
+    for (const auto& [id, bias] : f.logit_bias) {
+      auto* entry = s->add_logit_bias();
+      entry->set_id(id);
+      entry->set_bias(bias);
+    }
+  }
+  Json LogprobEntry(const v1::Token& token, int top) const;
+
+  // One host Chat call (one choice).
+  struct Call {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::ChatEvent>> reader;
+    std::string request_id;
+    ConnectionMonitor::Guard guard;  // last: unwatched before ctx goes away
+  };
+  using DeltaFn = std::function<bool(const char* kind, const Json& payload)>;
+  // `client` (nullptr for a background response): the connection whose loss cancels the call —
+  // while it waits in the host's queue and in its prefill too.
+  std::unique_ptr<Call> StartChat(const SamplingFields& f, const std::string& request_json,
+                                  int choice, const ConnectionWatch* client);
+  // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
+  // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON, "progress" prompt_progress
+  // JSON, "tick" after a token that showed nothing) and returns false to cancel. A call the
+  // host streams (CHANNEL_TOOL_CALL_DELTA, ABI 1.5) comes as "tool_call_delta" entries of
+  // chat's delta.tool_calls (the first {index, id, type, function: {name, arguments}}, later
+  // ones {index, function: {arguments}}), then "tool_call_done" with the whole call (the same
+  // id; the pieces' arguments join to its arguments) instead of "tool_call"
+  // (the client went away). `first` is an event already read, or nullptr.
+  grpc::Status RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
+                         const v1::ChatEvent* first, const DeltaFn& on_delta);
+  // One chat generation of response `r` into `b`; a finished response is stored unless store
+  // is false. `first` is an event already read, or nullptr.
+  // `alive` (optional) is asked at every delta: false cancels (its client went away).
+  grpc::Status RunResponse(const ResponsesRequest& r, Call& call, const v1::ChatEvent* first,
+                           ResponseBuilder& b, const std::function<bool()>& alive = nullptr);
+  // A streamed response as its body sees it (see StreamSse).
+  struct SseSink {
+    Json header;  // id, object, created, model: what every frame starts with
+    bool include_usage = false;
+    std::function<bool(const Json&)> send;  // one `data:` frame; false once the client is gone
+    std::function<bool()> alive;            // the client still reads (checked without writing)
+    // A frame with one choice ("usage": null too when the request asked for the usage frame).
+    Json Frame(Json choice) const {
+      Json c = header;
+      c["choices"] = Json::array({std::move(choice)});
+      if (include_usage) c["usage"] = nullptr;
+      return c;
+    }
+  };
+  struct StreamEnd {
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    bool gone = false;  // the client went away
+  };
+  // Answers with an SSE stream: `body` sends the choices' frames and says how it ended; then,
+  // unless the client went away, the usage frame (include_usage) and `data: [DONE]`.
+  void StreamSse(Res& res, ConnectionWatch watch, Json header, bool include_usage,
+                 std::function<StreamEnd(const SseSink&)> body);
+  // After a streamed choice ended with `s`: false ends the stream (the client went away, or the
+  // host's error went out as an error frame).
+  static bool ChoiceOk(const grpc::Status& s, const SseSink& sse, StreamEnd* end) {
+    if (s.error_code() == grpc::StatusCode::CANCELLED) {
+      end->gone = true;
+      return false;
+    }
+    if (!s.ok()) {
+      if (!sse.send(Json::parse(ErrorBody(FromHostStatus(s))))) end->gone = true;
+      return false;
+    }
+    return true;
+  }
+  Json Header(const std::string& id, const char* object, int64_t created) const {
+    Json h;
+    h["id"] = id;
+    h["object"] = object;
+    h["created"] = created;
+    h["model"] = info_.id();
+    return h;
+  }
+
+  // One host Generate call (one /v1/completions choice) and its result.
+  struct GenerateCall {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::GenerateEvent>> reader;
+    std::string request_id;
+    ConnectionMonitor::Guard guard;  // last: unwatched before ctx goes away
+  };
+  struct CompletionResult {
+    std::string text, finish_reason;
+    Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
+    Json text_offset = Json::array();
+    // Where text_offset counts from: OpenAI's offsets index the prompt followed by the completion
+    // (the first token of a reply to "Hello" is at 5, echo or not); vLLM's start at 0.
+    int64_t offset_base = 0;
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+  };
+  std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f, const std::string& prompt,
+                                              int choice, const ConnectionWatch* client);
+  // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON),
+  // "text" ({"text", optional "logprobs"} per token) and "tick" (a token that showed nothing)
+  // and returns false to cancel.
+  grpc::Status RunCompletion(const SamplingFields& f, GenerateCall& call, CompletionResult* out,
+                             const v1::GenerateEvent* first, const DeltaFn& on_piece);
+  static std::string FinishReason(v1::FinishReason r, bool tool_calls, bool stopped);
+  // A stop sequence matched: STOP the host's request (it finishes normally, reason STOPPED).
+  void StopAtHost(const std::string& request_id) {
+    v1::CancelRequest c;
+    c.set_request_id(request_id);
+    c.set_stop(true);
+    v1::CancelResponse response;
+    grpc::ClientContext ctx;
+    stub_->Cancel(&ctx, c, &response);
+  }
+
+  v1::Coli::Stub* stub_;  // the client's
+  v1::ModelInfo info_;
+  std::string api_key_;
+  bool serve_web_page_ = false;               // `coli web`
+  std::vector<std::string> allowed_origins_;  // --allow-origin ("*": any)
+  std::vector<Route> routes_;
+  ConnectionMonitor monitor_;  // cancels host calls whose clients went away
+  int32_t first_special_ = 0;
+
+  std::mutex mu_;
+  std::map<int, uint64_t> http_by_status_;
+  std::atomic<int> streams_active_{0};
+  std::atomic<uint64_t> disconnects_{0};
+  std::atomic<bool> stopping_{false};  // Shutdown has begun: streams end
+  ResponseStore responses_;            // stored /v1/responses results (previous_response_id, GET)
+  // Last: destroyed first, so its threads are joined while everything they use still exists.
+  BackgroundJobs background_;
+};
+
+}  // namespace coli::cli::serve
+
+#endif  // COLI_TOOLS_COLI_SERVE_GATEWAY_H_
