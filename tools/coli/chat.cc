@@ -45,6 +45,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status/status.h"
+#include "tools/coli/chat_history.h"
 #include "tools/coli/chat_keys.h"
 #include "tools/coli/chat_tui.h"
 #include "tools/coli/cli_args.h"
@@ -235,11 +236,10 @@ class LineReader {
     g_keys = &keys_;
     rl_getc_function = ReadKeyForLibedit;
     rl_attempted_completion_function = CompleteChatLine;
-    if (const char* home = std::getenv("HOME")) {
-      history_ = std::string(home) + "/.coli_chat_history";
-    }
-    using_history();
-    if (!history_.empty()) read_history(history_.c_str());
+    const char* home = std::getenv("HOME");
+    history_.emplace(home != nullptr && *home != '\0' ? std::string(home) + "/.coli_chat_history"
+                                                      : std::string());
+    history_->Load();
     // Bracketed paste: only where escape codes are welcome (TERM=dumb and files get none).
     bracketed_paste_ = g_bracketed_paste = CurrentStyle().decorate;
   }
@@ -250,7 +250,12 @@ class LineReader {
       std::printf("\x1b[?2004l");
       std::fflush(stdout);
     }
-    if (interactive_ && !history_.empty()) write_history(history_.c_str());
+    if (history_.has_value()) {
+      if (absl::Status saved = history_->Save(); !saved.ok()) {
+        std::fprintf(stderr, "coli chat: the line history was not saved: %s\n",
+                     std::string(saved.message()).c_str());
+      }
+    }
   }
   // false at end of input (Ctrl-D). An interrupted read returns true with an empty line.
   bool Read(const char* prompt, std::string* line) {
@@ -297,7 +302,7 @@ class LineReader {
       refused_ = true;
       return true;
     }
-    if (!line->empty()) add_history(line->c_str());
+    if (history_.has_value()) history_->Add(*line);
     if (paste.has_value()) {
       if (absl::Status utf8 = CheckUtf8("the pasted text", *paste); !utf8.ok()) {
         std::printf("%s; it was not sent\n", std::string(utf8.message()).c_str());
@@ -330,7 +335,8 @@ class LineReader {
   bool pasted_ = false;
   bool refused_ = false;
   std::string paste_;
-  std::string history_;
+  // Made after the key hook is set (libedit takes it when its history starts).
+  std::optional<ChatHistory> history_;
 };
 
 struct ChatFlags : CommonFlags {  // seed_given false: each reply draws a random seed
