@@ -125,7 +125,32 @@ absl::StatusOr<std::unique_ptr<SharedMapping>> SharedMapping::Map(const std::str
     data = static_cast<const uint8_t*>(p);
   }
   ::close(fd);  // the mapping stays valid without the descriptor
-  return std::unique_ptr<SharedMapping>(new SharedMapping(path, data, size));
+  const Identity identity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), size,
+                          st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
+  return std::unique_ptr<SharedMapping>(new SharedMapping(path, data, size, identity));
+}
+
+absl::Status SharedMapping::CheckUnchanged() const {
+  struct stat now;
+  if (::stat(path_.c_str(), &now) != 0) {
+    return absl::DataLossError(
+        Cat("mapped file '", path_, "' disappeared while running; reload the model"));
+  }
+  if (static_cast<uint64_t>(now.st_dev) != identity_.device ||
+      static_cast<uint64_t>(now.st_ino) != identity_.inode) {
+    return absl::DataLossError(
+        Cat("mapped file '", path_, "' was replaced while running; reload the model"));
+  }
+  if (static_cast<uint64_t>(now.st_size) != identity_.size) {
+    return absl::DataLossError(Cat("mapped file '", path_, "' changed size while running (",
+                                   identity_.size, " -> ", now.st_size,
+                                   " bytes); reload the model"));
+  }
+  if (now.st_mtim.tv_sec != identity_.mtime_sec || now.st_mtim.tv_nsec != identity_.mtime_nsec) {
+    return absl::DataLossError(
+        Cat("mapped file '", path_, "' was modified while running; reload the model"));
+  }
+  return absl::OkStatus();
 }
 
 SharedMapping::~SharedMapping() {

@@ -260,12 +260,23 @@ class SharedMapping {
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
 
+  // DATA_LOSS when the file at path() is no longer the one mapped, as it was: removed, replaced,
+  // another size or modified. A truncated mapped file raises SIGBUS on the next touch of a page
+  // past its new end, and one written in place changes the mapped bytes, so users of the
+  // mapping check this before each use (a stat; a change during a use is not caught).
+  absl::Status CheckUnchanged() const;
+
  private:
-  SharedMapping(std::string path, const uint8_t* data, uint64_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  struct Identity {
+    uint64_t device = 0, inode = 0, size = 0;
+    int64_t mtime_sec = 0, mtime_nsec = 0;
+  };
+  SharedMapping(std::string path, const uint8_t* data, uint64_t size, Identity identity)
+      : path_(std::move(path)), data_(data), size_(size), identity_(identity) {}
   std::string path_;
   const uint8_t* data_;
   uint64_t size_;
+  Identity identity_;
 };
 
 // Writes a model.safetensors.index.json (atomically) for the given weight map.

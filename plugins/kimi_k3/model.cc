@@ -117,6 +117,9 @@ absl::Status Model::Forward(std::span<const Row> rows, const float* x0, float* l
   const float eps = cfg_.rms_norm_eps;
   const size_t ND = static_cast<size_t>(n) * D;
   if (n == 0) return absl::OkStatus();
+  // K3_MMAP: a shard truncated under the mapping would raise SIGBUS in the matmuls below and
+  // one rewritten in place would feed them other bytes; the pass fails first, naming it.
+  COLI_RETURN_IF_ERROR(weights_->CheckMappings());
 
   std::vector<KdaState*> kda_states(n);
   std::vector<MlaCache*> mla_caches(n);

@@ -555,6 +555,11 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
   return w;
 }
 
+absl::Status Weights::CheckMappings() const {
+  for (const auto& mapping : mappings_) COLI_RETURN_IF_ERROR(mapping->CheckUnchanged());
+  return absl::OkStatus();
+}
+
 absl::Status Weights::EmbedRow(int64_t token, float* out) const {
   if (token < 0 || token >= vocab_)
     return absl::InvalidArgumentError(

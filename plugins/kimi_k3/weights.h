@@ -134,6 +134,10 @@ class Weights {
   // INVALID_ARGUMENT for a token outside [0, vocab).
   absl::Status EmbedRow(int64_t token, float* out) const;
 
+  // K3_MMAP: DATA_LOSS naming the shard when a mapped shard was removed, replaced, resized or
+  // modified since load (st::SharedMapping::CheckUnchanged); OK without mappings.
+  absl::Status CheckMappings() const;
+
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;       // model.norm [D]
   std::vector<float> output_res_score; // output_attn_res_norm ⊙ output_attn_res_proj [D]

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -785,6 +786,37 @@ TEST_F(RepackTest, MmapLogitsBitIdenticalAndFileBacked) {
   m.reset();
   ASSERT_OK_AND_ASSIGN(std::vector<float> b, RunLogits(*int4_dir_, mapped));
   EXPECT_TRUE(SameBits(a, b));
+}
+
+// A mapped shard truncated after load used to kill the process with SIGBUS at the next pass
+// (coli serve then answered 503 for good); one written in place fed other bytes to the matmuls.
+// Now the next pass fails with DATA_LOSS naming the shard, and so does every later one.
+TEST_F(RepackTest, MmapShardChangedAfterLoadFailsThePassNamingIt) {
+  ModelOptions mapped = Bits(4, false);
+  mapped.mmap = true;
+  for (const bool truncate : {true, false}) {
+    const std::string dir = TempDir(truncate ? "mmap_truncated" : "mmap_rewritten");
+    CopyDir(*int4_dir_, dir);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> model, Model::Load(dir, mapped));
+    auto session = model->NewSession();
+    ASSERT_OK(session->Prefill(kPrompt).status());
+    const std::string shard = dir + "/model-00003-of-000016.safetensors";
+    if (truncate) {
+      fs::resize_file(shard, 1000);
+    } else {  // the same bytes written again in place (cp over it, rsync --inplace)
+      const std::string bytes = ReadAll(shard);
+      std::ofstream(shard, std::ios::binary | std::ios::in | std::ios::out) << bytes;
+      fs::last_write_time(shard, fs::last_write_time(shard) + std::chrono::seconds(1));
+    }
+    const char* change = truncate ? "changed size while running" : "was modified while running";
+    EXPECT_THAT(session->Step(100).status(),
+                StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(shard), HasSubstr(change))));
+    auto fresh = model->NewSession();
+    EXPECT_THAT(fresh->Prefill(kPrompt).status(),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr(change)));
+    model.reset();
+    fs::remove_all(dir);
+  }
 }
 
 TEST_F(RepackTest, MmapRefusesWhatNeedsConversion) {
