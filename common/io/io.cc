@@ -66,11 +66,23 @@ absl::Status CheckRange(const std::string& path, uint64_t size, uint64_t offset,
   return absl::OkStatus();
 }
 
+// ENOENT on a path that is itself a symlink: its target is missing (in a Hugging Face cache
+// every file is a link into blobs/, and a pruned or half-copied cache leaves such links).
+absl::Status OpenError(int err, const std::string& path) {
+  char target[4096];
+  ssize_t n = -1;
+  if (err == ENOENT) n = ::readlink(path.c_str(), target, sizeof(target) - 1);
+  if (n < 0) return ErrnoError(err, "cannot open", path);
+  target[n] = '\0';
+  return absl::NotFoundError(Cat("file '", path, "': cannot open: it is a symlink to '", target,
+                                 "', which does not exist (an interrupted or pruned download?)"));
+}
+
 // Opens `path` read-only with extra `flags` and checks that it is a regular file.
 absl::StatusOr<int> OpenRegular(const std::string& path, int flags, uint64_t* size,
                                 bool own_file_only = false) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | flags | (own_file_only ? O_NOFOLLOW : 0));
-  if (fd < 0) return ErrnoError(errno, "cannot open", path);
+  if (fd < 0) return OpenError(errno, path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;

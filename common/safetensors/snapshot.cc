@@ -35,7 +35,10 @@ enum class PathKind { kMissing, kFile, kDirectory, kOther };
 
 PathKind Stat(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return PathKind::kMissing;
+  if (::stat(path.c_str(), &st) != 0) {
+    // A dangling symlink is there (its open names the missing target), not missing.
+    return ::lstat(path.c_str(), &st) == 0 ? PathKind::kOther : PathKind::kMissing;
+  }
   if (S_ISREG(st.st_mode)) return PathKind::kFile;
   if (S_ISDIR(st.st_mode)) return PathKind::kDirectory;
   return PathKind::kOther;

@@ -3,11 +3,10 @@
 #include <array>
 #include <charconv>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/io/io.h"
 #include "common/log/log.h"
 #include "common/status/status.h"
 #include "common/tokenizer/tokenizer.h"
@@ -23,13 +22,15 @@ absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.
 // Default number of added-token ids after the base vocabulary (tokenization_kimi.py).
 constexpr int32_t kDefaultReserved = 256;
 
+// The reason in the message (permission denied, a directory, a dangling symlink), from io.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading '", path, "'"));
-  return buffer.str();
+  return io::ReadFileToString(path, uint64_t{1} << 30);
+}
+
+// There, even as a dangling symlink (whose read then names the missing target).
+bool Present(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::symlink_status(path, ec));
 }
 
 absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, std::string_view origin) {
@@ -528,14 +529,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadDir(const std::string&
   }
   const std::string prefix = (fs::path(dir) / "").string();
   std::string config;
-  if (fs::exists(prefix + "tokenizer_config.json", ec)) {
+  if (Present(prefix + "tokenizer_config.json")) {
     COLI_ASSIGN_OR_RETURN(config, ReadFile(prefix + "tokenizer_config.json"));
   }
-  if (fs::exists(prefix + "tiktoken.model", ec)) {
+  if (Present(prefix + "tiktoken.model")) {
     COLI_ASSIGN_OR_RETURN(std::string model, ReadFile(prefix + "tiktoken.model"));
     return FromTiktoken(model, config, prefix);
   }
-  if (fs::exists(prefix + "tokenizer.json", ec)) {
+  if (Present(prefix + "tokenizer.json")) {
     COLI_ASSIGN_OR_RETURN(std::string json, ReadFile(prefix + "tokenizer.json"));
     return FromTokenizerJson(json, config, prefix);
   }

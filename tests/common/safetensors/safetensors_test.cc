@@ -588,6 +588,21 @@ TEST(SafetensorsBadInput, MissingShard) {
                              HasSubstr("'layers.2.t1'"), HasSubstr("missing"))));
 }
 
+// A Hugging Face cache whose blob is gone leaves snapshots/<rev>/<shard> -> ../../blobs/<hash>.
+TEST(SafetensorsBadInput, DanglingShardSymlinkNamesItsTarget) {
+  TempDir dir;
+  WriteThreeShards(dir.path());
+  fs::remove(dir.File("model-00003-of-000003.safetensors"));
+  fs::create_symlink("../../blobs/5eb3c1a7", dir.File("model-00003-of-000003.safetensors"));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Snapshot> snap, Snapshot::Open(dir.path()));
+  EXPECT_OK(snap->Get("layers.0.t0").status());
+  EXPECT_THAT(snap->Get("layers.2.t1"),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("model-00003-of-000003.safetensors"),
+                             HasSubstr("is a symlink to '../../blobs/5eb3c1a7', which does not "
+                                       "exist"))));
+}
+
 TEST(SafetensorsBadInput, IndexTensorMissingFromShard) {
   TempDir dir;
   WriteShard(dir.File("a.safetensors"), MakeTensors("a", 1));

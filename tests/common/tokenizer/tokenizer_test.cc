@@ -1,6 +1,9 @@
 #include "common/tokenizer/tokenizer.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -471,6 +474,35 @@ TEST(TokenizerLoad, BadTokenizerJson) {
   doc = nlohmann::json::parse(MergesTokenizerJson({{"a", "b"}}, false));
   doc["model"]["vocab"].erase("a");
   EXPECT_THAT(std::string(code(doc.dump()).message()), HasSubstr("97 is missing"));
+}
+
+// Each file the loader cannot read is named with the reason, not a bare "cannot open" (and a
+// dangling tiktoken.model symlink is not reported as "neither tiktoken.model nor tokenizer.json").
+TEST(TokenizerLoad, UnreadableFilesNameTheReason) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("coli_tok_unreadable_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink("../../blobs/77aa", dir / "tiktoken.model");
+  auto dangling = Tokenizer::LoadDir(dir.string());
+  EXPECT_EQ(dangling.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(dangling.status().message()),
+              HasSubstr("tiktoken.model': cannot open: it is a symlink to '../../blobs/77aa'"));
+  fs::remove(dir / "tiktoken.model");
+  fs::create_directories(dir / "tiktoken.model");
+  EXPECT_THAT(std::string(Tokenizer::LoadDir(dir.string()).status().message()),
+              HasSubstr("tiktoken.model': is a directory"));
+  fs::remove(dir / "tiktoken.model");
+  std::ofstream(dir / "tiktoken.model") << "IQ== 0\n";
+  fs::permissions(dir / "tiktoken.model", fs::perms::none);
+  if (::access((dir / "tiktoken.model").c_str(), R_OK) != 0) {  // not root
+    auto denied = Tokenizer::LoadDir(dir.string());
+    EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(std::string(denied.status().message()),
+                HasSubstr("tiktoken.model': cannot open: Permission denied"));
+  }
+  fs::remove_all(dir);
 }
 
 TEST(TokenizerLoad, MissingDirectoryOrFiles) {
