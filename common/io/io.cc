@@ -81,7 +81,10 @@ absl::Status OpenError(int err, const std::string& path) {
 // Opens `path` read-only with extra `flags` and checks that it is a regular file.
 absl::StatusOr<int> OpenRegular(const std::string& path, int flags, uint64_t* size,
                                 bool own_file_only = false) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | flags | (own_file_only ? O_NOFOLLOW : 0));
+  // O_NONBLOCK: opening a FIFO put where a file belongs must not wait for a writer forever
+  // (it is refused below as not a regular file); cleared again for the regular file.
+  int fd = ::open(path.c_str(),
+                  O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags | (own_file_only ? O_NOFOLLOW : 0));
   if (fd < 0) return OpenError(errno, path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -99,6 +102,7 @@ absl::StatusOr<int> OpenRegular(const std::string& path, int flags, uint64_t* si
         Cat("file '", path, "': ", S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file",
             ", expected a file"));
   }
+  if (const int fl = ::fcntl(fd, F_GETFL); fl >= 0) ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
   if (size != nullptr) *size = static_cast<uint64_t>(st.st_size);
   return fd;
 }

@@ -1,13 +1,12 @@
 #include "plugins/kimi_k3/config.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/io/io.h"
 #include "common/json/json.h"
 #include "common/status/status.h"
 
@@ -259,11 +258,8 @@ absl::StatusOr<Config> Config::Parse(std::string_view json_text, std::string_vie
 
 absl::StatusOr<Config> Config::LoadDir(const std::string& dir) {
   const std::string path = dir + "/config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return Parse(ss.str(), path);
+  COLI_ASSIGN_OR_RETURN(std::string text, io::ReadFileToString(path, 64 << 20));
+  return Parse(text, path);
 }
 
 }  // namespace coli::k3

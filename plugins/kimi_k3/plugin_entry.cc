@@ -50,6 +50,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/io/io.h"
 #include "common/log/log.h"
 #include "common/sampling/sampling.h"
 #include "common/status/status.h"
@@ -274,11 +275,11 @@ int64_t DeliveredLength(const K3Session& s) {
 
 absl::Status Probe(const std::string& dir, int32_t* serves) {
   *serves = 0;
-  std::ifstream in(dir + "/config.json");
-  if (!in) return absl::OkStatus();  // no config.json: not a model this family serves
-  std::stringstream text;
-  text << in.rdbuf();
-  auto config = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  // Unreadable (missing, a folder, a FIFO that would block an ifstream): not a model this
+  // family serves; the host then says why.
+  absl::StatusOr<std::string> text = io::ReadFileToString(dir + "/config.json", 64 << 20);
+  if (!text.ok()) return absl::OkStatus();
+  auto config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!config.is_object()) return absl::OkStatus();
   if (config.value("model_type", nlohmann::json()) == "kimi_k3") *serves = 1;
   auto arch = config.find("architectures");

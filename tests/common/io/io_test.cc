@@ -26,6 +26,7 @@ namespace {
 
 using ::coli::testing::IsOk;
 using ::coli::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 namespace fs = std::filesystem;
@@ -85,6 +86,20 @@ TEST(IoFile, DirectoryIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is a directory")));
   EXPECT_THAT(DirectReader::Open(dir.path()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is a directory")));
+}
+
+// A FIFO where a model file belongs (mkfifo, a process substitution) made open() wait for a
+// writer forever: coli run hung. It is refused as not a regular file, at once.
+TEST(IoFile, FifoIsRefusedWithoutBlocking) {
+  TempDir dir;
+  const std::string fifo = dir.File("model-00003-of-000016.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_THAT(File::Open(fifo), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         AllOf(HasSubstr(fifo), HasSubstr("not a regular file"))));
+  EXPECT_THAT(ReadFileToString(fifo, 1 << 20),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a regular file")));
+  EXPECT_THAT(DirectReader::Open(fifo),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a regular file")));
 }
 
 TEST(IoFile, EmptyFile) {
