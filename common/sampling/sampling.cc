@@ -188,8 +188,11 @@ absl::Status ValidatePenalties(const SamplerOptions& o, int32_t vocab_size) {
   ids.reserve(o.logit_bias.size());
   for (const LogitBias& b : o.logit_bias) {
     if (b.id < 0 || (vocab_size > 0 && b.id >= vocab_size)) {
+      // Without a vocabulary (checked before the model is known) only the lower bound is.
       return absl::InvalidArgumentError(
-          absl::StrCat("logit_bias: token id ", b.id, " is outside [0, ", vocab_size, ")"));
+          vocab_size > 0
+              ? absl::StrCat("logit_bias: token id ", b.id, " is outside [0, ", vocab_size, ")")
+              : absl::StrCat("logit_bias: token id ", b.id, " is negative"));
     }
     if (!InRange(b.bias, -100.0f, 100.0f)) {
       return absl::InvalidArgumentError(absl::StrCat("logit_bias: the bias of token id ", b.id,

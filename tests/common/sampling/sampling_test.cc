@@ -320,5 +320,21 @@ TEST(Sampling, DrawPicksNextsTokenWithTheSameRngAdvance) {
   EXPECT_EQ(s.Draw(empty), s.Next(empty).id);
 }
 
+// Checked before the model is known (vocab_size 0), a negative id is named as negative, not as
+// outside an empty range "[0, 0)" (which a gRPC client once read as its whole error).
+TEST(Sampling, LogitBiasIdErrorsNameTheBoundThatFailed) {
+  SamplerOptions o;
+  o.logit_bias = {{-1, 1.0f}};
+  absl::Status unknown_vocab = ValidatePenalties(o, /*vocab_size=*/0);
+  EXPECT_EQ(unknown_vocab.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown_vocab.message(), "logit_bias: token id -1 is negative");
+  absl::Status known_vocab = ValidatePenalties(o, /*vocab_size=*/768);
+  EXPECT_EQ(known_vocab.message(), "logit_bias: token id -1 is outside [0, 768)");
+  o.logit_bias = {{768, 1.0f}};
+  EXPECT_TRUE(ValidatePenalties(o, /*vocab_size=*/0).ok());  // the upper bound waits for the model
+  EXPECT_EQ(ValidatePenalties(o, /*vocab_size=*/768).message(),
+            "logit_bias: token id 768 is outside [0, 768)");
+}
+
 }  // namespace
 }  // namespace coli::sampling
