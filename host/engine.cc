@@ -484,10 +484,15 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
     input.model = model->info.id();
     // No session named: the request takes a pooled session when it runs (PopRunnableLocked),
     // so concurrent unnamed requests run (and batch) side by side.
-    if (static_cast<int>(queue_.size()) >= options_.queue_capacity) {
+    // The queue holds requests no worker has taken yet, including those an idle worker is
+    // about to take: a burst that arrives before the idle workers wake is not waiting for a
+    // thread, so each idle worker makes room for one more.
+    const int idle_workers = std::max(0, static_cast<int>(workers_.size()) - counters_.active);
+    const int queued = static_cast<int>(queue_.size());
+    if (queued >= options_.queue_capacity + idle_workers) {
       ++counters_.rejected;
-      return absl::ResourceExhaustedError(absl::StrCat("request queue is full (", queue_.size(),
-                                                       " waiting, capacity ",
+      return absl::ResourceExhaustedError(absl::StrCat("request queue is full (",
+                                                       queued - idle_workers, " waiting, capacity ",
                                                        options_.queue_capacity, ")"));
     }
     std::string id = input.request_id;

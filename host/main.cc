@@ -157,10 +157,8 @@ int main(int argc, char** argv) {
   coli::host::ServerOptions& server_options = flags->server;
   const std::vector<std::string>& models = flags->models;
   const int ready_fd = flags->ready_fd;
+  // (HostServer::Start removes a stale socket a crashed host left, never a live host's.)
   if (server_options.listen.empty()) server_options.listen = DefaultListen();
-  if (server_options.listen.rfind("unix:", 0) == 0) {
-    unlink(server_options.listen.c_str() + 5);  // a stale socket from a crashed host
-  }
 
   // Signals are taken by sigwait below, so every thread (gRPC's included) must block them.
   sigset_t signals;

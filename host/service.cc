@@ -1,13 +1,22 @@
 #include "host/service.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
+#include "common/status/status.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -347,6 +356,48 @@ bool IsLocalAddress(const std::string& address) {
   return false;
 }
 
+absl::Status PrepareUnixSocketPath(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot listen on unix:", path, ": ", std::strerror(errno)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot listen on unix:", path, ": the path exists and is not a socket (not removed)"));
+  }
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("unix socket path '", path, "' is too long (",
+                                                   path.size(), " bytes, at most ",
+                                                   sizeof(address.sun_path) - 1, ")"));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
+  }
+  const int connected = connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  const int connect_errno = errno;
+  close(fd);
+  if (connected == 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("cannot listen on unix:", path, ": another process is listening there"));
+  }
+  if (connect_errno != ECONNREFUSED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot listen on unix:", path, ": probing it failed: ", std::strerror(connect_errno)));
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {  // stale: its listener is gone
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot remove the stale socket unix:", path, ": ", std::strerror(errno)));
+  }
+  COLI_LOG(kInfo) << "removed the stale socket " << path;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(Engine* engine,
                                                               const ServerOptions& options) {
   if (options.listen.empty()) return absl::InvalidArgumentError("no listen address given");
@@ -355,12 +406,21 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(Engine* engine,
         "listen address '", options.listen,
         "' is not a Unix socket or loopback address (pass --allow-remote to listen wider)"));
   }
+  if (absl::StartsWith(options.listen, "unix:")) {
+    COLI_RETURN_IF_ERROR(PrepareUnixSocketPath(options.listen.substr(5)));
+  }
   std::unique_ptr<HostServer> server(new HostServer());
   server->engine_ = engine;
   server->service_ = std::make_unique<ColiService>(engine);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Reflection serves the descriptors of the generated pool; gRPC's built-in health service has
+  // none, so this keeps proto/grpc/health/v1's generated messages (and their file) linked in.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second host on a busy port would start and share it,
+  // the kernel splitting connections between two hosts. The port must be ours alone.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(server->service_.get());
@@ -376,6 +436,9 @@ absl::StatusOr<std::unique_ptr<HostServer>> HostServer::Start(Engine* engine,
     server->address_ = absl::StrCat(options.listen.substr(0, colon), ":", port);
   }
   if (auto* health = server->server_->GetHealthCheckService()) {
+    // The server as a whole ("") and the coli.v1.Coli service by name, which probes ask for
+    // (grpc_health_probe -service, Kubernetes' grpc.service); NOT_SERVING at Shutdown.
+    health->SetServingStatus(v1::Coli::service_full_name(), true);
     health->SetServingStatus(true);
   }
   COLI_LOG(kInfo) << "coli-host listening on " << server->address_;

@@ -71,6 +71,12 @@ struct ServerOptions {
 // True for Unix sockets and loopback addresses.
 bool IsLocalAddress(const std::string& address);
 
+// Makes `path` free for a Unix socket to listen on: OK when nothing is there, or after removing a
+// stale socket (one nobody accepts on, left by a host that crashed). ALREADY_EXISTS when a
+// process listens there (a second host must not take a live host's address away), and
+// FAILED_PRECONDITION for a path that is not a socket (never removed).
+absl::Status PrepareUnixSocketPath(const std::string& path);
+
 class HostServer {
  public:
   static absl::StatusOr<std::unique_ptr<HostServer>> Start(Engine* engine,

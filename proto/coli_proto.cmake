@@ -17,7 +17,22 @@ add_custom_command(
   DEPENDS ${_coli_proto_src}
   COMMENT "protoc: coli/v1/coli.proto"
   VERBATIM)
-add_library(coli_proto STATIC ${_coli_proto_generated})
+# The standard grpc.health.v1 messages (proto/grpc/health/v1/health.proto): gRPC's built-in
+# health service has no protobuf descriptor, so coli-host links these for server reflection only.
+set(_coli_health_src ${CMAKE_CURRENT_LIST_DIR}/grpc/health/v1/health.proto)
+set(_coli_health_out ${PROJECT_BINARY_DIR}/proto/grpc/health/v1)
+set(_coli_health_generated ${_coli_health_out}/health.pb.cc ${_coli_health_out}/health.pb.h)
+add_custom_command(
+  OUTPUT ${_coli_health_generated}
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${PROJECT_BINARY_DIR}/proto
+  COMMAND ${Protobuf_PROTOC_EXECUTABLE}
+    --proto_path=${PROJECT_SOURCE_DIR}/proto
+    --cpp_out=${PROJECT_BINARY_DIR}/proto
+    ${_coli_health_src}
+  DEPENDS ${_coli_health_src}
+  COMMENT "protoc: grpc/health/v1/health.proto"
+  VERBATIM)
+add_library(coli_proto STATIC ${_coli_proto_generated} ${_coli_health_generated})
 # Generated code: no project warnings (it is not ours to fix), the include root for
 # "coli/v1/coli.pb.h".
 target_include_directories(coli_proto SYSTEM PUBLIC ${PROJECT_BINARY_DIR}/proto)

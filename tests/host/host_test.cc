@@ -1,8 +1,12 @@
 // The host through gRPC, on the "coli_echo" test family (tests/host/echo_plugin.cc), whose
 // output is known independently: greedy generation echoes the prompt's bytes, then stops.
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -467,6 +472,66 @@ TEST_F(HostTest, FullQueueAnswersResourceExhausted) {
   EXPECT_EQ(b_text, "b");
 }
 
+// A burst that arrives while workers are idle is not waiting for a thread: with 2 workers and a
+// queue of 1, three requests at once all run (two at once, the third queued). The host counted
+// the burst against the queue before the idle workers woke and refused the third (and, from a
+// non-C++ client, 24 of 40 parallel requests on the default 4 workers + 16 queued).
+TEST_F(HostTest, BurstOnIdleWorkersIsAdmittedUpToWorkersPlusQueue) {
+  Start(/*workers=*/2, /*queue=*/1, "10", /*max_context=*/4096);
+  for (int round = 0; round < 5; ++round) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0;
+    std::vector<absl::Status> ends(3);
+    std::vector<absl::Status> submitted;
+    for (int i = 0; i < 3; ++i) {
+      EventSink sink;
+      sink.on_done = [&, i](const absl::Status& status, const v1::Finished&) {
+        std::lock_guard<std::mutex> lock(mu);
+        ends[i] = status;
+        ++done;
+        cv.notify_all();
+      };
+      auto request = engine_->Submit(GenerationInput::From(Request("burst")), std::move(sink));
+      submitted.push_back(request.status());
+      if (!request.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++done;
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done == 3; });
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_OK(submitted[i]) << "round " << round << " request " << i;
+      if (submitted[i].ok()) {
+        EXPECT_OK(ends[i]);
+      }
+    }
+  }
+  EXPECT_EQ(Metrics().requests_rejected(), 0u);
+  // Full for real: two running, one queued, the fourth is refused.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateEvent>>> readers;
+  for (int i = 0; i < 3; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(stub_->Generate(contexts.back().get(), Request(std::string(1000, 'r'))));
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    v1::MetricsResponse m = Metrics();
+    return m.requests_active() == 2 && m.queue_depth() == 1;
+  }));
+  Stream refused = Generate(Request("no room"));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("1 waiting, capacity 1"));
+  for (auto& ctx : contexts) ctx->TryCancel();
+  v1::GenerateEvent e;
+  for (auto& reader : readers) {
+    while (reader->Read(&e)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+}
+
 TEST_F(HostTest, UnknownModelIsNotFound) {
   Start();
   v1::GenerateRequest request = Request("x");
@@ -758,6 +823,129 @@ TEST_F(HostTest, HealthListModelsAndMetrics) {
   std::string bytes;
   for (const auto& slice : slices) bytes += std::string(slice.begin(), slice.end());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+// Health probes name the service (grpc_health_probe -service=coli.v1.Coli, Kubernetes'
+// grpc.service): it is SERVING like the server as a whole, an unknown name is NOT_FOUND.
+TEST_F(HostTest, StandardHealthCheckAnswersForTheColiService) {
+  Start();
+  grpc::GenericStub generic(channel_);
+  auto check = [&](const std::string& service) {
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    const std::string bytes = request.SerializeAsString();
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request_buffer(&slice, 1), response_buffer;
+    grpc::ClientContext ctx;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
+                      &response_buffer, [&](grpc::Status st) { done.set_value(st); });
+    grpc::Status status = done.get_future().get();
+    grpc::health::v1::HealthCheckResponse response;
+    std::vector<grpc::Slice> slices;
+    if (status.ok() && response_buffer.Dump(&slices).ok()) {
+      std::string out;
+      for (const auto& piece : slices) out += std::string(piece.begin(), piece.end());
+      EXPECT_TRUE(response.ParseFromString(out));
+    }
+    return std::make_pair(status, response.status());
+  };
+  auto [whole, whole_status] = check("");
+  ASSERT_TRUE(whole.ok()) << whole.error_message();
+  EXPECT_EQ(whole_status, grpc::health::v1::HealthCheckResponse::SERVING);
+  auto [coli, coli_status] = check("coli.v1.Coli");
+  ASSERT_TRUE(coli.ok()) << coli.error_message();
+  EXPECT_EQ(coli_status, grpc::health::v1::HealthCheckResponse::SERVING);
+  auto [unknown, unknown_status] = check("no.such.Service");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Server reflection lists grpc.health.v1.Health; it answers from the generated descriptor pool,
+// which held no file for it (gRPC's health service is built without protobuf descriptors), so
+// grpcurl could list the service but not describe or call it. The host links one.
+TEST(HostServer, HealthServiceDescriptorIsInTheGeneratedPool) {
+  const auto* pool = google::protobuf::DescriptorPool::generated_pool();
+  const auto* health = pool->FindServiceByName("grpc.health.v1.Health");
+  ASSERT_NE(health, nullptr);
+  EXPECT_EQ(health->file()->name(), "grpc/health/v1/health.proto");
+  ASSERT_NE(health->FindMethodByName("Check"), nullptr);
+  ASSERT_NE(health->FindMethodByName("Watch"), nullptr);
+  EXPECT_TRUE(health->FindMethodByName("Watch")->server_streaming());
+  EXPECT_NE(pool->FindServiceByName("coli.v1.Coli"), nullptr);
+}
+
+// A second host on a busy TCP port fails to start: gRPC's default SO_REUSEPORT let it start and
+// take half of the connections from the first.
+TEST(HostServer, SecondServerOnTheSameTcpPortIsRefused) {
+  EngineOptions options;
+  options.plugin_dir = COLI_ECHO_PLUGIN_DIR;
+  options.workers = 1;
+  Engine engine(options);
+  auto first = HostServer::Start(&engine, {.listen = "127.0.0.1:0"});
+  ASSERT_OK(first.status());
+  const std::string address = (*first)->address();
+  Engine engine2(options);
+  auto second = HostServer::Start(&engine2, {.listen = address});
+  EXPECT_FALSE(second.ok()) << "a second server started on " << address;
+  EXPECT_THAT(second.status().message(), HasSubstr(address));
+  (*first)->Shutdown();
+}
+
+// A Unix socket path: a live host's socket is never taken over (the second host used to unlink
+// it, leaving the first unreachable, and unlink it again at exit); a stale socket (its listener
+// gone) is replaced; a path that is not a socket is refused and kept.
+TEST(HostServer, UnixSocketPathIsNeverTakenFromALiveHostOrAFile) {
+  const std::string dir = ::testing::TempDir() + "/host_unix_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/h.sock";
+  std::filesystem::remove(path);
+  EngineOptions options;
+  options.plugin_dir = COLI_ECHO_PLUGIN_DIR;
+  options.workers = 1;
+  Engine engine(options);
+  auto first = HostServer::Start(&engine, {.listen = "unix:" + path});
+  ASSERT_OK(first.status());
+  Engine engine2(options);
+  auto second = HostServer::Start(&engine2, {.listen = "unix:" + path});
+  EXPECT_THAT(second.status(), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(second.status().message(), HasSubstr("another process is listening"));
+  {  // the first still answers on its path
+    auto stub =
+        v1::Coli::NewStub(grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::HealthResponse health;
+    EXPECT_TRUE(stub->Health(&ctx, v1::HealthRequest(), &health).ok());
+  }
+  (*first)->Shutdown();
+
+  // A stale socket: bound, never unlinked, nobody listening.
+  std::filesystem::remove(path);
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.data(), path.size());
+  ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)), 0);
+  close(fd);
+  ASSERT_TRUE(std::filesystem::is_socket(path));
+  Engine engine3(options);
+  auto third = HostServer::Start(&engine3, {.listen = "unix:" + path});
+  ASSERT_OK(third.status());
+  (*third)->Shutdown();
+
+  // Not a socket: refused, the file kept.
+  std::filesystem::remove(path);
+  std::ofstream(path) << "precious";
+  Engine engine4(options);
+  auto fourth = HostServer::Start(&engine4, {.listen = "unix:" + path});
+  EXPECT_THAT(fourth.status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(fourth.status().message(), HasSubstr("not a socket"));
+  std::ifstream kept(path);
+  std::string content;
+  kept >> content;
+  EXPECT_EQ(content, "precious");
+  std::filesystem::remove(path);
 }
 
 TEST_F(HostTest, ShutdownWithRequestsInFlightEndsThemCleanly) {
