@@ -33,8 +33,60 @@ async function* sseEvents(body) {
 // Streams one chat completion. `on` receives {progress, reasoning, content, toolCalls, usage,
 // finish}. `progress` gets the gateway's prefill reports ({total, cache, processed, time_ms},
 // llama.cpp's `prompt_progress`, asked for with `return_progress`).
+// Errors say what happened in words a person can act on: the server could not be reached, the
+// connection broke off mid-reply, or the server's own message (context exceeded, ...).
 export async function streamChat({ model, messages, thinking, signal, on }) {
-  const res = await fetch('/v1/chat/completions', {
+  let res;
+  try {
+    res = await sendChat({ model, messages, thinking, signal });
+  } catch (e) {
+    if (signal?.aborted) throw e;
+    throw new Error(`Cannot reach the server (${e.message}): is \`coli web\` still running?`);
+  }
+  if (!res.ok) {
+    let message = `HTTP ${res.status}`;
+    try {
+      const err = await res.json();
+      if (err.error && err.error.message) message = err.error.message;
+    } catch (_) { /* keep the status line */ }
+    throw new Error(message);
+  }
+  let done = false;
+  try {
+    for await (const data of sseEvents(res.body)) {
+      if (data === '[DONE]') {
+        done = true;
+        break;
+      }
+      handleChunk(JSON.parse(data), on);
+    }
+  } catch (e) {
+    if (signal?.aborted || e instanceof ServerError) throw e;
+    throw new Error(`The connection to the server broke off mid-reply (${e.message}).`);
+  }
+  if (!done) throw new Error('The server ended the reply before it was finished.');
+}
+
+class ServerError extends Error {}
+
+function handleChunk(chunk, on) {
+  if (chunk.error) throw new ServerError(chunk.error.message || 'server error');
+  if (chunk.prompt_progress) {
+    on.progress?.(chunk.prompt_progress);
+    return;  // a progress chunk carries an empty assistant delta
+  }
+  if (chunk.usage) on.usage?.(chunk.usage);
+  for (const choice of chunk.choices || []) {
+    const delta = choice.delta || {};
+    if (delta.reasoning_content) on.reasoning?.(delta.reasoning_content);
+    if (delta.content) on.content?.(delta.content);
+    if (delta.tool_calls) on.toolCalls?.(delta.tool_calls);
+    if (choice.finish_reason) on.finish?.(choice.finish_reason);
+  }
+}
+
+function sendChat({ model, messages, thinking, signal }) {
+  return fetch('/v1/chat/completions', {
     method: 'POST',
     headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({
@@ -47,29 +99,4 @@ export async function streamChat({ model, messages, thinking, signal, on }) {
     }),
     signal,
   });
-  if (!res.ok) {
-    let message = `HTTP ${res.status}`;
-    try {
-      const err = await res.json();
-      if (err.error && err.error.message) message = err.error.message;
-    } catch (_) { /* keep the status line */ }
-    throw new Error(message);
-  }
-  for await (const data of sseEvents(res.body)) {
-    if (data === '[DONE]') break;
-    const chunk = JSON.parse(data);
-    if (chunk.error) throw new Error(chunk.error.message || 'server error');
-    if (chunk.prompt_progress) {
-      on.progress?.(chunk.prompt_progress);
-      continue;  // a progress chunk carries an empty assistant delta
-    }
-    if (chunk.usage) on.usage?.(chunk.usage);
-    for (const choice of chunk.choices || []) {
-      const delta = choice.delta || {};
-      if (delta.reasoning_content) on.reasoning?.(delta.reasoning_content);
-      if (delta.content) on.content?.(delta.content);
-      if (delta.tool_calls) on.toolCalls?.(delta.tool_calls);
-      if (choice.finish_reason) on.finish?.(choice.finish_reason);
-    }
-  }
 }

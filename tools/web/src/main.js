@@ -1,9 +1,10 @@
 // The coli chat page. State: the conversation (localStorage), one request in flight at most.
 import './style.css';
 import 'highlight.js/styles/github.css';
+import './code-dark.css';
 import { fetchModels, streamChat } from './api.js';
 import { fetchMetrics } from './metrics.js';
-import { loadState, saveState, toMessages } from './history.js';
+import { STORAGE_KEY, loadState, saveState, toMessages } from './history.js';
 import { renderMarkdown } from './render.js';
 
 const $ = (id) => document.getElementById(id);
@@ -19,11 +20,21 @@ let state = loadState();
 let modelId = null;
 let inflight = null;  // {controller, turn, metricsTimer}
 
-function persist() { saveState(state); }
+// The chat goes on when the browser will not store it (quota full, storage disabled, some private
+// modes); the banner says that it will not survive a reload.
+let storageWarning = '';
+function persist() {
+  storageWarning = saveState(state) ? ''
+    : 'The browser does not keep this chat (storage full or disabled): a reload will lose it.';
+  showError(errorMessage);
+}
 
+let errorMessage = '';
 function showError(message) {
-  els.error.textContent = message;
-  els.error.hidden = !message;
+  errorMessage = message;
+  const text = [message, storageWarning].filter(Boolean).join(' ');
+  els.error.textContent = text;
+  els.error.hidden = !text;
 }
 
 // ---- rendering -------------------------------------------------------------------------
@@ -156,17 +167,35 @@ function addTurnActions() {
   userEl?.append(actions);
 }
 
-function render() {
-  els.messages.replaceChildren(...state.turns.map(turnElement));
-  addTurnActions();
-  els.messages.scrollTop = els.messages.scrollHeight;
+function atBottom() {
+  return els.messages.scrollHeight - els.messages.scrollTop - els.messages.clientHeight < 40;
 }
 
-// Re-renders only the streaming turn (cheap enough per token for a chat page).
+// `follow: false` keeps the place of a reader who scrolled up (the end of a reply re-renders all).
+function render({ follow = true } = {}) {
+  const stick = follow || atBottom();
+  const top = els.messages.scrollTop;
+  els.messages.replaceChildren(...state.turns.map(turnElement));
+  addTurnActions();
+  els.messages.scrollTop = stick ? els.messages.scrollHeight : top;
+}
+
+// Re-renders only the streaming turn, at most once a frame: a long reply re-parses all of its
+// markdown each time, and tokens can come faster than the screen shows them.
+let pendingTurn = null;
 function renderTurn(turn) {
+  if (pendingTurn === turn) return;
+  pendingTurn = turn;
+  requestAnimationFrame(() => {
+    pendingTurn = null;
+    if (state.turns.includes(turn)) renderTurnNow(turn);
+  });
+}
+
+function renderTurnNow(turn) {
   const index = state.turns.indexOf(turn);
   const old = els.messages.querySelector(`[data-index="${index}"]`);
-  const stick = els.messages.scrollHeight - els.messages.scrollTop - els.messages.clientHeight < 40;
+  const stick = atBottom();
   const fresh = turnElement(turn, index);
   if (old) old.replaceWith(fresh); else els.messages.append(fresh);
   if (stick) els.messages.scrollTop = els.messages.scrollHeight;
@@ -284,9 +313,12 @@ async function generate() {
     clearInterval(inflight.prefillTimer);
     inflight = null;
     turn.reasoningOpen = false;
+    // A keyboard user on "stop" would otherwise be left on nothing once it hides.
+    const refocus = document.activeElement === els.stop;
     persist();
     setBusy(false);
-    render();
+    render({ follow: false });
+    if (refocus) els.input.focus();
     refreshMetrics();
   }
 }
@@ -305,25 +337,57 @@ function mergeToolCalls(turn, deltas) {
 
 els.composer.addEventListener('submit', (ev) => {
   ev.preventDefault();
-  const text = els.input.value.trim();
-  if (!text || inflight) return;
+  const raw = els.input.value;
+  if (!raw.trim() || inflight) return;
+  // Pasted code keeps its indentation: only blank lines around it and trailing spaces go.
+  const text = raw.replace(/^\s*\n/, '').trimEnd();
   els.input.value = '';
   state.turns.push({ role: 'user', content: text });
   persist();
   generate();
 });
+// Enter that ends an IME composition (CJK input) picks the candidate, it does not send. Chromium
+// marks it isComposing; Safari sends it after compositionend with keyCode 229 instead.
+let composing = false;
+els.input.addEventListener('compositionstart', () => { composing = true; });
+els.input.addEventListener('compositionend', () => { composing = false; });
 els.input.addEventListener('keydown', (ev) => {
-  if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) {
+  if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing && !composing && ev.keyCode !== 229) {
     ev.preventDefault();
     els.composer.requestSubmit();
   }
 });
-els.stop.addEventListener('click', () => inflight?.controller.abort());
+function stopReply() {
+  if (!inflight) return;
+  inflight.controller.abort();
+  els.input.focus();
+}
+els.stop.addEventListener('click', (ev) => {
+  // "stop" takes the place of "send": the second click of a double click on send lands here.
+  if (ev.detail > 1) return;
+  stopReply();
+});
+document.addEventListener('keydown', (ev) => {
+  if (ev.key === 'Escape' && inflight && !ev.isComposing && !composing) {
+    ev.preventDefault();
+    stopReply();
+  }
+});
 els.newChat.addEventListener('click', () => {
   inflight?.controller.abort();
   state.turns = [];
   persist();
+  showError('');
   render();
+});
+// Another tab of the page wrote the chat: an idle tab shows it (else sending from a tab opened
+// earlier would overwrite, with its stale copy, what was said in the other tab since).
+window.addEventListener('storage', (ev) => {
+  if ((ev.key !== STORAGE_KEY && ev.key !== null) || inflight) return;
+  state = loadState();
+  els.thinking.checked = state.thinking;
+  els.system.value = state.system;
+  render({ follow: false });
 });
 els.thinking.checked = state.thinking;
 els.thinking.addEventListener('change', () => { state.thinking = els.thinking.checked; persist(); });

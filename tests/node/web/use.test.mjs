@@ -1,0 +1,170 @@
+// The chat page used as people use it, in headless Chromium: pasted code keeps its indentation,
+// Enter while an IME composes (CJK) does not send, a double click on "send" does not stop the
+// reply it started, Escape stops one and the focus goes back to the message box, a reader who
+// scrolled up keeps the place when the reply ends, a second tab neither hides nor overwrites the
+// chat, and a server that goes away mid-reply leaves a clear message, the history, and a retry.
+// Usage: node --test use.test.mjs (env COLI_BIN, COLI_SCRIPTED_MODEL, COLI_SCRIPTED_PLUGIN_DIR)
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  launchChromium, openPage, reply, scriptedModel, sendAndWait, startWeb, stopWeb, storedChat,
+} from './support.mjs';
+
+// Long enough (~16k tokens) never to end by itself during a test: replies here end by stop.
+const LONG = Array.from({ length: 400 }, (_, i) =>
+  `Paragraph ${i}: ${'lorem ipsum dolor sit amet '.repeat(6)}`).join('\n\n');
+
+let dir, server, browser;
+
+before(async () => {
+  dir = scriptedModel([
+    { when: 'long', reply: reply(LONG) },
+    { when: '', reply: reply('Hello from the script.') },
+  ]);
+  // 5 ms a token keeps the long reply streaming for seconds, long enough to act on it.
+  server = await startWeb(dir, { env: { COLI_DECODE_DELAY_MS: '5' } });
+  browser = await launchChromium();
+});
+
+after(async () => {
+  await browser?.close();
+  await stopWeb(server);
+});
+
+const lastNote = (page) => page.locator('.turn.assistant').last().locator('.turn-note').count();
+
+test('Enter during an IME composition does not send; pasted code keeps its indentation', async () => {
+  const page = await openPage(browser, server.base);
+  const sent = [];
+  page.on('request', (r) => {
+    if (r.url().endsWith('/v1/chat/completions')) sent.push(JSON.parse(r.postData()));
+  });
+  // A composition (Chromium: isComposing) and Safari's order (compositionend first, then the
+  // Enter as keyCode 229): neither sends.
+  await page.fill('#input', '你好');
+  await page.evaluate(() => {
+    const input = document.getElementById('input');
+    const enter = (init) => input.dispatchEvent(new KeyboardEvent('keydown',
+      { key: 'Enter', bubbles: true, cancelable: true, ...init }));
+    input.dispatchEvent(new CompositionEvent('compositionstart', { data: '' }));
+    enter({ isComposing: true });
+    enter({ keyCode: 229 });
+    input.dispatchEvent(new CompositionEvent('compositionend', { data: '你好' }));
+    enter({ keyCode: 229 });
+  });
+  assert.equal(await page.inputValue('#input'), '你好', 'the text is still being written');
+  assert.equal(await page.locator('.turn.user').count(), 0, 'nothing was sent');
+  await sendAndWait(page, '你好');
+  assert.equal(sent[0].messages.at(-1).content, '你好');
+
+  await sendAndWait(page, '\n    def f():\n        return 1\n\n');
+  assert.equal(sent[1].messages.at(-1).content, '    def f():\n        return 1');
+
+  assert.equal(sent.length, 2);
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
+
+test('a double click on send does not stop the reply; Escape and stop do, focus stays', async () => {
+  const page = await openPage(browser, server.base);
+  await page.fill('#input', 'a long answer please');
+  await page.dblclick('#send');
+  // The second click landed on "stop" (it took send's place): the reply must go on anyway.
+  await page.waitForFunction(() => {
+    const turn = document.querySelector('.turn.assistant:last-child');
+    return turn.querySelector('.markdown').textContent.length > 0 || turn.querySelector('.turn-note');
+  });
+  assert.equal(await lastNote(page), 0, 'the reply was not stopped');
+  assert.ok(await page.isVisible('#stop'), 'the reply goes on');
+
+  await page.keyboard.press('Escape');
+  await page.waitForSelector('#send', { state: 'visible', timeout: 10000 });
+  assert.equal(await page.locator('.turn.assistant').last().locator('.turn-note').textContent(),
+    'stopped', 'Escape stopped the reply');
+
+  await page.fill('#input', 'one more long answer');
+  await page.press('#input', 'Enter');
+  await page.waitForFunction(() =>
+    document.querySelector('.turn.assistant:last-child .markdown').textContent.length > 0);
+  await page.focus('#stop');
+  await page.keyboard.press('Enter');  // a keyboard user on "stop"
+  await page.waitForSelector('#send', { state: 'visible', timeout: 10000 });
+  assert.equal(await lastNote(page), 1);
+  assert.equal(await page.evaluate(() => document.activeElement.id), 'input',
+    'the focus is back on the message box, not lost with the hidden stop button');
+  await page.context().close();
+});
+
+test('a reader who scrolled up keeps the place when the reply ends', async () => {
+  const page = await openPage(browser, server.base, { viewport: { width: 390, height: 500 } });
+  await page.fill('#input', 'a long answer please');
+  await page.press('#input', 'Enter');
+  // While it streams the view follows the reply; the reader then scrolls back to the top.
+  await page.waitForFunction(() => {
+    const m = document.getElementById('messages');
+    return m.scrollHeight > m.clientHeight + 300;
+  }, null, { timeout: 30000 });
+  await page.evaluate(() => { document.getElementById('messages').scrollTop = 0; });
+  await page.evaluate(() => document.getElementById('stop').click());  // the reply ends
+  await page.waitForSelector('#send', { state: 'visible', timeout: 10000 });
+  const { top, max } = await page.evaluate(() => {
+    const m = document.getElementById('messages');
+    return { top: m.scrollTop, max: m.scrollHeight - m.clientHeight };
+  });
+  assert.ok(max > 300, `the chat overflows (${max})`);
+  assert.equal(top, 0, 'the end of the reply did not jump to the bottom');
+  await page.context().close();
+});
+
+test('two tabs: the second shows what the first said and does not overwrite it', async () => {
+  const context = await browser.newContext({ viewport: { width: 390, height: 780 } });
+  const pageIn = async () => {
+    const page = await context.newPage();
+    await page.goto(server.base);
+    await page.waitForFunction(() => document.getElementById('model-name').textContent !== '…');
+    return page;
+  };
+  const first = await pageIn();
+  const second = await pageIn();  // opened before anything is said
+  await sendAndWait(first, 'said in the first tab');
+  await second.waitForFunction(() => [...document.querySelectorAll('.turn.user')]
+    .some((t) => t.textContent.includes('said in the first tab')), null, { timeout: 10000 });
+  await sendAndWait(second, 'said in the second tab');
+  const said = (await storedChat(first)).turns.filter((t) => t.role === 'user').map((t) => t.content);
+  assert.deepEqual(said, ['said in the first tab', 'said in the second tab']);
+  await first.waitForFunction(() => document.querySelectorAll('.turn.user').length === 2);
+  await context.close();
+});
+
+test('the server going away: a clear message, the chat kept, and a retry once it is back', async () => {
+  const own = await startWeb(dir, { env: { COLI_DECODE_DELAY_MS: '20' } });
+  const page = await openPage(browser, own.base);
+  await page.fill('#input', 'a long answer please');
+  await page.press('#input', 'Enter');
+  await page.waitForFunction(() =>
+    document.querySelector('.turn.assistant:last-child .markdown').textContent.length > 0);
+  await stopWeb(own, 'SIGKILL');
+  await page.waitForSelector('#send', { state: 'visible', timeout: 10000 });
+  assert.match(await page.textContent('#error'), /connection to the server broke off mid-reply/);
+
+  await sendAndWait(page, 'is anyone there?');
+  assert.match(await page.textContent('#error'), /Cannot reach the server/);
+  assert.match(await page.locator('.turn.assistant').last().textContent(), /Cannot reach/);
+  const kept = (await storedChat(page)).turns.filter((t) => t.role === 'user').map((t) => t.content);
+  assert.deepEqual(kept, ['a long answer please', 'is anyone there?'], 'the chat is kept');
+
+  const back = await startWeb(dir, { port: own.port, env: { COLI_DECODE_DELAY_MS: '20' } });
+  try {
+    // The retry answers the whole chat again (the first message asked for the long reply).
+    await page.click('[data-testid="regenerate"]');
+    await page.waitForFunction(() => document.querySelector('.turn.assistant:last-child')
+      .textContent.includes('Paragraph 0'), null, { timeout: 30000 });
+    assert.equal(await page.isHidden('#error'), true, 'the error is gone after the retry');
+    await page.evaluate(() => document.getElementById('stop').click());
+    await page.waitForSelector('#send', { state: 'visible', timeout: 10000 });
+  } finally {
+    await stopWeb(back);
+  }
+  assert.deepEqual(page.errors, []);
+  await page.context().close();
+});
