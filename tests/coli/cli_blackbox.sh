@@ -168,6 +168,68 @@ assert users == ["line one\n\nline three"], users
 PY
 [[ $(stat -c %a "$work/precious.json") == 600 ]] || fail "chat: /save changed the file's mode"
 
+# The private host dies (the kernel's OOM killer sends SIGKILL): the error says so instead of
+# gRPC's "Socket closed"; coli serve stops (exit 1) instead of answering 5xx forever; coli chat
+# keeps the conversation in a file a new chat can /load, and ends.
+host_of() {  # the private coli-host of client pid $1, once it runs
+  local h=""
+  for _ in $(seq 600); do
+    h=$(pgrep -P "$1" -f coli-host | head -1)
+    [[ -n $h ]] && break
+    sleep 0.1
+  done
+  echo "$h"
+}
+COLI_DECODE_DELAY_MS=20 "$coli" run --model "$model" hello --ngen 2000 > "$work/out" 2> "$work/err" &
+pid=$!
+for _ in $(seq 600); do [[ -s $work/out ]] && break; sleep 0.1; done
+kill -KILL "$(host_of $pid)"
+wait "$pid"
+rc=$?
+((rc == 1)) || fail "coli run whose host was killed -> exit $rc, wanted 1"
+grep -q 'host process (coli-host) was killed by signal 9 (SIGKILL): the kernel.s out-of-memory' \
+  "$work/err" || fail "coli run whose host was killed: $(tail -c 300 "$work/err")"
+no_private_hosts_left "coli run whose host was killed"
+
+"$coli" serve --model "$model" --port 0 > "$work/out" 2> "$work/err" &
+pid=$!
+for _ in $(seq 600); do grep -q 'listening on' "$work/out" && break; sleep 0.1; done
+kill -SEGV "$(host_of $pid)"
+for _ in $(seq 600); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2> /dev/null && { fail "coli serve still serving after its host died"; kill "$pid"; }
+wait "$pid"
+rc=$?
+((rc == 1)) || fail "coli serve whose host died -> exit $rc, wanted 1"
+grep -q 'was killed by signal 11 (SIGSEGV); stopping' "$work/err" ||
+  fail "coli serve whose host died: $(tail -c 300 "$work/err")"
+no_private_hosts_left "coli serve whose host died"
+
+fifo=$work/chat_fifo
+rm -f "$fifo"
+mkfifo "$fifo"
+COLI_DECODE_DELAY_MS=20 "$coli" chat --model "$model" --max-tokens 2000 < "$fifo" > "$work/out" \
+  2> "$work/err" &
+pid=$!
+exec 7> "$fifo"
+echo "remember this message" >&7
+for _ in $(seq 600); do grep -q '\[reasoning\]\|assistant' "$work/out" 2> /dev/null && break; sleep 0.1; done
+kill -KILL "$(host_of $pid)"
+for _ in $(seq 600); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2> /dev/null && { fail "coli chat still running after its host died"; kill -KILL "$pid"; }
+wait "$pid"
+rc=$?
+exec 7>&-
+((rc == 1)) || fail "coli chat whose host died -> exit $rc, wanted 1"
+saved=$(ls "$HOME"/coli-chat-recovered-*.json 2> /dev/null | head -1)
+if [[ -z $saved ]]; then
+  fail "coli chat whose host died saved no conversation: $(tail -c 400 "$work/out")"
+else
+  grep -qF "/load $saved" "$work/out" || fail "coli chat did not say where the conversation is"
+  grep -q '"remember this message"' "$saved" || fail "the recovered conversation lacks the message"
+  rm -f "$saved"
+fi
+no_private_hosts_left "coli chat whose host died"
+
 # SIGTERM during a reply ends the chat (exit 143, host folder removed); it used to stop the reply
 # and then wait for one more input line (a stdin that stays open: forever). Ctrl-C while the chat
 # waits for piped input leaves as a Ctrl-C (130), not as a finished input (0).

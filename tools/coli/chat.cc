@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -470,6 +471,7 @@ class ChatApp {
           Reply();
           break;
       }
+      if (host_ended_) return EndWithoutHost();
       if (!more) break;
     }
     std::printf("\n");
@@ -597,8 +599,19 @@ class ChatApp {
     } else {
       // Keep what arrived before the failure. A reply that never started (the prompt did not
       // fit, the host refused it) takes the user's turn back out: left in, every later message
-      // would be sent after it and fail the same way.
-      if (!turn.content.empty() || !turn.reasoning.empty()) {
+      // would be sent after it and fail the same way. When the private host died (killed for
+      // memory, crashed) nothing more can be answered here: the chat ends (EndWithoutHost) and
+      // the unanswered message stays, for /retry in the chat that /loads the conversation.
+      host_ended_ = client_->PrivateHostEnded().has_value();
+      if (host_ended_) {
+        std::printf("%serror: %s%s\n", style_.bold(), DescribeError(finished.status()).c_str(),
+                    style_.reset());
+        if (!turn.content.empty() || !turn.reasoning.empty()) {
+          conversation_.turns().push_back(std::move(turn));
+        } else if (previous.has_value()) {
+          conversation_.turns().push_back(*std::move(previous));
+        }
+      } else if (!turn.content.empty() || !turn.reasoning.empty()) {
         std::printf("%serror: %s%s\n", style_.bold(), DescribeError(finished.status()).c_str(),
                     style_.reset());
         conversation_.turns().push_back(std::move(turn));
@@ -615,6 +628,31 @@ class ChatApp {
                         : "");
       }
     }
+  }
+
+  // The host that held the model is gone: the conversation goes to a file a new chat can /load
+  // (it exists only in this process), and the chat ends.
+  int EndWithoutHost() {
+    if (conversation_.Messages().empty()) {
+      std::printf("coli chat: the model's host is gone; start coli chat again\n");
+      return 1;
+    }
+    const char* home = std::getenv("HOME");
+    char stamp[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+    const std::string path = absl::StrFormat("%s/coli-chat-recovered-%s.json",
+                                             home != nullptr && *home != '\0' ? home : ".", stamp);
+    if (absl::Status saved = conversation_.Save(path, model_id_); !saved.ok()) {
+      std::printf("coli chat: the model's host is gone, and the conversation could not be saved: "
+                  "%s\n",
+                  std::string(saved.message()).c_str());
+      return 1;
+    }
+    std::printf("coli chat: the model's host is gone. The conversation (%zu messages) is in %s: "
+                "`/load %s` in a new coli chat goes on from there.\n",
+                conversation_.Messages().size(), path.c_str(), path.c_str());
+    return 1;
   }
 
   void PrintStats() {
@@ -641,6 +679,7 @@ class ChatApp {
   }
 
   client::Client* client_;
+  bool host_ended_ = false;  // the private host died: the chat ends (EndWithoutHost)
   std::string model_id_;
   ChatFlags flags_;
   Style style_;

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -81,6 +83,24 @@ absl::StatusOr<v1::Finished> Drain(grpc::ClientReader<Event>* reader, const Stre
   COLI_RETURN_IF_ERROR(FromGrpc(reader->Finish()));
   if (!got_finished) return absl::InternalError("stream ended without a finished event");
   return finished;
+}
+
+// How the private host ended, for a user who only saw their request fail.
+std::string DescribeHostEnd(int status) {
+  if (WIFEXITED(status)) {
+    return absl::StrCat("the model's host process (coli-host) exited with status ",
+                        WEXITSTATUS(status));
+  }
+  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  const char* abbrev = sigabbrev_np(sig);
+  std::string out = absl::StrCat("the model's host process (coli-host) was killed by signal ", sig,
+                                 abbrev != nullptr ? absl::StrCat(" (SIG", abbrev, ")") : "");
+  if (sig == SIGKILL) {
+    absl::StrAppend(&out,
+                    ": the kernel's out-of-memory killer ends processes this way — `dmesg | grep "
+                    "-i oom` tells; a smaller K3_EXPERT_GB, or K3_BITS=4, needs less memory");
+  }
+  return out;
 }
 
 }  // namespace
@@ -194,6 +214,7 @@ absl::Status Client::StartPrivateHost(const ConnectOptions& options) {
   }
   close(ready[1]);
   child_ = pid;
+  started_private_host_ = true;
   std::string line;
   const bool ok = ReadLine(ready[0], 60000, &line);
   close(ready[0]);
@@ -221,6 +242,7 @@ absl::Status Client::StartPrivateHost(const ConnectOptions& options) {
 void Client::StopPrivateHost() {
   stub_.reset();
   channel_.reset();
+  std::lock_guard<std::mutex> lock(child_mu_);
   if (child_ > 0) {
     kill(child_, SIGTERM);
     int status = 0;
@@ -242,6 +264,32 @@ void Client::StopPrivateHost() {
     std::filesystem::remove_all(temp_dir_, ec);
     temp_dir_.clear();
   }
+}
+
+std::optional<std::string> Client::PrivateHostEnded() {
+  std::lock_guard<std::mutex> lock(child_mu_);
+  if (!host_ended_.has_value() && child_ > 0) {
+    int status = 0;
+    if (waitpid(child_, &status, WNOHANG) == child_) {
+      child_ = -1;
+      host_ended_ = DescribeHostEnd(status);
+    }
+  }
+  return host_ended_;
+}
+
+absl::Status Client::Explain(absl::Status status) {
+  // A host that died shows up as the transport's words ("Socket closed", "Connection refused").
+  if (status.ok() || status.code() != absl::StatusCode::kUnavailable) return status;
+  if (!started_private_host_) return status;
+  // The socket closes while the process is still being torn down: give it a moment to be reaped.
+  for (int i = 0; i < 50; ++i) {
+    if (std::optional<std::string> ended = PrivateHostEnded(); ended.has_value()) {
+      return absl::UnavailableError(absl::StrCat(*ended, " (", status.message(), ")"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return status;
 }
 
 std::string Client::NewRequestId() {
@@ -270,7 +318,7 @@ absl::StatusOr<v1::ModelInfo> Client::LoadModel(
       loaded = true;
     }
   }
-  absl::Status finished = FromGrpc(reader->Finish());
+  absl::Status finished = Explain(FromGrpc(reader->Finish()));
   if (cancel != nullptr) cancel->Detach();
   COLI_RETURN_IF_ERROR(finished);
   if (!loaded) return absl::InternalError("LoadModel ended without the model's info");
@@ -285,6 +333,7 @@ absl::StatusOr<v1::Finished> Client::Generate(v1::GenerateRequest request,
   auto reader = stub_->Generate(&context, request);
   auto result = Drain(reader.get(), cb);
   if (cancel != nullptr) cancel->Detach();
+  if (!result.ok()) return Explain(result.status());
   return result;
 }
 
@@ -296,6 +345,7 @@ absl::StatusOr<v1::Finished> Client::Chat(v1::ChatRequest request, const StreamC
   auto reader = stub_->Chat(&context, request);
   auto result = Drain(reader.get(), cb);
   if (cancel != nullptr) cancel->Detach();
+  if (!result.ok()) return Explain(result.status());
   return result;
 }
 
@@ -305,7 +355,7 @@ absl::StatusOr<bool> Client::Cancel(const std::string& request_id, bool stop) {
   request.set_request_id(request_id);
   request.set_stop(stop);
   v1::CancelResponse response;
-  COLI_RETURN_IF_ERROR(FromGrpc(stub_->Cancel(&context, request, &response)));
+  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Cancel(&context, request, &response))));
   return response.found();
 }
 
@@ -317,7 +367,7 @@ absl::StatusOr<std::vector<int32_t>> Client::Tokenize(const std::string& model,
   request.set_text(text);
   request.set_allow_special(allow_special);
   v1::TokenizeResponse response;
-  COLI_RETURN_IF_ERROR(FromGrpc(stub_->Tokenize(&context, request, &response)));
+  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Tokenize(&context, request, &response))));
   return std::vector<int32_t>(response.ids().begin(), response.ids().end());
 }
 
@@ -328,7 +378,7 @@ absl::StatusOr<std::string> Client::Detokenize(const std::string& model,
   request.set_model(model);
   request.mutable_ids()->Add(ids.begin(), ids.end());
   v1::DetokenizeResponse response;
-  COLI_RETURN_IF_ERROR(FromGrpc(stub_->Detokenize(&context, request, &response)));
+  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Detokenize(&context, request, &response))));
   return response.text();
 }
 
@@ -341,28 +391,30 @@ absl::StatusOr<v1::ApplyTemplateResponse> Client::ApplyTemplate(const std::strin
   request.set_request_json(request_json);
   request.set_add_generation_prompt(add_generation_prompt);
   v1::ApplyTemplateResponse response;
-  COLI_RETURN_IF_ERROR(FromGrpc(stub_->ApplyTemplate(&context, request, &response)));
+  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->ApplyTemplate(&context, request, &response))));
   return response;
 }
 
 absl::StatusOr<std::vector<v1::ModelInfo>> Client::ListModels() {
   grpc::ClientContext context;
   v1::ListModelsResponse response;
-  COLI_RETURN_IF_ERROR(FromGrpc(stub_->ListModels(&context, v1::ListModelsRequest(), &response)));
+  COLI_RETURN_IF_ERROR(
+      Explain(FromGrpc(stub_->ListModels(&context, v1::ListModelsRequest(), &response))));
   return std::vector<v1::ModelInfo>(response.models().begin(), response.models().end());
 }
 
 absl::StatusOr<v1::MetricsResponse> Client::Metrics() {
   grpc::ClientContext context;
   v1::MetricsResponse response;
-  COLI_RETURN_IF_ERROR(FromGrpc(stub_->GetMetrics(&context, v1::MetricsRequest(), &response)));
+  COLI_RETURN_IF_ERROR(
+      Explain(FromGrpc(stub_->GetMetrics(&context, v1::MetricsRequest(), &response))));
   return response;
 }
 
 absl::StatusOr<v1::HealthResponse> Client::Health() {
   grpc::ClientContext context;
   v1::HealthResponse response;
-  COLI_RETURN_IF_ERROR(FromGrpc(stub_->Health(&context, v1::HealthRequest(), &response)));
+  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Health(&context, v1::HealthRequest(), &response))));
   return response;
 }
 
@@ -371,7 +423,7 @@ absl::Status Client::UnloadModel(const std::string& model) {
   v1::UnloadModelRequest request;
   request.set_model(model);
   v1::UnloadModelResponse response;
-  return FromGrpc(stub_->UnloadModel(&context, request, &response));
+  return Explain(FromGrpc(stub_->UnloadModel(&context, request, &response)));
 }
 
 // ---- model selection and options ------------------------------------------------------------

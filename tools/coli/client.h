@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -129,15 +130,25 @@ class Client {
 
   static std::string NewRequestId();
 
+  // When this client's private host has ended (killed, crashed), how — "the model's host
+  // process (coli-host) was killed by signal 9 (SIGKILL): …" — else nullopt (running, or no
+  // private host). Errors of calls made after it died say the same.
+  std::optional<std::string> PrivateHostEnded();
+
  private:
   Client() = default;
   absl::Status StartPrivateHost(const ConnectOptions& options);
   void StopPrivateHost();
+  // `status`, or for the transport error of a private host that died, what happened to it.
+  absl::Status Explain(absl::Status status);
 
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coli::Stub> stub_;
+  std::mutex child_mu_;  // child_ and host_ended_: PrivateHostEnded may run on any thread
   pid_t child_ = -1;
+  std::optional<std::string> host_ended_;
+  bool started_private_host_ = false;  // set once, before any other thread uses the client
   std::string temp_dir_;
 };
 

@@ -26,9 +26,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -287,12 +289,34 @@ int RunGateway(int argc, char** argv, bool web) {
     gateway.Shutdown();
     if (httplib::Server* s = g_server.load()) s->stop();
   });
+  // A private host that died (killed for memory, crashed) leaves nothing to serve: the server
+  // stops and exits 1, so that what supervises it (systemd, a container) can start it again.
+  std::atomic<bool> serving{true};
+  std::atomic<int> exit_code{0};
+  std::thread host_watch([&] {
+    bool said = false;
+    while (serving.load()) {
+      if (std::optional<std::string> ended = (*client)->PrivateHostEnded()) {
+        if (!said) {
+          std::fprintf(stderr, "%s: %s; stopping\n", name, ended->c_str());
+          said = true;
+          exit_code = 1;
+          gateway.Shutdown();
+        }
+        // Again until the server has stopped: a stop before it began listening is lost.
+        if (httplib::Server* s = g_server.load()) s->stop();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
   server.listen_after_bind();
+  serving = false;
+  host_watch.join();
   g_server = nullptr;
   gateway.Shutdown();  // background responses: cancelled and joined while the host still runs
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
-  return 0;  // `client` stops the private host
+  return exit_code.load();  // `client` stops the private host
 }
 
 }  // namespace
