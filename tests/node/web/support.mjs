@@ -51,11 +51,13 @@ async function waitHealthy(url, ms) {
 }
 
 // Starts `coli web` on the scripted model `dir` and resolves with {proc, base, port}.
-export async function startWeb(dir, { port, env } = {}) {
+// `args`: more flags (e.g. --api-key KEY).
+export async function startWeb(dir, { port, env, args = [] } = {}) {
   assert.ok(COLI, 'COLI_BIN is set');
   port ??= await freePort();
   const base = `http://127.0.0.1:${port}`;
-  const proc = spawn(COLI, ['web', '--port', String(port), '--model', dir, '--model-id', 'scripted'], {
+  const flags = ['web', '--port', String(port), '--model', dir, '--model-id', 'scripted', ...args];
+  const proc = spawn(COLI, flags, {
     stdio: ['ignore', 'inherit', 'inherit'],
     env: { ...process.env, COLI_PLUGIN_DIR: SCRIPTED_PLUGINS, ...env },
   });

@@ -1,8 +1,11 @@
 // A minimal OpenAI chat-completions client over fetch: streams SSE deltas to callbacks.
-// The page talks only to the same origin's /v1 API (plus /metrics for the status bar).
+// The page talks only to the same origin's /v1 API (plus /metrics for the status bar), with the
+// server's API key when one was entered (auth.js).
+import { authError, authHeaders } from './auth.js';
 
 export async function fetchModels() {
-  const res = await fetch('/v1/models');
+  const res = await fetch('/v1/models', { headers: authHeaders() });
+  if (res.status === 401) throw await authError(res);
   if (!res.ok) throw new Error(`GET /v1/models: HTTP ${res.status}`);
   const body = await res.json();
   return body.data || [];
@@ -43,6 +46,7 @@ export async function streamChat({ model, messages, thinking, signal, on }) {
     if (signal?.aborted) throw e;
     throw new Error(`Cannot reach the server (${e.message}): is \`coli web\` still running?`);
   }
+  if (res.status === 401) throw await authError(res);
   if (!res.ok) {
     let message = `HTTP ${res.status}`;
     try {
@@ -88,7 +92,7 @@ function handleChunk(chunk, on) {
 function sendChat({ model, messages, thinking, signal }) {
   return fetch('/v1/chat/completions', {
     method: 'POST',
-    headers: { 'Content-Type': 'application/json' },
+    headers: authHeaders({ 'Content-Type': 'application/json' }),
     body: JSON.stringify({
       model,
       messages,

@@ -3,6 +3,7 @@ import './style.css';
 import 'highlight.js/styles/github.css';
 import './code-dark.css';
 import { fetchModels, streamChat } from './api.js';
+import { AuthError, apiKey, setApiKey } from './auth.js';
 import { fetchMetrics } from './metrics.js';
 import { STORAGE_KEY, loadState, saveState, toMessages } from './history.js';
 import { renderMarkdown } from './render.js';
@@ -12,6 +13,7 @@ const els = {
   messages: $('messages'), input: $('input'), send: $('send'), stop: $('stop'),
   composer: $('composer'), thinking: $('thinking'), system: $('system-prompt'),
   settings: $('settings'), settingsButton: $('settings-button'), newChat: $('new-chat'),
+  apiKey: $('api-key'),
   error: $('error'), model: $('model-name'), state: $('st-state'), prefill: $('st-prefill'),
   ttft: $('st-ttft'), tps: $('st-tps'), hit: $('st-hit'), bytes: $('st-bytes'),
 };
@@ -307,6 +309,7 @@ async function generate() {
     } else {
       turn.error = String(e.message || e);
       showError(turn.error);
+      if (e instanceof AuthError) askForKey();
     }
   } finally {
     clearInterval(inflight.metricsTimer);
@@ -393,9 +396,21 @@ els.thinking.checked = state.thinking;
 els.thinking.addEventListener('change', () => { state.thinking = els.thinking.checked; persist(); });
 els.system.value = state.system;
 els.system.addEventListener('input', () => { state.system = els.system.value; persist(); });
-els.settingsButton.addEventListener('click', () => {
-  els.settings.hidden = !els.settings.hidden;
-  els.settingsButton.setAttribute('aria-expanded', String(!els.settings.hidden));
+function showSettings(show) {
+  els.settings.hidden = !show;
+  els.settingsButton.setAttribute('aria-expanded', String(show));
+}
+els.settingsButton.addEventListener('click', () => showSettings(els.settings.hidden));
+// A server started with --api-key answers 401 until the key is entered here.
+function askForKey() {
+  showSettings(true);
+  els.apiKey.focus();
+}
+els.apiKey.value = apiKey();
+els.apiKey.addEventListener('change', () => {
+  setApiKey(els.apiKey.value.trim());
+  showError('');
+  loadModel();
 });
 
 // A turn left half-written by a reload or crash is kept, marked as interrupted.
@@ -403,8 +418,19 @@ for (const t of state.turns) {
   if (t.role === 'assistant' && !t.finish && !t.stopped && !t.error) t.stopped = true;
 }
 render();
-fetchModels().then((models) => {
-  modelId = models[0]?.id ?? null;
-  els.model.textContent = modelId ?? 'no model';
-}).catch((e) => showError(`cannot reach the server: ${e.message}`));
+function loadModel() {
+  fetchModels().then((models) => {
+    modelId = models[0]?.id ?? null;
+    els.model.textContent = modelId ?? 'no model';
+    refreshMetrics();
+  }).catch((e) => {
+    if (e instanceof AuthError) {
+      showError(e.message);
+      askForKey();
+    } else {
+      showError(`cannot reach the server: ${e.message}`);
+    }
+  });
+}
+loadModel();
 refreshMetrics();

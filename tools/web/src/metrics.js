@@ -1,3 +1,5 @@
+import { authHeaders } from './auth.js';
+
 // Reads the gateway's Prometheus /metrics into {name: value} (labels dropped, summed).
 export function parsePrometheus(text) {
   const values = {};
@@ -13,7 +15,7 @@ export function parsePrometheus(text) {
 }
 
 export async function fetchMetrics() {
-  const res = await fetch('/metrics');
+  const res = await fetch('/metrics', { headers: authHeaders() });
   if (!res.ok) throw new Error(`GET /metrics: HTTP ${res.status}`);
   return parsePrometheus(await res.text());
 }
