@@ -125,11 +125,12 @@ expect 2 "is a file, not a folder" -- "$coli" tokenize --tokenizer "$work/a_file
 printf '[18446744073709551615]' > "$work/ids.json"
 STDIN=$work/ids.json expect 1 "element 0 (18446744073709551615) is not a token id" -- \
   "$coli" tokenize --tokenizer "$model" --decode
-# Text that is not UTF-8 was replaced with U+FFFD and its ids printed as if the user wrote it.
+# Text that is not UTF-8 was replaced with U+FFFD and its ids printed as if the user wrote it,
+# without a word (the replacement itself is tiktoken_crosscheck's: as a text decoder reads it).
 printf 'caf\xe9 au lait' > "$work/latin1.txt"
-STDIN=$work/latin1.txt expect 1 "stdin is not valid UTF-8: byte 0xE9 at offset 3" -- \
+STDIN=$work/latin1.txt expect 0 "warning: stdin is not valid UTF-8: byte 0xE9 at offset 3" -- \
   "$coli" tokenize --tokenizer "$model"
-[[ -s $work/out ]] && fail "coli tokenize of non-UTF-8 stdin printed ids: $(cat "$work/out")"
+grep -q '^\[' "$work/out" || fail "coli tokenize of non-UTF-8 stdin printed no ids"
 STDIN=$work/prompt.txt expect 0 "" -- "$coli" tokenize --model "$model"
 grep -q '^\[' "$work/out" || fail "coli tokenize --model: no ids"
 "$coli" tokenize --tokenizer "$model" < "$work/prompt.txt" > /dev/full 2> "$work/err"
