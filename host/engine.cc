@@ -561,6 +561,10 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
       request->input_.session = PickPooledSessionLocked(**model, *request);
       if (request->input_.session.empty()) continue;  // every pooled session is busy
     }
+    if (!(*model)->sessions.contains(request->input_.session) &&
+        !MakeRoomForSessionLocked(**model)) {
+      continue;  // every session is busy: one more would pass max_sessions
+    }
     SessionSlot& slot = (*model)->sessions[request->input_.session];
     if (slot.busy) continue;  // that session is serving another request
     slot.busy = true;
@@ -571,6 +575,26 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
     return job;
   }
   return std::nullopt;
+}
+
+bool Engine::MakeRoomForSessionLocked(LoadedModel& model) {
+  const int pool = std::max({1, options_.workers, options_.pool_sessions});
+  const size_t most = static_cast<size_t>(std::max(options_.max_sessions, pool + 1));
+  if (model.sessions.size() < most) return true;
+  auto oldest = model.sessions.end();
+  for (auto it = model.sessions.begin(); it != model.sessions.end(); ++it) {
+    if (it->second.busy) continue;
+    if (oldest == model.sessions.end() || it->second.last_used < oldest->second.last_used) {
+      oldest = it;
+    }
+  }
+  if (oldest == model.sessions.end()) return false;
+  COLI_LOG(kInfo) << "model '" << model.info.id() << "': " << model.sessions.size()
+                  << " sessions (--max-sessions): closing '" << oldest->first
+                  << "', the least recently used";
+  model.sessions.erase(oldest);
+  ++model.sessions_closed;
+  return true;
 }
 
 std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
@@ -1035,6 +1059,16 @@ v1::MetricsResponse Engine::Metrics() const {
       continue;
     }
     for (const auto& [name, value] : *stats) {
+      v1::ModelStat* stat = m.add_model_stats();
+      stat->set_model(id);
+      stat->set_name(name);
+      stat->set_value(value);
+    }
+    // The host's own: sessions held, and those closed to stay within --max-sessions.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, value] :
+         {std::pair<const char*, double>{"host_sessions", model->sessions.size()},
+          {"host_sessions_closed", static_cast<double>(model->sessions_closed)}}) {
       v1::ModelStat* stat = m.add_model_stats();
       stat->set_model(id);
       stat->set_name(name);

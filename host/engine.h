@@ -63,6 +63,12 @@ struct EngineOptions {
   // more idle conversations resume without a prefill (on K3 each holds ~434 MB of recurrent
   // state plus its KV cache). 0 = one per worker. `coli-host --pool N` or COLI_POOL_SESSIONS.
   int pool_sessions = 0;
+  // Sessions (named and pooled) each model keeps at most. A request that needs one more closes
+  // the least recently used idle one (its next request starts from a fresh state and prefills
+  // again) — else a client naming a new session per conversation grows the host until the
+  // machine runs out of memory (~434 MB each on K3). Raised to the pool size + 1 when below.
+  // `coli-host --max-sessions N` or COLI_MAX_SESSIONS.
+  int max_sessions = 16;
 };
 
 // One request's input, Generate or Chat.
@@ -197,7 +203,8 @@ class Engine {
     DecodeBatcher batcher;
     std::unique_ptr<Model> model;
     std::map<std::string, SessionSlot> sessions;
-    int active = 0;  // requests running on it
+    uint64_t sessions_closed = 0;  // by MakeRoomForSessionLocked
+    int active = 0;                // requests running on it
   };
 
   // A request taken off the queue, with its model and (when it will run) its session slot held.
@@ -249,6 +256,9 @@ class Engine {
     std::map<std::string, double> plugin;  // summed per-request deltas of session stats
   } counters_;
   uint64_t slot_clock_ = 0;  // orders SessionSlot::last_used
+  // Room for one more session in `model`: true when under max_sessions or after closing its
+  // least recently used idle session; false when every session is busy (the request waits).
+  bool MakeRoomForSessionLocked(LoadedModel& model);
   // Decode calls made and rows they carried (atomics: counted by the batch leader, which holds
   // its model's batcher lock, not mu_).
   std::atomic<uint64_t> decode_calls_{0}, decode_rows_{0};

@@ -33,11 +33,14 @@ constexpr char kUsage[] =
     "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
     "                 [--workers N] [--queue N] [--pool N] [--model DIR]... [--ready-fd FD]\n"
     "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
+    "                 [--max-sessions N]\n"
     "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
     "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
     "        any other address needs --allow-remote\n"
     "  --workers N (1-1024, default 4)  --queue N (1-1000000, default 16)\n"
     "  --pool N (0-1024, 0 = one per worker; env COLI_POOL_SESSIONS)\n"
+    "  --max-sessions N (1-100000, default 16; env COLI_MAX_SESSIONS) sessions kept per model:\n"
+    "        one more closes the least recently used idle one\n"
     "  --max-batch N (1-1024, default 8; 1 = no batching)\n"
     "  --decode-delay-ms N / --prefill-delay-ms N (0-60000; env COLI_DECODE_DELAY_MS,\n"
     "        COLI_PREFILL_DELAY_MS)\n"
@@ -78,6 +81,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   f.engine.plugin_dir = COLI_PLUGIN_DIR;
   if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir) f.engine.plugin_dir = dir;
   bool decode_delay_flag = false, prefill_delay_flag = false, pool_flag = false;
+  bool max_sessions_flag = false;
   coli::flags::ArgReader args(argc, argv);
   auto number = [&args](int64_t lo, int64_t hi, int* out) -> absl::Status {
     COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(lo, hi));
@@ -110,6 +114,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (args.Is("--pool")) {
       COLI_RETURN_IF_ERROR(number(0, kMaxThreads, &f.engine.pool_sessions));
       pool_flag = true;
+    } else if (args.Is("--max-sessions")) {
+      COLI_RETURN_IF_ERROR(number(1, 100000, &f.engine.max_sessions));
+      max_sessions_flag = true;
     } else if (args.Is("--model")) {
       COLI_ASSIGN_OR_RETURN(std::string dir, args.Value());
       COLI_RETURN_IF_ERROR(coli::flags::CheckModelDir("--model", dir));
@@ -135,6 +142,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                                &f.engine.decode_delay_ms));
   COLI_RETURN_IF_ERROR(
       FromEnv("COLI_POOL_SESSIONS", 0, kMaxThreads, pool_flag, &f.engine.pool_sessions));
+  COLI_RETURN_IF_ERROR(
+      FromEnv("COLI_MAX_SESSIONS", 1, 100000, max_sessions_flag, &f.engine.max_sessions));
   COLI_RETURN_IF_ERROR(FromEnv("COLI_PREFILL_DELAY_MS", 0, kMaxDelayMs, prefill_delay_flag,
                                &f.engine.prefill_delay_ms));
   return f;

@@ -59,6 +59,7 @@ class HostTest : public ::testing::Test {
     options.plugin_dir = COLI_ECHO_PLUGIN_DIR;
     options.workers = workers;
     options.queue_capacity = queue;
+    options.max_sessions = max_sessions_;
     engine_ = std::make_unique<Engine>(options);
     socket_dir_ = ::testing::TempDir() + "/host_test_" + std::to_string(getpid()) + "_" +
                   std::to_string(counter_++);
@@ -86,6 +87,8 @@ class HostTest : public ::testing::Test {
     ASSERT_TRUE(loaded);
     EXPECT_GT(progress, 0);
   }
+
+  int max_sessions_ = 16;  // EngineOptions::max_sessions of the next Start
 
   void TearDown() override {
     if (server_) server_->Shutdown();
@@ -588,6 +591,30 @@ TEST_F(HostTest, FollowUpPromptPrefillsOnlyTheTail) {
   Stream fourth = Generate(other);
   EXPECT_EQ(fourth.started.tokens_reused(), 0);
   EXPECT_EQ(Metrics().tokens_reused(), 10u);
+}
+
+// A client that names a new session per conversation: the host keeps at most max_sessions per
+// model and closes the least recently used idle one (it grew without bound: ~434 MB each on K3).
+TEST_F(HostTest, SessionsPastMaxSessionsCloseTheLeastRecentlyUsed) {
+  max_sessions_ = 3;
+  Start();
+  auto named = [this](const std::string& session, const std::string& prompt) {
+    v1::GenerateRequest r = Request(prompt);
+    r.set_session(session);
+    Stream s = Generate(r);
+    EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+    return s.started.tokens_reused();
+  };
+  for (const char* name : {"s0", "s1", "s2"}) EXPECT_EQ(named(name, "hello"), 0);
+  EXPECT_EQ(named("s0", "hellohello more"), 10);  // s0 kept its state; s1 is now the oldest
+  EXPECT_EQ(named("s3", "hello"), 0);             // a fourth session closes s1
+  EXPECT_EQ(named("s2", "hellohello more"), 10);  // s2 was kept
+  EXPECT_EQ(named("s1", "hellohello more"), 0);   // s1 starts again (and closes s0)
+  const v1::MetricsResponse metrics = Metrics();
+  std::map<std::string, double> stats;
+  for (const v1::ModelStat& st : metrics.model_stats()) stats[st.name()] = st.value();
+  EXPECT_EQ(stats["host_sessions"], 3);
+  EXPECT_EQ(stats["host_sessions_closed"], 2);
 }
 
 TEST_F(HostTest, NamedErrorsAndContextClamp) {
