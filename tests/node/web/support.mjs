@@ -41,7 +41,7 @@ export async function freePort() {
   });
 }
 
-async function waitHealthy(url, ms) {
+export async function waitHealthy(url, ms) {
   const deadline = Date.now() + ms;
   while (Date.now() < deadline) {
     try { if ((await fetch(`${url}/health`)).ok) return; } catch (_) { /* not up yet */ }

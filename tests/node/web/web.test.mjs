@@ -12,8 +12,8 @@ import { spawn } from 'node:child_process';
 import { mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import net from 'node:net';
 import { chromium } from 'playwright-core';
+import { freePort, waitHealthy } from './support.mjs';
 
 const COLI = process.env.COLI_BIN;
 const MODEL = process.env.COLI_MODEL;
@@ -23,23 +23,6 @@ const SCRIPTED = process.env.COLI_SCRIPTED_MODEL;
 const SCRIPTED_PLUGINS = process.env.COLI_SCRIPTED_PLUGIN_DIR;
 
 let server, base, browser, scripted;
-
-async function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
-    s.on('error', reject);
-  });
-}
-
-async function waitHealthy(url, ms) {
-  const deadline = Date.now() + ms;
-  while (Date.now() < deadline) {
-    try { if ((await fetch(`${url}/health`)).ok) return; } catch (_) { /* not up yet */ }
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  throw new Error(`coli web did not become healthy at ${url}`);
-}
 
 async function metric(name) {
   const text = await (await fetch(`${base}/metrics`)).text();
