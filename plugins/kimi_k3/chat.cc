@@ -657,7 +657,7 @@ absl::StatusOr<std::vector<int32_t>> EncodeSegments(std::span<const Segment> seg
       std::optional<int32_t> id = tokenizer.TokenId(s.text);
       if (!id || !tokenizer.IsSpecial(*id)) {
         return absl::InvalidArgumentError(
-            Cat("tokenizer has no special token '", s.text, "' (XTML needs it)"));
+            Cat("tokenizer has no special token '", s.text, "' (XTML needs it)", kSpecialsHint));
       }
       ids.push_back(*id);
     } else {

@@ -82,6 +82,12 @@ std::string XtmlAttrEscape(std::string_view value);
 absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request,
                                                bool add_generation_prompt = true);
 
+// Ends the "no special token" errors: where the special tokens come from (a model folder whose
+// tokenizer_config.json is missing loads, and only chat requests fail).
+inline constexpr char kSpecialsHint[] =
+    ": the model folder's tokenizer_config.json names the special tokens "
+    "(added_tokens_decoder); is it missing, or from another model?";
+
 // Encodes segments at the tokenizer boundary: special segments must name a special token
 // (INVALID_ARGUMENT naming it otherwise), text segments are encoded with specials disabled.
 absl::StatusOr<std::vector<int32_t>> EncodeSegments(std::span<const Segment> segments,

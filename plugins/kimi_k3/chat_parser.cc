@@ -86,7 +86,7 @@ absl::StatusOr<StructuralIds> FindStructuralIds(const tok::Tokenizer& tokenizer)
     std::optional<int32_t> id = tokenizer.TokenId(name);
     if (!id || !tokenizer.IsSpecial(*id)) {
       return absl::InvalidArgumentError(
-          Cat("tokenizer has no special token '", name, "' (XTML needs it)"));
+          Cat("tokenizer has no special token '", name, "' (XTML needs it)", kSpecialsHint));
     }
     *slot = *id;
   }

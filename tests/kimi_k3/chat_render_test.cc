@@ -2,12 +2,17 @@
 // canonical examples (§6.2) and one case per rendering rule of §6.1, §6.2 and §6.5. Each expected
 // text is read into segments by the test's own reader (chat_test_util.h) and encoded segment by
 // segment with the tiny fixture's tokenizer; ids, segments and text must all be equal.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plugins/kimi_k3/chat.h"
+#include "plugins/kimi_k3/chat_parser.h"
 #include "tests/kimi_k3/chat_test_util.h"
 
 namespace coli::k3 {
@@ -570,6 +575,28 @@ TEST(ChatRenderErrors, BodiesThatAreNotJsonObjects) {
   EXPECT_THAT(ParseRequestBody("\"\xff\""), StatusIs(absl::StatusCode::kInvalidArgument));
   std::string deep = "{\"a\":" + std::string(300, '[') + std::string(300, ']') + "}";
   EXPECT_THAT(ParseRequestBody(deep), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// A model folder without tokenizer_config.json loads (tiktoken.model alone is a tokenizer), and
+// only chat requests fail: the error names the file the special tokens come from.
+TEST(ChatRender, WithoutTheXtmlSpecialsTheErrorNamesTokenizerConfig) {
+  const char* bin = std::getenv("COLI_BINARY_DIR");
+  const std::string fixture =
+      bin != nullptr ? std::string(bin) + "/fixtures/k3_tiny" : std::string(COLI_K3_TINY_DIR);
+  const std::string dir =
+      ::testing::TempDir() + "/k3_no_tokenizer_config_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(fixture + "/tiktoken.model", dir + "/tiktoken.model",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto tokenizer = tok::Tokenizer::LoadDir(dir);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto rendered =
+      RenderChat(Req(R"({"messages": [{"role": "user", "content": "hi"}]})"), **tokenizer);
+  EXPECT_THAT(rendered.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokenizer_config.json")));
+  EXPECT_THAT(FindStructuralIds(**tokenizer).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokenizer_config.json")));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
