@@ -324,7 +324,13 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
   const int64_t V = cfg.vocab_size;
   w->hidden_ = D;
   w->vocab_ = V;
-  const int L = opt.layers >= 0 ? std::min(opt.layers, cfg.num_layers) : cfg.num_layers;
+  // K3_LAYERS past the stack was clamped without a word: a validation run then compared the
+  // whole stack against a reference truncated where the user asked.
+  if (opt.layers > cfg.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("K3_LAYERS=", opt.layers, " is more than the ",
+                                                   cfg.num_layers, " layers this model has"));
+  }
+  const int L = opt.layers >= 0 ? opt.layers : cfg.num_layers;
   w->layers.resize(L);
   Loader ld(snap, opt.mmap);
   std::vector<Job> jobs;

@@ -687,6 +687,19 @@ class K3BadCheckpoint : public ::testing::Test {
 
 TEST_F(K3BadCheckpoint, PristineCopyLoads) { EXPECT_TRUE(LoadStatus().ok()) << LoadStatus(); }
 
+TEST_F(K3BadCheckpoint, LayersPastTheStackAreRefused) {
+  ModelOptions o = F32Options();
+  auto probe = Model::Load(dir_, o);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  const int stack = (*probe)->num_layers();
+  o.layers = stack;  // the whole stack: fine
+  EXPECT_TRUE(Model::Load(dir_, o).ok());
+  o.layers = stack + 1;
+  absl::Status s = Model::Load(dir_, o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("K3_LAYERS=", stack + 1)), std::string::npos) << s;
+}
+
 TEST_F(K3BadCheckpoint, MissingTensorIsNamed) {
   const std::string name = P("layers.1.self_attn.q_proj.weight");
   ASSERT_TRUE(testing::RewriteShardOf(dir_, name, [&](testing::EditableTensor& t) {
