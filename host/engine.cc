@@ -578,8 +578,7 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
 }
 
 bool Engine::MakeRoomForSessionLocked(LoadedModel& model) {
-  const int pool = std::max({1, options_.workers, options_.pool_sessions});
-  const size_t most = static_cast<size_t>(std::max(options_.max_sessions, pool + 1));
+  const size_t most = static_cast<size_t>(std::max(options_.max_sessions, PoolSize() + 1));
   if (model.sessions.size() < most) return true;
   auto oldest = model.sessions.end();
   for (auto it = model.sessions.begin(); it != model.sessions.end(); ++it) {
@@ -626,7 +625,7 @@ std::string Engine::PickPooledSessionLocked(const LoadedModel& model,
     }
   };
   bool fresh_seen = false;
-  const int pool = std::max({1, options_.workers, options_.pool_sessions});
+  const int pool = PoolSize();
   for (int i = 0; i < pool; ++i) {
     std::string name = i == 0 ? "default" : absl::StrCat("default#", i);
     auto found = model.sessions.find(name);

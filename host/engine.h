@@ -17,6 +17,7 @@
 #ifndef COLI_HOST_ENGINE_H_
 #define COLI_HOST_ENGINE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -259,6 +260,8 @@ class Engine {
   // Room for one more session in `model`: true when under max_sessions or after closing its
   // least recently used idle session; false when every session is busy (the request waits).
   bool MakeRoomForSessionLocked(LoadedModel& model);
+  // Pooled sessions per model ("default", "default#1", …): --pool, at least one per worker.
+  int PoolSize() const { return std::max({1, options_.workers, options_.pool_sessions}); }
   // Decode calls made and rows they carried (atomics: counted by the batch leader, which holds
   // its model's batcher lock, not mu_).
   std::atomic<uint64_t> decode_calls_{0}, decode_rows_{0};

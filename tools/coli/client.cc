@@ -278,6 +278,8 @@ std::optional<std::string> Client::PrivateHostEnded() {
   return host_ended_;
 }
 
+absl::Status Client::Explain(const grpc::Status& rpc) { return Explain(FromGrpc(rpc)); }
+
 absl::Status Client::Explain(absl::Status status) {
   // A host that died shows up as the transport's words ("Socket closed", "Connection refused").
   if (status.ok() || status.code() != absl::StatusCode::kUnavailable) return status;
@@ -318,7 +320,7 @@ absl::StatusOr<v1::ModelInfo> Client::LoadModel(
       loaded = true;
     }
   }
-  absl::Status finished = Explain(FromGrpc(reader->Finish()));
+  absl::Status finished = Explain(reader->Finish());
   if (cancel != nullptr) cancel->Detach();
   COLI_RETURN_IF_ERROR(finished);
   if (!loaded) return absl::InternalError("LoadModel ended without the model's info");
@@ -355,7 +357,7 @@ absl::StatusOr<bool> Client::Cancel(const std::string& request_id, bool stop) {
   request.set_request_id(request_id);
   request.set_stop(stop);
   v1::CancelResponse response;
-  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Cancel(&context, request, &response))));
+  COLI_RETURN_IF_ERROR(Explain(stub_->Cancel(&context, request, &response)));
   return response.found();
 }
 
@@ -367,7 +369,7 @@ absl::StatusOr<std::vector<int32_t>> Client::Tokenize(const std::string& model,
   request.set_text(text);
   request.set_allow_special(allow_special);
   v1::TokenizeResponse response;
-  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Tokenize(&context, request, &response))));
+  COLI_RETURN_IF_ERROR(Explain(stub_->Tokenize(&context, request, &response)));
   return std::vector<int32_t>(response.ids().begin(), response.ids().end());
 }
 
@@ -378,7 +380,7 @@ absl::StatusOr<std::string> Client::Detokenize(const std::string& model,
   request.set_model(model);
   request.mutable_ids()->Add(ids.begin(), ids.end());
   v1::DetokenizeResponse response;
-  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Detokenize(&context, request, &response))));
+  COLI_RETURN_IF_ERROR(Explain(stub_->Detokenize(&context, request, &response)));
   return response.text();
 }
 
@@ -391,30 +393,28 @@ absl::StatusOr<v1::ApplyTemplateResponse> Client::ApplyTemplate(const std::strin
   request.set_request_json(request_json);
   request.set_add_generation_prompt(add_generation_prompt);
   v1::ApplyTemplateResponse response;
-  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->ApplyTemplate(&context, request, &response))));
+  COLI_RETURN_IF_ERROR(Explain(stub_->ApplyTemplate(&context, request, &response)));
   return response;
 }
 
 absl::StatusOr<std::vector<v1::ModelInfo>> Client::ListModels() {
   grpc::ClientContext context;
   v1::ListModelsResponse response;
-  COLI_RETURN_IF_ERROR(
-      Explain(FromGrpc(stub_->ListModels(&context, v1::ListModelsRequest(), &response))));
+  COLI_RETURN_IF_ERROR(Explain(stub_->ListModels(&context, v1::ListModelsRequest(), &response)));
   return std::vector<v1::ModelInfo>(response.models().begin(), response.models().end());
 }
 
 absl::StatusOr<v1::MetricsResponse> Client::Metrics() {
   grpc::ClientContext context;
   v1::MetricsResponse response;
-  COLI_RETURN_IF_ERROR(
-      Explain(FromGrpc(stub_->GetMetrics(&context, v1::MetricsRequest(), &response))));
+  COLI_RETURN_IF_ERROR(Explain(stub_->GetMetrics(&context, v1::MetricsRequest(), &response)));
   return response;
 }
 
 absl::StatusOr<v1::HealthResponse> Client::Health() {
   grpc::ClientContext context;
   v1::HealthResponse response;
-  COLI_RETURN_IF_ERROR(Explain(FromGrpc(stub_->Health(&context, v1::HealthRequest(), &response))));
+  COLI_RETURN_IF_ERROR(Explain(stub_->Health(&context, v1::HealthRequest(), &response)));
   return response;
 }
 
@@ -423,7 +423,7 @@ absl::Status Client::UnloadModel(const std::string& model) {
   v1::UnloadModelRequest request;
   request.set_model(model);
   v1::UnloadModelResponse response;
-  return Explain(FromGrpc(stub_->UnloadModel(&context, request, &response)));
+  return Explain(stub_->UnloadModel(&context, request, &response));
 }
 
 // ---- model selection and options ------------------------------------------------------------

@@ -141,6 +141,7 @@ class Client {
   void StopPrivateHost();
   // `status`, or for the transport error of a private host that died, what happened to it.
   absl::Status Explain(absl::Status status);
+  absl::Status Explain(const grpc::Status& rpc);  // FromGrpc, then the above
 
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
