@@ -144,7 +144,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     } else if (ev.has_started()) {
       call.request_id = ev.started().request_id();
       out->prompt_tokens = ev.started().prompt_tokens();
-    } else if (ev.has_token()) {
+    } else if (ev.has_token() && !stopped) {  // tokens after a stop string are not the reply's
       const v1::ChatToken& t = ev.token();
       ++out->completion_tokens;
       const int64_t emitted_before = emitted;
@@ -225,7 +225,10 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     } else if (ev.has_finished()) {
       reason = ev.finished().reason();
       out->prompt_tokens = ev.finished().usage().prompt_tokens();
-      out->completion_tokens = ev.finished().usage().completion_tokens();
+      // After a stop string the host goes on until STOP reaches it, a token or two more or none
+      // depending on timing: the usage counts the tokens up to the one that completed the stop
+      // string (as vLLM does), so it never depends on what else is running.
+      if (!stopped) out->completion_tokens = ev.finished().usage().completion_tokens();
       out->cached_tokens = ev.finished().usage().tokens_reused();
     }
   }
@@ -379,23 +382,27 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
         SseSink sse;
         sse.header = header;
         sse.include_usage = include_usage;
-        sse.send = [this, &sink, &watch](const Json& j) {
+        // A frame, whether or not the server stops (the last frames of a stream).
+        auto write = [&sink, &watch](const Json& j) {
           const std::string frame = "data: " + Dump(j) + "\n\n";
-          return !stopping_ && !watch.PeerClosed() && sink.is_writable() &&
+          return !watch.PeerClosed() && sink.is_writable() &&
                  sink.write(frame.data(), frame.size());
         };
+        sse.send = [this, &write](const Json& j) { return !stopping_ && write(j); };
         sse.alive = [this, &sink, &watch] {
           return !stopping_ && !watch.PeerClosed() && sink.is_writable();
         };
         const StreamEnd end = body(sse);
-        if (end.gone) {
+        if (end.gone && CutByShutdown(watch, sink)) {
+          write(Json::parse(ErrorBody(ShuttingDownError())));  // the openai SDKs raise it
+        } else if (end.gone) {
           ++disconnects_;
         } else {
           if (include_usage) {
             Json u = header;
             u["choices"] = Json::array();
             u["usage"] = UsageJson(end.prompt_tokens, end.completion_tokens);
-            sse.send(u);
+            write(u);
           }
           static const char kDone[] = "data: [DONE]\n\n";
           if (sink.is_writable()) sink.write(kDone, sizeof(kDone) - 1);

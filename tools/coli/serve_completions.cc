@@ -101,7 +101,10 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
     } else if (ev.has_finished()) {
       reason = ev.finished().reason();
       out->prompt_tokens = ev.finished().usage().prompt_tokens();
-      out->completion_tokens = ev.finished().usage().completion_tokens();
+      // After a stop string the host goes on until STOP reaches it, a token or two more or none
+      // depending on timing: the usage counts the tokens up to the one that completed the stop
+      // string (as vLLM does), so it never depends on what else is running.
+      if (!stopped) out->completion_tokens = ev.finished().usage().completion_tokens();
     }
   }
   grpc::Status status = call.reader->Finish();

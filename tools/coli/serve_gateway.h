@@ -178,11 +178,21 @@ class Gateway {
       if (client.PeerClosed()) ++disconnects_;
       return Fail(res, FromHostStatus(s));
     }
+    Fail(res, ShuttingDownError());
+  }
+  // What a request the server's stop cut short gets: a 503, or in a stream that already began
+  // an error frame (chat / completions) or response.failed (Responses).
+  static ApiError ShuttingDownError() {
     ApiError e;
     e.http_status = 503;
     e.type = "server_error";
     e.message = "the server is shutting down";
-    Fail(res, e);
+    return e;
+  }
+  // A stream that ended because the server stops while its client still reads: it must say so
+  // (an SSE stream that just ends reads as a whole reply without a finish_reason).
+  bool CutByShutdown(const ConnectionWatch& client, httplib::DataSink& sink) const {
+    return stopping_ && !client.PeerClosed() && sink.is_writable();
   }
   bool Authorized(const Req& req, Res& res);
   // Parses the body as a JSON object (400 otherwise).

@@ -74,9 +74,10 @@ void Gateway::Responses(const Req& req, Res& res) {
       kEventStream, [this, call, first, object, r, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         ResponseBuilder::Sink events;
-        events.send = [this, &sink, &watch](const Json& e) {
+        bool last_event = false;  // response.failed after the server's stop cut the stream
+        events.send = [this, &sink, &watch, &last_event](const Json& e) {
           const std::string frame = SseEventFrame(e);
-          return !stopping_ && !watch.PeerClosed() && sink.is_writable() &&
+          return (!stopping_ || last_event) && !watch.PeerClosed() && sink.is_writable() &&
                  sink.write(frame.data(), frame.size());
         };
         events.alive = [this, &sink, &watch] {
@@ -90,7 +91,10 @@ void Gateway::Responses(const Req& req, Res& res) {
           call->ctx.TryCancel();
           call->reader->Finish();
         }
-        if (s.error_code() == grpc::StatusCode::CANCELLED) {
+        if (s.error_code() == grpc::StatusCode::CANCELLED && CutByShutdown(watch, sink)) {
+          last_event = true;
+          b.Fail(ShuttingDownError());
+        } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
           ++disconnects_;
         } else if (!s.ok()) {
           b.Fail(FromHostStatus(s));
@@ -145,12 +149,7 @@ void Gateway::StartBackgroundResponse(std::shared_ptr<const ResponsesRequest> r,
   if (!started) {
     responses_.Erase(id);
     ApiError e;
-    if (stopping_) {
-      e.http_status = 503;
-      e.type = "server_error";
-      e.message = "the server is shutting down";
-      return Fail(res, e);
-    }
+    if (stopping_) return Fail(res, ShuttingDownError());
     e.http_status = 429;
     e.type = "rate_limit_error";
     e.code = "too_many_background_responses";
