@@ -7,6 +7,7 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/log/log.h"
 #include "common/sampling/sampling.h"
@@ -690,6 +691,13 @@ void Engine::WorkerLoop() {
       job->slot->busy = false;
       --job->model->active;
     }
+    if (job->model != nullptr) {
+      if (status.ok()) {
+        job->model->files_problem.clear();
+      } else if (status.code() == absl::StatusCode::kDataLoss) {
+        job->model->files_problem = std::string(status.message());
+      }
+    }
     cv_.notify_all();
     lock.unlock();
     Finish(*job->request, status, finished);
@@ -727,6 +735,34 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   Session& session = *slot.session;
 
   const std::vector<int32_t>& prompt = request.prompt_;  // rendered at Submit
+  // However the request ends, what it used goes into the engine's sums now: a cancelled or
+  // failed request's tokens and its session's statistics (its prefill, the decode rows its
+  // chunks carried) too. They used to wait for the session's next request, or were lost when
+  // the session was closed before one; and no cancelled request's tokens were counted.
+  int64_t generated = 0;
+  std::optional<int64_t> prefilled_reused;  // set once the prompt is read
+  absl::Cleanup account = [&] {
+    if (!finished->has_usage()) {  // ended early: what it used until then
+      auto* usage = finished->mutable_usage();
+      if (prefilled_reused) {
+        usage->set_prompt_tokens(static_cast<int64_t>(prompt.size()));
+        usage->set_tokens_reused(*prefilled_reused);
+      }
+      usage->set_completion_tokens(generated);
+    }
+    auto plugin_stats = session.Stats();
+    if (!plugin_stats.ok()) return;
+    auto* stats = finished->mutable_stats();
+    for (const auto& [k, v] : *plugin_stats) (*stats->mutable_plugin())[k] = v;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [k, v] : *plugin_stats) {
+      auto it = slot.last_stats.find(k);
+      const double before = it == slot.last_stats.end() ? 0.0 : it->second;
+      // A session reset restarts its counters: count the new total then.
+      counters_.plugin[k] += v >= before ? v - before : v;
+    }
+    slot.last_stats = *plugin_stats;
+  };
   const int32_t parse_mode = request.parse_mode_;
   if (prompt.empty()) return absl::InvalidArgumentError("EMPTY_PROMPT");
   // The response_format to enforce: the request's own field, else the chat body's member.
@@ -818,6 +854,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     }
     return prefill.status();
   }
+  prefilled_reused = static_cast<int64_t>(prefill->tokens_reused);
   const auto t_decode = Clock::now();
 
   int64_t remaining = prefill->context_capacity > 0
@@ -833,7 +870,6 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   started.set_max_tokens(max_tokens);
   if (request.sink_.on_started) request.sink_.on_started(started);
 
-  int64_t generated = 0;
   bool saw_tool_call = false;
   v1::FinishReason reason = v1::FINISH_REASON_LENGTH;
   Clock::time_point first_token{};
@@ -920,19 +956,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     const double decode = Seconds(t_end - t_decode);
     if (decode > 0) stats->set_tokens_per_second(static_cast<double>(generated) / decode);
   }
-  auto plugin_stats = session.Stats();
-  if (plugin_stats.ok()) {
-    for (const auto& [k, v] : *plugin_stats) (*stats->mutable_plugin())[k] = v;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [k, v] : *plugin_stats) {
-      auto it = slot.last_stats.find(k);
-      const double before = it == slot.last_stats.end() ? 0.0 : it->second;
-      // A session reset restarts its counters: count the new total then.
-      counters_.plugin[k] += v >= before ? v - before : v;
-    }
-    slot.last_stats = *plugin_stats;
-  }
-  return absl::OkStatus();
+  return absl::OkStatus();  // `account` adds the session's statistics
 }
 
 // Runs one gathered batch. When a call of several rows fails, the rows the plugin finished
@@ -1013,11 +1037,12 @@ void Engine::Finish(Request& request, const absl::Status& status, const v1::Fini
   {
     std::lock_guard<std::mutex> lock(mu_);
     live_.erase(request.id_);
+    // Tokens of every request that ran, however it ended (a cancelled one's were generated).
+    counters_.prompt_tokens += finished.usage().prompt_tokens();
+    counters_.completion_tokens += finished.usage().completion_tokens();
+    counters_.tokens_reused += finished.usage().tokens_reused();
     if (status.ok()) {
       ++counters_.ok;
-      counters_.prompt_tokens += finished.usage().prompt_tokens();
-      counters_.completion_tokens += finished.usage().completion_tokens();
-      counters_.tokens_reused += finished.usage().tokens_reused();
       if (finished.usage().completion_tokens() > 0) {
         counters_.ttft_last = finished.stats().ttft_seconds();
         counters_.ttft_sum += counters_.ttft_last;
@@ -1115,6 +1140,12 @@ v1::HealthResponse Engine::Health() const {
   h.set_abi_version(absl::StrCat(COLI_ABI_VERSION_MAJOR, ".", COLI_ABI_VERSION_MINOR));
   h.set_uptime_seconds(Seconds(Clock::now() - started_));
   h.set_models_loaded(static_cast<int32_t>(models_.size()));
+  for (const auto& [id, model] : models_) {
+    if (model->files_problem.empty()) continue;
+    auto* problem = h.add_model_problems();
+    problem->set_model(id);
+    problem->set_error(model->files_problem);
+  }
   for (const auto& r : plugins_.reports()) {
     auto* p = h.add_plugins();
     p->set_file(r.file);

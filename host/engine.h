@@ -206,6 +206,9 @@ class Engine {
     std::map<std::string, SessionSlot> sessions;
     uint64_t sessions_closed = 0;  // by MakeRoomForSessionLocked
     int active = 0;                // requests running on it
+    // The DATA_LOSS of its last failed request ("" once one succeeds): Health reports it, since
+    // a changed shard fails every request while the host itself is fine.
+    std::string files_problem;
   };
 
   // A request taken off the queue, with its model and (when it will run) its session slot held.

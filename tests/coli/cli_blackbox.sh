@@ -205,6 +205,40 @@ grep -q 'was killed by signal 11 (SIGSEGV); stopping' "$work/err" ||
   fail "coli serve whose host died: $(tail -c 300 "$work/err")"
 no_private_hosts_left "coli serve whose host died"
 
+# A shard cut under a running coli serve: each request fails naming the shard (the server stays
+# up), and /health says so — before, /health answered 200 "ok" while every request failed, so a
+# load balancer or supervisor kept sending traffic to a server that could not answer.
+echo "== a shard changed under coli serve: /health turns 503"
+cp -r "$model" "$work/changing"
+K3_EXPERT_GB=0.0001 "$coli" serve --model "$work/changing" --port 0 > "$work/out" 2> "$work/err" &
+pid=$!
+for _ in $(seq 600); do grep -q 'listening on' "$work/out" && break; sleep 0.1; done
+base=$(grep -o 'http://[0-9.:]*' "$work/out" | head -1)
+http() {  # http METHOD PATH [JSON]: prints "STATUS BODY"
+  /usr/bin/python3 - "$base" "$@" << 'PY'
+import sys, urllib.request, urllib.error
+base, method, path = sys.argv[1:4]
+body = sys.argv[4].encode() if len(sys.argv) > 4 else None
+req = urllib.request.Request(base + path, data=body, method=method,
+                             headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=120) as r:
+        print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+PY
+}
+got=$(http GET /health)
+[[ $got == "200 "*'"ok"'* ]] || fail "/health before the change: $got"
+for f in "$work/changing"/model-*.safetensors; do truncate -s 1000 "$f"; done
+got=$(http POST /v1/completions '{"model": "changing", "prompt": "hello", "max_tokens": 4}')
+[[ $got == "500 "*"model-"*"truncated"* ]] || fail "a request after the shards were cut: $got"
+got=$(http GET /health)
+[[ $got == "503 "*"requests fail: "*"truncated"* ]] || fail "/health after a request failed on a cut shard: $got"
+kill "$pid"
+wait "$pid"
+no_private_hosts_left "coli serve on a changed shard"
+
 fifo=$work/chat_fifo
 rm -f "$fifo"
 mkfifo "$fifo"

@@ -525,6 +525,33 @@ TEST_F(HostBatchedTest, EchoFailingRowFailsOnlyItsRequest) {
   EXPECT_EQ(outs[1].ids, (std::vector<int32_t>{'x', 'y', 'z', '!'}));
 }
 
+// A request failing with DATA_LOSS (on kimi_k3: a shard changed under the running model, so
+// every later request fails too) marks the model in Health until one of its requests succeeds;
+// before, Health (and coli serve's /health) said all was well while every request failed.
+TEST_F(HostBatchedTest, DataLossMarksTheModelInHealthUntilARequestSucceeds) {
+  const std::string dir = ::testing::TempDir() + "/health_echo_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+  Engine engine(EngineOptions{.plugin_dir = COLI_ECHO_PLUGIN_DIR, .workers = 1, .max_batch = 1});
+  v1::LoadModelRequest load;
+  load.set_model_dir(dir);
+  load.set_id("k3");
+  (*load.mutable_options()->mutable_extra())["fail_feed"] = "!";
+  ASSERT_TRUE(engine.LoadModel(load, nullptr).ok());
+  EXPECT_EQ(engine.Health().model_problems_size(), 0);
+
+  const Out failed = RunAll(engine, {{"b", "sb", "xyz!uvw"}})[0];
+  ASSERT_EQ(failed.status.code(), absl::StatusCode::kDataLoss) << failed.status;
+  v1::HealthResponse health = engine.Health();
+  EXPECT_TRUE(health.serving());
+  ASSERT_EQ(health.model_problems_size(), 1);
+  EXPECT_EQ(health.model_problems(0).model(), "k3");
+  EXPECT_THAT(health.model_problems(0).error(), ::testing::HasSubstr("fail_feed"));
+
+  ASSERT_OK(RunAll(engine, {{"a", "sa", "abc"}})[0].status);
+  EXPECT_EQ(engine.Health().model_problems_size(), 0);
+}
+
 // A client that sends its next turn the moment the last one ends (an agent; here: from inside
 // on_done) finds its pooled session free: the engine frees the slot before it reports the end.
 // Before, the slot was freed after on_done, so the next turn took "default#1", a fresh session,

@@ -218,6 +218,15 @@ void Gateway::Health(const Req&, Res& res) {
     Reply(res, 503, Json{{"status", "unavailable"}, {"error", s.error_message()}});
     return;
   }
+  for (const v1::ModelProblem& problem : out.model_problems()) {
+    if (problem.model() != info_.id()) continue;
+    // Up but unable to answer (vLLM's /health fails once its engine is dead): a load balancer
+    // should stop sending here, and a supervisor restart loads the model's current files.
+    Reply(res, 503, Json{{"status", "unavailable"},
+                         {"model", info_.id()},
+                         {"error", absl::StrCat("requests fail: ", problem.error())}});
+    return;
+  }
   Json h;
   h["status"] = "ok";
   h["model"] = info_.id();
