@@ -56,20 +56,33 @@ absl::Status RequireBool(const Cursor& c, std::string_view key, bool want) {
 absl::Status RequireInt(const Cursor& c, std::string_view key, int64_t want) {
   COLI_ASSIGN_OR_RETURN(std::optional<int64_t> v, c.OptionalInt(key));
   if (v && *v != want)
-    return Unsupported(c, key, absl::StrCat(*v, " is not supported (this engine implements ",
-                                            want, ")"));
+    return Unsupported(c, key,
+                       absl::StrCat(*v, " is not supported (this engine implements ", want, ")"));
   return absl::OkStatus();
 }
 
-// token id keys: root first, then text_config; a number or (eos) a list of numbers.
+// token id keys: root first, then text_config; a number or (eos) a list of numbers, each a row
+// of the vocabulary (an eos id past it could never be sampled: every reply would run to its
+// token limit without a word).
 absl::StatusOr<std::vector<int64_t>> TokenIds(const Cursor& root, const Cursor& text,
-                                              std::string_view key) {
+                                              std::string_view key, int64_t vocab_size) {
   for (const Cursor* c : {&root, &text}) {
     COLI_ASSIGN_OR_RETURN(std::optional<Cursor> m, c->OptionalMember(key));
     if (!m) continue;
-    if (m->is_array()) return m->AsIntArray();
-    COLI_ASSIGN_OR_RETURN(int64_t id, m->AsInt());
-    return std::vector<int64_t>{id};
+    std::vector<int64_t> ids;
+    if (m->is_array()) {
+      COLI_ASSIGN_OR_RETURN(ids, m->AsIntArray());
+    } else {
+      COLI_ASSIGN_OR_RETURN(int64_t id, m->AsInt());
+      ids.push_back(id);
+    }
+    for (int64_t id : ids) {
+      if (id < 0 || id >= vocab_size) {
+        return Invalid(*c, key,
+                       absl::StrCat(id, " is not a token id (vocab_size ", vocab_size, ")"));
+      }
+    }
+    return ids;
   }
   return std::vector<int64_t>{};
 }
@@ -247,11 +260,13 @@ absl::StatusOr<Config> Config::Parse(std::string_view json_text, std::string_vie
   // num_nextn_predict_layers (no MTP head is used for decoding), use_grouped_topk (a no-op
   // with one group), vision_config and the wrapper's multimodal keys.
 
-  COLI_ASSIGN_OR_RETURN(std::vector<int64_t> bos, TokenIds(root, text, "bos_token_id"));
+  COLI_ASSIGN_OR_RETURN(std::vector<int64_t> bos,
+                        TokenIds(root, text, "bos_token_id", cfg.vocab_size));
   if (bos.size() > 1) return Invalid(root, "bos_token_id", "expected one id");
   if (!bos.empty()) cfg.bos_token_id = bos[0];
-  COLI_ASSIGN_OR_RETURN(cfg.eos_token_ids, TokenIds(root, text, "eos_token_id"));
-  COLI_ASSIGN_OR_RETURN(std::vector<int64_t> pad, TokenIds(root, text, "pad_token_id"));
+  COLI_ASSIGN_OR_RETURN(cfg.eos_token_ids, TokenIds(root, text, "eos_token_id", cfg.vocab_size));
+  COLI_ASSIGN_OR_RETURN(std::vector<int64_t> pad,
+                        TokenIds(root, text, "pad_token_id", cfg.vocab_size));
   if (!pad.empty()) cfg.pad_token_id = pad[0];
   return cfg;
 }

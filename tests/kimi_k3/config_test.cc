@@ -149,6 +149,33 @@ TEST(K3Config, HugeLayerCountIsRefusedBeforeAnythingIsSizedByIt) {
       << cfg.status();
 }
 
+// An eos id past the vocabulary can never be sampled: every reply ran to its token limit.
+TEST(K3Config, TokenIdsOutsideTheVocabularyAreRefused) {
+  const struct {
+    const char* key;
+    nlohmann::json value;
+    const char* message;
+  } cases[] = {
+      {"eos_token_id", 163840, "eos_token_id: 163840 is not a token id (vocab_size 163840)"},
+      {"eos_token_id", {163586, 999999}, "eos_token_id: 999999 is not a token id"},
+      {"eos_token_id", -1, "eos_token_id: -1 is not a token id"},
+      {"bos_token_id", 200000, "bos_token_id: 200000 is not a token id"},
+      {"pad_token_id", 163840, "pad_token_id: 163840 is not a token id"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j = RealConfig();
+    j["text_config"].erase(c.key);
+    j[c.key] = c.value;
+    auto cfg = Config::Parse(j.dump(), "config.json");
+    ASSERT_FALSE(cfg.ok()) << c.key << " " << c.value;
+    EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(cfg.status().message().find(c.message), std::string::npos) << cfg.status();
+  }
+  nlohmann::json j = RealConfig();
+  j["eos_token_id"] = 163839;  // the last row is a token
+  EXPECT_TRUE(Config::Parse(j.dump()).ok());
+}
+
 TEST(K3Config, DerivedWidthsThatOverflowAnIntAreRefused) {
   struct Case {
     const char* what;
