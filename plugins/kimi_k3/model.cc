@@ -1,6 +1,7 @@
 #include "plugins/kimi_k3/model.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/ops/ops.h"
@@ -37,12 +38,31 @@ absl::Status ValidateOptions(const ModelOptions& o) {
       return absl::InvalidArgumentError(absl::StrCat(name, "=", bits, ": use 4, 8 or 32"));
   if (o.chunk < 1 || o.chunk > 512)
     return absl::InvalidArgumentError(absl::StrCat("K3_CHUNK=", o.chunk, ": use 1…512"));
-  if (o.load_threads < 1 || o.load_threads > 64)
-    return absl::InvalidArgumentError(absl::StrCat("K3_LOAD_THREADS=", o.load_threads, ": use 1…64"));
-  if (o.topp < 0 || o.topp > 1)
+  // The streaming expert store's range (expert_store.h): checked here too, so a bad value is
+  // refused before the tensors load, not after (minutes on the full model).
+  if (o.load_threads < 1 || o.load_threads > kMaxLoadThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("K3_LOAD_THREADS=", o.load_threads, ": use 1…", kMaxLoadThreads));
+  }
+  // Written as !(in range) so that nan is refused too.
+  if (!(o.topp >= 0 && o.topp <= 1))
     return absl::InvalidArgumentError(absl::StrCat("K3_TOPP=", o.topp, ": use 0…1"));
-  if (!(o.mla_latent_norm_eps > 0))
-    return absl::InvalidArgumentError("mla_latent_norm_eps must be positive");
+  if (!(o.expert_gb >= 0) || std::isinf(o.expert_gb)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("K3_EXPERT_GB=", o.expert_gb, ": use a finite budget in GB, 0 or more"));
+  }
+  if (!(o.mla_latent_norm_eps > 0) || std::isinf(o.mla_latent_norm_eps)) {
+    return absl::InvalidArgumentError(absl::StrCat("K3_MLA_NORM_EPS=", o.mla_latent_norm_eps,
+                                                   ": use a positive, finite epsilon"));
+  }
+  if (o.threads < 0 || o.threads > kMaxComputeThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("COLI_THREADS=", o.threads, ": use 0…", kMaxComputeThreads, " (0 = all)"));
+  }
+  if (o.layers < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("K3_LAYERS=", o.layers, ": use 0 or more (-1 = the whole stack)"));
+  }
   return absl::OkStatus();
 }
 

@@ -10,16 +10,16 @@
 // | head_bits           | K3_HEAD_BITS    | 8       | lm_head                                        |
 // | idot                | K3_IDOT         | 1       | int8-activation kernels (0 = exact float)      |
 // | chunk               | K3_CHUNK        | 32      | prefill chunk (1…512; forced 1 with a trace)   |
-// | load_threads        | K3_LOAD_THREADS | 4       | parallel tensor loading / quantization         |
+// | load_threads        | K3_LOAD_THREADS | 4       | tensor loading / quantization and expert reads (1…16) |
 // | topp                | K3_TOPP         | 0       | keep experts to cumulative weight p (0 = off)  |
 // | extra_dirs          | K3_DIRS         | —       | extra shard folders                            |
-// | max_context         | K3_MAXT         | 0       | context capacity (0 = unbounded)               |
+// | max_context         | K3_MAXT         | 0       | context capacity (0 = the plugin's 8192)       |
 // | layers              | K3_LAYERS       | all     | run layers 0…N−1 only (validation; final mix, norm and head still run, as in tools/k3/k3_ref.py) |
 // | trace_path          | K3_TRACE        | —       | f32 hidden state after every layer, token-major [T, layers, D] |
 // | x0_path             | K3_X0           | —       | (CLI) f32 input rows [T, D] instead of embeddings |
 // | logits_path         | K3_LOGITS       | —       | f32 LE logits of every prefill position [T, V] |
-// | mla_latent_norm_eps | —               | 1e-6    | ε of q_a_layernorm / kv_a_layernorm (vendor; production engines use 1e-5) |
-// | threads             | —               | 0       | compute threads (0 = OpenMP default)           |
+// | mla_latent_norm_eps | K3_MLA_NORM_EPS | 1e-6    | ε of q_a_layernorm / kv_a_layernorm (vendor; production engines use 1e-5) |
+// | threads             | COLI_THREADS    | 0       | compute threads (0 = OpenMP default; ≤ 1024)   |
 // | vulkan              | COLI_VULKAN (K3_VK) | 0   | open the Vulkan device, routed experts on its tier (vk_tier.h) |
 // | vk_tier_gb          | COLI_VK_TIER_GB (K3_VK_GB) | 2 | tier budget in GB of device memory        |
 // | vk_tier_rate        | COLI_VK_TIER_RATE (numeric K3_VK_UP) | 4 | tier promotions per token (forward pass) |
@@ -38,6 +38,10 @@
 #include <vector>
 
 namespace coli::k3 {
+
+// The most loader threads (K3_LOAD_THREADS) and compute threads (COLI_THREADS) taken.
+inline constexpr int kMaxLoadThreads = 16;
+inline constexpr int kMaxComputeThreads = 1024;
 
 struct ModelOptions {
   int bits = 4, mla_bits = 8, head_bits = 8;

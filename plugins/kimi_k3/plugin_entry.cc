@@ -299,16 +299,17 @@ absl::StatusOr<ModelOptions> ToOptions(const coli_model_options_t* o) {
   if (o->mla_bits != 0) out.mla_bits = o->mla_bits, out.mla_bits_set = true;
   if (o->head_bits != 0) out.head_bits = o->head_bits, out.head_bits_set = true;
   out.idot = o->idot != 0;
-  if (o->chunk > 0) out.chunk = o->chunk;
+  // 0 = unset (the default); a negative value goes on to be refused by name (model.cc).
+  if (o->chunk != 0) out.chunk = o->chunk;
   out.direct = o->direct != 0;
   out.pipe = o->pipe != 0;
-  if (o->load_threads > 0) out.load_threads = o->load_threads;
+  if (o->load_threads != 0) out.load_threads = o->load_threads;
   out.expert_gb = o->expert_gb;
   out.topp = o->topp;
   out.max_context = o->max_context;
   out.layers = o->layers;
   out.threads = o->threads;
-  if (o->mla_norm_eps > 0) out.mla_latent_norm_eps = static_cast<float>(o->mla_norm_eps);
+  if (o->mla_norm_eps != 0) out.mla_latent_norm_eps = static_cast<float>(o->mla_norm_eps);
   for (size_t i = 0; i < o->n_extra_dirs; ++i) {
     out.extra_dirs.emplace_back(View(o->extra_dirs[i]));
   }

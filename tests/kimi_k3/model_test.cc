@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -698,6 +700,43 @@ TEST_F(K3BadCheckpoint, LayersPastTheStackAreRefused) {
   absl::Status s = Model::Load(dir_, o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find(absl::StrCat("K3_LAYERS=", stack + 1)), std::string::npos) << s;
+}
+
+// Switch values the engine cannot use are refused by name before a single tensor loads (on the
+// full model loading takes minutes). K3_LOAD_THREADS 17…64 passed this check and failed only
+// in the expert store after the whole load; nan K3_TOPP / K3_EXPERT_GB, inf K3_MLA_NORM_EPS,
+// COLI_THREADS above 1024 and K3_LAYERS below -1 loaded without a word.
+TEST(K3Options, UnusableSwitchValuesAreRefusedBeforeLoading) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    const char* needle;
+    std::function<void(ModelOptions&)> set;
+  };
+  const Case cases[] = {
+      {"K3_LOAD_THREADS=17", [](ModelOptions& o) { o.load_threads = 17; }},
+      {"K3_LOAD_THREADS=64", [](ModelOptions& o) { o.load_threads = 64; }},
+      {"K3_TOPP=nan", [&](ModelOptions& o) { o.topp = nan; }},
+      {"K3_EXPERT_GB=nan", [&](ModelOptions& o) { o.expert_gb = nan; }},
+      {"K3_EXPERT_GB=-1", [](ModelOptions& o) { o.expert_gb = -1; }},
+      {"K3_EXPERT_GB=inf", [&](ModelOptions& o) { o.expert_gb = inf; }},
+      {"K3_MLA_NORM_EPS=inf", [&](ModelOptions& o) { o.mla_latent_norm_eps = inf; }},
+      {"COLI_THREADS=100000", [](ModelOptions& o) { o.threads = 100000; }},
+      {"COLI_THREADS=-1", [](ModelOptions& o) { o.threads = -1; }},
+      {"K3_LAYERS=-2", [](ModelOptions& o) { o.layers = -2; }},
+  };
+  for (const Case& c : cases) {
+    ModelOptions o = F32Options();
+    c.set(o);
+    int progress_calls = 0;
+    absl::Status s = Model::Load(K3_TEST_TINY, o, [&](int, int) { ++progress_calls; }).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.needle << ": " << s;
+    EXPECT_NE(s.message().find(c.needle), std::string::npos) << s;
+    EXPECT_EQ(progress_calls, 0) << c.needle << ": refused only after loading tensors";
+  }
+  ModelOptions o = F32Options();
+  o.load_threads = 16;  // the top of the range loads
+  EXPECT_TRUE(Model::Load(K3_TEST_TINY, o).ok());
 }
 
 TEST_F(K3BadCheckpoint, MissingTensorIsNamed) {
