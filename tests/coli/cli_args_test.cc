@@ -259,6 +259,27 @@ TEST(RunFlags, Defaults) {
   EXPECT_TRUE(f->think);
 }
 
+// K3_THINK: "1" / "0"; "false", "no" or "2" opened the think channel (anything but "0" did).
+TEST(RunFlags, ThinkSwitchIsOneOrZero) {
+  unsetenv("COLI_TEMP");
+  setenv("K3_THINK", "0", 1);
+  absl::StatusOr<RunFlags> off = Parse({"hello"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->think);
+  setenv("K3_THINK", "", 1);  // empty = unset
+  absl::StatusOr<RunFlags> unset = Parse({"hello"});
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_TRUE(unset->think);
+  for (const char* bad : {"false", "no", "2", "yes"}) {
+    setenv("K3_THINK", bad, 1);
+    absl::StatusOr<RunFlags> f = Parse({"hello"});
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(f.status().message().find(std::string("K3_THINK='") + bad + "'"), std::string::npos)
+        << f.status();
+  }
+  unsetenv("K3_THINK");
+}
+
 TEST(RunFlags, NgenMinusOneIsUntilTheContextAndZeroIsRefused) {
   EXPECT_EQ(Parse({"hi", "--ngen", "-1"})->ngen, 0);  // the host's "up to the context"
   EXPECT_EQ(Parse({"hi", "--ngen=3"})->ngen, 3);

@@ -700,7 +700,7 @@ constexpr const char* kUsage =
 
 absl::StatusOr<ChatFlags> ParseChatFlags(int argc, char** argv, bool* help) {
   ChatFlags flags;
-  if (const char* t = std::getenv("K3_THINK")) flags.think = std::string(t) != "0";
+  COLI_RETURN_IF_ERROR(ReadThinkSwitch(&flags.think));
   ArgReader args(argc, argv);
   while (args.Next()) {
     COLI_ASSIGN_OR_RETURN(bool taken, TakeCommonFlag(args, &flags));
