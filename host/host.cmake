@@ -11,6 +11,15 @@ coli_cc_library(NAME coli_host_core
        ${CMAKE_DL_LIBS})
 target_compile_definitions(coli_host_core PRIVATE COLI_HOST_VERSION="${PROJECT_VERSION}")
 
-coli_cc_binary(NAME coli-host SRCS ${CMAKE_CURRENT_LIST_DIR}/main.cc DEPS coli_host_core coli_flags)
+# coli_model_options_env: the K3_* / COLI_* model switches of the environment into
+# v1::ModelOptions, for coli-host's --model loads and the client's private hosts alike.
+coli_cc_library(NAME coli_model_options_env
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/model_options_env.cc
+  HDRS ${CMAKE_CURRENT_LIST_DIR}/model_options_env.h
+  PUBLIC_DEPS coli_proto absl::statusor
+  DEPS coli_flags coli_status absl::strings)
+
+coli_cc_binary(NAME coli-host SRCS ${CMAKE_CURRENT_LIST_DIR}/main.cc
+  DEPS coli_host_core coli_flags coli_model_options_env)
 target_compile_definitions(coli-host PRIVATE COLI_HOST_VERSION="${PROJECT_VERSION}"
   COLI_PLUGIN_DIR="${COLI_PLUGIN_DIR}")

@@ -21,10 +21,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/flags/flags.h"
 #include "common/log/log.h"
 #include "common/status/status.h"
 #include "host/engine.h"
+#include "host/model_options_env.h"
 #include "host/service.h"
 
 namespace {
@@ -44,6 +46,10 @@ constexpr char kUsage[] =
     "  --max-batch N (1-1024, default 8; 1 = no batching)\n"
     "  --decode-delay-ms N / --prefill-delay-ms N (0-60000; env COLI_DECODE_DELAY_MS,\n"
     "        COLI_PREFILL_DELAY_MS)\n"
+    "  COLI_LOG_LEVEL (debug, info, warning, error), COLI_HUGEPAGES (0, 1) and COLI_ISA\n"
+    "  (scalar, avx2, avxvnni, avx512) are checked at start.\n"
+    "  Models named with --model load with the model switches of the environment\n"
+    "  (K3_BITS, K3_EXPERT_GB, COLI_VULKAN, ...; README.md), checked before loading.\n"
     "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n";
 
 constexpr int64_t kMaxDelayMs = 60000;
@@ -71,6 +77,31 @@ absl::Status FromEnv(const char* name, int64_t lo, int64_t hi, bool flag_given, 
   if (flag_given || v == nullptr || *v == '\0') return absl::OkStatus();
   COLI_ASSIGN_OR_RETURN(int64_t n, coli::flags::ParseWholeNumber(name, v, lo, hi));
   *out = static_cast<int>(n);
+  return absl::OkStatus();
+}
+
+// The process-wide switches the libraries read by themselves (common/log, common/kernels,
+// common/memory), checked here so that a misspelt value stops the host instead of being
+// ignored (COLI_LOG_LEVEL, COLI_HUGEPAGES) or only warned about (COLI_ISA) in a log line.
+absl::Status CheckWordSwitches() {
+  struct Switch {
+    const char* name;
+    std::vector<std::string> values;
+  };
+  const Switch switches[] = {{"COLI_LOG_LEVEL", {"debug", "info", "warning", "warn", "error"}},
+                             {"COLI_HUGEPAGES", {"0", "1"}},
+                             {"COLI_ISA", {"scalar", "avx2", "avxvnni", "avx512"}}};
+  for (const Switch& sw : switches) {
+    const char* v = std::getenv(sw.name);
+    if (v == nullptr || *v == '\0') continue;
+    bool known = false;
+    for (const std::string& value : sw.values) known = known || value == v;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("environment variable ", sw.name, "='", v,
+                                                     "': expected ",
+                                                     absl::StrJoin(sw.values, ", ")));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -146,6 +177,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       FromEnv("COLI_MAX_SESSIONS", 1, 100000, max_sessions_flag, &f.engine.max_sessions));
   COLI_RETURN_IF_ERROR(FromEnv("COLI_PREFILL_DELAY_MS", 0, kMaxDelayMs, prefill_delay_flag,
                                &f.engine.prefill_delay_ms));
+  COLI_RETURN_IF_ERROR(CheckWordSwitches());
   return f;
 }
 
@@ -176,10 +208,23 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // The model switches (K3_BITS, K3_EXPERT_GB, COLI_VULKAN, ...) apply to --model loads as they
+  // do to the models `coli` loads (it sends them in LoadModel; a LoadModel request carries its
+  // own options, so the environment is read only here). A bad value is a usage error.
+  coli::v1::ModelOptions model_options;
+  if (!models.empty()) {
+    absl::StatusOr<coli::v1::ModelOptions> from_env = coli::host::ModelOptionsFromEnv();
+    if (!from_env.ok()) {
+      std::fprintf(stderr, "coli-host: %s\n", std::string(from_env.status().message()).c_str());
+      return 2;
+    }
+    model_options = *std::move(from_env);
+  }
   coli::host::Engine engine(engine_options);
   for (const auto& dir : models) {
     coli::v1::LoadModelRequest request;
     request.set_model_dir(dir);
+    *request.mutable_options() = model_options;
     auto info = engine.LoadModel(request, nullptr);
     if (!info.ok()) {
       COLI_LOG(kError) << info.status().message();

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status/status.h"
+#include "host/model_options_env.h"
 
 namespace coli::client {
 namespace {
@@ -435,111 +436,7 @@ std::string ResolveModelDir(const std::string& flag) {
   return COLI_CLIENT_TINY_MODEL;
 }
 
-absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() {
-  v1::ModelOptions o;
-  auto bad = [](const char* name, const std::string& value) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("environment variable ", name, "='", value, "' is not a valid value"));
-  };
-  struct IntVar {
-    const char* name;
-    void (v1::ModelOptions::*set)(int32_t);
-  };
-  const IntVar ints[] = {
-      {"K3_BITS", &v1::ModelOptions::set_bits},
-      {"K3_MLA_BITS", &v1::ModelOptions::set_mla_bits},
-      {"K3_HEAD_BITS", &v1::ModelOptions::set_head_bits},
-      {"K3_CHUNK", &v1::ModelOptions::set_chunk},
-      {"K3_LOAD_THREADS", &v1::ModelOptions::set_load_threads},
-      {"K3_LAYERS", &v1::ModelOptions::set_layers},
-      {"COLI_THREADS", &v1::ModelOptions::set_threads},
-  };
-  for (const auto& v : ints) {
-    const std::string s = Env(v.name);
-    if (s.empty()) continue;
-    int32_t value = 0;
-    if (!absl::SimpleAtoi(s, &value)) return bad(v.name, s);
-    (o.*v.set)(value);
-  }
-  struct BoolVar {
-    const char* name;
-    void (v1::ModelOptions::*set)(bool);
-  };
-  const BoolVar bools[] = {{"K3_IDOT", &v1::ModelOptions::set_idot},
-                           {"K3_DIRECT", &v1::ModelOptions::set_direct},
-                           {"K3_PIPE", &v1::ModelOptions::set_pipe}};
-  for (const auto& v : bools) {
-    const std::string s = Env(v.name);
-    if (s.empty()) continue;
-    if (s != "0" && s != "1") return bad(v.name, s);
-    (o.*v.set)(s == "1");
-  }
-  struct DoubleVar {
-    const char* name;
-    void (v1::ModelOptions::*set)(double);
-  };
-  const DoubleVar doubles[] = {{"K3_EXPERT_GB", &v1::ModelOptions::set_expert_gb},
-                               {"K3_TOPP", &v1::ModelOptions::set_topp},
-                               {"K3_MLA_NORM_EPS", &v1::ModelOptions::set_mla_norm_eps}};
-  for (const auto& v : doubles) {
-    const std::string s = Env(v.name);
-    if (s.empty()) continue;
-    double value = 0;
-    if (!absl::SimpleAtod(s, &value)) return bad(v.name, s);
-    (o.*v.set)(value);
-  }
-  if (std::string s = Env("K3_MAXT"); !s.empty()) {
-    int64_t value = 0;
-    if (!absl::SimpleAtoi(s, &value) || value < 0) return bad("K3_MAXT", s);
-    o.set_max_context(value);
-  }
-  if (std::string s = Env("K3_DIRS"); !s.empty()) {
-    for (absl::string_view dir : absl::StrSplit(s, absl::ByAnyChar(":,"), absl::SkipEmpty())) {
-      o.add_extra_dirs(std::string(dir));
-    }
-  }
-  // Family-only switches travel by name in `extra`; only set ones are sent (other families
-  // refuse names they do not know).
-  if (std::string s = Env("COLI_K3_CKPT"); !s.empty()) {
-    int32_t value = 0;
-    if (!absl::SimpleAtoi(s, &value) || value < 0) return bad("COLI_K3_CKPT", s);
-    (*o.mutable_extra())["ckpt"] = s;
-  }
-  if (std::string s = Env("COLI_K3_CKPT_DIR"); !s.empty()) (*o.mutable_extra())["ckpt_dir"] = s;
-  // The kimi_k3 model-wide prefix cache: MiB (0 = off) and the shortest prefix kept (tokens).
-  for (const auto& [name, key] : {std::pair{"COLI_K3_PREFIX_CACHE_MB", "prefix_cache"},
-                                  std::pair{"COLI_K3_PREFIX_CACHE_MIN", "prefix_cache_min"}}) {
-    if (std::string s = Env(name); !s.empty()) {
-      int64_t value = 0;
-      if (!absl::SimpleAtoi(s, &value) || value < 0) return bad(name, s);
-      (*o.mutable_extra())[key] = s;
-    }
-  }
-  // The Vulkan switches (expert tier, shared experts) and the old K3_VK* aliases, sent as set;
-  // the family resolves them (explicit COLI_* wins) and names the variable of a bad value.
-  // COLI_VK_DEVICE is read by the Vulkan context itself where the device is opened.
-  for (const auto& [name, key] :
-       {std::pair{"COLI_VULKAN", "vulkan"}, std::pair{"K3_VK", "vk"},
-        std::pair{"COLI_VK_TIER_GB", "vk_tier_gb"}, std::pair{"K3_VK_GB", "vk_gb"},
-        std::pair{"COLI_VK_TIER_RATE", "vk_tier_rate"}, std::pair{"K3_VK_UP", "vk_up"},
-        std::pair{"COLI_VK_DENSE", "vk_dense"}, std::pair{"COLI_VK_TIER", "vk_tier"},
-        std::pair{"COLI_K3_MIX_ROWS", "mix_rows"}, std::pair{"COLI_K3_SPEC_MIN", "spec_min"},
-        std::pair{"COLI_K3_SPEC_SAMPLED_NGRAM", "spec_sampled_ngram"},
-        std::pair{"COLI_K3_SPEC_ADAPT", "spec_adapt"},
-        std::pair{"COLI_K3_PREFIX_CACHE_KEEP", "prefix_cache_keep"}}) {
-    if (std::string s = Env(name); !s.empty()) (*o.mutable_extra())[key] = s;
-  }
-  if (std::string s = Env("K3_MMAP"); !s.empty()) (*o.mutable_extra())["mmap"] = s;
-  if (std::string s = Env("COLI_K3_SPEC"); !s.empty()) {
-    int32_t value = 0;
-    if (!absl::SimpleAtoi(s, &value) || value < 0 || value > 16) return bad("COLI_K3_SPEC", s);
-    (*o.mutable_extra())["spec"] = s;
-  }
-  o.set_trace_path(Env("K3_TRACE"));
-  o.set_x0_path(Env("K3_X0"));
-  o.set_logits_path(Env("K3_LOGITS"));
-  return o;
-}
+absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() { return host::ModelOptionsFromEnv(); }
 
 // ---- progress -------------------------------------------------------------------------------
 

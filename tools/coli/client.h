@@ -157,29 +157,9 @@ class Client {
 std::string ResolveModelDir(const std::string& flag);
 
 // The seed's switches (K3_BITS, K3_EXPERT_GB, ...) read once, here at the edge, into typed
-// options. INVALID_ARGUMENT naming the variable for a value that does not parse. The table:
-//   K3_BITS bits | K3_MLA_BITS mla_bits | K3_HEAD_BITS head_bits | K3_IDOT idot (0/1)
-//   K3_CHUNK chunk | K3_DIRECT direct (0/1) | K3_PIPE pipe (0/1) | K3_LOAD_THREADS load_threads
-//   K3_EXPERT_GB expert_gb | K3_TOPP topp | K3_MAXT max_context | K3_LAYERS layers
-//   K3_DIRS extra_dirs (':' or ',' separated) | K3_TRACE trace_path | K3_X0 x0_path
-//   K3_LOGITS logits_path | K3_MLA_NORM_EPS mla_norm_eps | COLI_THREADS threads
-//   COLI_K3_CKPT extra["ckpt"] (kimi_k3 recurrent-state checkpoint slots per session)
-//   COLI_K3_CKPT_DIR extra["ckpt_dir"] (park those checkpoints in this folder, not in RAM)
-//   COLI_K3_PREFIX_CACHE_MB extra["prefix_cache"] (kimi_k3 model-wide prefix cache, MiB, 0 = off)
-//   COLI_K3_PREFIX_CACHE_MIN extra["prefix_cache_min"] (its shortest prefix kept, tokens)
-//   COLI_K3_PREFIX_CACHE_KEEP extra["prefix_cache_keep"] (0/1: its files in COLI_K3_CKPT_DIR
-//     outlive the process and a later one with the same model, build and switches adopts them)
-//   COLI_VULKAN extra["vulkan"], K3_VK extra["vk"], COLI_VK_TIER_GB extra["vk_tier_gb"],
-//     K3_VK_GB extra["vk_gb"], COLI_VK_TIER_RATE extra["vk_tier_rate"], K3_VK_UP extra["vk_up"]
-//     (kimi_k3 Vulkan expert tier, plugins/kimi_k3/vk_tier.h; COLI_VK_DEVICE is read where the
-//     device opens)
-//   K3_MMAP extra["mmap"] (0/1: map a repacked container's matrices read-only)
-//   COLI_K3_SPEC extra["spec"] (kimi_k3 speculative decoding: max prompt-lookup draft tokens
-//     per verify pass, 0…16, 0 = off; greedy and sampled rows, not penalised ones)
-//   COLI_K3_SPEC_MIN extra["spec_min"], COLI_K3_SPEC_SAMPLED_NGRAM extra["spec_sampled_ngram"],
-//     COLI_K3_SPEC_ADAPT extra["spec_adapt"] (the draft policy; the family checks the values)
-//   COLI_K3_MIX_ROWS extra["mix_rows"] (kimi_k3: most decode rows one prefill chunk pass
-//     carries, 0…4096, 0 = off; default max(8, K3_CHUNK); docs/status/batching.md)
+// options: host::ModelOptionsFromEnv (host/model_options_env.h has the table), which coli-host
+// also uses for its --model loads. INVALID_ARGUMENT naming the variable and the value for a
+// value that does not parse or is out of range.
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
 
 // Load progress: a bar redrawn in place on a terminal, one plain line per stage/10% otherwise.
