@@ -751,10 +751,17 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
       usage->set_completion_tokens(generated);
     }
     auto plugin_stats = session.Stats();
-    if (!plugin_stats.ok()) return;
-    auto* stats = finished->mutable_stats();
-    for (const auto& [k, v] : *plugin_stats) (*stats->mutable_plugin())[k] = v;
+    if (plugin_stats.ok()) {
+      auto& in_finished = *finished->mutable_stats()->mutable_plugin();
+      for (const auto& [k, v] : *plugin_stats) in_finished[k] = v;
+    }
+    // Counted here, before the worker marks the request inactive: whoever sees no request
+    // active finds every one's tokens counted.
     std::lock_guard<std::mutex> lock(mu_);
+    counters_.prompt_tokens += finished->usage().prompt_tokens();
+    counters_.completion_tokens += finished->usage().completion_tokens();
+    counters_.tokens_reused += finished->usage().tokens_reused();
+    if (!plugin_stats.ok()) return;
     for (const auto& [k, v] : *plugin_stats) {
       auto it = slot.last_stats.find(k);
       const double before = it == slot.last_stats.end() ? 0.0 : it->second;
@@ -1037,11 +1044,7 @@ void Engine::Finish(Request& request, const absl::Status& status, const v1::Fini
   {
     std::lock_guard<std::mutex> lock(mu_);
     live_.erase(request.id_);
-    // Tokens of every request that ran, however it ended (a cancelled one's were generated).
-    counters_.prompt_tokens += finished.usage().prompt_tokens();
-    counters_.completion_tokens += finished.usage().completion_tokens();
-    counters_.tokens_reused += finished.usage().tokens_reused();
-    if (status.ok()) {
+    if (status.ok()) {  // (its tokens were counted by Generate, as every request's)
       ++counters_.ok;
       if (finished.usage().completion_tokens() > 0) {
         counters_.ttft_last = finished.stats().ttft_seconds();
