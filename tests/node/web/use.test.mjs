@@ -2,7 +2,7 @@
 // Enter while an IME composes (CJK) does not send, a double click on "send" does not stop the
 // reply it started, Escape stops one and the focus goes back to the message box, a reader who
 // scrolled up keeps the place when the reply ends, a second tab neither hides nor overwrites the
-// chat, and a server that goes away mid-reply leaves a clear message, the history, and a retry.
+// chat (nor replies while the first one does), and a server that goes away mid-reply leaves a clear message, the history, and a retry.
 // Usage: node --test use.test.mjs (env COLI_BIN, COLI_SCRIPTED_MODEL, COLI_SCRIPTED_PLUGIN_DIR)
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -72,6 +72,7 @@ test('a double click on send does not stop the reply; Escape and stop do, focus 
   // The second click landed on "stop" (it took send's place): the reply must go on anyway.
   await page.waitForFunction(() => {
     const turn = document.querySelector('.turn.assistant:last-child');
+    if (!turn) return false;  // the reply starts once the tabs' reply lock is granted
     return turn.querySelector('.markdown').textContent.length > 0 || turn.querySelector('.turn-note');
   });
   assert.equal(await lastNote(page), 0, 'the reply was not stopped');
@@ -85,7 +86,7 @@ test('a double click on send does not stop the reply; Escape and stop do, focus 
   await page.fill('#input', 'one more long answer');
   await page.press('#input', 'Enter');
   await page.waitForFunction(() =>
-    document.querySelector('.turn.assistant:last-child .markdown').textContent.length > 0);
+    (document.querySelector('.turn.assistant:last-child .markdown')?.textContent.length ?? 0) > 0);
   await page.focus('#stop');
   await page.keyboard.press('Enter');  // a keyboard user on "stop"
   await page.waitForSelector('#send', { state: 'visible', timeout: 10000 });
@@ -136,13 +137,53 @@ test('two tabs: the second shows what the first said and does not overwrite it',
   await context.close();
 });
 
+// Both tabs replying at once each saved a chat without the other's exchange: the last to finish
+// won, and the first tab's question and answer were gone after a reload.
+test('two tabs: while one writes a reply the other says so, keeps its text, and sends later', async () => {
+  const context = await browser.newContext({ viewport: { width: 390, height: 780 } });
+  const pageIn = async () => {
+    const page = await context.newPage();
+    await page.goto(server.base);
+    await page.waitForFunction(() => document.getElementById('model-name').textContent !== '…');
+    return page;
+  };
+  const first = await pageIn();
+  const second = await pageIn();
+  let sentFromSecond = 0;
+  second.on('request', (r) => { if (r.url().endsWith('/v1/chat/completions')) sentFromSecond++; });
+  await first.fill('#input', 'a long answer please');
+  await first.press('#input', 'Enter');
+  await first.waitForFunction(() =>
+    (document.querySelector('.turn.assistant:last-child .markdown')?.textContent.length ?? 0) > 0,
+  null, { timeout: 30000 });
+  await second.fill('#input', 'asked in the second tab meanwhile');
+  await second.press('#input', 'Enter');
+  await second.waitForFunction(() => document.getElementById('error').textContent
+    .includes('Another tab of this page is writing a reply'), null, { timeout: 10000 });
+  assert.equal(await second.inputValue('#input'), 'asked in the second tab meanwhile');
+  assert.equal(sentFromSecond, 0, 'the second tab sent nothing');
+
+  await first.evaluate(() => document.getElementById('stop').click());
+  await first.waitForSelector('#send', { state: 'visible', timeout: 10000 });
+  await second.waitForFunction(() => document.querySelectorAll('.turn.assistant').length === 1);
+  await second.press('#input', 'Enter');
+  await second.waitForFunction(() => document.querySelectorAll('.turn.assistant').length === 2 &&
+    !document.getElementById('send').hidden, null, { timeout: 30000 });
+  const stored = await storedChat(first);
+  assert.deepEqual(stored.turns.filter((t) => t.role === 'user').map((t) => t.content),
+    ['a long answer please', 'asked in the second tab meanwhile']);
+  assert.equal(stored.turns.filter((t) => t.role === 'assistant').length, 2);
+  assert.equal(sentFromSecond, 1);
+  await context.close();
+});
+
 test('the server going away: a clear message, the chat kept, and a retry once it is back', async () => {
   const own = await startWeb(dir, { env: { COLI_DECODE_DELAY_MS: '20' } });
   const page = await openPage(browser, own.base);
   await page.fill('#input', 'a long answer please');
   await page.press('#input', 'Enter');
   await page.waitForFunction(() =>
-    document.querySelector('.turn.assistant:last-child .markdown').textContent.length > 0);
+    (document.querySelector('.turn.assistant:last-child .markdown')?.textContent.length ?? 0) > 0);
   await stopWeb(own, 'SIGKILL');
   await page.waitForSelector('#send', { state: 'visible', timeout: 10000 });
   assert.match(await page.textContent('#error'), /connection to the server broke off mid-reply/);

@@ -21,6 +21,33 @@ const els = {
 let state = loadState();
 let modelId = null;
 let inflight = null;  // {controller, turn, metricsTimer}
+let starting = false;  // a reply asked for, waiting for the tabs' reply lock
+
+// The page's tabs share one stored chat: two replies written at once each saved a chat without
+// the other's exchange, and the last to finish won. So one tab replies at a time (a Web Lock,
+// freed when the reply ends or its tab closes); a tab asked meanwhile says why and keeps what was
+// typed. A page without navigator.locks (plain http off loopback) replies as before.
+const REPLY_LOCK = 'coli.chat.reply';
+const BUSY_ELSEWHERE =
+  'Another tab of this page is writing a reply: send again once it has finished, or stop it there.';
+function startReply(change) {
+  if (inflight || starting) return;
+  if (!navigator.locks) {
+    change();
+    generate();
+    return;
+  }
+  starting = true;
+  navigator.locks.request(REPLY_LOCK, { ifAvailable: true }, async (lock) => {
+    starting = false;
+    if (!lock) {
+      showError(BUSY_ELSEWHERE);
+      return;
+    }
+    change();
+    await generate();
+  }).catch(() => { starting = false; });
+}
 
 // The chat goes on when the browser will not store it (quota full, storage disabled, some private
 // modes); the banner says that it will not survive a reload.
@@ -125,14 +152,20 @@ function toolResultForm(call) {
   form.append(input, send);
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
-    if (inflight) return;
-    state.turns.push({ role: 'tool', toolCallId: call.id, name: call.function?.name || '',
-      content: input.value });
-    persist();
+    if (inflight || starting) return;
+    const result = { role: 'tool', toolCallId: call.id, name: call.function?.name || '',
+      content: input.value };
     // Answer once every call of that turn has its result.
     const owner = state.turns.findLast((t) => t.role === 'assistant');
     const answered = new Set(state.turns.filter((t) => t.role === 'tool').map((t) => t.toolCallId));
-    if ((owner?.toolCalls || []).every((c) => answered.has(c.id))) generate(); else render();
+    answered.add(call.id);
+    if ((owner?.toolCalls || []).every((c) => answered.has(c.id))) {
+      startReply(() => { state.turns.push(result); persist(); });
+    } else {
+      state.turns.push(result);
+      persist();
+      render();
+    }
   });
   return form;
 }
@@ -161,9 +194,10 @@ function addTurnActions() {
   regen.textContent = 'regenerate';
   regen.dataset.testid = 'regenerate';
   regen.addEventListener('click', () => {
-    state.turns = turns.slice(0, lastUser + 1);
-    persist();
-    generate();
+    startReply(() => {
+      state.turns = turns.slice(0, lastUser + 1);
+      persist();
+    });
   });
   actions.append(edit, regen);
   userEl?.append(actions);
@@ -341,13 +375,14 @@ function mergeToolCalls(turn, deltas) {
 els.composer.addEventListener('submit', (ev) => {
   ev.preventDefault();
   const raw = els.input.value;
-  if (!raw.trim() || inflight) return;
+  if (!raw.trim() || inflight || starting) return;
   // Pasted code keeps its indentation: only blank lines around it and trailing spaces go.
   const text = raw.replace(/^\s*\n/, '').trimEnd();
-  els.input.value = '';
-  state.turns.push({ role: 'user', content: text });
-  persist();
-  generate();
+  startReply(() => {
+    els.input.value = '';
+    state.turns.push({ role: 'user', content: text });
+    persist();
+  });
 });
 // Enter that ends an IME composition (CJK input) picks the candidate, it does not send. Chromium
 // marks it isComposing; Safari sends it after compositionend with keyCode 229 instead.
