@@ -421,6 +421,14 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
         absl::StrCat("kimi_k3: option spec_ngram_min = ", k->spec_ngram_min,
                      " exceeds spec_ngram_max = ", k->spec_ngram_max));
   }
+  // No draft is longer than spec: a shortest draft above it would switch speculation off
+  // without a word.
+  if (k->spec_max > 0 && k->spec_policy.min_tokens > k->spec_max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kimi_k3: option spec_min (COLI_K3_SPEC_MIN) = ", k->spec_policy.min_tokens,
+                     " exceeds spec (COLI_K3_SPEC) = ", k->spec_max,
+                     ": no draft would be long enough to verify"));
+  }
   return absl::OkStatus();
 }
 

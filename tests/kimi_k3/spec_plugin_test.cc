@@ -555,6 +555,13 @@ TEST_F(K3SpecPluginTest, BadOptionsRefused) {
   EXPECT_THAT(TryOpen({{"spec", "4"}, {"spec_ngram_min", "3"}, {"spec_ngram_max", "2"}}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("spec_ngram_min")));
   EXPECT_OK(TryOpen({{"spec", "16"}, {"spec_ngram_min", "2"}, {"spec_ngram_max", "4"}}).status());
+  // A shortest draft longer than the longest would leave speculation silently off.
+  EXPECT_THAT(
+      TryOpen({{"spec", "2"}, {"spec_min", "5"}}).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("spec_min (COLI_K3_SPEC_MIN) = 5 exceeds spec (COLI_K3_SPEC) = 2")));
+  EXPECT_OK(TryOpen({{"spec", "4"}, {"spec_min", "4"}}).status());
+  EXPECT_OK(TryOpen({{"spec", "0"}, {"spec_min", "5"}}).status());  // off: nothing to verify
 }
 
 // ABI 1.6 session_reusable agrees with what Prefill then keeps while verified draft tokens are
