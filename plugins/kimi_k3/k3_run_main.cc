@@ -109,13 +109,23 @@ absl::StatusOr<ModelOptions> OptionsFromEnv() {
   return o;
 }
 
-absl::StatusOr<std::vector<float>> ReadF32File(const std::string& path) {
+// The K3_X0 rows: f32 little-endian, read before the model loads so that a wrong file is named
+// at once (a folder read as empty: "prefill needs at least one token" after the whole load).
+absl::StatusOr<std::vector<float>> ReadX0File(const std::string& path) {
+  const std::string what = "K3_X0 '" + path + "'";
+  if (IsDir(path)) {
+    return absl::InvalidArgumentError(what + ": is a folder, not a file of f32 rows");
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(path + ": cannot open");
+  if (!in) return absl::NotFoundError(what + ": cannot open");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string bytes = ss.str();
-  if (bytes.size() % 4 != 0) return absl::InvalidArgumentError(path + ": size is not a multiple of 4");
+  if (bytes.empty()) return absl::InvalidArgumentError(what + ": empty (expected f32 rows [T, D])");
+  if (bytes.size() % 4 != 0) {
+    return absl::InvalidArgumentError(what + ": " + std::to_string(bytes.size()) +
+                                      " bytes is not a whole number of f32 values");
+  }
   std::vector<float> v(bytes.size() / 4);
   std::memcpy(v.data(), bytes.data(), bytes.size());
   return v;
@@ -249,6 +259,10 @@ absl::Status Main(int argc, char** argv) {
   g_usage_error = false;
 
   COLI_ASSIGN_OR_RETURN(ModelOptions opt, OptionsFromEnv());
+  std::vector<float> x0;
+  if (!opt.x0_path.empty()) {
+    COLI_ASSIGN_OR_RETURN(x0, ReadX0File(opt.x0_path));
+  }
   const double t0 = Seconds();
   int last_pct = -1;
   VkExpertTier* vk_tier = nullptr;  // owned by the model; only with COLI_VULKAN=1 / K3_VK=1
@@ -309,7 +323,12 @@ absl::Status Main(int argc, char** argv) {
   const double tp = Seconds();
   int64_t prefilled = 0;
   if (!opt.x0_path.empty()) {
-    COLI_ASSIGN_OR_RETURN(std::vector<float> x0, ReadF32File(opt.x0_path));
+    if (x0.size() % static_cast<size_t>(model->hidden_size()) != 0) {
+      return absl::InvalidArgumentError(
+          "K3_X0 '" + opt.x0_path + "': " + std::to_string(x0.size()) +
+          " floats is not a whole number of rows of the hidden size " +
+          std::to_string(model->hidden_size()));
+    }
     COLI_ASSIGN_OR_RETURN(logits, session->PrefillRows(x0));
     prefilled = static_cast<int64_t>(x0.size()) / model->hidden_size();
   } else {

@@ -107,6 +107,22 @@ wait "$host_pid"
 grep -q " 1 slots/layer" "$work/host_err" ||
   fail "K3_EXPERT_GB=0 coli-host --model: not 1 expert slot per layer: $(grep 'expert store' "$work/host_err")"
 
+echo "== COLI_PLUGIN_DIR and k3-run's K3_X0: the variable is named"
+# The private host said "--plugin-dir '/…': no such folder", a flag the user never typed.
+expect 1 "COLI_PLUGIN_DIR '$work/nowhere': no such folder" -- \
+  env COLI_PLUGIN_DIR="$work/nowhere" timeout 60 "$coli" run --model "$model" hi --ngen 1
+# k3-run read the file after the whole load; a folder read as "prefill needs at least one
+# token", a short file as "x6: size is not a multiple of 4".
+printf 'abcdef' > "$work/x6"
+printf 'abcdefghijkl' > "$work/x12"
+: > "$work/x_empty"
+expect 1 "K3_X0 '$work': is a folder" -- env K3_X0="$work" "$bin/k3-run" "$model" --ngen 1
+expect 1 "K3_X0 '$work/x_empty': empty" -- env K3_X0="$work/x_empty" "$bin/k3-run" "$model" --ngen 1
+expect 1 "K3_X0 '$work/x6': 6 bytes is not a whole number of f32 values" -- \
+  env K3_X0="$work/x6" "$bin/k3-run" "$model" --ngen 1
+expect 1 "K3_X0 '$work/x12': 3 floats is not a whole number of rows of the hidden size" -- \
+  env K3_X0="$work/x12" "$bin/k3-run" "$model" --ngen 1
+
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2
   exit 1

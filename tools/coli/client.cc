@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flags/flags.h"
 #include "common/status/status.h"
 #include "host/model_options_env.h"
 
@@ -170,7 +171,13 @@ absl::Status Client::StartPrivateHost(const ConnectOptions& options) {
     return absl::NotFoundError(absl::StrCat("coli-host binary '", binary, "' not found"));
   }
   std::string plugin_dir = options.plugin_dir;
-  if (plugin_dir.empty()) plugin_dir = Env("COLI_PLUGIN_DIR");
+  if (plugin_dir.empty()) {
+    plugin_dir = Env("COLI_PLUGIN_DIR");
+    // Checked here, by its name: the host would blame its --plugin-dir flag, never typed.
+    if (!plugin_dir.empty()) {
+      COLI_RETURN_IF_ERROR(flags::CheckModelDir("COLI_PLUGIN_DIR", plugin_dir));
+    }
+  }
   if (plugin_dir.empty()) plugin_dir = COLI_CLIENT_PLUGIN_DIR;
 
   std::string pattern = (std::filesystem::temp_directory_path() / "coli-XXXXXX").string();
