@@ -171,7 +171,7 @@ void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> eve
         ++streams_active_;
         int64_t cursor = after;
         std::vector<std::string> frames;
-        bool gone = false;
+        bool gone = false, ended = false;  // ended: a terminal event went out
         while (!gone && events->Next(&cursor, &frames) == ResponseEventLog::Read::kEvents) {
           for (const std::string& frame : frames) {
             if (stopping_ || watch.PeerClosed() || !sink.is_writable() ||
@@ -179,10 +179,27 @@ void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> eve
               gone = true;
               break;
             }
+            for (const char* terminal : {"event: response.completed\n",
+                                         "event: response.incomplete\n",
+                                         "event: response.failed\n", "event: error\n"}) {
+              ended = ended || frame.rfind(terminal, 0) == 0;
+            }
           }
           frames.clear();
         }
-        if (gone) ++disconnects_;  // the background response goes on
+        if (!ended && CutByShutdown(watch, sink)) {
+          // The server stops and cancels the response: a stream that just ended would leave its
+          // client waiting for a terminal event. Responses' `error` event says why.
+          const ApiError e = ShuttingDownError();
+          const std::string frame = SseEventFrame(Json{{"type", "error"},
+                                                       {"code", "server_error"},
+                                                       {"message", e.message},
+                                                       {"param", nullptr},
+                                                       {"sequence_number", cursor + 1}});
+          sink.write(frame.data(), frame.size());
+        } else if (gone) {
+          ++disconnects_;  // the background response goes on
+        }
         --streams_active_;
         sink.done();
         return true;

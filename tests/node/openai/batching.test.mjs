@@ -7,8 +7,9 @@
 //    at once equals the same requests run one by one, with some clients leaving mid-stream.
 //  * A stop string: the usage counts the tokens up to the one that completed it. It counted what
 //    the host had generated when STOP reached it (62, 63 or 64 for the same request).
-//  * SIGTERM while streams run: each stream ends with an error (chat / completions) or
-//    response.failed (Responses). They used to end as if complete, with no finish_reason.
+//  * SIGTERM while streams run: each stream ends with an error (chat / completions),
+//    response.failed (Responses) or an `error` event (a background response's stream). They
+//    used to end as if complete, with no finish_reason or terminal event.
 //
 // No timing asserts: waits are for events, bounded by the suite's timeout.
 // Environment (set by CMakeLists.txt): COLI_BIN, COLI_TINY_MODEL.
@@ -183,7 +184,7 @@ test('SIGTERM while streams run: each stream ends with an error, never as if com
     const onChunk = (state) => {
       if (!state.begun) {
         state.begun = true;
-        if (++begun === 3) signalled();
+        if (++begun === 4) signalled();
       }
     };
     const outcome = async (iterate) => {
@@ -211,15 +212,26 @@ test('SIGTERM while streams run: each stream ends with an error, never as if com
         if (ev.type === 'response.output_text.delta' || ev.type === 'response.reasoning_text.delta') onChunk(state);
       }
     });
+    // A background response's stream (its events come from the job's log).
+    const background = outcome(async (state) => {
+      const s = await c.responses.create({ model: modelId, stream: true, background: true,
+        input: 'long', max_output_tokens: 5000 });
+      for await (const ev of s) {
+        state.last = ev.type === 'error' ? `error: ${ev.message}` : ev.type;
+        if (ev.type === 'response.output_text.delta' || ev.type === 'response.reasoning_text.delta') onChunk(state);
+      }
+    });
     await allBegun;
     paced.proc.kill('SIGTERM');
-    const [a, b, r] = await Promise.all([chat, completions, responses]);
+    const [a, b, r, bg] = await Promise.all([chat, completions, responses, background]);
     assert.equal(a.ended, 'error', `chat stream: ${JSON.stringify(a)}`);
     assert.match(a.message, /shutting down/);
     assert.equal(b.ended, 'error', `completions stream: ${JSON.stringify(b)}`);
     assert.match(b.message, /shutting down/);
     assert.equal(r.ended, 'normally', `responses stream: ${JSON.stringify(r)}`);
     assert.match(r.last, /^failed: .*shutting down/);
+    assert.equal(bg.ended, 'normally', `background stream: ${JSON.stringify(bg)}`);
+    assert.match(bg.last ?? '', /^error: .*shutting down/, `background stream: ${JSON.stringify(bg)}`);
   } finally {
     await stopServer(paced);
   }
