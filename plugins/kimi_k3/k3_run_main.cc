@@ -73,6 +73,17 @@ absl::Status EnvDouble(const char* name, double* out) {
     return absl::InvalidArgumentError(std::string(name) + "='" + v + "': expected a number");
   return absl::OkStatus();
 }
+// A 0/1 switch (K3_MMAP=2 or K3_IDOT=yes are refused, not read as on).
+absl::Status EnvBool(const char* name, bool* out) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return absl::OkStatus();
+  const std::string value = v;
+  if (value != "0" && value != "1") {
+    return absl::InvalidArgumentError(std::string(name) + "='" + value + "': expected 0 or 1");
+  }
+  *out = value == "1";
+  return absl::OkStatus();
+}
 std::string EnvString(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -80,7 +91,7 @@ std::string EnvString(const char* name) {
 
 absl::StatusOr<ModelOptions> OptionsFromEnv() {
   ModelOptions o;
-  int idot = 1, maxt = 0;
+  int maxt = 0;
   COLI_RETURN_IF_ERROR(EnvInt("K3_BITS", &o.bits));
   COLI_RETURN_IF_ERROR(EnvInt("K3_MLA_BITS", &o.mla_bits));
   COLI_RETURN_IF_ERROR(EnvInt("K3_HEAD_BITS", &o.head_bits));
@@ -88,15 +99,16 @@ absl::StatusOr<ModelOptions> OptionsFromEnv() {
   o.bits_set = !EnvString("K3_BITS").empty();
   o.mla_bits_set = !EnvString("K3_MLA_BITS").empty();
   o.head_bits_set = !EnvString("K3_HEAD_BITS").empty();
-  int mmap = 0;
-  COLI_RETURN_IF_ERROR(EnvInt("K3_MMAP", &mmap));
-  o.mmap = mmap != 0;
-  COLI_RETURN_IF_ERROR(EnvInt("K3_IDOT", &idot));
-  o.idot = idot != 0;
+  COLI_RETURN_IF_ERROR(EnvBool("K3_MMAP", &o.mmap));
+  COLI_RETURN_IF_ERROR(EnvBool("K3_IDOT", &o.idot));
   COLI_RETURN_IF_ERROR(EnvInt("K3_CHUNK", &o.chunk));
   COLI_RETURN_IF_ERROR(EnvInt("K3_LOAD_THREADS", &o.load_threads));
   COLI_RETURN_IF_ERROR(EnvDouble("K3_TOPP", &o.topp));
   COLI_RETURN_IF_ERROR(EnvInt("K3_MAXT", &maxt));
+  if (maxt < 0) {
+    return absl::InvalidArgumentError("K3_MAXT='" + EnvString("K3_MAXT") +
+                                      "': expected a context in tokens (0 = unbounded)");
+  }
   o.max_context = maxt;
   COLI_RETURN_IF_ERROR(EnvInt("K3_LAYERS", &o.layers));
   for (absl::string_view d : absl::StrSplit(EnvString("K3_DIRS"), absl::ByAnyChar(",:"), absl::SkipEmpty()))

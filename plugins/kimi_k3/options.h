@@ -13,7 +13,7 @@
 // | load_threads        | K3_LOAD_THREADS | 4       | tensor loading / quantization and expert reads (1…16) |
 // | topp                | K3_TOPP         | 0       | keep experts to cumulative weight p (0 = off)  |
 // | extra_dirs          | K3_DIRS         | —       | extra shard folders                            |
-// | max_context         | K3_MAXT         | 0       | context capacity (0 = the plugin's 8192)       |
+// | max_context         | K3_MAXT         | 0       | context capacity (0 = unbounded; the plugin serves 8192 then) |
 // | layers              | K3_LAYERS       | all     | run layers 0…N−1 only (validation; final mix, norm and head still run, as in tools/k3/k3_ref.py) |
 // | trace_path          | K3_TRACE        | —       | f32 hidden state after every layer, token-major [T, layers, D] |
 // | x0_path             | K3_X0           | —       | (CLI) f32 input rows [T, D] instead of embeddings |

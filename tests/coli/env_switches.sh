@@ -123,6 +123,12 @@ expect 1 "K3_X0 '$work/x6': 6 bytes is not a whole number of f32 values" -- \
 expect 1 "K3_X0 '$work/x12': 3 floats is not a whole number of rows of the hidden size" -- \
   env K3_X0="$work/x12" "$bin/k3-run" "$model" --ngen 1
 
+# k3-run read its 0/1 switches as numbers: K3_IDOT=2 and K3_MMAP=5 meant on, K3_IDOT=yes failed
+# as "expected an integer".
+expect 1 "K3_IDOT='2': expected 0 or 1" -- env K3_IDOT=2 "$bin/k3-run" "$model" --ngen 1
+expect 1 "K3_MMAP='5': expected 0 or 1" -- env K3_MMAP=5 "$bin/k3-run" "$model" --ngen 1
+expect 1 "K3_MAXT='-5': expected a context" -- env K3_MAXT=-5 "$bin/k3-run" "$model" --ngen 1
+
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2
   exit 1
