@@ -6,6 +6,7 @@ find_package(absl CONFIG REQUIRED)
 find_package(Protobuf MODULE REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
+find_package(ZLIB REQUIRED)  # CRC-32 of the repacked container's tensors
 find_package(GTest CONFIG REQUIRED)
 find_package(benchmark CONFIG REQUIRED)
 find_package(Vulkan REQUIRED COMPONENTS glslangValidator)

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/io/cat.h"
+#include "common/safetensors/crc32.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
 
@@ -43,17 +44,28 @@ absl::Status PwriteAll(int fd, const char* data, uint64_t size, uint64_t offset,
 
 absl::StatusOr<std::unique_ptr<PlannedWriter>> PlannedWriter::Create(
     const std::string& path, std::vector<PlannedTensor> tensors,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, bool checksums) {
   auto w = std::unique_ptr<PlannedWriter>(new PlannedWriter());
-  absl::StatusOr<PlannedHeader> header = PlanHeader(tensors, metadata);
+  std::map<std::string, std::string> meta = metadata;
+  // A placeholder as long as the digits: Finish overwrites it in place.
+  if (checksums) meta[std::string(kChecksumKey)] = std::string(8 * tensors.size(), '0');
+  absl::StatusOr<PlannedHeader> header = PlanHeader(tensors, meta);
   if (!header.ok()) {
     return absl::InvalidArgumentError(Cat("file '", path, "': ", header.status().message()));
   }
   w->path_ = path;
   w->header_ = std::move(header).value();
+  if (checksums) {
+    const std::string key = Cat("\"", kChecksumKey, "\":\"");
+    const size_t at = w->header_.json.find(key);
+    if (at == std::string::npos) return absl::InternalError("checksum placeholder not in header");
+    w->checksum_at_ = 8 + at + key.size();
+    w->crc_.assign(tensors.size(), 0);
+    w->crc_bytes_.assign(tensors.size(), 0);
+  }
   w->tensors_ = std::move(tensors);
   w->written_.assign(w->tensors_.size(), 0);
-  w->fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  w->fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd_ < 0) return Errno(errno, "cannot create", path);
   std::string prefix(8, '\0');
   const uint64_t n = w->header_.json.size();
@@ -82,6 +94,10 @@ absl::Status PlannedWriter::WriteAt(size_t index, uint64_t offset, std::string_v
   const uint64_t at = 8 + header_.json.size() + header_.ranges[index].first + offset;
   COLI_RETURN_IF_ERROR(PwriteAll(fd_, bytes.data(), bytes.size(), at, path_));
   written_[index] += bytes.size();
+  if (checksum_at_ != 0 && offset == crc_bytes_[index]) {
+    crc_[index] = Crc32(crc_[index], bytes);
+    crc_bytes_[index] += bytes.size();
+  }
   return absl::OkStatus();
 }
 
@@ -93,6 +109,31 @@ absl::Status PlannedWriter::Finish() {
                                                "' got ", written_[i], " of ", tensor_bytes(i),
                                                " bytes"));
     }
+  }
+  if (checksum_at_ != 0) {
+    std::string digits;
+    std::vector<char> block;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (crc_bytes_[i] != tensor_bytes(i)) {  // written out of order: read it back
+        crc_[i] = 0;
+        const uint64_t begin = 8 + header_.json.size() + header_.ranges[i].first;
+        block.resize(static_cast<size_t>(std::min<uint64_t>(tensor_bytes(i), 8 << 20)));
+        for (uint64_t done = 0; done < tensor_bytes(i);) {
+          const size_t n =
+              static_cast<size_t>(std::min<uint64_t>(block.size(), tensor_bytes(i) - done));
+          const ssize_t got = ::pread(fd_, block.data(), n, static_cast<off_t>(begin + done));
+          if (got <= 0) {
+            if (got < 0 && errno == EINTR) continue;
+            return Errno(got < 0 ? errno : EIO, Cat("cannot read back at offset ", begin + done),
+                         path_);
+          }
+          crc_[i] = Crc32(crc_[i], std::string_view(block.data(), static_cast<size_t>(got)));
+          done += static_cast<uint64_t>(got);
+        }
+      }
+      digits += Crc32Hex(crc_[i]);
+    }
+    COLI_RETURN_IF_ERROR(PwriteAll(fd_, digits.data(), digits.size(), checksum_at_, path_));
   }
   const int fd = std::exchange(fd_, -1);
   if (::fsync(fd) != 0) {

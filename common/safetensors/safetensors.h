@@ -221,9 +221,11 @@ absl::StatusOr<PlannedHeader> PlanHeader(std::span<const PlannedTensor> tensors,
 //   COLI_RETURN_IF_ERROR(w->Finish());              // every byte written? fsync, close
 class PlannedWriter {
  public:
+  // With `checksums`, Finish stores each tensor's CRC-32 in __metadata__[kChecksumKey] (the
+  // header reserves its place up front, so the layout does not depend on the bytes).
   static absl::StatusOr<std::unique_ptr<PlannedWriter>> Create(
       const std::string& path, std::vector<PlannedTensor> tensors,
-      const std::map<std::string, std::string>& metadata = {});
+      const std::map<std::string, std::string>& metadata = {}, bool checksums = false);
   ~PlannedWriter();
   PlannedWriter(const PlannedWriter&) = delete;
   PlannedWriter& operator=(const PlannedWriter&) = delete;
@@ -246,7 +248,22 @@ class PlannedWriter {
   std::vector<PlannedTensor> tensors_;
   PlannedHeader header_;
   std::vector<uint64_t> written_;
+  // Checksums: where the reserved hex digits sit in the file (0 = none), and per tensor the CRC
+  // of the bytes written in order so far (a tensor written out of order is read back).
+  uint64_t checksum_at_ = 0;
+  std::vector<uint32_t> crc_;
+  std::vector<uint64_t> crc_bytes_;
 };
+
+// Per-tensor checksums of a safetensors file (coli's extension, in its __metadata__, which the
+// format leaves to the writer): zlib's CRC-32 of each tensor's bytes, 8 lowercase hex digits per
+// tensor, in data-offset order. k3-repack's shards carry it, so a damaged container can be found
+// without the source it was made from.
+inline constexpr std::string_view kChecksumKey = "coli.crc32";
+// Re-reads every tensor of the file at `path` and compares it with its stored checksum:
+// DATA_LOSS naming the first tensor that differs (or a file cut short), NOT_FOUND when the file
+// has no checksums (written by another tool or an older k3-repack). Returns the bytes checked.
+absl::StatusOr<uint64_t> VerifyChecksums(const std::string& path);
 
 // A read-only shared mapping of a whole file (MAP_SHARED, PROT_READ): its pages stay clean,
 // file-backed and reclaimable (K3_MMAP). An empty file maps to data() == nullptr.

@@ -685,7 +685,8 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
   } cleanup{tmp};
   COLI_ASSIGN_OR_RETURN(const auto provenance, Provenance(src_path, src, bits));
   COLI_ASSIGN_OR_RETURN(std::unique_ptr<st::PlannedWriter> w,
-                        st::PlannedWriter::Create(tmp, std::move(planned), provenance));
+                        st::PlannedWriter::Create(tmp, std::move(planned), provenance,
+                                                    /*checksums=*/true));
   run.say(Cat(run.tag, "reading ", pieces.size(), " pieces of ", in.size(), " tensors (",
               read_bytes, " bytes, ", reader->is_direct() ? "O_DIRECT" : "buffered", ")"));
   // One pass over the source in file order; each tensor lands where the header puts it.

@@ -101,6 +101,19 @@ struct IndexSummary {
 };
 absl::StatusOr<IndexSummary> RebuildIndex(const std::string& dst);
 
+// Checks every *.safetensors in a container folder against the CRC-32 each tensor got when
+// k3-repack wrote it (st::VerifyChecksums), `threads` shards at a time (0 = one per hardware
+// thread): the source is not needed. DATA_LOSS naming the first damaged shard and tensor;
+// FAILED_PRECONDITION when a shard has no checksums (an older k3-repack or another tool), after
+// checking the others; NOT_FOUND when the folder holds no shard.
+struct CheckSummary {
+  int shards = 0;        // checked and intact
+  uint64_t bytes = 0;    // tensor bytes read
+  std::vector<std::string> without_checksums;  // file names
+};
+absl::StatusOr<CheckSummary> CheckContainer(const std::string& dst, int threads,
+                                            const std::function<void(std::string_view)>& progress);
+
 // Compares every expert and pass-through tensor of a source shard with the output shard byte
 // for byte, and every quantized matrix's U8 data and sidecar with the source quantized again
 // (DATA_LOSS naming the tensor and byte on the first difference, or a missing tensor).

@@ -3,14 +3,15 @@
 //
 //   k3-repack <src> <dst> [--bits 8|4] [--mla-bits N] [--head-bits N] [--shards 1,2,94]
 //             [--verify-full] [--threads N] [--in-flight N] [--piece-mib N] [--buffered]
+//   k3-repack --check <dst> [--threads N]    (each tensor against the CRC-32 written with it)
 //
 // Progress on stderr; exit 0 on success, 1 on an error (message naming file and tensor),
 // 2 on a usage error.
 #include <sys/stat.h>
 
 #include <cstdio>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ int Usage(const std::string& why, std::ostream& out = std::cerr) {
   out << "usage: k3-repack <src> <dst> [--bits 8|4] [--mla-bits 8|4] [--head-bits 8|4]\n"
          "                 [--shards 1,2,94] [--verify-full] [--threads N] [--in-flight N]\n"
          "                 [--piece-mib N] [--buffered]\n"
+         "       k3-repack --check <dst> [--threads N]\n"
+         "  --check      read every shard of a container and compare each tensor with the\n"
+         "               CRC-32 recorded when it was written (no source needed)\n"
          "  --bits       KDA q/k/v/o/g, latent down/up, shared experts, dense MLP (default 8)\n"
          "  --mla-bits   MLA q_a, q_b, kv_a, kv_b, o, g (default max(bits, 8))\n"
          "  --head-bits  lm_head (default max(bits, 8))\n"
@@ -44,6 +48,7 @@ int Usage(const std::string& why, std::ostream& out = std::cerr) {
 
 int main(int argc, char** argv) {
   coli::k3::RepackOptions o;
+  bool check = false;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -62,7 +67,8 @@ int main(int argc, char** argv) {
       std::optional<std::string> v = text();
       return v.has_value() && absl::SimpleAtoi(*v, out);
     };
-    const bool is_switch = a == "--buffered" || a == "--verify-full" || a == "-h" || a == "--help";
+    const bool is_switch = a == "--buffered" || a == "--verify-full" || a == "--check" ||
+                           a == "-h" || a == "--help";
     if (is_switch && inline_value.has_value()) return Usage(a + " takes no value");
     if (a == "--bits") {
       if (!value(&o.bits)) return Usage("--bits needs 4 or 8");
@@ -93,6 +99,8 @@ int main(int argc, char** argv) {
       o.direct = false;
     } else if (a == "--verify-full") {
       o.verify_full = true;
+    } else if (a == "--check") {
+      check = true;
     } else if (a == "-h" || a == "--help") {
       Usage("", std::cout);
       return 0;
@@ -101,6 +109,21 @@ int main(int argc, char** argv) {
     } else {
       positional.push_back(a);
     }
+  }
+  if (check) {
+    if (positional.size() != 1) {
+      return Usage("--check needs one container folder, got " + std::to_string(positional.size()) +
+                   " names");
+    }
+    auto checked = coli::k3::CheckContainer(
+        positional[0], o.threads, [](std::string_view line) { std::cerr << line << "\n"; });
+    if (!checked.ok()) {
+      std::cerr << "k3-repack: " << checked.status() << "\n";
+      return 1;
+    }
+    std::cerr << "k3-repack: " << checked->shards << " shard(s) intact, " << checked->bytes
+              << " tensor bytes checked\n";
+    return 0;
   }
   if (positional.size() != 2) {
     return Usage("need <src> and <dst>, got " + std::to_string(positional.size()) +

@@ -736,6 +736,52 @@ TEST(RepackToolTest, VerifyFullNamesTheFlippedExpertByte) {
   fs::remove_all(dir);
 }
 
+// Each output tensor carries the CRC-32 of its bytes (st::kChecksumKey), so `--check` finds a
+// damaged container without the source: before, only --verify-full against the source could,
+// and users delete the 1.5 TB source once the container is made.
+TEST(RepackToolTest, CheckFindsAFlippedByteWithoutTheSource) {
+  const std::string dir = TempDir("check");
+  std::string out;
+  ASSERT_EQ(RunTool(std::string(K3_TEST_TINY) + " " + dir + " --bits 4", &out), 0) << out;
+  const std::vector<std::string> shards = Shards(dir);
+  out.clear();
+  ASSERT_EQ(RunTool("--check " + dir + " --threads 2", &out), 0) << out;
+  EXPECT_THAT(out, HasSubstr(std::to_string(shards.size()) + " shard(s) intact"));
+  for (const std::string& shard : shards) {
+    ASSERT_OK_AND_ASSIGN(st::Header h, ReadHeader(dir + "/" + shard));
+    EXPECT_EQ(h.metadata.count(std::string(st::kChecksumKey)), 1u) << shard;
+  }
+
+  const std::string shard = dir + "/" + shards[4];
+  ASSERT_OK_AND_ASSIGN(st::Header h, ReadHeader(shard));
+  for (const char* suffix : {".experts.5.w2.weight_packed", ".self_attn.q_proj.weight.qs"}) {
+    const st::TensorInfo* victim = nullptr;
+    for (const st::TensorInfo& t : h.tensors)
+      if (t.name.ends_with(suffix)) victim = &t;
+    ASSERT_NE(victim, nullptr) << suffix;
+    const std::string intact = ReadAll(shard);
+    std::string bytes = intact;
+    bytes[victim->file_offset + victim->nbytes / 2] ^= 0x01;
+    WriteAll(shard, bytes);
+    out.clear();
+    EXPECT_EQ(RunTool("--check " + dir, &out), 1) << out;
+    EXPECT_THAT(out, AllOf(HasSubstr(shards[4]), HasSubstr("tensor '" + victim->name + "'"),
+                           HasSubstr("changed after they were written")));
+    WriteAll(shard, intact);
+  }
+
+  // A shard without checksums (another tool's) is not passed as checked.
+  fs::copy_file(std::string(K3_TEST_TINY) + "/" + shards[0], dir + "/model-00099-of-000099.safetensors");
+  out.clear();
+  EXPECT_EQ(RunTool("--check " + dir, &out), 1) << out;
+  EXPECT_THAT(out, AllOf(HasSubstr("1 shard(s) have no checksums"),
+                         HasSubstr("model-00099-of-000099.safetensors")));
+  out.clear();
+  EXPECT_EQ(RunTool("--check " + dir + " " + dir, &out), 2);
+  EXPECT_THAT(out, HasSubstr("--check needs one container folder"));
+  fs::remove_all(dir);
+}
+
 // --verify-full quantizes the source's matrices again and compares the U8 data and the sidecar
 // byte for byte (a flipped byte in either gives a silently different model at load).
 TEST_F(RepackTest, VerifyFullNamesAFlippedByteInAQuantizedMatrixOrItsSidecar) {

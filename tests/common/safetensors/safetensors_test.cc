@@ -724,6 +724,53 @@ TEST(SafetensorsPlannedWriter, RefusesHolesAndWritesOutsideATensor) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("repeated")));
 }
 
+// Per-tensor checksums (k3-repack's shards): the CRC-32 check value of "123456789" is
+// cbf43926 (the standard's test vector); in order, out of order and empty tensors; a flipped
+// byte is named; a file without them, or with the wrong number of digits, is told apart.
+TEST(SafetensorsChecksums, StoredPerTensorAndVerified) {
+  TempDir dir;
+  const std::string path = dir.File("c.safetensors");
+  const std::string b = Pattern(4000, 5);
+  ASSERT_OK_AND_ASSIGN(auto w, PlannedWriter::Create(path,
+                                                     {{"nine", DType::kU8, {9}},
+                                                      {"empty", DType::kU8, {0}},
+                                                      {"b", DType::kU8, {4000}}},
+                                                     {{"format", "pt"}}, /*checksums=*/true));
+  ASSERT_OK(w->WriteAt(0, 0, "123456789"));
+  ASSERT_OK(w->WriteAt(2, 1000, b.substr(1000)));  // out of order: read back at Finish
+  ASSERT_OK(w->WriteAt(2, 0, b.substr(0, 1000)));
+  ASSERT_OK(w->Finish());
+  const std::string file = ReadWhole(path);
+  ASSERT_OK_AND_ASSIGN(Header h, ParseFileBytes(file, "c"));
+  EXPECT_EQ(h.metadata.at("format"), "pt");
+  const std::string& digits = h.metadata.at(std::string(kChecksumKey));
+  ASSERT_EQ(digits.size(), 24u);
+  EXPECT_EQ(digits.substr(0, 8), "cbf43926");
+  EXPECT_EQ(digits.substr(8, 8), "00000000");
+  ASSERT_OK_AND_ASSIGN(uint64_t checked, VerifyChecksums(path));
+  EXPECT_EQ(checked, 4009u);
+
+  std::string damaged = file;
+  damaged[h.data_offset + 9 + 1234] ^= 0x10;  // one bit of tensor b
+  WriteRaw(path, damaged);
+  EXPECT_THAT(VerifyChecksums(path),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("c.safetensors"), HasSubstr("tensor 'b'"),
+                             HasSubstr("changed after they were written"))));
+  WriteRaw(path, file.substr(0, file.size() - 10));  // cut short
+  EXPECT_THAT(VerifyChecksums(path), StatusIs(absl::StatusCode::kDataLoss));
+
+  Writer plain;
+  ASSERT_OK(plain.Add("nine", DType::kU8, {9}, "123456789"));
+  ASSERT_OK(plain.Write(path));
+  EXPECT_THAT(VerifyChecksums(path),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("has no checksums")));
+  plain.SetMetadata({{std::string(kChecksumKey), "cbf43926cbf43926"}});
+  ASSERT_OK(plain.Write(path));
+  EXPECT_THAT(VerifyChecksums(path),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("16 hex digits for 1 tensors")));
+}
+
 TEST(SafetensorsSharedMapping, MapsTheFileReadOnly) {
   TempDir dir;
   const std::string bytes = Pattern(10000, 7);
