@@ -2,23 +2,26 @@
 // "Vulkan": "the shared experts go to the device where COLI_VK_DENSE puts the dense matrices").
 //
 //   VkDenseExperts dense(&vk, cfg.situ_beta, cfg.situ_linear_beta);   // vk outlives it
-//   if (dense.Takes(layer, n))                                          // n <= kVkDenseMaxRows
+//   if (dense.Takes(layer, n))                                          // any n >= 1
 //     COLI_RETURN_IF_ERROR(dense.Compute(layer, gate, up, down, x, n, sh));  // else: the CPU
 //
 // Design.
 // * What runs there: per MoE layer, sh = Wdown · SiTU(Wgate x, Wup x) (spec §3.6 step 7, the
 //   shared SiTU-GLU, S = 2·3072, D = 7168 on K3), as ONE submission (VulkanContext::DenseGlu),
-//   for passes of at most kVkDenseMaxRows rows (decode, or batched decode of that many rows);
-//   longer passes (prefill chunks) stay on the CPU kernels. KDA, MLA, the latent projections,
-//   the router and the head always stay on the CPU.
+//   for every pass: decode, batched decode, speculative verify chunks and prefill chunks alike.
+//   The device's sums differ from the CPU's in their last bits, so a row must be computed on
+//   the same side however the passes are cut, or chunking, checkpoints, the prefix cache,
+//   speculative decoding and batching would change answers (they did while passes of more than
+//   8 rows stayed on the CPU). KDA, MLA, the latent projections, the router and the head always
+//   stay on the CPU.
 // * Bytes: the three matrices exactly as the CPU holds them after K3_BITS (int4-g64 biased
 //   nibbles + f32 group scales, int8 + f32 row scales, or f32), uploaded once per layer
 //   (VulkanContext::UploadDenseBatch: one staged fill on a discrete GPU, host-visible
-//   elsewhere) and kept for the model's life: on this object's upload thread when a pass the
-//   device does not take (a prefill chunk) Prefetches the layer, else at the layer's first
-//   device call. Device bytes are what the device allocated (Stats().bytes), not counted
-//   against COLI_VK_TIER_GB. The views must stay valid while this object lives (the model's
-//   weights outlive its expert source, which owns this object).
+//   elsewhere) and kept for the model's life: at the layer's first device call (Prefetch, on
+//   this object's upload thread, serves passes the device does not take: none while it is on).
+//   Device bytes are what the device allocated (Stats().bytes), not counted against
+//   COLI_VK_TIER_GB. The views must stay valid while this object lives (the model's weights outlive
+//   its expert source, which owns this object).
 // * Numerics: the device's f32-activation math equals the CPU's exact-float kernels (K3_IDOT=0)
 //   up to summation order (rel-L2 ~2e-7 per matrix on lavapipe). With K3_IDOT=1 the CPU uses int8
 //   activations instead, so the device is the more exact of the two.
@@ -51,11 +54,6 @@
 
 namespace coli::k3 {
 
-// The most rows of a pass whose shared experts go to the device (a decode pass is 1 row per
-// sequence; a prefill chunk, K3_CHUNK = 32 by default, stays on the CPU). A prefill chunk of at
-// most this many rows (a short prompt, the last chunk) goes to the device too.
-inline constexpr int kVkDenseMaxRows = 8;
-
 // COLI_VK_DENSE as ModelOptions::vk_dense holds it.
 inline constexpr int kVkDenseAuto = -1;  // the device when it is a discrete GPU, else the CPU
 inline constexpr int kVkDenseCpu = 0;
@@ -84,7 +82,7 @@ class VkDenseExperts {
   VkDenseExperts& operator=(const VkDenseExperts&) = delete;
 
   // True when the shared experts of a pass of n rows of decoder layer `layer` go to the device:
-  // 1 <= n <= kVkDenseMaxRows, not disabled, and the layer resident unless uploads stopped.
+  // n >= 1, not disabled, and the layer resident unless uploads stopped.
   bool Takes(int layer, int n) const;
   // y [n, D] = down · SiTU(gate · x, up · x) on the device, uploading the layer's matrices at
   // its first call (again if the views' data moved; after a pending Prefetch of the layer ends).

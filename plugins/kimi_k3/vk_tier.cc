@@ -318,7 +318,7 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
                   << options.budget_gb
                   << " GB), " << tier->stats_.warm << " warm from the history, rate "
                   << tier->rate_ << " per pass" << (options.tier ? "" : " (COLI_VK_TIER=0)")
-                  << "; shared experts of passes up to " << kVkDenseMaxRows << " rows on the "
+                  << "; shared experts on the "
                   << (dense_on ? "device" : "CPU") << " (COLI_VK_DENSE="
                   << (options.dense == kVkDenseAuto ? "auto" : options.dense == 1 ? "1" : "0")
                   << (tier->vk_->discrete_gpu() ? ", discrete GPU)" : ")");

@@ -46,8 +46,8 @@
 //   (LatentMoeForward), and the run goes on with the CPU's results.
 //
 // * Shared experts (COLI_VK_DENSE, vk_dense.h). The tier also implements DeviceSharedExperts:
-//   with COLI_VK_DENSE=1, or auto on a discrete GPU, the shared experts of passes of at most
-//   kVkDenseMaxRows rows run on the same device (VkDenseExperts, sharing the context) while the
+//   with COLI_VK_DENSE=1, or auto on a discrete GPU, the shared experts of every pass run on
+//   the same device (VkDenseExperts, sharing the context) while the
 //   CPU does the routed experts. COLI_VK_TIER=0 leaves the tier with 0 slots (no warm start, no
 //   promotions), so the device serves the shared experts alone.
 //
