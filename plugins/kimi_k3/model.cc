@@ -1,7 +1,12 @@
 #include "plugins/kimi_k3/model.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/ops/ops.h"
@@ -66,6 +71,27 @@ absl::Status ValidateOptions(const ModelOptions& o) {
   return absl::OkStatus();
 }
 
+// K3_TRACE / K3_LOGITS name files each session writes: one that cannot be written is refused
+// here, before the tensors load, instead of failing every request of a served model. Opened
+// without truncating (a session truncates it when it starts), and without waiting on a FIFO.
+absl::Status CheckOutputPaths(const ModelOptions& o) {
+  const struct {
+    const std::string& path;
+    const char* name;
+  } outputs[] = {{o.trace_path, "K3_TRACE"}, {o.logits_path, "K3_LOGITS"}};
+  for (const auto& out : outputs) {
+    if (out.path.empty()) continue;
+    const int fd = ::open(out.path.c_str(), O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::PermissionDeniedError(absl::StrCat(out.name, " '", out.path,
+                                                      "': cannot open for writing: ",
+                                                      std::strerror(errno)));
+    }
+    ::close(fd);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Model::~Model() = default;
@@ -75,6 +101,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    const Progress& progress,
                                                    ExpertSourceFactory experts) {
   COLI_RETURN_IF_ERROR(ValidateOptions(options));
+  COLI_RETURN_IF_ERROR(CheckOutputPaths(options));
   auto model = std::unique_ptr<Model>(new Model());
   model->options_ = options;
   COLI_ASSIGN_OR_RETURN(model->cfg_, Config::LoadDir(dir));

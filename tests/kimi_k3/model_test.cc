@@ -4,6 +4,8 @@
 // router ties, a correction bias that changes selections, rms_norm_eps 1e-4).
 // Expected values never come from the engine itself, except where the property under test is
 // self-consistency (chunked == token-at-a-time, bit for bit).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -737,6 +739,24 @@ TEST(K3Options, UnusableSwitchValuesAreRefusedBeforeLoading) {
   ModelOptions o = F32Options();
   o.load_threads = 16;  // the top of the range loads
   EXPECT_TRUE(Model::Load(K3_TEST_TINY, o).ok());
+}
+
+// A K3_TRACE / K3_LOGITS file that cannot be written: refused before any tensor loads (a served
+// model loaded, then failed every request with it).
+TEST(K3Options, UnwritableTraceOrLogitsPathIsRefusedBeforeLoading) {
+  const std::string missing_dir = ::testing::TempDir() + "/no_such_folder_" +
+                                  std::to_string(getpid()) + "/out.f32";
+  for (const char* name : {"K3_TRACE", "K3_LOGITS"}) {
+    ModelOptions o = F32Options();
+    (std::string(name) == "K3_TRACE" ? o.trace_path : o.logits_path) = missing_dir;
+    int progress_calls = 0;
+    absl::Status s = Model::Load(K3_TEST_TINY, o, [&](int, int) { ++progress_calls; }).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << name << ": " << s;
+    EXPECT_NE(s.message().find(std::string(name) + " '" + missing_dir + "': cannot open"),
+              std::string::npos)
+        << s;
+    EXPECT_EQ(progress_calls, 0) << name;
+  }
 }
 
 TEST_F(K3BadCheckpoint, MissingTensorIsNamed) {
