@@ -167,5 +167,26 @@ TEST(ConnectionMonitor, AnInertWatchIsNotRegistered) {
   EXPECT_EQ(monitor.watched(), 0u);
 }
 
+TEST(ConnectionMonitor, CancelAllCancelsEveryWatchNowAndEachLaterOneAtOnce) {
+  // The server's stop: calls waiting on the host end now, not when their clients go.
+  Pair p;
+  ASSERT_GE(p.server, 0);
+  ConnectionMonitor monitor(std::chrono::milliseconds(5));
+  std::atomic<int> first{0}, later{0}, inert{0};
+  ConnectionMonitor::Guard guard = monitor.Watch(p.Watch(), [&first] { ++first; });
+  monitor.CancelAll();
+  EXPECT_EQ(first.load(), 1);  // its client is still there
+  EXPECT_EQ(monitor.watched(), 0u);
+  ConnectionMonitor::Guard after = monitor.Watch(p.Watch(), [&later] { ++later; });
+  ConnectionMonitor::Guard no_socket =
+      monitor.Watch(ConnectionWatch(0, "", 0), [&inert] { ++inert; });
+  EXPECT_EQ(later.load(), 1);
+  EXPECT_EQ(inert.load(), 1);
+  EXPECT_EQ(monitor.watched(), 0u);
+  p.HangUp();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(first.load() + later.load(), 2);  // never twice
+}
+
 }  // namespace
 }  // namespace coli::cli::serve

@@ -113,8 +113,12 @@ ConnectionMonitor::Guard::~Guard() {
 
 ConnectionMonitor::Guard ConnectionMonitor::Watch(const ConnectionWatch& watch,
                                                   std::function<void()> cancel) {
-  if (watch.fd() < 0) return Guard();
   std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled_all_) {
+    cancel();
+    return Guard();
+  }
+  if (watch.fd() < 0) return Guard();
   const uint64_t id = next_id_++;
   entries_.emplace(id, Entry{watch, std::move(cancel)});
   return Guard(this, id);
@@ -123,6 +127,13 @@ ConnectionMonitor::Guard ConnectionMonitor::Watch(const ConnectionWatch& watch,
 size_t ConnectionMonitor::watched() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();
+}
+
+void ConnectionMonitor::CancelAll() {
+  std::lock_guard<std::mutex> lock(mu_);  // as in Run: a guard going away waits for its cancel
+  cancelled_all_ = true;
+  for (auto& [id, entry] : entries_) entry.cancel();
+  entries_.clear();
 }
 
 void ConnectionMonitor::Unwatch(uint64_t id) {

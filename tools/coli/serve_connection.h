@@ -77,6 +77,10 @@ class ConnectionMonitor {
   // Calls `cancel` (on the monitor's thread, at most once) when `watch` sees its peer gone. An
   // inert watch (fd -1) is not registered.
   [[nodiscard]] Guard Watch(const ConnectionWatch& watch, std::function<void()> cancel);
+  // The server stops: calls every watched cancel function now (a request still queued in the
+  // host or reading a long prompt would otherwise hold the stop until its first token), and
+  // from then on Watch calls its `cancel` at once.
+  void CancelAll();
   // Connections watched now (tests).
   size_t watched() const;
 
@@ -94,6 +98,7 @@ class ConnectionMonitor {
   std::map<uint64_t, Entry> entries_;
   uint64_t next_id_ = 1;
   bool stop_ = false;
+  bool cancelled_all_ = false;  // CancelAll was called
   std::thread thread_;
 };
 

@@ -129,11 +129,13 @@ class Gateway {
   // The methods `path` takes ("" when no endpoint has that path), for Allow and 405.
   std::vector<std::string> MethodsFor(const std::string& path) const;
   // Ends every stream at its next token or event (their clients are treated as gone), cancels
-  // the background responses and joins their threads (which ends the streams that follow
-  // them). Called when the server is told to stop, before the HTTP server waits for its
-  // handlers, and again after (a no-op then); the host is still up.
+  // every host call a client waits on, cancels the background responses and joins their
+  // threads (which ends the streams that follow them). Called when the server is told to stop,
+  // before the HTTP server waits for its handlers, and again after (a no-op then); the host is
+  // still up.
   void Shutdown() {
     stopping_ = true;
+    monitor_.CancelAll();  // host calls still queued or in a prefill end now, not at a token
     background_.Shutdown();
   }
 

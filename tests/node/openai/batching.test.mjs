@@ -7,6 +7,8 @@
 //    at once equals the same requests run one by one, with some clients leaving mid-stream.
 //  * A stop string: the usage counts the tokens up to the one that completed it. It counted what
 //    the host had generated when STOP reached it (62, 63 or 64 for the same request).
+//  * SIGTERM while requests wait in the host (queued, in a long prefill): each gets a 503 at
+//    once; they held the stop until their first token.
 //  * SIGTERM while streams run: each stream ends with an error (chat / completions),
 //    response.failed (Responses) or an `error` event (a background response's stream). They
 //    used to end as if complete, with no finish_reason or terminal event.
@@ -30,6 +32,11 @@ before(async () => {
 after(async () => {
   await stopServer(server);
 });
+
+// stopServer for a server the test may have stopped already (its exit event then came).
+async function stopIfRunning(server) {
+  if (server.proc.exitCode === null && server.proc.signalCode === null) await stopServer(server);
+}
 
 async function metrics(base) {
   const text = await (await fetch(`${base}/metrics`)).text();
@@ -233,6 +240,44 @@ test('SIGTERM while streams run: each stream ends with an error, never as if com
     assert.equal(bg.ended, 'normally', `background stream: ${JSON.stringify(bg)}`);
     assert.match(bg.last ?? '', /^error: .*shutting down/, `background stream: ${JSON.stringify(bg)}`);
   } finally {
-    await stopServer(paced);
+    await stopIfRunning(paced);
+  }
+});
+
+test('SIGTERM while requests wait in the host\'s queue or read their prompt: each gets a 503 now', async () => {
+  // Prefill paced at 60 s after each chunk of 8 tokens: without a cancel, every request would
+  // hold the stop for a minute and more (4 workers: two rounds), so waiting for the answers is
+  // the check (bounded by a hang guard, not timed).
+  const slow = await startServer(TINY, { COLI_PREFILL_DELAY_MS: '60000', K3_CHUNK: '8' });
+  try {
+    const prompt = 'one two three four five six seven eight nine ten eleven twelve';
+    const requests = Array.from({ length: 6 }, (_, i) => fetch(`${slow.base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: modelId, prompt: `${i} ${prompt}`, max_tokens: 4, stream: i % 2 === 1 }),
+    }).then(async (r) => ({ status: r.status, body: await r.text() }),
+      (e) => ({ status: 'error', body: String(e) })));
+    // Four prefilling, two queued.
+    for (let k = 0; ; k++) {
+      const value = await metrics(slow.base);
+      if (value('coli_requests_active') === 4 && value('coli_queue_depth') === 2) break;
+      assert.ok(k < 1500, 'the requests never all reached the host');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const exited = new Promise((resolve) => slow.proc.on('exit', resolve));
+    slow.proc.kill('SIGTERM');
+    let guard;
+    const hung = new Promise((resolve) => { guard = setTimeout(() => resolve('hung'), 30000); });
+    const answers = await Promise.race([Promise.all(requests), hung]);
+    clearTimeout(guard);
+    assert.notEqual(answers, 'hung', 'requests still unanswered 30 s after SIGTERM');
+    for (const a of answers) {
+      assert.equal(a.status, 503, JSON.stringify(a));
+      assert.match(a.body, /shutting down/);
+    }
+    await exited;
+  } finally {
+    // A server still stopping (the old behaviour: a minute per round of prefills) is killed.
+    if (slow.proc.exitCode === null && slow.proc.signalCode === null) slow.proc.kill('SIGKILL');
   }
 });
