@@ -67,7 +67,8 @@ struct EngineOptions {
   // Sessions (named and pooled) each model keeps at most. A request that needs one more closes
   // the least recently used idle one (its next request starts from a fresh state and prefills
   // again) — else a client naming a new session per conversation grows the host until the
-  // machine runs out of memory (~434 MB each on K3). Raised to the pool size + 1 when below.
+  // machine runs out of memory (~434 MB each on K3). Raised to the pool size + 1 when below
+  // (coli-host refuses an explicit value below it).
   // `coli-host --max-sessions N` or COLI_MAX_SESSIONS.
   int max_sessions = 16;
 };

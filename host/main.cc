@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -42,7 +43,8 @@ constexpr char kUsage[] =
     "  --workers N (1-1024, default 4)  --queue N (1-1000000, default 16)\n"
     "  --pool N (0-1024, 0 = one per worker; env COLI_POOL_SESSIONS)\n"
     "  --max-sessions N (1-100000, default 16; env COLI_MAX_SESSIONS) sessions kept per model:\n"
-    "        one more closes the least recently used idle one\n"
+    "        one more closes the least recently used idle one; at least the pooled\n"
+    "        sessions + 1\n"
     "  --max-batch N (1-1024, default 8; 1 = no batching)\n"
     "  --decode-delay-ms N / --prefill-delay-ms N (0-60000; env COLI_DECODE_DELAY_MS,\n"
     "        COLI_PREFILL_DELAY_MS)\n"
@@ -177,6 +179,20 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       FromEnv("COLI_MAX_SESSIONS", 1, 100000, max_sessions_flag, &f.engine.max_sessions));
   COLI_RETURN_IF_ERROR(FromEnv("COLI_PREFILL_DELAY_MS", 0, kMaxDelayMs, prefill_delay_flag,
                                &f.engine.prefill_delay_ms));
+  // The pooled sessions (one per worker, or --pool) are kept whatever the bound, so an explicit
+  // bound must leave room for one more; below that it was raised without a word (17 sessions
+  // held under --max-sessions 8). The default (16) is raised quietly: nobody asked for it.
+  const char* max_sessions_env = std::getenv("COLI_MAX_SESSIONS");
+  const bool max_sessions_given =
+      max_sessions_flag || (max_sessions_env != nullptr && *max_sessions_env != '\0');
+  const int pool = std::max({1, f.engine.workers, f.engine.pool_sessions});
+  if (max_sessions_given && f.engine.max_sessions < pool + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        max_sessions_flag ? "--max-sessions" : "COLI_MAX_SESSIONS", " ", f.engine.max_sessions,
+        " is below the pooled sessions + 1 = ", pool + 1,
+        " (one pooled session per worker, --workers ", f.engine.workers, ", or --pool ",
+        f.engine.pool_sessions, "; each is kept): use at least ", pool + 1, " or fewer workers"));
+  }
   COLI_RETURN_IF_ERROR(CheckWordSwitches());
   return f;
 }

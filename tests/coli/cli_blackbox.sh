@@ -360,6 +360,12 @@ expect 2 "--connect '127.0.0.1:99999': the port" -- timeout 20 "$coli" serve --c
 expect 2 "--model '$work/a_file' is a file, not a folder" -- timeout 20 "$host" --model "$work/a_file"
 expect 2 "--ready-fd 99 is not an open file descriptor" -- timeout 20 "$host" --ready-fd 99
 expect 2 "unknown flag '--bogus'" -- timeout 20 "$host" --bogus
+# The pooled sessions (one per worker) are always kept: a smaller bound was raised silently.
+expect 2 "--max-sessions 8 is below the pooled sessions + 1 = 17" -- \
+  timeout 20 "$host" --workers 16 --max-sessions 8 --help
+expect 2 "COLI_MAX_SESSIONS 4 is below the pooled sessions + 1 = 5" -- \
+  env COLI_MAX_SESSIONS=4 timeout 20 "$host" --help
+expect 0 "" -- timeout 20 "$host" --workers 32 --help
 # A stale environment value a flag overrides is no error (it was checked before the flags);
 # without the flag it still is, named.
 expect 0 "" -- env COLI_POOL_SESSIONS=2000 COLI_DECODE_DELAY_MS=70000 "$host" --pool 4 \
