@@ -14,22 +14,7 @@ export HOME=$work/home
 mkdir -p "$HOME"
 unset COLI_MODEL COLI_TEMP K3_THINK K3_MAXT NO_COLOR
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-
-# expect RC NEEDLE -- CMD...: runs CMD (stdin from /dev/null unless redirected by the caller's
-# wrapper), checks its exit code and that stderr contains NEEDLE (a fixed string; "" = any).
-expect() {
-  local want_rc=$1 needle=$2
-  shift 3
-  "$@" > "$work/out" 2> "$work/err" < "${STDIN:-/dev/null}"
-  local rc=$?
-  if [[ $rc != "$want_rc" ]]; then
-    fail "$* -> exit $rc, wanted $want_rc; stderr: $(head -c 400 "$work/err")"
-  elif [[ -n $needle ]] && ! grep -qF -- "$needle" "$work/err"; then
-    fail "$* -> stderr lacks '$needle': $(head -c 400 "$work/err")"
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 no_private_hosts_left() {
   local left
   left=$(find "$TMPDIR" -maxdepth 1 -name 'coli-*' | wc -l)

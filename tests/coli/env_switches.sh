@@ -14,21 +14,7 @@ mkdir -p "$TMPDIR" "$HOME"
 # Only the switch under test may be set.
 for v in $(env | grep -oE '^(K3|COLI)_[A-Z0-9_]+'); do unset "$v"; done
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-
-# expect RC NEEDLE -- CMD...: exit code RC and NEEDLE (a fixed string) on stderr.
-expect() {
-  local want_rc=$1 needle=$2
-  shift 3
-  "$@" > "$work/out" 2> "$work/err" < /dev/null
-  local rc=$?
-  if [[ $rc != "$want_rc" ]]; then
-    fail "$* -> exit $rc, wanted $want_rc; stderr: $(tail -c 400 "$work/err")"
-  elif [[ -n $needle ]] && ! grep -qF -- "$needle" "$work/err"; then
-    fail "$* -> stderr lacks '$needle': $(tail -c 400 "$work/err")"
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 run() { timeout 60 "$coli" run --model "$model" "Hello from coli" --ngen 6 --print-ids; }
 
 echo "== coli run: unusable values are refused by name"

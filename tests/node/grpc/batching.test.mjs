@@ -15,6 +15,7 @@ import { fileURLToPath } from 'node:url';
 
 import grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
+import { waitFor as waitForUpTo } from './support.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const ROOT = path.resolve(HERE, '../../..');
@@ -49,14 +50,7 @@ function startHost() {
 const metrics = (client) => new Promise((resolve, reject) =>
   client.getMetrics({}, { deadline: Date.now() + GUARD_MS }, (e, m) => (e ? reject(e) : resolve(m))));
 
-async function waitFor(pred, what) {
-  const until = Date.now() + GUARD_MS;
-  while (Date.now() < until) {
-    if (await pred()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  assert.fail(`timed out waiting for ${what}`);
-}
+const waitFor = (pred, what) => waitForUpTo(pred, what, GUARD_MS);
 
 // A Generate call whose client cancels it once `when(event, tokens so far)` holds; resolves
 // with the tokens it saw and how it ended.

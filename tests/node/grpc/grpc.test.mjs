@@ -16,6 +16,7 @@ import { createRequire } from 'node:module';
 
 import grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
+import { waitFor as waitForUpTo } from './support.mjs';
 
 const require = createRequire(import.meta.url);
 const descriptor = require('protobufjs/ext/descriptor');
@@ -111,15 +112,7 @@ async function metrics(client) {
   return r.ok;
 }
 
-// Polls `pred` (async) until it holds; a hang guard, not a timing assertion.
-async function waitFor(pred, what) {
-  const until = Date.now() + GUARD_MS;
-  while (Date.now() < until) {
-    if (await pred()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  assert.fail(`timed out waiting for ${what}`);
-}
+const waitFor = (pred, what) => waitForUpTo(pred, what, GUARD_MS);
 const idle = (client) => waitFor(async () => {
   const m = await metrics(client);
   return m.requestsActive === 0 && m.queueDepth === 0;

@@ -31,6 +31,14 @@ after(async () => {
   await stopWeb(server);
 });
 
+// One more tab of the page in `context` (tabs of one context share its storage).
+async function tabIn(context) {
+  const page = await context.newPage();
+  await page.goto(server.base);
+  await page.waitForFunction(() => document.getElementById('model-name').textContent !== '…');
+  return page;
+}
+
 const lastNote = (page) => page.locator('.turn.assistant').last().locator('.turn-note').count();
 
 test('Enter during an IME composition does not send; pasted code keeps its indentation', async () => {
@@ -119,12 +127,7 @@ test('a reader who scrolled up keeps the place when the reply ends', async () =>
 
 test('two tabs: the second shows what the first said and does not overwrite it', async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 780 } });
-  const pageIn = async () => {
-    const page = await context.newPage();
-    await page.goto(server.base);
-    await page.waitForFunction(() => document.getElementById('model-name').textContent !== '…');
-    return page;
-  };
+  const pageIn = () => tabIn(context);
   const first = await pageIn();
   const second = await pageIn();  // opened before anything is said
   await sendAndWait(first, 'said in the first tab');
@@ -141,12 +144,7 @@ test('two tabs: the second shows what the first said and does not overwrite it',
 // won, and the first tab's question and answer were gone after a reload.
 test('two tabs: while one writes a reply the other says so, keeps its text, and sends later', async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 780 } });
-  const pageIn = async () => {
-    const page = await context.newPage();
-    await page.goto(server.base);
-    await page.waitForFunction(() => document.getElementById('model-name').textContent !== '…');
-    return page;
-  };
+  const pageIn = () => tabIn(context);
   const first = await pageIn();
   const second = await pageIn();
   let sentFromSecond = 0;
