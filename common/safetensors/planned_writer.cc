@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "common/io/cat.h"
 #include "common/safetensors/crc32.h"
@@ -131,8 +132,10 @@ absl::Status PlannedWriter::Finish() {
           done += static_cast<uint64_t>(got);
         }
       }
-      digits += Crc32Hex(crc_[i]);
     }
+    // Planned order is the order ParseHeader lists them in (offset, then size, then name): the
+    // tensors lie back to back, so only empty ones share an offset, and their CRCs are all 0.
+    for (size_t i = 0; i < tensors_.size(); ++i) digits += Crc32Hex(crc_[i]);
     COLI_RETURN_IF_ERROR(PwriteAll(fd_, digits.data(), digits.size(), checksum_at_, path_));
   }
   const int fd = std::exchange(fd_, -1);
