@@ -224,6 +224,50 @@ kill "$pid"
 wait "$pid"
 no_private_hosts_left "coli serve on a changed shard"
 
+# coli serve sizes its private host: --workers 1 --queue 1 runs one request and holds one, so
+# a third at the same moment gets 429 (before, every coli serve had 4 workers and a queue of
+# 16 whatever its load, and a burst of 21 got 429s with no flag to change it).
+echo "== coli serve --workers / --queue size the private host"
+burst() {  # burst N: N concurrent completions; prints the sorted HTTP statuses
+  /usr/bin/python3 - "$base" "$1" << 'PY'
+import sys, threading, urllib.request, urllib.error
+base, n = sys.argv[1], int(sys.argv[2])
+codes = []
+def one():
+    req = urllib.request.Request(base + "/v1/completions", method="POST",
+        data=b'{"model": "k3_tiny", "prompt": "hello", "max_tokens": 60, "temperature": 0}',
+        headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            codes.append(r.status)
+    except urllib.error.HTTPError as e:
+        codes.append(e.code)
+threads = [threading.Thread(target=one) for _ in range(n)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(" ".join(str(c) for c in sorted(codes)))
+PY
+}
+for sizing in "--workers 1 --queue 1" ""; do
+  # shellcheck disable=SC2086
+  COLI_DECODE_DELAY_MS=40 "$coli" serve --model "$model" --port 0 $sizing > "$work/out" 2> "$work/err" &
+  pid=$!
+  for _ in $(seq 600); do grep -q 'listening on' "$work/out" && break; sleep 0.1; done
+  base=$(grep -o 'http://[0-9.:]*' "$work/out" | head -1)
+  got=$(burst 3)
+  if [[ -n $sizing ]]; then
+    [[ $got == "200 200 429" ]] || fail "coli serve $sizing, 3 at once: $got (wanted 200 200 429)"
+  else
+    [[ $got == "200 200 200" ]] || fail "coli serve (4 workers), 3 at once: $got"
+  fi
+  kill "$pid"
+  wait "$pid"
+done
+expect 2 "--workers sizes the private coli-host; with --connect" -- \
+  timeout 20 "$coli" serve --connect 127.0.0.1:1 --workers 2
+expect 2 "--queue: '0' is outside [1, 1000000]" -- timeout 20 "$coli" serve --model "$model" --queue 0
+no_private_hosts_left "coli serve --workers"
+
 fifo=$work/chat_fifo
 rm -f "$fifo"
 mkfifo "$fifo"

@@ -53,12 +53,13 @@ void Usage(bool web, FILE* out) {
       out,
       web ? "usage: coli web [--model DIR] [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
             "                [--connect ADDR] [--model-id ID] [--allow-origin ORIGIN]\n"
-            "                [--http-threads N]\n"
+            "                [--http-threads N] [--workers N] [--queue N]\n"
             "  the chat page and the OpenAI API on one port; without --model (or\n"
             "  COLI_MODEL) the embedded tiny Kimi K3 fixture (random weights)\n"
           : "usage: coli serve --model DIR [--port 8000] [--host 127.0.0.1] [--api-key KEY]\n"
             "                  [--connect ADDR] [--model-id ID] [--max-background N]\n"
-            "                  [--responses-dir DIR] [--allow-origin ORIGIN] [--http-threads N]\n");
+            "                  [--responses-dir DIR] [--allow-origin ORIGIN] [--http-threads N]\n"
+            "                  [--workers N] [--queue N]\n");
   std::fprintf(
       out,
       "  --model DIR    the model folder (env COLI_MODEL)\n"
@@ -76,6 +77,10 @@ void Usage(bool web, FILE* out) {
       "                 (same-origin only, as the `coli web` page is)\n"
       "  --http-threads N  HTTP connections served at once, open streams included, 4-4096\n"
       "                 (default 256; more wait for a free thread)\n"
+      "  --workers N    requests the private coli-host runs at once, batched into shared\n"
+      "                 decode passes, 1-1024 (default 4)\n"
+      "  --queue N      requests it holds beyond those before answering 429, 1-1000000\n"
+      "                 (default 16); with --connect, give both to that coli-host instead\n"
       "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n");
 }
 
@@ -87,6 +92,8 @@ struct GatewayFlags {
   size_t max_background = 16;
   size_t http_threads = 256;
   std::vector<std::string> allowed_origins;
+  // The private host's (client::ConnectOptions); 0 = not given.
+  int workers = 0, queue = 0;
 };
 
 // INVALID_ARGUMENT (NOT_FOUND, FAILED_PRECONDITION for a model folder that is missing, a file or
@@ -130,6 +137,12 @@ absl::StatusOr<GatewayFlags> ParseGatewayFlags(int argc, char** argv, bool web) 
     } else if (args.Is("--port")) {
       COLI_ASSIGN_OR_RETURN(const int64_t n, args.Int(0, 65535));
       f.port = static_cast<int>(n);
+    } else if (args.Is("--workers")) {
+      COLI_ASSIGN_OR_RETURN(const int64_t n, args.Int(1, 1024));
+      f.workers = static_cast<int>(n);
+    } else if (args.Is("--queue")) {
+      COLI_ASSIGN_OR_RETURN(const int64_t n, args.Int(1, 1000000));
+      f.queue = static_cast<int>(n);
     } else if (args.Is("--max-background")) {
       COLI_ASSIGN_OR_RETURN(const int64_t n, args.Int(0, 1024));
       f.max_background = static_cast<size_t>(n);
@@ -144,6 +157,12 @@ absl::StatusOr<GatewayFlags> ParseGatewayFlags(int argc, char** argv, bool web) 
     }
   }
   if (f.help) return f;
+  if (!f.connect.empty() && (f.workers != 0 || f.queue != 0)) {
+    // They size the host this command starts; a --connect host was sized when it started.
+    return absl::InvalidArgumentError(absl::StrCat(
+        f.workers != 0 ? "--workers" : "--queue",
+        " sizes the private coli-host; with --connect, give it to that coli-host instead"));
+  }
   if (model_given && f.model_dir.empty()) {  // `--model "$UNSET"`: never the fixture instead
     return absl::InvalidArgumentError("--model is empty: give a folder");
   }
@@ -231,6 +250,8 @@ int RunGateway(int argc, char** argv, bool web) {
 
   client::ConnectOptions connect_options;
   connect_options.host = connect;  // empty: a private coli-host, stopped with `client`
+  if (flags.workers != 0) connect_options.workers = flags.workers;
+  if (flags.queue != 0) connect_options.queue = flags.queue;
   auto client = client::Client::Connect(connect_options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s: %s\n", name, std::string(client.status().message()).c_str());
