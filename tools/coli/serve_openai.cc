@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 
@@ -61,16 +62,42 @@ const Json* Find(const Json& body, const char* key) {
   return &*it;
 }
 
+// A JSON integer, or a whole number written as a float (`5.0`, `1e3`: pydantic's lax mode, so
+// vLLM, takes them) within int64. False otherwise; `why` then says whether it was out of range
+// (2^64 parses as a float) or not a whole number.
+bool IntegerValue(const char* key, const Json& v, int64_t* out, std::string* why) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) {
+      *why = std::string(key) + " " + v.dump() + " is outside the 64-bit integer range";
+      return false;
+    }
+    *out = v.get<int64_t>();
+    return true;
+  }
+  if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+      std::trunc(v.get<double>()) == v.get<double>()) {
+    const double d = v.get<double>();
+    if (d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
+      *out = static_cast<int64_t>(d);
+      return true;
+    }
+    *why = std::string(key) + " " + v.dump() + " is outside the 64-bit integer range";
+    return false;
+  }
+  *why = std::string(key) + " must be an integer";
+  return false;
+}
+
 // Reads an optional integer field within [lo, hi].
 bool OptInt(const Json& body, const char* key, int64_t lo, int64_t hi, int64_t* out,
             ApiError* error) {
   const Json* v = Find(body, key);
   if (v == nullptr) return true;
-  if (!v->is_number_integer()) {
-    *error = BadField(key, std::string(key) + " must be an integer");
+  int64_t x = 0;
+  if (std::string why; !IntegerValue(key, *v, &x, &why)) {
+    *error = BadField(key, why);
     return false;
   }
-  const int64_t x = v->get<int64_t>();
   if (x < lo || x > hi) {
     *error = BadField(key, std::string(key) + " must be between " + std::to_string(lo) + " and " +
                                std::to_string(hi) + ", got " + std::to_string(x));
@@ -227,12 +254,13 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
   if (!OptInt(body, "top_k", -1, 1 << 30, &top_k, error)) return false;
   f->top_k = static_cast<int32_t>(std::max<int64_t>(0, top_k));
   if (const Json* s = Find(body, "seed")) {
-    if (!s->is_number_integer()) {
-      *error = BadField("seed", "seed must be an integer");
+    // Any 64-bit pattern: an unsigned value above INT64_MAX is taken as it is.
+    int64_t seed = 0;
+    if (std::string why; !s->is_number_unsigned() && !IntegerValue("seed", *s, &seed, &why)) {
+      *error = BadField("seed", why);
       return false;
     }
-    f->seed =
-        s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
+    f->seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(seed);
     f->has_seed = true;
   }
   if (const Json* stop = Find(body, "stop")) {

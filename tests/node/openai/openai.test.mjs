@@ -229,6 +229,21 @@ test('at least 30 malformed requests are refused with 4xx, and the server still 
     assert.equal(typeof r.json?.error?.message, 'string', `${label}: ${r.text}`);
     assert.ok('param' in r.json.error && 'code' in r.json.error && 'type' in r.json.error);
   }
+  // A whole number written as a float is an integer (pydantic's lax mode, so vLLM, takes it);
+  // 2^64 parses as a float and is out of range — it was "seed must be an integer".
+  const whole = await post(tiny.base, '/v1/chat/completions',
+    `{"model": "${m}", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3e0, "seed": 7.0}`);
+  assert.equal(whole.status, 200, whole.text);
+  assert.ok(whole.json.usage.completion_tokens <= 3, whole.text);
+  for (const [field, value] of [['seed', '18446744073709551616'], ['max_tokens', '1e30']]) {
+    const r = await post(tiny.base, '/v1/chat/completions',
+      `{"model": "${m}", "messages": [{"role": "user", "content": "hi"}], "${field}": ${value}}`);
+    assert.equal(r.status, 400, r.text);
+    assert.equal(r.json.error.param, field);
+    assert.match(r.json.error.message, /is outside the 64-bit integer range/, r.text);
+  }
+  const half = await post(tiny.base, '/v1/chat/completions', { model: m, messages: user, seed: 1.5 });
+  assert.match(half.json.error.message, /seed must be an integer/, half.text);
   // Named fields.
   const named = await post(tiny.base, '/v1/chat/completions',
     { model: m, messages: [{ role: 'user', content: 'a' }, { role: 'robot', content: 'b' }] });
