@@ -156,7 +156,14 @@ TEST_F(K3VkDenseTest, EveryPassShapeGivesTheSameBits) {
     VkExpertTier* tier = nullptr;
     ASSERT_OK_AND_ASSIGN(auto model, VkModel(Options(4, chunk), kVkDenseDevice, false, &tier));
     ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
-    EXPECT_EQ(tier->Stats().dense.failures, 0u);
+    ASSERT_NE(tier->dense(), nullptr);
+    tier->dense()->WaitForUploads();
+    const VkTierStats s = tier->Stats();
+    EXPECT_EQ(s.dense.failures, 0u);
+    EXPECT_GT(s.dense.calls, 0u);
+    // Each layer's three shared-expert matrices uploaded once, never again.
+    EXPECT_EQ(s.dense.matrices, static_cast<uint64_t>(3 * moe_layers_));
+    EXPECT_EQ(s.dense.bytes, tier->context().resident_bytes());
     if (chunk == 16) {
       first = run;
     } else {
