@@ -290,6 +290,8 @@ GenerationInput GenerationInput::From(const v1::GenerateRequest& r) {
   in.sampling = r.sampling();
   in.report_progress = r.report_progress();
   in.response_format = r.response_format();
+  if (r.has_prompt_logprobs()) in.prompt_logprobs = r.prompt_logprobs();
+  in.prompt_only = r.prompt_only();
   return in;
 }
 
@@ -725,6 +727,37 @@ absl::Status Engine::Run(Job& job, v1::Finished* finished) {
   return status;
 }
 
+namespace {
+
+// The prompt's logprobs as events of at most 512 positions each (a long prompt's would pass
+// gRPC's 4 MB message limit in one), each entry with its token's own bytes.
+void SendPromptLogprobs(Model& model, const PrefillResult& prefill, int32_t top_k,
+                        const EventSink& sink) {
+  if (!sink.on_prompt_logprobs) return;
+  const size_t per = 1 + static_cast<size_t>(top_k);
+  const size_t positions = prefill.prompt_logprobs.size() / per;
+  constexpr size_t kPiece = 512;
+  auto fill = [&model](const coli_logprob_t& e, v1::TokenLogprob* t) {
+    t->set_id(e.id);
+    t->set_logprob(e.logprob);
+    auto text = model.Detokenize(std::span<const int32_t>(&e.id, 1));
+    if (text.ok()) t->set_text(*text);
+  };
+  for (size_t start = 0; start < positions; start += kPiece) {
+    v1::PromptLogprobs piece;
+    piece.set_first(static_cast<int64_t>(start + 1));
+    for (size_t p = start; p < std::min(positions, start + kPiece); ++p) {
+      const coli_logprob_t* e = &prefill.prompt_logprobs[p * per];
+      auto* lp = piece.add_tokens();
+      fill(e[0], lp->mutable_sampled());
+      for (size_t k = 1; k < per; ++k) fill(e[k], lp->add_top());
+    }
+    sink.on_prompt_logprobs(piece);
+  }
+}
+
+}  // namespace
+
 absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot& slot,
                               v1::Finished* finished) {
   const GenerationInput& in = request.input_;
@@ -796,8 +829,13 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     sampling.logit_bias.push_back({b.id(), b.bias()});
   }
   COLI_RETURN_IF_ERROR(model.CheckSampling(sampling));
+  if (in.prompt_logprobs > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_logprobs: ", in.prompt_logprobs, " top alternatives is more than 20"));
+  }
+  // A prompt-only request may fill the context: nothing follows it.
   const int64_t capacity = model.info().context_capacity;
-  if (capacity > 0 && static_cast<int64_t>(prompt.size()) >= capacity) {
+  if (capacity > 0 && static_cast<int64_t>(prompt.size()) >= capacity + (in.prompt_only ? 1 : 0)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("CONTEXT_EXCEEDED prompt_tokens=", prompt.size(), " capacity=", capacity));
   }
@@ -842,7 +880,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     }
   };
   auto prefill = session.Prefill(prompt, parse_mode, in.sampling.seed(), cancelled, on_progress,
-                                 response_format);
+                                 response_format, in.prompt_logprobs);
   if (!prefill.ok()) {
     // A cancelled prefill reports the request's own reason (deadline, shutdown, cancel).
     absl::Status why = request.CancelStatus();
@@ -867,8 +905,11 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   int64_t remaining = prefill->context_capacity > 0
                           ? prefill->context_capacity - prefill->context_used
                           : std::numeric_limits<int32_t>::max();
-  int32_t max_tokens = static_cast<int32_t>(std::min<int64_t>(
-      in.max_tokens > 0 ? in.max_tokens : std::numeric_limits<int32_t>::max(), remaining));
+  int32_t max_tokens =
+      in.prompt_only ? 0
+                     : static_cast<int32_t>(std::min<int64_t>(
+                           in.max_tokens > 0 ? in.max_tokens : std::numeric_limits<int32_t>::max(),
+                           remaining));
   v1::Started started;
   started.set_request_id(request.id_);
   started.set_prompt_tokens(static_cast<int64_t>(prompt.size()));
@@ -876,6 +917,9 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   started.set_tokens_computed(static_cast<int64_t>(prefill->tokens_computed));
   started.set_max_tokens(max_tokens);
   if (request.sink_.on_started) request.sink_.on_started(started);
+  if (in.prompt_logprobs >= 0) {
+    SendPromptLogprobs(model, *prefill, in.prompt_logprobs, request.sink_);
+  }
 
   bool saw_tool_call = false;
   v1::FinishReason reason = v1::FINISH_REASON_LENGTH;
@@ -888,8 +932,9 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
       break;
     }
     if (generated >= max_tokens) {
-      reason = max_tokens < in.max_tokens || in.max_tokens <= 0 ? v1::FINISH_REASON_CONTEXT
-                                                                : v1::FINISH_REASON_LENGTH;
+      reason = !in.prompt_only && (max_tokens < in.max_tokens || in.max_tokens <= 0)
+                   ? v1::FINISH_REASON_CONTEXT
+                   : v1::FINISH_REASON_LENGTH;
       break;
     }
     if (options_.decode_delay_ms > 0) {

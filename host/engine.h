@@ -86,6 +86,10 @@ struct GenerationInput {
   int32_t max_tokens = 0;
   v1::SamplingParams sampling;
   bool report_progress = false;  // on_progress events during prefill
+  // Generate: the prompt tokens' logprobs with this many top alternatives (-1 = none; ABI 1.7),
+  // and whether to generate nothing after the prompt.
+  int32_t prompt_logprobs = -1;
+  bool prompt_only = false;
   std::optional<std::chrono::steady_clock::time_point> deadline;
 
   static GenerationInput From(const v1::GenerateRequest& r);
@@ -97,6 +101,8 @@ struct EventSink {
   // report when prefill begins, then at most ~10 per second, always ending with done == total.
   std::function<void(const v1::PrefillProgress&)> on_progress;
   std::function<void(const v1::Started&)> on_started;
+  // The prompt's logprobs in pieces (only when the input asked for them), after on_started.
+  std::function<void(const v1::PromptLogprobs&)> on_prompt_logprobs;
   // events: the chat deltas of this token (empty for Generate).
   std::function<void(const v1::Token&, std::span<const v1::ChatDelta>)> on_token;
   // Called exactly once, last: OK with the Finished event, or the error that ended the request.

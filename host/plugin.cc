@@ -378,13 +378,23 @@ absl::StatusOr<PrefillResult> Session::Prefill(
     std::span<const int32_t> tokens, int32_t chat_parse_mode, uint64_t seed,
     const std::function<bool()>& cancel,
     const std::function<void(uint64_t done, uint64_t total)>& progress,
-    std::string_view response_format) {
+    std::string_view response_format, int32_t prompt_logprobs) {
   COLI_RETURN_IF_ERROR(RefuseResponseFormat(*plugin_, response_format));
+  if (prompt_logprobs >= 0 && plugin_->minor() < 7) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("prompt logprobs need plugin ABI 1.7, but family '", plugin_->family(), "' (",
+                     plugin_->file(), ") speaks 1.", plugin_->minor()));
+  }
   auto args = Init<coli_prefill_args_t>();
   if (plugin_->minor() < 4) {
     args.struct_size = COLI_PREFILL_ARGS_SIZE_V1_0;  // an older plugin's args end before 1.4's
+  } else if (plugin_->minor() < 7) {
+    args.struct_size = COLI_PREFILL_ARGS_SIZE_V1_4;
+    args.response_format = Str(response_format);
   } else {
     args.response_format = Str(response_format);
+    args.want_prompt_logprobs = prompt_logprobs >= 0 ? 1 : 0;
+    args.prompt_logprobs_top_k = std::max(0, prompt_logprobs);
   }
   args.tokens = tokens.data();
   args.n_tokens = tokens.size();
@@ -396,8 +406,19 @@ absl::StatusOr<PrefillResult> Session::Prefill(
   auto result = Init<coli_prefill_result_t>();
   ErrorText err;
   COLI_RETURN_IF_ERROR(err.ToStatus(plugin_->api().prefill(handle_, &args, &result, err.get())));
-  return PrefillResult{result.tokens_reused, result.tokens_computed, result.context_used,
-                       result.context_capacity};
+  PrefillResult out{result.tokens_reused, result.tokens_computed, result.context_used,
+                    result.context_capacity};
+  if (prompt_logprobs >= 0) {
+    const size_t want = (tokens.size() - 1) * (1 + static_cast<size_t>(prompt_logprobs));
+    // A plugin that claims 1.7 but leaves them out would otherwise pass for a prompt of one token.
+    if (result.n_prompt_logprobs != want || (want > 0 && result.prompt_logprobs == nullptr)) {
+      return absl::InternalError(absl::StrCat(
+          "family '", plugin_->family(), "' returned ", result.n_prompt_logprobs,
+          " prompt logprobs for ", tokens.size(), " prompt tokens (expected ", want, ")"));
+    }
+    out.prompt_logprobs.assign(result.prompt_logprobs, result.prompt_logprobs + want);
+  }
+  return out;
 }
 
 namespace {

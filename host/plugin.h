@@ -71,6 +71,9 @@ struct RenderedChat {
 struct PrefillResult {
   uint64_t tokens_reused = 0, tokens_computed = 0;
   int64_t context_used = 0, context_capacity = 0;
+  // When asked for (ABI 1.7): per prompt position from the second, the prompt token's entry then
+  // the top-k most likely, (n - 1) * (1 + k) entries in all.
+  std::vector<coli_logprob_t> prompt_logprobs;
 };
 
 struct ChatEvent {
@@ -116,11 +119,14 @@ class Session {
   // the plugin then keeps this generation's answer inside it (docs/status/constrained.md). A
   // plugin whose negotiated minor predates 1.4 would ignore it: INVALID_ARGUMENT
   // ("response_format: needs plugin ABI 1.4 ...") before the plugin is called.
+  // `prompt_logprobs` >= 0 (ABI 1.7): also every prompt token's log-probability after the first,
+  // with that many top alternatives (the whole prompt is then computed); a plugin older than 1.7
+  // gets FAILED_PRECONDITION before it is called.
   absl::StatusOr<PrefillResult> Prefill(
       std::span<const int32_t> tokens, int32_t chat_parse_mode, uint64_t seed,
       const std::function<bool()>& cancel,
       const std::function<void(uint64_t done, uint64_t total)>& progress = nullptr,
-      std::string_view response_format = {});
+      std::string_view response_format = {}, int32_t prompt_logprobs = -1);
   absl::StatusOr<StepResult> Step(const Sampling& sampling);
   // One decode step for each of `sessions` (distinct, all of one plugin, none used by another
   // thread during the call) in ONE decode call, so a plugin that batches rows runs them in one

@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.6 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.7 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 6
+#define COLI_ABI_VERSION_MINOR 7
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -280,6 +280,12 @@ typedef struct coli_session_options_t {
   int64_t max_context; /* v1.0 0 = the model's context_capacity */
 } coli_session_options_t;
 
+/* One token's log-probability (v1.0; prompt logprobs since v1.7). */
+typedef struct coli_logprob_t {
+  int32_t id;
+  float logprob;
+} coli_logprob_t;
+
 typedef struct coli_prefill_args_t {
   size_t struct_size;
   /* v1.0 The WHOLE prompt (borrowed). The session keeps the record of token ids its state was
@@ -306,6 +312,15 @@ typedef struct coli_prefill_args_t {
    * only when struct_size reaches it (COLI_PREFILL_ARGS_SIZE_V1_4); the host never sends a
    * non-empty one to a plugin whose negotiated minor is older (it refuses the request). */
   coli_string_t response_format;
+  /* v1.7 Non-zero: report the log-probability of every prompt token after the first given the
+   * tokens before it (vLLM's prompt_logprobs, OpenAI completions' echo + logprobs) in the
+   * result's prompt_logprobs. The plugin then computes the whole prompt (it keeps no prefix:
+   * a kept prefix has no logits) and its prompt's state is the same as without. Read only when
+   * struct_size reaches it (COLI_PREFILL_ARGS_SIZE_V1_7). */
+  int32_t want_prompt_logprobs;
+  /* v1.7 With want_prompt_logprobs: how many most likely alternatives each position also reports
+   * (0 = only the prompt token's own; at most 20). */
+  int32_t prompt_logprobs_top_k;
 } coli_prefill_args_t;
 
 /* The prefill args' size per minor: a plugin reads response_format only when the host's args
@@ -313,6 +328,8 @@ typedef struct coli_prefill_args_t {
 #define COLI_PREFILL_ARGS_SIZE_V1_0 (offsetof(coli_prefill_args_t, progress_user) + sizeof(void*))
 #define COLI_PREFILL_ARGS_SIZE_V1_4 \
   (offsetof(coli_prefill_args_t, response_format) + sizeof(coli_string_t))
+#define COLI_PREFILL_ARGS_SIZE_V1_7 \
+  (offsetof(coli_prefill_args_t, prompt_logprobs_top_k) + sizeof(int32_t))
 
 typedef struct coli_prefill_result_t {
   size_t struct_size;
@@ -320,6 +337,13 @@ typedef struct coli_prefill_result_t {
   uint64_t tokens_computed;  /* v1.0 prompt tokens computed by this call */
   int64_t context_used;      /* v1.0 tokens in the session's record after the call */
   int64_t context_capacity;  /* v1.0 the session's capacity */
+  /* v1.7 out, when the args asked for them (else NULL / 0): for each prompt position i in
+   * [1, n_tokens), in order, the entry of tokens[i] (its log-probability given tokens[0, i))
+   * followed by the prompt_logprobs_top_k most likely tokens there (descending; ties: lower id
+   * first): (n_tokens - 1) * (1 + top_k) entries, log_softmax of the raw logits. Plugin-owned,
+   * valid until the next call on the session. Written only when struct_size reaches it. */
+  const coli_logprob_t* prompt_logprobs;
+  size_t n_prompt_logprobs;
 } coli_prefill_result_t;
 
 /* Chat event channels. */
@@ -343,10 +367,6 @@ typedef struct coli_chat_event_t {
   coli_string_t text;     /* v1.0 */
 } coli_chat_event_t;
 
-typedef struct coli_logprob_t {
-  int32_t id;
-  float logprob;
-} coli_logprob_t;
 
 /* One OpenAI logit_bias entry (v1.3): `bias` in [-100, 100] is added to logits[id] before
  * anything else. */
@@ -523,6 +543,8 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 /* 1.5 added a chat event channel (COLI_CHANNEL_TOOL_CALL_DELTA), no table entry. */
 #define COLI_PLUGIN_API_SIZE_V1_5 COLI_PLUGIN_API_SIZE_V1_2
 #define COLI_PLUGIN_API_SIZE_V1_6 (offsetof(coli_plugin_api_t, session_reusable) + sizeof(void*))
+/* 1.7 added prefill inputs and outputs (prompt logprobs), no table entry: its table is 1.6's. */
+#define COLI_PLUGIN_API_SIZE_V1_7 COLI_PLUGIN_API_SIZE_V1_6
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -237,6 +237,7 @@ struct K3Session {
   // Outputs of the last step (valid until the next call on the session).
   std::string text;
   std::vector<coli_logprob_t> top;
+  std::vector<coli_logprob_t> prompt_logprobs;  // of the last prefill that asked (ABI 1.7)
   std::vector<std::string> event_texts;
   std::vector<coli_chat_event_t> events;
   // Statistics since creation or reset.
@@ -879,6 +880,15 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
           absl::StrCat("prompt token ", i, " id ", a->tokens[i], " is outside [0, ", vocab, ")"));
     }
   }
+  // Prompt logprobs (ABI 1.7) need the logits at every position: nothing is kept then.
+  const bool want_logprobs = COLI_ABI_HAS_FIELD(a, coli_prefill_args_t, prompt_logprobs_top_k) &&
+                             a->want_prompt_logprobs != 0;
+  const int top_k = want_logprobs ? a->prompt_logprobs_top_k : 0;
+  if (top_k < 0 || top_k > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt_logprobs: ", top_k, " top alternatives is outside 0…20"));
+  }
+  s->prompt_logprobs.clear();
   // Verified tokens the host never received are not part of the conversation: back to the
   // delivered record first, so prefix reuse and checkpoints see exactly what was delivered.
   if (absl::Status rewound = RewindSpec(s); !rewound.ok()) {
@@ -889,15 +899,17 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   const std::vector<int32_t>& record = s->session->tokens();
   size_t keep = 0;
   absl::StatusOr<std::vector<float>> logits;  // set here only when a checkpoint covers it all
-  const bool extends =
-      record.size() < prompt.size() && std::equal(record.begin(), record.end(), prompt.begin());
-  const Checkpoint* c =
-      !extends && s->checkpoints ? s->checkpoints->Deepest(prompt, record) : nullptr;
+  const bool extends = !want_logprobs && record.size() < prompt.size() &&
+                       std::equal(record.begin(), record.end(), prompt.begin());
+  const Checkpoint* c = !want_logprobs && !extends && s->checkpoints
+                            ? s->checkpoints->Deepest(prompt, record)
+                            : nullptr;
   // The model's prefix cache serves what the session's own record and checkpoints do not: the
   // deepest entry the prompt begins with, if it is deeper than what the session could keep.
   const size_t own = extends ? record.size() : c != nullptr ? c->tokens.size() : 0;
-  std::shared_ptr<const PrefixState> shared =
-      s->m->prefix_cache != nullptr ? s->m->prefix_cache->Deepest(prompt, own) : nullptr;
+  std::shared_ptr<const PrefixState> shared = !want_logprobs && s->m->prefix_cache != nullptr
+                                                  ? s->m->prefix_cache->Deepest(prompt, own)
+                                                  : nullptr;
   // A refused restore changes nothing (K3_MAXT could refuse an entry; one of another shape
   // cannot be in this model's cache): the session then keeps what it can of its own.
   absl::Status restored = shared != nullptr ? s->session->RestorePrefix(*shared)
@@ -992,6 +1004,23 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     }
   }
   ends.push_back(prompt.size());
+  // Row p's logits predict prompt token p + 1: its entry, then the top alternatives there.
+  int64_t next_row = static_cast<int64_t>(keep);
+  const size_t V = static_cast<size_t>(s->m->model->vocab_size());
+  Session::RowLogits row_logits = [&](std::span<const float> rows, int64_t n) {
+    for (int64_t j = 0; j < n; ++j, ++next_row) {
+      if (next_row + 1 >= static_cast<int64_t>(prompt.size())) break;
+      const std::span<const float> row = rows.subspan(static_cast<size_t>(j) * V, V);
+      const int32_t id = prompt[static_cast<size_t>(next_row + 1)];
+      s->prompt_logprobs.push_back({id, sampling::Logprob(row, id)});
+      if (top_k > 0) {
+        for (const auto& t : sampling::TopLogprobs(row, top_k)) {
+          s->prompt_logprobs.push_back({t.id, t.logprob});
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
   {
     held.emplace(*s->m);
     locked_at = Clock::now();
@@ -1005,7 +1034,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
         between_chunks(last_done);
       };
       logits = s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel,
-                                   interrupt, &riders);
+                                   interrupt, &riders, want_logprobs ? &row_logits : nullptr);
       if (!logits.ok()) break;
       if (s->checkpoints != nullptr) {
         // A checkpoint that cannot be parked costs only a longer prefill later.
@@ -1067,6 +1096,10 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   r->tokens_computed = prompt.size() - keep;
   r->context_used = s->session->position();
   r->context_capacity = s->capacity;
+  if (want_logprobs && COLI_ABI_HAS_FIELD(r, coli_prefill_result_t, n_prompt_logprobs)) {
+    r->prompt_logprobs = s->prompt_logprobs.data();
+    r->n_prompt_logprobs = s->prompt_logprobs.size();
+  }
   return absl::OkStatus();
 }
 

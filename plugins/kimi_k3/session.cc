@@ -222,8 +222,11 @@ absl::StatusOr<std::vector<float>> Session::Run(const float* x, std::span<const 
 absl::StatusOr<std::vector<float>> Session::Chunked(
     int64_t n,
     const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
-    const Progress& progress, const Cancel& cancel, const Cancel& interrupt, Riders* riders) {
+    const Progress& progress, const Cancel& cancel, const Cancel& interrupt, Riders* riders,
+    const RowLogits* row_logits) {
   COLI_RETURN_IF_ERROR(CheckUsable());
+  const bool every_row = row_logits != nullptr;
+  if (every_row) riders = nullptr;  // a mixed pass computes the head on its last row only
   if (n <= 0) return absl::InvalidArgumentError("prefill needs at least one token");
   const int64_t max_ctx = model_.options().max_context;
   if (max_ctx > 0 && position() + n > max_ctx)
@@ -269,19 +272,24 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
                            *riders, interrupt ? &interrupt : nullptr, &stop));
       if (stop) return absl::CancelledError("prefill cancelled (after a pass with riders)");
     } else if (!interrupt) {
-      COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true));
+      COLI_ASSIGN_OR_RETURN(logits, Run(x.data(), ids, /*prefill=*/true, every_row));
     } else {
       // The chunk's start, to return to when the pass is interrupted between layers; assigned
       // into one object per call so the state copies reuse their buffers chunk after chunk.
       before.tokens = tokens_;
       before.kda = state_.kda;
       absl::StatusOr<std::vector<float>> out =
-          Run(x.data(), ids, /*prefill=*/true, /*every_row=*/false, &interrupt);
+          Run(x.data(), ids, /*prefill=*/true, every_row, &interrupt);
       if (absl::IsCancelled(out.status())) {
         COLI_RETURN_IF_ERROR(Restore(before));
         return absl::CancelledError("prefill cancelled");
       }
       COLI_ASSIGN_OR_RETURN(logits, std::move(out));
+    }
+    if (every_row) {
+      COLI_RETURN_IF_ERROR((*row_logits)(logits, len));
+      const int64_t V = model_.vocab_size();
+      logits.erase(logits.begin(), logits.end() - V);  // the last row's, as without
     }
     if (progress) progress(start + len, n);
   }
@@ -290,7 +298,8 @@ absl::StatusOr<std::vector<float>> Session::Chunked(
 
 absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tokens,
                                                     const Progress& progress, const Cancel& cancel,
-                                                    const Cancel& interrupt, Riders* riders) {
+                                                    const Cancel& interrupt, Riders* riders,
+                                                    const RowLogits* row_logits) {
   return Chunked(
       static_cast<int64_t>(tokens.size()),
       [&](int64_t start, int64_t len, float* x, std::vector<int32_t>* ids) {
@@ -301,7 +310,7 @@ absl::StatusOr<std::vector<float>> Session::Prefill(std::span<const int32_t> tok
         timings_.embed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return s;
       },
-      progress, cancel, interrupt, riders);
+      progress, cancel, interrupt, riders, row_logits);
 }
 
 absl::StatusOr<std::vector<float>> Session::PrefillRows(std::span<const float> x0,

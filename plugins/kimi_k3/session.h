@@ -103,6 +103,8 @@ class Session {
   using Progress = std::function<void(int64_t done, int64_t total)>;
   // Returns true to stop (checked between chunks).
   using Cancel = std::function<bool()>;
+  // Every row's logits of a chunk, in order: `n` rows of [V] (prompt logprobs).
+  using RowLogits = std::function<absl::Status(std::span<const float> logits, int64_t n)>;
 
   explicit Session(const Model& model);
   ~Session();
@@ -126,7 +128,10 @@ class Session {
                                              const Progress& progress = nullptr,
                                              const Cancel& cancel = nullptr,
                                              const Cancel& interrupt = nullptr,
-                                             Riders* riders = nullptr);
+                                             Riders* riders = nullptr,
+                                             const RowLogits* row_logits = nullptr);
+  // (`row_logits`: the head runs on every row and each chunk's logits go there before the next
+  // chunk; no riders board then.)
   // Like Prefill on injected input rows x0 [n, D] instead of embeddings (K3_X0). The token
   // record gets -1 for these positions.
   absl::StatusOr<std::vector<float>> PrefillRows(std::span<const float> x0,
@@ -222,7 +227,7 @@ class Session {
       int64_t n,
       const std::function<absl::Status(int64_t, int64_t, float*, std::vector<int32_t>*)>& rows,
       const Progress& progress, const Cancel& cancel, const Cancel& interrupt = nullptr,
-      Riders* riders = nullptr);
+      Riders* riders = nullptr, const RowLogits* row_logits = nullptr);
 
   const Model& model_;
   SequenceState state_;

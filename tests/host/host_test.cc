@@ -818,7 +818,7 @@ TEST_F(HostTest, HealthListModelsAndMetrics) {
   EXPECT_EQ(health.models_loaded(), 1);
   ASSERT_EQ(health.plugins_size(), 1);
   EXPECT_EQ(health.plugins(0).family(), "coli_echo");
-  EXPECT_EQ(health.abi_version(), "1.6");
+  EXPECT_EQ(health.abi_version(), "1.7");
   grpc::ClientContext c2;
   v1::ListModelsResponse models;
   ASSERT_TRUE(stub_->ListModels(&c2, v1::ListModelsRequest(), &models).ok());

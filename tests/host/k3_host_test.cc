@@ -558,5 +558,82 @@ TEST_F(K3HostTest, LogprobsCarryEachTokensOwnBytesEvenForPartialCharacters) {
   EXPECT_EQ(tokens[1].text(), "\xEF\xBF\xBD");
 }
 
+// gRPC prompt_logprobs (ABI 1.7): after Started, before any token, in pieces of at most 512
+// positions; each entry is what decode reports for the same token after the same prefix (the
+// greedy token of a one-token request: its logprob and top alternatives, bit for bit);
+// prompt_only generates nothing; more than 20 alternatives are refused.
+TEST_F(K3HostTest, PromptLogprobsComeInPiecesAndAgreeWithDecode) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 530; ++i) prompt.push_back((i * 37 + 11) % 768);
+  v1::GenerateRequest first;
+  for (int32_t id : prompt) first.add_prompt_ids(id);
+  first.set_max_tokens(1);
+  first.mutable_sampling()->set_logprobs(3);
+  grpc::ClientContext ctx1;
+  auto reader1 = stub_->Generate(&ctx1, first);
+  v1::GenerateEvent e;
+  std::vector<v1::Token> tokens;
+  while (reader1->Read(&e)) {
+    EXPECT_FALSE(e.has_prompt_logprobs()) << "sent without being asked";
+    if (e.has_token()) tokens.push_back(e.token());
+  }
+  ASSERT_TRUE(reader1->Finish().ok());
+  ASSERT_EQ(tokens.size(), 1u);
+  const v1::TokenLogprobs decoded = tokens[0].logprobs();
+
+  v1::GenerateRequest scored;
+  for (int32_t id : prompt) scored.add_prompt_ids(id);
+  scored.add_prompt_ids(tokens[0].id());
+  scored.set_prompt_logprobs(3);
+  scored.set_prompt_only(true);
+  grpc::ClientContext ctx2;
+  auto reader2 = stub_->Generate(&ctx2, scored);
+  std::vector<std::string> order;
+  std::vector<v1::PromptLogprobs> pieces;
+  v1::Finished finished;
+  while (reader2->Read(&e)) {
+    if (e.has_started()) order.push_back("started");
+    if (e.has_prompt_logprobs()) {
+      order.push_back("prompt_logprobs");
+      pieces.push_back(e.prompt_logprobs());
+    }
+    if (e.has_token()) order.push_back("token");
+    if (e.has_finished()) finished = e.finished();
+  }
+  grpc::Status status = reader2->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(order, (std::vector<std::string>{"started", "prompt_logprobs", "prompt_logprobs"}));
+  EXPECT_EQ(finished.reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(finished.usage().completion_tokens(), 0);
+  EXPECT_EQ(finished.usage().prompt_tokens(), 531);
+  EXPECT_EQ(finished.usage().tokens_reused(), 0);
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0].first(), 1);
+  EXPECT_EQ(pieces[0].tokens_size(), 512);
+  EXPECT_EQ(pieces[1].first(), 513);
+  ASSERT_EQ(pieces[1].tokens_size(), 18);
+  for (const auto& piece : pieces) {
+    for (int k = 0; k < piece.tokens_size(); ++k) {
+      const size_t position = static_cast<size_t>(piece.first() + k);
+      const int32_t want = position < prompt.size() ? prompt[position] : tokens[0].id();
+      ASSERT_EQ(piece.tokens(k).sampled().id(), want) << position;
+      EXPECT_EQ(piece.tokens(k).top_size(), 3);
+    }
+  }
+  const v1::TokenLogprobs& last = pieces[1].tokens(17);
+  EXPECT_EQ(last.sampled().logprob(), decoded.sampled().logprob());
+  EXPECT_EQ(last.sampled().text(), decoded.sampled().text());
+  ASSERT_EQ(last.top_size(), decoded.top_size());
+  for (int k = 0; k < last.top_size(); ++k) {
+    EXPECT_EQ(last.top(k).id(), decoded.top(k).id());
+    EXPECT_EQ(last.top(k).logprob(), decoded.top(k).logprob());
+  }
+
+  scored.set_prompt_logprobs(21);
+  Out refused = Generate(scored);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("prompt_logprobs"));
+}
+
 }  // namespace
 }  // namespace coli::host

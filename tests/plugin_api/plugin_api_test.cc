@@ -37,9 +37,9 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.6 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing). Append-only: a change here breaks
-// every built plugin (the function table grows with each minor, at its end; no existing offset
-// moves).
+// ABI 1.7 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs).
+// Append-only: a change here breaks every built plugin (the function table grows with each minor,
+// at its end; no existing offset moves).
 const Frozen kFrozen[] = {
     {"coli_error_t.struct_size", 0, 32},
     {"coli_error_t.message", 8, 32},
@@ -115,19 +115,23 @@ const Frozen kFrozen[] = {
     {"coli_chat_render_result_t.chat_parse_mode", 72, 80},
     {"coli_session_options_t.struct_size", 0, 16},
     {"coli_session_options_t.max_context", 8, 16},
-    {"coli_prefill_args_t.struct_size", 0, 72},
-    {"coli_prefill_args_t.tokens", 8, 72},
-    {"coli_prefill_args_t.n_tokens", 16, 72},
-    {"coli_prefill_args_t.chat_parse_mode", 24, 72},
-    {"coli_prefill_args_t.seed", 32, 72},
-    {"coli_prefill_args_t.progress", 40, 72},
-    {"coli_prefill_args_t.progress_user", 48, 72},
-    {"coli_prefill_args_t.response_format", 56, 72},  // v1.4 input
-    {"coli_prefill_result_t.struct_size", 0, 40},
-    {"coli_prefill_result_t.tokens_reused", 8, 40},
-    {"coli_prefill_result_t.tokens_computed", 16, 40},
-    {"coli_prefill_result_t.context_used", 24, 40},
-    {"coli_prefill_result_t.context_capacity", 32, 40},
+    {"coli_prefill_args_t.struct_size", 0, 80},
+    {"coli_prefill_args_t.tokens", 8, 80},
+    {"coli_prefill_args_t.n_tokens", 16, 80},
+    {"coli_prefill_args_t.chat_parse_mode", 24, 80},
+    {"coli_prefill_args_t.seed", 32, 80},
+    {"coli_prefill_args_t.progress", 40, 80},
+    {"coli_prefill_args_t.progress_user", 48, 80},
+    {"coli_prefill_args_t.response_format", 56, 80},        // v1.4 input
+    {"coli_prefill_args_t.want_prompt_logprobs", 72, 80},   // v1.7 input
+    {"coli_prefill_args_t.prompt_logprobs_top_k", 76, 80},  // v1.7 input
+    {"coli_prefill_result_t.struct_size", 0, 56},
+    {"coli_prefill_result_t.tokens_reused", 8, 56},
+    {"coli_prefill_result_t.tokens_computed", 16, 56},
+    {"coli_prefill_result_t.context_used", 24, 56},
+    {"coli_prefill_result_t.context_capacity", 32, 56},
+    {"coli_prefill_result_t.prompt_logprobs", 40, 56},    // v1.7 output
+    {"coli_prefill_result_t.n_prompt_logprobs", 48, 56},  // v1.7 output
     {"coli_chat_event_t.struct_size", 0, 32},
     {"coli_chat_event_t.channel", 8, 32},
     {"coli_chat_event_t.end_of_message", 12, 32},
@@ -217,7 +221,10 @@ TEST(AbiLayout, TableSizesPerMinor) {
   // 1.4 appended response_format to the prefill args and added no entry.
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_4, COLI_PLUGIN_API_SIZE_V1_2);
   EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_0, 56u);
-  EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_4, sizeof(coli_prefill_args_t));
+  EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_4, 72u);
+  // 1.7 appended the prompt-logprobs inputs to the prefill args (and outputs to the result).
+  EXPECT_EQ(COLI_PREFILL_ARGS_SIZE_V1_7, sizeof(coli_prefill_args_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_7, COLI_PLUGIN_API_SIZE_V1_6);
   // 1.5 added a chat event channel: no entry, no field; the event keeps its 1.0 layout.
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_5, COLI_PLUGIN_API_SIZE_V1_2);
   // 1.6 appended session_reusable.
@@ -346,15 +353,15 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.6"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.6, host 1.6)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.7"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.7, host 1.7)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.6 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.7 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
       {"fake_null_session_reusable", "leaves NULL: session_reusable"},
-      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.6 needs (160 bytes"},
+      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.7 needs (160 bytes"},
   };
   for (const auto& c : refused) {
     const host::PluginReport* r = Report(set, c.stem);
