@@ -12,18 +12,62 @@
 namespace coli::cli::serve {
 
 std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFields& f,
-                                                              const std::string& prompt, int choice,
-                                                              const ConnectionWatch* client) {
+                                                              const CompletionPrompt& prompt,
+                                                              int choice,
+                                                              const ConnectionWatch* client,
+                                                              int32_t prompt_logprobs) {
   auto call = std::make_unique<GenerateCall>();
   v1::GenerateRequest r;
   r.set_model(info_.id());
-  r.set_prompt(prompt);
+  if (prompt.is_ids) {
+    for (int32_t id : prompt.ids) r.add_prompt_ids(id);
+  } else {
+    r.set_prompt(prompt.text);
+  }
   r.set_max_tokens(f.max_tokens);
+  r.set_prompt_only(f.prompt_only);
+  if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   r.set_report_progress(f.stream && f.return_progress);
   FillSampling(f, choice, r.mutable_sampling());
   call->reader = stub_->Generate(&call->ctx, r);
   if (client) call->guard = monitor_.Watch(*client, [c = call.get()] { c->ctx.TryCancel(); });
   return call;
+}
+
+grpc::Status Gateway::PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,
+                                  std::string* first_token_text) {
+  if (!f.echo) return grpc::Status::OK;
+  if (prompt->is_ids) {
+    grpc::ClientContext ctx;
+    v1::DetokenizeRequest r;
+    r.set_model(info_.id());
+    for (int32_t id : prompt->ids) r.add_ids(id);
+    v1::DetokenizeResponse out;
+    if (grpc::Status s = stub_->Detokenize(&ctx, r, &out); !s.ok()) return s;
+    prompt->text = out.text();
+  } else if (f.top_logprobs >= 0) {
+    // The prompt's tokens, as the host tokenizes a text prompt (special-token text stays text);
+    // the request then sends them as ids.
+    grpc::ClientContext ctx;
+    v1::TokenizeRequest r;
+    r.set_model(info_.id());
+    r.set_text(prompt->text);
+    r.set_allow_special(false);
+    v1::TokenizeResponse out;
+    if (grpc::Status s = stub_->Tokenize(&ctx, r, &out); !s.ok()) return s;
+    prompt->ids.assign(out.ids().begin(), out.ids().end());
+    prompt->is_ids = true;
+  }
+  if (f.top_logprobs >= 0 && !prompt->ids.empty()) {
+    grpc::ClientContext ctx;
+    v1::DetokenizeRequest r;
+    r.set_model(info_.id());
+    r.add_ids(prompt->ids[0]);
+    v1::DetokenizeResponse out;
+    if (grpc::Status s = stub_->Detokenize(&ctx, r, &out); !s.ok()) return s;
+    *first_token_text = out.text();
+  }
+  return grpc::Status::OK;
 }
 
 namespace {
@@ -32,6 +76,23 @@ namespace {
 int64_t CodePoints(const std::string& text) {
   int64_t n = 0;
   for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// Characters whose bytes are all in `bytes` (a character cut at the end is not yet counted;
+// a stray byte counts as one, as its replacement character).
+int64_t CompleteCharacters(const std::string& bytes) {
+  int64_t n = 0;
+  for (size_t i = 0; i < bytes.size(); ++n) {
+    const unsigned char c = static_cast<unsigned char>(bytes[i]);
+    const size_t len = c < 0x80         ? 1
+                       : (c >> 5) == 6  ? 2
+                       : (c >> 4) == 14 ? 3
+                       : (c >> 3) == 30 ? 4
+                                        : 1;
+    if (i + len > bytes.size()) break;
+    i += len;
+  }
   return n;
 }
 
@@ -58,10 +119,57 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
       call.ctx.TryCancel();
     }
   };
+  // echo: the prompt (and its tokens' logprobs) goes first, once the prompt has been read.
+  bool echoed = !f.echo;
+  auto echo_once = [&] {
+    if (echoed) return;
+    echoed = true;
+    out->text = *out->echo_text + out->text;
+    Json piece{{"text", *out->echo_text}};
+    if (f.top_logprobs >= 0) {
+      Json tokens = Json::array(), lps = Json::array(), tops = Json::array();
+      Json offsets = Json::array();
+      std::string bytes;  // the prompt's bytes before the current token
+      auto add = [&](const std::string& token_bytes, Json lp, Json top) {
+        tokens.push_back(LogprobTokenText(token_bytes));
+        lps.push_back(std::move(lp));
+        tops.push_back(std::move(top));
+        offsets.push_back(CompleteCharacters(bytes));
+        bytes += token_bytes;
+      };
+      add(out->first_token_text, nullptr, nullptr);  // nothing precedes the first token
+      for (const v1::TokenLogprobs& e :
+           out->echo_entries ? *out->echo_entries : out->prompt_entries) {
+        Json top = Json::object();
+        for (int k = 0; k < e.top_size() && k < f.top_logprobs; ++k) {
+          top[LogprobTokenText(e.top(k).text())] = e.top(k).logprob();
+        }
+        add(e.sampled().text(), e.sampled().logprob(), std::move(top));
+      }
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        out->tokens.insert(out->tokens.begin() + static_cast<std::ptrdiff_t>(i), tokens[i]);
+        out->token_logprobs.insert(out->token_logprobs.begin() + static_cast<std::ptrdiff_t>(i),
+                                   lps[i]);
+        out->top_logprobs.insert(out->top_logprobs.begin() + static_cast<std::ptrdiff_t>(i),
+                                 tops[i]);
+        out->text_offset.insert(out->text_offset.begin() + static_cast<std::ptrdiff_t>(i),
+                                offsets[i]);
+      }
+      piece["logprobs"] = Json{{"tokens", tokens},
+                               {"token_logprobs", lps},
+                               {"top_logprobs", tops},
+                               {"text_offset", offsets}};
+    }
+    emit("text", piece);
+  };
   while (have || call.reader->Read(&ev)) {
     have = false;
+    if (ev.has_token() || ev.has_finished()) echo_once();
     if (ev.has_progress()) {
       emit("progress", PromptProgress(ev.progress()));
+    } else if (ev.has_prompt_logprobs()) {
+      for (const v1::TokenLogprobs& e : ev.prompt_logprobs().tokens())
+        out->prompt_entries.push_back(e);
     } else if (ev.has_started()) {
       call.request_id = ev.started().request_id();
       out->prompt_tokens = ev.started().prompt_tokens();
@@ -125,10 +233,21 @@ void Gateway::Completions(const Req& req, Res& res) {
   Json body;
   if (!Body(req, res, &body)) return;
   ApiError error;
-  std::string prompt;
-  std::optional<SamplingFields> f = ParseCompletionParams(body, &prompt, &error);
+  auto prompts = std::make_shared<std::vector<CompletionPrompt>>();
+  std::optional<SamplingFields> f =
+      ParseCompletionParams(body, info_.vocab_size(), prompts.get(), &error);
   if (!f) return Fail(res, error);
   if (!ModelOk(f->model, res)) return;
+  // echo: each prompt's text (and tokens, for its logprobs) before anything runs.
+  auto first_texts = std::make_shared<std::vector<std::string>>(prompts->size());
+  for (size_t p = 0; p < prompts->size(); ++p) {
+    if (grpc::Status s = PrepareEcho(*f, &(*prompts)[p], &(*first_texts)[p]); !s.ok()) {
+      return Fail(res, CompletionsError(FromHostStatus(s)));
+    }
+  }
+  // The prompt's logprobs come with each prompt's first choice (the whole prompt is computed
+  // for them); its other choices reuse them and the prompt's state.
+  const int32_t prompt_logprobs = f->echo && f->top_logprobs >= 0 ? f->top_logprobs : -1;
   const std::string id = NewId("cmpl-");
   const int64_t created = NowSeconds();
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
@@ -141,28 +260,36 @@ void Gateway::Completions(const Req& req, Res& res) {
     out["model"] = info_.id();
     out["choices"] = Json::array();
     int64_t prompt_tokens = 0, completion = 0;
-    for (int i = 0; i < f->n; ++i) {
-      auto call = StartGenerate(*f, prompt, i, &watch);
-      CompletionResult r;
-      r.offset_base = CodePoints(prompt);
-      grpc::Status s =
-          RunCompletion(*f, *call, &r, nullptr, [this, &watch](const char*, const Json&) {
-            return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
-          });
-      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
-      if (!s.ok()) return Fail(res, CompletionsError(FromHostStatus(s)));
-      Json choice;
-      choice["index"] = i;
-      choice["text"] = r.text;
-      choice["logprobs"] = f->top_logprobs >= 0 ? Json{{"tokens", r.tokens},
-                                                       {"token_logprobs", r.token_logprobs},
-                                                       {"top_logprobs", r.top_logprobs},
-                                                       {"text_offset", r.text_offset}}
-                                                : Json(nullptr);
-      choice["finish_reason"] = r.finish_reason;
-      out["choices"].push_back(choice);
-      prompt_tokens = r.prompt_tokens;
-      completion += r.completion_tokens;
+    for (size_t p = 0; p < prompts->size(); ++p) {
+      const CompletionPrompt& prompt = (*prompts)[p];
+      std::vector<v1::TokenLogprobs> entries;  // this prompt's, from its first choice
+      for (int i = 0; i < f->n; ++i) {
+        auto call = StartGenerate(*f, prompt, i, &watch, i == 0 ? prompt_logprobs : -1);
+        CompletionResult r;
+        r.offset_base = CodePoints(prompt.text);
+        r.echo_text = &prompt.text;
+        r.first_token_text = (*first_texts)[p];
+        if (i > 0) r.echo_entries = &entries;
+        grpc::Status s =
+            RunCompletion(*f, *call, &r, nullptr, [this, &watch](const char*, const Json&) {
+              return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
+            });
+        if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
+        if (!s.ok()) return Fail(res, CompletionsError(FromHostStatus(s)));
+        if (i == 0) entries = std::move(r.prompt_entries);
+        Json choice;
+        choice["index"] = static_cast<int64_t>(p) * f->n + i;
+        choice["text"] = r.text;
+        choice["logprobs"] = f->top_logprobs >= 0 ? Json{{"tokens", r.tokens},
+                                                         {"token_logprobs", r.token_logprobs},
+                                                         {"top_logprobs", r.top_logprobs},
+                                                         {"text_offset", r.text_offset}}
+                                                  : Json(nullptr);
+        choice["finish_reason"] = r.finish_reason;
+        out["choices"].push_back(choice);
+        if (i == 0) prompt_tokens += r.prompt_tokens;  // each prompt counts once, as vLLM's
+        completion += r.completion_tokens;
+      }
     }
     out["usage"] = UsageJson(prompt_tokens, completion);
     Reply(res, 200, out);
@@ -171,7 +298,8 @@ void Gateway::Completions(const Req& req, Res& res) {
 
   // Streaming (OpenAI's legacy shape): read the first event before answering, so a refused
   // request is a plain 400.
-  auto first_call = std::shared_ptr<GenerateCall>(StartGenerate(*f, prompt, 0, &watch));
+  auto first_call =
+      std::shared_ptr<GenerateCall>(StartGenerate(*f, (*prompts)[0], 0, &watch, prompt_logprobs));
   auto first = std::make_shared<v1::GenerateEvent>();
   if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
     if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why, watch);
@@ -181,36 +309,48 @@ void Gateway::Completions(const Req& req, Res& res) {
   SendUncompressed(req);
   StreamSse(
       res, watch, Header(id, "text_completion", created), f->include_usage,
-      [this, first_call, first, fields, prompt, watch](const SseSink& sse) {
-        auto chunk = [&](int index, const std::string& text, const Json& logprobs,
+      [this, first_call, first, fields, prompts, first_texts, prompt_logprobs,
+       watch](const SseSink& sse) {
+        auto chunk = [&](int64_t index, const std::string& text, const Json& logprobs,
                          const Json& finish) {
           return sse.Frame(Json{
               {"text", text}, {"index", index}, {"logprobs", logprobs}, {"finish_reason", finish}});
         };
         StreamEnd end;
-        for (int i = 0; i < fields->n && !end.gone; ++i) {
-          std::shared_ptr<GenerateCall> call =
-              i == 0 ? first_call
-                     : std::shared_ptr<GenerateCall>(StartGenerate(*fields, prompt, i, &watch));
-          CompletionResult r;
-          r.offset_base = CodePoints(prompt);
-          grpc::Status s = RunCompletion(
-              *fields, *call, &r, i == 0 ? first.get() : nullptr,
-              [&](const char* kind, const Json& payload) {
-                if (!std::strcmp(kind, "tick")) return sse.alive();
-                if (!std::strcmp(kind, "progress")) {
-                  Json c = chunk(i, "", nullptr, nullptr);
-                  c["prompt_progress"] = payload;
-                  return sse.send(c);
-                }
-                return sse.send(chunk(
-                    i, payload["text"].get<std::string>(),
-                    payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr), nullptr));
-              });
-          if (!ChoiceOk(s, sse, &end)) break;
-          end.prompt_tokens = r.prompt_tokens;
-          end.completion_tokens += r.completion_tokens;
-          if (!sse.send(chunk(i, "", nullptr, r.finish_reason))) end.gone = true;
+        for (size_t p = 0; p < prompts->size() && !end.gone; ++p) {
+          const CompletionPrompt& prompt = (*prompts)[p];
+          std::vector<v1::TokenLogprobs> entries;
+          for (int i = 0; i < fields->n && !end.gone; ++i) {
+            const int64_t index = static_cast<int64_t>(p) * fields->n + i;
+            std::shared_ptr<GenerateCall> call =
+                index == 0 ? first_call
+                           : std::shared_ptr<GenerateCall>(StartGenerate(
+                                 *fields, prompt, i, &watch, i == 0 ? prompt_logprobs : -1));
+            CompletionResult r;
+            r.offset_base = CodePoints(prompt.text);
+            r.echo_text = &prompt.text;
+            r.first_token_text = (*first_texts)[p];
+            if (i > 0) r.echo_entries = &entries;
+            grpc::Status s = RunCompletion(
+                *fields, *call, &r, index == 0 ? first.get() : nullptr,
+                [&](const char* kind, const Json& payload) {
+                  if (!std::strcmp(kind, "tick")) return sse.alive();
+                  if (!std::strcmp(kind, "progress")) {
+                    Json c = chunk(index, "", nullptr, nullptr);
+                    c["prompt_progress"] = payload;
+                    return sse.send(c);
+                  }
+                  return sse.send(chunk(
+                      index, payload["text"].get<std::string>(),
+                      payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr), nullptr));
+                });
+            if (!ChoiceOk(s, sse, &end)) break;
+            if (i == 0) entries = std::move(r.prompt_entries);
+            if (i == 0) end.prompt_tokens += r.prompt_tokens;
+            end.completion_tokens += r.completion_tokens;
+            if (!sse.send(chunk(index, "", nullptr, r.finish_reason))) end.gone = true;
+          }
+          if (end.gone) break;
         }
         return end;
       });

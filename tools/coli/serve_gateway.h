@@ -338,9 +338,23 @@ class Gateway {
     // (the first token of a reply to "Hello" is at 5, echo or not); vLLM's start at 0.
     int64_t offset_base = 0;
     int64_t prompt_tokens = 0, completion_tokens = 0;
+    // echo: the prompt's text and its tokens' logprob entries (the first token's text; then
+    // the host's PromptLogprobs for tokens 1…, gathered by the choice that asked for them).
+    const std::string* echo_text = nullptr;
+    std::string first_token_text;
+    std::vector<v1::TokenLogprobs> prompt_entries;
+    const std::vector<v1::TokenLogprobs>* echo_entries = nullptr;  // used when set, else own
   };
-  std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f, const std::string& prompt,
-                                              int choice, const ConnectionWatch* client);
+  // `prompt_logprobs` >= 0: the host also sends the prompt tokens' logprobs with that many top
+  // alternatives.
+  std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f,
+                                              const CompletionPrompt& prompt, int choice,
+                                              const ConnectionWatch* client,
+                                              int32_t prompt_logprobs = -1);
+  // echo: the prompt's text (ids detokenized) and, with logprobs, its token ids (text tokenized
+  // as the host would) and the first token's text; a host error as it would fail the request.
+  grpc::Status PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,
+                           std::string* first_token_text);
   // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON),
   // "text" ({"text", optional "logprobs"} per token) and "tick" (a token that showed nothing)
   // and returns false to cancel.

@@ -153,10 +153,6 @@ bool RefuseUnsupported(const Json& body, ApiError* error) {
     *error = BadField("best_of", "best_of is not supported (use 1)");
     return false;
   }
-  if (const Json* v = Find(body, "echo"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
-    *error = BadField("echo", "echo is not supported by this engine");
-    return false;
-  }
   return true;
 }
 
@@ -477,21 +473,96 @@ std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error)
   return f;
 }
 
-std::optional<SamplingFields> ParseCompletionParams(const Json& body, std::string* prompt,
+namespace {
+
+// Reads one prompt of token ids (`where` names it in errors).
+bool ReadIdsPrompt(const Json& ids, int32_t vocab_size, const std::string& where,
+                   CompletionPrompt* out, ApiError* error) {
+  if (ids.empty()) {
+    *error = BadField(where, "a prompt of token ids must not be empty");
+    return false;
+  }
+  out->is_ids = true;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Json& t = ids[i];
+    // Integral floats pass as elsewhere (pydantic's lax mode): 3.0 is token 3.
+    const bool integral = t.is_number_integer() ||
+                          (t.is_number_float() && std::floor(t.get<double>()) == t.get<double>());
+    const double v = t.is_number() ? t.get<double>() : -1;
+    if (!integral || v < 0 || v >= vocab_size) {
+      *error = BadField(where + "[" + std::to_string(i) + "]",
+                        "a token id must be an integer in [0, " + std::to_string(vocab_size) + ")");
+      return false;
+    }
+    out->ids.push_back(static_cast<int32_t>(v));
+  }
+  return true;
+}
+
+bool ReadPrompts(const Json* p, int32_t vocab_size, std::vector<CompletionPrompt>* prompts,
+                 ApiError* error) {
+  const char* kForms =
+      "prompt must be a string, an array of strings, an array of token ids or an array of arrays "
+      "of token ids";
+  if (p == nullptr) {
+    *error = BadField("prompt", kForms);
+    return false;
+  }
+  if (p->is_string()) {
+    prompts->push_back({p->get<std::string>(), {}, false});
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+    prompts->emplace_back();
+    if (!ReadIdsPrompt(*p, vocab_size, "prompt", &prompts->back(), error)) return false;
+  } else if (p->is_array() && !p->empty()) {
+    const bool strings = (*p)[0].is_string();
+    for (size_t i = 0; i < p->size(); ++i) {
+      const Json& one = (*p)[i];
+      const std::string where = "prompt[" + std::to_string(i) + "]";
+      if (strings && one.is_string()) {
+        prompts->push_back({one.get<std::string>(), {}, false});
+      } else if (!strings && one.is_array()) {
+        prompts->emplace_back();
+        if (!ReadIdsPrompt(one, vocab_size, where, &prompts->back(), error)) return false;
+      } else {
+        *error = BadField(where, std::string(kForms) + " (not a mix)");
+        return false;
+      }
+    }
+  } else {
+    *error = BadField("prompt", kForms);
+    return false;
+  }
+  for (size_t i = 0; i < prompts->size(); ++i) {
+    if (!(*prompts)[i].is_ids &&
+        (*prompts)[i].text.empty()) {  // (the host's refusal named messages)
+      *error = BadField(
+          prompts->size() == 1 && p->is_string() ? "prompt" : "prompt[" + std::to_string(i) + "]",
+          "prompt must not be empty");
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<SamplingFields> ParseCompletionParams(const Json& body, int32_t vocab_size,
+                                                    std::vector<CompletionPrompt>* prompts,
                                                     ApiError* error) {
   SamplingFields f;
-  const Json* p = Find(body, "prompt");
-  if (p != nullptr && p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
-  if (p == nullptr || !p->is_string()) {
-    *error = BadField("prompt", "prompt must be a string (or an array of one string)");
+  if (!ReadPrompts(Find(body, "prompt"), vocab_size, prompts, error)) return std::nullopt;
+  if (!OptBool(body, "echo", &f.echo, error)) return std::nullopt;
+  // echo with max_tokens 0 reads the prompt and generates nothing (scoring a text by its
+  // logprobs); elsewhere max_tokens starts at 1.
+  if (const Json* m = Find(body, "max_tokens");
+      f.echo && m != nullptr && m->is_number() && m->get<double>() == 0) {
+    f.prompt_only = true;
+    Json rest = body;
+    rest.erase("max_tokens");
+    if (!ParseCommon(rest, &f, error)) return std::nullopt;
+  } else if (!ParseCommon(body, &f, error)) {
     return std::nullopt;
   }
-  *prompt = p->get<std::string>();
-  if (prompt->empty()) {  // (the host's own refusal named messages)
-    *error = BadField("prompt", "prompt must not be empty");
-    return std::nullopt;
-  }
-  if (!ParseCommon(body, &f, error)) return std::nullopt;
   if (!OptBool(body, "skip_special_tokens", &f.skip_special_tokens, error)) return std::nullopt;
   int64_t logprobs = -1;
   if (!OptInt(body, "logprobs", 0, 20, &logprobs, error)) return std::nullopt;

@@ -74,14 +74,28 @@ struct SamplingFields {
   // /v1/completions: added (special / reserved) tokens are left out of the text, as vLLM's
   // default skip_special_tokens does; false keeps their names. (Chat output never shows them.)
   bool skip_special_tokens = true;
+  // /v1/completions `echo`: each choice begins with its prompt (and, with logprobs, the prompt
+  // tokens' logprobs, the first null); with max_tokens 0 nothing is generated (prompt_only).
+  bool echo = false;
+  bool prompt_only = false;
+};
+
+// One /v1/completions prompt: text, or token ids (`prompt` as [int] or [[int], ...]).
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+  bool is_ids = false;
 };
 
 // Validates and reads the chat-completions fields the gateway handles itself (the chat fields —
 // messages, tools, tool_choice, response_format, reasoning_effort, enable_thinking,
 // chat_template_kwargs — are type-checked here and rendered by the model family).
 std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error);
-// The legacy completions fields (prompt is returned in *prompt).
-std::optional<SamplingFields> ParseCompletionParams(const Json& body, std::string* prompt,
+// The legacy completions fields. `prompt` is a string, an array of strings, an array of token
+// ids or an array of such arrays (OpenAI's four forms; several prompts give n choices each);
+// token ids are checked against `vocab_size`.
+std::optional<SamplingFields> ParseCompletionParams(const Json& body, int32_t vocab_size,
+                                                    std::vector<CompletionPrompt>* prompts,
                                                     ApiError* error);
 
 // Holds back text that could be the start of a stop sequence and cuts at the first match.
