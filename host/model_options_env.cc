@@ -148,8 +148,8 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(const EnvLookup& getenv) {
         std::pair{"COLI_K3_MIX_ROWS", "mix_rows"}, std::pair{"COLI_K3_SPEC_MIN", "spec_min"},
         std::pair{"COLI_K3_SPEC_SAMPLED_NGRAM", "spec_sampled_ngram"},
         std::pair{"COLI_K3_SPEC_ADAPT", "spec_adapt"},
-        std::pair{"COLI_K3_PREFIX_CACHE_KEEP", "prefix_cache_keep"},
-        std::pair{"K3_MMAP", "mmap"}}) {
+        std::pair{"COLI_K3_PREFIX_CACHE_KEEP", "prefix_cache_keep"}, std::pair{"K3_MMAP", "mmap"},
+        std::pair{"K3_VERIFY", "verify"}}) {
     if (std::string s = env(name); !s.empty()) (*o.mutable_extra())[key] = s;
   }
   if (std::string s = env("COLI_K3_SPEC"); !s.empty()) {

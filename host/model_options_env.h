@@ -30,6 +30,8 @@
 //     tier, plugins/kimi_k3/vk_tier.h, which checks them; COLI_VK_DEVICE is read where the
 //     device opens)
 //   K3_MMAP extra["mmap"] (0/1: map a repacked container's matrices read-only)
+//   K3_VERIFY extra["verify"] (0/1, default 1: check a container's per-tensor CRC-32s as
+//     tensors and experts are read)
 //   COLI_K3_SPEC extra["spec"] (kimi_k3 speculative decoding: max prompt-lookup draft tokens
 //     per verify pass, 0…16, 0 = off)
 //   COLI_K3_SPEC_MIN extra["spec_min"], COLI_K3_SPEC_SAMPLED_NGRAM extra["spec_sampled_ngram"],

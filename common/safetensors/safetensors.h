@@ -59,6 +59,9 @@ struct TensorInfo {
   int shard;             // index into Snapshot's shard list (-1 from ParseHeader)
   uint64_t file_offset;  // absolute offset in the shard file
   uint64_t nbytes;
+  // The CRC-32 the file records for these bytes (kChecksumKey); set only by a Snapshot opened
+  // with verify_checksums (ApplyChecksums), and only when the file has checksums.
+  std::optional<uint32_t> crc32;
   int64_t numel() const;
 };
 
@@ -102,8 +105,12 @@ absl::StatusOr<Index> ParseIndex(std::string_view json, std::string_view file_na
 // K3_DIRS: extra folders where shards named by the index may live (several drives, no
 // duplication). A shard found in two places is refused at Open; one found nowhere is an error
 // when it is first needed.
+// verify_checksums: a shard with per-tensor checksums (kChecksumKey) has every Read checked
+// against them (DATA_LOSS naming the file, the tensor and both CRCs on a mismatch); a shard
+// without them reads as before.
 struct SnapshotOptions {
   std::vector<std::string> extra_dirs;
+  bool verify_checksums = false;
 };
 
 // Thread-safe: all members may be called concurrently; returned TensorInfo pointers stay
@@ -133,8 +140,13 @@ class Snapshot {
   // The shard file name that holds `name` per the index ("" when absent).
   std::string ShardNameOf(std::string_view name) const;
 
-  // Reads all bytes of the tensor with pread into dst (info.nbytes bytes).
+  // Reads all bytes of the tensor with pread into dst (info.nbytes bytes), checked against
+  // info.crc32 when it has one (SnapshotOptions::verify_checksums).
   absl::Status Read(const TensorInfo& info, void* dst);
+  // Reads the tensor in pieces only to check it against info.crc32 (OK when it has none): for
+  // tensors used by parts, never read whole (an embedding read row by row).
+  absl::Status VerifyTensor(const TensorInfo& info);
+  bool verifies_checksums() const { return verify_checksums_; }
   // BF16 / F16 / F32 converted to f32; INVALID_ARGUMENT for other dtypes.
   absl::StatusOr<std::vector<float>> ReadAsF32(const TensorInfo& info);
 
@@ -162,6 +174,7 @@ class Snapshot {
   absl::StatusOr<const TensorInfo*> FindLocked(std::string_view name);
 
   std::string index_path_;  // "" for a single file
+  bool verify_checksums_ = false;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unordered_map<std::string, int> shard_of_;               // tensor name -> shard
   std::unordered_map<std::string, const TensorInfo*> tensors_;  // of the opened shards
@@ -264,6 +277,17 @@ inline constexpr std::string_view kChecksumKey = "coli.crc32";
 // DATA_LOSS naming the first tensor that differs (or a file cut short), NOT_FOUND when the file
 // has no checksums (written by another tool or an older k3-repack). Returns the bytes checked.
 absl::StatusOr<uint64_t> VerifyChecksums(const std::string& path);
+// Sets every tensor's crc32 from header->metadata[kChecksumKey] (nothing when the key is
+// absent); DATA_LOSS naming the file when the digits do not fit its tensors (count, hex).
+absl::Status ApplyChecksums(Header* header, std::string_view file_name);
+// OK when info.nbytes `bytes` have the CRC-32 info.crc32 (or info has none). Otherwise
+// DATA_LOSS: "file 'F': tensor 'T' (N bytes at offset O) has CRC-32 x, the file recorded y: its
+// bytes changed after they were written".
+absl::Status CheckTensorBytes(const TensorInfo& info, std::string_view file_name,
+                              const void* bytes);
+// The message of that DATA_LOSS for a CRC `found` (shared by the readers that checksum in
+// pieces).
+absl::Status ChecksumMismatch(const TensorInfo& info, std::string_view file_name, uint32_t found);
 
 // A read-only shared mapping of a whole file (MAP_SHARED, PROT_READ): its pages stay clean,
 // file-backed and reclaimable (K3_MMAP). An empty file maps to data() == nullptr.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/io/cat.h"
 #include "common/io/io.h"
+#include "common/safetensors/crc32.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
 
@@ -106,6 +107,7 @@ Snapshot::~Snapshot() = default;
 absl::StatusOr<std::unique_ptr<Snapshot>> Snapshot::Open(const std::string& path,
                                                          SnapshotOptions options) {
   std::unique_ptr<Snapshot> snap(new Snapshot());
+  snap->verify_checksums_ = options.verify_checksums;
   std::string index_path;
   std::string single_path;
   switch (Stat(path)) {
@@ -203,6 +205,7 @@ absl::Status Snapshot::OpenShardLocked(int id) {
     std::string header_json(n, '\0');
     COLI_RETURN_IF_ERROR(file->ReadAt(8, n, header_json.data()));
     COLI_ASSIGN_OR_RETURN(Header header, ParseHeader(header_json, size, shard.path));
+    if (verify_checksums_) COLI_RETURN_IF_ERROR(ApplyChecksums(&header, shard.path));
 
     // Cross-check against the index: every tensor of this shard is mapped here, and every
     // name the index maps here is in the header.
@@ -329,8 +332,25 @@ bool Snapshot::IsShardOpen(int shard) const {
 
 absl::Status Snapshot::Read(const TensorInfo& info, void* dst) {
   COLI_ASSIGN_OR_RETURN(const io::File* file, ShardFile(info.shard));
-  return Annotate(file->ReadAt(info.file_offset, info.nbytes, dst),
-                  Cat("tensor '", info.name, "'"));
+  COLI_RETURN_IF_ERROR(
+      Annotate(file->ReadAt(info.file_offset, info.nbytes, dst), Cat("tensor '", info.name, "'")));
+  return CheckTensorBytes(info, file->path(), dst);
+}
+
+absl::Status Snapshot::VerifyTensor(const TensorInfo& info) {
+  if (!info.crc32.has_value()) return absl::OkStatus();
+  COLI_ASSIGN_OR_RETURN(const io::File* file, ShardFile(info.shard));
+  std::string block(static_cast<size_t>(std::min<uint64_t>(info.nbytes, 8 << 20)), '\0');
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < info.nbytes;) {
+    const uint64_t piece = std::min<uint64_t>(block.size(), info.nbytes - done);
+    COLI_RETURN_IF_ERROR(Annotate(file->ReadAt(info.file_offset + done, piece, block.data()),
+                                  Cat("tensor '", info.name, "'")));
+    crc = Crc32(crc, std::string_view(block.data(), static_cast<size_t>(piece)));
+    done += piece;
+  }
+  if (crc != *info.crc32) return ChecksumMismatch(info, file->path(), crc);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> Snapshot::ReadAsF32(const TensorInfo& info) {

@@ -220,6 +220,9 @@ absl::Status PreadExpertSource::ForEachExpert(
       uint64_t off = 0;
       for (int t = 0; t < loc.count; ++t) {
         parts[t] = buffer_.data() + off;
+        // Against the stored CRC-32 (set only with verify_checksums; snapshot_.Read below
+        // checks by itself).
+        COLI_RETURN_IF_ERROR(st::CheckTensorBytes(*loc.tensors[t], f->path(), parts[t]));
         off += loc.tensors[t]->nbytes;
       }
     } else {

@@ -137,6 +137,7 @@ ExpertStoreOptions ExpertStoreOptionsFrom(const ModelOptions& model, const std::
   options.direct = model.direct;
   options.pipe = model.pipe;
   options.load_threads = model.load_threads;
+  options.verify_checksums = model.verify_checksums;
   options.usage_path = DefaultUsagePath(model_dir);
   return options;
 }
@@ -274,6 +275,8 @@ void ExpertStoreStats::Add(const ExpertStoreStats& o) {
   compute_seconds += o.compute_seconds;
   wait_seconds += o.wait_seconds;
   wall_seconds += o.wall_seconds;
+  bytes_verified += o.bytes_verified;
+  verify_seconds += o.verify_seconds;
 }
 
 std::string ExpertStoreStats::Describe() const {
@@ -470,6 +473,12 @@ class StreamingExpertStore::Impl {
   // else one per tensor) and sets where the expert starts in its slot.
   void PlanReads(Job* job) const;
   absl::Status ReadPiece(const Job& job, int piece) const;
+  // Whether the expert at locs_[loc] is still to be checked against its stored CRC-32.
+  bool NeedsCheck(size_t loc) const {
+    return !expert_tensors_.empty() && expert_tensors_[loc * tensors_] != nullptr && !checked_[loc];
+  }
+  // The expert's tensors in `job`'s slot against their stored CRC-32 (DATA_LOSS naming one).
+  absl::Status CheckExpert(const Job& job, size_t loc) const;
   void LoaderLoop(int thread);
   // Appends a trace event when tracing (takes mu_).
   void Trace(ExpertTraceEvent::Kind kind, int layer_index, int32_t expert, int piece, bool hit,
@@ -496,6 +505,10 @@ class StreamingExpertStore::Impl {
   ExpertStoreOptions options_;
   std::unordered_map<int, int> layer_index_;  // decoder layer id -> MoE layer index
   std::vector<ExpertLoc> locs_;               // [layer_index * experts + expert]
+  // K3_VERIFY: each expert's tensors [loc * tensors_ + k] when they have stored CRC-32s (the
+  // first null when not), and whether the expert has passed (guarded by mu_).
+  std::vector<const st::TensorInfo*> expert_tensors_;
+  std::vector<uint8_t> checked_;
   int tensors_ = 6;                           // tensors per expert (6 MXFP4, 3 F32)
   std::array<uint64_t, 6> part_offset_{};     // where each tensor starts in the slot
   std::vector<Piece> pieces_;
@@ -647,6 +660,18 @@ absl::Status StreamingExpertStore::Impl::LocateExperts() {
           at += found.tensors[k]->nbytes;
         }
       }
+      if (options_.verify_checksums && snapshot_->verifies_checksums()) {
+        if (expert_tensors_.empty()) {
+          expert_tensors_.assign(locs_.size() * tensors_, nullptr);
+          checked_.assign(locs_.size(), 0);
+        }
+        bool all = true;
+        for (int k = 0; k < tensors_; ++k) all = all && found.tensors[k]->crc32.has_value();
+        if (all) {
+          for (int k = 0; k < tensors_; ++k)
+            expert_tensors_[(li * L.experts + e) * tensors_ + k] = found.tensors[k];
+        }
+      }
       const std::optional<st::Snapshot::Range>& range = found.contiguous;
       // An F32 expert is used in place only at a float-aligned file offset (its slot keeps the
       // offset's position within a 4 KiB block); otherwise each tensor goes to its own place.
@@ -757,6 +782,15 @@ absl::Status StreamingExpertStore::Impl::ReadPiece(const Job& job, int piece) co
   return reader.Read(a, b - a, base + (a - job.cover_start));
 }
 
+absl::Status StreamingExpertStore::Impl::CheckExpert(const Job& job, size_t loc) const {
+  for (int k = 0; k < tensors_; ++k) {
+    const st::TensorInfo& t = *expert_tensors_[loc * tensors_ + k];
+    COLI_RETURN_IF_ERROR(
+        st::CheckTensorBytes(t, snapshot_->ShardPath(t.shard), job.slot.data + part_offset_[k]));
+  }
+  return absl::OkStatus();
+}
+
 void StreamingExpertStore::Impl::Trace(ExpertTraceEvent::Kind kind, int layer_index, int32_t expert,
                                        int piece, bool hit, Clock::time_point start,
                                        Clock::time_point end) {
@@ -824,6 +858,27 @@ void StreamingExpertStore::Impl::LoaderLoop(int thread) {
     }
     if (!status.ok() && job->status.ok()) job->status = std::move(status);
     if (--job->pieces_left == 0) {
+      const size_t loc = static_cast<size_t>(job->loc - locs_.data());
+      if (job->status.ok() && NeedsCheck(loc)) {
+        // The last loader of the expert checks it outside the lock; nobody else touches the
+        // job until it is in completed_.
+        lock.unlock();
+        const Clock::time_point t0 = Clock::now();
+        absl::Status checked = CheckExpert(*job, loc);
+        const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        lock.lock();
+        token_stats_.verify_seconds += seconds;
+        total_stats_.verify_seconds += seconds;
+        if (checked.ok()) {
+          checked_[loc] = 1;
+          token_stats_.bytes_verified += job->loc->nbytes;
+          total_stats_.bytes_verified += job->loc->nbytes;
+        } else {
+          job->status =
+              Annotate(checked, absl::StrCat("layer ", layout_.moe_layers[job->layer_index],
+                                             " expert ", job->expert));
+        }
+      }
       if (job->status.ok()) {
         token_stats_.bytes_read += job->loc->nbytes;
         total_stats_.bytes_read += job->loc->nbytes;

@@ -92,6 +92,13 @@ struct ExpertStoreOptions {
   bool direct = true;     // K3_DIRECT
   bool pipe = true;       // K3_PIPE
   int load_threads = 4;   // K3_LOAD_THREADS, 1…16
+  // K3_VERIFY: with a snapshot opened with verify_checksums, an expert read from disk for the
+  // first time is checked against its tensors' stored CRC-32 by the loader that finished it
+  // (DATA_LOSS naming the file, the tensor and both CRCs; the expert is not cached). Later reads
+  // of an expert that passed are not checked again: the damage this finds is on the disk and
+  // does not come and go, and zlib's CRC runs at about the disk's rate per core
+  // (docs/status/repack.md "Checksums checked at load").
+  bool verify_checksums = true;
   int working_slots = 0;  // fresh-read slots shared by all layers; 0 = max(16, 2·load_threads)
   // Requests per contiguous expert read: 1 = the whole aligned cover in one pread (default);
   // N > 1 = N aligned pieces (each ≥ 4 KiB) that the loaders take in order, so experts arrive
@@ -157,6 +164,8 @@ struct ExpertStoreStats {
   double compute_seconds = 0;  // time spent inside the callbacks and `meanwhile`
   double wait_seconds = 0;     // time the caller waited for a read (not hidden by compute)
   double wall_seconds = 0;     // time inside ForEachExpert
+  uint64_t bytes_verified = 0;  // expert bytes checked against their stored CRC-32
+  double verify_seconds = 0;    // loader time spent on those checks (summed over loaders)
 
   double hit_rate() const;
   // Time read and compute ran at the same time: read + compute − wall (≥ 0).

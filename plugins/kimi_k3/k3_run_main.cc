@@ -100,6 +100,7 @@ absl::StatusOr<ModelOptions> OptionsFromEnv() {
   o.mla_bits_set = !EnvString("K3_MLA_BITS").empty();
   o.head_bits_set = !EnvString("K3_HEAD_BITS").empty();
   COLI_RETURN_IF_ERROR(EnvBool("K3_MMAP", &o.mmap));
+  COLI_RETURN_IF_ERROR(EnvBool("K3_VERIFY", &o.verify_checksums));
   COLI_RETURN_IF_ERROR(EnvBool("K3_IDOT", &o.idot));
   COLI_RETURN_IF_ERROR(EnvInt("K3_CHUNK", &o.chunk));
   COLI_RETURN_IF_ERROR(EnvInt("K3_LOAD_THREADS", &o.load_threads));
@@ -146,7 +147,7 @@ absl::StatusOr<std::vector<float>> ReadX0File(const std::string& path) {
 int Usage(std::ostream& out = std::cerr) {
   out << "usage: k3-run [<model_dir>] [\"prompt\"] [--ids 1,2,3] [--ngen N] [--print-ids]\n"
                "              [--temp T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]\n"
-               "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_MMAP K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
+               "env: K3_BITS K3_MLA_BITS K3_HEAD_BITS K3_MMAP K3_VERIFY K3_IDOT K3_CHUNK K3_LOAD_THREADS K3_TOPP\n"
                "     K3_DIRS K3_MAXT K3_LAYERS K3_TRACE K3_X0 K3_LOGITS COLI_TEMP\n"
                "     COLI_K3_SPEC (max prompt-lookup draft tokens), COLI_K3_SPEC_MIN,\n"
                "     COLI_K3_SPEC_SAMPLED_NGRAM, COLI_K3_SPEC_ADAPT (the draft policy)\n";

@@ -106,7 +106,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->options_ = options;
   COLI_ASSIGN_OR_RETURN(model->cfg_, Config::LoadDir(dir));
   COLI_ASSIGN_OR_RETURN(model->snapshot_,
-                        st::Snapshot::Open(dir, {.extra_dirs = options.extra_dirs}));
+                        st::Snapshot::Open(dir, {.extra_dirs = options.extra_dirs,
+                                                 .verify_checksums = options.verify_checksums}));
   absl::StatusOr<std::unique_ptr<Weights>> weights =
       Weights::Load(*model->snapshot_, model->cfg_, options, progress);
   if (weights.status().code() == absl::StatusCode::kNotFound && IsRepackContainer(dir)) {

@@ -26,6 +26,7 @@
 // | vk_dense            | COLI_VK_DENSE   | auto (-1) | shared experts of decode passes on the device: auto = on a discrete GPU, 1 always, 0 never (vk_dense.h) |
 // | vk_tier             | COLI_VK_TIER    | 1       | 0: no routed experts on the device (the device stays open for vk_dense) |
 // | mmap                | K3_MMAP         | 0       | map a repacked container's U8 matrices and F32 .qs read-only (no fallback) |
+// | verify_checksums    | K3_VERIFY       | 1       | check a container's per-tensor CRC-32 as tensors and experts are read (weights.h) |
 // bits_set / mla_bits_set / head_bits_set say the switch was given explicitly: on a repacked
 // container (container.h) an unset switch keeps the container's format, an explicit one must
 // match it (or be 4 on int8: downcast to int4-g64 at load).
@@ -62,6 +63,7 @@ struct ModelOptions {
   int threads = 0;
   bool bits_set = false, mla_bits_set = false, head_bits_set = false;
   bool mmap = false;
+  bool verify_checksums = true;
   // The Vulkan expert tier (vk_tier.h); read at the edge by VkSwitches::Resolve.
   bool vulkan = false;
   double vk_tier_gb = 2;

@@ -120,6 +120,7 @@ struct K3Model {
   VkExpertTier* vk_tier = nullptr;
   VkTierStats vk_taken;
   bool mmap = false;  // K3_MMAP: map a repacked container's matrices (weights.h)
+  bool verify = true;  // K3_VERIFY: check a container's stored CRC-32s as tensors are read
   // COLI_K3_SPEC: max draft tokens per verify (0 = off); the lookup's n-gram range.
   int spec_max = 0;
   int spec_ngram_max = 3, spec_ngram_min = 1;
@@ -389,6 +390,12 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
             absl::StrCat("kimi_k3: option mmap (K3_MMAP) = '", value, "' is not 0 or 1"));
       }
       k->mmap = value == "1";
+    } else if (key == "verify") {
+      if (value != "0" && value != "1") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kimi_k3: option verify (K3_VERIFY) = '", value, "' is not 0 or 1"));
+      }
+      k->verify = value == "1";
     } else if (key == "ckpt_dir") {
       std::error_code ec;
       if (!std::filesystem::is_directory(value, ec) || access(value.c_str(), W_OK) != 0) {
@@ -445,6 +452,7 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   }
   COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
   options.mmap = k->mmap;
+  options.verify_checksums = k->verify;
   if (!k->checkpoint_dir.empty()) RemoveOrphanedParkedFiles(k->checkpoint_dir);
   if (k->prefix_cache_mb > 0 && (!options.trace_path.empty() || !options.logits_path.empty())) {
     // A restored prefix would leave its rows out of those dumps (they hold every row run).
@@ -478,6 +486,7 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   store_options.direct = options.direct;
   store_options.pipe = options.pipe;
   store_options.load_threads = options.load_threads;
+  store_options.verify_checksums = options.verify_checksums;
   K3Model* raw = k.get();
   Model::ExpertSourceFactory experts =
       [raw, store_options](st::Snapshot& snapshot, const Config&, const std::string&,

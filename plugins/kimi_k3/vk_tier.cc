@@ -271,6 +271,7 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
     std::vector<std::vector<uint8_t>> bytes(n);
     std::vector<std::array<const uint8_t*, 6>> parts(n);
     std::vector<std::array<std::string, 6>> names(n);
+    std::vector<std::array<const st::TensorInfo*, 6>> tensor_infos(n);
     std::vector<io::ReadRequest> requests;
     for (size_t j = 0; j < n; ++j) {
       const int index = warm[first + j];
@@ -290,10 +291,18 @@ absl::StatusOr<std::unique_ptr<VkExpertTier>> VkExpertTier::Create(
         requests.push_back({file, infos[t]->file_offset, infos[t]->nbytes, bytes[j].data() + offset});
         offset += infos[t]->nbytes;
       }
+      tensor_infos[j] = infos;
     }
     COLI_RETURN_IF_ERROR(
         Annotate(io::ReadBatch(requests, kWarmReadThreads), "Vulkan tier warm start"));
     for (size_t j = 0; j < n; ++j) {
+      // Against the stored CRC-32s (K3_VERIFY; a no-op without them): never upload damage.
+      for (int t = 0; t < 6; ++t) {
+        const st::TensorInfo& info = *tensor_infos[j][t];
+        COLI_RETURN_IF_ERROR(
+            Annotate(st::CheckTensorBytes(info, snapshot.ShardPath(info.shard), parts[j][t]),
+                     "Vulkan tier warm start"));
+      }
       // The expert's six tensors as the checkpoint stores them (no conversion).
       const ExpertWeights w = ExpertViews(cfg, parts[j]);
       for (const kernels::MatrixView* m : {&w.w1, &w.w2, &w.w3})

@@ -88,6 +88,10 @@ class Loader {
       COLI_ASSIGN_OR_RETURN(const uint8_t* base_q, MappedShard(qs->shard));
       p.data = base_t + t->file_offset;
       p.scales = base_q + qs->file_offset;
+      // The check reads every mapped page once now (they stay clean page cache); a page
+      // dropped and read again later is not checked again (K3_VERIFY, docs/status/repack.md).
+      COLI_RETURN_IF_ERROR(st::CheckTensorBytes(*t, snap_.ShardPath(t->shard), p.data));
+      COLI_RETURN_IF_ERROR(st::CheckTensorBytes(*qs, snap_.ShardPath(qs->shard), p.scales));
       return std::optional<Parts>(std::move(p));
     }
     p.data_buf.resize(t->nbytes);
@@ -533,6 +537,9 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
     COLI_ASSIGN_OR_RETURN(w->embed_, ld.ExpectFloat(G + "embed_tokens.weight", shape,
                                                           /*allow_f16=*/false));
     COLI_ASSIGN_OR_RETURN(w->embed_file_, snap.ShardFile(w->embed_->shard));
+    // Embedding rows are read one at a time per token, so the whole tensor is checked once
+    // here (a no-op without checksums or with K3_VERIFY=0).
+    jobs.push_back([&snap, t = w->embed_] { return snap.VerifyTensor(*t); });
   }
   COLI_RETURN_IF_ERROR(RunJobs(jobs, opt.load_threads, progress));
 

@@ -15,7 +15,11 @@
 //       path's own read rate), for comparison;
 //   (c) prefill: bytes read per token at chunk C=1 vs C (default 32) on the same selections,
 //       the chunk loading each distinct expert once; compared with the routing's bound and
-//       with the chunks' expert unions (what C must read at least).
+//       with the chunks' expert unions (what C must read at least);
+//   (d) checksums (K3_VERIFY, on unless --no-verify): the loaders' time checking experts against
+//       a container's stored CRC-32s during the decodes above (each store is new, so every
+//       expert read is a first read and is checked), and zlib's CRC-32 over expert bytes in RAM
+//       on 1 thread and on the load threads, both against the ceiling.
 //
 // The pipelined decode is traced (StreamingExpertStore::StartTrace): per MoE-layer call, when
 // the first read starts, when the first expert has arrived, when its compute starts, how long
@@ -52,6 +56,7 @@
 #include "common/kernels/kernels.h"
 #include "common/log/log.h"
 #include "common/ops/ops.h"
+#include "common/safetensors/crc32.h"
 #include "common/safetensors/safetensors.h"
 #include "common/status/status.h"
 #include "plugins/kimi_k3/expert_store.h"
@@ -88,6 +93,7 @@ struct Args {
   bool prefill = true;          // --no-prefill skips (c)
   double sleep_compute_ms = 0;  // > 0: each expert "computed" by sleeping this long
   bool prefault = true;         // --no-prefault: slots allocated on first use
+  bool verify = true;           // --no-verify: K3_VERIFY=0
 
   uint32_t seed = 1;
 };
@@ -98,6 +104,7 @@ const char kUsage[] =
     "         [--ceiling-gb X] [--buffered] [--prefill-compute] [--dirs D1:D2] [--seed N]\n"
     "         [--read-pieces N (1 = whole experts, the default; 0 = one per load thread)]\n"
     "         [--trace FILE] [--no-prefill] [--no-prefault (slots on first use)]\n"
+    "         [--no-verify (K3_VERIFY=0: experts not checked against stored CRC-32s)]\n"
     "         [--sleep-compute-ms X (decode experts sleep X ms instead of computing: the\n"
     "         pipeline's structure without CPU contention)]\n";
 
@@ -124,6 +131,8 @@ bool ParseArgs(int argc, char** argv, Args* args, std::string* error) {
       args->prefault = true;
     } else if (a == "--no-prefault") {
       args->prefault = false;
+    } else if (a == "--no-verify") {
+      args->verify = false;
     } else if (a == "--model" || a == "--budget-gb" || a == "--tokens" || a == "--prefill-tokens" ||
                a == "--chunk" || a == "--top-k" || a == "--load-threads" || a == "--ceiling-gb" ||
                a == "--dirs" || a == "--seed" || a == "--read-pieces" || a == "--trace" ||
@@ -527,6 +536,38 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// zlib's CRC-32 (what the store checks experts with) over expert-sized buffers already in RAM.
+struct CrcRate {
+  double one_thread_gbs = 0, all_threads_gbs = 0;
+};
+CrcRate MeasureCrc(uint64_t expert_bytes, int threads) {
+  constexpr int kRounds = 4;
+  std::vector<std::vector<char>> experts(static_cast<size_t>(threads));
+  for (auto& e : experts) {
+    e.resize(static_cast<size_t>(expert_bytes));
+    for (size_t i = 0; i < e.size(); ++i) e[i] = static_cast<char>(i * 131 + 7);
+  }
+  std::atomic<uint32_t> sink{0};
+  auto run = [&](int n) {
+    const Clock::time_point t0 = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < n; ++t) {
+      pool.emplace_back([&, t] {
+        uint32_t crc = 0;
+        for (int r = 0; r < kRounds; ++r)
+          crc = st::Crc32(crc, std::string_view(experts[t].data(), experts[t].size()));
+        sink += crc;
+      });
+    }
+    for (std::thread& t : pool) t.join();
+    return static_cast<double>(expert_bytes) * kRounds * n / Since(t0) / 1e9;
+  };
+  CrcRate rate;
+  rate.one_thread_gbs = run(1);
+  rate.all_threads_gbs = run(threads);
+  return rate;
+}
+
 int RunBenchStream(int argc, char** argv) {
   Args args;
   std::string error;
@@ -539,7 +580,7 @@ int RunBenchStream(int argc, char** argv) {
     return 2;
   }
   absl::StatusOr<std::unique_ptr<st::Snapshot>> snapshot =
-      st::Snapshot::Open(args.model, st::SnapshotOptions{args.dirs});
+      st::Snapshot::Open(args.model, st::SnapshotOptions{args.dirs, args.verify});
   if (!snapshot.ok()) return Fail(snapshot.status());
   absl::StatusOr<k3::ExpertStoreLayout> layout = k3::DiscoverExpertLayout(snapshot->get());
   if (!layout.ok()) return Fail(layout.status());
@@ -554,6 +595,7 @@ int RunBenchStream(int argc, char** argv) {
   options.load_threads = args.load_threads;
   options.read_pieces = args.read_pieces;
   options.prefault = args.prefault;
+  options.verify_checksums = args.verify;
   options.record_usage = false;
   options.pin = false;
   auto open = [&](bool pipe) {
@@ -667,6 +709,22 @@ int RunBenchStream(int argc, char** argv) {
       batched->gbs, 100 * readonly_gbs / batched->gbs);
   readonly_store->reset();
 
+  // (d) CRC-32 over expert bytes already in RAM, 1 thread and the load threads.
+  const CrcRate crc = MeasureCrc(layout->ExpertBytes(), args.load_threads);
+  const ExpertStoreStats& v = readonly->stats;
+  const double verify_gbs_per_loader =
+      v.verify_seconds > 0 ? static_cast<double>(v.bytes_verified) / v.verify_seconds / 1e9 : 0;
+  // The loaders' share of busy time spent checking: verify time / (verify + read time), the
+  // read time summed over the loaders as the wall time with reads in flight times the loaders.
+  const double verify_share =
+      v.verify_seconds / std::max(1e-9, v.verify_seconds + v.read_seconds * args.load_threads);
+  COLI_LOG(kInfo) << absl::StrFormat(
+      "(d) checksums: %.3f GB checked in the read-only decode at %.3f GB/s per loader (%.1f%% of "
+      "the loaders' busy time); CRC-32 in RAM %.3f GB/s on 1 thread, %.3f GB/s on %d = %.2fx "
+      "the ceiling",
+      v.bytes_verified / 1e9, verify_gbs_per_loader, 100 * verify_share, crc.one_thread_gbs,
+      crc.all_threads_gbs, args.load_threads, crc.all_threads_gbs / ceiling->gbs);
+
   const ExpertStoreStats& d = decode->stats;
   const double T = decode->tokens;
   const double s_per_token = decode->wall / T;
@@ -755,14 +813,23 @@ int RunBenchStream(int argc, char** argv) {
       "\"trace_compute_busy_s\": %.4f, \"trace_per_call_bound_s\": %.4f, "
       "\"trace_overlap_ratio_per_call\": %.4f, "
       "\"prefill_hit_rate_c1\": %.4f, \"prefill_union_bytes_per_token\": %.0f, "
-      "\"prefill_c32_vs_union\": %.4f, \"prefill_routing_with_c1_hits\": %.4f",
+      "\"prefill_c32_vs_union\": %.4f, \"prefill_routing_with_c1_hits\": %.4f, "
+      "\"verify\": %s, \"decode_bytes_verified\": %llu, \"decode_verify_s\": %.4f, "
+      "\"readonly_bytes_verified\": %llu, \"readonly_verify_s\": %.4f, "
+      "\"verify_gbs_per_loader\": %.4f, \"verify_share_of_loader_time\": %.4f, "
+      "\"crc_gbs_1_thread\": %.4f, \"crc_gbs_load_threads\": %.4f, "
+      "\"crc_vs_ceiling\": %.4f",
       args.prefault ? "true" : "false", pieces, whole_gbs, split_gbs, ts.calls, ts.misses_per_call,
       ts.wall, ts.disk_busy, ts.idle_head, ts.idle_inside, ts.idle_tail, ts.idle_between,
       ts.idle_no_reads, 1e3 * ts.first_arrival,
       ts.expert_read > 0 ? ts.first_arrival / ts.expert_read : 0, 1e3 * ts.first_compute,
       1e3 * ts.last_gap, 1e3 * ts.expert_read, ts.in_order, ts.compute_busy, ts.per_call_bound,
       ts.per_call_bound > 0 ? ts.wall / ts.per_call_bound : 0, prefill_hits[0],
-      union_bytes_per_token, c_vs_union, dedup * (1 - prefill_hits[0]));
+      union_bytes_per_token, c_vs_union, dedup * (1 - prefill_hits[0]),
+      args.verify ? "true" : "false", static_cast<unsigned long long>(d.bytes_verified),
+      d.verify_seconds, static_cast<unsigned long long>(v.bytes_verified), v.verify_seconds,
+      verify_gbs_per_loader, verify_share, crc.one_thread_gbs, crc.all_threads_gbs,
+      crc.all_threads_gbs / ceiling->gbs);
   if (args.json) {
     std::printf(
         "{\"ceiling_gbs\": %.4f, \"decode_read_gbs\": %.4f, \"read_ratio\": %.4f, "
@@ -824,6 +891,13 @@ int RunBenchStream(int argc, char** argv) {
         "                   ceiling in per-layer batches of %d: %.3f GB/s (read-only "
         "decode = %.1f%% of it)\n",
         batch, batched->gbs, 100 * readonly_gbs / batched->gbs);
+    std::printf(
+        "  (d) checksums    %s: %.3f GB checked (read-only decode) at %.3f GB/s per loader, "
+        "%.1f%% of the loaders' busy time; CRC-32 in RAM %.3f GB/s (1 thread), %.3f GB/s (%d) "
+        "= %.2fx the ceiling\n",
+        args.verify ? "on" : "off (--no-verify)", v.bytes_verified / 1e9, verify_gbs_per_loader,
+        100 * verify_share, crc.one_thread_gbs, crc.all_threads_gbs, args.load_threads,
+        crc.all_threads_gbs / ceiling->gbs);
     if (!args.prefill) {
       std::printf("  (c) prefill      skipped (--no-prefill)\n");
     } else {

@@ -1,0 +1,235 @@
+// The loader checks a repacked container's per-tensor CRC-32s (st::kChecksumKey) as it reads:
+// dense tensors at load (heap or K3_MMAP), the embedding once at load, routed experts the first
+// time each comes from disk (the streaming store, the plain pread source). A flipped byte is a
+// DATA_LOSS naming the file, the tensor and both CRCs, never a different answer; K3_VERIFY=0
+// (ModelOptions::verify_checksums) and a container without checksums load as before.
+//
+// The expected CRCs come from the container's own header (what k3-repack wrote) and zlib's
+// crc32 of the damaged bytes, not from the loader.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/safetensors/crc32.h"
+#include "common/safetensors/safetensors.h"
+#include "common/status/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plugins/kimi_k3/expert_store.h"
+#include "plugins/kimi_k3/model.h"
+#include "plugins/kimi_k3/repack.h"
+#include "plugins/kimi_k3/session.h"
+
+namespace coli::k3 {
+namespace {
+
+namespace fs = std::filesystem;
+using ::coli::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+const std::vector<int32_t> kPrompt = {5, 77, 300, 12, 9, 401, 42, 250, 3, 18, 64};
+constexpr char kPrefix[] = "language_model.model.";
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteAll(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+// Where a tensor lies and the CRC its file records, from the header alone.
+struct Victim {
+  std::string path;
+  st::TensorInfo info;
+};
+
+Victim Locate(const std::string& dir, const std::string& name) {
+  auto snap = st::Snapshot::Open(dir, {.verify_checksums = true});
+  EXPECT_OK(snap.status());
+  auto info = (*snap)->Get(name);
+  EXPECT_OK(info.status());
+  EXPECT_TRUE((*info)->crc32.has_value()) << name;
+  return {(*snap)->ShardPath((*info)->shard), **info};
+}
+
+// Flips one bit in the middle of the tensor; returns the CRC the damaged bytes have.
+uint32_t Flip(const Victim& v) {
+  std::string bytes = ReadAll(v.path);
+  bytes[v.info.file_offset + v.info.nbytes / 2] ^= 0x10;
+  WriteAll(v.path, bytes);
+  return st::Crc32(0, std::string_view(bytes).substr(v.info.file_offset, v.info.nbytes));
+}
+
+ModelOptions Options(bool verify, bool mmap = false) {
+  ModelOptions o;
+  o.load_threads = 2;
+  o.verify_checksums = verify;
+  o.mmap = mmap;
+  return o;
+}
+
+absl::StatusOr<std::vector<float>> Logits(const std::string& dir, const ModelOptions& o,
+                                          Model::ExpertSourceFactory experts = nullptr) {
+  COLI_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                        Model::Load(dir, o, nullptr, std::move(experts)));
+  auto s = model->NewSession();
+  return s->Prefill(kPrompt);
+}
+
+class ChecksumLoadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    container_ = new std::string(fs::temp_directory_path() /
+                                 ("k3_checksum_load_" + std::to_string(::getpid())));
+    fs::remove_all(*container_);
+    RepackOptions o;
+    o.bits = 8;
+    o.threads = 2;
+    ASSERT_OK(Repack(K3_TEST_TINY, *container_, o).status());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*container_);
+    delete container_;
+  }
+  // A fresh copy of the container for one test to damage.
+  void SetUp() override {
+    dir_ = *container_ + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    fs::copy(*container_, dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static std::string* container_;
+  std::string dir_;
+};
+std::string* ChecksumLoadTest::container_ = nullptr;
+
+// The named error: file, tensor, the CRC found and the one recorded.
+auto NamesTheDamage(const Victim& v, uint32_t found) {
+  return StatusIs(
+      absl::StatusCode::kDataLoss,
+      AllOf(HasSubstr("file '" + v.path + "'"), HasSubstr("tensor '" + v.info.name + "'"),
+            HasSubstr("has CRC-32 " + st::Crc32Hex(found)),
+            HasSubstr("the file recorded " + st::Crc32Hex(*v.info.crc32))));
+}
+
+TEST_F(ChecksumLoadTest, IntactContainerGivesTheSameLogitsWithTheCheckOnOrOff) {
+  ASSERT_OK_AND_ASSIGN(std::vector<float> on, Logits(dir_, Options(true)));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> off, Logits(dir_, Options(false)));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> mapped, Logits(dir_, Options(true, /*mmap=*/true)));
+  EXPECT_EQ(on, off);
+  EXPECT_EQ(on, mapped);
+  // A checkpoint without checksums (the BF16 source) loads with the check on.
+  EXPECT_OK(Logits(K3_TEST_TINY, Options(true)).status());
+}
+
+// Each kind of tensor the loader reads whole: a U8 matrix, its F32 sidecar, a BF16 norm read as
+// f32, and the embedding (read row by row at run time, so checked once at load).
+TEST_F(ChecksumLoadTest, FlippedDenseByteFailsTheLoadNamingFileTensorAndBothCrcs) {
+  const std::string L1 = std::string(kPrefix) + "layers.1.";
+  for (const std::string& name :
+       {L1 + "self_attn.q_proj.weight", L1 + "self_attn.q_proj.weight.qs",
+        L1 + "input_layernorm.weight", std::string(kPrefix) + "embed_tokens.weight"}) {
+    SCOPED_TRACE(name);
+    const Victim v = Locate(dir_, name);
+    const std::string intact = ReadAll(v.path);
+    const uint32_t found = Flip(v);
+    EXPECT_THAT(Logits(dir_, Options(true)).status(), NamesTheDamage(v, found));
+    // K3_MMAP: the mapped matrices are checked at load as well (the norm is read either way).
+    EXPECT_THAT(Logits(dir_, Options(true, /*mmap=*/true)).status(), NamesTheDamage(v, found));
+    // K3_VERIFY=0: loads as before (the damage goes unnoticed, which is what the switch says).
+    EXPECT_OK(Logits(dir_, Options(false)).status());
+    WriteAll(v.path, intact);
+  }
+  EXPECT_OK(Logits(dir_, Options(true)).status());
+}
+
+// A header whose checksum digits were damaged (not hex) is refused at the first touch of the
+// shard rather than checked against garbage.
+TEST_F(ChecksumLoadTest, DamagedChecksumDigitsAreRefusedNamingTheFile) {
+  const Victim v = Locate(dir_, std::string(kPrefix) + "layers.1.input_layernorm.weight");
+  std::string bytes = ReadAll(v.path);
+  const size_t at = bytes.find(std::string(st::kChecksumKey) + "\":\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + st::kChecksumKey.size() + 3] = 'z';
+  WriteAll(v.path, bytes);
+  EXPECT_THAT(Logits(dir_, Options(true)).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(v.path), HasSubstr("not a lowercase hex digit"))));
+}
+
+// The streaming store checks an expert the first time it is read; a damaged one fails every
+// call that needs it (it is never cached), the others are served, and a re-read of an expert
+// that passed is not checked again.
+TEST_F(ChecksumLoadTest, StoreChecksAnExpertsFirstReadAndNeverCachesADamagedOne) {
+  const int layer = 3;
+  const Victim v =
+      Locate(dir_, std::string(kPrefix) + "layers.3.block_sparse_moe.experts.5.w2.weight_packed");
+  const uint32_t found = Flip(v);
+  ASSERT_OK_AND_ASSIGN(auto snap, st::Snapshot::Open(dir_, {.verify_checksums = true}));
+  ASSERT_OK_AND_ASSIGN(ExpertStoreLayout layout, DiscoverExpertLayout(snap.get()));
+  ExpertStoreOptions options;
+  options.usage_path = "";
+  options.expert_gb = 1.5 * static_cast<double>(layout.ExpertBytes()) *
+                      static_cast<double>(layout.moe_layers.size()) / 1e9;  // 1 slot per layer
+  ASSERT_OK_AND_ASSIGN(auto store, StreamingExpertStore::Open(snap.get(), layout, options));
+  auto nothing = [](int, const ExpertWeights&) { return absl::OkStatus(); };
+  const int32_t damaged[] = {5}, good[] = {4}, other[] = {6};
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_THAT(store->ForEachExpert(layer, damaged, nothing), NamesTheDamage(v, found));
+  }
+  store->TakeStats();
+  EXPECT_OK(store->ForEachExpert(layer, good, nothing));
+  ExpertStoreStats first = store->TakeStats();
+  EXPECT_EQ(first.misses, 1u);
+  EXPECT_EQ(first.bytes_verified, layout.ExpertBytes());
+  EXPECT_OK(store->ForEachExpert(layer, other, nothing));  // evicts expert 4 (1 slot)
+  store->TakeStats();
+  EXPECT_OK(store->ForEachExpert(layer, good, nothing));
+  ExpertStoreStats again = store->TakeStats();
+  EXPECT_EQ(again.misses, 1u);
+  EXPECT_EQ(again.bytes_verified, 0u);
+  EXPECT_THAT(store->ForEachExpert(layer, damaged, nothing), NamesTheDamage(v, found));
+
+  // verify_checksums = false in the store (K3_VERIFY=0): read as before.
+  options.verify_checksums = false;
+  ASSERT_OK_AND_ASSIGN(auto unchecked, StreamingExpertStore::Open(snap.get(), layout, options));
+  EXPECT_OK(unchecked->ForEachExpert(layer, damaged, nothing));
+}
+
+// Through the forward pass: every expert of one layer damaged, so any routing meets one. The
+// load succeeds (experts are read on demand) and the prefill fails naming the damage, with the
+// streaming store and with the plain pread source (k3-run).
+TEST_F(ChecksumLoadTest, DamagedExpertFailsThePrefillWithEitherExpertSource) {
+  for (int e = 0; e < 16; ++e) {
+    Flip(Locate(dir_, std::string(kPrefix) + "layers.2.block_sparse_moe.experts." +
+                          std::to_string(e) + ".w1.weight_scale"));
+  }
+  ExpertStoreOptions store;
+  store.usage_path = "";
+  for (bool streaming : {true, false}) {
+    SCOPED_TRACE(streaming ? "streaming store" : "pread source");
+    Model::ExpertSourceFactory factory;
+    if (streaming) factory = StreamingExpertSourceFactory(store, nullptr);
+    const absl::Status status = Logits(dir_, Options(true), factory).status();
+    EXPECT_THAT(status, StatusIs(absl::StatusCode::kDataLoss,
+                                 AllOf(HasSubstr("layers.2.block_sparse_moe.experts."),
+                                       HasSubstr("w1.weight_scale"),
+                                       HasSubstr("its bytes changed after they were written"))));
+    ExpertStoreOptions unchecked = store;
+    unchecked.verify_checksums = false;
+    if (streaming) factory = StreamingExpertSourceFactory(unchecked, nullptr);
+    EXPECT_OK(Logits(dir_, Options(false), factory).status());
+  }
+}
+
+}  // namespace
+}  // namespace coli::k3
