@@ -80,6 +80,10 @@ absl::StatusOr<v1::Finished> Drain(grpc::ClientReader<Event>* reader, const Stre
     } else if (e.has_finished()) {
       finished = e.finished();
       got_finished = true;
+    } else if constexpr (std::is_same_v<Event, v1::GenerateEvent>) {
+      if (e.has_prompt_logprobs() && cb.on_prompt_logprobs) {
+        cb.on_prompt_logprobs(e.prompt_logprobs());
+      }
     }
   }
   COLI_RETURN_IF_ERROR(FromGrpc(reader->Finish()));

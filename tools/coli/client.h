@@ -88,6 +88,8 @@ struct StreamCallbacks {
   std::function<void(const v1::Started&)> on_started;
   std::function<void(const v1::Token&)> on_token;
   std::function<void(const v1::ChatDelta&)> on_delta;  // Chat only, after on_token
+  // Generate with prompt_logprobs: the prompt tokens' logprobs, piece by piece, after on_started.
+  std::function<void(const v1::PromptLogprobs&)> on_prompt_logprobs;
 };
 
 class Client {
