@@ -261,6 +261,54 @@ TEST(ResponsesRequest, PreviousResponseContinuesItsConversation) {
                  "previous_response_id");
 }
 
+// The Vercel AI SDK's Responses provider sends stored reasoning and messages back as
+// {"type": "item_reference", "id": ...} (store is on by default): each becomes the stored item.
+TEST(ResponsesRequest, ItemReferencesBecomeTheStoredItems) {
+  ResponseStore store;
+  store.Put("resp_1", J(R"({"id": "resp_1", "output": [
+      {"id": "rs_1", "type": "reasoning", "summary": [], "status": "completed",
+       "content": [{"type": "reasoning_text", "text": "Think."}]},
+      {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "call_1",
+       "name": "f", "arguments": "{}"}]})"),
+            Json::array(), J(R"([{"id": "msg_in", "type": "message", "role": "user",
+                                 "content": [{"type": "input_text", "text": "q"}]}])"));
+  store.Put("resp_2", J(R"({"id": "resp_2", "output": [
+      {"id": "msg_2", "type": "message", "role": "assistant", "status": "completed",
+       "content": [{"type": "output_text", "text": "Done.", "annotations": [], "logprobs": []}]}]})"),
+            Json::array());
+  ResponsesRequest r = Parse(J(R"({"input": [
+    {"type": "item_reference", "id": "msg_in"},
+    {"type": "item_reference", "id": "rs_1"},
+    {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+    {"type": "item_reference", "id": "msg_2"},
+    {"role": "user", "content": "again"}]})"),
+                             &store);
+  EXPECT_JSON_EQ(r.chat["messages"], J(R"([
+    {"role": "user", "content": [{"type": "text", "text": "q"}]},
+    {"role": "assistant", "content": null, "reasoning_content": "Think.",
+     "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
+    {"role": "user", "content": "again"}])"));
+  // GET .../input_items lists the items themselves, not the references.
+  ASSERT_EQ(r.input_items.size(), 6u);
+  EXPECT_EQ(r.input_items[1]["type"], "reasoning");
+  EXPECT_EQ(r.input_items[4]["id"], "msg_2");
+
+  ApiError e = Refused(J(R"({"input": [{"type": "item_reference", "id": "rs_gone"}]})"), &store);
+  EXPECT_EQ(e.param, "input[0].id");
+  EXPECT_NE(e.message.find("rs_gone"), std::string::npos) << e.message;
+  EXPECT_EQ(Refused(J(R"({"input": [{"type": "item_reference", "id": "rs_1"}]})"), nullptr).param,
+            "input[0].id");
+  EXPECT_EQ(Refused(J(R"({"input": [{"type": "item_reference"}]})"), &store).param, "input[0].id");
+  EXPECT_EQ(Refused(J(R"({"input": [{"type": "item_reference", "id": 7}]})"), &store).param,
+            "input[0].id");
+  EXPECT_EQ(
+      Refused(J(R"({"input": [{"type": "item_reference", "id": "rs_1", "x": 1}]})"), &store).param,
+      "input[0].x");
+}
+
 TEST(ResponsesRequest, LogprobsMapToTheChatFields) {
   // OpenAI's switch: include message.output_text.logprobs; top_logprobs sets the alternatives.
   ResponsesRequest r =

@@ -187,7 +187,7 @@ class InputMapper {
     *error =
         BadField(path + ".type", "input item type '" + type +
                                      "' is unsupported (this engine takes message, function_call, "
-                                     "function_call_output and reasoning items)");
+                                     "function_call_output, reasoning and item_reference items)");
     return false;
   }
 
@@ -728,6 +728,24 @@ std::optional<Json> ResponseStore::InputItems(const std::string& id) const {
   return it->second.input_items;
 }
 
+std::optional<Json> ResponseStore::Item(const std::string& item_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Outputs first: a client refers back to what it was given (the Vercel AI SDK does so for
+  // every reasoning item and assistant message when store is on); inputs are the rarer case.
+  for (const bool outputs : {true, false}) {
+    for (auto id = order_.rbegin(); id != order_.rend(); ++id) {
+      const Entry& e = entries_.at(*id);
+      const Json* items = outputs ? Find(e.response, "output") : &e.input_items;
+      if (items == nullptr || !items->is_array()) continue;
+      for (const Json& item : *items) {
+        const Json* item_id_field = item.is_object() ? Find(item, "id") : nullptr;
+        if (item_id_field != nullptr && *item_id_field == item_id) return item;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 bool ResponseStore::Erase(const std::string& id) {
   std::vector<DiskOp> ops;
   uint64_t turn = 0;
@@ -751,6 +769,40 @@ size_t ResponseStore::size() const {
 }
 
 // ---- the request ----------------------------------------------------------------------------
+
+namespace {
+
+// `input` with each `{"type": "item_reference", "id": ...}` replaced by the stored item it names
+// (OpenAI's way to repeat an earlier output without resending it). A reference nobody stored is
+// a 400 naming it.
+std::optional<Json> ResolveItemReferences(const Json& input, const ResponseStore* store,
+                                          ApiError* error) {
+  if (!input.is_array()) return input;
+  Json resolved = input;
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    Json& item = resolved[i];
+    const Json* type = item.is_object() ? Find(item, "type") : nullptr;
+    if (type == nullptr || *type != "item_reference") continue;
+    const std::string path = Index("input", i);
+    std::string id;
+    if (!OnlyKeys(item, {"type", "id"}, path, error) ||
+        !RequireString(item, "id", path, true, &id, error)) {
+      return std::nullopt;
+    }
+    std::optional<Json> stored = store != nullptr ? store->Item(id) : std::nullopt;
+    if (!stored) {
+      *error = BadField(path + ".id",
+                        "Item with id '" + id +
+                            "' not found: an item_reference names an item of a stored response "
+                            "(store: true) that this server still keeps");
+      return std::nullopt;
+    }
+    item = std::move(*stored);
+  }
+  return resolved;
+}
+
+}  // namespace
 
 std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const ResponseStore* store,
                                                       ApiError* error) {
@@ -815,6 +867,12 @@ std::optional<ResponsesRequest> ParseResponsesRequest(const Json& body, const Re
     }
   }
   const Json* input = Find(body, "input");
+  std::optional<Json> resolved_input;
+  if (input != nullptr) {
+    resolved_input = ResolveItemReferences(*input, store, error);
+    if (!resolved_input) return std::nullopt;
+    input = &*resolved_input;
+  }
   if (input == nullptr && r.conversation.empty()) {
     *error = BadField("input", "input is required (a string or an array of input items)");
     return std::nullopt;

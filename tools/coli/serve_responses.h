@@ -88,6 +88,10 @@ class ResponseStore {
   // Nullopt when absent or when its conversation is null (see Put).
   std::optional<Json> Conversation(const std::string& id) const;
   std::optional<Json> InputItems(const std::string& id) const;
+  // The stored item with id `item_id` (an `item_reference` input item names one): an output item
+  // of a kept response, else an item of one's input, the newest response first; nullopt when no
+  // kept response has it.
+  std::optional<Json> Item(const std::string& item_id) const;
   bool Erase(const std::string& id);
   size_t size() const;
 
