@@ -1034,8 +1034,11 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     held.emplace(*s->m);
     locked_at = Clock::now();
     // Decode rows of other sessions of the model ride the chunk passes from here on; those
-    // still queued when this (and every other running) prefill ends run on their own.
-    PrefillRiders riders(s, &locked_at);
+    // still queued when this (and every other running) prefill ends run on their own. A prefill
+    // for prompt logprobs takes no riders (its passes compute the head on every row), so it
+    // does not ask for them: rows queued for it would wait until it ends.
+    std::optional<PrefillRiders> riders;
+    if (!want_logprobs) riders.emplace(s, &locked_at);
     for (size_t from = keep, i = 0; from < prompt.size() && i < ends.size(); from = ends[i++]) {
       const int64_t offset = static_cast<int64_t>(from - keep);
       Session::Progress progress = [&](int64_t done, int64_t) {
@@ -1043,7 +1046,8 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
         between_chunks(last_done);
       };
       logits = s->session->Prefill(prompt.subspan(from, ends[i] - from), progress, cancel,
-                                   interrupt, &riders, want_logprobs ? &row_logits : nullptr);
+                                   interrupt, riders ? &*riders : nullptr,
+                                   want_logprobs ? &row_logits : nullptr);
       if (!logits.ok()) break;
       if (s->checkpoints != nullptr) {
         // A checkpoint that cannot be parked costs only a longer prefill later.

@@ -6,8 +6,11 @@
 // decode logprobs, bit for bit), a second prompt extending the first is computed whole (nothing
 // is kept: a kept prefix has no logits), an older host's args ask for none, a one-token prompt
 // has none, and more than 20 alternatives are refused.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <future>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,12 +47,21 @@ class K3PromptLogprobsTest : public abi_test::PluginAbiTest {
     return m.ok() ? *m : nullptr;
   }
   // Prefills with prompt logprobs (args of `args_size` bytes); the result and a copy of them.
-  static absl::Status PrefillWithLogprobs(coli_session_t* s, const std::vector<int32_t>& prompt,
-                                          int32_t top_k, coli_prefill_result_t* result,
-                                          std::vector<coli_logprob_t>* entries,
-                                          size_t args_size = sizeof(coli_prefill_args_t)) {
+  // `between_chunks`, when given, is the host's progress callback.
+  static absl::Status PrefillWithLogprobs(
+      coli_session_t* s, const std::vector<int32_t>& prompt, int32_t top_k,
+      coli_prefill_result_t* result, std::vector<coli_logprob_t>* entries,
+      size_t args_size = sizeof(coli_prefill_args_t),
+      std::function<void(uint64_t done, uint64_t total)>* between_chunks = nullptr) {
     auto args = abi::Init<coli_prefill_args_t>();
     args.struct_size = args_size;
+    if (between_chunks != nullptr) {
+      args.progress = [](void* user, uint64_t done, uint64_t total, const char*, size_t) {
+        (*static_cast<std::function<void(uint64_t, uint64_t)>*>(user))(done, total);
+        return 0;
+      };
+      args.progress_user = between_chunks;
+    }
     args.tokens = prompt.data();
     args.n_tokens = prompt.size();
     args.want_prompt_logprobs = 1;
@@ -146,6 +158,42 @@ TEST_F(K3PromptLogprobsTest, LeaveThePromptStateAsAPlainPrefillDoes) {
   // Without the request the record is reused again, as before.
   longer.push_back(10);
   EXPECT_EQ(Prefill(s, longer).tokens_reused, longer.size() - 1);
+}
+
+// Mixed passes are on by default (decode rows of other sessions ride a prefill's chunk passes),
+// but a prefill for prompt logprobs carries none: another session's decode call made between
+// its chunks must run its own pass then, not queue for a ride that never comes (it used to wait
+// for the whole prefill: minutes on the real model).
+TEST_F(K3PromptLogprobsTest, OtherSessionsDecodeBetweenItsChunks) {
+  auto opened = TryOpen({}, -1, [](coli_model_options_t* o) { o->chunk = 4; });
+  ASSERT_OK(opened.status());
+  coli_model_t* m = *opened;
+  const std::vector<int32_t> prompt_b = testing::RandomIds(5, 768, 41);
+  coli_session_t* lone = NewSession(m);
+  Prefill(lone, prompt_b);
+  const std::vector<Out> want = Generate(lone, 4);
+  coli_session_t* b = NewSession(m);
+  Prefill(b, prompt_b);
+  std::vector<Out> got = {Call({b}, {{}})[0]};
+  coli_session_t* a = NewSession(m);
+  int64_t last = -1;
+  std::function<void(uint64_t, uint64_t)> between = [&](uint64_t done, uint64_t total) {
+    if (static_cast<int64_t>(done) == last || done >= total || got.size() == 4) return;
+    last = static_cast<int64_t>(done);
+    std::future<Out> step =
+        std::async(std::launch::async, [b] { return Call({b}, {abi_test::Knobs{}})[0]; });
+    if (step.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      ADD_FAILURE() << "a decode call between the chunks did not run";
+    }
+    got.push_back(step.get());
+  };
+  coli_prefill_result_t result;
+  std::vector<coli_logprob_t> entries;
+  ASSERT_OK(PrefillWithLogprobs(a, testing::RandomIds(20, 768, 42), 0, &result, &entries,
+                                sizeof(coli_prefill_args_t), &between));
+  EXPECT_EQ(entries.size(), 19u);
+  abi_test::ExpectSameOuts(got, want);
+  EXPECT_EQ(Stats(b)["decode_rides"], 0);
 }
 
 TEST_F(K3PromptLogprobsTest, OlderArgsOneTokenAndTooManyAlternatives) {
