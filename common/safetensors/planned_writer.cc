@@ -22,7 +22,10 @@ using ::coli::internal_cat::Cat;
 namespace {
 
 absl::Status Errno(int err, std::string_view what, std::string_view path) {
-  return absl::InternalError(Cat("file '", path, "': ", what, ": ", std::strerror(err)));
+  std::string message = Cat("file '", path, "': ", what, ": ", std::strerror(err));
+  // A full disk or quota is the caller's to fix (free space, another folder), not a bug.
+  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
 }
 
 absl::Status PwriteAll(int fd, const char* data, uint64_t size, uint64_t offset,

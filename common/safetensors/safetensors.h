@@ -166,6 +166,8 @@ class Snapshot {
   absl::StatusOr<const io::File*> ShardFile(int shard);
   // Whether the shard has been opened (tests check that unused shards stay closed).
   bool IsShardOpen(int shard) const;
+  // The shard's "__metadata__" (opens and validates it on first use).
+  absl::StatusOr<std::map<std::string, std::string>> ShardMetadata(int shard);
 
  private:
   struct Shard;

@@ -28,6 +28,7 @@ struct Snapshot::Shard {
   absl::Status status;
   std::unique_ptr<io::File> file;
   std::vector<std::unique_ptr<TensorInfo>> tensors;
+  std::map<std::string, std::string> metadata;
 };
 
 namespace {
@@ -237,6 +238,7 @@ absl::Status Snapshot::OpenShardLocked(int id) {
       shard.tensors.push_back(std::make_unique<TensorInfo>(std::move(t)));
     }
     for (const auto& t : shard.tensors) tensors_.emplace(t->name, t.get());
+    shard.metadata = std::move(header.metadata);
     shard.file = std::move(file);
     return absl::OkStatus();
   };
@@ -322,6 +324,12 @@ absl::StatusOr<const io::File*> Snapshot::ShardFile(int shard) {
   std::lock_guard<std::mutex> lock(mu_);
   COLI_RETURN_IF_ERROR(OpenShardLocked(shard));
   return static_cast<const io::File*>(shards_[static_cast<size_t>(shard)]->file.get());
+}
+
+absl::StatusOr<std::map<std::string, std::string>> Snapshot::ShardMetadata(int shard) {
+  COLI_RETURN_IF_ERROR(ShardFile(shard).status());
+  std::lock_guard<std::mutex> lock(mu_);
+  return shards_[static_cast<size_t>(shard)]->metadata;
 }
 
 bool Snapshot::IsShardOpen(int shard) const {

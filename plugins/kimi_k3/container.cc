@@ -6,10 +6,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/io/io.h"
+#include "common/status/status.h"
 
 namespace coli::k3 {
 
 using kernels::WeightFormat;
+
+absl::StatusOr<std::map<std::string, std::string>> ReadShardMetadata(const std::string& path) {
+  COLI_ASSIGN_OR_RETURN(std::unique_ptr<io::File> file, io::File::Open(path));
+  std::string prefix(8, '\0');
+  if (file->size() >= 8) COLI_RETURN_IF_ERROR(file->ReadAt(0, 8, prefix.data()));
+  COLI_ASSIGN_OR_RETURN(
+      uint64_t n, st::ParseHeaderLength(std::string_view(prefix.data(), file->size() >= 8 ? 8 : 0),
+                                        file->size(), path));
+  std::string json(n, '\0');
+  COLI_RETURN_IF_ERROR(file->ReadAt(8, n, json.data()));
+  COLI_ASSIGN_OR_RETURN(st::Header header, st::ParseHeader(json, file->size(), path));
+  return std::move(header.metadata);
+}
 
 bool IsRepackContainer(const std::string& dir) {
   std::error_code ec;
@@ -19,17 +33,35 @@ bool IsRepackContainer(const std::string& dir) {
     if (name.ends_with(".safetensors") && (first.empty() || name < first)) first = name;
   }
   if (ec || first.empty()) return false;
-  const std::string path = (std::filesystem::path(dir) / first).string();
-  absl::StatusOr<std::unique_ptr<io::File>> file = io::File::Open(path);
-  if (!file.ok() || (*file)->size() < 8) return false;
-  std::string prefix(8, '\0');
-  if (!(*file)->ReadAt(0, 8, prefix.data()).ok()) return false;
-  absl::StatusOr<uint64_t> n = st::ParseHeaderLength(prefix, (*file)->size(), path);
-  if (!n.ok()) return false;
-  std::string json(*n, '\0');
-  if (!(*file)->ReadAt(8, *n, json.data()).ok()) return false;
-  absl::StatusOr<st::Header> header = st::ParseHeader(json, (*file)->size(), path);
-  return header.ok() && header->metadata.count(kRepackMetadataKey) != 0;
+  absl::StatusOr<std::map<std::string, std::string>> metadata =
+      ReadShardMetadata((std::filesystem::path(dir) / first).string());
+  return metadata.ok() && metadata->count(kRepackMetadataKey) != 0;
+}
+
+absl::Status CheckOneRepack(
+    const std::vector<std::pair<std::string, std::map<std::string, std::string>>>& shards) {
+  const std::pair<std::string, std::map<std::string, std::string>>* first = nullptr;
+  for (const auto& shard : shards) {
+    if (shard.second.count(kRepackMetadataKey) == 0) continue;
+    if (first == nullptr) {
+      first = &shard;
+      continue;
+    }
+    for (const char* key : {"k3_repack.bits", "k3_repack.mla_bits", "k3_repack.head_bits"}) {
+      auto a = first->second.find(key), b = shard.second.find(key);
+      const std::string va = a == first->second.end() ? "(none)" : a->second;
+      const std::string vb = b == shard.second.end() ? "(none)" : b->second;
+      if (va != vb) {
+        return absl::DataLossError(absl::StrCat(
+            "shard '", shard.first, "' was made by k3-repack with ", key, "=", vb, ", shard '",
+            first->first, "' with ", key, "=", va,
+            ": the container mixes shards of two repacks (a shard copied in from another "
+            "container) and would load as a mixed model; copy the right shard, or make the "
+            "container again with k3-repack"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<WeightFormat> ContainerFormat(const st::TensorInfo& data, const st::TensorInfo& qs,

@@ -13,8 +13,10 @@
 #define COLI_PLUGINS_KIMI_K3_CONTAINER_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +45,16 @@ inline constexpr char kRepackMetadataKey[] = "k3_repack";
 // Whether the first *.safetensors in `dir` (by name) carries kRepackMetadataKey, i.e. `dir` is
 // (part of) a k3-repack output. Reads one header; false on any error.
 bool IsRepackContainer(const std::string& dir);
+
+// The "__metadata__" of the safetensors file at `path` (its header only; errors name the file).
+absl::StatusOr<std::map<std::string, std::string>> ReadShardMetadata(const std::string& path);
+
+// The shards of one container were made by one k3-repack run: DATA_LOSS naming two shards and
+// the setting (k3_repack.bits / mla_bits / head_bits) when shards that carry kRepackMetadataKey
+// disagree — a shard copied in from another container, which loads as a silently mixed model.
+// `shards`: (path, metadata) pairs; shards without the key are not compared.
+absl::Status CheckOneRepack(
+    const std::vector<std::pair<std::string, std::map<std::string, std::string>>>& shards);
 
 // The tensors a quantized matrix becomes in a container: the U8 data (shape [O, I] for int8,
 // [O, I/2] for int4-g64) and the F32 sidecar. INVALID_ARGUMENT for any other format.

@@ -7,6 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/ops/ops.h"
@@ -105,9 +109,17 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   auto model = std::unique_ptr<Model>(new Model());
   model->options_ = options;
   COLI_ASSIGN_OR_RETURN(model->cfg_, Config::LoadDir(dir));
-  COLI_ASSIGN_OR_RETURN(model->snapshot_,
-                        st::Snapshot::Open(dir, {.extra_dirs = options.extra_dirs,
-                                                 .verify_checksums = options.verify_checksums}));
+  absl::StatusOr<std::unique_ptr<st::Snapshot>> snapshot = st::Snapshot::Open(
+      dir, {.extra_dirs = options.extra_dirs, .verify_checksums = options.verify_checksums});
+  if (snapshot.status().code() == absl::StatusCode::kNotFound && IsRepackContainer(dir)) {
+    // k3-repack writes the index last: shards without it are a run that did not finish.
+    return absl::NotFoundError(absl::StrCat(
+        snapshot.status().message(), "; '", dir,
+        "' holds k3-repack shards but no index: the repack has not finished (it was stopped, or "
+        "is still running); run k3-repack <source> '",
+        dir, "' again to complete it"));
+  }
+  COLI_ASSIGN_OR_RETURN(model->snapshot_, std::move(snapshot));
   absl::StatusOr<std::unique_ptr<Weights>> weights =
       Weights::Load(*model->snapshot_, model->cfg_, options, progress);
   if (weights.status().code() == absl::StatusCode::kNotFound && IsRepackContainer(dir)) {
@@ -128,6 +140,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                           PreadExpertSource::Create(*model->snapshot_, model->cfg_,
                                                     model->weights_->prefix(), layers));
   }
+  // Every shard the model uses, as made by one k3-repack run (a plain checkpoint has no record).
+  std::vector<std::pair<std::string, std::map<std::string, std::string>>> shards;
+  for (int s = 0; s < model->snapshot_->num_shards(); ++s) {
+    if (!model->snapshot_->IsShardOpen(s)) continue;
+    COLI_ASSIGN_OR_RETURN(auto metadata, model->snapshot_->ShardMetadata(s));
+    shards.emplace_back(model->snapshot_->ShardPath(s), std::move(metadata));
+  }
+  COLI_RETURN_IF_ERROR(CheckOneRepack(shards));
   model->compute_.matmul.idot = options.idot;
   model->compute_.matmul.threads = options.threads;
   model->compute_.threads = options.threads;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -599,15 +600,16 @@ struct RunOptions {
   std::function<void(std::string_view)> say;
 };
 
-// Converts one source shard into dst_path (via dst_path.tmp), adding its bytes and stage times
-// to *summary. false when it holds only vision tensors (no output).
-absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string& dst_path,
-                                  const st::Index& index, const std::string& index_path,
-                                  const Config& cfg, const Bits& bits, const RunOptions& run,
-                                  RepackSummary* summary) {
-  COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
-  COLI_RETURN_IF_ERROR(CheckShardAgainstIndex(
-      src.header, src_path, fs::path(src_path).filename().string(), index, index_path));
+// What one source shard becomes: the output tensors in file order and, per source tensor, where
+// its bytes go. Empty `planned` when the shard holds only vision tensors (no output).
+struct ShardPlan {
+  std::vector<st::PlannedTensor> planned;
+  std::vector<ShardPipeline::Output> where;
+};
+
+absl::StatusOr<ShardPlan> PlanShardOutput(const ShardFile& src, const std::string& src_path,
+                                          const Config& cfg, const Bits& bits) {
+  ShardPlan plan;
   const std::vector<st::TensorInfo>& in = src.header.tensors;  // file-offset order
   std::vector<OutTensor> plain, experts;
   std::vector<std::optional<WeightFormat>> formats(in.size());
@@ -644,7 +646,7 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
       }
     }
   }
-  if (plain.empty() && experts.empty()) return false;
+  if (plain.empty() && experts.empty()) return plan;  // vision only: no output
   // Widest dtype first keeps every tensor aligned to its element size (the data region starts
   // 8-byte aligned and each size is a multiple of its element size); then by name.
   std::sort(plain.begin(), plain.end(), [](const OutTensor& a, const OutTensor& b) {
@@ -662,13 +664,29 @@ absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string
   }
   std::vector<OutTensor> out = std::move(plain);
   out.insert(out.end(), experts.begin(), experts.end());
-  std::vector<st::PlannedTensor> planned;
-  std::vector<ShardPipeline::Output> where(in.size());
+  plan.where.resize(in.size());
   for (size_t j = 0; j < out.size(); ++j) {
-    planned.push_back(out[j].planned);
-    where[out[j].source].index[out[j].part == OutTensor::kScales ? 1 : 0] = j;
+    plan.planned.push_back(out[j].planned);
+    plan.where[out[j].source].index[out[j].part == OutTensor::kScales ? 1 : 0] = j;
   }
-  for (size_t i = 0; i < in.size(); ++i) where[i].format = formats[i];
+  for (size_t i = 0; i < in.size(); ++i) plan.where[i].format = formats[i];
+  return plan;
+}
+
+// Converts one source shard into dst_path (via dst_path.tmp), adding its bytes and stage times
+// to *summary. false when it holds only vision tensors (no output).
+absl::StatusOr<bool> ConvertShard(const std::string& src_path, const std::string& dst_path,
+                                  const st::Index& index, const std::string& index_path,
+                                  const Config& cfg, const Bits& bits, const RunOptions& run,
+                                  RepackSummary* summary) {
+  COLI_ASSIGN_OR_RETURN(ShardFile src, OpenShard(src_path));
+  COLI_RETURN_IF_ERROR(CheckShardAgainstIndex(
+      src.header, src_path, fs::path(src_path).filename().string(), index, index_path));
+  COLI_ASSIGN_OR_RETURN(ShardPlan plan, PlanShardOutput(src, src_path, cfg, bits));
+  if (plan.planned.empty()) return false;
+  const std::vector<st::TensorInfo>& in = src.header.tensors;  // file-offset order
+  std::vector<st::PlannedTensor> planned = std::move(plan.planned);
+  std::vector<ShardPipeline::Output> where = std::move(plan.where);
   std::vector<Piece> pieces = CutPieces(in, where, run.piece_bytes);
   uint64_t read_bytes = 0;
   for (const Piece& p : pieces) read_bytes += p.length;
@@ -789,6 +807,37 @@ absl::Status CheckExistingOutputs(const std::string& src, const std::string& dst
         CheckExistingOutput(Join(dst, name), fs::exists(from, ec) ? from : std::string(), bits));
   }
   return absl::OkStatus();
+}
+
+// Before anything is written: the shards still to convert must fit in dst's free space. A full
+// filesystem was found only when a write failed, after hours on the full model.
+absl::Status CheckRoom(const std::string& src, const std::string& dst, const st::Index& index,
+                       const std::set<int>& wanted, const Config& cfg, const Bits& bits) {
+  uint64_t need = 0;
+  int shards = 0;
+  std::error_code ec;
+  for (const std::string& name : index.shards) {
+    if (!wanted.empty() && !wanted.count(ShardNumber(name))) continue;
+    const std::string from = Join(src, name);
+    if (!fs::exists(from, ec) || fs::exists(Join(dst, name), ec)) continue;
+    COLI_ASSIGN_OR_RETURN(ShardFile shard, OpenShard(from));
+    COLI_ASSIGN_OR_RETURN(ShardPlan plan, PlanShardOutput(shard, from, cfg, bits));
+    if (plan.planned.empty()) continue;
+    COLI_ASSIGN_OR_RETURN(st::PlannedHeader header, st::PlanHeader(plan.planned, {}));
+    // + the checksum digits and the provenance record (a few hundred bytes) in the header.
+    need += 8 + header.json.size() + header.data_bytes + 8 * plan.planned.size() + 4096;
+    ++shards;
+  }
+  struct statvfs fsinfo;
+  if (::statvfs(dst.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: let writes tell
+  const uint64_t free_bytes = static_cast<uint64_t>(fsinfo.f_bavail) * fsinfo.f_frsize;
+  if (need <= free_bytes) return absl::OkStatus();
+  char sizes[128];
+  std::snprintf(sizes, sizeof(sizes), "%.2f GB, but it has %.2f GB free", need / 1e9,
+                free_bytes / 1e9);
+  return absl::ResourceExhaustedError(
+      Cat("'", dst, "' is too small: the ", shards, " shard(s) still to convert need ", need,
+          " bytes (", sizes, "); free space there or choose another folder (nothing was written)"));
 }
 
 }  // namespace
@@ -943,6 +992,7 @@ absl::StatusOr<RepackSummary> Repack(const std::string& src, const std::string& 
   }
   COLI_ASSIGN_OR_RETURN(std::unique_ptr<FolderLock> lock, FolderLock::Acquire(dst));
   COLI_RETURN_IF_ERROR(CheckExistingOutputs(src, dst, index, bits));
+  COLI_RETURN_IF_ERROR(CheckRoom(src, dst, index, wanted, cfg, bits));
   COLI_RETURN_IF_ERROR(CopyFiles(src, dst));
   say(Cat("k3-repack: ", index.shards.size(), " source shards, bits ", bits.bits, " / mla ",
           bits.mla_bits, " / head ", bits.head_bits));

@@ -2,11 +2,14 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include "common/io/cat.h"
 #include "common/safetensors/safetensors.h"
+#include "common/status/status.h"
+#include "plugins/kimi_k3/container.h"
 #include "plugins/kimi_k3/repack.h"
 
 namespace coli::k3 {
@@ -26,6 +29,28 @@ absl::StatusOr<CheckSummary> CheckContainer(const std::string& dst, int threads,
     return absl::NotFoundError(Cat("container '", dst, "' holds no *.safetensors file"));
   }
   std::sort(shards.begin(), shards.end());
+  // Each shard's CRCs only vouch for that shard: one copied in from another container passes
+  // them all, so the shards' repack settings are compared first.
+  std::vector<std::pair<std::string, std::map<std::string, std::string>>> records;
+  for (const std::string& name : shards) {
+    const std::string path = dst + "/" + name;
+    COLI_ASSIGN_OR_RETURN(auto metadata, ReadShardMetadata(path));
+    records.emplace_back(path, std::move(metadata));
+  }
+  COLI_RETURN_IF_ERROR(CheckOneRepack(records));
+  // And against the container's index, as the loader opens them: shards renamed or swapped pass
+  // their own CRCs but do not load.
+  absl::StatusOr<std::unique_ptr<st::Snapshot>> snapshot = st::Snapshot::Open(dst);
+  if (!snapshot.ok()) {
+    return Annotate(snapshot.status(),
+                    Cat("container '", dst,
+                        "': its index is missing or unreadable (a k3-repack run that has not "
+                        "finished writes it last; run k3-repack <source> '",
+                        dst, "' again)"));
+  }
+  for (int s = 0; s < (*snapshot)->num_shards(); ++s) {
+    COLI_RETURN_IF_ERROR((*snapshot)->ShardFile(s).status());
+  }
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::min<int>(threads, static_cast<int>(shards.size()));
 

@@ -6,6 +6,12 @@
 //
 // The expected CRCs come from the container's own header (what k3-repack wrote) and zlib's
 // crc32 of the damaged bytes, not from the loader.
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -229,6 +235,93 @@ TEST_F(ChecksumLoadTest, DamagedExpertFailsThePrefillWithEitherExpertSource) {
     if (streaming) factory = StreamingExpertSourceFactory(unchecked, nullptr);
     EXPECT_OK(Logits(dir_, Options(false), factory).status());
   }
+}
+
+// A shard copied in from another container (here: a --bits 4 repack of the same source) has
+// intact CRCs and the names the index wants: it loaded as a silently mixed int8/int4 model and
+// `--check` called it intact. Both now refuse it naming the two shards and the setting.
+TEST_F(ChecksumLoadTest, ShardFromAnotherRepackIsRefusedAtLoadAndByCheck) {
+  const std::string other = dir_ + "_int4";
+  RepackOptions o;
+  o.bits = 4;
+  o.threads = 2;
+  ASSERT_OK(Repack(K3_TEST_TINY, other, o).status());
+  const std::string shard = "model-00003-of-000016.safetensors";
+  fs::copy_file(other + "/" + shard, dir_ + "/" + shard, fs::copy_options::overwrite_existing);
+  fs::remove_all(other);
+  const auto mixed =
+      StatusIs(absl::StatusCode::kDataLoss,
+               AllOf(HasSubstr(shard), HasSubstr("k3_repack.bits=4"), HasSubstr("k3_repack.bits=8"),
+                     HasSubstr("mixes shards of two repacks")));
+  EXPECT_THAT(Logits(dir_, Options(true)).status(), mixed);
+  EXPECT_THAT(Logits(dir_, Options(false)).status(), mixed);  // not a checksum: always checked
+  EXPECT_THAT(CheckContainer(dir_, 2, nullptr).status(), mixed);
+}
+
+// Two shards of one container swapped under each other's names: each passes its own CRCs, the
+// loader refuses them (index cross-check), and `--check` said "N shard(s) intact". Now it checks
+// the shards against the index as the loader does, and a folder without an index is not intact.
+TEST_F(ChecksumLoadTest, CheckComparesShardsWithTheIndex) {
+  ASSERT_OK(CheckContainer(dir_, 2, nullptr).status());
+  const std::string a = dir_ + "/model-00002-of-000016.safetensors";
+  const std::string b = dir_ + "/model-00003-of-000016.safetensors";
+  fs::rename(a, dir_ + "/swap");
+  fs::rename(b, a);
+  fs::rename(dir_ + "/swap", b);
+  EXPECT_THAT(Logits(dir_, Options(true)).status(), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(CheckContainer(dir_, 2, nullptr).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("model-0000"), HasSubstr("model.safetensors.index.json"))));
+  fs::remove(dir_ + "/model.safetensors.index.json");
+  EXPECT_THAT(CheckContainer(dir_, 2, nullptr).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("its index is missing")));
+}
+
+// A container whose run was killed before the index was written (k3-repack writes it last):
+// "has neither model.safetensors.index.json nor model.safetensors" said nothing about why.
+TEST_F(ChecksumLoadTest, ShardsWithoutAnIndexAreCalledAnUnfinishedRepack) {
+  fs::remove(dir_ + "/model.safetensors.index.json");
+  EXPECT_THAT(Logits(dir_, Options(true)).status(),
+              StatusIs(absl::StatusCode::kNotFound,
+                       AllOf(HasSubstr("no index: the repack has not finished"),
+                             HasSubstr("run k3-repack <source> '" + dir_ + "' again"))));
+}
+
+// A write to a full disk is RESOURCE_EXHAUSTED (was INTERNAL, as if it were a bug).
+TEST(RepackRoomTest, WriteToAFullDiskIsResourceExhausted) {
+  // The header is written at Create: /dev/full refuses it with ENOSPC.
+  EXPECT_THAT(st::PlannedWriter::Create("/dev/full", {{"t", st::DType::kU8, {64}}}).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("No space left on device")));
+}
+
+// A destination too small for the shards is refused before anything is written (it failed on
+// the first write that did not fit, after converting what did: hours on the full model). Needs
+// a small filesystem: a 1 MiB tmpfs, which needs root (skipped otherwise).
+TEST(RepackRoomTest, DestinationTooSmallIsRefusedBeforeAnythingIsWritten) {
+  const std::string mount_point =
+      fs::temp_directory_path() / ("k3_repack_small_" + std::to_string(::getpid()));
+  fs::create_directories(mount_point);
+  if (::mount("tmpfs", mount_point.c_str(), "tmpfs", 0, "size=1m") != 0) {
+    fs::remove(mount_point);
+    GTEST_SKIP() << "cannot mount a small tmpfs (not root?): " << std::strerror(errno);
+  }
+  const std::string dst = mount_point + "/out";
+  RepackOptions o;
+  o.bits = 8;
+  o.threads = 2;
+  const absl::Status status = Repack(K3_TEST_TINY, dst, o).status();
+  std::vector<std::string> written;
+  for (const auto& e : fs::directory_iterator(dst)) {
+    const std::string name = e.path().filename().string();
+    if (name != ".k3-repack.lock") written.push_back(name);
+  }
+  ::umount(mount_point.c_str());
+  fs::remove_all(mount_point);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kResourceExhausted,
+                               AllOf(HasSubstr("'" + dst + "' is too small"),
+                                     HasSubstr("still to convert need"),
+                                     HasSubstr("nothing was written"))));
+  EXPECT_TRUE(written.empty()) << written.front();
 }
 
 }  // namespace
