@@ -10,3 +10,10 @@ target_compile_definitions(k3_checksum_load_test PRIVATE
 if(TARGET k3_tiny_fixture)
   add_dependencies(k3_checksum_load_test k3_tiny_fixture)
 endif()
+
+# The same from outside: coli run / k3-run / coli-host --model / coli serve on a damaged
+# container, K3_VERIFY=0 through each, /health 503 after a request meets a damaged expert (~10 s).
+add_test(NAME k3_checksum_cli
+  COMMAND ${CMAKE_CURRENT_LIST_DIR}/checksum_cli.sh ${CMAKE_BINARY_DIR}/bin
+          ${CMAKE_BINARY_DIR}/fixtures/k3_tiny)
+set_tests_properties(k3_checksum_cli PROPERTIES LABELS "cli" TIMEOUT 300)
