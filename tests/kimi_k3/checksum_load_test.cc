@@ -262,6 +262,15 @@ TEST_F(ChecksumLoadTest, ShardFromAnotherRepackIsRefusedAtLoadAndByCheck) {
 // loader refuses them (index cross-check), and `--check` said "N shard(s) intact". Now it checks
 // the shards against the index as the loader does, and a folder without an index is not intact.
 TEST_F(ChecksumLoadTest, CheckComparesShardsWithTheIndex) {
+  // A shard kept in another folder (K3_DIRS) is left out, not called missing.
+  const std::string elsewhere = dir_ + "_elsewhere";
+  fs::create_directories(elsewhere);
+  fs::rename(dir_ + "/model-00005-of-000016.safetensors",
+             elsewhere + "/model-00005-of-000016.safetensors");
+  EXPECT_OK(CheckContainer(dir_, 2, nullptr).status());
+  fs::rename(elsewhere + "/model-00005-of-000016.safetensors",
+             dir_ + "/model-00005-of-000016.safetensors");
+  fs::remove_all(elsewhere);
   ASSERT_OK(CheckContainer(dir_, 2, nullptr).status());
   const std::string a = dir_ + "/model-00002-of-000016.safetensors";
   const std::string b = dir_ + "/model-00003-of-000016.safetensors";
