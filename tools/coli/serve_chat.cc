@@ -286,11 +286,15 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
     out["created"] = created;
     out["model"] = info_.id();
     out["choices"] = Json::array();
-    int64_t completion = 0;
+    int64_t completion = 0, reasoning = 0;
     for (int i = 0; i < f->n; ++i) {
       ChoiceResult& r = results[i];
       // The think-skip fallback re-sends the answer as content: it is not reasoning then.
-      if (!r.content.empty() && r.content == r.reasoning) r.reasoning.clear();
+      if (!r.content.empty() && r.content == r.reasoning) {
+        r.reasoning.clear();
+        r.reasoning_tokens = 0;
+      }
+      reasoning += r.reasoning_tokens;
       Json message;
       message["role"] = "assistant";
       message["content"] =
@@ -308,7 +312,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       out["choices"].push_back(choice);
       completion += r.completion_tokens;
     }
-    out["usage"] = UsageJson(results[0].prompt_tokens, completion);
+    out["usage"] = UsageJson(results[0].prompt_tokens, completion, reasoning);
     Reply(res, 200, out);
     return;
   }
@@ -372,6 +376,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
           if (!ChoiceOk(s, sse, &end)) break;
           end.prompt_tokens = r.prompt_tokens;
           end.completion_tokens += r.completion_tokens;
+          end.reasoning_tokens = end.reasoning_tokens.value_or(0) + r.reasoning_tokens;
           if (!sse.send(chunk(i, Json::object(), r.finish_reason, nullptr))) end.gone = true;
         }
         return end;
@@ -407,7 +412,7 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
           if (include_usage) {
             Json u = header;
             u["choices"] = Json::array();
-            u["usage"] = UsageJson(end.prompt_tokens, end.completion_tokens);
+            u["usage"] = UsageJson(end.prompt_tokens, end.completion_tokens, end.reasoning_tokens);
             write(u);
           }
           static const char kDone[] = "data: [DONE]\n\n";

@@ -63,10 +63,17 @@ inline bool IsLoopback(const std::string& host) {
 
 // ---- the gateway ------------------------------------------------------------------------------
 
-inline Json UsageJson(int64_t prompt_tokens, int64_t completion_tokens) {
-  return Json{{"prompt_tokens", prompt_tokens},
-              {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens}};
+// `reasoning_tokens` (chat completions): OpenAI's completion_tokens_details, which the Vercel AI
+// SDK and LangChain read to split the output into reasoning and text.
+inline Json UsageJson(int64_t prompt_tokens, int64_t completion_tokens,
+                      std::optional<int64_t> reasoning_tokens = std::nullopt) {
+  Json usage{{"prompt_tokens", prompt_tokens},
+             {"completion_tokens", completion_tokens},
+             {"total_tokens", prompt_tokens + completion_tokens}};
+  if (reasoning_tokens) {
+    usage["completion_tokens_details"] = {{"reasoning_tokens", *reasoning_tokens}};
+  }
+  return usage;
 }
 
 // A stream's first event, read before answering so that a request the host refuses is a plain
@@ -295,6 +302,8 @@ class Gateway {
   };
   struct StreamEnd {
     int64_t prompt_tokens = 0, completion_tokens = 0;
+    // Chat completions: the usage's completion_tokens_details.reasoning_tokens.
+    std::optional<int64_t> reasoning_tokens;
     bool gone = false;  // the client went away
   };
   // Answers with an SSE stream: `body` sends the choices' frames and says how it ended; then,

@@ -49,6 +49,8 @@ test('invoke, stream and batch: usage_metadata, finish_reason, reasoning_content
   assert.equal(m.response_metadata.finish_reason, 'length');
   assert.deepEqual([m.usage_metadata.input_tokens, m.usage_metadata.output_tokens],
     [promptTokens, N]);
+  // All N tokens are the tiny model's reasoning (completion_tokens_details.reasoning_tokens).
+  assert.equal(m.usage_metadata.output_token_details.reasoning, N);
   assert.equal(m.additional_kwargs.reasoning_content, reasoning);
   // streamUsage is on by default: the stream's usage chunk is counted once.
   const s = await joined(await llm.stream('Hello'));
@@ -56,6 +58,7 @@ test('invoke, stream and batch: usage_metadata, finish_reason, reasoning_content
   assert.equal(s.additional_kwargs.reasoning_content, reasoning);
   assert.deepEqual([s.usage_metadata.input_tokens, s.usage_metadata.output_tokens],
     [promptTokens, N]);
+  assert.equal(s.usage_metadata.output_token_details.reasoning, N);
   assert.equal(s.response_metadata.finish_reason, 'length');
   const b = await llm.batch(['Hello', 'Hello']);
   assert.equal(b.length, 2);

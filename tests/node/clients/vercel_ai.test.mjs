@@ -29,6 +29,9 @@ test('generateText and streamText: the same greedy output, usage and finish reas
     assert.equal(g.usage.inputTokens, promptTokens, name);
     assert.equal(g.usage.outputTokens, N, name);
     assert.equal(g.usage.totalTokens, promptTokens + N, name);
+    // Every token is the tiny model's reasoning: the usage's reasoning split says so
+    // (completion_tokens_details / output_tokens_details.reasoning_tokens).
+    assert.equal(g.usage.outputTokenDetails.reasoningTokens, N, name);
 
     const s = streamText(opts);
     const types = [];
@@ -44,6 +47,7 @@ test('generateText and streamText: the same greedy output, usage and finish reas
     const su = await s.usage;
     assert.equal(su.inputTokens, promptTokens, name);
     assert.equal(su.outputTokens, N, name);
+    assert.equal(su.outputTokenDetails.reasoningTokens, N, name);
   }
 });
 
