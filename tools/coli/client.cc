@@ -129,6 +129,22 @@ bool CancelToken::cancelled() const {
   return cancelled_;
 }
 
+CancelWhen::CancelWhen(std::function<bool()> when, std::vector<CancelToken*> tokens)
+    : watcher_([this, when = std::move(when), tokens = std::move(tokens)] {
+        while (!done_.load()) {
+          if (when()) {
+            for (CancelToken* t : tokens) t->Cancel();
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }) {}
+
+void CancelWhen::Stop() {
+  done_.store(true);
+  if (watcher_.joinable()) watcher_.join();
+}
+
 void CancelToken::Attach(grpc::ClientContext* context) {
   std::lock_guard<std::mutex> lock(mu_);
   context_ = context;

@@ -23,6 +23,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -30,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -80,6 +82,21 @@ class CancelToken {
   mutable std::mutex mu_;
   bool cancelled_ = false;
   grpc::ClientContext* context_ = nullptr;
+};
+
+// A watcher thread that cancels `tokens` once `when()` says so (e.g. a signal handler stored
+// the signal; it is asked every 20 ms), then stops; Stop() or destroying it ends it sooner.
+class CancelWhen {
+ public:
+  CancelWhen(std::function<bool()> when, std::vector<CancelToken*> tokens);
+  ~CancelWhen() { Stop(); }
+  void Stop();  // ends the watching now (once the calls it guards are over)
+  CancelWhen(const CancelWhen&) = delete;
+  CancelWhen& operator=(const CancelWhen&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread watcher_;
 };
 
 struct StreamCallbacks {

@@ -143,25 +143,7 @@ int RunPerplexity(int argc, char** argv) {
 
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) CatchUnlessIgnored(sig, OnSignal);
   client::CancelToken load_cancel, cancel;
-  std::atomic<bool> done{false};
-  std::thread watcher([&] {
-    while (!done.load()) {
-      if (g_signal.load() != 0) {
-        load_cancel.Cancel();
-        cancel.Cancel();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  });
-  struct StopWatcher {
-    std::atomic<bool>* done;
-    std::thread* watcher;
-    ~StopWatcher() {
-      done->store(true);
-      if (watcher->joinable()) watcher->join();
-    }
-  } stop_watcher{&done, &watcher};
+  client::CancelWhen watcher([] { return g_signal.load() != 0; }, {&load_cancel, &cancel});
   auto interrupted = [&] {
     std::fprintf(stderr, "\ncoli perplexity: interrupted\n");
     return 128 + g_signal.load();

@@ -134,25 +134,8 @@ int RunCommand(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   client::CancelToken load_cancel, cancel;
   Output out;
-  std::atomic<bool> done{false};
-  std::thread watcher([&] {
-    while (!done.load()) {
-      if (g_signal.load() != 0 || out.error() != 0) {
-        load_cancel.Cancel();
-        cancel.Cancel();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  });
-  struct StopWatcher {
-    std::atomic<bool>* done;
-    std::thread* watcher;
-    ~StopWatcher() {
-      done->store(true);
-      if (watcher->joinable()) watcher->join();
-    }
-  } stop_watcher{&done, &watcher};
+  client::CancelWhen watcher([&] { return g_signal.load() != 0 || out.error() != 0; },
+                             {&load_cancel, &cancel});
   auto interrupted = [&]() {
     const int sig = g_signal.load();
     std::fprintf(stderr, "\ncoli run: interrupted (%s)\n",
@@ -242,8 +225,7 @@ int RunCommand(int argc, char** argv) {
     *r.mutable_sampling() = sampling;
     finished = c.Generate(r, cb, &cancel);
   }
-  done.store(true);
-  if (watcher.joinable()) watcher.join();
+  watcher.Stop();
   if (in_reasoning || printed_logprobs) std::fprintf(stderr, "\n");
   if (out.error() == EPIPE) return 128 + SIGPIPE;  // the reader left: quietly, as `cat` does
   out.Write("\n");
