@@ -829,9 +829,9 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     sampling.logit_bias.push_back({b.id(), b.bias()});
   }
   COLI_RETURN_IF_ERROR(model.CheckSampling(sampling));
-  if (in.prompt_logprobs > 20) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt_logprobs: ", in.prompt_logprobs, " top alternatives is more than 20"));
+  if (in.prompt_logprobs && (*in.prompt_logprobs < 0 || *in.prompt_logprobs > 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt_logprobs: ", *in.prompt_logprobs, " top alternatives is outside 0…20"));
   }
   // A prompt-only request may fill the context: nothing follows it.
   const int64_t capacity = model.info().context_capacity;
@@ -880,7 +880,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     }
   };
   auto prefill = session.Prefill(prompt, parse_mode, in.sampling.seed(), cancelled, on_progress,
-                                 response_format, in.prompt_logprobs);
+                                 response_format, in.prompt_logprobs.value_or(-1));
   if (!prefill.ok()) {
     // A cancelled prefill reports the request's own reason (deadline, shutdown, cancel).
     absl::Status why = request.CancelStatus();
@@ -917,8 +917,8 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   started.set_tokens_computed(static_cast<int64_t>(prefill->tokens_computed));
   started.set_max_tokens(max_tokens);
   if (request.sink_.on_started) request.sink_.on_started(started);
-  if (in.prompt_logprobs >= 0) {
-    SendPromptLogprobs(model, *prefill, in.prompt_logprobs, request.sink_);
+  if (in.prompt_logprobs) {
+    SendPromptLogprobs(model, *prefill, *in.prompt_logprobs, request.sink_);
   }
 
   bool saw_tool_call = false;

@@ -86,9 +86,9 @@ struct GenerationInput {
   int32_t max_tokens = 0;
   v1::SamplingParams sampling;
   bool report_progress = false;  // on_progress events during prefill
-  // Generate: the prompt tokens' logprobs with this many top alternatives (-1 = none; ABI 1.7),
-  // and whether to generate nothing after the prompt.
-  int32_t prompt_logprobs = -1;
+  // Generate: the prompt tokens' logprobs with this many top alternatives (0…20; none when
+  // unset; ABI 1.7), and whether to generate nothing after the prompt.
+  std::optional<int32_t> prompt_logprobs;
   bool prompt_only = false;
   std::optional<std::chrono::steady_clock::time_point> deadline;
 

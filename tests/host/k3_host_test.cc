@@ -561,7 +561,7 @@ TEST_F(K3HostTest, LogprobsCarryEachTokensOwnBytesEvenForPartialCharacters) {
 // gRPC prompt_logprobs (ABI 1.7): after Started, before any token, in pieces of at most 512
 // positions; each entry is what decode reports for the same token after the same prefix (the
 // greedy token of a one-token request: its logprob and top alternatives, bit for bit);
-// prompt_only generates nothing; more than 20 alternatives are refused.
+// prompt_only generates nothing; fewer than 0 or more than 20 alternatives are refused.
 TEST_F(K3HostTest, PromptLogprobsComeInPiecesAndAgreeWithDecode) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 530; ++i) prompt.push_back((i * 37 + 11) % 768);
@@ -629,10 +629,12 @@ TEST_F(K3HostTest, PromptLogprobsComeInPiecesAndAgreeWithDecode) {
     EXPECT_EQ(last.top(k).logprob(), decoded.top(k).logprob());
   }
 
-  scored.set_prompt_logprobs(21);
-  Out refused = Generate(scored);
-  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(refused.status.error_message(), HasSubstr("prompt_logprobs"));
+  for (int32_t bad : {21, -1}) {
+    scored.set_prompt_logprobs(bad);
+    Out refused = Generate(scored);
+    EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_THAT(refused.status.error_message(), HasSubstr("prompt_logprobs")) << bad;
+  }
 }
 
 }  // namespace
