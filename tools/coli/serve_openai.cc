@@ -141,8 +141,13 @@ bool OptBool(const Json& body, const char* key, bool* out, ApiError* error) {
 
 // Fields this engine cannot honour: present with a non-neutral value -> 400 naming them.
 bool RefuseUnsupported(const Json& body, ApiError* error) {
-  for (const char* key : {"modalities", "audio", "prediction", "web_search_options", "functions",
-                          "function_call", "suffix"}) {
+  // ["text"] is OpenAI's default (clients such as LangChain's ChatOpenAI send it when set).
+  if (const Json* v = Find(body, "modalities"); v != nullptr && *v != Json::array({"text"})) {
+    *error = BadField("modalities", "modalities is not supported by this engine (text only)");
+    return false;
+  }
+  for (const char* key :
+       {"audio", "prediction", "web_search_options", "functions", "function_call", "suffix"}) {
     if (Find(body, key) != nullptr) {
       *error = BadField(key, std::string(key) + " is not supported by this engine");
       return false;

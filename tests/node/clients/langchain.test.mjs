@@ -63,6 +63,13 @@ test('invoke, stream and batch: usage_metadata, finish_reason, reasoning_content
   const b = await llm.batch(['Hello', 'Hello']);
   assert.equal(b.length, 2);
   for (const r of b) assert.equal(r.usage_metadata.output_tokens, N);
+  // modalities: ["text"] (OpenAI's default, sent when set) is accepted; anything else is a 400.
+  const text = await chat(tiny, 'k3_tiny', { temperature: 0, maxTokens: N, modalities: ['text'] })
+    .invoke('Hello');
+  assert.equal(text.additional_kwargs.reasoning_content, reasoning);
+  await assert.rejects(
+    chat(tiny, 'k3_tiny', { maxTokens: N, modalities: ['text', 'audio'] }).invoke('Hello'),
+    (e) => e.status === 400 && /modalities/.test(e.message));
 });
 
 test('the Responses API (useResponsesApi): usage and the reasoning item', async () => {
