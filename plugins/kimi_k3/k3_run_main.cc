@@ -101,6 +101,7 @@ absl::StatusOr<ModelOptions> OptionsFromEnv() {
   o.head_bits_set = !EnvString("K3_HEAD_BITS").empty();
   COLI_RETURN_IF_ERROR(EnvBool("K3_MMAP", &o.mmap));
   COLI_RETURN_IF_ERROR(EnvBool("K3_VERIFY", &o.verify_checksums));
+  o.verify_mapped = EnvString("K3_VERIFY").empty() ? !o.mmap : o.verify_checksums;
   COLI_RETURN_IF_ERROR(EnvBool("K3_IDOT", &o.idot));
   COLI_RETURN_IF_ERROR(EnvInt("K3_CHUNK", &o.chunk));
   COLI_RETURN_IF_ERROR(EnvInt("K3_LOAD_THREADS", &o.load_threads));

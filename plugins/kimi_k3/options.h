@@ -27,6 +27,7 @@
 // | vk_tier             | COLI_VK_TIER    | 1       | 0: no routed experts on the device (the device stays open for vk_dense) |
 // | mmap                | K3_MMAP         | 0       | map a repacked container's U8 matrices and F32 .qs read-only (no fallback) |
 // | verify_checksums    | K3_VERIFY       | 1       | check a container's per-tensor CRC-32 as tensors and experts are read (weights.h) |
+// | verify_mapped       | K3_VERIFY unset | !mmap   | also the mapped matrices and the embedding at load (reads them all: K3_MMAP's fast start is kept unless K3_VERIFY=1) |
 // bits_set / mla_bits_set / head_bits_set say the switch was given explicitly: on a repacked
 // container (container.h) an unset switch keeps the container's format, an explicit one must
 // match it (or be 4 on int8: downcast to int4-g64 at load).
@@ -64,6 +65,10 @@ struct ModelOptions {
   bool bits_set = false, mla_bits_set = false, head_bits_set = false;
   bool mmap = false;
   bool verify_checksums = true;
+  // With verify_checksums: also check the K3_MMAP-mapped matrices and the embedding at load,
+  // which reads every byte of them. Off when K3_MMAP is on and K3_VERIFY unset, so the mapped
+  // start stays fast (routed experts are still checked on their first read).
+  bool verify_mapped = true;
   // The Vulkan expert tier (vk_tier.h); read at the edge by VkSwitches::Resolve.
   bool vulkan = false;
   double vk_tier_gb = 2;

@@ -120,7 +120,7 @@ struct K3Model {
   VkExpertTier* vk_tier = nullptr;
   VkTierStats vk_taken;
   bool mmap = false;  // K3_MMAP: map a repacked container's matrices (weights.h)
-  bool verify = true;  // K3_VERIFY: check a container's stored CRC-32s as tensors are read
+  int verify = -1;  // K3_VERIFY: 1 check every CRC-32 read, 0 none, -1 (unset) all but K3_MMAP's at load
   // COLI_K3_SPEC: max draft tokens per verify (0 = off); the lookup's n-gram range.
   int spec_max = 0;
   int spec_ngram_max = 3, spec_ngram_min = 1;
@@ -395,7 +395,7 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
         return absl::InvalidArgumentError(
             absl::StrCat("kimi_k3: option verify (K3_VERIFY) = '", value, "' is not 0 or 1"));
       }
-      k->verify = value == "1";
+      k->verify = value == "1" ? 1 : 0;
     } else if (key == "ckpt_dir") {
       std::error_code ec;
       if (!std::filesystem::is_directory(value, ec) || access(value.c_str(), W_OK) != 0) {
@@ -452,7 +452,10 @@ absl::StatusOr<std::unique_ptr<K3Model>> Open(const coli_model_open_args_t& args
   }
   COLI_RETURN_IF_ERROR(k->vk_switches.Resolve(&options));
   options.mmap = k->mmap;
-  options.verify_checksums = k->verify;
+  // Unset: everything read is checked, but not the whole mapped container at load under
+  // K3_MMAP (its start stays fast; experts are still checked on their first read).
+  options.verify_checksums = k->verify != 0;
+  options.verify_mapped = k->verify == 1 || !options.mmap;
   if (!k->checkpoint_dir.empty()) RemoveOrphanedParkedFiles(k->checkpoint_dir);
   if (k->prefix_cache_mb > 0 && (!options.trace_path.empty() || !options.logits_path.empty())) {
     // A restored prefix would leave its rows out of those dumps (they hold every row run).

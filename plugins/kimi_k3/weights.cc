@@ -65,7 +65,8 @@ bool IsFloatDType(DType d) { return d == DType::kBF16 || d == DType::kF32 || d =
 
 class Loader {
  public:
-  Loader(st::Snapshot& snap, bool mmap) : snap_(snap), mmap_(mmap) {}
+  Loader(st::Snapshot& snap, bool mmap, bool verify_mapped)
+      : snap_(snap), mmap_(mmap), verify_mapped_(verify_mapped) {}
 
   bool mmap() const { return mmap_; }
 
@@ -90,8 +91,10 @@ class Loader {
       p.scales = base_q + qs->file_offset;
       // The check reads every mapped page once now (they stay clean page cache); a page
       // dropped and read again later is not checked again (K3_VERIFY, docs/status/repack.md).
-      COLI_RETURN_IF_ERROR(st::CheckTensorBytes(*t, snap_.ShardPath(t->shard), p.data));
-      COLI_RETURN_IF_ERROR(st::CheckTensorBytes(*qs, snap_.ShardPath(qs->shard), p.scales));
+      if (verify_mapped_) {
+        COLI_RETURN_IF_ERROR(st::CheckTensorBytes(*t, snap_.ShardPath(t->shard), p.data));
+        COLI_RETURN_IF_ERROR(st::CheckTensorBytes(*qs, snap_.ShardPath(qs->shard), p.scales));
+      }
       return std::optional<Parts>(std::move(p));
     }
     p.data_buf.resize(t->nbytes);
@@ -256,6 +259,7 @@ class Loader {
 
   st::Snapshot& snap_;
   const bool mmap_;
+  const bool verify_mapped_;
   std::mutex map_mu_;
   std::map<int, std::shared_ptr<const st::SharedMapping>> mappings_;
 };
@@ -336,7 +340,7 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
   }
   const int L = opt.layers >= 0 ? opt.layers : cfg.num_layers;
   w->layers.resize(L);
-  Loader ld(snap, opt.mmap);
+  Loader ld(snap, opt.mmap, opt.verify_mapped);
   std::vector<Job> jobs;
   const Want kBits{opt.bits, opt.bits_set, "K3_BITS"};
   const Want kMlaBits{opt.mla_bits, opt.mla_bits_set, "K3_MLA_BITS"};
@@ -539,7 +543,9 @@ absl::StatusOr<std::unique_ptr<Weights>> Weights::Load(st::Snapshot& snap, const
     COLI_ASSIGN_OR_RETURN(w->embed_file_, snap.ShardFile(w->embed_->shard));
     // Embedding rows are read one at a time per token, so the whole tensor is checked once
     // here (a no-op without checksums or with K3_VERIFY=0).
-    jobs.push_back([&snap, t = w->embed_] { return snap.VerifyTensor(*t); });
+    if (opt.verify_mapped) {
+      jobs.push_back([&snap, t = w->embed_] { return snap.VerifyTensor(*t); });
+    }
   }
   COLI_RETURN_IF_ERROR(RunJobs(jobs, opt.load_threads, progress));
 

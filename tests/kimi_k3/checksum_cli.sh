@@ -44,7 +44,14 @@ flip "$work/dense" language_model.model.layers.1.self_attn.q_proj.weight
 needle="tensor 'language_model.model.layers.1.self_attn.q_proj.weight' (8192 bytes at offset"
 expect 1 "$needle" -- timeout 60 "$coli" run --model "$work/dense" hi --ngen 1
 expect 1 "its bytes changed after they were written" -- \
-  env K3_MMAP=1 timeout 60 "$coli" run --model "$work/dense" hi --ngen 1
+  env K3_MMAP=1 K3_VERIFY=1 timeout 60 "$coli" run --model "$work/dense" hi --ngen 1
+# K3_MMAP with K3_VERIFY unset keeps its fast start: the mapped matrices are not read at load
+# (the damage stays unseen until k3-repack --check or K3_VERIFY=1; routed experts are still
+# checked on their first read).
+expect 0 "" -- env K3_MMAP=1 timeout 60 "$coli" run --model "$work/dense" hi --ngen 1
+expect 0 "" -- env K3_MMAP=1 timeout 60 "$bin/k3-run" "$work/dense" hi --ngen 1
+expect 1 "its bytes changed after they were written" -- \
+  env K3_MMAP=1 K3_VERIFY=1 timeout 60 "$bin/k3-run" "$work/dense" hi --ngen 1
 expect 1 "$needle" -- timeout 60 "$bin/k3-run" "$work/dense" hi --ngen 1
 expect 1 "$needle" -- timeout 60 "$host" --listen "unix:$work/h.sock" --model "$work/dense"
 expect 1 "$needle" -- timeout 60 "$coli" serve --model "$work/dense" --port 0
