@@ -120,7 +120,7 @@ struct K3Model {
   VkExpertTier* vk_tier = nullptr;
   VkTierStats vk_taken;
   bool mmap = false;  // K3_MMAP: map a repacked container's matrices (weights.h)
-  int verify = -1;  // K3_VERIFY: 1 check every CRC-32 read, 0 none, -1 (unset) all but K3_MMAP's at load
+  int verify = -1;  // K3_VERIFY: 1 all, 0 none, -1 (unset) all but the K3_MMAP-mapped ones
   // COLI_K3_SPEC: max draft tokens per verify (0 = off); the lookup's n-gram range.
   int spec_max = 0;
   int spec_ngram_max = 3, spec_ngram_min = 1;
