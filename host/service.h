@@ -8,6 +8,7 @@
 #ifndef COLI_HOST_SERVICE_H_
 #define COLI_HOST_SERVICE_H_
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,7 +30,7 @@ grpc::Status ToGrpc(const absl::Status& status);
 class ColiService final : public v1::Coli::CallbackService {
  public:
   explicit ColiService(Engine* engine) : engine_(engine) {}
-  ~ColiService() override;  // joins model-loading threads
+  ~ColiService() override;  // waits for the model-loading threads
 
   grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext*, const v1::HealthRequest*,
                                    v1::HealthResponse*) override;
@@ -55,10 +56,14 @@ class ColiService final : public v1::Coli::CallbackService {
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext*, const v1::MetricsRequest*,
                                        v1::MetricsResponse*) override;
 
+  // Model-loading threads still running (each LoadModel call runs on one of its own).
+  int loaders_running() const;
+
  private:
   Engine* engine_;
-  std::mutex mu_;
-  std::vector<std::thread> loaders_;
+  mutable std::mutex mu_;
+  std::condition_variable loaders_done_;
+  int loaders_running_ = 0;     // detached LoadModel threads that have not finished
   WriteStarter write_starter_;  // declared last: its thread drains before the rest goes
 };
 
@@ -86,6 +91,8 @@ class HostServer {
   const std::string& address() const { return address_; }
   // Ends requests in flight, stops the server, waits for its threads. Idempotent.
   void Shutdown();
+  // ColiService::loaders_running (0 after Shutdown).
+  int loaders_running() const { return service_ != nullptr ? service_->loaders_running() : 0; }
 
  private:
   HostServer() = default;
