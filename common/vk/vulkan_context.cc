@@ -12,13 +12,13 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/status/status.h"
 #include "shaders/shaders.h"
 
@@ -176,7 +176,9 @@ struct internal::VulkanState {
   std::atomic<int> fail_allocations{0};       // FailAllocationsForTesting
   std::atomic<bool> fail_uploads_only{false};  // ... counting resident matrices' only
 
-  absl::Mutex mu;  // serialises submissions: one command buffer, one descriptor set
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built for ThreadSanitizer, which
+  // then cannot see these locks (scripts/tsan.sh).
+  std::mutex mu;  // serialises submissions: one command buffer, one descriptor set
   // Per-step buffers kept between calls (guarded by mu), grown only for a larger step:
   // activations x and outputs y (host-mapped), the chain's intermediates g, u, h (device-local
   // when staging, else host-mapped).
@@ -184,13 +186,13 @@ struct internal::VulkanState {
   VkDescriptorPool descriptor_pool = VK_NULL_HANDLE;  // guarded by mu; reset per submission
   uint32_t descriptor_sets = 0;                        // its capacity in sets
 
-  absl::Mutex upload_mu;  // serialises uploads: staging buffer, upload command buffer and fence
+  std::mutex upload_mu;  // serialises uploads: staging buffer, upload command buffer and fence
   VkCommandPool upload_pool = VK_NULL_HANDLE;
   VkCommandBuffer upload_cb = VK_NULL_HANDLE;
   VkFence upload_fence = VK_NULL_HANDLE;
   Buffer staging;  // host-mapped, made at the first staged upload
 
-  absl::Mutex queue_mu;  // vkQueueSubmit needs the queue externally synchronised
+  std::mutex queue_mu;  // vkQueueSubmit needs the queue externally synchronised
 
   ~VulkanState() {
     if (device != VK_NULL_HANDLE) {
@@ -321,7 +323,7 @@ struct internal::VulkanState {
     submit.commandBufferCount = 1;
     submit.pCommandBuffers = &cb;
     {
-      absl::MutexLock lock(&queue_mu);
+      std::lock_guard<std::mutex> lock(queue_mu);
       COLI_VK_RETURN_IF_ERROR(vk.vkQueueSubmit(queue, 1, &submit, f));
     }
     const VkResult waited = vk.vkWaitForFences(device, 1, &f, VK_TRUE, kFenceTimeoutNs);
@@ -343,7 +345,7 @@ struct internal::VulkanState {
   // compute barrier, one submission and one fence wait. Serialised by upload_mu, independent of
   // `mu`, so an upload never waits for a step's submission to finish (nor a step for it).
   absl::Status UploadStaged(std::span<const StagedCopy> copies) {
-    absl::MutexLock lock(&upload_mu);
+    std::lock_guard<std::mutex> lock(upload_mu);
     if (staging.buffer == VK_NULL_HANDLE) {
       absl::Status status =
           Allocate(staging_bytes, "staging", staging, /*check_range=*/false, Placement::kHostMapped);
@@ -407,7 +409,7 @@ struct internal::VulkanState {
   // (the bench's probes). Serialised with uploads.
   absl::StatusOr<double> TimeCopy(const Buffer& src, const Buffer& dst, VkDeviceSize bytes,
                                   int reps) {
-    absl::MutexLock lock(&upload_mu);
+    std::lock_guard<std::mutex> lock(upload_mu);
     double best = 0;
     for (int r = 0; r < reps; ++r) {
       COLI_VK_RETURN_IF_ERROR(vk.vkResetCommandBuffer(upload_cb, 0));
@@ -1038,7 +1040,7 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
                        s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
     }
   }
-  absl::MutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   // The activation and output buffers, kept between calls.
   Buffer& in = s.step_x;
   Buffer& out = s.step_y;
@@ -1092,7 +1094,7 @@ absl::Status VulkanContext::SituGlu(const float* g, const float* u, int64_t n, f
         absl::StrCat("Vulkan SituGlu: n = ", n, " exceeds the shader's 32-bit indices"));
   }
   internal::VulkanState& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   const VkDeviceSize bytes = static_cast<VkDeviceSize>(n) * sizeof(float);
   Buffer io[3];
   auto release = [&] {
@@ -1211,7 +1213,7 @@ absl::Status RunGluChain(internal::VulkanState& s, std::span<const GluJob> jobs,
   }
   if (!any) return absl::OkStatus();
 
-  absl::MutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   // Kept between calls, grown only for a larger step (VulkanState::Ensure). The intermediates
   // are never touched by the host: device-local when uploads are staged.
   Buffer &x = s.step_x, &g = s.step_g, &u = s.step_u, &h = s.step_h, &y = s.step_y;
