@@ -86,20 +86,6 @@ expect 1 "w1.weight_scale' (192 bytes at offset" -- \
 pid=$!
 for _ in $(seq 600); do grep -q 'listening on' "$work/out" && break; sleep 0.1; done
 base=$(grep -o 'http://[0-9.:]*' "$work/out" | head -1)
-http() { # http METHOD PATH [JSON]: prints "STATUS BODY"
-  /usr/bin/python3 - "$base" "$@" << 'PY'
-import sys, urllib.request, urllib.error
-base, method, path = sys.argv[1:4]
-body = sys.argv[4].encode() if len(sys.argv) > 4 else None
-req = urllib.request.Request(base + path, data=body, method=method,
-                             headers={"Content-Type": "application/json"})
-try:
-    with urllib.request.urlopen(req, timeout=120) as r:
-        print(r.status, r.read().decode())
-except urllib.error.HTTPError as e:
-    print(e.code, e.read().decode())
-PY
-}
 got=$(http GET /health)
 [[ $got == "200 "*'"ok"'* ]] || fail "/health before any request: $got"
 got=$(http POST /v1/completions '{"model": "experts", "prompt": "Hello from coli", "max_tokens": 4}')

@@ -540,4 +540,14 @@ absl::Status ParseSamplingKnobFlag(std::string_view flag, std::string_view value
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::ModelInfo> LoadShowingProgress(Client& c, const std::string& model_dir,
+                                                  const v1::ModelOptions& options,
+                                                  CancelToken* cancel) {
+  ProgressDisplay bar(stderr);
+  auto model = c.LoadModel(
+      model_dir, options, [&](const v1::LoadProgress& p) { bar.Update(p); }, "", cancel);
+  bar.Done();
+  return model;
+}
+
 }  // namespace coli::client

@@ -196,6 +196,11 @@ class ProgressDisplay {
   bool drawn_ = false;
 };
 
+// c.LoadModel(model_dir, options) with a ProgressDisplay on stderr, closed when it returns.
+absl::StatusOr<v1::ModelInfo> LoadShowingProgress(Client& c, const std::string& model_dir,
+                                                  const v1::ModelOptions& options,
+                                                  CancelToken* cancel);
+
 }  // namespace coli::client
 
 #endif  // COLI_TOOLS_COLI_CLIENT_H_

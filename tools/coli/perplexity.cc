@@ -153,10 +153,7 @@ int RunPerplexity(int argc, char** argv) {
   if (g_signal.load() != 0) return interrupted();
   if (!connected.ok()) return Fail(DescribeError(connected.status()));
   client::Client& c = **connected;
-  client::ProgressDisplay bar(stderr);
-  auto model = c.LoadModel(
-      model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); }, "", &load_cancel);
-  bar.Done();
+  auto model = client::LoadShowingProgress(c, model_dir, *options, &load_cancel);
   if (g_signal.load() != 0) return interrupted();
   if (!model.ok()) return Fail(DescribeError(model.status()));
   if (model->context_capacity() > 0 && ctx > model->context_capacity()) {

@@ -147,10 +147,7 @@ int RunCommand(int argc, char** argv) {
   if (g_signal.load() != 0) return interrupted();
   if (!connected.ok()) return Fail(connected.status());
   client::Client& c = **connected;
-  client::ProgressDisplay bar(stderr);
-  auto model = c.LoadModel(
-      model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); }, "", &load_cancel);
-  bar.Done();
+  auto model = client::LoadShowingProgress(c, model_dir, *options, &load_cancel);
   if (g_signal.load() != 0) return interrupted();
   if (!model.ok()) return Fail(model.status());
   // Test fixtures (tools/k3/make_fixture.py) mark themselves: say so, their text is noise.
