@@ -111,7 +111,9 @@ TEST_F(K3PromptLogprobsTest, MatchTheFloat64ReferenceAtEveryPosition) {
     // logprob left out (beyond the tolerance: near-ties may swap).
     for (int k = 1; k <= kTopK; ++k) {
       EXPECT_NEAR(e[k].logprob, ref_logprob(e[k].id), kLogprobTolerance) << "top " << k;
-      if (k > 1) EXPECT_LE(e[k].logprob, e[k - 1].logprob);
+      if (k > 1) {
+        EXPECT_LE(e[k].logprob, e[k - 1].logprob);
+      }
     }
     int higher = 0;
     for (int v = 0; v < V; ++v) higher += ref_logprob(v) > e[kTopK].logprob + kLogprobTolerance;
