@@ -382,6 +382,12 @@ ApiError CompletionsError(ApiError error) {
 
 std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error) {
   SamplingFields f;
+  // vLLM's chat `echo` (the last message repeated in the reply) is not done here: a 400, not an
+  // answer that silently lacks it. (/v1/completions takes echo.)
+  if (const Json* v = Find(body, "echo"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
+    *error = BadField("echo", "echo is not supported in chat completions (use /v1/completions)");
+    return std::nullopt;
+  }
   const Json* messages = Find(body, "messages");
   if (messages == nullptr || !messages->is_array() || messages->empty()) {
     *error = BadField("messages", "messages must be a non-empty array");

@@ -188,6 +188,12 @@ test('malformed prompts are refused naming the place', async () => {
     assert.equal(r.status, 400, JSON.stringify(body));
     assert.equal(r.json.error.param, param, JSON.stringify(body));
   }
+  // Chat completions do not echo: refused, not silently ignored.
+  const chat = await post(tiny.base, '/v1/chat/completions', {
+    model: modelId, messages: [{ role: 'user', content: 'hi' }], echo: true,
+  });
+  assert.equal(chat.status, 400);
+  assert.equal(chat.json.error.param, 'echo');
   const ok = await client.completions.create({ model: modelId, prompt: 'still here', ...greedy });
   assert.equal(ok.choices.length, 1);
 });
