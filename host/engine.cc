@@ -1202,6 +1202,7 @@ v1::HealthResponse Engine::Health() const {
     p->set_abi_version(absl::StrCat(r.major, ".", r.minor));
     p->set_loaded(r.loaded);
     p->set_error(r.error);
+    for (const v1::ModelSwitch& s : r.switches) *p->add_switches() = s;
   }
   return h;
 }

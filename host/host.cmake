@@ -7,16 +7,16 @@ coli_cc_library(NAME coli_host_core
   HDRS ${CMAKE_CURRENT_LIST_DIR}/plugin.h ${CMAKE_CURRENT_LIST_DIR}/engine.h
        ${CMAKE_CURRENT_LIST_DIR}/service.h
   PUBLIC_DEPS coli_proto coli_plugin_api coli_status coli_log gRPC::grpc++
-  DEPS coli_sampling coli_io coli_json gRPC::grpc++_reflection nlohmann_json::nlohmann_json
-       ${CMAKE_DL_LIBS})
+  DEPS coli_sampling coli_io coli_json coli_model_options_env gRPC::grpc++_reflection
+       nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 target_compile_definitions(coli_host_core PRIVATE COLI_HOST_VERSION="${PROJECT_VERSION}")
 
-# coli_model_options_env: the K3_* / COLI_* model switches of the environment into
-# v1::ModelOptions, for coli-host's --model loads and the client's private hosts alike.
+# coli_model_options_env: the model switches of the environment (the tables the families declare,
+# ABI 1.8) into v1::ModelOptions, for coli-host's --model loads and the client alike.
 coli_cc_library(NAME coli_model_options_env
   SRCS ${CMAKE_CURRENT_LIST_DIR}/model_options_env.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/model_options_env.h
-  PUBLIC_DEPS coli_proto absl::statusor
+  PUBLIC_DEPS coli_proto coli_plugin_api absl::statusor
   DEPS coli_flags coli_status absl::strings)
 
 coli_cc_binary(NAME coli-host SRCS ${CMAKE_CURRENT_LIST_DIR}/main.cc

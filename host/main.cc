@@ -5,6 +5,8 @@
 //             [--decode-delay-ms N]   (pace decoding, for demos and UI tests)
 //             [--prefill-delay-ms N]  (pace prefill chunks, for the prefill-progress tests)
 //             [--max-batch N]         (decode rows of one model per decode call; 1 = off)
+//   coli-host --switches [--plugin-dir DIR]  (the model switches of the environment, as the
+//                                             plugins declare them, then exit)
 //
 // SIGINT/SIGTERM end it cleanly: requests in flight finish with UNAVAILABLE, then it exits 0.
 #include <fcntl.h>
@@ -28,6 +30,7 @@
 #include "common/status/status.h"
 #include "host/engine.h"
 #include "host/model_options_env.h"
+#include "host/plugin.h"
 #include "host/service.h"
 
 namespace {
@@ -37,6 +40,7 @@ constexpr char kUsage[] =
     "                 [--workers N] [--queue N] [--pool N] [--model DIR]... [--ready-fd FD]\n"
     "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
     "                 [--max-sessions N]\n"
+    "       coli-host --switches [--plugin-dir DIR]\n"
     "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
     "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
     "        any other address needs --allow-remote\n"
@@ -50,8 +54,8 @@ constexpr char kUsage[] =
     "        COLI_PREFILL_DELAY_MS)\n"
     "  COLI_LOG_LEVEL (debug, info, warning, error), COLI_HUGEPAGES (0, 1) and COLI_ISA\n"
     "  (scalar, avx2, avxvnni, avx512) are checked at start.\n"
-    "  Models named with --model load with the model switches of the environment\n"
-    "  (K3_BITS, K3_EXPERT_GB, COLI_VULKAN, ...; README.md), checked before loading.\n"
+    "  Models named with --model load with the model switches of the environment, which\n"
+    "  each plugin declares (--switches lists them), checked before loading.\n"
     "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n";
 
 constexpr int64_t kMaxDelayMs = 60000;
@@ -70,6 +74,7 @@ struct Flags {
   std::vector<std::string> models;
   int ready_fd = -1;
   bool help = false;
+  bool list_switches = false;
 };
 
 // An integer environment variable in [lo, hi] into *out (unset or empty: unchanged). Read after
@@ -160,6 +165,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
         return absl::InvalidArgumentError(absl::StrCat(
             "--ready-fd ", f.ready_fd, " is not an open file descriptor: ", std::strerror(errno)));
       }
+    } else if (args.Is("--switches")) {
+      COLI_RETURN_IF_ERROR(args.NoValue());
+      f.list_switches = true;
     } else if (args.Is("--help") || args.Is("-h")) {
       COLI_RETURN_IF_ERROR(args.NoValue());
       f.help = true;
@@ -210,6 +218,13 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  if (flags->list_switches) {
+    const coli::host::PluginSet plugins = coli::host::PluginSet::LoadDir(flags->engine.plugin_dir);
+    const std::vector<coli::v1::ModelSwitch> family_switches = plugins.Switches();
+    std::fputs(coli::host::SwitchListing(coli::host::WithHostSwitches(family_switches)).c_str(),
+               stdout);
+    return 0;
+  }
   coli::host::EngineOptions& engine_options = flags->engine;
   coli::host::ServerOptions& server_options = flags->server;
   const std::vector<std::string>& models = flags->models;
@@ -224,19 +239,22 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  // The model switches (K3_BITS, K3_EXPERT_GB, COLI_VULKAN, ...) apply to --model loads as they
-  // do to the models `coli` loads (it sends them in LoadModel; a LoadModel request carries its
-  // own options, so the environment is read only here). A bad value is a usage error.
+  coli::host::Engine engine(engine_options);
+  // The model switches the loaded plugins declare (and the host's own) apply to --model loads as
+  // they do to the models `coli` loads (it reads them with the tables Health reports and sends
+  // them in LoadModel; a LoadModel request carries its own options, so the environment is read
+  // only here). A bad value is a usage error, refused before anything loads.
   coli::v1::ModelOptions model_options;
   if (!models.empty()) {
-    absl::StatusOr<coli::v1::ModelOptions> from_env = coli::host::ModelOptionsFromEnv();
+    const std::vector<coli::v1::ModelSwitch> family_switches = engine.plugins().Switches();
+    absl::StatusOr<coli::v1::ModelOptions> from_env =
+        coli::host::ModelOptionsFromEnv(coli::host::WithHostSwitches(family_switches));
     if (!from_env.ok()) {
       std::fprintf(stderr, "coli-host: %s\n", std::string(from_env.status().message()).c_str());
       return 2;
     }
     model_options = *std::move(from_env);
   }
-  coli::host::Engine engine(engine_options);
   for (const auto& dir : models) {
     coli::v1::LoadModelRequest request;
     request.set_model_dir(dir);

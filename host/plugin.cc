@@ -13,6 +13,7 @@
 #include "common/log/log.h"
 #include "common/sampling/sampling.h"
 #include "common/status/status.h"
+#include "host/model_options_env.h"
 #include "plugin_api/cpp/abi_util.h"
 
 namespace coli::host {
@@ -44,7 +45,8 @@ size_t TableSizeFor(uint32_t minor) {
          : minor == 3 ? COLI_PLUGIN_API_SIZE_V1_3
          : minor == 4 ? COLI_PLUGIN_API_SIZE_V1_4
          : minor == 5 ? COLI_PLUGIN_API_SIZE_V1_5
-                      : COLI_PLUGIN_API_SIZE_V1_6;
+         : minor <= 7 ? COLI_PLUGIN_API_SIZE_V1_6
+                      : COLI_PLUGIN_API_SIZE_V1_8;
 }
 
 // The entries of minor 0 that must not be NULL (shutdown is optional).
@@ -191,7 +193,30 @@ absl::StatusOr<std::unique_ptr<Plugin>> Plugin::Load(const std::string& path,
         absl::StatusCode::kFailedPrecondition,
         absl::StrCat("function table has no family name (plugin ABI ", plugin_version, ")"));
   }
+  // ABI 1.8: the family's environment switches, checked now so that a bad table refuses the
+  // plugin by name instead of failing a later load.
+  if (minor >= 8 && api->n_switches > 0) {
+    if (api->switches == nullptr) {
+      plugin->api_ = nullptr;
+      return refuse(absl::StatusCode::kFailedPrecondition,
+                    absl::StrCat("n_switches ", api->n_switches, " with switches NULL (plugin ABI ",
+                                 plugin_version, ")"));
+    }
+    for (size_t i = 0; i < api->n_switches; ++i) {
+      absl::StatusOr<v1::ModelSwitch> s =
+          api->switches[i] == nullptr
+              ? absl::FailedPreconditionError(absl::StrCat("switch ", i, " is NULL"))
+              : SwitchFromAbi(*api->switches[i], plugin->family_);
+      if (!s.ok()) {
+        plugin->api_ = nullptr;
+        return refuse(s.status().code(),
+                      absl::StrCat(s.status().message(), " (plugin ABI ", plugin_version, ")"));
+      }
+      plugin->switches_.push_back(*std::move(s));
+    }
+  }
   report->loaded = true;
+  report->switches = plugin->switches_;
   report->family = plugin->family_;
   report->version = plugin->version_;
   return plugin;
@@ -677,6 +702,14 @@ PluginSet PluginSet::LoadDir(const std::string& dir) {
     set.reports_.push_back(std::move(report));
   }
   return set;
+}
+
+std::vector<v1::ModelSwitch> PluginSet::Switches() const {
+  std::vector<v1::ModelSwitch> all;
+  for (const auto& plugin : plugins_) {
+    all.insert(all.end(), plugin->switches().begin(), plugin->switches().end());
+  }
+  return all;
 }
 
 absl::StatusOr<const Plugin*> PluginSet::ForModel(const std::string& model_dir) const {

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "coli/v1/coli.pb.h"
 #include "plugin_api/coli_plugin.h"
 
 namespace coli::host {
@@ -34,6 +35,7 @@ struct PluginReport {
   std::string error;              // why it was refused
   uint32_t major = 0, minor = 0;  // as the plugin declared them (0.0 when it never answered)
   std::string family, version;
+  std::vector<v1::ModelSwitch> switches;  // ABI 1.8: the family's environment switches
 };
 
 // Load progress: done of total, a stage label. Return false to cancel.
@@ -201,6 +203,9 @@ class Plugin {
   const std::string& version() const { return version_; }
   uint32_t minor() const { return minor_; }  // the negotiated minor
   const coli_plugin_api_t& api() const { return *api_; }
+  // The environment switches the family declares (ABI 1.8), checked at load; none from an
+  // older plugin.
+  const std::vector<v1::ModelSwitch>& switches() const { return switches_; }
 
   // `serves_note`, when given, receives what the plugin says it serves when it does not serve
   // `model_dir` (empty when it says nothing).
@@ -213,6 +218,7 @@ class Plugin {
  private:
   Plugin() = default;
   std::string file_, family_, version_;
+  std::vector<v1::ModelSwitch> switches_;
   void* dl_ = nullptr;
   const coli_plugin_api_t* api_ = nullptr;
   uint32_t minor_ = 0;
@@ -228,6 +234,8 @@ class PluginSet {
   absl::StatusOr<const Plugin*> ForModel(const std::string& model_dir) const;
   const std::vector<PluginReport>& reports() const { return reports_; }
   const std::vector<std::unique_ptr<Plugin>>& plugins() const { return plugins_; }
+  // Every loaded family's switches, in plugin order (host/model_options_env.h adds the host's).
+  std::vector<v1::ModelSwitch> Switches() const;
 
  private:
   std::vector<std::unique_ptr<Plugin>> plugins_;

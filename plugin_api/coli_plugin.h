@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.7 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.8 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 7
+#define COLI_ABI_VERSION_MINOR 8
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -161,8 +161,9 @@ typedef int32_t (*coli_progress_fn)(void* user, uint64_t done, uint64_t total, c
                                     size_t stage_length);
 
 /* ---------------------------------------------------------------------------------------------
- * Model options: the family's switches as typed fields (the host/CLI reads K3_* environment
- * variables into these at its edge; the plugin never reads the environment for them).
+ * Model options: the family's switches as typed fields (the host/CLI reads the environment
+ * variables the family declares, coli_switch_t, into these at its edge; the plugin never reads
+ * the environment for them).
  * coli_model_options_defaults() fills the documented defaults.
  * ------------------------------------------------------------------------------------------- */
 typedef struct coli_model_options_t {
@@ -439,6 +440,67 @@ typedef struct coli_stat_t {
 } coli_stat_t;
 
 /* ---------------------------------------------------------------------------------------------
+ * Environment switches (v1.8): the shell variables that set a family's model options, declared
+ * by the family and read by the host and its clients at their edge (the plugin still never
+ * reads the environment for them). Each sets one coli_model_options_t field or one `extra` key.
+ * ------------------------------------------------------------------------------------------- */
+/* What a switch sets: a typed field, numbered as that field of coli.v1.ModelOptions
+ * (proto/coli/v1/coli.proto), or a key of `extra`. */
+#define COLI_SWITCH_FIELD_BITS 1
+#define COLI_SWITCH_FIELD_MLA_BITS 2
+#define COLI_SWITCH_FIELD_HEAD_BITS 3
+#define COLI_SWITCH_FIELD_IDOT 4
+#define COLI_SWITCH_FIELD_CHUNK 5
+#define COLI_SWITCH_FIELD_DIRECT 6
+#define COLI_SWITCH_FIELD_PIPE 7
+#define COLI_SWITCH_FIELD_LOAD_THREADS 8
+#define COLI_SWITCH_FIELD_EXPERT_GB 9
+#define COLI_SWITCH_FIELD_TOPP 10
+#define COLI_SWITCH_FIELD_MAX_CONTEXT 11
+#define COLI_SWITCH_FIELD_LAYERS 12
+#define COLI_SWITCH_FIELD_THREADS 13
+#define COLI_SWITCH_FIELD_MLA_NORM_EPS 14
+#define COLI_SWITCH_FIELD_EXTRA_DIRS 15
+#define COLI_SWITCH_FIELD_TRACE_PATH 16
+#define COLI_SWITCH_FIELD_X0_PATH 17
+#define COLI_SWITCH_FIELD_LOGITS_PATH 18
+#define COLI_SWITCH_FIELD_EXTRA 19
+
+/* The values a switch takes. An unset or empty variable is never read. A refused value is
+ * INVALID_ARGUMENT "environment variable NAME..." naming the value and what it takes. */
+#define COLI_SWITCH_INT 1    /* a whole number in [int_min, int_max]; with int_values, one of them
+                                (integer fields; into `extra` as given) */
+#define COLI_SWITCH_BOOL 2   /* 0 or 1 (bool fields; into `extra` as given) */
+#define COLI_SWITCH_REAL 3   /* a finite number in [real_min, real_max], real_min itself refused
+                                when real_min_exclusive (real fields; into `extra` as given) */
+#define COLI_SWITCH_STRING 4 /* any text, as given: the family checks it (string fields, `extra`) */
+#define COLI_SWITCH_LIST 5   /* items separated by ':' or ',', empty ones skipped (extra_dirs) */
+
+typedef struct coli_switch_t {
+  size_t struct_size;
+  const char* name;      /* v1.8 the variable, NUL-terminated: [A-Z0-9_]+ ("K3_CHUNK") */
+  int32_t field;         /* v1.8 COLI_SWITCH_FIELD_* */
+  int32_t kind;          /* v1.8 COLI_SWITCH_* (must suit the field) */
+  const char* extra_key; /* v1.8 field EXTRA: the key, NUL-terminated; otherwise NULL */
+  int64_t int_min;       /* v1.8 INT: the range (within int32 for an int32 field) */
+  int64_t int_max;
+  const int64_t* int_values; /* v1.8 INT: the values allowed, or NULL for the whole range */
+  size_t n_int_values;       /* v1.8 */
+  double real_min;           /* v1.8 REAL: the range */
+  double real_max;
+  int32_t real_min_exclusive; /* v1.8 REAL: non-zero refuses real_min itself */
+  int32_t reserved;
+  /* v1.8 NULL, or what the value takes as the refusal says it ("NAME='v': expected <this>"):
+   * for INT every refusal (else the range's wording, or the int_values listed), for REAL the
+   * refusal of an exclusive real_min (else "a value above <real_min>"), for BOOL every refusal
+   * (else "0 or 1"). NUL-terminated. */
+  const char* expected;
+  const char* help; /* v1.8 one line for listings (coli-host --switches), NUL-terminated */
+} coli_switch_t;
+
+#define COLI_SWITCH_SIZE_V1_8 (offsetof(coli_switch_t, help) + sizeof(const char*))
+
+/* ---------------------------------------------------------------------------------------------
  * The plugin's function table. Returned by coli_plugin_entry; owned by the plugin; valid until
  * the plugin is unloaded. struct_size tells the host how many entries exist.
  * ------------------------------------------------------------------------------------------- */
@@ -521,6 +583,14 @@ typedef struct coli_plugin_api_t {
   coli_status_t (*session_reusable)(coli_model_t* model, coli_session_t* session,
                                     const int32_t* prompt, size_t n_prompt, uint64_t* tokens,
                                     coli_error_t* error);
+
+  /* v1.8 The family's environment switches (coli_switch_t), plugin-owned, valid until the
+   * plugin is unloaded; NULL with n_switches 0 for none. The host lists them (Health, coli-host
+   * --switches) and reads the environment with them for this family's options; it refuses a
+   * plugin whose table is malformed (naming the switch). Each entry is read only up to its own
+   * struct_size. */
+  const coli_switch_t* const* switches;
+  size_t n_switches;
 } coli_plugin_api_t;
 
 /* The one exported symbol.
@@ -545,6 +615,7 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 #define COLI_PLUGIN_API_SIZE_V1_6 (offsetof(coli_plugin_api_t, session_reusable) + sizeof(void*))
 /* 1.7 added prefill inputs and outputs (prompt logprobs), no table entry: its table is 1.6's. */
 #define COLI_PLUGIN_API_SIZE_V1_7 COLI_PLUGIN_API_SIZE_V1_6
+#define COLI_PLUGIN_API_SIZE_V1_8 (offsetof(coli_plugin_api_t, n_switches) + sizeof(size_t))
 
 #ifdef __cplusplus
 } /* extern "C" */

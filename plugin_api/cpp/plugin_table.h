@@ -36,7 +36,9 @@
 //   // static size_t Reusable(Model&, const Session* s, std::span<const int32_t> prompt) for
 //   // families that keep more than their record (checkpoints, state shared between sessions):
 //   // without it a session keeps its record when the prompt strictly extends it, a new one
-//   // nothing (ABI 1.6).
+//   // nothing (ABI 1.6); and static std::span<const coli_switch_t> Switches() for the
+//   // environment switches the family declares (ABI 1.8, plugin_api/cpp/switches.h; static
+//   // storage), none without it.
 //
 //   const coli_plugin_api_t kApi = coli::abi::MakePluginTable<MyFamily>();
 #ifndef COLI_PLUGIN_API_CPP_PLUGIN_TABLE_H_
@@ -205,6 +207,17 @@ coli_plugin_api_t MakePluginTable() {
       return absl::OkStatus();
     });
   };
+  if constexpr (requires { Family::Switches(); }) {
+    // The ABI hands out pointers (each entry is read up to its own struct_size); they point
+    // into the family's static table.
+    static const std::vector<const coli_switch_t*> switches = [] {
+      std::vector<const coli_switch_t*> out;
+      for (const coli_switch_t& s : Family::Switches()) out.push_back(&s);
+      return out;
+    }();
+    api.switches = switches.data();
+    api.n_switches = switches.size();
+  }
   return api;
 }
 

@@ -4,4 +4,4 @@
 coli_plugin(NAME kimi_k3
   SRCS ${CMAKE_CURRENT_LIST_DIR}/plugin_entry.cc
   DEPS kimi_k3_core kimi_k3_chat kimi_k3_expert_store coli_tokenizer coli_sampling coli_log
-       coli_status coli_plugin_api nlohmann_json::nlohmann_json)
+       coli_status coli_plugin_api kimi_k3_switches nlohmann_json::nlohmann_json)

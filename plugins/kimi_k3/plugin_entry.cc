@@ -70,6 +70,7 @@
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/spec_decode.h"
 #include "plugins/kimi_k3/spec_lookup.h"
+#include "plugins/kimi_k3/switches.h"
 #include "plugins/kimi_k3/vk_tier.h"
 
 namespace coli::k3 {
@@ -1611,6 +1612,8 @@ struct K3Family {
   static constexpr const char* kVersion = "0.1.0";
   static constexpr const char* kServes =
       "architectures KimiK3ForConditionalGeneration (KimiK3*) or model_type 'kimi_k3'";
+  // The K3_* / COLI_K3_* / COLI_VK_* variables the host reads for this family (ABI 1.8).
+  static std::span<const coli_switch_t> Switches() { return k3::EnvironmentSwitches(); }
   static void Shutdown() {
     SetLogSink(nullptr);
     g_host = nullptr;

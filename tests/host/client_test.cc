@@ -88,7 +88,26 @@ TEST(Client, MissingHostBinaryIsNamed) {
   EXPECT_THAT(c.status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent")));
 }
 
+#if defined(COLI_K3_PLUGIN_DIR)
+// A private host with the kimi_k3 plugin: the client reads its environment with the switches
+// that plugin declares (ABI 1.8, Health), so the client holds none of their names.
+std::unique_ptr<Client> K3Host() {
+  auto c = Client::Connect({.plugin_dir = COLI_K3_PLUGIN_DIR});
+  EXPECT_OK(c.status());
+  return c.ok() ? *std::move(c) : nullptr;
+}
+#define K3_HOST_OR_SKIP(name)              \
+  std::unique_ptr<Client> name = K3Host(); \
+  ASSERT_NE(name, nullptr)
+#else
+#define K3_HOST_OR_SKIP(name)                        \
+  GTEST_SKIP() << "no kimi_k3 plugin in this build"; \
+  Client* name = nullptr
+#endif
+
 TEST(Client, ModelOptionsFromEnvironment) {
+  K3_HOST_OR_SKIP(host);
+  auto ModelOptionsFromEnv = [&host] { return client::ModelOptionsFromEnv(*host); };
   setenv("K3_BITS", "8", 1);
   setenv("K3_IDOT", "0", 1);
   setenv("K3_EXPERT_GB", "2.5", 1);
@@ -123,6 +142,8 @@ TEST(Client, ModelOptionsFromEnvironment) {
 // The kimi_k3-only switches travel by name in `extra`, only when set; the numeric ones are
 // checked at the edge.
 TEST(Client, FamilySwitchesTravelInExtra) {
+  K3_HOST_OR_SKIP(host);
+  auto ModelOptionsFromEnv = [&host] { return client::ModelOptionsFromEnv(*host); };
   const char* vars[] = {"COLI_K3_CKPT",
                         "COLI_K3_CKPT_DIR",
                         "COLI_VULKAN",
@@ -195,6 +216,62 @@ TEST(Client, FamilySwitchesTravelInExtra) {
   EXPECT_THAT(ModelOptionsFromEnv(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_K3_CKPT")));
   for (const char* v : vars) unsetenv(v);
+}
+
+// A second family's own switch (the echo test plugin's TEST_FAMILY_KNOB, 1…9) reaches its model
+// through the client and the host with no line of either naming it, and a value out of range is
+// refused before anything loads, naming the variable, the value and the range.
+TEST(Client, AFamilysOwnSwitchIsReadWithNoHostChange) {
+  auto c = Client::Connect({.plugin_dir = COLI_ECHO_PLUGIN_DIR});
+  ASSERT_OK(c.status());
+  unsetenv("TEST_FAMILY_KNOB");
+  ASSERT_OK_AND_ASSIGN(v1::ModelOptions none, ModelOptionsFromEnv(**c));
+  EXPECT_TRUE(none.extra().empty());
+
+  setenv("TEST_FAMILY_KNOB", "7", 1);
+  ASSERT_OK_AND_ASSIGN(v1::ModelOptions options, ModelOptionsFromEnv(**c));
+  EXPECT_EQ(options.extra().at("knob"), "7");
+  ASSERT_OK_AND_ASSIGN(v1::ModelInfo info, (*c)->LoadModel(EchoModel(), options, nullptr));
+  ASSERT_OK_AND_ASSIGN(v1::MetricsResponse metrics, (*c)->GetMetrics());
+  double knob = 0;
+  for (const v1::ModelStat& stat : metrics.model_stats()) {
+    if (stat.model() == info.id() && stat.name() == "knob") knob = stat.value();
+  }
+  EXPECT_EQ(knob, 7);  // the model got the value
+
+  setenv("TEST_FAMILY_KNOB", "10", 1);
+  EXPECT_THAT(ModelOptionsFromEnv(**c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "environment variable TEST_FAMILY_KNOB: '10' is outside [1, 9]"));
+  unsetenv("TEST_FAMILY_KNOB");
+}
+
+// Output and exit code of a shell command line.
+std::pair<std::string, int> Shell(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return {"popen failed", -1};
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  const int status = pclose(pipe);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// coli-host reads the same table for its --model loads (exit 2 before anything loads) and lists
+// it with --switches.
+TEST(Client, HostReadsAndListsAFamilysSwitches) {
+  const std::string host =
+      std::string(COLI_HOST_BINARY_FOR_TEST) + " --plugin-dir " + COLI_ECHO_PLUGIN_DIR;
+  auto [refused, code] = Shell("TEST_FAMILY_KNOB=0 " + host + " --model " + EchoModel() +
+                               " --listen unix:" + ::testing::TempDir() + "/knob.sock");
+  EXPECT_EQ(code, 2) << refused;
+  EXPECT_THAT(refused, HasSubstr("environment variable TEST_FAMILY_KNOB: '0' is outside [1, 9]"));
+  auto [listing, listed] = Shell(host + " --switches");
+  EXPECT_EQ(listed, 0) << listing;
+  EXPECT_THAT(listing, HasSubstr("TEST_FAMILY_KNOB"));
+  EXPECT_THAT(listing, HasSubstr("coli_echo: extra[knob]"));
+  EXPECT_THAT(listing, HasSubstr("COLI_THREADS"));
+  EXPECT_THAT(listing, ::testing::Not(HasSubstr("K3_")));  // only the loaded families'
 }
 
 TEST(Client, ModelChoiceFlagThenEnvironmentThenTinyModel) {

@@ -10,6 +10,9 @@
 // At ABI 1.3 (the default build) it honours the decode row's sampling knobs (logit_bias,
 // penalties, min_p) through common/sampling over its logits {target: 8, others: 0}; the builds
 // for older minors never read them.
+// At ABI 1.8 it declares one environment switch of its own, TEST_FAMILY_KNOB (1…9, sent as
+// option "knob", reported back as the model statistic "knob"): the host reads it with no line of
+// its own naming it. ECHO_ABI_MINOR=7 builds a 1.7 plugin, whose table ends before the switches.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,6 +34,7 @@
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
 #include "plugin_api/cpp/plugin_table.h"
+#include "plugin_api/cpp/switches.h"
 
 namespace {
 
@@ -59,6 +63,7 @@ struct EchoModel {
   std::vector<coli_special_token_t> specials;
   int32_t stop_ids[1] = {kEos};
   std::atomic<int> sessions_created{0};  // reported by model_stats (ABI 1.2)
+  int knob = 0;                          // option "knob" (TEST_FAMILY_KNOB), 0 = not given
 };
 
 struct EchoSession {
@@ -146,6 +151,11 @@ absl::StatusOr<std::unique_ptr<EchoModel>> Open(const coli_model_open_args_t& ar
         }
       } else if (key == "fail_feed" && value.size() == 1) {
         model->fail_feed = static_cast<unsigned char>(value[0]);
+      } else if (key == "knob") {
+        if (!absl::SimpleAtoi(absl::string_view(value.data(), value.size()), &model->knob) ||
+            model->knob < 1 || model->knob > 9) {
+          return absl::InvalidArgumentError("option 'knob' is not in 1…9");
+        }
       } else if (key == "fail_open") {
         return absl::DataLossError(absl::StrCat("fail_open: ", std::string(value)));
       } else {
@@ -437,8 +447,19 @@ struct EchoFamily {
   static std::vector<coli_stat_t> ModelStats(const EchoModel& m) {
     static const char* const kNames[] = {"sessions_created"};
     const double values[] = {static_cast<double>(m.sessions_created.load())};
-    return coli::abi::NamedStats(kNames, values);
+    std::vector<coli_stat_t> stats = coli::abi::NamedStats(kNames, values);
+    if (m.knob != 0) stats.push_back({"knob", static_cast<double>(m.knob)});
+    return stats;
   }
+#if !defined(ECHO_ABI_MINOR)
+  static std::span<const coli_switch_t> Switches() {
+    static constexpr coli_switch_t kSwitches[] = {coli::abi::ToExtra(
+        coli::abi::IntSwitch("TEST_FAMILY_KNOB", COLI_SWITCH_FIELD_EXTRA, 1, 9,
+                             "coli_echo's test switch, reported as the model statistic knob"),
+        "knob")};
+    return kSwitches;
+  }
+#endif
 };
 
 const coli_plugin_api_t kApi = [] {
@@ -450,6 +471,8 @@ const coli_plugin_api_t kApi = [] {
 #elif defined(ECHO_ABI_MINOR) && ECHO_ABI_MINOR == 1
   api.struct_size = COLI_PLUGIN_API_SIZE_V1_1;  // a 1.1 table ends at session_record
   api.model_stats = nullptr;
+#elif defined(ECHO_ABI_MINOR) && ECHO_ABI_MINOR == 7
+  api.struct_size = COLI_PLUGIN_API_SIZE_V1_7;  // a 1.7 table ends at session_reusable
 #endif
   return api;
 }();

@@ -4,6 +4,7 @@
 
 #include "plugin_api/coli_plugin.h"
 #include "plugin_api/cpp/abi_util.h"
+#include "plugin_api/cpp/switches.h"
 
 namespace {
 
@@ -62,6 +63,17 @@ coli_plugin_api_t MakeTable() {
 #endif
 #if defined(FAKE_NULL_ENTRY)
   api.decode = nullptr;
+#endif
+#if defined(FAKE_BAD_SWITCH)
+  // A real-number switch aimed at an integer field (ABI 1.8): refused, naming the switch.
+  static const coli_switch_t kBad =
+      coli::abi::RealSwitch("FAKE_BITS", COLI_SWITCH_FIELD_BITS, 0, 1, "not a real-number field");
+  static const coli_switch_t* const kSwitches[] = {&kBad};
+  api.switches = kSwitches;
+  api.n_switches = 1;
+#endif
+#if defined(FAKE_NULL_SWITCHES)
+  api.n_switches = 2;  // with switches NULL
 #endif
   return api;
 }

@@ -37,7 +37,8 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.7 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs).
+// ABI 1.8 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs;
+// 1.8 appended the switch table and added coli_switch_t).
 // Append-only: a change here breaks every built plugin (the function table grows with each minor,
 // at its end; no existing offset moves).
 const Frozen kFrozen[] = {
@@ -165,26 +166,42 @@ const Frozen kFrozen[] = {
     {"coli_decode_args_t.n_rows", 16, 24},
     {"coli_stat_t.name", 0, 16},
     {"coli_stat_t.value", 8, 16},
-    {"coli_plugin_api_t.struct_size", 0, 160},
-    {"coli_plugin_api_t.family", 8, 160},
-    {"coli_plugin_api_t.plugin_version", 16, 160},
-    {"coli_plugin_api_t.shutdown", 24, 160},
-    {"coli_plugin_api_t.probe", 32, 160},
-    {"coli_plugin_api_t.model_open", 40, 160},
-    {"coli_plugin_api_t.model_close", 48, 160},
-    {"coli_plugin_api_t.model_info", 56, 160},
-    {"coli_plugin_api_t.tokenize", 64, 160},
-    {"coli_plugin_api_t.detokenize", 72, 160},
-    {"coli_plugin_api_t.render_chat", 80, 160},
-    {"coli_plugin_api_t.session_create", 88, 160},
-    {"coli_plugin_api_t.session_destroy", 96, 160},
-    {"coli_plugin_api_t.session_reset", 104, 160},
-    {"coli_plugin_api_t.prefill", 112, 160},
-    {"coli_plugin_api_t.decode", 120, 160},
-    {"coli_plugin_api_t.session_stats", 128, 160},
-    {"coli_plugin_api_t.session_record", 136, 160},
-    {"coli_plugin_api_t.model_stats", 144, 160},
-    {"coli_plugin_api_t.session_reusable", 152, 160},
+    {"coli_plugin_api_t.struct_size", 0, 176},
+    {"coli_plugin_api_t.family", 8, 176},
+    {"coli_plugin_api_t.plugin_version", 16, 176},
+    {"coli_plugin_api_t.shutdown", 24, 176},
+    {"coli_plugin_api_t.probe", 32, 176},
+    {"coli_plugin_api_t.model_open", 40, 176},
+    {"coli_plugin_api_t.model_close", 48, 176},
+    {"coli_plugin_api_t.model_info", 56, 176},
+    {"coli_plugin_api_t.tokenize", 64, 176},
+    {"coli_plugin_api_t.detokenize", 72, 176},
+    {"coli_plugin_api_t.render_chat", 80, 176},
+    {"coli_plugin_api_t.session_create", 88, 176},
+    {"coli_plugin_api_t.session_destroy", 96, 176},
+    {"coli_plugin_api_t.session_reset", 104, 176},
+    {"coli_plugin_api_t.prefill", 112, 176},
+    {"coli_plugin_api_t.decode", 120, 176},
+    {"coli_plugin_api_t.session_stats", 128, 176},
+    {"coli_plugin_api_t.session_record", 136, 176},
+    {"coli_plugin_api_t.model_stats", 144, 176},
+    {"coli_plugin_api_t.session_reusable", 152, 176},
+    {"coli_plugin_api_t.switches", 160, 176},    // v1.8
+    {"coli_plugin_api_t.n_switches", 168, 176},  // v1.8
+    {"coli_switch_t.struct_size", 0, 104},       // v1.8
+    {"coli_switch_t.name", 8, 104},
+    {"coli_switch_t.field", 16, 104},
+    {"coli_switch_t.kind", 20, 104},
+    {"coli_switch_t.extra_key", 24, 104},
+    {"coli_switch_t.int_min", 32, 104},
+    {"coli_switch_t.int_max", 40, 104},
+    {"coli_switch_t.int_values", 48, 104},
+    {"coli_switch_t.n_int_values", 56, 104},
+    {"coli_switch_t.real_min", 64, 104},
+    {"coli_switch_t.real_max", 72, 104},
+    {"coli_switch_t.real_min_exclusive", 80, 104},
+    {"coli_switch_t.expected", 88, 104},
+    {"coli_switch_t.help", 96, 104},
 };
 
 TEST(AbiLayout, MatchesFrozenOffsetsInCpp) {
@@ -228,8 +245,11 @@ TEST(AbiLayout, TableSizesPerMinor) {
   // 1.5 added a chat event channel: no entry, no field; the event keeps its 1.0 layout.
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_5, COLI_PLUGIN_API_SIZE_V1_2);
   // 1.6 appended session_reusable.
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_6, sizeof(coli_plugin_api_t));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_6, COLI_PLUGIN_API_SIZE_V1_2 + sizeof(void*));
+  // 1.8 appended the switch table (pointer and count); a switch is read up to its struct_size.
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, COLI_PLUGIN_API_SIZE_V1_6 + 2 * sizeof(void*));
+  EXPECT_EQ(COLI_SWITCH_SIZE_V1_8, sizeof(coli_switch_t));
   EXPECT_EQ(COLI_CHANNEL_TOOL_CALL_DELTA, 4);
   EXPECT_EQ(sizeof(coli_chat_event_t), offsetof(coli_chat_event_t, text) + sizeof(coli_string_t));
 }
@@ -353,15 +373,18 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.7"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.7, host 1.7)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.8"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.8, host 1.8)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.7 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.8 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
       {"fake_null_session_reusable", "leaves NULL: session_reusable"},
-      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.7 needs (160 bytes"},
+      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.8 needs (176 bytes"},
+      // ABI 1.8: a malformed switch table refuses the plugin, naming the switch.
+      {"fake_bad_switch", "switch FAKE_BITS: kind 3 cannot set field 'bits'"},
+      {"fake_null_switches", "n_switches 2 with switches NULL"},
   };
   for (const auto& c : refused) {
     const host::PluginReport* r = Report(set, c.stem);
@@ -371,7 +394,7 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     EXPECT_TRUE(Logged(std::string("libcoli_") + c.stem + ".so", "refused", c.why)) << c.stem;
   }
   EXPECT_TRUE(Logged("fake: refusing to run"));  // the plugin's own log line came through
-  ASSERT_EQ(set.plugins().size(), 3u);
+  ASSERT_EQ(set.plugins().size(), 4u);           // the echo family at ABI 1.0, 1.1, 1.2 and 1.7
   for (const auto& p : set.plugins()) EXPECT_EQ(p->family(), "coli_echo");
 }
 
@@ -399,6 +422,41 @@ TEST_F(LoaderTest, OlderMinorUsesTheShorterTable) {
   // model_stats is 1.2: none from an older table.
   ASSERT_OK_AND_ASSIGN(auto stats, model->Stats());
   EXPECT_TRUE(stats.empty());
+}
+
+// ABI 1.8: a family declares its environment switches; a 1.7 plugin (a table that ends before
+// them) still loads and serves, and declares none.
+TEST_F(LoaderTest, A17PluginLoadsWithNoSwitchesAndA18PluginDeclaresItsOwn) {
+  host::PluginReport old_report;
+  auto v17 = host::Plugin::Load(std::string(COLI_FAKE_PLUGIN_DIR) + "/libcoli_fake_echo_v1_7.so",
+                                &old_report);
+  ASSERT_OK(v17.status());
+  EXPECT_EQ((*v17)->minor(), 7u);
+  EXPECT_EQ((*v17)->api().struct_size, COLI_PLUGIN_API_SIZE_V1_7);
+  EXPECT_TRUE((*v17)->switches().empty());
+  EXPECT_TRUE(old_report.switches.empty());
+  const std::string dir = EchoModelDir("echo_model_v17");
+  ASSERT_OK_AND_ASSIGN(auto model, (*v17)->Open(dir, host::ModelOptions(), nullptr));
+  ASSERT_OK_AND_ASSIGN(auto session, model->NewSession());
+  const int32_t prompt[] = {'o', 'k'};
+  ASSERT_OK(session->Prefill(prompt, 0, 0, nullptr).status());
+  ASSERT_OK_AND_ASSIGN(host::StepResult step, session->Step({}));
+  EXPECT_EQ(step.token, 'o');
+
+  host::PluginReport report;
+  auto v18 = host::Plugin::Load(COLI_ECHO_PLUGIN, &report);
+  ASSERT_OK(v18.status());
+  EXPECT_EQ((*v18)->minor(), 8u);
+  ASSERT_EQ((*v18)->switches().size(), 1u);
+  const v1::ModelSwitch& knob = (*v18)->switches()[0];
+  EXPECT_EQ(knob.name(), "TEST_FAMILY_KNOB");
+  EXPECT_EQ(knob.family(), "coli_echo");
+  EXPECT_EQ(knob.field(), COLI_SWITCH_FIELD_EXTRA);
+  EXPECT_EQ(knob.extra_key(), "knob");
+  EXPECT_EQ(knob.kind(), COLI_SWITCH_INT);
+  EXPECT_EQ(knob.int_min(), 1);
+  EXPECT_EQ(knob.int_max(), 9);
+  EXPECT_EQ(report.switches.size(), 1u);
 }
 
 // ABI 1.2: a model's current values come from model_stats; a 1.1 plugin (table ending at

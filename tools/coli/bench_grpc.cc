@@ -22,10 +22,11 @@
 
 #include "absl/strings/numbers.h"
 #include "host/engine.h"
+#include "host/model_options_env.h"
 #include "host/service.h"
 #include "nlohmann/json.hpp"
-#include "tools/coli/client.h"
 #include "tools/coli/cli_args.h"
+#include "tools/coli/client.h"
 #include "tools/coli/command.h"
 
 namespace coli::cli {
@@ -145,14 +146,15 @@ int RunBenchGrpc(int argc, char** argv) {
   }
   if (reps < 1) reps = 1;
   const std::string model_dir = client::ResolveModelDir(model_flag);
-  auto options = client::ModelOptionsFromEnv();
-  if (!options.ok()) return Fail(options.status());
   std::string plugin_dir =
       std::getenv("COLI_PLUGIN_DIR") ? std::getenv("COLI_PLUGIN_DIR") : COLI_CLIENT_PLUGIN_DIR;
 
   // Two engines with the same model: one called directly, one behind the gRPC server.
   host::Engine local({.plugin_dir = plugin_dir});
   host::Engine served({.plugin_dir = plugin_dir});
+  // The model switches of the environment, read with the tables the plugins declare.
+  auto options = host::ModelOptionsFromEnv(host::WithHostSwitches(local.plugins().Switches()));
+  if (!options.ok()) return Fail(options.status());
   v1::LoadModelRequest load;
   load.set_model_dir(model_dir);
   load.set_id("bench");

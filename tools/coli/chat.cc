@@ -750,11 +750,6 @@ int RunChat(int argc, char** argv) {
   CatchUnlessIgnored(SIGHUP, OnTerminate);
   signal(SIGPIPE, SIG_IGN);  // a closed stdout is noticed by its write error
 
-  absl::StatusOr<v1::ModelOptions> options = client::ModelOptionsFromEnv();
-  if (!options.ok()) {
-    std::fprintf(stderr, "coli chat: %s\n", std::string(options.status().message()).c_str());
-    return 2;
-  }
   std::string model_dir = client::ResolveModelDir(flags.model);
   if (absl::Status bad = CheckLocalModelDir(flags, model_dir); !bad.ok()) {
     std::fprintf(stderr, "coli chat: %s\n", std::string(bad.message()).c_str());
@@ -767,6 +762,13 @@ int RunChat(int argc, char** argv) {
   if (!client.ok()) {
     std::fprintf(stderr, "coli chat: %s\n", std::string(client.status().message()).c_str());
     return 1;
+  }
+  // The model switches of the environment, read with the tables the host's plugins declare: a
+  // bad value is a usage error, refused before anything loads.
+  absl::StatusOr<v1::ModelOptions> options = client::ModelOptionsFromEnv(**client);
+  if (!options.ok()) {
+    std::fprintf(stderr, "coli chat: %s\n", std::string(options.status().message()).c_str());
+    return options.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   client::ProgressDisplay bar(stderr);
   // Ctrl-C or SIGTERM while the model loads abandons the load.

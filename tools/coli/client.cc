@@ -104,7 +104,8 @@ std::string DescribeHostEnd(int status) {
   if (sig == SIGKILL) {
     absl::StrAppend(&out,
                     ": the kernel's out-of-memory killer ends processes this way — `dmesg | grep "
-                    "-i oom` tells; a smaller K3_EXPERT_GB, or K3_BITS=4, needs less memory");
+                    "-i oom` tells; the model family's switches (`coli-host --switches`: a "
+                    "smaller expert cache, fewer bits) make it need less memory");
   }
   return out;
 }
@@ -446,6 +447,13 @@ absl::StatusOr<v1::HealthResponse> Client::Health() {
   return response;
 }
 
+absl::StatusOr<v1::MetricsResponse> Client::GetMetrics() {
+  grpc::ClientContext context;
+  v1::MetricsResponse response;
+  COLI_RETURN_IF_ERROR(Explain(stub_->GetMetrics(&context, v1::MetricsRequest(), &response)));
+  return response;
+}
+
 absl::Status Client::UnloadModel(const std::string& model) {
   grpc::ClientContext context;
   v1::UnloadModelRequest request;
@@ -463,7 +471,20 @@ std::string ResolveModelDir(const std::string& flag) {
   return COLI_CLIENT_TINY_MODEL;
 }
 
-absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv() { return host::ModelOptionsFromEnv(); }
+std::vector<v1::ModelSwitch> SwitchesOf(const v1::HealthResponse& health) {
+  std::vector<v1::ModelSwitch> family_switches;
+  for (const v1::PluginInfo& plugin : health.plugins()) {
+    if (!plugin.loaded()) continue;
+    family_switches.insert(family_switches.end(), plugin.switches().begin(),
+                           plugin.switches().end());
+  }
+  return host::WithHostSwitches(family_switches);
+}
+
+absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(Client& host) {
+  COLI_ASSIGN_OR_RETURN(v1::HealthResponse health, host.Health());
+  return host::ModelOptionsFromEnv(SwitchesOf(health));
+}
 
 // ---- progress -------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@
 //   COLI_ASSIGN_OR_RETURN(auto client, client::Client::Connect({.host = flag_host}));
 //   // no --host: a private coli-host on a Unix socket in a private temp dir, stopped with
 //   // `client` (the seed: "starts a private local server ... keeps the model loaded").
-//   COLI_ASSIGN_OR_RETURN(v1::ModelOptions options, client::ModelOptionsFromEnv());  // K3_*
+//   COLI_ASSIGN_OR_RETURN(v1::ModelOptions options,
+//                         client::ModelOptionsFromEnv(*client));  // the plugins' switches
 //   client::ProgressDisplay bar(stderr);
 //   COLI_ASSIGN_OR_RETURN(v1::ModelInfo model,
 //       client->LoadModel(client::ResolveModelDir(flag_model), options,
@@ -145,6 +146,7 @@ class Client {
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels();
   absl::StatusOr<v1::MetricsResponse> Metrics();
   absl::StatusOr<v1::HealthResponse> Health();
+  absl::StatusOr<v1::MetricsResponse> GetMetrics();
   absl::Status UnloadModel(const std::string& model);
 
   static std::string NewRequestId();
@@ -175,11 +177,15 @@ class Client {
 // --model, else $COLI_MODEL, else the embedded tiny model (build/fixtures/k3_tiny).
 std::string ResolveModelDir(const std::string& flag);
 
-// The seed's switches (K3_BITS, K3_EXPERT_GB, ...) read once, here at the edge, into typed
-// options: host::ModelOptionsFromEnv (host/model_options_env.h has the table), which coli-host
-// also uses for its --model loads. INVALID_ARGUMENT naming the variable and the value for a
-// value that does not parse or is out of range.
-absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv();
+// The model switches of the environment read once, here at the edge, into typed options: the
+// switches the host's loaded plugins declare (ABI 1.8, Health's PluginInfo.switches) and the
+// host's own, read by host::ModelOptionsFromEnv (host/model_options_env.h), which coli-host also
+// uses for its --model loads. So the client holds no family's variable names, and a host with
+// another family reads that family's. INVALID_ARGUMENT naming the variable and the value for a
+// value that does not parse or is out of range; the Health call's error otherwise.
+absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(Client& host);
+// The switches of a Health answer: the host's own, then each loaded plugin's.
+std::vector<v1::ModelSwitch> SwitchesOf(const v1::HealthResponse& health);
 
 // Load progress: a bar redrawn in place on a terminal, one plain line per stage/10% otherwise.
 class ProgressDisplay {

@@ -131,8 +131,6 @@ int RunPerplexity(int argc, char** argv) {
   if (absl::Status bad = CheckUtf8(path == "-" ? "stdin" : "'" + path + "'", text); !bad.ok()) {
     return UsageError(std::string(bad.message()));
   }
-  auto options = client::ModelOptionsFromEnv();
-  if (!options.ok()) return UsageError(std::string(options.status().message()));
   const std::string model_dir = client::ResolveModelDir(model_flag);
   if (host.empty()) {
     const char* what = model_given ? "--model" : std::getenv("COLI_MODEL") ? "COLI_MODEL" : "model";
@@ -153,6 +151,13 @@ int RunPerplexity(int argc, char** argv) {
   if (g_signal.load() != 0) return interrupted();
   if (!connected.ok()) return Fail(DescribeError(connected.status()));
   client::Client& c = **connected;
+  auto options = client::ModelOptionsFromEnv(c);  // the plugins' switches; bad: usage error
+  if (!options.ok()) {
+    if (options.status().code() == absl::StatusCode::kInvalidArgument) {
+      return UsageError(std::string(options.status().message()));
+    }
+    return Fail(DescribeError(options.status()));
+  }
   auto model = client::LoadShowingProgress(c, model_dir, *options, &load_cancel);
   if (g_signal.load() != 0) return interrupted();
   if (!model.ok()) return Fail(DescribeError(model.status()));

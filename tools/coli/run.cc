@@ -120,8 +120,6 @@ int RunCommand(int argc, char** argv) {
   v1::SamplingParams& sampling = flags.sampling;
   if (!flags.seed_given) sampling.set_seed(RandomSeed());
 
-  auto options = client::ModelOptionsFromEnv();
-  if (!options.ok()) return UsageError(std::string(options.status().message()));
   const std::string model_dir = client::ResolveModelDir(flags.model);
   if (absl::Status bad = CheckLocalModelDir(flags, model_dir); !bad.ok()) {
     return UsageError(std::string(bad.message()));
@@ -147,6 +145,15 @@ int RunCommand(int argc, char** argv) {
   if (g_signal.load() != 0) return interrupted();
   if (!connected.ok()) return Fail(connected.status());
   client::Client& c = **connected;
+  // The model switches of the environment, read with the tables the host's plugins declare: a
+  // bad value is a usage error, refused before anything loads.
+  auto options = client::ModelOptionsFromEnv(c);
+  if (!options.ok()) {
+    if (options.status().code() == absl::StatusCode::kInvalidArgument) {
+      return UsageError(std::string(options.status().message()));
+    }
+    return Fail(options.status());
+  }
   auto model = client::LoadShowingProgress(c, model_dir, *options, &load_cancel);
   if (g_signal.load() != 0) return interrupted();
   if (!model.ok()) return Fail(model.status());

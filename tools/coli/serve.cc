@@ -218,17 +218,6 @@ int RunGateway(int argc, char** argv, bool web) {
                  name, host.c_str());
     return 2;
   }
-  // The model switches (K3_*, COLI_VULKAN, ...) before the host starts: a bad value is a usage
-  // error, like a bad flag, not a host started for nothing.
-  v1::ModelOptions model_options;
-  if (!model_dir.empty()) {
-    auto options = client::ModelOptionsFromEnv();
-    if (!options.ok()) {
-      std::fprintf(stderr, "%s: %s\n", name, std::string(options.status().message()).c_str());
-      return 2;
-    }
-    model_options = *std::move(options);
-  }
   std::unique_ptr<ResponseDir> stored_dir;  // before the host starts: a bad DIR fails fast
   if (!flags.responses_dir.empty()) {
     auto opened = ResponseDir::Open(flags.responses_dir);
@@ -259,9 +248,16 @@ int RunGateway(int argc, char** argv, bool web) {
   }
   v1::ModelInfo info;
   if (!model_dir.empty()) {
+    // The model switches of the environment, read with the tables the host's plugins declare
+    // (so the host runs first); a bad value is a usage error, refused before anything loads.
+    auto model_options = client::ModelOptionsFromEnv(**client);
+    if (!model_options.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name, std::string(model_options.status().message()).c_str());
+      return model_options.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
     client::ProgressDisplay bar(stderr);
     auto loaded = (*client)->LoadModel(
-        model_dir, model_options, [&bar](const v1::LoadProgress& p) { bar.Update(p); }, model_id);
+        model_dir, *model_options, [&bar](const v1::LoadProgress& p) { bar.Update(p); }, model_id);
     bar.Done();
     if (!loaded.ok()) {
       std::fprintf(stderr, "%s: %s\n", name, std::string(loaded.status().message()).c_str());
