@@ -16,6 +16,13 @@ namespace coli::shaders {
 // {uint rows, cols, batch}; workgroup size 64, one workgroup per output row.
 std::span<const uint32_t> Mxfp4MatmulSpirv();
 
+// mxfp4_matmul_idot.comp: the same product with int8 activations per 32 columns, the CPU's
+// kernels::Matmul(idot = true) bit for bit. Bindings 0 weights (uint), 1 scales (f32 bits
+// s << 23), 2 activations (per batch row: cols/4 words of int8 codes, then cols/32 f32 bits of
+// 0.5·xscale), 3 y (f32 bits); push constants {uint rows, cols, batch}; workgroup size 64, four
+// output rows per workgroup. Declares the Int64 capability (the device's shaderInt64).
+std::span<const uint32_t> Mxfp4MatmulIdotSpirv();
+
 // situ_glu.comp: out[i] = β1·tanh(g[i]/β1)·σ(g[i]) · β2·tanh(u[i]/β2) (Kimi K3 SiTU-GLU, f32).
 // Bindings 0 g, 1 u (f32), 2 out (f32); push constants {uint n; float beta1, beta2};
 // workgroup size 64, grid-stride over n.

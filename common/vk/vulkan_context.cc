@@ -19,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/ops/ops.h"
 #include "common/status/status.h"
 #include "shaders/shaders.h"
 
@@ -46,6 +47,7 @@ struct SituPushConstants {
 // scales, x, y) and push constants (PushConstants).
 enum Kernel {
   kMxfp4Kernel,      // shaders/mxfp4_matmul.comp
+  kMxfp4IdotKernel,  // shaders/mxfp4_matmul_idot.comp (only with shaderInt64): 4 rows per group
   kSituKernel,       // shaders/situ_glu.comp: bindings g, u, out
   kDenseF32Kernel,   // shaders/dense_matmul.comp FORMAT 0
   kDenseInt8Kernel,  // ... FORMAT 1
@@ -151,6 +153,7 @@ struct internal::VulkanState {
   VkPhysicalDeviceMemoryProperties memory_properties{};
   int device_index = -1;
   std::string device_name;
+  bool int64 = false;  // shaderInt64 enabled: the idot pipeline exists
 
   VkCommandPool command_pool = VK_NULL_HANDLE;
   VkCommandBuffer command_buffer = VK_NULL_HANDLE;
@@ -475,17 +478,24 @@ struct internal::VulkanState {
     return absl::OkStatus();
   }
 
-  absl::Status CreateDevice() {
+  absl::Status CreateDevice(bool use_int64) {
     const float priority = 1.0f;
     VkDeviceQueueCreateInfo queue_info{};
     queue_info.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
     queue_info.queueFamilyIndex = queue_family;
     queue_info.queueCount = 1;
     queue_info.pQueuePriorities = &priority;
+    // shaderInt64 when the device has it: the idot shader's exact integer arithmetic.
+    VkPhysicalDeviceFeatures available{};
+    vkGetPhysicalDeviceFeatures(physical, &available);
+    VkPhysicalDeviceFeatures enabled{};
+    int64 = use_int64 && available.shaderInt64 == VK_TRUE;
+    enabled.shaderInt64 = int64 ? VK_TRUE : VK_FALSE;
     VkDeviceCreateInfo info{};
     info.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
     info.queueCreateInfoCount = 1;
     info.pQueueCreateInfos = &queue_info;
+    info.pEnabledFeatures = &enabled;
     COLI_VK_RETURN_IF_ERROR(vkCreateDevice(physical, &info, nullptr, &device));
     volkLoadDeviceTable(&vk, device);
     vk.vkGetDeviceQueue(device, queue_family, 0, &queue);
@@ -579,6 +589,8 @@ struct internal::VulkanState {
     const Spec specs[] = {
         {kMxfp4Kernel, kBindings, sizeof(PushConstants), shaders::Mxfp4MatmulSpirv(),
          "mxfp4_matmul"},
+        {kMxfp4IdotKernel, kBindings, sizeof(PushConstants), shaders::Mxfp4MatmulIdotSpirv(),
+         "mxfp4_matmul_idot"},
         {kSituKernel, kSituBindings, sizeof(SituPushConstants), shaders::SituGluSpirv(),
          "situ_glu"},
         {kDenseF32Kernel, kBindings, sizeof(PushConstants), shaders::DenseMatmulF32Spirv(),
@@ -589,6 +601,7 @@ struct internal::VulkanState {
          "dense_matmul (int4g64)"},
     };
     for (const Spec& spec : specs) {
+      if (spec.kernel == kMxfp4IdotKernel && !int64) continue;
       Pipeline& p = pipelines[spec.kernel];
       COLI_RETURN_IF_ERROR(CreateComputePipeline(spec.bindings, spec.push_bytes, spec.code,
                                                  spec.name, &p.set_layout, &p.layout, &p.shader,
@@ -782,7 +795,7 @@ absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create(
   }
   volkLoadInstanceOnly(state->instance);
   COLI_RETURN_IF_ERROR(state->PickDevice());
-  COLI_RETURN_IF_ERROR(Annotate(state->CreateDevice(), state->device_name));
+  COLI_RETURN_IF_ERROR(Annotate(state->CreateDevice(options.use_int64), state->device_name));
   COLI_RETURN_IF_ERROR(Annotate(state->CreatePipeline(), state->device_name));
   state->staging_mode = force_staging || HasDeviceOnlyMemory(state->memory_properties);
   state->staging_bytes = options.staging_bytes;
@@ -865,6 +878,12 @@ namespace {
 void MatmulGroups(uint32_t rows, uint32_t* x, uint32_t* y) {
   *x = rows < kWorkgroupsPerDim ? rows : kWorkgroupsPerDim;
   *y = (rows + *x - 1) / *x;
+}
+
+// Workgroups of a matmul `kernel` over `rows` rows (the idot shader computes 4 rows per group).
+void KernelGroups(int kernel, uint32_t rows, uint32_t* x, uint32_t* y) {
+  const uint64_t groups = kernel == kMxfp4IdotKernel ? (uint64_t{rows} + 3) / 4 : rows;
+  MatmulGroups(static_cast<uint32_t>(groups), x, y);
 }
 
 uint32_t SituGroups(uint64_t n) {
@@ -995,7 +1014,7 @@ absl::StatusOr<double> VulkanContext::TimeCopy(CopyKind kind, uint64_t bytes, in
 }
 
 absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch,
-                                        float* y) {
+                                        float* y, Mxfp4Numerics numerics) {
   COLI_RETURN_IF_ERROR(CheckMxfp4View(w));
   if (batch <= 0 || w.rows == 0) {
     // Nothing to upload; the resident overload gives the batch checks their one wording.
@@ -1005,13 +1024,51 @@ absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const floa
     return absl::OkStatus();
   }
   COLI_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMxfp4Matrix> resident, UploadMxfp4(w));
-  return Mxfp4Matmul(*resident, x, batch, y);
+  return Mxfp4Matmul(*resident, x, batch, y, numerics);
 }
 
 namespace {
 
+// Words per batch row of the idot shader's activations: cols/4 words of int8 codes, then one
+// f32 (0.5·xscale) per 32-column group.
+uint64_t IdotRowWords(uint64_t cols) { return cols / 4 + cols / 32; }
+
+// The idot shader's activations for `batch` host f32 rows of `cols` (cols % 32 == 0): each row
+// quantized by the CPU's own routine (kernels::QuantizeActivationsInt8Groups, group 32) and the
+// group scales halved in f32 as the CPU's kernels do (0.5f·xscale), so the device sees exactly
+// the codes and scales the CPU's Matmul(idot = true) computes with. A non-finite value is
+// INVALID_ARGUMENT naming the batch row, as the CPU refuses it.
+absl::Status QuantizeForIdot(const float* x, int64_t batch, int64_t cols, absl::string_view name,
+                             std::vector<uint32_t>* out) {
+  const int64_t groups = cols / 32;
+  const int64_t stride = static_cast<int64_t>(IdotRowWords(static_cast<uint64_t>(cols)));
+  out->assign(static_cast<size_t>(batch * stride), 0u);
+  std::vector<float> scales(static_cast<size_t>(groups));
+  for (int64_t b = 0; b < batch; ++b) {
+    uint32_t* row = out->data() + b * stride;
+    // Byte c of the row is column c (the shader reads the words little-endian).
+    const absl::Status quantized = kernels::QuantizeActivationsInt8Groups(
+        std::span<const float>(x + b * cols, static_cast<size_t>(cols)), 32,
+        reinterpret_cast<int8_t*>(row), scales.data());
+    if (!quantized.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": activations, batch row ", b, ": ", quantized.message()));
+    }
+    for (int64_t g = 0; g < groups; ++g) row[cols / 4 + g] = FloatBits(0.5f * scales[g]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IdotUnsupported(const internal::VulkanState& s, absl::string_view name) {
+  return absl::UnimplementedError(absl::StrCat(
+      name, ": ", s.device_name,
+      " has no shaderInt64, which the integer-dot (K3_IDOT=1) kernel needs to reproduce the "
+      "CPU's bits; use K3_IDOT=0 (f32 activations) on this device"));
+}
+
 // y = W·x for `batch` host f32 rows of a resident matrix, one dispatch of `kernel` (the matmul
-// shaders share bindings and push constants). `name` ("Vulkan Mxfp4Matmul") heads the errors.
+// shaders share bindings and push constants; kMxfp4IdotKernel gets its activations quantized
+// here). `name` ("Vulkan Mxfp4Matmul") heads the errors.
 absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& w, Kernel kernel,
                                const float* x, int64_t batch, float* y, absl::string_view name) {
   if (batch < 0) {
@@ -1021,17 +1078,26 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
   if (x == nullptr || y == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": null activation or output pointer"));
   }
-  // The shaders index x (mxfp4: in vec4s, batch*cols/4) and y (batch*rows) with 32-bit uints.
+  const bool idot = kernel == kMxfp4IdotKernel;
+  if (idot && !s.int64) return IdotUnsupported(s, name);
+  // The shaders index x (mxfp4: in vec4s, batch*cols/4; idot: words) and y (batch*rows) with
+  // 32-bit uints.
   const uint64_t rows = static_cast<uint64_t>(w.rows);
   const uint64_t cols = static_cast<uint64_t>(w.cols);
   const uint64_t b = static_cast<uint64_t>(batch);
-  const uint64_t x_units = kernel == kMxfp4Kernel ? b * cols / 4 : b * cols;
+  const uint64_t x_units = idot                     ? b * IdotRowWords(cols)
+                           : kernel == kMxfp4Kernel ? b * cols / 4
+                                                    : b * cols;
   if (b > kMaxIndex || x_units > kMaxIndex || b * rows > kMaxIndex) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": shape [", rows, ", ", cols,
                                                    "] x batch ", b,
                                                    " exceeds the shader's 32-bit indices"));
   }
-  const VkDeviceSize x_bytes = b * cols * sizeof(float), y_bytes = b * rows * sizeof(float);
+  std::vector<uint32_t> codes;
+  if (idot) COLI_RETURN_IF_ERROR(QuantizeForIdot(x, batch, w.cols, name, &codes));
+  const void* activations = idot ? static_cast<const void*>(codes.data()) : x;
+  const VkDeviceSize x_bytes = idot ? codes.size() * sizeof(uint32_t) : b * cols * sizeof(float);
+  const VkDeviceSize y_bytes = b * rows * sizeof(float);
   for (const VkDeviceSize bytes : {x_bytes, y_bytes}) {
     if (bytes > s.properties.limits.maxStorageBufferRange) {
       return absl::ResourceExhaustedError(
@@ -1047,7 +1113,7 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
   absl::Status status = s.Ensure(in, x_bytes, "activations", Placement::kHostMapped);
   if (status.ok()) status = s.Ensure(out, y_bytes, "outputs", Placement::kHostMapped);
   if (!status.ok()) return status;
-  std::memcpy(in.mapped, x, x_bytes);
+  std::memcpy(in.mapped, activations, x_bytes);
   internal::VulkanState::Dispatch d;
   d.kernel = kernel;
   // A dense f32 matrix has no scales: its shader never reads binding 1.
@@ -1059,7 +1125,7 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
   d.push[0] = static_cast<uint32_t>(rows);
   d.push[1] = static_cast<uint32_t>(cols);
   d.push[2] = static_cast<uint32_t>(b);
-  MatmulGroups(d.push[0], &d.groups_x, &d.groups_y);
+  KernelGroups(kernel, d.push[0], &d.groups_x, &d.groups_y);
   status = Annotate(s.RunDispatches(std::span(&d, 1), absl::StrCat(name, " dispatch")),
                     s.device_name);
   if (status.ok()) std::memcpy(y, out.mapped, y_bytes);
@@ -1069,13 +1135,17 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
 }  // namespace
 
 absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch,
-                                        float* y) {
+                                        float* y, Mxfp4Numerics numerics) {
   if (w.impl_->state != state_.get()) {
     return absl::InvalidArgumentError(
         "Vulkan Mxfp4Matmul: the matrix was uploaded by another VulkanContext");
   }
-  return RunResidentMatmul(*state_, *w.impl_, kMxfp4Kernel, x, batch, y, "Vulkan Mxfp4Matmul");
+  return RunResidentMatmul(*state_, *w.impl_,
+                           numerics == Mxfp4Numerics::kIdot ? kMxfp4IdotKernel : kMxfp4Kernel, x,
+                           batch, y, "Vulkan Mxfp4Matmul");
 }
+
+bool VulkanContext::supports_idot() const { return state_->int64; }
 
 uint64_t VulkanContext::matmuls() const {
   return state_->matmuls.load(std::memory_order_relaxed);
@@ -1155,6 +1225,33 @@ absl::StatusOr<Kernel> DenseKernel(kernels::WeightFormat format, absl::string_vi
 
 // Every job's gate and up matmuls, SiTU-GLU and down matmul in ONE command buffer (barriers only
 // between the three phases), then each job's y read back. `which(j)` names job j in errors.
+// Checks one GLU job: false when it has nothing to compute (rows, I or H zero).
+absl::StatusOr<bool> CheckGluJob(const GluJob& job, const std::string& which) {
+  const ResidentBuffers &gate = *job.gate.m, &up = *job.up.m, &down = *job.down.m;
+  const int64_t inter = gate.rows, hidden = gate.cols;
+  if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, ": shapes gate [", inter, ", ", hidden, "], up [", up.rows, ", ",
+                     up.cols, "], down [", down.rows, ", ", down.cols,
+                     "] do not form a GLU block (expected up [I, H] and down [H, I])"));
+  }
+  if (job.rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(which, ": negative rows ", job.rows));
+  }
+  if (job.rows == 0 || inter == 0 || hidden == 0) return false;
+  if (job.x == nullptr || job.y == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(which, ": null activation or output"));
+  }
+  const uint64_t r = static_cast<uint64_t>(job.rows);
+  // The idot shader's activation words (9/32 per column) are fewer than the f32 ones.
+  if (r * static_cast<uint64_t>(inter) > kMaxIndex ||
+      r * static_cast<uint64_t>(hidden) > kMaxIndex) {
+    return absl::InvalidArgumentError(absl::StrCat(which, ": ", r, " rows of [", inter, ", ",
+                                                   hidden, "] exceed the shaders' 32-bit indices"));
+  }
+  return true;
+}
+
 absl::Status RunGluChain(internal::VulkanState& s, std::span<const GluJob> jobs, float beta1,
                          float beta2, const std::function<std::string(size_t)>& which,
                          absl::string_view what) {
@@ -1172,28 +1269,10 @@ absl::Status RunGluChain(internal::VulkanState& s, std::span<const GluJob> jobs,
   bool any = false;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const GluJob& job = jobs[j];
-    const ResidentBuffers &gate = *job.gate.m, &up = *job.up.m, &down = *job.down.m;
-    const int64_t inter = gate.rows, hidden = gate.cols;
-    if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          which(j), ": shapes gate [", inter, ", ", hidden, "], up [", up.rows, ", ", up.cols,
-          "], down [", down.rows, ", ", down.cols,
-          "] do not form a GLU block (expected up [I, H] and down [H, I])"));
-    }
-    if (job.rows < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(which(j), ": negative rows ", job.rows));
-    }
-    if (job.rows == 0 || inter == 0 || hidden == 0) continue;
-    if (job.x == nullptr || job.y == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(which(j), ": null activation or output"));
-    }
+    COLI_ASSIGN_OR_RETURN(const bool has_work, CheckGluJob(job, which(j)));
+    if (!has_work) continue;
     const uint64_t r = static_cast<uint64_t>(job.rows);
-    if (r * static_cast<uint64_t>(inter) > kMaxIndex ||
-        r * static_cast<uint64_t>(hidden) > kMaxIndex) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          which(j), ": ", r, " rows of [", inter, ", ", hidden,
-          "] exceed the shaders' 32-bit indices"));
-    }
+    const int64_t inter = job.gate.m->rows, hidden = job.gate.m->cols;
     layout[j].x_bytes = r * static_cast<uint64_t>(hidden) * sizeof(float);
     layout[j].inner_bytes = r * static_cast<uint64_t>(inter) * sizeof(float);
     layout[j].x = x_total;
@@ -1286,10 +1365,136 @@ absl::Status RunGluChain(internal::VulkanState& s, std::span<const GluJob> jobs,
   return status;
 }
 
+// The idot chain (ExpertChain with Mxfp4Numerics::kIdot), the CPU's K3_IDOT=1 expert bit for bit:
+// every job's gate and up (idot shader) as one submission; on the host ops::SituGlu — the CPU's
+// own function, because its libm expf/tanhf bits cannot be reproduced in a shader — and the
+// int8 quantization of its output; every job's down as a second submission. Both submissions
+// hold the step lock, so the per-step buffers serve both.
+absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs, float beta1,
+                          float beta2, const std::function<std::string(size_t)>& which,
+                          absl::string_view what) {
+  struct Work {
+    const GluJob* job = nullptr;
+    std::string name;
+    int64_t inter = 0, hidden = 0;
+    std::vector<uint32_t> codes;  // the idot activations of the current phase
+    std::vector<float> g, u;
+    VkDeviceSize in = 0, out = 0, out2 = 0;  // segment offsets of the current phase
+  };
+  std::vector<Work> work;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    COLI_ASSIGN_OR_RETURN(const bool has_work, CheckGluJob(jobs[j], which(j)));
+    if (!has_work) continue;
+    Work& w = work.emplace_back();
+    w.job = &jobs[j];
+    w.name = which(j);
+    w.inter = jobs[j].gate.m->rows;
+    w.hidden = jobs[j].gate.m->cols;
+  }
+  if (work.empty()) return absl::OkStatus();
+  if (!s.int64) return IdotUnsupported(s, what);
+  // The inputs are quantized before the lock: host work that no other step waits for.
+  for (Work& w : work) {
+    COLI_RETURN_IF_ERROR(QuantizeForIdot(w.job->x, w.job->rows, w.hidden, w.name, &w.codes));
+  }
+  const VkDeviceSize align =
+      std::max<VkDeviceSize>(16, s.properties.limits.minStorageBufferOffsetAlignment);
+  auto round_up = [&](VkDeviceSize v) { return (v + align - 1) / align * align; };
+  auto check_range = [&](const Work& w, VkDeviceSize bytes) -> absl::Status {
+    if (bytes <= s.properties.limits.maxStorageBufferRange) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        w.name, ": a segment of ", bytes, " bytes exceeds the device's maxStorageBufferRange (",
+        s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
+  };
+  using Dispatch = internal::VulkanState::Dispatch;
+  auto matmul = [&](const ResidentBuffers& m, const Buffer& in, VkDeviceSize in_off,
+                    VkDeviceSize in_bytes, const Buffer& out, VkDeviceSize out_off, int64_t rows) {
+    Dispatch d;
+    d.kernel = kMxfp4IdotKernel;
+    d.segments[0] = {m.weights.buffer, 0, m.weights.size};
+    d.segments[1] = {m.scales.buffer, 0, m.scales.size};
+    d.segments[2] = {in.buffer, in_off, in_bytes};
+    d.segments[3] = {out.buffer, out_off, static_cast<VkDeviceSize>(rows * m.rows) * 4};
+    d.push[0] = static_cast<uint32_t>(m.rows);
+    d.push[1] = static_cast<uint32_t>(m.cols);
+    d.push[2] = static_cast<uint32_t>(rows);
+    KernelGroups(kMxfp4IdotKernel, d.push[0], &d.groups_x, &d.groups_y);
+    return d;
+  };
+  // Both phases read their activations from step_x and write host-read outputs to step_y.
+  std::lock_guard<std::mutex> lock(s.mu);
+  Buffer &x = s.step_x, &y = s.step_y;
+  // Phase 1: gate and up of every job.
+  VkDeviceSize x_total = 0, y_total = 0;
+  for (Work& w : work) {
+    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
+    const VkDeviceSize inner_bytes = static_cast<VkDeviceSize>(w.job->rows * w.inter) * 4;
+    COLI_RETURN_IF_ERROR(check_range(w, in_bytes));
+    COLI_RETURN_IF_ERROR(check_range(w, inner_bytes));
+    w.in = x_total;
+    x_total += round_up(in_bytes);
+    w.out = y_total;
+    y_total += round_up(inner_bytes);
+    w.out2 = y_total;
+    y_total += round_up(inner_bytes);
+  }
+  absl::Status status = s.Ensure(x, x_total, "chain activations", Placement::kHostMapped);
+  if (status.ok()) status = s.Ensure(y, y_total, "chain outputs", Placement::kHostMapped);
+  if (!status.ok()) return status;
+  std::vector<Dispatch> dispatches;
+  for (const Work& w : work) {
+    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
+    std::memcpy(static_cast<uint8_t*>(x.mapped) + w.in, w.codes.data(), in_bytes);
+    dispatches.push_back(matmul(*w.job->gate.m, x, w.in, in_bytes, y, w.out, w.job->rows));
+    dispatches.push_back(matmul(*w.job->up.m, x, w.in, in_bytes, y, w.out2, w.job->rows));
+  }
+  COLI_RETURN_IF_ERROR(
+      Annotate(s.RunDispatches(dispatches, absl::StrCat(what, " (gate, up)")), s.device_name));
+  // SiTU-GLU and its quantization, exactly as the CPU's expert does them.
+  for (Work& w : work) {
+    const int64_t n = w.job->rows * w.inter;
+    w.g.resize(static_cast<size_t>(n));
+    w.u.resize(static_cast<size_t>(n));
+    std::memcpy(w.g.data(), static_cast<const uint8_t*>(y.mapped) + w.out, n * sizeof(float));
+    std::memcpy(w.u.data(), static_cast<const uint8_t*>(y.mapped) + w.out2, n * sizeof(float));
+    ops::SituGlu(w.g.data(), w.u.data(), n, beta1, beta2, w.g.data());
+    COLI_RETURN_IF_ERROR(QuantizeForIdot(w.g.data(), w.job->rows, w.inter, w.name, &w.codes));
+  }
+  // Phase 2: down of every job.
+  x_total = 0;
+  y_total = 0;
+  for (Work& w : work) {
+    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
+    const VkDeviceSize out_bytes = static_cast<VkDeviceSize>(w.job->rows * w.hidden) * 4;
+    COLI_RETURN_IF_ERROR(check_range(w, in_bytes));
+    COLI_RETURN_IF_ERROR(check_range(w, out_bytes));
+    w.in = x_total;
+    x_total += round_up(in_bytes);
+    w.out = y_total;
+    y_total += round_up(out_bytes);
+  }
+  status = s.Ensure(x, x_total, "chain activations", Placement::kHostMapped);
+  if (status.ok()) status = s.Ensure(y, y_total, "chain outputs", Placement::kHostMapped);
+  if (!status.ok()) return status;
+  dispatches.clear();
+  for (const Work& w : work) {
+    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
+    std::memcpy(static_cast<uint8_t*>(x.mapped) + w.in, w.codes.data(), in_bytes);
+    dispatches.push_back(matmul(*w.job->down.m, x, w.in, in_bytes, y, w.out, w.job->rows));
+  }
+  COLI_RETURN_IF_ERROR(
+      Annotate(s.RunDispatches(dispatches, absl::StrCat(what, " (down)")), s.device_name));
+  for (const Work& w : work) {
+    std::memcpy(w.job->y, static_cast<const uint8_t*>(y.mapped) + w.out,
+                static_cast<size_t>(w.job->rows * w.hidden) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, float beta1,
-                                        float beta2) {
+                                        float beta2, Mxfp4Numerics numerics) {
   internal::VulkanState& s = *state_;
   auto which = [](size_t j) { return absl::StrCat("Vulkan ExpertChain job ", j); };
   std::vector<GluJob> glu(jobs.size());
@@ -1310,6 +1515,9 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
               job.x,
               job.rows,
               job.y};
+  }
+  if (numerics == Mxfp4Numerics::kIdot) {
+    return RunIdotChain(s, glu, beta1, beta2, which, "expert chain (idot)");
   }
   return RunGluChain(s, glu, beta1, beta2, which, "expert chain");
 }

@@ -11,8 +11,9 @@
 //
 // The MXFP4 bytes go to the device as they sit in RAM (e2m1 nibbles, low nibble = even column);
 // only the UE8M0 group exponents are widened on upload to the f32 scales the shader reads
-// (kernels::E8m0ToF32: float bits s << 23). Activations stay f32, so the result is the CPU's
-// exact-float MXFP4 kernel (MatmulOptions{.idot = false}) up to summation order.
+// (kernels::E8m0ToF32: float bits s << 23). By default activations stay f32, so the result is the
+// CPU's exact-float MXFP4 kernel (MatmulOptions{.idot = false}) up to summation order;
+// Mxfp4Numerics::kIdot gives the CPU's integer-dot kernel (the K3_IDOT=1 default) bit for bit.
 //
 // Residency. Where the device has device-local memory that is not host-visible (a discrete
 // GPU), resident matrices live there and are filled through one reusable host-visible staging
@@ -104,12 +105,29 @@ struct ExpertChainJob {
   float* y = nullptr;
 };
 
+// How an MXFP4 matmul on the device treats its f32 activations.
+enum class Mxfp4Numerics {
+  // f32 activations: the CPU's exact-float kernel (MatmulOptions{.idot = false}, K3_IDOT=0) up
+  // to summation order.
+  kFloat,
+  // int8 activations per 32 columns, quantized on the host by the CPU's own routine
+  // (kernels::QuantizeActivationsInt8Groups): the CPU's Matmul(idot = true) (K3_IDOT=1, the
+  // default) bit for bit (shaders/mxfp4_matmul_idot.comp does its floating-point steps in
+  // integers, so no driver's fma or subnormal handling can change them). Needs a device with
+  // shaderInt64 (supports_idot()); elsewhere refused (UNIMPLEMENTED). Non-finite activations are
+  // refused as the CPU refuses them (INVALID_ARGUMENT naming the batch row).
+  kIdot,
+};
+
 struct VulkanContextOptions {
   // Stage resident uploads into device-local memory even where every type is host-visible
   // (tests on lavapipe). COLI_VK_STAGING=1 sets it too.
   bool force_staging = false;
   // Bytes of the staging buffer; larger uploads are copied in chunks. At least 4096.
   uint64_t staging_bytes = 32ull << 20;
+  // Enable shaderInt64 (the idot kernel) where the device has it; false behaves as a device
+  // without it (tests of that path).
+  bool use_int64 = true;
 };
 
 // What VulkanContext::TimeCopy copies (coli bench vk).
@@ -142,7 +160,8 @@ class VulkanContext {
   // exceed 32 bits (INVALID_ARGUMENT); RESOURCE_EXHAUSTED when a buffer exceeds the device's
   // storage-buffer range or memory. batch == 0 or rows == 0 does nothing. Thread-safe (calls
   // are serialised).
-  absl::Status Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch, float* y);
+  absl::Status Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch, float* y,
+                           Mxfp4Numerics numerics = Mxfp4Numerics::kFloat);
 
   // Copies an MXFP4 view to the device (same refusals as Mxfp4Matmul for the view; rows may be
   // 0). staging(): device-local memory filled through the staging buffer; else memory that is
@@ -176,7 +195,11 @@ class VulkanContext {
 
   // As Mxfp4Matmul above on a resident matrix; INVALID_ARGUMENT for a matrix uploaded by
   // another context.
-  absl::Status Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch, float* y);
+  absl::Status Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch, float* y,
+                           Mxfp4Numerics numerics = Mxfp4Numerics::kFloat);
+
+  // True when the device can run Mxfp4Numerics::kIdot (it has shaderInt64).
+  bool supports_idot() const;
 
   // out[i] = β1·tanh(g[i]/β1)·σ(g[i]) · β2·tanh(u[i]/β2) for i < n on the device
   // (shaders/situ_glu.comp; the chain's activation, exposed for its test). out may alias g or u.
@@ -184,13 +207,18 @@ class VulkanContext {
   absl::Status SituGlu(const float* g, const float* u, int64_t n, float beta1, float beta2,
                        float* out);
 
-  // Every job's gate and up matmuls, SiTU-GLU (β1, β2) and down matmul as ONE submission (one
-  // command buffer, one fence; barriers only between the three phases), then each job's y read
-  // back. Activations stay f32 throughout (the CPU's K3_IDOT=0 math up to summation order).
-  // INVALID_ARGUMENT for a matrix of another context, mismatched shapes (gate/up [I, H], down
-  // [H, I]), negative rows, null pointers or indices over 32 bits; jobs with rows == 0 are
-  // skipped. Thread-safe (serialised with the other calls).
-  absl::Status ExpertChain(std::span<const ExpertChainJob> jobs, float beta1, float beta2);
+  // kFloat: every job's gate and up matmuls, SiTU-GLU (β1, β2) and down matmul as ONE submission
+  // (one command buffer, one fence; barriers only between the three phases), then each job's y
+  // read back. Activations stay f32 throughout (the CPU's K3_IDOT=0 math up to summation order).
+  // kIdot: the CPU's K3_IDOT=1 expert bit for bit, in two submissions: every job's gate and up
+  // (idot), then on the host ops::SituGlu (the CPU's own, since the host libm's expf/tanhf bits
+  // cannot be reproduced in a shader) and the int8 quantization of its output, then every job's
+  // down (idot). INVALID_ARGUMENT for a matrix of another context, mismatched shapes (gate/up
+  // [I, H], down [H, I]), negative rows, null pointers, indices over 32 bits, or (kIdot)
+  // non-finite activations; jobs with rows == 0 are skipped. Thread-safe (serialised with the
+  // other calls).
+  absl::Status ExpertChain(std::span<const ExpertChainJob> jobs, float beta1, float beta2,
+                           Mxfp4Numerics numerics = Mxfp4Numerics::kFloat);
 
   // Dense matrices (the shared experts, COLI_VK_DENSE). UploadDense copies an f32, int8 or
   // int4g64 view once (same residency as UploadMxfp4: staged into device-local memory when
