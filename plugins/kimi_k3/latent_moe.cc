@@ -157,9 +157,10 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
                       dev_in[j].data() + int64_t{r} * lat);
         jobs[j] = {claimed[j], dev_in[j].data(), m, dev_out[j].data()};
       }
-      device_thread = std::thread([&device_status, device, jobs = std::move(jobs)] {
-        device_status = device->Compute(jobs);
-      });
+      device_thread =
+          std::thread([&device_status, device, jobs = std::move(jobs), idot = c.matmul.idot] {
+            device_status = device->Compute(jobs, idot);
+          });
     }
     if (w.has_shared && !shared_on_device) {
       COLI_RETURN_IF_ERROR(

@@ -62,9 +62,12 @@ class DeviceExperts {
   // Entries i of `experts` (unique ids of MoE layer `layer`) the device will compute; the
   // experts stay usable for the following Compute even if evicted meanwhile.
   virtual std::vector<int> Claim(int layer, std::span<const int32_t> experts) = 0;
-  // All jobs as one device submission; blocks until the outputs are in place. On an error the
-  // step computes the claimed experts on the CPU (ForEachExpert on this source) and goes on.
-  virtual absl::Status Compute(std::span<const DeviceExpertJob> jobs) = 0;
+  // All jobs as one device submission; blocks until the outputs are in place. `idot`: the
+  // numerics of the CPU's matmuls in this call (Compute::matmul.idot, K3_IDOT), which the device
+  // must reproduce so that residency never changes the result (with idot: the CPU's bits). On an
+  // error the step computes the claimed experts on the CPU (ForEachExpert on this source) and
+  // goes on.
+  virtual absl::Status Compute(std::span<const DeviceExpertJob> jobs, bool idot) = 0;
   // An expert the CPU just computed (weights valid for the call only): a promotion candidate.
   virtual void Offer(int layer, int32_t expert, const ExpertWeights& weights) = 0;
 };

@@ -377,7 +377,7 @@ std::vector<int> VkExpertTier::ClaimLocked(int layer, std::span<const int32_t> e
   return entries;
 }
 
-absl::Status VkExpertTier::Compute(std::span<const DeviceExpertJob> jobs) {
+absl::Status VkExpertTier::Compute(std::span<const DeviceExpertJob> jobs, bool idot) {
   std::vector<std::shared_ptr<Resident>> refs;
   std::vector<int> entries;
   {
@@ -396,8 +396,10 @@ absl::Status VkExpertTier::Compute(std::span<const DeviceExpertJob> jobs) {
     const Resident& r = *refs[it - entries.begin()];
     chain.push_back({r.w1.get(), r.w3.get(), r.w2.get(), job.x, job.rows, job.y});
   }
-  absl::Status status =
-      Annotate(vk_->ExpertChain(chain, cfg_.situ_beta, cfg_.situ_linear_beta), "Vulkan expert tier");
+  absl::Status status = Annotate(
+      vk_->ExpertChain(chain, cfg_.situ_beta, cfg_.situ_linear_beta,
+                       idot ? vulkan::Mxfp4Numerics::kIdot : vulkan::Mxfp4Numerics::kFloat),
+      "Vulkan expert tier");
   std::lock_guard<std::mutex> lock(mu_);
   if (!status.ok()) {
     // A failed submission (device lost, out of memory, …): the tier stops claiming and

@@ -17,6 +17,13 @@
 //   experts are never passed to the wrapped source, so they are not read from disk. The outputs
 //   land in the same per-(row, k) slots as CPU outputs and are summed in the fixed k order, so
 //   which experts are resident never changes the order and CPU experts keep their bits.
+// * Numerics. The device computes with the CPU's numerics of the call (DeviceExperts::Compute's
+//   idot, from the model's K3_IDOT). K3_IDOT=1 (the default): the integer-dot chain
+//   (Mxfp4Numerics::kIdot: gate and up, SiTU-GLU on the host, down; two submissions), equal to
+//   the CPU's expert bit for bit, so which experts are resident never changes a logit or a token.
+//   K3_IDOT=0: the f32 chain in one submission (the CPU's math up to summation order). A device
+//   without shaderInt64 cannot run the first: its first idot step fails and disables the tier
+//   (the CPU computes everything, bit for bit).
 // * Bytes. Each resident expert is its three MXFP4 matrices as they sit in RAM (e2m1 nibbles;
 //   UE8M0 exponents widened to f32 on upload by common/vk; never re-encoded): device bytes per
 //   expert = 3·(I·H/2 + I·H/32·4). Slots = floor(budget_gb·1e9 / that).
@@ -150,7 +157,10 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts, public Dev
 
   // DeviceExperts (latent_moe.h).
   std::vector<int> Claim(int layer, std::span<const int32_t> experts) override;
-  absl::Status Compute(std::span<const DeviceExpertJob> jobs) override;
+  // idot (K3_IDOT=1): the device's integer-dot chain, the CPU's bits (VulkanContext::ExpertChain
+  // with Mxfp4Numerics::kIdot); else the f32 chain (the CPU's K3_IDOT=0 math up to summation
+  // order).
+  absl::Status Compute(std::span<const DeviceExpertJob> jobs, bool idot) override;
   void Offer(int layer, int32_t expert, const ExpertWeights& weights) override;
 
   // DeviceSharedExperts (latent_moe.h): the shared experts of short passes, when COLI_VK_DENSE

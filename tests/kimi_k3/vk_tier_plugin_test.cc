@@ -3,7 +3,10 @@
 // COLI_VULKAN, K3_VK, COLI_VK_TIER_GB, … into them) reach plugin_entry.cc, which opens the
 // device and wraps the streaming store in the tier. With K3_IDOT=0 the greedy tokens equal the
 // plugin without the tier; the vk_* family stats move. Tiny fixture (build/fixtures/k3_tiny).
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <utility>
@@ -112,6 +115,59 @@ TEST_F(K3VkTierPluginTest, SharedExpertsThroughExtraOptions) {
 
   EXPECT_THAT(OpenExact({{"vulkan", "1"}, {"vk_dense", "maybe"}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DENSE")));
+}
+
+// K3_IDOT=1 (the plugin's default): the tier's experts give the CPU's bits. The K3_LOGITS dump of
+// each conversation equals the plugin's without the tier byte for byte — the first one while
+// experts are being promoted, the second one with them resident — and the sampled tokens and
+// their logprobs (temperature 0.8, seeded) are the same.
+TEST_F(K3VkTierPluginTest, IdotTierKeepsTheCpuBitsThroughThePlugin) {
+  if (!HaveVulkan()) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+  }
+  {
+    auto vk = vulkan::VulkanContext::Create();
+    ASSERT_OK(vk.status());
+    if (!(*vk)->supports_idot()) GTEST_SKIP() << (*vk)->device_name() << " has no shaderInt64";
+  }
+  const std::string dir = ::testing::TempDir();
+  const std::string cpu_path = dir + "/vk_idot_cpu_logits.f32";
+  const std::string vk_path = dir + "/vk_idot_tier_logits.f32";
+  auto open = [&](const Extra& extra, const std::string& logits) {
+    return TryOpen(extra, -1, [&logits](coli_model_options_t* o) {
+      ASSERT_EQ(o->idot, 1);  // the default
+      o->chunk = 4;
+      o->logits_path = abi::Str(logits);
+    });
+  };
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  abi_test::Knobs knobs;
+  knobs.temperature = 0.8f;
+  knobs.logprobs = 5;
+  knobs.seed = 7;
+  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, open({}, cpu_path));
+  const std::vector<abi_test::Out> want = Fresh(cpu, kPrompt, kSteps, knobs);
+  const std::string want_logits = read(cpu_path);
+  ASSERT_GT(want_logits.size(), 0u);
+
+  ASSERT_OK_AND_ASSIGN(
+      coli_model_t * vk,
+      open({{"vulkan", "1"}, {"vk_tier_gb", "0.000697"}, {"vk_up", "8"}}, vk_path));
+  double hits = 0;
+  for (int conversation = 0; conversation < 2; ++conversation) {
+    SCOPED_TRACE(::testing::Message() << "conversation " << conversation);
+    coli_session_t* s = NewSession(vk);
+    Prefill(s, kPrompt, knobs.seed);
+    abi_test::ExpectSameOuts(Generate(s, kSteps, knobs), want);
+    EXPECT_TRUE(read(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
+    hits = Stats(s)["vk_tier_hits"];
+  }
+  EXPECT_GT(hits, 0);  // the second conversation found promoted experts resident
+  std::remove(cpu_path.c_str());
+  std::remove(vk_path.c_str());
 }
 
 TEST_F(K3VkTierPluginTest, K3VkZeroNeverOpensTheDevice) {

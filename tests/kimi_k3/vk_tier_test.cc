@@ -472,6 +472,101 @@ TEST_F(K3VkTierModelTest, PromotionsAndEvictionsKeepTheCpuTokens) {
   }
 }
 
+// K3_IDOT=1, the default: whatever is resident — experts promoted and evicted between passes,
+// a second conversation finding them resident — the logits are the CPU run's bit for bit, and
+// so are the tokens (the device runs the CPU's integer-dot expert, VulkanContext::ExpertChain
+// with Mxfp4Numerics::kIdot). With the f32 chain the logits moved with residency.
+TEST_F(K3VkTierModelTest, IdotTierGivesTheCpuBitsWhateverIsResident) {
+  ModelOptions options;
+  ASSERT_TRUE(options.idot);  // the default
+  options.chunk = 4;
+  ASSERT_OK_AND_ASSIGN(auto cpu_model, Model::Load(FixtureDir(), options));
+  ASSERT_OK_AND_ASSIGN(GreedyRun cpu, Greedy(*cpu_model));
+  for (const auto& [slots, rate] : {std::pair{60, 8}, std::pair{6, 2}}) {
+    SCOPED_TRACE(absl::StrCat("slots ", slots, " rate ", rate));
+    VkTierOptions o;
+    o.budget_gb = ExpertGb(slots);
+    o.rate = rate;
+    o.usage_path = "";
+    VkExpertTier* tier = nullptr;
+    ASSERT_OK_AND_ASSIGN(
+        auto model, Model::Load(FixtureDir(), options, nullptr, VkTierFactory(o, nullptr, &tier)));
+    if (!tier->context().supports_idot()) {
+      GTEST_SKIP() << tier->context().device_name() << " has no shaderInt64";
+    }
+    for (int conversation = 0; conversation < 2; ++conversation) {
+      SCOPED_TRACE(absl::StrCat("conversation ", conversation));
+      const uint64_t hits_before = tier->Stats().hits;
+      ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model, [&] { tier->WaitForUploads(); }));
+      EXPECT_EQ(run.tokens, cpu.tokens);
+      ASSERT_EQ(run.logits.size(), cpu.logits.size());
+      for (size_t i = 0; i < run.logits.size(); ++i) {
+        EXPECT_EQ(std::memcmp(run.logits[i].data(), cpu.logits[i].data(),
+                              run.logits[i].size() * sizeof(float)),
+                  0)
+            << "logits #" << i << " differ (rel-L2 "
+            << RelL2(run.logits[i].data(), cpu.logits[i].data(),
+                     static_cast<int64_t>(run.logits[i].size()))
+            << ")";
+      }
+      EXPECT_GT(tier->Stats().hits, hits_before);
+    }
+    tier->WaitForUploads();
+    const VkTierStats s = tier->Stats();
+    EXPECT_EQ(s.matmuls, 3 * s.hits);
+    EXPECT_EQ(s.failures, 0u);
+    if (slots == 6) {
+      EXPECT_GT(s.evictions, 0u);
+    }
+    std::printf("[idot] %s", VkTierReport(s).c_str());
+  }
+}
+
+// A device without shaderInt64 cannot run the idot chain: under K3_IDOT=1 the first device step
+// fails (UNIMPLEMENTED), the tier disables itself and the CPU computes every expert — the run is
+// the CPU's bit for bit, never the f32 chain's other bits.
+TEST_F(K3VkTierModelTest, IdotWithoutInt64FallsBackToTheCpuBits) {
+  ModelOptions options;
+  options.chunk = 4;
+  ASSERT_OK_AND_ASSIGN(auto cpu_model, Model::Load(FixtureDir(), options));
+  ASSERT_OK_AND_ASSIGN(GreedyRun cpu, Greedy(*cpu_model));
+  std::vector<int> layers;
+  std::string path;
+  WriteOneWarmExpertHistory(&layers, &path);  // one resident expert from the start
+  VkTierOptions o;
+  o.budget_gb = ExpertGb(8);
+  o.rate = 4;
+  o.usage_path = path;
+  VkExpertTier* tier = nullptr;
+  auto factory = [&](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
+                     int num_layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    COLI_ASSIGN_OR_RETURN(auto vk, vulkan::VulkanContext::Create(
+                                       vulkan::VulkanContextOptions{.use_int64 = false}));
+    COLI_ASSIGN_OR_RETURN(auto pread,
+                          PreadExpertSource::Create(snapshot, cfg, prefix, num_layers));
+    COLI_ASSIGN_OR_RETURN(auto t, VkExpertTier::Create(std::move(vk), std::move(pread), snapshot,
+                                                       cfg, prefix, num_layers, o));
+    tier = t.get();
+    return std::unique_ptr<ExpertSource>(std::move(t));
+  };
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), options, nullptr, factory));
+  ASSERT_FALSE(tier->context().supports_idot());
+  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model, [&] { tier->WaitForUploads(); }));
+  EXPECT_EQ(run.tokens, cpu.tokens);
+  ASSERT_EQ(run.logits.size(), cpu.logits.size());
+  for (size_t i = 0; i < run.logits.size(); ++i) {
+    EXPECT_EQ(std::memcmp(run.logits[i].data(), cpu.logits[i].data(),
+                          run.logits[i].size() * sizeof(float)),
+              0)
+        << "logits #" << i << " differ";
+  }
+  const VkTierStats s = tier->Stats();
+  EXPECT_EQ(s.failures, 1u);
+  EXPECT_EQ(s.hits, 0u);
+  EXPECT_EQ(s.matmuls, 0u);
+  EXPECT_THAT(VkTierReport(s), HasSubstr("DISABLED"));
+}
+
 // The LatentMoE hook itself, without Vulkan: a "device" that computes its claimed experts with
 // the CPU's own exact-float kernels (every other expert of each call; resident set changing
 // per call) must give logits bit-identical to the CPU run — so the hook keeps the per-(row, k)
@@ -504,10 +599,11 @@ class CpuDevice final : public ExpertSource, public DeviceExperts {
     ++calls_;
     return entries_;
   }
-  absl::Status Compute(std::span<const DeviceExpertJob> jobs) override {
+  absl::Status Compute(std::span<const DeviceExpertJob> jobs, bool idot) override {
     if (fail_) return absl::UnavailableError("stand-in device lost");
     const int64_t I = cfg_.moe.intermediate;
-    const kernels::MatmulOptions exact{.idot = false, .threads = 1};
+    // The numerics the hook says the CPU uses in this call.
+    const kernels::MatmulOptions exact{.idot = idot, .threads = 1};
     for (const DeviceExpertJob& job : jobs) {
       const auto pos = std::find(entries_.begin(), entries_.end(), job.entry) - entries_.begin();
       if (pos >= static_cast<int64_t>(entries_.size()))
@@ -539,38 +635,42 @@ class CpuDevice final : public ExpertSource, public DeviceExperts {
 };
 
 TEST_F(K3VkTierFixtureTest, HookKeepsTheCpuSumOrderBitForBit) {
-  ModelOptions o;
-  o.idot = false;
-  o.chunk = 5;
-  ASSERT_OK_AND_ASSIGN(auto cpu_model, Model::Load(FixtureDir(), o));
-  ASSERT_OK_AND_ASSIGN(GreedyRun cpu, Greedy(*cpu_model));
-  for (bool fail : {false, true}) {
-    SCOPED_TRACE(fail ? "device fails every step" : "device works");
-    CpuDevice* device = nullptr;
-    auto factory = [&](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
-                       int layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
-      COLI_ASSIGN_OR_RETURN(auto pread, PreadExpertSource::Create(snapshot, cfg, prefix, layers));
-      auto d = std::make_unique<CpuDevice>(std::move(pread), snapshot, cfg);
-      d->fail_ = fail;
-      device = d.get();
-      return std::unique_ptr<ExpertSource>(std::move(d));
-    };
-    ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), o, nullptr, factory));
-    ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
-    EXPECT_EQ(run.tokens, cpu.tokens);
-    ASSERT_EQ(run.logits.size(), cpu.logits.size());
-    for (size_t i = 0; i < run.logits.size(); ++i) {
-      EXPECT_EQ(std::memcmp(run.logits[i].data(), cpu.logits[i].data(),
-                            run.logits[i].size() * sizeof(float)),
-                0)
-          << "logits #" << i << " differ";
-    }
-    EXPECT_EQ(device->device_experts_ > 0, !fail);
-    EXPECT_GT(device->cpu_experts_, 0u);
-    // Every expert the CPU walk computed is offered once (not the fallback's).
-    EXPECT_EQ(device->offers_ < device->cpu_experts_, fail);
-    if (!fail) {
-      EXPECT_EQ(device->offers_, device->cpu_experts_);
+  // Both numerics: the hook hands the device the CPU's own (K3_IDOT=0 and the default 1).
+  for (bool idot : {false, true}) {
+    ModelOptions o;
+    o.idot = idot;
+    o.chunk = 5;
+    ASSERT_OK_AND_ASSIGN(auto cpu_model, Model::Load(FixtureDir(), o));
+    ASSERT_OK_AND_ASSIGN(GreedyRun cpu, Greedy(*cpu_model));
+    for (bool fail : {false, true}) {
+      SCOPED_TRACE(
+          absl::StrCat(fail ? "device fails every step" : "device works", ", idot ", idot));
+      CpuDevice* device = nullptr;
+      auto factory = [&](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
+                         int layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+        COLI_ASSIGN_OR_RETURN(auto pread, PreadExpertSource::Create(snapshot, cfg, prefix, layers));
+        auto d = std::make_unique<CpuDevice>(std::move(pread), snapshot, cfg);
+        d->fail_ = fail;
+        device = d.get();
+        return std::unique_ptr<ExpertSource>(std::move(d));
+      };
+      ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), o, nullptr, factory));
+      ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
+      EXPECT_EQ(run.tokens, cpu.tokens);
+      ASSERT_EQ(run.logits.size(), cpu.logits.size());
+      for (size_t i = 0; i < run.logits.size(); ++i) {
+        EXPECT_EQ(std::memcmp(run.logits[i].data(), cpu.logits[i].data(),
+                              run.logits[i].size() * sizeof(float)),
+                  0)
+            << "logits #" << i << " differ";
+      }
+      EXPECT_EQ(device->device_experts_ > 0, !fail);
+      EXPECT_GT(device->cpu_experts_, 0u);
+      // Every expert the CPU walk computed is offered once (not the fallback's).
+      EXPECT_EQ(device->offers_ < device->cpu_experts_, fail);
+      if (!fail) {
+        EXPECT_EQ(device->offers_, device->cpu_experts_);
+      }
     }
   }
 }
@@ -617,7 +717,7 @@ TEST_F(K3VkTierModelTest, FailedSubmissionDisablesTheTier) {
   ASSERT_EQ(tier->Claim(layers[0], experts), std::vector<int>{1});
   std::vector<float> x(cfg_.moe.latent, 1.0f), y(cfg_.moe.latent);
   const DeviceExpertJob bad{1, x.data(), -1, y.data()};  // negative rows: the chain refuses
-  EXPECT_THAT(tier->Compute(std::span(&bad, 1)),
+  EXPECT_THAT(tier->Compute(std::span(&bad, 1), /*idot=*/false),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative rows")));
   const VkTierStats s = tier->Stats();
   EXPECT_EQ(s.failures, 1u);
