@@ -93,6 +93,20 @@ wait "$host_pid"
 grep -q " 1 slots/layer" "$work/host_err" ||
   fail "K3_EXPERT_GB=0 coli-host --model: not 1 expert slot per layer: $(grep 'expert store' "$work/host_err")"
 
+echo "== the switch tables come from the plugins (ABI 1.8): coli-host --switches, coli switches"
+# The host held kimi_k3's table itself; now the plugin declares it and both list it.
+expect 0 "" -- timeout 20 "$host" --switches
+grep -q "^K3_CHUNK  *1…512  *kimi_k3: chunk" "$work/out" ||
+  fail "coli-host --switches does not list K3_CHUNK: $(head -c 400 "$work/out")"
+grep -q "^COLI_THREADS .*coli-host: threads" "$work/out" ||
+  fail "coli-host --switches does not list COLI_THREADS: $(head -c 400 "$work/out")"
+expect 0 "" -- env K3_CHUNK=5 timeout 60 "$coli" switches
+grep -q "^K3_VK  *0 or 1  *kimi_k3: extra\[vk\]" "$work/out" ||
+  fail "coli switches does not list K3_VK: $(head -c 400 "$work/out")"
+grep -q "^  K3_CHUNK=5$" "$work/out" || fail "coli switches does not show K3_CHUNK=5 as set"
+expect 2 "environment variable K3_CHUNK: '0' is outside [1, 512]" -- \
+  env K3_CHUNK=0 timeout 60 "$coli" switches
+
 echo "== COLI_PLUGIN_DIR and k3-run's K3_X0: the variable is named"
 # The private host said "--plugin-dir '/…': no such folder", a flag the user never typed.
 expect 1 "COLI_PLUGIN_DIR '$work/nowhere': no such folder" -- \
