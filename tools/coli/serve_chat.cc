@@ -116,6 +116,11 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
   // The call the host is streaming: its index among this choice's calls and its id (-1: none).
   int streaming_index = -1;
   std::string streaming_id;
+  // The last tokens since the last special one (CutCharacter), and the channel of the text they
+  // continue (NONE after a special token or a tool call: where their bytes go is the model's
+  // parser's business, and the gateway does not guess it).
+  std::vector<int32_t> tail_ids;
+  v1::Channel tail_channel = v1::CHANNEL_NONE;
   v1::ChatEvent ev;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
   bool have = first != nullptr;
@@ -154,11 +159,13 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       for (const v1::ChatDelta& d : t.deltas()) {
         if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
           showed_other = true;
+          tail_channel = v1::CHANNEL_REASONING;
           out->reasoning += d.text();
           out->reasoning_tokens = out->completion_tokens;
           emit("reasoning", d.text());
         } else if (d.channel() == v1::CHANNEL_CONTENT && !d.text().empty()) {
           showed_content = true;
+          tail_channel = v1::CHANNEL_CONTENT;
           if (stopped) continue;
           std::string visible = stop.Push(d.text());
           out->content += visible;
@@ -170,6 +177,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL_DELTA) {
           showed_other = true;
+          tail_channel = v1::CHANNEL_NONE;
           const Json piece = Json::parse(d.text(), nullptr, /*allow_exceptions=*/false);
           if (!piece.is_object() || !piece.contains("arguments") ||
               !piece["arguments"].is_string()) {
@@ -191,6 +199,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL) {
           showed_other = true;
+          tail_channel = v1::CHANNEL_NONE;
           tool_calls = true;
           const int index = static_cast<int>(out->tool_calls.size());
           Json tc = ToolCallFromDelta(d.text(), index);
@@ -201,6 +210,8 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           emit(streamed ? "tool_call_done" : "tool_call", tc);
         }
       }
+      PushTailId(&tail_ids, t.token().id());
+      if (tail_ids.empty()) tail_channel = v1::CHANNEL_NONE;  // a special token
       if (f.top_logprobs >= 0 && (!stopped || stopped_here)) {
         const bool special = t.token().id() >= first_special_;
         if (visible_content) {
@@ -233,6 +244,21 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     }
   }
   grpc::Status status = call.reader->Finish();
+  // A model stop token made the host's parser flush; any other end may cut a character.
+  if (!stopped && !cancelled && status.ok() && reason != v1::FINISH_REASON_STOP &&
+      reason != v1::FINISH_REASON_TOOL_CALLS && tail_channel != v1::CHANNEL_NONE) {
+    if (const std::string cut = CutCharacter(tail_ids); !cut.empty()) {
+      if (tail_channel == v1::CHANNEL_REASONING) {
+        out->reasoning += cut;
+        emit("reasoning", cut);
+      } else {
+        const std::string visible = stop.Push(cut);
+        out->content += visible;
+        if (!visible.empty()) emit("content", visible);
+        stopped = stop.stopped();
+      }
+    }
+  }
   if (!stopped) {
     std::string tail = stop.Flush();
     if (!tail.empty()) {
@@ -269,6 +295,12 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
 
   if (!f->stream) {
+    std::vector<v1::TokenLogprobs> prompt_entries;  // vLLM's prompt_logprobs
+    if (f->prompt_logprobs >= 0) {
+      grpc::Status s = ChatPromptLogprobs(*f, request_json, &watch, &prompt_entries);
+      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
+      if (!s.ok()) return Fail(res, FromHostStatus(s));
+    }
     std::vector<ChoiceResult> results(f->n);
     // Nothing is written until the end: each token checks that the client still waits.
     auto alive = [this, &watch](const char*, const Json&) {
@@ -312,7 +344,12 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       out["choices"].push_back(choice);
       completion += r.completion_tokens;
     }
-    out["usage"] = UsageJson(results[0].prompt_tokens, completion, reasoning);
+    out["usage"] =
+        UsageJson(results[0].prompt_tokens, completion, results[0].cached_tokens, reasoning);
+    // vLLM puts the (rendered) prompt's logprobs beside the choices.
+    if (f->prompt_logprobs >= 0) {
+      out["prompt_logprobs"] = VllmPromptLogprobs(prompt_entries, f->prompt_logprobs);
+    }
     Reply(res, 200, out);
     return;
   }
@@ -375,6 +412,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
                         });
           if (!ChoiceOk(s, sse, &end)) break;
           end.prompt_tokens = r.prompt_tokens;
+          if (i == 0) end.cached_tokens = r.cached_tokens;  // the prompt counts once
           end.completion_tokens += r.completion_tokens;
           end.reasoning_tokens = end.reasoning_tokens.value_or(0) + r.reasoning_tokens;
           if (!sse.send(chunk(i, Json::object(), r.finish_reason, nullptr))) end.gone = true;
@@ -412,7 +450,8 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
           if (include_usage) {
             Json u = header;
             u["choices"] = Json::array();
-            u["usage"] = UsageJson(end.prompt_tokens, end.completion_tokens, end.reasoning_tokens);
+            u["usage"] = UsageJson(end.prompt_tokens, end.completion_tokens, end.cached_tokens,
+                                   end.reasoning_tokens);
             write(u);
           }
           static const char kDone[] = "data: [DONE]\n\n";

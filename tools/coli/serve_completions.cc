@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status.h"
+#include "common/tokenizer/utf8.h"
 #include "tools/coli/serve_gateway.h"
 
 namespace coli::cli::serve {
@@ -98,6 +99,75 @@ int64_t CompleteCharacters(const std::string& bytes) {
 
 }  // namespace
 
+Json Gateway::VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top) const {
+  Json list = Json::array({nullptr});
+  for (const v1::TokenLogprobs& e : entries) {
+    const v1::TokenLogprob& token = e.sampled();
+    // vLLM's rank: how many tokens have a logprob at least the prompt token's, itself included.
+    // The alternatives are the most likely, descending: when one of them is less likely than the
+    // prompt token, every token at least as likely is among them; otherwise (the token is not
+    // among them, or ties their last) the count is not known here.
+    int64_t at_least = 0;
+    bool listed = false;
+    for (const v1::TokenLogprob& t : e.top()) {
+      at_least += t.logprob() >= token.logprob();
+      listed = listed || t.id() == token.id();
+    }
+    const bool whole_vocabulary = e.top_size() >= info_.vocab_size();
+    const bool known = at_least < e.top_size() || whole_vocabulary;
+    Json position = Json::object();
+    auto entry = [](const v1::TokenLogprob& t, Json rank) {
+      return Json{{"logprob", t.logprob()},
+                  {"rank", std::move(rank)},
+                  {"decoded_token", tok::ReplaceInvalidUtf8(t.text())}};
+    };
+    position[std::to_string(token.id())] =
+        entry(token, known ? Json(at_least + (listed ? 0 : 1)) : Json(nullptr));
+    for (int k = 0; k < e.top_size() && k < top; ++k) {
+      const std::string key = std::to_string(e.top(k).id());
+      if (position.contains(key)) {
+        position[key]["rank"] = k + 1;
+      } else {
+        position[key] = entry(e.top(k), k + 1);
+      }
+    }
+    list.push_back(std::move(position));
+  }
+  return list;
+}
+
+grpc::Status Gateway::ChatPromptLogprobs(const SamplingFields& f, const std::string& request_json,
+                                         const ConnectionWatch* client,
+                                         std::vector<v1::TokenLogprobs>* out) {
+  CompletionPrompt prompt;
+  prompt.is_ids = true;
+  {
+    grpc::ClientContext ctx;
+    v1::ApplyTemplateRequest r;
+    r.set_model(info_.id());
+    r.set_request_json(request_json);
+    r.set_add_generation_prompt(true);
+    v1::ApplyTemplateResponse rendered;
+    if (grpc::Status s = stub_->ApplyTemplate(&ctx, r, &rendered); !s.ok()) return s;
+    prompt.ids.assign(rendered.ids().begin(), rendered.ids().end());
+  }
+  SamplingFields read_only = f;
+  read_only.prompt_only = true;
+  read_only.stream = false;
+  read_only.echo = false;
+  read_only.top_logprobs = -1;
+  read_only.stop.clear();
+  auto call = StartGenerate(read_only, prompt, 0, client, kRankDepth);
+  CompletionResult r;
+  grpc::Status s =
+      RunCompletion(read_only, *call, &r, nullptr, [this, client](const char*, const Json&) {
+        return !stopping_ && (client == nullptr || !client->PeerClosed());
+      });
+  if (!s.ok()) return s;
+  *out = std::move(r.prompt_entries);
+  return grpc::Status::OK;
+}
+
 grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
                                     CompletionResult* out, const v1::GenerateEvent* first,
                                     const DeltaFn& on_piece) {
@@ -109,6 +179,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
   // character, the character for the token that ends it.
   int64_t text_chars = out->offset_base;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
+  std::vector<int32_t> tail_ids;  // the last tokens (CutCharacter)
   v1::GenerateEvent ev;
   bool have = first != nullptr;
   if (have) ev = *first;
@@ -175,6 +246,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
       out->prompt_tokens = ev.started().prompt_tokens();
     } else if (ev.has_token() && !stopped) {
       ++out->completion_tokens;
+      PushTailId(&tail_ids, ev.token().id());
       const bool hidden = f.skip_special_tokens && ev.token().id() >= first_special_;
       const std::string shown = hidden ? std::string() : ev.token().text();
       const int64_t offset = text_chars;
@@ -213,9 +285,19 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
       // depending on timing: the usage counts the tokens up to the one that completed the stop
       // string (as vLLM does), so it never depends on what else is running.
       if (!stopped) out->completion_tokens = ev.finished().usage().completion_tokens();
+      out->cached_tokens = ev.finished().usage().tokens_reused();
     }
   }
   grpc::Status status = call.reader->Finish();
+  // A model stop token flushed the host's decoder; any other end may cut a character.
+  if (!stopped && !cancelled && status.ok() && reason != v1::FINISH_REASON_STOP) {
+    if (const std::string cut = CutCharacter(tail_ids); !cut.empty()) {
+      const std::string visible = stop.Push(cut);
+      out->text += visible;
+      if (!visible.empty()) emit("text", Json{{"text", visible}});
+      stopped = stop.stopped();
+    }
+  }
   if (!stopped && !cancelled) {
     const std::string tail = stop.Flush();
     if (!tail.empty()) {
@@ -247,7 +329,10 @@ void Gateway::Completions(const Req& req, Res& res) {
   }
   // The prompt's logprobs come with each prompt's first choice (the whole prompt is computed
   // for them); its other choices reuse them and the prompt's state.
-  const int32_t prompt_logprobs = f->echo && f->top_logprobs >= 0 ? f->top_logprobs : -1;
+  // vLLM's prompt_logprobs (not streamed) asks for kRankDepth alternatives, echo takes its k.
+  const int32_t prompt_logprobs = !f->stream && f->prompt_logprobs >= 0 ? kRankDepth
+                                  : f->echo && f->top_logprobs >= 0     ? f->top_logprobs
+                                                                        : -1;
   const std::string id = NewId("cmpl-");
   const int64_t created = NowSeconds();
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
@@ -259,7 +344,7 @@ void Gateway::Completions(const Req& req, Res& res) {
     out["created"] = created;
     out["model"] = info_.id();
     out["choices"] = Json::array();
-    int64_t prompt_tokens = 0, completion = 0;
+    int64_t prompt_tokens = 0, completion = 0, cached = 0;
     for (size_t p = 0; p < prompts->size(); ++p) {
       const CompletionPrompt& prompt = (*prompts)[p];
       std::vector<v1::TokenLogprobs> entries;  // this prompt's, from its first choice
@@ -286,12 +371,18 @@ void Gateway::Completions(const Req& req, Res& res) {
                                                          {"text_offset", r.text_offset}}
                                                   : Json(nullptr);
         choice["finish_reason"] = r.finish_reason;
+        if (f->prompt_logprobs >= 0) {
+          choice["prompt_logprobs"] = VllmPromptLogprobs(entries, f->prompt_logprobs);
+        }
         out["choices"].push_back(choice);
-        if (i == 0) prompt_tokens += r.prompt_tokens;  // each prompt counts once, as vLLM's
+        if (i == 0) {  // each prompt counts once, as vLLM's
+          prompt_tokens += r.prompt_tokens;
+          cached += r.cached_tokens;
+        }
         completion += r.completion_tokens;
       }
     }
-    out["usage"] = UsageJson(prompt_tokens, completion);
+    out["usage"] = UsageJson(prompt_tokens, completion, cached);
     Reply(res, 200, out);
     return;
   }
@@ -347,6 +438,7 @@ void Gateway::Completions(const Req& req, Res& res) {
             if (!ChoiceOk(s, sse, &end)) break;
             if (i == 0) entries = std::move(r.prompt_entries);
             if (i == 0) end.prompt_tokens += r.prompt_tokens;
+            if (i == 0) end.cached_tokens += r.cached_tokens;
             end.completion_tokens += r.completion_tokens;
             if (!sse.send(chunk(index, "", nullptr, r.finish_reason))) end.gone = true;
           }

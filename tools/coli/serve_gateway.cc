@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status.h"
+#include "common/tokenizer/utf8.h"
 #include "tools/web/web_assets.h"
 
 namespace coli::cli::serve {
@@ -184,6 +185,18 @@ void Gateway::Detokenize(const Req& req, Res& res) {
   grpc::Status s = stub_->Detokenize(&ctx, r, &out);
   if (!s.ok()) return Fail(res, FromHostStatus(s));
   Reply(res, 200, Json{{"prompt", out.text()}});
+}
+
+std::string Gateway::CutCharacter(const std::vector<int32_t>& last_ids) {
+  if (last_ids.empty()) return "";
+  v1::DetokenizeRequest r;
+  r.set_model(info_.id());
+  for (int32_t id : last_ids) r.add_ids(id);
+  grpc::ClientContext ctx;
+  v1::DetokenizeResponse out;
+  if (!stub_->Detokenize(&ctx, r, &out).ok()) return "";  // the reply stays as it was
+  const std::string& bytes = out.text();                  // the tokens' own bytes, unreplaced
+  return tok::CompleteUtf8Prefix(bytes) < bytes.size() ? "\xEF\xBF\xBD" : "";
 }
 
 void Gateway::ApplyTemplate(const Req& req, Res& res) {

@@ -63,13 +63,17 @@ inline bool IsLoopback(const std::string& host) {
 
 // ---- the gateway ------------------------------------------------------------------------------
 
-// `reasoning_tokens` (chat completions): OpenAI's completion_tokens_details, which the Vercel AI
-// SDK and LangChain read to split the output into reasoning and text.
-inline Json UsageJson(int64_t prompt_tokens, int64_t completion_tokens,
+// `cached_tokens`: the prompt tokens whose state the host kept (Usage.tokens_reused), as OpenAI's
+// always-present prompt_tokens_details (vLLM's with prefix caching and prompt-token details on),
+// which clients read for cost and latency accounting. `reasoning_tokens` (chat completions):
+// OpenAI's completion_tokens_details, which the Vercel AI SDK and LangChain read to split the
+// output into reasoning and text.
+inline Json UsageJson(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens,
                       std::optional<int64_t> reasoning_tokens = std::nullopt) {
   Json usage{{"prompt_tokens", prompt_tokens},
              {"completion_tokens", completion_tokens},
-             {"total_tokens", prompt_tokens + completion_tokens}};
+             {"total_tokens", prompt_tokens + completion_tokens},
+             {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
   if (reasoning_tokens) {
     usage["completion_tokens_details"] = {{"reasoning_tokens", *reasoning_tokens}};
   }
@@ -302,6 +306,7 @@ class Gateway {
   };
   struct StreamEnd {
     int64_t prompt_tokens = 0, completion_tokens = 0;
+    int64_t cached_tokens = 0;  // of prompt_tokens, reused (prompt_tokens_details)
     // Chat completions: the usage's completion_tokens_details.reasoning_tokens.
     std::optional<int64_t> reasoning_tokens;
     bool gone = false;  // the client went away
@@ -341,6 +346,7 @@ class Gateway {
   };
   struct CompletionResult {
     std::string text, finish_reason;
+    int64_t cached_tokens = 0;  // prompt tokens the host reused (Usage.tokens_reused)
     Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array();
     Json text_offset = Json::array();
     // Where text_offset counts from: OpenAI's offsets index the prompt followed by the completion
@@ -364,12 +370,40 @@ class Gateway {
   // as the host would) and the first token's text; a host error as it would fail the request.
   grpc::Status PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,
                            std::string* first_token_text);
+  // vLLM's prompt_logprobs asks the host for this many alternatives whatever its k: the prompt
+  // token's rank (how many tokens are at least as likely, vLLM's count) is then exact whenever
+  // the token is among them, and null beyond (the plugin ABI reports no rank).
+  static constexpr int32_t kRankDepth = 20;
+  // vLLM's prompt_logprobs list: null for the first prompt token (nothing precedes it), then per
+  // position {"<id>": {"logprob", "rank", "decoded_token"}}: the prompt token first, then the
+  // `top` most likely with ranks 1..top; a prompt token among those keeps its first place and
+  // takes its rank there, as vLLM's dict does. `entries` are the host's (kRankDepth alternatives).
+  Json VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top) const;
+  // Chat's prompt_logprobs: the rendered prompt's entries, read by a prompt-only Generate of its
+  // ids (the Chat call has no prompt logprobs; the prompt is read twice).
+  grpc::Status ChatPromptLogprobs(const SamplingFields& f, const std::string& request_json,
+                                  const ConnectionWatch* client,
+                                  std::vector<v1::TokenLogprobs>* out);
   // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON),
   // "text" ({"text", optional "logprobs"} per token) and "tick" (a token that showed nothing)
   // and returns false to cancel.
   grpc::Status RunCompletion(const SamplingFields& f, GenerateCall& call, CompletionResult* out,
                              const v1::GenerateEvent* first, const DeltaFn& on_piece);
   static std::string FinishReason(v1::FinishReason r, bool tool_calls, bool stopped);
+  // U+FFFD when the bytes of `last_ids` (a reply's last tokens, at most kTailTokens, none
+  // special) end inside a character, else "". The host's streaming decoder holds such bytes back
+  // until the character completes, so a reply cut there by max_tokens (or the context, or a
+  // Cancel) lost them; the text ends with the replacement character instead, as a UTF-8 decoder
+  // with replacement (Python's, llama.cpp's JSON) shows a truncated sequence.
+  static constexpr size_t kTailTokens = 4;  // an unfinished character has at most 3 bytes
+  std::string CutCharacter(const std::vector<int32_t>& last_ids);
+  // Keeps the last kTailTokens ids of a reply (a special token clears them: text after it starts
+  // afresh).
+  void PushTailId(std::vector<int32_t>* tail, int32_t id) const {
+    if (id >= first_special_) return tail->clear();
+    tail->push_back(id);
+    if (tail->size() > kTailTokens) tail->erase(tail->begin());
+  }
   // A stop sequence matched: STOP the host's request (it finishes normally, reason STOPPED).
   void StopAtHost(const std::string& request_id) {
     v1::CancelRequest c;

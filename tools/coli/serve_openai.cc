@@ -223,6 +223,14 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
   }
   if (!RefuseUnsupported(body, error)) return false;
   if (!OptBool(body, "stream", &f->stream, error)) return false;
+  // vLLM's -1 (the whole vocabulary) is not served: the host reports at most 20 alternatives.
+  int64_t prompt_logprobs = -1;
+  if (!OptInt(body, "prompt_logprobs", 0, 20, &prompt_logprobs, error)) return false;
+  if (prompt_logprobs > 0 && f->stream) {
+    *error = BadField("prompt_logprobs", "prompt_logprobs are not available when stream is true");
+    return false;
+  }
+  f->prompt_logprobs = static_cast<int>(prompt_logprobs);
   if (const Json* so = Find(body, "stream_options")) {
     if (!so->is_object()) {
       *error = BadField("stream_options", "stream_options must be an object");

@@ -78,6 +78,10 @@ struct SamplingFields {
   // tokens' logprobs, the first null); with max_tokens 0 nothing is generated (prompt_only).
   bool echo = false;
   bool prompt_only = false;
+  // vLLM's `prompt_logprobs`: every prompt token's logprob given the tokens before it, with this
+  // many most likely alternatives (0..20; -1 = not asked). Not with stream (a 400 above 0, as
+  // vLLM's).
+  int prompt_logprobs = -1;
 };
 
 // One /v1/completions prompt: text, or token ids (`prompt` as [int] or [[int], ...]).
