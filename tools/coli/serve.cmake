@@ -18,8 +18,8 @@ coli_cc_library(NAME coli_serve_api
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_stream.h
        ${CMAKE_CURRENT_LIST_DIR}/serve_responses_disk.h
        ${CMAKE_CURRENT_LIST_DIR}/serve_connection.h
-  PUBLIC_DEPS gRPC::grpc++ nlohmann_json::nlohmann_json absl::status absl::statusor
-  DEPS coli_io coli_log)
+  PUBLIC_DEPS coli_proto gRPC::grpc++ nlohmann_json::nlohmann_json absl::status absl::statusor
+  DEPS coli_io coli_log coli_tokenizer)
 # The gateway itself: serve_gateway.h declares it; its handlers are split by endpoint family.
 target_sources(coli PRIVATE ${CMAKE_CURRENT_LIST_DIR}/serve.cc ${CMAKE_CURRENT_LIST_DIR}/serve_gateway.cc
                             ${CMAKE_CURRENT_LIST_DIR}/serve_chat.cc

@@ -348,7 +348,8 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
         UsageJson(results[0].prompt_tokens, completion, results[0].cached_tokens, reasoning);
     // vLLM puts the (rendered) prompt's logprobs beside the choices.
     if (f->prompt_logprobs >= 0) {
-      out["prompt_logprobs"] = VllmPromptLogprobs(prompt_entries, f->prompt_logprobs);
+      out["prompt_logprobs"] =
+          VllmPromptLogprobs(prompt_entries, f->prompt_logprobs, info_.vocab_size());
     }
     Reply(res, 200, out);
     return;

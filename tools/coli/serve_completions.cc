@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status/status.h"
-#include "common/tokenizer/utf8.h"
 #include "tools/coli/serve_gateway.h"
 
 namespace coli::cli::serve {
@@ -98,43 +97,6 @@ int64_t CompleteCharacters(const std::string& bytes) {
 }
 
 }  // namespace
-
-Json Gateway::VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top) const {
-  Json list = Json::array({nullptr});
-  for (const v1::TokenLogprobs& e : entries) {
-    const v1::TokenLogprob& token = e.sampled();
-    // vLLM's rank: how many tokens have a logprob at least the prompt token's, itself included.
-    // The alternatives are the most likely, descending: when one of them is less likely than the
-    // prompt token, every token at least as likely is among them; otherwise (the token is not
-    // among them, or ties their last) the count is not known here.
-    int64_t at_least = 0;
-    bool listed = false;
-    for (const v1::TokenLogprob& t : e.top()) {
-      at_least += t.logprob() >= token.logprob();
-      listed = listed || t.id() == token.id();
-    }
-    const bool whole_vocabulary = e.top_size() >= info_.vocab_size();
-    const bool known = at_least < e.top_size() || whole_vocabulary;
-    Json position = Json::object();
-    auto entry = [](const v1::TokenLogprob& t, Json rank) {
-      return Json{{"logprob", t.logprob()},
-                  {"rank", std::move(rank)},
-                  {"decoded_token", tok::ReplaceInvalidUtf8(t.text())}};
-    };
-    position[std::to_string(token.id())] =
-        entry(token, known ? Json(at_least + (listed ? 0 : 1)) : Json(nullptr));
-    for (int k = 0; k < e.top_size() && k < top; ++k) {
-      const std::string key = std::to_string(e.top(k).id());
-      if (position.contains(key)) {
-        position[key]["rank"] = k + 1;
-      } else {
-        position[key] = entry(e.top(k), k + 1);
-      }
-    }
-    list.push_back(std::move(position));
-  }
-  return list;
-}
 
 grpc::Status Gateway::ChatPromptLogprobs(const SamplingFields& f, const std::string& request_json,
                                          const ConnectionWatch* client,
@@ -372,7 +334,8 @@ void Gateway::Completions(const Req& req, Res& res) {
                                                   : Json(nullptr);
         choice["finish_reason"] = r.finish_reason;
         if (f->prompt_logprobs >= 0) {
-          choice["prompt_logprobs"] = VllmPromptLogprobs(entries, f->prompt_logprobs);
+          choice["prompt_logprobs"] =
+              VllmPromptLogprobs(entries, f->prompt_logprobs, info_.vocab_size());
         }
         out["choices"].push_back(choice);
         if (i == 0) {  // each prompt counts once, as vLLM's

@@ -374,11 +374,6 @@ class Gateway {
   // token's rank (how many tokens are at least as likely, vLLM's count) is then exact whenever
   // the token is among them, and null beyond (the plugin ABI reports no rank).
   static constexpr int32_t kRankDepth = 20;
-  // vLLM's prompt_logprobs list: null for the first prompt token (nothing precedes it), then per
-  // position {"<id>": {"logprob", "rank", "decoded_token"}}: the prompt token first, then the
-  // `top` most likely with ranks 1..top; a prompt token among those keeps its first place and
-  // takes its rank there, as vLLM's dict does. `entries` are the host's (kRankDepth alternatives).
-  Json VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top) const;
   // Chat's prompt_logprobs: the rendered prompt's entries, read by a prompt-only Generate of its
   // ids (the Chat call has no prompt logprobs; the prompt is read twice).
   grpc::Status ChatPromptLogprobs(const SamplingFields& f, const std::string& request_json,

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "coli/v1/coli.pb.h"
 #include "grpcpp/support/status.h"
 #include "nlohmann/json.hpp"
 
@@ -121,6 +122,17 @@ class StopFilter {
   std::string held_;
   bool stopped_ = false;
 };
+
+// vLLM's prompt_logprobs list from the host's PromptLogprobs entries (a prompt's positions 1..n-1,
+// each the prompt token and the host's most likely alternatives, descending): null for the first
+// prompt token (nothing precedes it), then per position {"<id>": {"logprob", "rank",
+// "decoded_token"}}, the prompt token first, then the `top` most likely with ranks 1..top; a
+// prompt token among those keeps its first place and takes its rank there, as vLLM's dict
+// overwrite does. The prompt token's own rank is vLLM's count of tokens whose logprob is at least
+// its own (itself included, so ties count): known when an alternative is less likely than it, or
+// when the alternatives cover the whole vocabulary of `vocab_size` tokens; null otherwise.
+// decoded_token is the token's bytes with U+FFFD for a partial character.
+Json VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top, int64_t vocab_size);
 
 // "chatcmpl-<24 hex>" style ids.
 std::string NewId(std::string_view prefix);
