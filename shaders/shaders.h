@@ -36,6 +36,15 @@ std::span<const uint32_t> DenseMatmulF32Spirv();
 std::span<const uint32_t> DenseMatmulInt8Spirv();
 std::span<const uint32_t> DenseMatmulInt4Spirv();
 
+// dense_matmul_idot.comp, FORMAT 1 (int8 per row) and 2 (int4-g64): the same products with int8
+// activations per 64 columns, the CPU's kernels::Matmul(idot = true) bit for bit. Bindings 0
+// weights (uint), 1 scales (f32 bits), 2 activations (per batch row: ceil(cols/4) words of int8
+// codes, then ceil(cols/64) f32 bits of the group scales), 3 y (f32 bits); push constants
+// {rows, cols, batch}; workgroup size 64, four output rows per workgroup. Declares the Int64
+// capability (the device's shaderInt64).
+std::span<const uint32_t> DenseMatmulIdotInt8Spirv();
+std::span<const uint32_t> DenseMatmulIdotInt4Spirv();
+
 }  // namespace coli::shaders
 
 #endif  // COLI_SHADERS_SHADERS_H_

@@ -52,8 +52,18 @@ enum Kernel {
   kDenseF32Kernel,   // shaders/dense_matmul.comp FORMAT 0
   kDenseInt8Kernel,  // ... FORMAT 1
   kDenseInt4Kernel,  // ... FORMAT 2
+  // shaders/dense_matmul_idot.comp FORMAT 1 and 2 (only with shaderInt64): 4 rows per group.
+  kDenseInt8IdotKernel,
+  kDenseInt4IdotKernel,
   kKernelCount,
 };
+
+// The integer-dot kernels: int8 activations quantized on the host, shaderInt64, 4 rows per
+// workgroup.
+bool IsIdotKernel(int kernel) {
+  return kernel == kMxfp4IdotKernel || kernel == kDenseInt8IdotKernel ||
+         kernel == kDenseInt4IdotKernel;
+}
 
 absl::Status VkError(VkResult result, absl::string_view call) {
   if (result == VK_SUCCESS) return absl::OkStatus();
@@ -599,9 +609,13 @@ struct internal::VulkanState {
          "dense_matmul (int8)"},
         {kDenseInt4Kernel, kBindings, sizeof(PushConstants), shaders::DenseMatmulInt4Spirv(),
          "dense_matmul (int4g64)"},
+        {kDenseInt8IdotKernel, kBindings, sizeof(PushConstants),
+         shaders::DenseMatmulIdotInt8Spirv(), "dense_matmul_idot (int8)"},
+        {kDenseInt4IdotKernel, kBindings, sizeof(PushConstants),
+         shaders::DenseMatmulIdotInt4Spirv(), "dense_matmul_idot (int4g64)"},
     };
     for (const Spec& spec : specs) {
-      if (spec.kernel == kMxfp4IdotKernel && !int64) continue;
+      if (IsIdotKernel(spec.kernel) && !int64) continue;
       Pipeline& p = pipelines[spec.kernel];
       COLI_RETURN_IF_ERROR(CreateComputePipeline(spec.bindings, spec.push_bytes, spec.code,
                                                  spec.name, &p.set_layout, &p.layout, &p.shader,
@@ -880,9 +894,9 @@ void MatmulGroups(uint32_t rows, uint32_t* x, uint32_t* y) {
   *y = (rows + *x - 1) / *x;
 }
 
-// Workgroups of a matmul `kernel` over `rows` rows (the idot shader computes 4 rows per group).
+// Workgroups of a matmul `kernel` over `rows` rows (the idot shaders compute 4 rows per group).
 void KernelGroups(int kernel, uint32_t rows, uint32_t* x, uint32_t* y) {
-  const uint64_t groups = kernel == kMxfp4IdotKernel ? (uint64_t{rows} + 3) / 4 : rows;
+  const uint64_t groups = IsIdotKernel(kernel) ? (uint64_t{rows} + 3) / 4 : rows;
   MatmulGroups(static_cast<uint32_t>(groups), x, y);
 }
 
@@ -1014,7 +1028,7 @@ absl::StatusOr<double> VulkanContext::TimeCopy(CopyKind kind, uint64_t bytes, in
 }
 
 absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch,
-                                        float* y, Mxfp4Numerics numerics) {
+                                        float* y, MatmulNumerics numerics) {
   COLI_RETURN_IF_ERROR(CheckMxfp4View(w));
   if (batch <= 0 || w.rows == 0) {
     // Nothing to upload; the resident overload gives the batch checks their one wording.
@@ -1029,34 +1043,62 @@ absl::Status VulkanContext::Mxfp4Matmul(const kernels::MatrixView& w, const floa
 
 namespace {
 
-// Words per batch row of the idot shader's activations: cols/4 words of int8 codes, then one
-// f32 (0.5·xscale) per 32-column group.
-uint64_t IdotRowWords(uint64_t cols) { return cols / 4 + cols / 32; }
+// The CPU's activation groups of an idot kernel: 32 columns for MXFP4 (whose kernels scale by
+// 0.5·xscale, the e2m1 values being doubled), 64 for int8 and int4-g64.
+int IdotGroup(int kernel) { return kernel == kMxfp4IdotKernel ? 32 : 64; }
 
-// The idot shader's activations for `batch` host f32 rows of `cols` (cols % 32 == 0): each row
-// quantized by the CPU's own routine (kernels::QuantizeActivationsInt8Groups, group 32) and the
-// group scales halved in f32 as the CPU's kernels do (0.5f·xscale), so the device sees exactly
-// the codes and scales the CPU's Matmul(idot = true) computes with. A non-finite value is
-// INVALID_ARGUMENT naming the batch row, as the CPU refuses it.
-absl::Status QuantizeForIdot(const float* x, int64_t batch, int64_t cols, absl::string_view name,
-                             std::vector<uint32_t>* out) {
-  const int64_t groups = cols / 32;
-  const int64_t stride = static_cast<int64_t>(IdotRowWords(static_cast<uint64_t>(cols)));
+// Words per batch row of an idot shader's activations: ceil(cols/4) words of int8 codes, then
+// one f32 scale per group.
+uint64_t IdotRowWords(uint64_t cols, int group) {
+  return (cols + 3) / 4 + (cols + group - 1) / group;
+}
+
+// The idot shader's activations for `batch` host f32 rows of `cols`: each row quantized by the
+// CPU's own routine (kernels::QuantizeActivationsInt8Groups, the kernel's group) and, for
+// MXFP4, the group scales halved in f32 as the CPU's kernels do (0.5f·xscale), so the device
+// sees exactly the codes and scales the CPU's Matmul(idot = true) computes with. A non-finite
+// value is INVALID_ARGUMENT naming the batch row, as the CPU refuses it.
+absl::Status QuantizeForIdot(int kernel, const float* x, int64_t batch, int64_t cols,
+                             absl::string_view name, std::vector<uint32_t>* out) {
+  const int group = IdotGroup(kernel);
+  const float scale_factor = kernel == kMxfp4IdotKernel ? 0.5f : 1.0f;
+  const int64_t code_words = (cols + 3) / 4;
+  const int64_t groups = (cols + group - 1) / group;
+  const int64_t stride = static_cast<int64_t>(IdotRowWords(static_cast<uint64_t>(cols), group));
   out->assign(static_cast<size_t>(batch * stride), 0u);
   std::vector<float> scales(static_cast<size_t>(groups));
   for (int64_t b = 0; b < batch; ++b) {
     uint32_t* row = out->data() + b * stride;
-    // Byte c of the row is column c (the shader reads the words little-endian).
+    // Byte c of the row is column c (the shader reads the words little-endian); the bytes past
+    // cols stay zero.
     const absl::Status quantized = kernels::QuantizeActivationsInt8Groups(
-        std::span<const float>(x + b * cols, static_cast<size_t>(cols)), 32,
+        std::span<const float>(x + b * cols, static_cast<size_t>(cols)), group,
         reinterpret_cast<int8_t*>(row), scales.data());
     if (!quantized.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": activations, batch row ", b, ": ", quantized.message()));
     }
-    for (int64_t g = 0; g < groups; ++g) row[cols / 4 + g] = FloatBits(0.5f * scales[g]);
+    for (int64_t g = 0; g < groups; ++g) {
+      row[code_words + g] = FloatBits(scale_factor * scales[g]);
+    }
   }
   return absl::OkStatus();
+}
+
+// What a matmul `kernel` reads as activations for `batch` host f32 rows of `cols`: the idot
+// words (QuantizeForIdot), or the f32 values as they are.
+absl::Status EncodeActivations(int kernel, const float* x, int64_t batch, int64_t cols,
+                               absl::string_view name, std::vector<uint32_t>* out) {
+  if (IsIdotKernel(kernel)) return QuantizeForIdot(kernel, x, batch, cols, name, out);
+  out->resize(static_cast<size_t>(batch * cols));
+  std::memcpy(out->data(), x, out->size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+// True when kernels `a` and `b` read the same activation words for the same input.
+bool SameActivations(int a, int b) {
+  if (IsIdotKernel(a) != IsIdotKernel(b)) return false;
+  return !IsIdotKernel(a) || IdotGroup(a) == IdotGroup(b);
 }
 
 absl::Status IdotUnsupported(const internal::VulkanState& s, absl::string_view name) {
@@ -1067,7 +1109,7 @@ absl::Status IdotUnsupported(const internal::VulkanState& s, absl::string_view n
 }
 
 // y = W·x for `batch` host f32 rows of a resident matrix, one dispatch of `kernel` (the matmul
-// shaders share bindings and push constants; kMxfp4IdotKernel gets its activations quantized
+// shaders share bindings and push constants; an idot kernel gets its activations quantized
 // here). `name` ("Vulkan Mxfp4Matmul") heads the errors.
 absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& w, Kernel kernel,
                                const float* x, int64_t batch, float* y, absl::string_view name) {
@@ -1078,14 +1120,14 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
   if (x == nullptr || y == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": null activation or output pointer"));
   }
-  const bool idot = kernel == kMxfp4IdotKernel;
+  const bool idot = IsIdotKernel(kernel);
   if (idot && !s.int64) return IdotUnsupported(s, name);
   // The shaders index x (mxfp4: in vec4s, batch*cols/4; idot: words) and y (batch*rows) with
   // 32-bit uints.
   const uint64_t rows = static_cast<uint64_t>(w.rows);
   const uint64_t cols = static_cast<uint64_t>(w.cols);
   const uint64_t b = static_cast<uint64_t>(batch);
-  const uint64_t x_units = idot                     ? b * IdotRowWords(cols)
+  const uint64_t x_units = idot                     ? b * IdotRowWords(cols, IdotGroup(kernel))
                            : kernel == kMxfp4Kernel ? b * cols / 4
                                                     : b * cols;
   if (b > kMaxIndex || x_units > kMaxIndex || b * rows > kMaxIndex) {
@@ -1094,7 +1136,7 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
                                                    " exceeds the shader's 32-bit indices"));
   }
   std::vector<uint32_t> codes;
-  if (idot) COLI_RETURN_IF_ERROR(QuantizeForIdot(x, batch, w.cols, name, &codes));
+  if (idot) COLI_RETURN_IF_ERROR(QuantizeForIdot(kernel, x, batch, w.cols, name, &codes));
   const void* activations = idot ? static_cast<const void*>(codes.data()) : x;
   const VkDeviceSize x_bytes = idot ? codes.size() * sizeof(uint32_t) : b * cols * sizeof(float);
   const VkDeviceSize y_bytes = b * rows * sizeof(float);
@@ -1135,13 +1177,13 @@ absl::Status RunResidentMatmul(internal::VulkanState& s, const ResidentBuffers& 
 }  // namespace
 
 absl::Status VulkanContext::Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch,
-                                        float* y, Mxfp4Numerics numerics) {
+                                        float* y, MatmulNumerics numerics) {
   if (w.impl_->state != state_.get()) {
     return absl::InvalidArgumentError(
         "Vulkan Mxfp4Matmul: the matrix was uploaded by another VulkanContext");
   }
   return RunResidentMatmul(*state_, *w.impl_,
-                           numerics == Mxfp4Numerics::kIdot ? kMxfp4IdotKernel : kMxfp4Kernel, x,
+                           numerics == MatmulNumerics::kIdot ? kMxfp4IdotKernel : kMxfp4Kernel, x,
                            batch, y, "Vulkan Mxfp4Matmul");
 }
 
@@ -1207,15 +1249,18 @@ struct GluJob {
   float* y = nullptr;
 };
 
-// The pipeline of a dense format, or an error naming it.
-absl::StatusOr<Kernel> DenseKernel(kernels::WeightFormat format, absl::string_view what) {
+// The pipeline of a dense format under `numerics`, or an error naming the format. f32 has no
+// integer path (the CPU's Matmul keeps its f32 kernel under idot): the f32 shader either way.
+absl::StatusOr<Kernel> DenseKernel(kernels::WeightFormat format, MatmulNumerics numerics,
+                                   absl::string_view what) {
+  const bool idot = numerics == MatmulNumerics::kIdot;
   switch (format) {
     case kernels::WeightFormat::kF32:
       return kDenseF32Kernel;
     case kernels::WeightFormat::kInt8Row:
-      return kDenseInt8Kernel;
+      return idot ? kDenseInt8IdotKernel : kDenseInt8Kernel;
     case kernels::WeightFormat::kInt4G64:
-      return kDenseInt4Kernel;
+      return idot ? kDenseInt4IdotKernel : kDenseInt4Kernel;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": expected an f32, int8 or int4g64 matrix, got ",
@@ -1243,7 +1288,8 @@ absl::StatusOr<bool> CheckGluJob(const GluJob& job, const std::string& which) {
     return absl::InvalidArgumentError(absl::StrCat(which, ": null activation or output"));
   }
   const uint64_t r = static_cast<uint64_t>(job.rows);
-  // The idot shader's activation words (9/32 per column) are fewer than the f32 ones.
+  // The f32 activations and outputs; the idot shaders' activation words are bounded by the
+  // chain's segment check (at most maxStorageBufferRange bytes).
   if (r * static_cast<uint64_t>(inter) > kMaxIndex ||
       r * static_cast<uint64_t>(hidden) > kMaxIndex) {
     return absl::InvalidArgumentError(absl::StrCat(which, ": ", r, " rows of [", inter, ", ",
@@ -1365,11 +1411,13 @@ absl::Status RunGluChain(internal::VulkanState& s, std::span<const GluJob> jobs,
   return status;
 }
 
-// The idot chain (ExpertChain with Mxfp4Numerics::kIdot), the CPU's K3_IDOT=1 expert bit for bit:
-// every job's gate and up (idot shader) as one submission; on the host ops::SituGlu — the CPU's
-// own function, because its libm expf/tanhf bits cannot be reproduced in a shader — and the
-// int8 quantization of its output; every job's down as a second submission. Both submissions
-// hold the step lock, so the per-step buffers serve both.
+// The idot chain (ExpertChain and DenseGlu with MatmulNumerics::kIdot), the CPU's K3_IDOT=1
+// block bit for bit: every job's gate and up as one submission; on the host ops::SituGlu — the
+// CPU's own function, because its libm expf/tanhf bits cannot be reproduced in a shader; every
+// job's down as a second submission. Each matmul reads the activations its kernel takes
+// (EncodeActivations: the idot kernels' int8 codes per 32 or 64 columns, or f32 for a dense f32
+// matrix, which has no integer path on the CPU either); gate and up share theirs when their
+// kernels read the same. Both submissions hold the step lock, so the per-step buffers serve both.
 absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs, float beta1,
                           float beta2, const std::function<std::string(size_t)>& which,
                           absl::string_view what) {
@@ -1377,9 +1425,11 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
     const GluJob* job = nullptr;
     std::string name;
     int64_t inter = 0, hidden = 0;
-    std::vector<uint32_t> codes;  // the idot activations of the current phase
+    // The activations of the current phase: gate's (phase 1) or down's (phase 2), and up's
+    // when they differ from gate's (empty: up reads gate's).
+    std::vector<uint32_t> in, in_up;
     std::vector<float> g, u;
-    VkDeviceSize in = 0, out = 0, out2 = 0;  // segment offsets of the current phase
+    VkDeviceSize in_off = 0, in_up_off = 0, out = 0, out2 = 0;  // segment offsets of the phase
   };
   std::vector<Work> work;
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -1393,13 +1443,22 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
   }
   if (work.empty()) return absl::OkStatus();
   if (!s.int64) return IdotUnsupported(s, what);
-  // The inputs are quantized before the lock: host work that no other step waits for.
+  // The inputs are encoded before the lock: host work that no other step waits for.
   for (Work& w : work) {
-    COLI_RETURN_IF_ERROR(QuantizeForIdot(w.job->x, w.job->rows, w.hidden, w.name, &w.codes));
+    const GluJob& job = *w.job;
+    COLI_RETURN_IF_ERROR(
+        EncodeActivations(job.gate.kernel, job.x, job.rows, w.hidden, w.name, &w.in));
+    if (!SameActivations(job.gate.kernel, job.up.kernel)) {
+      COLI_RETURN_IF_ERROR(
+          EncodeActivations(job.up.kernel, job.x, job.rows, w.hidden, w.name, &w.in_up));
+    }
   }
   const VkDeviceSize align =
       std::max<VkDeviceSize>(16, s.properties.limits.minStorageBufferOffsetAlignment);
   auto round_up = [&](VkDeviceSize v) { return (v + align - 1) / align * align; };
+  auto bytes_of = [](const std::vector<uint32_t>& v) -> VkDeviceSize {
+    return v.size() * sizeof(uint32_t);
+  };
   auto check_range = [&](const Work& w, VkDeviceSize bytes) -> absl::Status {
     if (bytes <= s.properties.limits.maxStorageBufferRange) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -1407,18 +1466,21 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
         s.properties.limits.maxStorageBufferRange, ") on ", s.device_name));
   };
   using Dispatch = internal::VulkanState::Dispatch;
-  auto matmul = [&](const ResidentBuffers& m, const Buffer& in, VkDeviceSize in_off,
+  auto matmul = [&](const ChainMatrix& cm, const Buffer& in, VkDeviceSize in_off,
                     VkDeviceSize in_bytes, const Buffer& out, VkDeviceSize out_off, int64_t rows) {
+    const ResidentBuffers& m = *cm.m;
     Dispatch d;
-    d.kernel = kMxfp4IdotKernel;
+    d.kernel = cm.kernel;
     d.segments[0] = {m.weights.buffer, 0, m.weights.size};
-    d.segments[1] = {m.scales.buffer, 0, m.scales.size};
+    // A dense f32 matrix has no scales: its shader never reads binding 1.
+    const Buffer& scales = m.scales.buffer != VK_NULL_HANDLE ? m.scales : m.weights;
+    d.segments[1] = {scales.buffer, 0, scales.size};
     d.segments[2] = {in.buffer, in_off, in_bytes};
     d.segments[3] = {out.buffer, out_off, static_cast<VkDeviceSize>(rows * m.rows) * 4};
     d.push[0] = static_cast<uint32_t>(m.rows);
     d.push[1] = static_cast<uint32_t>(m.cols);
     d.push[2] = static_cast<uint32_t>(rows);
-    KernelGroups(kMxfp4IdotKernel, d.push[0], &d.groups_x, &d.groups_y);
+    KernelGroups(cm.kernel, d.push[0], &d.groups_x, &d.groups_y);
     return d;
   };
   // Both phases read their activations from step_x and write host-read outputs to step_y.
@@ -1427,12 +1489,14 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
   // Phase 1: gate and up of every job.
   VkDeviceSize x_total = 0, y_total = 0;
   for (Work& w : work) {
-    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
     const VkDeviceSize inner_bytes = static_cast<VkDeviceSize>(w.job->rows * w.inter) * 4;
-    COLI_RETURN_IF_ERROR(check_range(w, in_bytes));
+    COLI_RETURN_IF_ERROR(check_range(w, bytes_of(w.in)));
+    COLI_RETURN_IF_ERROR(check_range(w, bytes_of(w.in_up)));
     COLI_RETURN_IF_ERROR(check_range(w, inner_bytes));
-    w.in = x_total;
-    x_total += round_up(in_bytes);
+    w.in_off = x_total;
+    x_total += round_up(bytes_of(w.in));
+    w.in_up_off = x_total;
+    x_total += round_up(bytes_of(w.in_up));
     w.out = y_total;
     y_total += round_up(inner_bytes);
     w.out2 = y_total;
@@ -1443,14 +1507,19 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
   if (!status.ok()) return status;
   std::vector<Dispatch> dispatches;
   for (const Work& w : work) {
-    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
-    std::memcpy(static_cast<uint8_t*>(x.mapped) + w.in, w.codes.data(), in_bytes);
-    dispatches.push_back(matmul(*w.job->gate.m, x, w.in, in_bytes, y, w.out, w.job->rows));
-    dispatches.push_back(matmul(*w.job->up.m, x, w.in, in_bytes, y, w.out2, w.job->rows));
+    std::memcpy(static_cast<uint8_t*>(x.mapped) + w.in_off, w.in.data(), bytes_of(w.in));
+    dispatches.push_back(matmul(w.job->gate, x, w.in_off, bytes_of(w.in), y, w.out, w.job->rows));
+    if (w.in_up.empty()) {
+      dispatches.push_back(matmul(w.job->up, x, w.in_off, bytes_of(w.in), y, w.out2, w.job->rows));
+    } else {
+      std::memcpy(static_cast<uint8_t*>(x.mapped) + w.in_up_off, w.in_up.data(), bytes_of(w.in_up));
+      dispatches.push_back(
+          matmul(w.job->up, x, w.in_up_off, bytes_of(w.in_up), y, w.out2, w.job->rows));
+    }
   }
   COLI_RETURN_IF_ERROR(
       Annotate(s.RunDispatches(dispatches, absl::StrCat(what, " (gate, up)")), s.device_name));
-  // SiTU-GLU and its quantization, exactly as the CPU's expert does them.
+  // SiTU-GLU and the down projection's activations, exactly as the CPU's block makes them.
   for (Work& w : work) {
     const int64_t n = w.job->rows * w.inter;
     w.g.resize(static_cast<size_t>(n));
@@ -1458,18 +1527,18 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
     std::memcpy(w.g.data(), static_cast<const uint8_t*>(y.mapped) + w.out, n * sizeof(float));
     std::memcpy(w.u.data(), static_cast<const uint8_t*>(y.mapped) + w.out2, n * sizeof(float));
     ops::SituGlu(w.g.data(), w.u.data(), n, beta1, beta2, w.g.data());
-    COLI_RETURN_IF_ERROR(QuantizeForIdot(w.g.data(), w.job->rows, w.inter, w.name, &w.codes));
+    COLI_RETURN_IF_ERROR(
+        EncodeActivations(w.job->down.kernel, w.g.data(), w.job->rows, w.inter, w.name, &w.in));
   }
   // Phase 2: down of every job.
   x_total = 0;
   y_total = 0;
   for (Work& w : work) {
-    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
     const VkDeviceSize out_bytes = static_cast<VkDeviceSize>(w.job->rows * w.hidden) * 4;
-    COLI_RETURN_IF_ERROR(check_range(w, in_bytes));
+    COLI_RETURN_IF_ERROR(check_range(w, bytes_of(w.in)));
     COLI_RETURN_IF_ERROR(check_range(w, out_bytes));
-    w.in = x_total;
-    x_total += round_up(in_bytes);
+    w.in_off = x_total;
+    x_total += round_up(bytes_of(w.in));
     w.out = y_total;
     y_total += round_up(out_bytes);
   }
@@ -1478,9 +1547,8 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
   if (!status.ok()) return status;
   dispatches.clear();
   for (const Work& w : work) {
-    const VkDeviceSize in_bytes = w.codes.size() * sizeof(uint32_t);
-    std::memcpy(static_cast<uint8_t*>(x.mapped) + w.in, w.codes.data(), in_bytes);
-    dispatches.push_back(matmul(*w.job->down.m, x, w.in, in_bytes, y, w.out, w.job->rows));
+    std::memcpy(static_cast<uint8_t*>(x.mapped) + w.in_off, w.in.data(), bytes_of(w.in));
+    dispatches.push_back(matmul(w.job->down, x, w.in_off, bytes_of(w.in), y, w.out, w.job->rows));
   }
   COLI_RETURN_IF_ERROR(
       Annotate(s.RunDispatches(dispatches, absl::StrCat(what, " (down)")), s.device_name));
@@ -1494,7 +1562,7 @@ absl::Status RunIdotChain(internal::VulkanState& s, std::span<const GluJob> jobs
 }  // namespace
 
 absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, float beta1,
-                                        float beta2, Mxfp4Numerics numerics) {
+                                        float beta2, MatmulNumerics numerics) {
   internal::VulkanState& s = *state_;
   auto which = [](size_t j) { return absl::StrCat("Vulkan ExpertChain job ", j); };
   std::vector<GluJob> glu(jobs.size());
@@ -1509,14 +1577,15 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
             absl::StrCat(which(j), ": a matrix was uploaded by another VulkanContext"));
       }
     }
-    glu[j] = {{job.gate->impl_.get(), kMxfp4Kernel},
-              {job.up->impl_.get(), kMxfp4Kernel},
-              {job.down->impl_.get(), kMxfp4Kernel},
+    const Kernel kernel = numerics == MatmulNumerics::kIdot ? kMxfp4IdotKernel : kMxfp4Kernel;
+    glu[j] = {{job.gate->impl_.get(), kernel},
+              {job.up->impl_.get(), kernel},
+              {job.down->impl_.get(), kernel},
               job.x,
               job.rows,
               job.y};
   }
-  if (numerics == Mxfp4Numerics::kIdot) {
+  if (numerics == MatmulNumerics::kIdot) {
     return RunIdotChain(s, glu, beta1, beta2, which, "expert chain (idot)");
   }
   return RunGluChain(s, glu, beta1, beta2, which, "expert chain");
@@ -1524,7 +1593,7 @@ absl::Status VulkanContext::ExpertChain(std::span<const ExpertChainJob> jobs, fl
 
 absl::Status VulkanContext::DenseGlu(const DeviceDenseMatrix& gate, const DeviceDenseMatrix& up,
                                      const DeviceDenseMatrix& down, const float* x, int64_t rows,
-                                     float beta1, float beta2, float* y) {
+                                     float beta1, float beta2, float* y, MatmulNumerics numerics) {
   internal::VulkanState& s = *state_;
   GluJob job;
   ChainMatrix* slots[3] = {&job.gate, &job.up, &job.down};
@@ -1535,15 +1604,19 @@ absl::Status VulkanContext::DenseGlu(const DeviceDenseMatrix& gate, const Device
           "Vulkan DenseGlu: a matrix was uploaded by another VulkanContext");
     }
     COLI_ASSIGN_OR_RETURN(const Kernel kernel,
-                          DenseKernel(matrices[i]->format(), "Vulkan DenseGlu"));
+                          DenseKernel(matrices[i]->format(), numerics, "Vulkan DenseGlu"));
     *slots[i] = {matrices[i]->impl_.get(), kernel};
   }
   job.x = x;
   job.rows = rows;
   job.y = y;
-  return RunGluChain(
-      s, std::span(&job, 1), beta1, beta2, [](size_t) { return std::string("Vulkan DenseGlu"); },
-      "dense GLU chain");
+  auto which = [](size_t) { return std::string("Vulkan DenseGlu"); };
+  // Under kIdot, only f32 matrices (no integer path on the CPU either): the float chain.
+  if (IsIdotKernel(job.gate.kernel) || IsIdotKernel(job.up.kernel) ||
+      IsIdotKernel(job.down.kernel)) {
+    return RunIdotChain(s, std::span(&job, 1), beta1, beta2, which, "dense GLU chain (idot)");
+  }
+  return RunGluChain(s, std::span(&job, 1), beta1, beta2, which, "dense GLU chain");
 }
 
 DeviceDenseMatrix::DeviceDenseMatrix(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1565,7 +1638,8 @@ absl::StatusOr<std::unique_ptr<DeviceDenseMatrix>> VulkanContext::UploadDense(
 absl::StatusOr<std::vector<std::unique_ptr<DeviceDenseMatrix>>> VulkanContext::UploadDenseBatch(
     std::span<const kernels::MatrixView> views) {
   for (const kernels::MatrixView& w : views) {
-    COLI_RETURN_IF_ERROR(DenseKernel(w.format, "Vulkan UploadDense").status());
+    COLI_RETURN_IF_ERROR(
+        DenseKernel(w.format, MatmulNumerics::kFloat, "Vulkan UploadDense").status());
     COLI_RETURN_IF_ERROR(Annotate(kernels::ValidateView(w), "Vulkan UploadDense"));
     // The shaders index weight words and bytes (int8: rows*cols) with 32-bit uints.
     const uint64_t bytes = kernels::FormatBytes(w.format, w.rows, w.cols).data;
@@ -1604,12 +1678,13 @@ absl::StatusOr<std::vector<std::unique_ptr<DeviceDenseMatrix>>> VulkanContext::U
 }
 
 absl::Status VulkanContext::DenseMatmul(const DeviceDenseMatrix& w, const float* x, int64_t batch,
-                                        float* y) {
+                                        float* y, MatmulNumerics numerics) {
   if (w.impl_->state != state_.get()) {
     return absl::InvalidArgumentError(
         "Vulkan DenseMatmul: the matrix was uploaded by another VulkanContext");
   }
-  COLI_ASSIGN_OR_RETURN(const Kernel kernel, DenseKernel(w.format(), "Vulkan DenseMatmul"));
+  COLI_ASSIGN_OR_RETURN(const Kernel kernel,
+                        DenseKernel(w.format(), numerics, "Vulkan DenseMatmul"));
   return RunResidentMatmul(*state_, *w.impl_, kernel, x, batch, y, "Vulkan DenseMatmul");
 }
 

@@ -13,7 +13,7 @@
 // only the UE8M0 group exponents are widened on upload to the f32 scales the shader reads
 // (kernels::E8m0ToF32: float bits s << 23). By default activations stay f32, so the result is the
 // CPU's exact-float MXFP4 kernel (MatmulOptions{.idot = false}) up to summation order;
-// Mxfp4Numerics::kIdot gives the CPU's integer-dot kernel (the K3_IDOT=1 default) bit for bit.
+// MatmulNumerics::kIdot gives the CPU's integer-dot kernel (the K3_IDOT=1 default) bit for bit.
 //
 // Residency. Where the device has device-local memory that is not host-visible (a discrete
 // GPU), resident matrices live there and are filled through one reusable host-visible staging
@@ -105,17 +105,19 @@ struct ExpertChainJob {
   float* y = nullptr;
 };
 
-// How an MXFP4 matmul on the device treats its f32 activations.
-enum class Mxfp4Numerics {
-  // f32 activations: the CPU's exact-float kernel (MatmulOptions{.idot = false}, K3_IDOT=0) up
+// How a matmul on the device treats its f32 activations (MXFP4, int8 and int4-g64 weights; f32
+// weights have no integer path on the CPU either and always use f32 activations).
+enum class MatmulNumerics {
+  // f32 activations: the CPU's exact-float kernels (MatmulOptions{.idot = false}, K3_IDOT=0) up
   // to summation order.
   kFloat,
-  // int8 activations per 32 columns, quantized on the host by the CPU's own routine
-  // (kernels::QuantizeActivationsInt8Groups): the CPU's Matmul(idot = true) (K3_IDOT=1, the
-  // default) bit for bit (shaders/mxfp4_matmul_idot.comp does its floating-point steps in
-  // integers, so no driver's fma or subnormal handling can change them). Needs a device with
-  // shaderInt64 (supports_idot()); elsewhere refused (UNIMPLEMENTED). Non-finite activations are
-  // refused as the CPU refuses them (INVALID_ARGUMENT naming the batch row).
+  // int8 activations per 32 (MXFP4) or 64 (int8, int4-g64) columns, quantized on the host by
+  // the CPU's own routine (kernels::QuantizeActivationsInt8Groups): the CPU's
+  // Matmul(idot = true) (K3_IDOT=1, the default) bit for bit (shaders/mxfp4_matmul_idot.comp and
+  // dense_matmul_idot.comp do their floating-point steps in integers, shaders/idot_float.glsl, so
+  // no driver's fma or subnormal handling can change them). Needs a device with shaderInt64
+  // (supports_idot()); elsewhere refused (UNIMPLEMENTED). Non-finite activations are refused as
+  // the CPU refuses them (INVALID_ARGUMENT naming the batch row).
   kIdot,
 };
 
@@ -161,7 +163,7 @@ class VulkanContext {
   // storage-buffer range or memory. batch == 0 or rows == 0 does nothing. Thread-safe (calls
   // are serialised).
   absl::Status Mxfp4Matmul(const kernels::MatrixView& w, const float* x, int64_t batch, float* y,
-                           Mxfp4Numerics numerics = Mxfp4Numerics::kFloat);
+                           MatmulNumerics numerics = MatmulNumerics::kFloat);
 
   // Copies an MXFP4 view to the device (same refusals as Mxfp4Matmul for the view; rows may be
   // 0). staging(): device-local memory filled through the staging buffer; else memory that is
@@ -196,9 +198,9 @@ class VulkanContext {
   // As Mxfp4Matmul above on a resident matrix; INVALID_ARGUMENT for a matrix uploaded by
   // another context.
   absl::Status Mxfp4Matmul(const DeviceMxfp4Matrix& w, const float* x, int64_t batch, float* y,
-                           Mxfp4Numerics numerics = Mxfp4Numerics::kFloat);
+                           MatmulNumerics numerics = MatmulNumerics::kFloat);
 
-  // True when the device can run Mxfp4Numerics::kIdot (it has shaderInt64).
+  // True when the device can run MatmulNumerics::kIdot (it has shaderInt64).
   bool supports_idot() const;
 
   // out[i] = β1·tanh(g[i]/β1)·σ(g[i]) · β2·tanh(u[i]/β2) for i < n on the device
@@ -218,7 +220,7 @@ class VulkanContext {
   // non-finite activations; jobs with rows == 0 are skipped. Thread-safe (serialised with the
   // other calls).
   absl::Status ExpertChain(std::span<const ExpertChainJob> jobs, float beta1, float beta2,
-                           Mxfp4Numerics numerics = Mxfp4Numerics::kFloat);
+                           MatmulNumerics numerics = MatmulNumerics::kFloat);
 
   // Dense matrices (the shared experts, COLI_VK_DENSE). UploadDense copies an f32, int8 or
   // int4g64 view once (same residency as UploadMxfp4: staged into device-local memory when
@@ -229,18 +231,27 @@ class VulkanContext {
   // Several in as few staged submissions as the staging buffer allows; all or nothing.
   absl::StatusOr<std::vector<std::unique_ptr<DeviceDenseMatrix>>> UploadDenseBatch(
       std::span<const kernels::MatrixView> views);
-  // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b < batch on the device
+  // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b < batch on the device. kFloat
   // (shaders/dense_matmul.comp): the CPU's exact-float kernel (idot off) up to summation order.
+  // kIdot: int8 and int4g64 matrices give the CPU's Matmul(idot = true) bit for bit
+  // (shaders/dense_matmul_idot.comp; UNIMPLEMENTED without shaderInt64); an f32 matrix keeps the
+  // f32 shader, as the CPU keeps its f32 kernel under idot (equal up to summation order).
   // Refusals as Mxfp4Matmul's; blocks until y is written.
-  absl::Status DenseMatmul(const DeviceDenseMatrix& w, const float* x, int64_t batch, float* y);
-  // y[r, :] = down · SiTU(gate · x[r, :], up · x[r, :]) for r < rows, one submission (gate and
-  // up, SiTU-GLU (β1, β2), down; barriers between the phases): a SiTU-GLU block such as Kimi
-  // K3's shared experts, gate/up [I, H], down [H, I], x and y host f32 [rows, H]. Formats may
-  // differ per matrix. INVALID_ARGUMENT for mismatched shapes, a matrix of another context,
-  // negative rows, null pointers (rows > 0) or indices over 32 bits; rows == 0 does nothing.
+  absl::Status DenseMatmul(const DeviceDenseMatrix& w, const float* x, int64_t batch, float* y,
+                           MatmulNumerics numerics = MatmulNumerics::kFloat);
+  // y[r, :] = down · SiTU(gate · x[r, :], up · x[r, :]) for r < rows: a SiTU-GLU block such as
+  // Kimi K3's shared experts, gate/up [I, H], down [H, I], x and y host f32 [rows, H]. Formats
+  // may differ per matrix. kFloat: one submission (gate and up, SiTU-GLU (β1, β2), down;
+  // barriers between the phases). kIdot with an int8 or int4g64 matrix: the CPU's K3_IDOT=1
+  // block (kernels::Matmul(idot) per matrix, ops::SituGlu) bit for bit where no matrix is f32,
+  // as ExpertChain's kIdot: gate and up, SiTU-GLU on the host, down (two submissions); with only
+  // f32 matrices kIdot is kFloat (the CPU has no integer path for them). INVALID_ARGUMENT for
+  // mismatched shapes, a matrix of another context, negative rows, null pointers (rows > 0),
+  // indices over 32 bits or (kIdot) non-finite activations; UNIMPLEMENTED for kIdot without
+  // shaderInt64; rows == 0 does nothing.
   absl::Status DenseGlu(const DeviceDenseMatrix& gate, const DeviceDenseMatrix& up,
                         const DeviceDenseMatrix& down, const float* x, int64_t rows, float beta1,
-                        float beta2, float* y);
+                        float beta2, float* y, MatmulNumerics numerics = MatmulNumerics::kFloat);
 
   // True when the device is a discrete GPU (VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU): where
   // COLI_VK_DENSE=auto puts the shared experts on it.

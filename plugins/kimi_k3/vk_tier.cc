@@ -398,7 +398,7 @@ absl::Status VkExpertTier::Compute(std::span<const DeviceExpertJob> jobs, bool i
   }
   absl::Status status = Annotate(
       vk_->ExpertChain(chain, cfg_.situ_beta, cfg_.situ_linear_beta,
-                       idot ? vulkan::Mxfp4Numerics::kIdot : vulkan::Mxfp4Numerics::kFloat),
+                       idot ? vulkan::MatmulNumerics::kIdot : vulkan::MatmulNumerics::kFloat),
       "Vulkan expert tier");
   std::lock_guard<std::mutex> lock(mu_);
   if (!status.ok()) {

@@ -19,7 +19,7 @@
 //   which experts are resident never changes the order and CPU experts keep their bits.
 // * Numerics. The device computes with the CPU's numerics of the call (DeviceExperts::Compute's
 //   idot, from the model's K3_IDOT). K3_IDOT=1 (the default): the integer-dot chain
-//   (Mxfp4Numerics::kIdot: gate and up, SiTU-GLU on the host, down; two submissions), equal to
+//   (MatmulNumerics::kIdot: gate and up, SiTU-GLU on the host, down; two submissions), equal to
 //   the CPU's expert bit for bit, so which experts are resident never changes a logit or a token.
 //   K3_IDOT=0: the f32 chain in one submission (the CPU's math up to summation order). A device
 //   without shaderInt64 cannot run the first: its first idot step fails and disables the tier
@@ -158,7 +158,7 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts, public Dev
   // DeviceExperts (latent_moe.h).
   std::vector<int> Claim(int layer, std::span<const int32_t> experts) override;
   // idot (K3_IDOT=1): the device's integer-dot chain, the CPU's bits (VulkanContext::ExpertChain
-  // with Mxfp4Numerics::kIdot); else the f32 chain (the CPU's K3_IDOT=0 math up to summation
+  // with MatmulNumerics::kIdot); else the f32 chain (the CPU's K3_IDOT=0 math up to summation
   // order).
   absl::Status Compute(std::span<const DeviceExpertJob> jobs, bool idot) override;
   void Offer(int layer, int32_t expert, const ExpertWeights& weights) override;

@@ -475,7 +475,7 @@ TEST_F(K3VkTierModelTest, PromotionsAndEvictionsKeepTheCpuTokens) {
 // K3_IDOT=1, the default: whatever is resident — experts promoted and evicted between passes,
 // a second conversation finding them resident — the logits are the CPU run's bit for bit, and
 // so are the tokens (the device runs the CPU's integer-dot expert, VulkanContext::ExpertChain
-// with Mxfp4Numerics::kIdot). With the f32 chain the logits moved with residency.
+// with MatmulNumerics::kIdot). With the f32 chain the logits moved with residency.
 TEST_F(K3VkTierModelTest, IdotTierGivesTheCpuBitsWhateverIsResident) {
   ModelOptions options;
   ASSERT_TRUE(options.idot);  // the default

@@ -1,4 +1,4 @@
-// Tests for the integer-dot MXFP4 path of common/vk (Mxfp4Numerics::kIdot,
+// Tests for the integer-dot MXFP4 path of common/vk (MatmulNumerics::kIdot,
 // shaders/mxfp4_matmul_idot.comp) on a real Vulkan device (lavapipe in CI): it must give the
 // CPU's kernels::Matmul(idot = true) — what Kimi K3 runs by default (K3_IDOT=1) — bit for bit,
 // so an expert computed on the device equals the same expert computed on the CPU. The reference
@@ -133,7 +133,7 @@ TEST(VulkanMxfp4Idot, MatchesCpuIdotKernelBitForBitOnOddShapes) {
       for (int64_t batch : {1, 3, 8, 11}) {
         const std::vector<float> x = RandomActivations(batch * cols, 12, rng);
         std::vector<float> y(static_cast<size_t>(batch * rows), NAN);
-        ASSERT_THAT(vk->Mxfp4Matmul(*dm, x.data(), batch, y.data(), Mxfp4Numerics::kIdot), IsOk());
+        ASSERT_THAT(vk->Mxfp4Matmul(*dm, x.data(), batch, y.data(), MatmulNumerics::kIdot), IsOk());
         mismatches += Mismatches(y, CpuIdot(m, x, batch),
                                  absl::StrCat("[", rows, ", ", cols, "] batch ", batch));
         elements += batch * rows;
@@ -157,7 +157,7 @@ TEST(VulkanMxfp4Idot, MatchesCpuIdotKernelOnExpertShapes) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceMxfp4Matrix> dm, vk->UploadMxfp4(m.view()));
     std::vector<float> y(static_cast<size_t>(batch * rows), NAN);
     const auto t0 = std::chrono::steady_clock::now();
-    ASSERT_THAT(vk->Mxfp4Matmul(*dm, x.data(), batch, y.data(), Mxfp4Numerics::kIdot), IsOk());
+    ASSERT_THAT(vk->Mxfp4Matmul(*dm, x.data(), batch, y.data(), MatmulNumerics::kIdot), IsOk());
     const auto t1 = std::chrono::steady_clock::now();
     const int64_t mismatches =
         Mismatches(y, CpuIdot(m, x, batch), absl::StrCat("[", rows, ", ", cols, "]"));
@@ -204,7 +204,7 @@ TEST(VulkanMxfp4Idot, ExtremeScalesRoundLikeTheCpu) {
     std::vector<float> x = RandomActivations(5 * 256, 6, rng);
     for (float& v : x) v *= c.activation;
     std::vector<float> y(5 * 37, NAN);
-    ASSERT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 5, y.data(), Mxfp4Numerics::kIdot), IsOk());
+    ASSERT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 5, y.data(), MatmulNumerics::kIdot), IsOk());
     const std::vector<float> want = CpuIdot(m, x, 5);
     const int64_t mismatches = Mismatches(y, want, c.what);
     EXPECT_EQ(mismatches, 0);
@@ -262,7 +262,7 @@ TEST(VulkanMxfp4Idot, ExpertChainMatchesCpuIdotExpertBitForBit) {
                     x[j].data(), job_rows[j], y[j].data()});
   }
   const uint64_t before = vk->matmuls();
-  ASSERT_THAT(vk->ExpertChain(jobs, beta1, beta2, Mxfp4Numerics::kIdot), IsOk());
+  ASSERT_THAT(vk->ExpertChain(jobs, beta1, beta2, MatmulNumerics::kIdot), IsOk());
   EXPECT_EQ(vk->matmuls() - before, 3u * 4);  // the zero-row job is skipped
   int64_t mismatches = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -291,7 +291,7 @@ TEST(VulkanMxfp4Idot, RefusesNonFiniteActivationsLikeTheCpu) {
   std::vector<float> y(3 * 8, 0.0f);
   const absl::Status cpu = kernels::Matmul(m.view(), x.data(), 3, y.data());
   ASSERT_THAT(cpu, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch row 1")));
-  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 3, y.data(), Mxfp4Numerics::kIdot),
+  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 3, y.data(), MatmulNumerics::kIdot),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch row 1")));
   ASSERT_OK_AND_ASSIGN(auto resident, vk->UploadMxfp4(m.view()));
   // A GLU block [32, 64] / [64, 32] for the chain (MXFP4 rows of 8 columns do not exist).
@@ -301,11 +301,11 @@ TEST(VulkanMxfp4Idot, RefusesNonFiniteActivationsLikeTheCpu) {
   ASSERT_OK_AND_ASSIGN(auto down, vk->UploadMxfp4(down_host.view()));
   std::vector<float> out(3 * 64, 0.0f);
   const ExpertChainJob job{gate.get(), gate.get(), down.get(), x.data(), 3, out.data()};
-  EXPECT_THAT(vk->ExpertChain(std::span(&job, 1), 4.0f, 25.0f, Mxfp4Numerics::kIdot),
+  EXPECT_THAT(vk->ExpertChain(std::span(&job, 1), 4.0f, 25.0f, MatmulNumerics::kIdot),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch row 1")));
   x[64 + 5] = 0.5f;
-  EXPECT_THAT(vk->ExpertChain(std::span(&job, 1), 4.0f, 25.0f, Mxfp4Numerics::kIdot), IsOk());
-  ASSERT_THAT(vk->Mxfp4Matmul(*resident, x.data(), 3, y.data(), Mxfp4Numerics::kIdot), IsOk());
+  EXPECT_THAT(vk->ExpertChain(std::span(&job, 1), 4.0f, 25.0f, MatmulNumerics::kIdot), IsOk());
+  ASSERT_THAT(vk->Mxfp4Matmul(*resident, x.data(), 3, y.data(), MatmulNumerics::kIdot), IsOk());
   EXPECT_EQ(Mismatches(y, CpuIdot(m, x, 3), "after the refusal"), 0);
 }
 
@@ -322,14 +322,14 @@ TEST(VulkanMxfp4Idot, DeviceWithoutInt64RefusesIdotAndKeepsFloat) {
   const Mxfp4Matrix down_host = RandomMxfp4(64, 32, 120, 130, rng);
   const std::vector<float> x = RandomActivations(2 * 64, 2, rng);
   std::vector<float> y(2 * 64, 0.0f);
-  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 2, y.data(), Mxfp4Numerics::kIdot),
+  EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 2, y.data(), MatmulNumerics::kIdot),
               StatusIs(absl::StatusCode::kUnimplemented,
                        ::testing::AllOf(HasSubstr("shaderInt64"), HasSubstr("K3_IDOT=0"))));
   ASSERT_OK_AND_ASSIGN(auto gate, vk->UploadMxfp4(m.view()));
   ASSERT_OK_AND_ASSIGN(auto down, vk->UploadMxfp4(down_host.view()));
   const ExpertChainJob job{gate.get(), gate.get(), down.get(), x.data(), 2, y.data()};
   const uint64_t before = vk->matmuls();
-  EXPECT_THAT(vk->ExpertChain(std::span(&job, 1), 4.0f, 25.0f, Mxfp4Numerics::kIdot),
+  EXPECT_THAT(vk->ExpertChain(std::span(&job, 1), 4.0f, 25.0f, MatmulNumerics::kIdot),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("shaderInt64")));
   EXPECT_EQ(vk->matmuls(), before);
   EXPECT_THAT(vk->ExpertChain(std::span(&job, 1), 4.0f, 25.0f), IsOk());
