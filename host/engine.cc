@@ -750,6 +750,9 @@ void SendPromptLogprobs(Model& model, const PrefillResult& prefill, int32_t top_
       const coli_logprob_t* e = &prefill.prompt_logprobs[p * per];
       auto* lp = piece.add_tokens();
       fill(e[0], lp->mutable_sampled());
+      if (p < prefill.prompt_logprob_ranks.size()) {
+        lp->mutable_sampled()->set_rank(prefill.prompt_logprob_ranks[p]);
+      }
       for (size_t k = 1; k < per; ++k) fill(e[k], lp->add_top());
     }
     sink.on_prompt_logprobs(piece);

@@ -442,6 +442,18 @@ absl::StatusOr<PrefillResult> Session::Prefill(
           " prompt logprobs for ", tokens.size(), " prompt tokens (expected ", want, ")"));
     }
     out.prompt_logprobs.assign(result.prompt_logprobs, result.prompt_logprobs + want);
+    // 1.9: their ranks, optional (NULL: none), but one per position when sent.
+    const size_t positions = tokens.size() - 1;
+    if (plugin_->minor() >= 9 && result.prompt_logprob_ranks != nullptr) {
+      if (result.n_prompt_logprob_ranks != positions) {
+        return absl::InternalError(absl::StrCat("family '", plugin_->family(), "' returned ",
+                                                result.n_prompt_logprob_ranks,
+                                                " prompt logprob ranks for ", tokens.size(),
+                                                " prompt tokens (expected ", positions, ")"));
+      }
+      out.prompt_logprob_ranks.assign(result.prompt_logprob_ranks,
+                                      result.prompt_logprob_ranks + positions);
+    }
   }
   return out;
 }

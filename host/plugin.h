@@ -76,6 +76,9 @@ struct PrefillResult {
   // When asked for (ABI 1.7): per prompt position from the second, the prompt token's entry then
   // the top-k most likely, (n - 1) * (1 + k) entries in all.
   std::vector<coli_logprob_t> prompt_logprobs;
+  // With them (ABI 1.9, when the plugin reports them): per position from the second, how many
+  // vocabulary tokens are at least as likely as the prompt token, itself included; else empty.
+  std::vector<int64_t> prompt_logprob_ranks;
 };
 
 struct ChatEvent {

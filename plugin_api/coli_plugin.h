@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.8 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.9 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 8
+#define COLI_ABI_VERSION_MINOR 9
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -345,6 +345,13 @@ typedef struct coli_prefill_result_t {
    * valid until the next call on the session. Written only when struct_size reaches it. */
   const coli_logprob_t* prompt_logprobs;
   size_t n_prompt_logprobs;
+  /* v1.9 out, with prompt_logprobs: for each prompt position i in [1, n_tokens), in order, the
+   * rank of tokens[i] there — how many vocabulary tokens have a log-probability (as reported)
+   * at least its own, itself included, so ties count (vLLM's prompt_logprobs rank, 1 = most
+   * likely): n_tokens - 1 entries. Plugin-owned, valid until the next call on the session.
+   * Written only when struct_size reaches it; a plugin that leaves it NULL reports no ranks. */
+  const int64_t* prompt_logprob_ranks;
+  size_t n_prompt_logprob_ranks;
 } coli_prefill_result_t;
 
 /* Chat event channels. */
@@ -616,6 +623,8 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 /* 1.7 added prefill inputs and outputs (prompt logprobs), no table entry: its table is 1.6's. */
 #define COLI_PLUGIN_API_SIZE_V1_7 COLI_PLUGIN_API_SIZE_V1_6
 #define COLI_PLUGIN_API_SIZE_V1_8 (offsetof(coli_plugin_api_t, n_switches) + sizeof(size_t))
+/* 1.9 added prefill outputs (prompt-logprob ranks), no table entry: its table is 1.8's. */
+#define COLI_PLUGIN_API_SIZE_V1_9 COLI_PLUGIN_API_SIZE_V1_8
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -142,6 +142,15 @@ float Logprob(std::span<const float> logits, int32_t id) {
   return static_cast<float>(static_cast<double>(logits[id]) - LogSumExp(logits));
 }
 
+int64_t LogprobRank(std::span<const float> logits, int32_t id) {
+  // Compared as the reported floats: two logits that round to one logprob tie, as in vLLM.
+  const double lse = LogSumExp(logits);
+  const float own = static_cast<float>(static_cast<double>(logits[id]) - lse);
+  int64_t at_least = 0;
+  for (float v : logits) at_least += static_cast<float>(static_cast<double>(v) - lse) >= own;
+  return at_least;
+}
+
 std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, int k) {
   k = std::min<int>(k, static_cast<int>(logits.size()));
   if (k <= 0) return {};

@@ -123,6 +123,10 @@ std::vector<TokenLogprob> TopLogprobs(std::span<const float> logits, int k);
 // log_softmax(logits)[id], computed in double.
 float Logprob(std::span<const float> logits, int32_t id);
 
+// vLLM's rank of `id`: how many tokens have a log-probability (as Logprob reports it) at least
+// id's, itself included, so ties count; 1 = the most likely. (vLLM: (logprobs >= lp).sum().)
+int64_t LogprobRank(std::span<const float> logits, int32_t id);
+
 // The distribution a Sampler with `o` draws from for these logits and history: probability per
 // id after every knob (0 for a cut token); greedy gives 1 at the first maximum of the penalised
 // logits. For tests and tools (the sampler itself draws without building it).

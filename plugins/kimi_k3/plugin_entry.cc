@@ -240,6 +240,7 @@ struct K3Session {
   std::string text;
   std::vector<coli_logprob_t> top;
   std::vector<coli_logprob_t> prompt_logprobs;  // of the last prefill that asked (ABI 1.7)
+  std::vector<int64_t> prompt_logprob_ranks;    // its prompt tokens' ranks (ABI 1.9)
   std::vector<std::string> event_texts;
   std::vector<coli_chat_event_t> events;
   // Statistics since creation or reset.
@@ -902,6 +903,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
         absl::StrCat("prompt_logprobs: ", top_k, " top alternatives is outside 0…20"));
   }
   s->prompt_logprobs.clear();
+  s->prompt_logprob_ranks.clear();
   // Verified tokens the host never received are not part of the conversation: back to the
   // delivered record first, so prefix reuse and checkpoints see exactly what was delivered.
   if (absl::Status rewound = RewindSpec(s); !rewound.ok()) {
@@ -1026,6 +1028,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       const std::span<const float> row = rows.subspan(static_cast<size_t>(j) * V, V);
       const int32_t id = prompt[static_cast<size_t>(next_row + 1)];
       s->prompt_logprobs.push_back({id, sampling::Logprob(row, id)});
+      s->prompt_logprob_ranks.push_back(sampling::LogprobRank(row, id));
       if (top_k > 0) {
         for (const auto& t : sampling::TopLogprobs(row, top_k)) {
           s->prompt_logprobs.push_back({t.id, t.logprob});
@@ -1116,6 +1119,10 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   if (want_logprobs && COLI_ABI_HAS_FIELD(r, coli_prefill_result_t, n_prompt_logprobs)) {
     r->prompt_logprobs = s->prompt_logprobs.data();
     r->n_prompt_logprobs = s->prompt_logprobs.size();
+  }
+  if (want_logprobs && COLI_ABI_HAS_FIELD(r, coli_prefill_result_t, n_prompt_logprob_ranks)) {
+    r->prompt_logprob_ranks = s->prompt_logprob_ranks.data();
+    r->n_prompt_logprob_ranks = s->prompt_logprob_ranks.size();
   }
   return absl::OkStatus();
 }

@@ -93,6 +93,12 @@ TEST_F(K3PromptLogprobsTest, MatchTheFloat64ReferenceAtEveryPosition) {
   ASSERT_OK(PrefillWithLogprobs(s, prompt, kTopK, &result, &got));
   EXPECT_EQ(result.tokens_computed, prompt.size());
   ASSERT_EQ(got.size(), (prompt.size() - 1) * (1 + kTopK));
+  // ABI 1.9: each prompt token's rank, vLLM's count (tokens at least as likely, itself included).
+  ASSERT_EQ(result.n_prompt_logprob_ranks, prompt.size() - 1);
+  ASSERT_NE(result.prompt_logprob_ranks, nullptr);
+  const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
+                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+  int exact_ranks = 0;
   double worst = 0;
   for (size_t i = 1; i < prompt.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("prompt position ", i));
@@ -118,9 +124,25 @@ TEST_F(K3PromptLogprobsTest, MatchTheFloat64ReferenceAtEveryPosition) {
     int higher = 0;
     for (int v = 0; v < V; ++v) higher += ref_logprob(v) > e[kTopK].logprob + kLogprobTolerance;
     EXPECT_LE(higher, kTopK - 1);
+    // The rank: every token the reference puts clearly above counts, none clearly below does
+    // (near-ties within the tolerance may go either way); most match the reference's exactly.
+    const double own = ref_logprob(prompt[i]);
+    int64_t above = 0, at_least = 0, exact = 0;
+    for (int v = 0; v < V; ++v) {
+      above += ref_logprob(v) > own + kLogprobTolerance;
+      at_least += ref_logprob(v) >= own - kLogprobTolerance;
+      exact += ref_logprob(v) >= own;
+    }
+    const int64_t rank = ranks[i - 1];
+    EXPECT_GE(rank, above + 1);
+    EXPECT_LE(rank, at_least);
+    exact_ranks += rank == exact;
   }
-  std::printf("worst |prompt logprob - reference| over %zu positions: %.3g\n", prompt.size() - 1,
-              worst);
+  EXPECT_GE(exact_ranks, static_cast<int>(prompt.size()) - 3);
+  std::printf(
+      "worst |prompt logprob - reference| over %zu positions: %.3g; ranks equal to the "
+      "reference's count at %d\n",
+      prompt.size() - 1, worst, exact_ranks);
 }
 
 TEST_F(K3PromptLogprobsTest, LeaveThePromptStateAsAPlainPrefillDoes) {

@@ -37,8 +37,8 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.8 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs;
-// 1.8 appended the switch table and added coli_switch_t).
+// ABI 1.9 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs;
+// 1.8 appended the switch table and added coli_switch_t; 1.9 grew the prefill result).
 // Append-only: a change here breaks every built plugin (the function table grows with each minor,
 // at its end; no existing offset moves).
 const Frozen kFrozen[] = {
@@ -126,13 +126,15 @@ const Frozen kFrozen[] = {
     {"coli_prefill_args_t.response_format", 56, 80},        // v1.4 input
     {"coli_prefill_args_t.want_prompt_logprobs", 72, 80},   // v1.7 input
     {"coli_prefill_args_t.prompt_logprobs_top_k", 76, 80},  // v1.7 input
-    {"coli_prefill_result_t.struct_size", 0, 56},
-    {"coli_prefill_result_t.tokens_reused", 8, 56},
-    {"coli_prefill_result_t.tokens_computed", 16, 56},
-    {"coli_prefill_result_t.context_used", 24, 56},
-    {"coli_prefill_result_t.context_capacity", 32, 56},
-    {"coli_prefill_result_t.prompt_logprobs", 40, 56},    // v1.7 output
-    {"coli_prefill_result_t.n_prompt_logprobs", 48, 56},  // v1.7 output
+    {"coli_prefill_result_t.struct_size", 0, 72},
+    {"coli_prefill_result_t.tokens_reused", 8, 72},
+    {"coli_prefill_result_t.tokens_computed", 16, 72},
+    {"coli_prefill_result_t.context_used", 24, 72},
+    {"coli_prefill_result_t.context_capacity", 32, 72},
+    {"coli_prefill_result_t.prompt_logprobs", 40, 72},         // v1.7 output
+    {"coli_prefill_result_t.n_prompt_logprobs", 48, 72},       // v1.7 output
+    {"coli_prefill_result_t.prompt_logprob_ranks", 56, 72},    // v1.9 output
+    {"coli_prefill_result_t.n_prompt_logprob_ranks", 64, 72},  // v1.9 output
     {"coli_chat_event_t.struct_size", 0, 32},
     {"coli_chat_event_t.channel", 8, 32},
     {"coli_chat_event_t.end_of_message", 12, 32},
@@ -249,6 +251,7 @@ TEST(AbiLayout, TableSizesPerMinor) {
   // 1.8 appended the switch table (pointer and count); a switch is read up to its struct_size.
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, sizeof(coli_plugin_api_t));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, COLI_PLUGIN_API_SIZE_V1_6 + 2 * sizeof(void*));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_9, COLI_PLUGIN_API_SIZE_V1_8);  // 1.9 added no entry
   EXPECT_EQ(COLI_SWITCH_SIZE_V1_8, sizeof(coli_switch_t));
   EXPECT_EQ(COLI_CHANNEL_TOOL_CALL_DELTA, 4);
   EXPECT_EQ(sizeof(coli_chat_event_t), offsetof(coli_chat_event_t, text) + sizeof(coli_string_t));
@@ -373,15 +376,15 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.8"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.8, host 1.8)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.9"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.9, host 1.9)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.8 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.9 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
       {"fake_null_session_reusable", "leaves NULL: session_reusable"},
-      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.8 needs (176 bytes"},
+      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.9 needs (176 bytes"},
       // ABI 1.8: a malformed switch table refuses the plugin, naming the switch.
       {"fake_bad_switch", "switch FAKE_BITS: kind 3 cannot set field 'bits'"},
       {"fake_null_switches", "n_switches 2 with switches NULL"},
@@ -446,7 +449,7 @@ TEST_F(LoaderTest, A17PluginLoadsWithNoSwitchesAndA18PluginDeclaresItsOwn) {
   host::PluginReport report;
   auto v18 = host::Plugin::Load(COLI_ECHO_PLUGIN, &report);
   ASSERT_OK(v18.status());
-  EXPECT_EQ((*v18)->minor(), 8u);
+  EXPECT_EQ((*v18)->minor(), 9u);  // the echo family is built at the current minor (1.9)
   ASSERT_EQ((*v18)->switches().size(), 1u);
   const v1::ModelSwitch& knob = (*v18)->switches()[0];
   EXPECT_EQ(knob.name(), "TEST_FAMILY_KNOB");

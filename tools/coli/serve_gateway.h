@@ -370,9 +370,9 @@ class Gateway {
   // as the host would) and the first token's text; a host error as it would fail the request.
   grpc::Status PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,
                            std::string* first_token_text);
-  // vLLM's prompt_logprobs asks the host for this many alternatives whatever its k: the prompt
-  // token's rank (how many tokens are at least as likely, vLLM's count) is then exact whenever
-  // the token is among them, and null beyond (the plugin ABI reports no rank).
+  // vLLM's prompt_logprobs asks the host for this many alternatives whatever its k: a plugin older
+  // than ABI 1.9 reports no rank, and the prompt token's rank (how many tokens are at least as
+  // likely, vLLM's count) is then known from them whenever the token is among them.
   static constexpr int32_t kRankDepth = 20;
   // Chat's prompt_logprobs: the rendered prompt's entries, read by a prompt-only Generate of its
   // ids (the Chat call has no prompt logprobs; the prompt is read twice).

@@ -598,25 +598,31 @@ Json VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top,
   for (const v1::TokenLogprobs& e : entries) {
     const v1::TokenLogprob& token = e.sampled();
     // vLLM's rank: how many tokens have a logprob at least the prompt token's, itself included.
-    // The alternatives are the most likely, descending: when one of them is less likely than the
-    // prompt token, every token at least as likely is among them; otherwise (the token is not
-    // among them, or ties their last) the count is not known here.
-    int64_t at_least = 0;
-    bool listed = false;
-    for (const v1::TokenLogprob& t : e.top()) {
-      at_least += t.logprob() >= token.logprob();
-      listed = listed || t.id() == token.id();
+    // The plugin counts it over the vocabulary (ABI 1.9: rank > 0). Otherwise the alternatives
+    // (the most likely, descending) tell it when one of them is less likely than the prompt
+    // token, as every token at least as likely is then among them; it is null when they cannot
+    // (the token is not among them, or ties their last).
+    Json rank = nullptr;
+    if (token.rank() > 0) {
+      rank = token.rank();
+    } else {
+      int64_t at_least = 0;
+      bool listed = false;
+      for (const v1::TokenLogprob& t : e.top()) {
+        at_least += t.logprob() >= token.logprob();
+        listed = listed || t.id() == token.id();
+      }
+      if (at_least < e.top_size() || e.top_size() >= vocab_size) {
+        rank = at_least + (listed ? 0 : 1);
+      }
     }
-    const bool whole_vocabulary = e.top_size() >= vocab_size;
-    const bool known = at_least < e.top_size() || whole_vocabulary;
     Json position = Json::object();
     auto entry = [](const v1::TokenLogprob& t, Json rank) {
       return Json{{"logprob", t.logprob()},
                   {"rank", std::move(rank)},
                   {"decoded_token", tok::ReplaceInvalidUtf8(t.text())}};
     };
-    position[std::to_string(token.id())] =
-        entry(token, known ? Json(at_least + (listed ? 0 : 1)) : Json(nullptr));
+    position[std::to_string(token.id())] = entry(token, std::move(rank));
     for (int k = 0; k < e.top_size() && k < top; ++k) {
       const std::string key = std::to_string(e.top(k).id());
       if (position.contains(key)) {

@@ -129,8 +129,9 @@ class StopFilter {
 // "decoded_token"}}, the prompt token first, then the `top` most likely with ranks 1..top; a
 // prompt token among those keeps its first place and takes its rank there, as vLLM's dict
 // overwrite does. The prompt token's own rank is vLLM's count of tokens whose logprob is at least
-// its own (itself included, so ties count): known when an alternative is less likely than it, or
-// when the alternatives cover the whole vocabulary of `vocab_size` tokens; null otherwise.
+// its own (itself included, so ties count): the plugin's (TokenLogprob.rank, ABI 1.9), else
+// counted from the alternatives when one is less likely than it or they cover the whole
+// vocabulary of `vocab_size` tokens, else null.
 // decoded_token is the token's bytes with U+FFFD for a partial character.
 Json VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top, int64_t vocab_size);
 

@@ -41,6 +41,15 @@ TEST(Sampling, LogprobsAreLogSoftmax) {
   EXPECT_EQ(TopLogprobs(l, 10).size(), 4u);
 }
 
+TEST(Sampling, LogprobRankCountsEveryTokenAtLeastAsLikely) {
+  const std::vector<float> l = {1.0f, 2.0f, 3.0f, 3.0f, -1.0f};
+  EXPECT_EQ(LogprobRank(l, 2), 2);  // ties 3: both count (vLLM's >=), lower id or not
+  EXPECT_EQ(LogprobRank(l, 3), 2);
+  EXPECT_EQ(LogprobRank(l, 1), 3);
+  EXPECT_EQ(LogprobRank(l, 0), 4);
+  EXPECT_EQ(LogprobRank(l, 4), 5);
+}
+
 TEST(Sampling, SeedMakesSamplingReproducible) {
   std::vector<float> l(50);
   for (int i = 0; i < 50; ++i) l[i] = std::sin(i * 0.7f);
