@@ -87,8 +87,9 @@ absl::Status LatentMoeForward(const Config& cfg, const MoeWeights& w, int layer,
   }
   if (shared_on_device) {
     shared_thread = std::thread([&] {
-      shared_status = shared_device->ComputeShared(layer, w.shared_gate.view(), w.shared_up.view(),
-                                                   w.shared_down.view(), x, n, sh.data());
+      shared_status =
+          shared_device->ComputeShared(layer, w.shared_gate.view(), w.shared_up.view(),
+                                       w.shared_down.view(), x, n, c.matmul.idot, sh.data());
     });
   }
   // 1–3. Router and selection per row.

@@ -86,11 +86,12 @@ class DeviceSharedExperts {
   // True when the shared experts of this call (n rows of decoder layer `layer`) go to the device.
   virtual bool TakesShared(int layer, int n) = 0;
   // y [n, D] = down · SiTU(gate · x, up · x) for x [n, D], the matrices as the CPU holds them
-  // (valid for the model's life). Blocks until y is written.
+  // (valid for the model's life). `idot`: the numerics of the CPU's matmuls in this call
+  // (Compute::matmul.idot, K3_IDOT), which the device reproduces (with idot and int8 / int4
+  // matrices: the CPU's bits). Blocks until y is written.
   virtual absl::Status ComputeShared(int layer, const kernels::MatrixView& gate,
-                                     const kernels::MatrixView& up,
-                                     const kernels::MatrixView& down, const float* x, int n,
-                                     float* y) = 0;
+                                     const kernels::MatrixView& up, const kernels::MatrixView& down,
+                                     const float* x, int n, bool idot, float* y) = 0;
   // The layer's matrices, from a call whose shared experts stay on the CPU; must not block.
   virtual void PrefetchShared(int layer, const kernels::MatrixView& gate,
                               const kernels::MatrixView& up, const kernels::MatrixView& down) = 0;

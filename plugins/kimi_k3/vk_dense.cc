@@ -103,7 +103,7 @@ absl::StatusOr<VkDenseExperts::Layer*> VkDenseExperts::Upload(
 
 absl::Status VkDenseExperts::Compute(int layer, const kernels::MatrixView& gate,
                                      const kernels::MatrixView& up, const kernels::MatrixView& down,
-                                     const float* x, int n, float* y) {
+                                     const float* x, int n, bool idot, float* y) {
   const std::string what = absl::StrCat("Vulkan shared experts of layer ", layer);
   Layer* resident = nullptr;
   {
@@ -133,7 +133,8 @@ absl::Status VkDenseExperts::Compute(int layer, const kernels::MatrixView& gate,
     COLI_ASSIGN_OR_RETURN(resident, Upload(layer, views));
   }
   const absl::Status status = Annotate(
-      vk_->DenseGlu(*resident->m[0], *resident->m[1], *resident->m[2], x, n, beta1_, beta2_, y),
+      vk_->DenseGlu(*resident->m[0], *resident->m[1], *resident->m[2], x, n, beta1_, beta2_, y,
+                    idot ? vulkan::MatmulNumerics::kIdot : vulkan::MatmulNumerics::kFloat),
       what);
   std::lock_guard<std::mutex> lock(mu_);
   if (!status.ok()) {

@@ -3,16 +3,16 @@
 //
 //   VkDenseExperts dense(&vk, cfg.situ_beta, cfg.situ_linear_beta);   // vk outlives it
 //   if (dense.Takes(layer, n))                                          // any n >= 1
-//     COLI_RETURN_IF_ERROR(dense.Compute(layer, gate, up, down, x, n, sh));  // else: the CPU
+//     COLI_RETURN_IF_ERROR(dense.Compute(layer, gate, up, down, x, n, idot, sh));  // else: CPU
 //
 // Design.
 // * What runs there: per MoE layer, sh = Wdown · SiTU(Wgate x, Wup x) (spec §3.6 step 7, the
-//   shared SiTU-GLU, S = 2·3072, D = 7168 on K3), as ONE submission (VulkanContext::DenseGlu),
+//   shared SiTU-GLU, S = 2·3072, D = 7168 on K3) by VulkanContext::DenseGlu (Numerics below),
 //   for every pass: decode, batched decode, speculative verify chunks and prefill chunks alike.
-//   The device's sums differ from the CPU's in their last bits, so a row must be computed on
-//   the same side however the passes are cut, or chunking, checkpoints, the prefix cache,
-//   speculative decoding and batching would change answers (they did while passes of more than
-//   8 rows stayed on the CPU). KDA, MLA, the latent projections, the router and the head always
+//   The device's f32 sums (K3_IDOT=0, f32 matrices) differ from the CPU's in their last bits,
+//   so a row must be computed on the same side however the passes are cut, or chunking,
+//   checkpoints, the prefix cache, speculative decoding and batching would change answers (they
+//   did while passes of more than 8 rows stayed on the CPU). KDA, MLA, the latent projections, the router and the head always
 //   stay on the CPU.
 // * Bytes: the three matrices exactly as the CPU holds them after K3_BITS (int4-g64 biased
 //   nibbles + f32 group scales, int8 + f32 row scales, or f32), uploaded once per layer
@@ -22,9 +22,14 @@
 //   Device bytes are what the device allocated (Stats().bytes), not counted against
 //   COLI_VK_TIER_GB. The views must stay valid while this object lives (the model's weights outlive
 //   its expert source, which owns this object).
-// * Numerics: the device's f32-activation math equals the CPU's exact-float kernels (K3_IDOT=0)
-//   up to summation order (rel-L2 ~2e-7 per matrix on lavapipe). With K3_IDOT=1 the CPU uses int8
-//   activations instead, so the device is the more exact of the two.
+// * Numerics: the device computes with the call's numerics (Compute's idot, the CPU's K3_IDOT).
+//   K3_IDOT=1 (the default): int8 and int4-g64 matrices run the CPU's integer-dot kernels bit
+//   for bit (VulkanContext::DenseGlu with MatmulNumerics::kIdot: gate and up, SiTU-GLU on the
+//   host, down; two submissions), so the shared experts give the CPU's logits byte for byte.
+//   f32 matrices (K3_BITS=32) have no integer path on the CPU either; they, and everything under
+//   K3_IDOT=0, use f32 activations: the CPU's exact-float kernels up to summation order (rel-L2
+//   ~2e-7 per matrix on lavapipe). A device without shaderInt64 fails its first idot call and
+//   the dense path turns off (the CPU's bits from then on).
 // * Failures: an upload refused for device memory (RESOURCE_EXHAUSTED) stops uploads (one log
 //   line): layers already resident keep running there, the others stay on the CPU. Any other
 //   upload error or a failed submission disables the dense path (one log line; the device
@@ -86,9 +91,9 @@ class VkDenseExperts {
   bool Takes(int layer, int n) const;
   // y [n, D] = down · SiTU(gate · x, up · x) on the device, uploading the layer's matrices at
   // its first call (again if the views' data moved; after a pending Prefetch of the layer ends).
-  // Errors as described above.
+  // `idot`: the CPU's numerics of the call (Numerics above). Errors as described above.
   absl::Status Compute(int layer, const kernels::MatrixView& gate, const kernels::MatrixView& up,
-                       const kernels::MatrixView& down, const float* x, int n, float* y);
+                       const kernels::MatrixView& down, const float* x, int n, bool idot, float* y);
   // Queues the upload of a layer not resident yet for the upload thread (started at the first
   // call), so a later device call finds it there. Does nothing when the layer is resident or
   // queued, uploads stopped or the path is off. Failures are handled as in Compute.

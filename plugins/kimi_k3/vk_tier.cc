@@ -510,11 +510,11 @@ bool VkExpertTier::TakesShared(int layer, int n) {
 absl::Status VkExpertTier::ComputeShared(int layer, const kernels::MatrixView& gate,
                                          const kernels::MatrixView& up,
                                          const kernels::MatrixView& down, const float* x, int n,
-                                         float* y) {
+                                         bool idot, float* y) {
   if (dense_ == nullptr) {
     return absl::FailedPreconditionError("Vulkan tier: the shared experts are on the CPU");
   }
-  return dense_->Compute(layer, gate, up, down, x, n, y);
+  return dense_->Compute(layer, gate, up, down, x, n, idot, y);
 }
 
 void VkExpertTier::PrefetchShared(int layer, const kernels::MatrixView& gate,

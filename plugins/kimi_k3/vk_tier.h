@@ -168,7 +168,7 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts, public Dev
   bool TakesShared(int layer, int n) override;
   absl::Status ComputeShared(int layer, const kernels::MatrixView& gate,
                              const kernels::MatrixView& up, const kernels::MatrixView& down,
-                             const float* x, int n, float* y) override;
+                             const float* x, int n, bool idot, float* y) override;
   void PrefetchShared(int layer, const kernels::MatrixView& gate, const kernels::MatrixView& up,
                       const kernels::MatrixView& down) override;
   // The shared experts' device part (null when they stay on the CPU).

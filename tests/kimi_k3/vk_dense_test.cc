@@ -18,11 +18,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/safetensors/safetensors.h"
 #include "common/status/status_matchers.h"
 #include "common/vk/vulkan_context.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plugins/kimi_k3/config.h"
+#include "plugins/kimi_k3/expert_source.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/vk_tier.h"
@@ -142,6 +144,62 @@ TEST_F(K3VkDenseTest, SharedExpertsOnTheDeviceMatchTheCpu) {
     std::printf("[dense bits %d chunk %d] worst logits rel-L2 vs CPU %.3g; %s", c.bits, c.chunk,
                 worst, VkTierReport(s).c_str());
   }
+}
+
+// K3_IDOT=1 (the default numerics) with COLI_VK_DENSE=1: int8 and int4-g64 shared experts on
+// the device run the CPU's integer-dot kernels bit for bit (DenseGlu with MatmulNumerics::kIdot,
+// SiTU-GLU on the host), so every step's logits equal the CPU-only run's byte for byte (before:
+// f32 activations on the device, other logits from the first pass). f32 shared experts have no
+// integer path on the CPU either: the device keeps its f32 shader, equal up to summation order.
+TEST_F(K3VkDenseTest, IdotSharedExpertsOnTheDeviceGiveTheCpuBits) {
+  for (const int bits : {4, 8, 32}) {
+    SCOPED_TRACE(absl::StrCat("K3_BITS=", bits, " K3_IDOT=1"));
+    ModelOptions o = Options(bits, 4);
+    o.idot = true;
+    ASSERT_OK_AND_ASSIGN(GreedyRun cpu, CpuRun(o));
+    VkExpertTier* tier = nullptr;
+    ASSERT_OK_AND_ASSIGN(auto model, VkModel(o, kVkDenseDevice, /*tier=*/false, &tier));
+    ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
+    const double worst = ExpectMatches(run, cpu, /*exact=*/bits != 32);
+    const VkTierStats s = tier->Stats();
+    EXPECT_EQ(s.dense.failures, 0u);
+    EXPECT_EQ(s.dense.calls, static_cast<uint64_t>(moe_layers_ * (3 + kGenerate)));
+    EXPECT_EQ(s.matmuls, 3 * s.dense.calls);
+    std::printf("[dense idot bits %d] worst logits rel-L2 vs CPU %.3g\n", bits, worst);
+  }
+}
+
+// A device without shaderInt64 cannot run the integer-dot shaders: under K3_IDOT=1 the dense
+// path's first call fails (UNIMPLEMENTED), it turns itself off, and that call and every later
+// one are the CPU's: the run is the CPU's bit for bit.
+TEST_F(K3VkDenseTest, IdotWithoutInt64FallsBackToTheCpuBits) {
+  ModelOptions o = Options(4, 4);
+  o.idot = true;
+  ASSERT_OK_AND_ASSIGN(GreedyRun cpu, CpuRun(o));
+  VkTierOptions to;
+  to.tier = false;
+  to.budget_gb = 0;
+  to.dense = kVkDenseDevice;
+  VkExpertTier* tier = nullptr;
+  auto factory = [&](st::Snapshot& snapshot, const Config& cfg, const std::string& prefix,
+                     int num_layers) -> absl::StatusOr<std::unique_ptr<ExpertSource>> {
+    COLI_ASSIGN_OR_RETURN(
+        auto vk, vulkan::VulkanContext::Create(vulkan::VulkanContextOptions{.use_int64 = false}));
+    COLI_ASSIGN_OR_RETURN(auto pread, PreadExpertSource::Create(snapshot, cfg, prefix, num_layers));
+    COLI_ASSIGN_OR_RETURN(auto t, VkExpertTier::Create(std::move(vk), std::move(pread), snapshot,
+                                                       cfg, prefix, num_layers, to));
+    tier = t.get();
+    return std::unique_ptr<ExpertSource>(std::move(t));
+  };
+  ASSERT_OK_AND_ASSIGN(auto model, Model::Load(FixtureDir(), o, nullptr, factory));
+  ASSERT_FALSE(tier->context().supports_idot());
+  ASSERT_OK_AND_ASSIGN(GreedyRun run, Greedy(*model));
+  ExpectMatches(run, cpu, /*exact=*/true);
+  const VkTierStats s = tier->Stats();
+  EXPECT_TRUE(s.dense.disabled);
+  EXPECT_EQ(s.dense.failures, 1u);
+  EXPECT_EQ(s.dense.calls, 0u);
+  EXPECT_EQ(s.matmuls, 0u);
 }
 
 // Where a row's shared experts are computed must not depend on how many rows share its pass:
