@@ -3,6 +3,8 @@
 // COLI_VULKAN, K3_VK, COLI_VK_TIER_GB, … into them) reach plugin_entry.cc, which opens the
 // device and wraps the streaming store in the tier. With K3_IDOT=0 the greedy tokens equal the
 // plugin without the tier; the vk_* family stats move. Tiny fixture (build/fixtures/k3_tiny).
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/status/status_matchers.h"
 #include "common/vk/vulkan_context.h"
 #include "gmock/gmock.h"
@@ -130,9 +133,10 @@ TEST_F(K3VkTierPluginTest, IdotTierKeepsTheCpuBitsThroughThePlugin) {
     ASSERT_OK(vk.status());
     if (!(*vk)->supports_idot()) GTEST_SKIP() << (*vk)->device_name() << " has no shaderInt64";
   }
-  const std::string dir = ::testing::TempDir();
-  const std::string cpu_path = dir + "/vk_idot_cpu_logits.f32";
-  const std::string vk_path = dir + "/vk_idot_tier_logits.f32";
+  // Per process: ctest runs the staging.* twin of this test at the same time (-j).
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/", getpid());
+  const std::string cpu_path = dir + "_vk_idot_cpu_logits.f32";
+  const std::string vk_path = dir + "_vk_idot_tier_logits.f32";
   auto open = [&](const Extra& extra, const std::string& logits) {
     return TryOpen(extra, -1, [&logits](coli_model_options_t* o) {
       ASSERT_EQ(o->idot, 1);  // the default
@@ -166,6 +170,55 @@ TEST_F(K3VkTierPluginTest, IdotTierKeepsTheCpuBitsThroughThePlugin) {
     hits = Stats(s)["vk_tier_hits"];
   }
   EXPECT_GT(hits, 0);  // the second conversation found promoted experts resident
+  std::remove(cpu_path.c_str());
+  std::remove(vk_path.c_str());
+}
+
+// K3_IDOT=1 with the shared experts on the device (COLI_VK_DENSE=1, COLI_VK_TIER=0), at the
+// plugin's K3_BITS (int4-g64 shared experts): the integer-dot dense path gives the CPU's bits, so
+// the K3_LOGITS dump equals the CPU plugin's byte for byte and the sampled tokens and logprobs
+// (temperature 0.8, seeded) are the same. Before, the device's f32 activations changed them.
+TEST_F(K3VkTierPluginTest, IdotDenseKeepsTheCpuBitsThroughThePlugin) {
+  if (!HaveVulkan()) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+  }
+  {
+    auto vk = vulkan::VulkanContext::Create();
+    ASSERT_OK(vk.status());
+    if (!(*vk)->supports_idot()) GTEST_SKIP() << (*vk)->device_name() << " has no shaderInt64";
+  }
+  // Per process: ctest runs the staging.* twin of this test at the same time (-j).
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/", getpid());
+  const std::string cpu_path = dir + "_vk_dense_idot_cpu_logits.f32";
+  const std::string vk_path = dir + "_vk_dense_idot_logits.f32";
+  auto open = [&](const Extra& extra, const std::string& logits) {
+    return TryOpen(extra, -1, [&logits](coli_model_options_t* o) {
+      ASSERT_EQ(o->idot, 1);  // the default
+      o->chunk = 4;
+      o->logits_path = abi::Str(logits);
+    });
+  };
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  abi_test::Knobs knobs;
+  knobs.temperature = 0.8f;
+  knobs.logprobs = 5;
+  knobs.seed = 11;
+  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, open({}, cpu_path));
+  const std::vector<abi_test::Out> want = Fresh(cpu, kPrompt, kSteps, knobs);
+  const std::string want_logits = read(cpu_path);
+  ASSERT_GT(want_logits.size(), 0u);
+
+  ASSERT_OK_AND_ASSIGN(coli_model_t * vk,
+                       open({{"vulkan", "1"}, {"vk_tier", "0"}, {"vk_dense", "1"}}, vk_path));
+  coli_session_t* s = NewSession(vk);
+  Prefill(s, kPrompt, knobs.seed);
+  abi_test::ExpectSameOuts(Generate(s, kSteps, knobs), want);
+  EXPECT_TRUE(read(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
+  EXPECT_GT(Stats(s)["vk_dense_calls"], 0);
+  EXPECT_EQ(Stats(s)["vk_tier_hits"], 0);
   std::remove(cpu_path.c_str());
   std::remove(vk_path.c_str());
 }
