@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Smoke test: `coli bench vk --quick --json` prints one well-formed, self-consistent JSON object,
-and so does `coli bench vk --dense --quick --json` (the shared experts' block, COLI_VK_DENSE).
+and so does `coli bench vk --dense --quick --json` (the shared experts' block, COLI_VK_DENSE), with
+the exact-float numerics and with --idot (K3_IDOT=1: the CPU's bits, no output differing).
 
 Runs twice: as the device is (direct mapping on lavapipe) and with COLI_VK_STAGING=1 (staged
 device-local residency). Without any Vulkan device (`coli` exits 3) it skips (exit 77), unless
@@ -67,20 +68,22 @@ def check(coli, staging):
     return doc
 
 
-DENSE_TOP = {"device", "device_index", "staging", "mode", "hidden", "inner", "format",
+DENSE_TOP = {"device", "device_index", "staging", "mode", "hidden", "inner", "format", "numerics",
              "dense_device_bytes", "upload_gbs", "device_bw_bytes", "device_bw_gbs", "results"}
-DENSE_RESULT = {"rows", "seconds", "weight_gbs", "bw_ratio", "cpu_seconds", "speedup", "rel_l2"}
+DENSE_RESULT = {"rows", "seconds", "weight_gbs", "bw_ratio", "cpu_seconds", "speedup", "rel_l2",
+                "mismatches"}
 
 
-def check_dense(coli, staging):
+def check_dense(coli, staging, idot):
     env = dict(os.environ)
     env["COLI_VK_STAGING"] = "1" if staging else "0"
-    run = subprocess.run([coli, "bench", "vk", "--dense", "--quick", "--json"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = [coli, "bench", "vk", "--dense", "--quick", "--json"] + (["--idot"] if idot else [])
+    run = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert run.returncode == 0, (run.returncode, run.stderr.decode())
     doc = json.loads(run.stdout.decode())
     assert set(doc) == DENSE_TOP, sorted(set(doc) ^ DENSE_TOP)
     assert doc["mode"] == "dense" and doc["format"] == "int4g64", doc
+    assert doc["numerics"] == ("idot" if idot else "float"), doc
     if staging:
         assert doc["staging"] is True, doc
     h, i = doc["hidden"], doc["inner"]
@@ -96,8 +99,13 @@ def check_dense(coli, staging):
         assert close(r["weight_gbs"], doc["dense_device_bytes"] / r["seconds"] / 1e9), r
         assert close(r["bw_ratio"], r["weight_gbs"] / doc["device_bw_gbs"]), r
         assert close(r["speedup"], r["cpu_seconds"] / r["seconds"]), r
-        # The device computes the CPU's exact-float block up to summation order.
-        assert 0 <= r["rel_l2"] <= 1e-5, r
+        if idot:
+            # The integer-dot block is the CPU's bit for bit.
+            assert r["rel_l2"] == 0 and r["mismatches"] == 0, r
+        else:
+            # The device computes the CPU's exact-float block up to summation order.
+            assert 0 <= r["rel_l2"] <= 1e-5, r
+            assert 0 <= r["mismatches"] <= r["rows"] * h, r
     return doc
 
 
@@ -109,9 +117,12 @@ def main() -> int:
         print(f"ok: {doc['device']} staging={doc['staging']}: upload {doc['upload_gbs']:.2f} GB/s "
               f"(ratio {doc['upload_ratio']:.2f}), device bw {doc['device_bw_gbs']:.2f} GB/s, "
               f"chain {chain} GFLOPS")
-        dense = check_dense(coli, staging)
-        print(f"ok: dense staging={dense['staging']}: upload {dense['upload_gbs']:.2f} GB/s, "
-              f"rel-L2 {max(r['rel_l2'] for r in dense['results']):.2e}")
+        for idot in (False, True):
+            dense = check_dense(coli, staging, idot)
+            print(f"ok: dense {dense['numerics']} staging={dense['staging']}: upload "
+                  f"{dense['upload_gbs']:.2f} GB/s, "
+                  f"rel-L2 {max(r['rel_l2'] for r in dense['results']):.2e}, "
+                  f"{sum(r['mismatches'] for r in dense['results'])} outputs differ")
     return 0
 
 

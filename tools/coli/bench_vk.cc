@@ -27,19 +27,22 @@
 //                 "weight_gbs": num, "bw_ratio": num, "cpu_seconds": num, "cpu_gflops": num,
 //                 "speedup": num, "rel_l2": num}, ...]}
 //
-// `coli bench vk --dense [--json] [--quick] [--bits 4|8|32]`: the shared experts' block
+// `coli bench vk --dense [--json] [--quick] [--bits 4|8|32] [--idot]`: the shared experts' block
 // (COLI_VK_DENSE: VulkanContext::DenseGlu, gate and up [inner, hidden], SiTU-GLU, down
 // [hidden, inner]) on K3's shapes (hidden 7168, inner 2·3072; --quick: 256, 384), random weights
 // quantized by the CPU's own load-time code to int4-g64 (default), int8 or f32. Uploads
 // (UploadDenseBatch, best of 3) give upload_gbs; device_bw_gbs as in 2.; for rows = 1, 4, 8
 // (--quick: 1, 4; a decode pass) the best of 5 (3) submissions after a warm-up: seconds,
 // weight_gbs = dense_device_bytes / seconds, bw_ratio = weight_gbs / device_bw_gbs, and the CPU's
-// exact-float block after all device work: cpu_seconds, speedup, rel_l2 (worst row). One object:
+// block with the same numerics after all device work: cpu_seconds, speedup, rel_l2 (worst row),
+// mismatches (outputs whose bits differ). Numerics: exact-float (K3_IDOT=0) by default; --idot
+// the integer-dot block the model runs by default (K3_IDOT=1; DenseGlu with kIdot: gate and up,
+// SiTU-GLU on the host, down), the CPU's bits for int8 / int4 (mismatches 0). One object:
 //   {"device": str, "device_index": int, "staging": bool, "mode": "dense", "hidden": int,
-//    "inner": int, "format": str, "dense_device_bytes": int, "upload_gbs": num,
-//    "device_bw_bytes": int, "device_bw_gbs": num,
+//    "inner": int, "format": str, "numerics": "float" | "idot", "dense_device_bytes": int,
+//    "upload_gbs": num, "device_bw_bytes": int, "device_bw_gbs": num,
 //    "results": [{"rows": int, "seconds": num, "weight_gbs": num, "bw_ratio": num,
-//                 "cpu_seconds": num, "speedup": num, "rel_l2": num}, ...]}
+//                 "cpu_seconds": num, "speedup": num, "rel_l2": num, "mismatches": int}, ...]}
 // Exit status: 0 on success; 3 when there is no Vulkan device (message on stderr); 1 when a
 // device call fails; 2 for bad arguments.
 #include <algorithm>
@@ -113,19 +116,19 @@ int Fail(const absl::Status& status) {
 int Usage(std::FILE* out = stderr) {
   std::fprintf(out,
                "usage: coli bench vk [--json] [--quick] [--experts N]\n"
-               "       coli bench vk --dense [--json] [--quick] [--bits 4|8|32]\n");
+               "       coli bench vk --dense [--json] [--quick] [--bits 4|8|32] [--idot]\n");
   return 2;
 }
 
-// The CPU's exact-float SiTU-GLU block (an expert, or the shared experts) for `rows` rows of
-// x [rows, gate.cols] into y [rows, down.rows].
+// The CPU's SiTU-GLU block (an expert, or the shared experts) for `rows` rows of
+// x [rows, gate.cols] into y [rows, down.rows]: exact-float, or with `idot` the integer dots.
 absl::Status CpuGlu(const MatrixView& gate, const MatrixView& up, const MatrixView& down,
                     const float* x, int64_t rows, float* y, std::vector<float>& g,
-                    std::vector<float>& u) {
+                    std::vector<float>& u, bool idot = false) {
   const int64_t inter = gate.rows;
   g.resize(static_cast<size_t>(rows * inter));
   u.resize(static_cast<size_t>(rows * inter));
-  const kernels::MatmulOptions exact{.idot = false};
+  const kernels::MatmulOptions exact{.idot = idot};
   absl::Status s = kernels::Matmul(gate, x, rows, g.data(), exact);
   if (s.ok()) s = kernels::Matmul(up, x, rows, u.data(), exact);
   if (!s.ok()) return s;
@@ -173,10 +176,10 @@ std::unique_ptr<vulkan::VulkanContext> OpenDevice(int* exit_code) {
   return nullptr;
 }
 
-int RunBenchVkDense(bool json, bool quick, int bits);
+int RunBenchVkDense(bool json, bool quick, int bits, bool idot);
 
 int RunBenchVk(int argc, char** argv) {
-  bool json = false, quick = false, dense = false;
+  bool json = false, quick = false, dense = false, idot = false;
   int experts = 0, bits = 0;
   if (WantsHelp(argc, argv)) {
     Usage(stdout);
@@ -189,6 +192,8 @@ int RunBenchVk(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--dense")) {
       dense = true;
+    } else if (!std::strcmp(argv[i], "--idot")) {
+      idot = true;
     } else if (!std::strcmp(argv[i], "--bits") && i + 1 < argc) {
       bits = std::atoi(argv[++i]);
       if (bits != 4 && bits != 8 && bits != 32) return Usage();
@@ -202,9 +207,9 @@ int RunBenchVk(int argc, char** argv) {
   }
   if (dense) {
     if (experts != 0) return Usage();
-    return RunBenchVkDense(json, quick, bits == 0 ? 4 : bits);
+    return RunBenchVkDense(json, quick, bits == 0 ? 4 : bits, idot);
   }
-  if (bits != 0) return Usage();
+  if (bits != 0 || idot) return Usage();
   if (experts == 0) experts = quick ? 2 : 4;
   const int64_t latent = quick ? 256 : 3584, inter = quick ? 128 : 3072;
   const std::vector<int64_t> pair_counts = quick ? std::vector<int64_t>{1, 4}
@@ -379,7 +384,7 @@ int RunBenchVk(int argc, char** argv) {
   return 0;
 }
 
-int RunBenchVkDense(bool json, bool quick, int bits) {
+int RunBenchVkDense(bool json, bool quick, int bits, bool idot) {
   const int64_t hidden = quick ? 256 : 7168, inner = quick ? 384 : 6144;
   const std::vector<int64_t> row_counts = quick ? std::vector<int64_t>{1, 4}
                                                 : std::vector<int64_t>{1, 4, 8};
@@ -392,12 +397,14 @@ int RunBenchVkDense(bool json, bool quick, int bits) {
   const std::unique_ptr<vulkan::VulkanContext> opened = OpenDevice(&exit_code);
   if (opened == nullptr) return exit_code;
   vulkan::VulkanContext& vk = *opened;
+  const char* numerics = idot ? "idot" : "float";
   std::fprintf(stderr,
-               "coli bench vk --dense: %s (device %d), %s residency, hidden %lld, inner %lld, %s\n",
+               "coli bench vk --dense: %s (device %d), %s residency, hidden %lld, inner %lld, %s, "
+               "%s\n",
                vk.device_name().c_str(), vk.device_index(),
                vk.staging() ? "staged device-local" : "host-visible",
                static_cast<long long>(hidden), static_cast<long long>(inner),
-               kernels::WeightFormatName(format));
+               kernels::WeightFormatName(format), numerics);
 
   // Random weights (σ 0.02) in the CPU's own formats, as the model quantizes them at load.
   std::mt19937 rng(20261129);
@@ -438,6 +445,7 @@ int RunBenchVkDense(bool json, bool quick, int bits) {
   struct DenseResult {
     int64_t rows = 0;
     double seconds = 0, weight_gbs = 0, bw_ratio = 0, cpu_seconds = 0, speedup = 0, rel_l2 = 0;
+    int64_t mismatches = 0;
   };
   std::vector<DenseResult> results(row_counts.size());
   std::vector<std::vector<float>> xs(row_counts.size()), ys(row_counts.size());
@@ -450,8 +458,10 @@ int RunBenchVkDense(bool json, bool quick, int bits) {
     results[i].rows = rows;
     for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
       const auto t0 = Clock::now();
-      if (absl::Status s = vk.DenseGlu(*resident[0], *resident[1], *resident[2], xs[i].data(),
-                                       rows, kSituBeta, kSituLinearBeta, ys[i].data());
+      if (absl::Status s =
+              vk.DenseGlu(*resident[0], *resident[1], *resident[2], xs[i].data(), rows, kSituBeta,
+                          kSituLinearBeta, ys[i].data(),
+                          idot ? vulkan::MatmulNumerics::kIdot : vulkan::MatmulNumerics::kFloat);
           !s.ok()) {
         return Fail(s);
       }
@@ -466,7 +476,7 @@ int RunBenchVkDense(bool json, bool quick, int bits) {
     for (int rep = 0; rep <= reps; ++rep) {
       const auto t0 = Clock::now();
       if (absl::Status s =
-              CpuGlu(views[0], views[1], views[2], xs[i].data(), r.rows, y_cpu.data(), g, u);
+              CpuGlu(views[0], views[1], views[2], xs[i].data(), r.rows, y_cpu.data(), g, u, idot);
           !s.ok()) {
         return Fail(s);
       }
@@ -474,6 +484,9 @@ int RunBenchVkDense(bool json, bool quick, int bits) {
       if (rep == 1 || (rep > 1 && t < r.cpu_seconds)) r.cpu_seconds = t;
     }
     r.rel_l2 = WorstRowRelL2(ys[i].data(), y_cpu.data(), r.rows, hidden);
+    for (size_t k = 0; k < y_cpu.size(); ++k) {
+      r.mismatches += std::memcmp(&ys[i][k], &y_cpu[k], sizeof(float)) != 0 ? 1 : 0;
+    }
     r.weight_gbs = static_cast<double>(device_bytes) / r.seconds / 1e9;
     r.bw_ratio = r.weight_gbs / device_bw_gbs;
     r.speedup = r.cpu_seconds / r.seconds;
@@ -482,36 +495,39 @@ int RunBenchVkDense(bool json, bool quick, int bits) {
   if (json) {
     std::printf(
         "{\"device\": \"%s\", \"device_index\": %d, \"staging\": %s, \"mode\": \"dense\", "
-        "\"hidden\": %lld, \"inner\": %lld, \"format\": \"%s\", \"dense_device_bytes\": %llu, "
+        "\"hidden\": %lld, \"inner\": %lld, \"format\": \"%s\", \"numerics\": \"%s\", "
+        "\"dense_device_bytes\": %llu, "
         "\"upload_gbs\": %.6g, \"device_bw_bytes\": %llu, \"device_bw_gbs\": %.6g, \"results\": [",
-        JsonEscaped(vk.device_name()).c_str(), vk.device_index(),
-        vk.staging() ? "true" : "false", static_cast<long long>(hidden),
-        static_cast<long long>(inner), kernels::WeightFormatName(format),
-        static_cast<unsigned long long>(device_bytes), upload_gbs,
-        static_cast<unsigned long long>(bw_bytes), device_bw_gbs);
+        JsonEscaped(vk.device_name()).c_str(), vk.device_index(), vk.staging() ? "true" : "false",
+        static_cast<long long>(hidden), static_cast<long long>(inner),
+        kernels::WeightFormatName(format), numerics, static_cast<unsigned long long>(device_bytes),
+        upload_gbs, static_cast<unsigned long long>(bw_bytes), device_bw_gbs);
     for (size_t i = 0; i < results.size(); ++i) {
       const DenseResult& r = results[i];
       std::printf(
           "%s{\"rows\": %lld, \"seconds\": %.6g, \"weight_gbs\": %.6g, \"bw_ratio\": %.6g, "
-          "\"cpu_seconds\": %.6g, \"speedup\": %.6g, \"rel_l2\": %.6g}",
+          "\"cpu_seconds\": %.6g, \"speedup\": %.6g, \"rel_l2\": %.6g, \"mismatches\": %lld}",
           i ? ", " : "", static_cast<long long>(r.rows), r.seconds, r.weight_gbs, r.bw_ratio,
-          r.cpu_seconds, r.speedup, r.rel_l2);
+          r.cpu_seconds, r.speedup, r.rel_l2, static_cast<long long>(r.mismatches));
     }
     std::printf("]}\n");
     return 0;
   }
   std::printf("device: %s (index %d), %s residency\n", vk.device_name().c_str(),
               vk.device_index(), vk.staging() ? "staged device-local" : "host-visible");
-  std::printf("shared experts: hidden %lld, inner %lld, %s, %.1f MB on the device; upload %.2f "
-              "GB/s; device memory %.2f GB/s\n\n",
-              static_cast<long long>(hidden), static_cast<long long>(inner),
-              kernels::WeightFormatName(format), device_bytes / 1e6, upload_gbs, device_bw_gbs);
-  std::printf("| rows | ms      | weight GB/s | bw_ratio | CPU ms  | speedup | rel-L2  |\n");
-  std::printf("|------|---------|-------------|----------|---------|---------|---------|\n");
+  std::printf(
+      "shared experts: hidden %lld, inner %lld, %s, %s numerics, %.1f MB on the device; "
+      "upload %.2f GB/s; device memory %.2f GB/s\n\n",
+      static_cast<long long>(hidden), static_cast<long long>(inner),
+      kernels::WeightFormatName(format), numerics, device_bytes / 1e6, upload_gbs, device_bw_gbs);
+  std::printf(
+      "| rows | ms      | weight GB/s | bw_ratio | CPU ms  | speedup | rel-L2  | bits differ |\n");
+  std::printf(
+      "|------|---------|-------------|----------|---------|---------|---------|-------------|\n");
   for (const DenseResult& r : results) {
-    std::printf("| %4lld | %7.2f | %11.2f | %8.3f | %7.2f | %7.2f | %7.1e |\n",
+    std::printf("| %4lld | %7.2f | %11.2f | %8.3f | %7.2f | %7.2f | %7.1e | %11lld |\n",
                 static_cast<long long>(r.rows), r.seconds * 1e3, r.weight_gbs, r.bw_ratio,
-                r.cpu_seconds * 1e3, r.speedup, r.rel_l2);
+                r.cpu_seconds * 1e3, r.speedup, r.rel_l2, static_cast<long long>(r.mismatches));
   }
   return 0;
 }
@@ -520,8 +536,8 @@ int RunBenchVkDense(bool json, bool quick, int bits) {
 
 COLI_REGISTER_BENCH(vk, "vk",
                     "Vulkan expert tier: uploads, expert chain vs device bandwidth and the CPU "
-                    "[--json] [--quick] [--experts N]; --dense [--bits 4|8|32]: the shared "
-                    "experts' block (COLI_VK_DENSE)",
+                    "[--json] [--quick] [--experts N]; --dense [--bits 4|8|32] [--idot]: the "
+                    "shared experts' block (COLI_VK_DENSE)",
                     RunBenchVk);
 
 }  // namespace coli::cli
