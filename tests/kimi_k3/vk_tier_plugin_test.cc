@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status/status.h"
 #include "common/status/status_matchers.h"
 #include "common/vk/vulkan_context.h"
 #include "gmock/gmock.h"
@@ -52,6 +53,28 @@ class K3VkTierPluginTest : public abi_test::PluginAbiTest {
   static bool HaveVulkan() {
     auto vk = vulkan::VulkanContext::Create();
     return vk.ok() || vk.status().code() != absl::StatusCode::kUnavailable;
+  }
+  // The idot tests' common part. Why the device cannot run the integer-dot shaders ("" when it
+  // can; a device that does not open is an error).
+  static absl::StatusOr<std::string> IdotUnsupported() {
+    COLI_ASSIGN_OR_RETURN(auto vk, vulkan::VulkanContext::Create());
+    return vk->supports_idot() ? "" : vk->device_name() + " has no shaderInt64";
+  }
+  // A K3_LOGITS path of this process: ctest runs each test's staging.* twin at the same time (-j).
+  static std::string LogitsPath(const std::string& name) {
+    return absl::StrCat(::testing::TempDir(), "/", getpid(), "_", name, "_logits.f32");
+  }
+  // The fixture with K3_IDOT=1 (the default), prefill chunk 4, `extra`, its logits dumped there.
+  absl::StatusOr<coli_model_t*> OpenIdot(const Extra& extra, const std::string& logits) {
+    return TryOpen(extra, -1, [&logits](coli_model_options_t* o) {
+      ASSERT_EQ(o->idot, 1);  // the default
+      o->chunk = 4;
+      o->logits_path = abi::Str(logits);
+    });
+  }
+  static std::string ReadAll(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
 };
 
@@ -128,45 +151,29 @@ TEST_F(K3VkTierPluginTest, IdotTierKeepsTheCpuBitsThroughThePlugin) {
   if (!HaveVulkan()) {
     COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
   }
-  {
-    auto vk = vulkan::VulkanContext::Create();
-    ASSERT_OK(vk.status());
-    if (!(*vk)->supports_idot()) GTEST_SKIP() << (*vk)->device_name() << " has no shaderInt64";
-  }
-  // Per process: ctest runs the staging.* twin of this test at the same time (-j).
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/", getpid());
-  const std::string cpu_path = dir + "_vk_idot_cpu_logits.f32";
-  const std::string vk_path = dir + "_vk_idot_tier_logits.f32";
-  auto open = [&](const Extra& extra, const std::string& logits) {
-    return TryOpen(extra, -1, [&logits](coli_model_options_t* o) {
-      ASSERT_EQ(o->idot, 1);  // the default
-      o->chunk = 4;
-      o->logits_path = abi::Str(logits);
-    });
-  };
-  auto read = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  };
+  ASSERT_OK_AND_ASSIGN(const std::string why, IdotUnsupported());
+  if (!why.empty()) GTEST_SKIP() << why;
+  const std::string cpu_path = LogitsPath("vk_idot_cpu");
+  const std::string vk_path = LogitsPath("vk_idot_tier");
   abi_test::Knobs knobs;
   knobs.temperature = 0.8f;
   knobs.logprobs = 5;
   knobs.seed = 7;
-  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, open({}, cpu_path));
+  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, OpenIdot({}, cpu_path));
   const std::vector<abi_test::Out> want = Fresh(cpu, kPrompt, kSteps, knobs);
-  const std::string want_logits = read(cpu_path);
+  const std::string want_logits = ReadAll(cpu_path);
   ASSERT_GT(want_logits.size(), 0u);
 
   ASSERT_OK_AND_ASSIGN(
       coli_model_t * vk,
-      open({{"vulkan", "1"}, {"vk_tier_gb", "0.000697"}, {"vk_up", "8"}}, vk_path));
+      OpenIdot({{"vulkan", "1"}, {"vk_tier_gb", "0.000697"}, {"vk_up", "8"}}, vk_path));
   double hits = 0;
   for (int conversation = 0; conversation < 2; ++conversation) {
     SCOPED_TRACE(::testing::Message() << "conversation " << conversation);
     coli_session_t* s = NewSession(vk);
     Prefill(s, kPrompt, knobs.seed);
     abi_test::ExpectSameOuts(Generate(s, kSteps, knobs), want);
-    EXPECT_TRUE(read(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
+    EXPECT_TRUE(ReadAll(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
     hits = Stats(s)["vk_tier_hits"];
   }
   EXPECT_GT(hits, 0);  // the second conversation found promoted experts resident
@@ -182,41 +189,25 @@ TEST_F(K3VkTierPluginTest, IdotDenseKeepsTheCpuBitsThroughThePlugin) {
   if (!HaveVulkan()) {
     COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
   }
-  {
-    auto vk = vulkan::VulkanContext::Create();
-    ASSERT_OK(vk.status());
-    if (!(*vk)->supports_idot()) GTEST_SKIP() << (*vk)->device_name() << " has no shaderInt64";
-  }
-  // Per process: ctest runs the staging.* twin of this test at the same time (-j).
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/", getpid());
-  const std::string cpu_path = dir + "_vk_dense_idot_cpu_logits.f32";
-  const std::string vk_path = dir + "_vk_dense_idot_logits.f32";
-  auto open = [&](const Extra& extra, const std::string& logits) {
-    return TryOpen(extra, -1, [&logits](coli_model_options_t* o) {
-      ASSERT_EQ(o->idot, 1);  // the default
-      o->chunk = 4;
-      o->logits_path = abi::Str(logits);
-    });
-  };
-  auto read = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  };
+  ASSERT_OK_AND_ASSIGN(const std::string why, IdotUnsupported());
+  if (!why.empty()) GTEST_SKIP() << why;
+  const std::string cpu_path = LogitsPath("vk_dense_idot_cpu");
+  const std::string vk_path = LogitsPath("vk_dense_idot");
   abi_test::Knobs knobs;
   knobs.temperature = 0.8f;
   knobs.logprobs = 5;
   knobs.seed = 11;
-  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, open({}, cpu_path));
+  ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, OpenIdot({}, cpu_path));
   const std::vector<abi_test::Out> want = Fresh(cpu, kPrompt, kSteps, knobs);
-  const std::string want_logits = read(cpu_path);
+  const std::string want_logits = ReadAll(cpu_path);
   ASSERT_GT(want_logits.size(), 0u);
 
   ASSERT_OK_AND_ASSIGN(coli_model_t * vk,
-                       open({{"vulkan", "1"}, {"vk_tier", "0"}, {"vk_dense", "1"}}, vk_path));
+                       OpenIdot({{"vulkan", "1"}, {"vk_tier", "0"}, {"vk_dense", "1"}}, vk_path));
   coli_session_t* s = NewSession(vk);
   Prefill(s, kPrompt, knobs.seed);
   abi_test::ExpectSameOuts(Generate(s, kSteps, knobs), want);
-  EXPECT_TRUE(read(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
+  EXPECT_TRUE(ReadAll(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
   EXPECT_GT(Stats(s)["vk_dense_calls"], 0);
   EXPECT_EQ(Stats(s)["vk_tier_hits"], 0);
   std::remove(cpu_path.c_str());

@@ -23,6 +23,7 @@
 #include "common/vk/vulkan_context.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/vk/idot_test_util.h"
 #include "tests/common/vk/require_vulkan.h"
 
 namespace coli::vulkan {
@@ -30,25 +31,12 @@ namespace {
 
 using ::coli::testing::IsOk;
 using ::coli::testing::StatusIs;
+using idot_test::Mismatches;
+using idot_test::RandomActivations;
+using idot_test::SameValue;
 using kernels::MatrixView;
 using kernels::WeightFormat;
 using ::testing::HasSubstr;
-
-// A context that can run the idot kernels, or a skip when the machine has no Vulkan device at
-// all (a failure under COLI_REQUIRE_VULKAN=1); a device without shaderInt64 skips, saying so.
-#define COLI_IDOT_CONTEXT_OR_SKIP(ctx, options)                                              \
-  std::unique_ptr<VulkanContext> ctx;                                                        \
-  {                                                                                          \
-    absl::StatusOr<std::unique_ptr<VulkanContext>> created = VulkanContext::Create(options); \
-    if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) {        \
-      COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device: " << created.status();        \
-    }                                                                                        \
-    ASSERT_THAT(created, IsOk());                                                            \
-    ctx = std::move(created).value();                                                        \
-    if (!ctx->supports_idot() && (options).use_int64) {                                      \
-      GTEST_SKIP() << ctx->device_name() << " has no shaderInt64";                           \
-    }                                                                                        \
-  }
 
 // A dense matrix in the kernels.h layout, owning its bytes.
 struct DenseMatrix {
@@ -84,49 +72,6 @@ DenseMatrix RandomDense(WeightFormat format, int64_t rows, int64_t cols, int spr
   return m;
 }
 
-// A magnitude of 2^k per 64-group (k uniform in [−spread, spread]), an all-zero group now and
-// then (the quantizer's 1e-20 scale floor) and single exact zeros.
-std::vector<float> RandomActivations(int64_t batch, int64_t cols, int spread, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> power(-spread, spread);
-  std::uniform_int_distribution<int> pick(0, 15);
-  std::vector<float> x(static_cast<size_t>(batch * cols));
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t g = 0; g < cols; g += 64) {
-      const float scale = std::ldexp(1.0f, power(rng));
-      const bool zero_group = pick(rng) == 0;
-      for (int64_t c = g; c < std::min<int64_t>(cols, g + 64); ++c) {
-        x[b * cols + c] = zero_group || pick(rng) == 0 ? 0.0f : normal(rng) * scale;
-      }
-    }
-  }
-  return x;
-}
-
-// Same bits, or both NaN (the device makes NaNs, not the CPU's NaN payloads).
-bool SameValue(float a, float b) {
-  if (std::isnan(a) && std::isnan(b)) return true;
-  return std::memcmp(&a, &b, sizeof(float)) == 0;
-}
-
-// Elements that differ from the CPU's; prints the first few.
-int64_t Mismatches(const std::vector<float>& got, const std::vector<float>& want,
-                   const std::string& what) {
-  EXPECT_EQ(got.size(), want.size()) << what;
-  int64_t bad = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    if (SameValue(got[i], want[i])) continue;
-    if (++bad <= 3) {
-      uint32_t a, b;
-      std::memcpy(&a, &got[i], 4);
-      std::memcpy(&b, &want[i], 4);
-      ADD_FAILURE() << what << " element " << i << ": device " << got[i] << " (0x" << std::hex << a
-                    << ") cpu " << want[i] << " (0x" << b << std::dec << ")";
-    }
-  }
-  return bad;
-}
-
 std::vector<float> CpuMatmul(const MatrixView& w, const std::vector<float>& x, int64_t batch,
                              bool idot) {
   std::vector<float> y(static_cast<size_t>(batch * w.rows), NAN);
@@ -149,7 +94,7 @@ int64_t CompareShapes(VulkanContext& vk, WeightFormat format, const std::vector<
       EXPECT_THAT(dm, IsOk());
       if (!dm.ok()) return mismatches + 1;
       for (int64_t batch : {1, 3, 8, 11}) {
-        const std::vector<float> x = RandomActivations(batch, cols, x_spread, rng);
+        const std::vector<float> x = RandomActivations(batch, cols, 64, x_spread, rng);
         std::vector<float> y(static_cast<size_t>(batch * rows), NAN);
         EXPECT_THAT(vk.DenseMatmul(**dm, x.data(), batch, y.data(), MatmulNumerics::kIdot), IsOk());
         mismatches += Mismatches(y, CpuMatmul(m.view(), x, batch, /*idot=*/true),
@@ -203,7 +148,7 @@ TEST(VulkanDenseIdot, MatchesCpuOnSharedExpertShapes) {
                                           s.cols, "] batch ", s.batch);
     const DenseMatrix m = RandomDense(s.format, s.rows, s.cols, 4, rng);
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceDenseMatrix> dm, vk->UploadDense(m.view()));
-    const std::vector<float> x = RandomActivations(s.batch, s.cols, 4, rng);
+    const std::vector<float> x = RandomActivations(s.batch, s.cols, 64, 4, rng);
     const std::vector<float> want = CpuMatmul(m.view(), x, s.batch, /*idot=*/true);
     std::vector<float> y(want.size(), NAN), f(want.size(), NAN);
     ASSERT_THAT(vk->DenseMatmul(*dm, x.data(), s.batch, y.data(), MatmulNumerics::kIdot), IsOk());
@@ -253,7 +198,7 @@ TEST(VulkanDenseIdot, ExtremeScalesRoundLikeTheCpu) {
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceDenseMatrix> dm, vk->UploadDense(m.view()));
     for (const int x_spread : {0, 20}) {
       const int64_t batch = 5;
-      std::vector<float> x = RandomActivations(batch, cols, x_spread, rng);
+      std::vector<float> x = RandomActivations(batch, cols, 64, x_spread, rng);
       // Huge activations: the group scale product overflows against huge weight scales.
       for (int64_t c = 0; c < 64; ++c) x[c] *= 1e18f;
       const std::vector<float> want = CpuMatmul(m.view(), x, batch, /*idot=*/true);
@@ -322,7 +267,7 @@ TEST(VulkanDenseIdot, DenseGluMatchesTheCpuBlockBitForBit) {
       const std::string what =
           absl::StrCat(kernels::WeightFormatName(c.gate), "/", kernels::WeightFormatName(c.up), "/",
                        kernels::WeightFormatName(c.down), " rows ", rows);
-      const std::vector<float> x = RandomActivations(rows, hidden, 2, rng);
+      const std::vector<float> x = RandomActivations(rows, hidden, 64, 2, rng);
       const std::vector<float> want = CpuGluBlock(gate, up, down, x, rows, beta1, beta2);
       std::vector<float> y(want.size(), NAN);
       ASSERT_THAT(vk->DenseGlu(*dg, *du, *dd, x.data(), rows, beta1, beta2, y.data(),
@@ -353,13 +298,13 @@ TEST(VulkanDenseIdot, F32MatricesKeepTheFloatPath) {
     DenseMatrix down = RandomDense(WeightFormat::kF32, hidden, inter, 0, rng);
     // Random bytes make no sensible f32: the normal values RandomActivations gives instead.
     for (DenseMatrix* m : {&gate, &up, &down}) {
-      const std::vector<float> v = RandomActivations(1, m->rows * m->cols, 0, rng);
+      const std::vector<float> v = RandomActivations(1, m->rows * m->cols, 64, 0, rng);
       std::memcpy(m->data.data(), v.data(), m->data.size());
     }
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceDenseMatrix> dg, vk->UploadDense(gate.view()));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceDenseMatrix> du, vk->UploadDense(up.view()));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceDenseMatrix> dd, vk->UploadDense(down.view()));
-    const std::vector<float> x = RandomActivations(rows, hidden, 2, rng);
+    const std::vector<float> x = RandomActivations(rows, hidden, 64, 2, rng);
     std::vector<float> yi(rows * inter), yf(rows * inter);
     ASSERT_THAT(vk->DenseMatmul(*dg, x.data(), rows, yi.data(), MatmulNumerics::kIdot), IsOk());
     ASSERT_THAT(vk->DenseMatmul(*dg, x.data(), rows, yf.data()), IsOk());
@@ -399,7 +344,7 @@ TEST(VulkanDenseIdot, RefusesWhatTheCpuRefusesAndDevicesWithoutInt64) {
   const DenseMatrix gate = RandomDense(WeightFormat::kInt8Row, 64, 128, 2, rng);
   const DenseMatrix up = RandomDense(WeightFormat::kInt4G64, 64, 128, 2, rng);
   const DenseMatrix down = RandomDense(WeightFormat::kInt4G64, 128, 64, 2, rng);
-  std::vector<float> x = RandomActivations(3, 128, 2, rng);
+  std::vector<float> x = RandomActivations(3, 128, 64, 2, rng);
   x[128 + 17] = std::numeric_limits<float>::infinity();
   {
     COLI_IDOT_CONTEXT_OR_SKIP(vk, VulkanContextOptions{});

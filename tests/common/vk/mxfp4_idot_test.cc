@@ -24,6 +24,7 @@
 #include "common/vk/vulkan_context.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/vk/idot_test_util.h"
 #include "tests/common/vk/require_vulkan.h"
 
 namespace coli::vulkan {
@@ -31,24 +32,12 @@ namespace {
 
 using ::coli::testing::IsOk;
 using ::coli::testing::StatusIs;
+using idot_test::Mismatches;
+using idot_test::RandomActivations;
+using idot_test::SameValue;
 using kernels::MatrixView;
 using kernels::WeightFormat;
 using ::testing::HasSubstr;
-
-// A context that can run the idot kernel, or a skip when the machine has no Vulkan device at all
-// (a failure under COLI_REQUIRE_VULKAN=1). A device without shaderInt64 skips too, saying so
-// (lavapipe and the GPUs this targets have it).
-#define COLI_IDOT_CONTEXT_OR_SKIP(ctx)                                                      \
-  std::unique_ptr<VulkanContext> ctx;                                                       \
-  {                                                                                         \
-    absl::StatusOr<std::unique_ptr<VulkanContext>> created = VulkanContext::Create();       \
-    if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) {       \
-      COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device: " << created.status();       \
-    }                                                                                       \
-    ASSERT_THAT(created, IsOk());                                                           \
-    ctx = std::move(created).value();                                                       \
-    if (!ctx->supports_idot()) GTEST_SKIP() << ctx->device_name() << " has no shaderInt64"; \
-  }
 
 struct Mxfp4Matrix {
   int64_t rows = 0;
@@ -74,46 +63,6 @@ Mxfp4Matrix RandomMxfp4(int64_t rows, int64_t cols, int lo, int hi, std::mt19937
   return m;
 }
 
-// Normal values with a magnitude of 2^k per 32-group (k uniform in [-spread, spread]), an
-// all-zero group now and then (the quantizer's 1e-20 scale floor) and single exact zeros.
-std::vector<float> RandomActivations(int64_t n, int spread, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> power(-spread, spread);
-  std::uniform_int_distribution<int> pick(0, 15);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (int64_t g = 0; g < n; g += 32) {
-    const float scale = std::ldexp(1.0f, power(rng));
-    const bool zero_group = pick(rng) == 0;
-    for (int64_t c = g; c < std::min<int64_t>(n, g + 32); ++c) {
-      x[c] = zero_group || pick(rng) == 0 ? 0.0f : normal(rng) * scale;
-    }
-  }
-  return x;
-}
-
-// Same bits, or both NaN (the device makes NaNs, not the CPU's NaN payloads).
-bool SameValue(float a, float b) {
-  if (std::isnan(a) && std::isnan(b)) return true;
-  return std::memcmp(&a, &b, sizeof(float)) == 0;
-}
-
-// Elements of y that differ from the CPU's; prints the first few.
-int64_t Mismatches(const std::vector<float>& got, const std::vector<float>& want,
-                   const std::string& what) {
-  int64_t bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (SameValue(got[i], want[i])) continue;
-    if (++bad <= 3) {
-      uint32_t a, b;
-      std::memcpy(&a, &got[i], 4);
-      std::memcpy(&b, &want[i], 4);
-      ADD_FAILURE() << what << " element " << i << ": device " << got[i] << " (0x" << std::hex << a
-                    << ") cpu " << want[i] << " (0x" << b << std::dec << ")";
-    }
-  }
-  return bad;
-}
-
 std::vector<float> CpuIdot(const Mxfp4Matrix& m, const std::vector<float>& x, int64_t batch) {
   std::vector<float> y(static_cast<size_t>(batch * m.rows), NAN);
   EXPECT_THAT(kernels::Matmul(m.view(), x.data(), batch, y.data(),
@@ -123,7 +72,7 @@ std::vector<float> CpuIdot(const Mxfp4Matrix& m, const std::vector<float>& x, in
 }
 
 TEST(VulkanMxfp4Idot, MatchesCpuIdotKernelBitForBitOnOddShapes) {
-  COLI_IDOT_CONTEXT_OR_SKIP(vk);
+  COLI_IDOT_CONTEXT_OR_SKIP(vk, VulkanContextOptions{});
   std::mt19937 rng(2026);
   int64_t elements = 0, mismatches = 0;
   for (int64_t rows : {1, 3, 37}) {
@@ -131,7 +80,7 @@ TEST(VulkanMxfp4Idot, MatchesCpuIdotKernelBitForBitOnOddShapes) {
       const Mxfp4Matrix m = RandomMxfp4(rows, cols, 118, 134, rng);
       ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceMxfp4Matrix> dm, vk->UploadMxfp4(m.view()));
       for (int64_t batch : {1, 3, 8, 11}) {
-        const std::vector<float> x = RandomActivations(batch * cols, 12, rng);
+        const std::vector<float> x = RandomActivations(1, batch * cols, 32, 12, rng);
         std::vector<float> y(static_cast<size_t>(batch * rows), NAN);
         ASSERT_THAT(vk->Mxfp4Matmul(*dm, x.data(), batch, y.data(), MatmulNumerics::kIdot), IsOk());
         mismatches += Mismatches(y, CpuIdot(m, x, batch),
@@ -148,12 +97,12 @@ TEST(VulkanMxfp4Idot, MatchesCpuIdotKernelBitForBitOnOddShapes) {
 // Kimi K3's routed-expert shapes: gate/up [3072, 3584] and down [3584, 3072]; batch 1 (decode)
 // and 3 (one expert chosen by several rows of a chunk).
 TEST(VulkanMxfp4Idot, MatchesCpuIdotKernelOnExpertShapes) {
-  COLI_IDOT_CONTEXT_OR_SKIP(vk);
+  COLI_IDOT_CONTEXT_OR_SKIP(vk, VulkanContextOptions{});
   std::mt19937 rng(3584);
   for (const auto& [rows, cols, batch] : {std::tuple<int64_t, int64_t, int64_t>{3072, 3584, 1},
                                           std::tuple<int64_t, int64_t, int64_t>{3584, 3072, 3}}) {
     const Mxfp4Matrix m = RandomMxfp4(rows, cols, 118, 134, rng);
-    const std::vector<float> x = RandomActivations(batch * cols, 4, rng);
+    const std::vector<float> x = RandomActivations(1, batch * cols, 32, 4, rng);
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<DeviceMxfp4Matrix> dm, vk->UploadMxfp4(m.view()));
     std::vector<float> y(static_cast<size_t>(batch * rows), NAN);
     const auto t0 = std::chrono::steady_clock::now();
@@ -187,7 +136,7 @@ TEST(VulkanMxfp4Idot, MatchesCpuIdotKernelOnExpertShapes) {
 // activations), rows whose every scale is zero (signed-zero sums): the integer rounding of the
 // shader against the CPU's IEEE arithmetic, bit for bit.
 TEST(VulkanMxfp4Idot, ExtremeScalesRoundLikeTheCpu) {
-  COLI_IDOT_CONTEXT_OR_SKIP(vk);
+  COLI_IDOT_CONTEXT_OR_SKIP(vk, VulkanContextOptions{});
   std::mt19937 rng(255);
   struct Case {
     const char* what;
@@ -201,7 +150,7 @@ TEST(VulkanMxfp4Idot, ExtremeScalesRoundLikeTheCpu) {
   };
   for (const Case& c : cases) {
     Mxfp4Matrix m = RandomMxfp4(37, 256, c.lo, c.hi, rng);
-    std::vector<float> x = RandomActivations(5 * 256, 6, rng);
+    std::vector<float> x = RandomActivations(1, 5 * 256, 32, 6, rng);
     for (float& v : x) v *= c.activation;
     std::vector<float> y(5 * 37, NAN);
     ASSERT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 5, y.data(), MatmulNumerics::kIdot), IsOk());
@@ -227,7 +176,7 @@ TEST(VulkanMxfp4Idot, ExtremeScalesRoundLikeTheCpu) {
 // The expert chain in idot mode: gate and up, SiTU-GLU, down for several jobs against the CPU's
 // expert (Matmul(idot) for each matrix, ops::SituGlu between), bit for bit.
 TEST(VulkanMxfp4Idot, ExpertChainMatchesCpuIdotExpertBitForBit) {
-  COLI_IDOT_CONTEXT_OR_SKIP(vk);
+  COLI_IDOT_CONTEXT_OR_SKIP(vk, VulkanContextOptions{});
   std::mt19937 rng(7);
   // Wide enough that every lane takes several fma steps (a non-fused fma shows up).
   const int64_t inter = 512, hidden = 1024;
@@ -244,7 +193,7 @@ TEST(VulkanMxfp4Idot, ExpertChainMatchesCpuIdotExpertBitForBit) {
       ASSERT_OK_AND_ASSIGN(auto dm, vk->UploadMxfp4(host.back().view()));
       device.push_back(std::move(dm));
     }
-    x.push_back(RandomActivations(rows * hidden, 3, rng));
+    x.push_back(RandomActivations(1, rows * hidden, 32, 3, rng));
     y.emplace_back(static_cast<size_t>(rows * hidden), NAN);
     const Mxfp4Matrix* w = &host[host.size() - 3];
     const kernels::MatmulOptions idot{.idot = true, .threads = 1};
@@ -283,10 +232,10 @@ TEST(VulkanMxfp4Idot, ExpertChainMatchesCpuIdotExpertBitForBit) {
 // A non-finite activation is refused as the CPU refuses it (INVALID_ARGUMENT naming the batch
 // row), in the matmul and in the chain; the context works afterwards.
 TEST(VulkanMxfp4Idot, RefusesNonFiniteActivationsLikeTheCpu) {
-  COLI_IDOT_CONTEXT_OR_SKIP(vk);
+  COLI_IDOT_CONTEXT_OR_SKIP(vk, VulkanContextOptions{});
   std::mt19937 rng(3);
   const Mxfp4Matrix m = RandomMxfp4(8, 64, 120, 130, rng);
-  std::vector<float> x = RandomActivations(3 * 64, 2, rng);
+  std::vector<float> x = RandomActivations(1, 3 * 64, 32, 2, rng);
   x[64 + 5] = NAN;
   std::vector<float> y(3 * 8, 0.0f);
   const absl::Status cpu = kernels::Matmul(m.view(), x.data(), 3, y.data());
@@ -313,14 +262,14 @@ TEST(VulkanMxfp4Idot, RefusesNonFiniteActivationsLikeTheCpu) {
 // idot kernel is refused with UNIMPLEMENTED naming what is missing and the K3_IDOT=0 way out,
 // before anything runs; the f32 paths work.
 TEST(VulkanMxfp4Idot, DeviceWithoutInt64RefusesIdotAndKeepsFloat) {
-  COLI_IDOT_CONTEXT_OR_SKIP(probe);
+  COLI_IDOT_CONTEXT_OR_SKIP(probe, VulkanContextOptions{});
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<VulkanContext> vk,
                        VulkanContext::Create(VulkanContextOptions{.use_int64 = false}));
   EXPECT_FALSE(vk->supports_idot());
   std::mt19937 rng(64);
   const Mxfp4Matrix m = RandomMxfp4(32, 64, 120, 130, rng);
   const Mxfp4Matrix down_host = RandomMxfp4(64, 32, 120, 130, rng);
-  const std::vector<float> x = RandomActivations(2 * 64, 2, rng);
+  const std::vector<float> x = RandomActivations(1, 2 * 64, 32, 2, rng);
   std::vector<float> y(2 * 64, 0.0f);
   EXPECT_THAT(vk->Mxfp4Matmul(m.view(), x.data(), 2, y.data(), MatmulNumerics::kIdot),
               StatusIs(absl::StatusCode::kUnimplemented,
