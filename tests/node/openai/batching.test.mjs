@@ -183,6 +183,10 @@ test('after a stop string the usage counts the tokens up to it, whatever runs be
 test('SIGTERM while streams run: each stream ends with an error, never as if complete', async () => {
   // Paced decoding, so every stream is surely mid-generation when the signal arrives.
   const paced = await startServer(TINY, { COLI_DECODE_DELAY_MS: '20' });
+  // Forced streams (logit_bias +100 on an ordinary token, greedy): none can end by itself. A
+  // sampled end-of-text ended one before the signal now and then (a stream that ended normally),
+  // or before its first delta, and then the test waited for it forever.
+  const forced = { logit_bias: { 65: 100 }, temperature: 0 };
   try {
     const c = new OpenAI({ baseURL: `${paced.base}/v1`, apiKey: 'unused', maxRetries: 0 });
     let begun = 0;
@@ -205,15 +209,17 @@ test('SIGTERM while streams run: each stream ends with an error, never as if com
     };
     const chat = outcome(async (state) => {
       const s = await c.chat.completions.create({ model: modelId, stream: true, max_tokens: 5000,
-        messages: [{ role: 'user', content: 'long' }] });
+        messages: [{ role: 'user', content: 'long' }], ...forced });
       for await (const chunk of s) { state.last = chunk.choices[0]?.finish_reason; onChunk(state); }
     });
     const completions = outcome(async (state) => {
-      const s = await c.completions.create({ model: modelId, stream: true, max_tokens: 5000, prompt: 'long' });
+      const s = await c.completions.create({ model: modelId, stream: true, max_tokens: 5000, prompt: 'long',
+        ...forced });
       for await (const chunk of s) { state.last = chunk.choices[0]?.finish_reason; onChunk(state); }
     });
     const responses = outcome(async (state) => {
-      const s = await c.responses.create({ model: modelId, stream: true, input: 'long', max_output_tokens: 5000 });
+      const s = await c.responses.create({ model: modelId, stream: true, input: 'long', max_output_tokens: 5000,
+        ...forced });
       for await (const ev of s) {
         state.last = ev.type === 'response.failed' ? `failed: ${ev.response.error?.message}` : ev.type;
         if (ev.type === 'response.output_text.delta' || ev.type === 'response.reasoning_text.delta') onChunk(state);
@@ -222,7 +228,7 @@ test('SIGTERM while streams run: each stream ends with an error, never as if com
     // A background response's stream (its events come from the job's log).
     const background = outcome(async (state) => {
       const s = await c.responses.create({ model: modelId, stream: true, background: true,
-        input: 'long', max_output_tokens: 5000 });
+        input: 'long', max_output_tokens: 5000, ...forced });
       for await (const ev of s) {
         state.last = ev.type === 'error' ? `error: ${ev.message}` : ev.type;
         if (ev.type === 'response.output_text.delta' || ev.type === 'response.reasoning_text.delta') onChunk(state);
