@@ -18,6 +18,7 @@
 #include "common/io/io.h"
 #include "common/log/log.h"
 #include "gtest/gtest.h"
+#include "tests/common/io/test_files.h"
 #include "tools/coli/serve_responses.h"
 
 namespace coli::cli::serve {
@@ -64,15 +65,6 @@ class LogCapture {
   std::mutex mu_;
   std::vector<std::string> lines_;
 };
-
-std::string ReadAll(const std::string& path) {
-  auto f = io::File::Open(path);
-  EXPECT_TRUE(f.ok()) << f.status();
-  if (!f.ok()) return "";
-  std::string bytes((*f)->size(), '\0');
-  EXPECT_TRUE((*f)->ReadAt(0, bytes.size(), bytes.data()).ok());
-  return bytes;
-}
 
 void WriteAll(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(io::WriteFileAtomic(path, bytes).ok()) << path;
@@ -204,7 +196,7 @@ TEST(ResponseDirTest, AClientsIdNeverTouchesAFile) {
   store.Put("../victim", Response("../victim", 1, "completed", "x"), Conversation("q", "x"));
   EXPECT_TRUE(store.Response("../victim").has_value());  // still served from memory
   EXPECT_TRUE(store.Erase("../victim"));
-  EXPECT_EQ(ReadAll(victim), "keep me");
+  EXPECT_EQ(test_files::ReadRaw(victim), "keep me");
   EXPECT_EQ(Names(tmp.path()), (std::set<std::string>{"responses", "victim.json"}));
   EXPECT_TRUE(Names(dir_path).empty());
 }
@@ -256,7 +248,7 @@ TEST(ResponseStoreDiskTest, TheFileHoldsWhatTheStoreKeeps) {
   store.Persist(OpenDir(tmp.path()));
   const Json response = Response(id, 5, "completed", "hi");
   store.Put(id, response, Conversation("q", "hi"), Items("q"));
-  const Json file = Json::parse(ReadAll(tmp.path() + "/" + id + ".json"));
+  const Json file = Json::parse(test_files::ReadRaw(tmp.path() + "/" + id + ".json"));
   EXPECT_EQ(file["format"], "coli.response");
   EXPECT_EQ(file["version"], ResponseDir::kVersion);
   EXPECT_EQ(file["id"], id);
@@ -274,7 +266,7 @@ TEST(ResponseStoreDiskTest, TempLeftoversAndBadFilesAreSkippedTheGoodOnesLoad) {
     PutDone(store, good1, 10, "one");
     PutDone(store, good2, 11, "two");
   }
-  const std::string text = ReadAll(tmp.path() + "/" + good1 + ".json");
+  const std::string text = test_files::ReadRaw(tmp.path() + "/" + good1 + ".json");
   auto file_of = [&](const std::string& id) { return tmp.path() + "/" + id + ".json"; };
   auto with_id = [&](const std::string& id) {  // good1's file, renamed to `id`
     Json j = Json::parse(text);
@@ -351,7 +343,8 @@ TEST(ResponseStoreDiskTest, TempLeftoversAndBadFilesAreSkippedTheGoodOnesLoad) {
   for (const std::string& id : bad) EXPECT_EQ(names.count(id + ".json"), 1u) << id;  // kept
   EXPECT_EQ(names.count("notes.txt"), 1u);
   EXPECT_EQ(names.count("RESP_0123456789abcdef01234567.json"), 1u);
-  EXPECT_EQ(Json::parse(ReadAll(file_of(good2)))["response"]["output"][0]["content"][0]["text"],
+  EXPECT_EQ(Json::parse(
+                test_files::ReadRaw(file_of(good2)))["response"]["output"][0]["content"][0]["text"],
             "two");  // the old file a crashed rewrite was to replace is intact
 }
 

@@ -27,6 +27,7 @@
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/repack.h"
 #include "plugins/kimi_k3/session.h"
+#include "tests/common/io/test_files.h"
 
 namespace coli::k3 {
 namespace {
@@ -38,18 +39,6 @@ using ::testing::HasSubstr;
 
 const std::vector<int32_t> kPrompt = {5, 77, 300, 12, 9, 401, 42, 250, 3, 18, 64};
 constexpr char kPrefix[] = "language_model.model.";
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 // Where a tensor lies and the CRC its file records, from the header alone.
 struct Victim {
@@ -68,9 +57,9 @@ Victim Locate(const std::string& dir, const std::string& name) {
 
 // Flips one bit in the middle of the tensor; returns the CRC the damaged bytes have.
 uint32_t Flip(const Victim& v) {
-  std::string bytes = ReadAll(v.path);
+  std::string bytes = test_files::ReadRaw(v.path);
   bytes[v.info.file_offset + v.info.nbytes / 2] ^= 0x10;
-  WriteAll(v.path, bytes);
+  test_files::WriteRaw(v.path, bytes);
   return st::Crc32(0, std::string_view(bytes).substr(v.info.file_offset, v.info.nbytes));
 }
 
@@ -146,7 +135,7 @@ TEST_F(ChecksumLoadTest, FlippedDenseByteFailsTheLoadNamingFileTensorAndBothCrcs
         L1 + "input_layernorm.weight", std::string(kPrefix) + "embed_tokens.weight"}) {
     SCOPED_TRACE(name);
     const Victim v = Locate(dir_, name);
-    const std::string intact = ReadAll(v.path);
+    const std::string intact = test_files::ReadRaw(v.path);
     const uint32_t found = Flip(v);
     EXPECT_THAT(Logits(dir_, Options(true)).status(), NamesTheDamage(v, found));
     // K3_MMAP: the mapped matrices are checked at load as well (the norm is read either way).
@@ -163,7 +152,7 @@ TEST_F(ChecksumLoadTest, FlippedDenseByteFailsTheLoadNamingFileTensorAndBothCrcs
     } else {
       EXPECT_OK(Logits(dir_, fast).status());
     }
-    WriteAll(v.path, intact);
+    test_files::WriteRaw(v.path, intact);
   }
   EXPECT_OK(Logits(dir_, Options(true)).status());
 }
@@ -172,11 +161,11 @@ TEST_F(ChecksumLoadTest, FlippedDenseByteFailsTheLoadNamingFileTensorAndBothCrcs
 // shard rather than checked against garbage.
 TEST_F(ChecksumLoadTest, DamagedChecksumDigitsAreRefusedNamingTheFile) {
   const Victim v = Locate(dir_, std::string(kPrefix) + "layers.1.input_layernorm.weight");
-  std::string bytes = ReadAll(v.path);
+  std::string bytes = test_files::ReadRaw(v.path);
   const size_t at = bytes.find(std::string(st::kChecksumKey) + "\":\"");
   ASSERT_NE(at, std::string::npos);
   bytes[at + st::kChecksumKey.size() + 3] = 'z';
-  WriteAll(v.path, bytes);
+  test_files::WriteRaw(v.path, bytes);
   EXPECT_THAT(Logits(dir_, Options(true)).status(),
               StatusIs(absl::StatusCode::kDataLoss,
                        AllOf(HasSubstr(v.path), HasSubstr("not a lowercase hex digit"))));

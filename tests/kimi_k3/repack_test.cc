@@ -36,6 +36,7 @@
 #include "plugins/kimi_k3/expert_store.h"
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/session.h"
+#include "tests/common/io/test_files.h"
 
 namespace coli::k3 {
 namespace {
@@ -53,18 +54,6 @@ std::string TempDir(const std::string& tag) {
   char* dir = ::mkdtemp(tmpl.data());
   EXPECT_NE(dir, nullptr);
   return tmpl;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -120,12 +109,12 @@ std::vector<std::string> Shards(const std::string& dir) {
 }
 
 absl::StatusOr<st::Header> ReadHeader(const std::string& path) {
-  return st::ParseFileBytes(ReadAll(path), path);
+  return st::ParseFileBytes(test_files::ReadRaw(path), path);
 }
 
 // The bytes of one tensor of a single shard file.
 std::string TensorBytes(const std::string& path, const std::string& name) {
-  const std::string file = ReadAll(path);
+  const std::string file = test_files::ReadRaw(path);
   auto h = st::ParseFileBytes(file, path);
   EXPECT_TRUE(h.ok()) << h.status();
   for (const st::TensorInfo& t : h->tensors)
@@ -137,7 +126,7 @@ std::string TensorBytes(const std::string& path, const std::string& name) {
 // Rewrites shard `path` with tensor `name` replaced (dtype, shape, bytes).
 void ReplaceTensor(const std::string& path, const std::string& name, st::DType dtype,
                    std::vector<int64_t> shape, std::string bytes) {
-  const std::string file = ReadAll(path);
+  const std::string file = test_files::ReadRaw(path);
   auto h = st::ParseFileBytes(file, path);
   ASSERT_OK(h.status());
   st::Writer w;
@@ -307,13 +296,15 @@ TEST_F(RepackTest, ShardsAreValidSafetensorsWithoutHoles) {
     }
     EXPECT_EQ(end, fs::file_size(path)) << name;
     // The header's JSON is padded with spaces only.
-    const std::string file = ReadAll(path);
+    const std::string file = test_files::ReadRaw(path);
     const std::string json = file.substr(8, h.header_bytes);
     EXPECT_EQ(json.find_last_not_of(' '), json.rfind('}'));
   }
   for (const char* f :
        {"config.json", "generation_config.json", "tokenizer_config.json", "tiktoken.model"})
-    EXPECT_EQ(ReadAll(*int8_dir_ + "/" + f), ReadAll(std::string(K3_TEST_TINY) + "/" + f)) << f;
+    EXPECT_EQ(test_files::ReadRaw(*int8_dir_ + "/" + f),
+              test_files::ReadRaw(std::string(K3_TEST_TINY) + "/" + f))
+        << f;
 }
 
 TEST_F(RepackTest, ExpertsAreContiguousIdOrderedAndByteIdentical) {
@@ -423,7 +414,7 @@ TEST_F(RepackTest, QuantizedMatricesHaveSidecarsAndOthersPassThrough) {
 }
 
 TEST_F(RepackTest, IndexListsEveryTensorOnceWithTotalSize) {
-  const std::string text = ReadAll(*int8_dir_ + "/model.safetensors.index.json");
+  const std::string text = test_files::ReadRaw(*int8_dir_ + "/model.safetensors.index.json");
   ASSERT_OK_AND_ASSIGN(st::Index index, st::ParseIndex(text, "index"));
   std::map<std::string, std::string> seen;
   uint64_t data = 0;
@@ -447,20 +438,20 @@ TEST(RepackResumeTest, RerunRewritesOnlyTheMissingShard) {
   ASSERT_OK(RunRepack(dir, 8).status());
   const std::vector<std::string> shards = Shards(dir);
   const std::string victim = shards[2];
-  const std::string before = ReadAll(dir + "/" + victim);
+  const std::string before = test_files::ReadRaw(dir + "/" + victim);
   std::map<std::string, std::pair<ino_t, timespec>> stat_of;
   for (const std::string& s : shards) {
     struct stat st;
     ASSERT_EQ(::stat((dir + "/" + s).c_str(), &st), 0);
     stat_of[s] = {st.st_ino, st.st_mtim};
   }
-  const std::string index_before = ReadAll(dir + "/model.safetensors.index.json");
+  const std::string index_before = test_files::ReadRaw(dir + "/model.safetensors.index.json");
   fs::remove(dir + "/" + victim);
-  WriteAll(dir + "/" + victim + ".tmp", "stale partial shard");
+  test_files::WriteRaw(dir + "/" + victim + ".tmp", "stale partial shard");
   ASSERT_OK_AND_ASSIGN(RepackSummary s, RunRepack(dir, 8));
   EXPECT_EQ(s.written, 1);
   EXPECT_EQ(s.existing, 13);
-  EXPECT_EQ(ReadAll(dir + "/" + victim), before);
+  EXPECT_EQ(test_files::ReadRaw(dir + "/" + victim), before);
   EXPECT_FALSE(fs::exists(dir + "/" + victim + ".tmp"));
   for (const std::string& sh : shards) {
     if (sh == victim) continue;
@@ -470,7 +461,7 @@ TEST(RepackResumeTest, RerunRewritesOnlyTheMissingShard) {
     EXPECT_EQ(st.st_mtim.tv_sec, stat_of[sh].second.tv_sec) << sh;
     EXPECT_EQ(st.st_mtim.tv_nsec, stat_of[sh].second.tv_nsec) << sh;
   }
-  EXPECT_EQ(ReadAll(dir + "/model.safetensors.index.json"), index_before);
+  EXPECT_EQ(test_files::ReadRaw(dir + "/model.safetensors.index.json"), index_before);
   fs::remove_all(dir);
 }
 
@@ -481,17 +472,19 @@ TEST(RepackResumeTest, DisjointShardPassesGiveTheOnePassIndex) {
   for (int k = 1; k <= 16; ++k) (k % 2 ? odd : even).push_back(k);
   ASSERT_OK_AND_ASSIGN(RepackSummary a, RunRepack(two, 4, odd));
   EXPECT_EQ(a.index_shards, 7);  // 1, 3, …, 13 (15 is vision)
-  ASSERT_OK_AND_ASSIGN(st::Index partial,
-                       st::ParseIndex(ReadAll(two + "/model.safetensors.index.json"), "partial"));
+  ASSERT_OK_AND_ASSIGN(
+      st::Index partial,
+      st::ParseIndex(test_files::ReadRaw(two + "/model.safetensors.index.json"), "partial"));
   ASSERT_OK_AND_ASSIGN(RepackSummary b, RunRepack(two, 4, even));
   EXPECT_EQ(b.index_shards, 14);
-  EXPECT_EQ(ReadAll(one + "/model.safetensors.index.json"),
-            ReadAll(two + "/model.safetensors.index.json"));
-  ASSERT_OK_AND_ASSIGN(st::Index full,
-                       st::ParseIndex(ReadAll(two + "/model.safetensors.index.json"), "full"));
+  EXPECT_EQ(test_files::ReadRaw(one + "/model.safetensors.index.json"),
+            test_files::ReadRaw(two + "/model.safetensors.index.json"));
+  ASSERT_OK_AND_ASSIGN(
+      st::Index full,
+      st::ParseIndex(test_files::ReadRaw(two + "/model.safetensors.index.json"), "full"));
   EXPECT_GT(*full.total_size, *partial.total_size);  // covers the first pass's data too
   for (const std::string& s : Shards(one))
-    EXPECT_EQ(ReadAll(one + "/" + s), ReadAll(two + "/" + s));
+    EXPECT_EQ(test_files::ReadRaw(one + "/" + s), test_files::ReadRaw(two + "/" + s));
   // A shard number the source does not have is an error, not a silent no-op.
   EXPECT_THAT(RunRepack(two, 4, {99}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--shards 99")));
@@ -532,7 +525,7 @@ TEST(RepackResumeTest, BytesDoNotDependOnThreadsPiecesOrBlocksInFlight) {
       ASSERT_OK(run(v, bits, dir));
       ASSERT_EQ(shards, Shards(dir));
       for (const std::string& s : shards) {
-        EXPECT_EQ(ReadAll(ref + "/" + s), ReadAll(dir + "/" + s))
+        EXPECT_EQ(test_files::ReadRaw(ref + "/" + s), test_files::ReadRaw(dir + "/" + s))
             << s << " bits " << bits << " threads " << v.threads << " in_flight " << v.in_flight
             << " piece " << v.piece_bytes;
       }
@@ -552,7 +545,7 @@ TEST(RepackResumeTest, DuplicateTensorNameAbortsTheIndexUpdate) {
   const std::string dir = TempDir("dup");
   ASSERT_OK(RunRepack(dir, 8).status());
   const std::string index = dir + "/model.safetensors.index.json";
-  const std::string before = ReadAll(index);
+  const std::string before = test_files::ReadRaw(index);
   const std::vector<std::string> shards = Shards(dir);
   fs::copy_file(dir + "/" + shards[1], dir + "/model-00099-of-000016.safetensors");
   EXPECT_THAT(RebuildIndex(dir).status(),
@@ -561,7 +554,7 @@ TEST(RepackResumeTest, DuplicateTensorNameAbortsTheIndexUpdate) {
                              HasSubstr("model-00099-of-000016.safetensors"),
                              HasSubstr("index was not updated"))));
   EXPECT_THAT(RunRepack(dir, 8).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_EQ(ReadAll(index), before);
+  EXPECT_EQ(test_files::ReadRaw(index), before);
   fs::remove_all(dir);
 }
 
@@ -575,12 +568,12 @@ TEST(RepackResumeTest, ResumeRefusesShardsOfAnotherSourceOrOtherBits) {
   o.shards = {1, 2, 3};
   ASSERT_OK(Repack(src, dst, o).status());
   const std::string first = dst + "/model-00001-of-000016.safetensors";
-  const std::string first_bytes = ReadAll(first);
-  const std::string index = ReadAll(dst + "/model.safetensors.index.json");
+  const std::string first_bytes = test_files::ReadRaw(first);
+  const std::string index = test_files::ReadRaw(dst + "/model.safetensors.index.json");
   auto outputs_unchanged = [&] {
     EXPECT_EQ(Shards(dst).size(), 3u);
-    EXPECT_EQ(ReadAll(first), first_bytes);
-    EXPECT_EQ(ReadAll(dst + "/model.safetensors.index.json"), index);
+    EXPECT_EQ(test_files::ReadRaw(first), first_bytes);
+    EXPECT_EQ(test_files::ReadRaw(dst + "/model.safetensors.index.json"), index);
   };
   RepackOptions int4;
   int4.bits = 4;
@@ -599,11 +592,11 @@ TEST(RepackResumeTest, ResumeRefusesShardsOfAnotherSourceOrOtherBits) {
   const std::string changed = src + "/model-00002-of-000016.safetensors";
   const std::string name = "language_model.model.layers.1.self_attn.q_proj.weight";
   ASSERT_OK_AND_ASSIGN(st::Header header, ReadHeader(changed));
-  std::string bytes = ReadAll(changed);
+  std::string bytes = test_files::ReadRaw(changed);
   for (const st::TensorInfo& t : header.tensors)
     if (t.name == name) bytes[t.file_offset + 3] ^= 0x01;
-  ASSERT_NE(bytes, ReadAll(changed));
-  WriteAll(changed, bytes);
+  ASSERT_NE(bytes, test_files::ReadRaw(changed));
+  test_files::WriteRaw(changed, bytes);
   EXPECT_THAT(Repack(src, dst, RepackOptions{}).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("model-00002-of-000016.safetensors"),
@@ -615,7 +608,7 @@ TEST(RepackResumeTest, ResumeRefusesShardsOfAnotherSourceOrOtherBits) {
   ASSERT_OK_AND_ASSIGN(RepackSummary s, Repack(src, dst, RepackOptions{}));
   EXPECT_EQ(s.existing, 1);  // shard 3; 1 has no source now but its output is kept
   EXPECT_EQ(s.missing_source, 2);
-  EXPECT_EQ(ReadAll(first), first_bytes);
+  EXPECT_EQ(test_files::ReadRaw(first), first_bytes);
   EXPECT_THAT(Repack(src, dst, int4).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bits 8 then, 4 now")));
 
@@ -719,9 +712,9 @@ TEST(RepackToolTest, VerifyFullNamesTheFlippedExpertByte) {
   for (const st::TensorInfo& t : h.tensors)
     if (t.name.ends_with(".experts.5.w2.weight_packed")) victim = &t;
   ASSERT_NE(victim, nullptr);
-  std::string bytes = ReadAll(shard);
+  std::string bytes = test_files::ReadRaw(shard);
   bytes[victim->file_offset + 17] ^= 0x10;
-  WriteAll(shard, bytes);
+  test_files::WriteRaw(shard, bytes);
   out.clear();
   EXPECT_NE(RunTool(std::string(K3_TEST_TINY) + " " + dir + " --verify-full", &out), 0);
   EXPECT_THAT(out, HasSubstr("tensor '" + victim->name + "': byte 17"));
@@ -759,15 +752,15 @@ TEST(RepackToolTest, CheckFindsAFlippedByteWithoutTheSource) {
     for (const st::TensorInfo& t : h.tensors)
       if (t.name.ends_with(suffix)) victim = &t;
     ASSERT_NE(victim, nullptr) << suffix;
-    const std::string intact = ReadAll(shard);
+    const std::string intact = test_files::ReadRaw(shard);
     std::string bytes = intact;
     bytes[victim->file_offset + victim->nbytes / 2] ^= 0x01;
-    WriteAll(shard, bytes);
+    test_files::WriteRaw(shard, bytes);
     out.clear();
     EXPECT_EQ(RunTool("--check " + dir, &out), 1) << out;
     EXPECT_THAT(out, AllOf(HasSubstr(shards[4]), HasSubstr("tensor '" + victim->name + "'"),
                            HasSubstr("changed after they were written")));
-    WriteAll(shard, intact);
+    test_files::WriteRaw(shard, intact);
   }
 
   // A shard without checksums (another tool's) is not passed as checked.
@@ -790,7 +783,7 @@ TEST_F(RepackTest, VerifyFullNamesAFlippedByteInAQuantizedMatrixOrItsSidecar) {
   const std::string matrix = "language_model.model.layers.1.self_attn.q_proj.weight";
   for (const std::string* dir : {int8_dir_, int4_dir_}) {
     const std::string copy = TempDir("verifyq") + "/" + shard;
-    const std::string original = ReadAll(*dir + "/" + shard);
+    const std::string original = test_files::ReadRaw(*dir + "/" + shard);
     EXPECT_OK(VerifyShard(source, *dir + "/" + shard));
     ASSERT_OK_AND_ASSIGN(st::Header h, ReadHeader(*dir + "/" + shard));
     for (const std::string& name : {matrix, ScaleSidecarName(matrix)}) {
@@ -800,7 +793,7 @@ TEST_F(RepackTest, VerifyFullNamesAFlippedByteInAQuantizedMatrixOrItsSidecar) {
       ASSERT_NE(victim, nullptr) << name;
       std::string bytes = original;
       bytes[victim->file_offset + 13] ^= 0x01;
-      WriteAll(copy, bytes);
+      test_files::WriteRaw(copy, bytes);
       EXPECT_THAT(VerifyShard(source, copy),
                   StatusIs(absl::StatusCode::kDataLoss,
                            AllOf(HasSubstr("tensor '" + name + "': byte 13 of"),
@@ -822,7 +815,7 @@ TEST_F(RepackTest, MmapLogitsBitIdenticalAndFileBacked) {
   EXPECT_TRUE(m->weights().layers[1].kda_w.q_proj.mapped.has_value());
   EXPECT_TRUE(m->weights().lm_head.mapped.has_value());
   // The shards are file mappings in this process, not anonymous memory.
-  const std::string smaps = ReadAll("/proc/self/smaps");
+  const std::string smaps = test_files::ReadRaw("/proc/self/smaps");
   int shards_mapped = 0;
   for (const std::string& s : Shards(*int4_dir_))
     if (smaps.find(fs::canonical(*int4_dir_ + "/" + s).string()) != std::string::npos ||
@@ -850,7 +843,7 @@ TEST_F(RepackTest, MmapShardChangedAfterLoadFailsThePassNamingIt) {
     if (truncate) {
       fs::resize_file(shard, 1000);
     } else {  // the same bytes written again in place (cp over it, rsync --inplace)
-      const std::string bytes = ReadAll(shard);
+      const std::string bytes = test_files::ReadRaw(shard);
       std::ofstream(shard, std::ios::binary | std::ios::in | std::ios::out) << bytes;
       fs::last_write_time(shard, fs::last_write_time(shard) + std::chrono::seconds(1));
     }
@@ -888,7 +881,7 @@ TEST_F(RepackTest, MmapRefusesAMisalignedSidecar) {
   const std::string dir = TempDir("misaligned");
   CopyDir(*int8_dir_, dir);
   const std::string shard = dir + "/" + Shards(dir)[1];
-  const std::string file = ReadAll(shard);
+  const std::string file = test_files::ReadRaw(shard);
   ASSERT_OK_AND_ASSIGN(st::Header h, st::ParseFileBytes(file, shard));
   st::Writer w;
   ASSERT_OK(w.Add("odd", st::DType::kU8, {1}, "x"));  // shifts everything after it by one byte
@@ -950,7 +943,7 @@ TEST(RepackBadInputTest, SourceTruncatedInALaterTensorStopsThePipeline) {
   CopyDir(K3_TEST_TINY, src);
   const std::string name = "model-00003-of-000016.safetensors";
   const std::string shard = src + "/" + name;
-  const std::string intact = ReadAll(shard);
+  const std::string intact = test_files::ReadRaw(shard);
   const st::TensorInfo later = LargestLaterTensor(shard);
   ASSERT_GT(later.nbytes, 16384u) << later.name;  // at least 4 pieces
   ASSERT_EQ(later.dtype, st::DType::kBF16) << later.name;
@@ -981,7 +974,7 @@ TEST(RepackBadInputTest, SourceTruncatedInALaterTensorStopsThePipeline) {
     EXPECT_EQ(ThreadCount(), threads_before);
     EXPECT_FALSE(fs::exists(dst + "/" + name));
     EXPECT_FALSE(fs::exists(dst + "/" + name + ".tmp"));
-    WriteAll(shard, intact);
+    test_files::WriteRaw(shard, intact);
     o.progress = nullptr;
     ASSERT_OK(Repack(src, dst, o).status());
     EXPECT_TRUE(fs::exists(dst + "/" + name));
@@ -1042,8 +1035,9 @@ TEST(RepackBadInputTest, WrongDtypeAndMissingConfigAndMissingShard) {
                        AllOf(HasSubstr("'model-00002-of-000016.safetensors'"),
                              HasSubstr("are missing"), HasSubstr("13 converted shards are kept"))));
   EXPECT_EQ(Shards(dst).size(), 13u);
-  ASSERT_OK_AND_ASSIGN(st::Index partial,
-                       st::ParseIndex(ReadAll(dst + "/model.safetensors.index.json"), "partial"));
+  ASSERT_OK_AND_ASSIGN(
+      st::Index partial,
+      st::ParseIndex(test_files::ReadRaw(dst + "/model.safetensors.index.json"), "partial"));
   EXPECT_EQ(partial.shards.size(), 13u);
   // Missing vision-only shards (a download without them) are fine.
   fs::copy_file(std::string(K3_TEST_TINY) + "/model-00002-of-000016.safetensors",
@@ -1056,11 +1050,11 @@ TEST(RepackBadInputTest, WrongDtypeAndMissingConfigAndMissingShard) {
   EXPECT_EQ(s.existing, 13);
   // A header whose tensor name was corrupted still parses: the source index must list it.
   const std::string renamed = src + "/model-00004-of-000016.safetensors";
-  std::string bytes = ReadAll(renamed);
+  std::string bytes = test_files::ReadRaw(renamed);
   const size_t at = bytes.find("language_model.model.layers.3.");
   ASSERT_NE(at, std::string::npos);
   bytes[at + 19] ^= 0x04;  // "model" -> "modeh"
-  WriteAll(renamed, bytes);
+  test_files::WriteRaw(renamed, bytes);
   fs::remove(dst + "/model-00004-of-000016.safetensors");
   EXPECT_THAT(
       Repack(src, dst, o).status(),

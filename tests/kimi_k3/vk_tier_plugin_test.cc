@@ -21,6 +21,7 @@
 #include "common/vk/vulkan_context.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/common/io/test_files.h"
 #include "tests/common/vk/require_vulkan.h"
 #include "tests/kimi_k3/plugin_abi_test_util.h"
 
@@ -71,10 +72,6 @@ class K3VkTierPluginTest : public abi_test::PluginAbiTest {
       o->chunk = 4;
       o->logits_path = abi::Str(logits);
     });
-  }
-  static std::string ReadAll(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
 };
 
@@ -161,7 +158,7 @@ TEST_F(K3VkTierPluginTest, IdotTierKeepsTheCpuBitsThroughThePlugin) {
   knobs.seed = 7;
   ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, OpenIdot({}, cpu_path));
   const std::vector<abi_test::Out> want = Fresh(cpu, kPrompt, kSteps, knobs);
-  const std::string want_logits = ReadAll(cpu_path);
+  const std::string want_logits = test_files::ReadRaw(cpu_path);
   ASSERT_GT(want_logits.size(), 0u);
 
   ASSERT_OK_AND_ASSIGN(
@@ -173,7 +170,7 @@ TEST_F(K3VkTierPluginTest, IdotTierKeepsTheCpuBitsThroughThePlugin) {
     coli_session_t* s = NewSession(vk);
     Prefill(s, kPrompt, knobs.seed);
     abi_test::ExpectSameOuts(Generate(s, kSteps, knobs), want);
-    EXPECT_TRUE(ReadAll(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
+    EXPECT_TRUE(test_files::ReadRaw(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
     hits = Stats(s)["vk_tier_hits"];
   }
   EXPECT_GT(hits, 0);  // the second conversation found promoted experts resident
@@ -199,7 +196,7 @@ TEST_F(K3VkTierPluginTest, IdotDenseKeepsTheCpuBitsThroughThePlugin) {
   knobs.seed = 11;
   ASSERT_OK_AND_ASSIGN(coli_model_t * cpu, OpenIdot({}, cpu_path));
   const std::vector<abi_test::Out> want = Fresh(cpu, kPrompt, kSteps, knobs);
-  const std::string want_logits = ReadAll(cpu_path);
+  const std::string want_logits = test_files::ReadRaw(cpu_path);
   ASSERT_GT(want_logits.size(), 0u);
 
   ASSERT_OK_AND_ASSIGN(coli_model_t * vk,
@@ -207,7 +204,7 @@ TEST_F(K3VkTierPluginTest, IdotDenseKeepsTheCpuBitsThroughThePlugin) {
   coli_session_t* s = NewSession(vk);
   Prefill(s, kPrompt, knobs.seed);
   abi_test::ExpectSameOuts(Generate(s, kSteps, knobs), want);
-  EXPECT_TRUE(ReadAll(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
+  EXPECT_TRUE(test_files::ReadRaw(vk_path) == want_logits) << "the K3_LOGITS dumps differ";
   EXPECT_GT(Stats(s)["vk_dense_calls"], 0);
   EXPECT_EQ(Stats(s)["vk_tier_hits"], 0);
   std::remove(cpu_path.c_str());

@@ -1,5 +1,5 @@
 // Test-only helpers for tests that make files: a temporary folder, deterministic bytes, and a
-// raw writer. Shared by the io and safetensors tests (header-only).
+// raw reader and writer (header-only).
 #ifndef COLI_TESTS_COMMON_IO_TEST_FILES_H_
 #define COLI_TESTS_COMMON_IO_TEST_FILES_H_
 
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -60,6 +61,13 @@ inline std::string Pattern(size_t n, uint32_t seed) {
   std::string s(n, '\0');
   for (char& c : s) c = static_cast<char>(rng() & 0xff);
   return s;
+}
+
+// The whole content of `path` ("" when it cannot be read, failing the test).
+inline std::string ReadRaw(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot read " << path;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // Writes `bytes` to `path` (replacing it), failing the test on error.

@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/io/test_files.h"
 
 namespace coli::tok {
 namespace {
@@ -29,13 +30,6 @@ std::string Env(const char* name) {
 std::string TinyDir() { return Env("COLI_SOURCE_DIR") + "/tests/common/tokenizer/data/kimi_tiny"; }
 // Made at build time from TinyDir() by tools/tokenizer/tiktoken_to_tokenizer_json.py.
 std::string TinyJsonDir() { return Env("COLI_BINARY_DIR") + "/fixtures/tokenizer/kimi_tiny_json"; }
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 const Tokenizer& Tiny() {
   static const Tokenizer* tok = [] {
@@ -398,7 +392,7 @@ absl::Status TiktokenError(const std::string& model, const std::string& config =
   return Tokenizer::FromTiktoken(model, config, "dir/").status();
 }
 
-std::string TinyModelText() { return ReadAll(TinyDir() + "/tiktoken.model"); }
+std::string TinyModelText() { return test_files::ReadRaw(TinyDir() + "/tiktoken.model"); }
 
 TEST(TokenizerLoad, MalformedBase64Line) {
   std::string model = TinyModelText() + "@@@@ 274\n";
