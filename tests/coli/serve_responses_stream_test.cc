@@ -5,6 +5,7 @@
 // input items of a follow-up. Threads synchronise on the log's events, never on sleeps.
 #include "tools/coli/serve_responses_stream.h"
 
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,6 +108,29 @@ TEST(ResponseEventLog, CloseEndsEveryWaitingReader) {
   log.Close();
   for (std::thread& t : readers) t.join();
   for (ResponseEventLog::Read r : got) EXPECT_EQ(r, ResponseEventLog::Read::kEnd);
+}
+
+// A reader with a max_wait gets kWaiting while nothing comes (so it can check its client), and
+// the same results as Next without one once an event or the close does.
+TEST(ResponseEventLog, NextWithMaxWaitReturnsWaitingWhileNothingComes) {
+  ResponseEventLog log;
+  log.Append(0, Frame(0));
+  int64_t cursor = -1;
+  std::vector<std::string> frames;
+  ASSERT_EQ(log.Next(&cursor, &frames, std::chrono::milliseconds(1)),
+            ResponseEventLog::Read::kEvents);
+  EXPECT_EQ(cursor, 0);
+  frames.clear();
+  EXPECT_EQ(log.Next(&cursor, &frames, std::chrono::milliseconds(1)),
+            ResponseEventLog::Read::kWaiting);
+  EXPECT_TRUE(frames.empty());
+  EXPECT_EQ(cursor, 0);
+  log.Append(1, Frame(1));
+  ASSERT_EQ(log.Next(&cursor, &frames, std::chrono::milliseconds(1)),
+            ResponseEventLog::Read::kEvents);
+  EXPECT_EQ(frames, std::vector<std::string>{Frame(1)});
+  log.Close();
+  EXPECT_EQ(log.Next(&cursor, &frames, std::chrono::milliseconds(1)), ResponseEventLog::Read::kEnd);
 }
 
 Json Queued() {

@@ -1,6 +1,7 @@
 // /v1/responses over the chat path (serve_responses.h maps the request and builds the
 // response): create (stored, streamed, background), GET / DELETE by id, input_items, cancel,
 // input_tokens.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -172,7 +173,17 @@ void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> eve
         int64_t cursor = after;
         std::vector<std::string> frames;
         bool gone = false, ended = false;  // ended: a terminal event went out
-        while (!gone && events->Next(&cursor, &frames) == ResponseEventLog::Read::kEvents) {
+        while (!gone) {
+          // A response waiting in the host's queue or in a long prefill sends nothing for a
+          // while: the client is checked meanwhile, else one that left held its HTTP thread and
+          // socket until the next event (every thread, with clients that retry).
+          const ResponseEventLog::Read read =
+              events->Next(&cursor, &frames, std::chrono::milliseconds(100));
+          if (read == ResponseEventLog::Read::kWaiting) {
+            gone = stopping_ || watch.PeerClosed();
+            continue;
+          }
+          if (read != ResponseEventLog::Read::kEvents) break;
           for (const std::string& frame : frames) {
             if (stopping_ || watch.PeerClosed() || !sink.is_writable() ||
                 !sink.write(frame.data(), frame.size())) {

@@ -31,6 +31,20 @@ ResponseEventLog::Read ResponseEventLog::Next(int64_t* cursor,
                                               std::vector<std::string>* out) const {
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait(lock, [&] { return closed_ || next_ > *cursor + 1; });
+  return TakeLocked(cursor, out);
+}
+
+ResponseEventLog::Read ResponseEventLog::Next(int64_t* cursor, std::vector<std::string>* out,
+                                              std::chrono::milliseconds max_wait) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!changed_.wait_for(lock, max_wait, [&] { return closed_ || next_ > *cursor + 1; })) {
+    return Read::kWaiting;
+  }
+  return TakeLocked(cursor, out);
+}
+
+ResponseEventLog::Read ResponseEventLog::TakeLocked(int64_t* cursor,
+                                                    std::vector<std::string>* out) const {
   if (next_ <= *cursor + 1) return Read::kEnd;  // closed, nothing after the cursor
   if (*cursor + 1 < first_kept_) return Read::kDropped;
   for (const auto& [sequence, frame] : events_) {

@@ -21,6 +21,7 @@
 #ifndef COLI_TOOLS_COLI_SERVE_RESPONSES_STREAM_H_
 #define COLI_TOOLS_COLI_SERVE_RESPONSES_STREAM_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -49,10 +50,16 @@ class ResponseEventLog {
     kEvents,   // *out got the frames after *cursor; *cursor is the last one's sequence number
     kEnd,      // the log is closed and everything after *cursor was read
     kDropped,  // the event after *cursor is no longer kept (max_bytes)
+    kWaiting,  // (with a max_wait) nothing after *cursor came within it; the log is still open
   };
   // Waits until there is an event after *cursor or the log is closed, then appends the frames
   // of every kept event after *cursor to *out. Blocks only while the log is open.
   Read Next(int64_t* cursor, std::vector<std::string>* out) const;
+  // The same, but returns kWaiting after `max_wait` without an event, so that a reader can see
+  // whether its client is still there: a response waiting in the host's queue or in a long
+  // prefill sends nothing for that long.
+  Read Next(int64_t* cursor, std::vector<std::string>* out,
+            std::chrono::milliseconds max_wait) const;
 
   bool closed() const;
   // The sequence number of the oldest kept event (0 until one is dropped), and the one the
@@ -64,6 +71,9 @@ class ResponseEventLog {
   size_t max_bytes() const { return max_bytes_; }
 
  private:
+  // Under mu_, once there is an event after *cursor or the log is closed: Next's result.
+  Read TakeLocked(int64_t* cursor, std::vector<std::string>* out) const;
+
   const size_t max_bytes_;
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
