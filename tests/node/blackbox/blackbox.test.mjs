@@ -485,19 +485,20 @@ test('a request waiting in the host queue whose client leaves is cancelled at on
     }).then((r) => held.push(r), () => {});  // never read, only held (kept from the GC)
   };
   const state = (m) => ['coli_requests_active', 'coli_queue_depth']
-    .map((name) => `${name} ${m.value(name)}`).join(', ');
+    .map((name) => `${name} ${m.value(name)}`).join(', ') +
+    `; answered to the client: ${JSON.stringify(held.map((r) => r.status))}`;
   try {
     let m;
     for (let i = 0; i < WORKERS; i++) open();
     assert.ok(await until(async () => {
       m = await metrics();
       return m.value('coli_requests_active') === WORKERS && m.value('coli_queue_depth') === 0;
-    }), `the ${WORKERS} held streams do not all run: ${state(m)}`);
+    }), `the ${WORKERS} held streams do not all run: ${state(m)}\n${m.text}`);
     open();
     assert.ok(await until(async () => {
       m = await metrics();
       return m.value('coli_requests_active') === WORKERS && m.value('coli_queue_depth') === 1;
-    }), `the extra request is not waiting in the queue: ${state(m)}`);
+    }), `the extra request is not waiting in the queue: ${state(m)}\n${m.text}`);
     // The gateway's thread for the queued request waits for the host's first event; the client
     // leaving cancels its gRPC call at once (ConnectionMonitor), not when a worker frees: a 499
     // to nobody, and the host takes it out of its queue (Engine::Cancel).
