@@ -41,16 +41,17 @@ async function gauges(base) {
     queue: value('coli_queue_depth') };
 }
 
-// Polls `read` (async) until it equals `want` (deep), for at most GUARD_MS: a hang guard.
-async function settlesTo(read, want, what) {
+// Polls `read` (async, an array of counts) until no count is above its `limit`, for at most
+// GUARD_MS: a hang guard. (Below is fine: a socket of the warm-up may have closed since.)
+async function settlesTo(read, limit, what) {
   const until = Date.now() + GUARD_MS;
   let got;
   while (Date.now() < until) {
     got = await read();
-    if (JSON.stringify(got) === JSON.stringify(want)) return;
+    if (got.every((v, i) => v <= limit[i])) return;
     await new Promise((r) => setTimeout(r, 100));
   }
-  assert.deepEqual(got, want, `${what}: not back to the baseline`);
+  assert.deepEqual(got, limit, `${what}: above the baseline`);
 }
 
 // Writes a raw HTTP/1.1 request and closes the socket once `leaveWhen(text so far)` holds (at
@@ -157,8 +158,6 @@ test('descriptors, threads and gauges return to their baseline after 100 clients
     // Warm-up: the host's pooled sessions and the gateway's lazily made state exist afterwards.
     await round(kinds.length * 2);
     await settlesTo(idle, [0, 0, 0], 'streams, requests and queue after the warm-up');
-    const fdsCount = fds(s.gateway);
-    await settlesTo(async () => fds(s.gateway), fdsCount, 'gateway descriptors after the warm-up');
     const baseline = await state();
     await round(100);
     await settlesTo(state, baseline,
