@@ -16,7 +16,7 @@ target_compile_definitions(coli_host_core PRIVATE COLI_HOST_VERSION="${PROJECT_V
 coli_cc_library(NAME coli_model_options_env
   SRCS ${CMAKE_CURRENT_LIST_DIR}/model_options_env.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/model_options_env.h
-  PUBLIC_DEPS coli_proto coli_plugin_api absl::statusor
+  PUBLIC_DEPS coli_proto coli_plugin_api absl::statusor nlohmann_json::nlohmann_json
   DEPS coli_flags coli_status absl::strings)
 
 coli_cc_binary(NAME coli-host SRCS ${CMAKE_CURRENT_LIST_DIR}/main.cc

@@ -17,6 +17,7 @@
 #include "common/status/status.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "nlohmann/json.hpp"
 
 namespace coli::host {
 namespace {
@@ -60,10 +61,15 @@ bool ValidName(std::string_view name) {
   return !(name[0] >= '0' && name[0] <= '9');
 }
 
-// Whether `kind` can set `field` (every kind but LIST can travel in `extra` as text).
+// Whether `kind` can set `field` (every kind but LIST can travel in `extra` as text, or be a
+// request default).
 absl::Status CheckKindSuitsField(const v1::ModelSwitch& s) {
-  if (s.field() == COLI_SWITCH_FIELD_EXTRA) {
-    if (s.extra_key().empty()) return absl::FailedPreconditionError("names no extra key");
+  if (s.field() == COLI_SWITCH_FIELD_EXTRA || s.field() == COLI_SWITCH_FIELD_REQUEST) {
+    if (s.extra_key().empty()) {
+      return absl::FailedPreconditionError(s.field() == COLI_SWITCH_FIELD_EXTRA
+                                               ? "names no extra key"
+                                               : "names no request field (extra_key)");
+    }
     if (s.kind() == COLI_SWITCH_LIST) {
       return absl::FailedPreconditionError("a list can only set extra_dirs");
     }
@@ -140,11 +146,16 @@ std::string Who(const v1::ModelSwitch& s) {
   return s.family().empty() ? std::string("coli-host") : absl::StrCat("family ", s.family());
 }
 
-// Checks `value` against `s` and writes it into `o`.
-absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::ModelOptions* o) {
+bool IsRequestDefault(const v1::ModelSwitch& s) { return s.field() == COLI_SWITCH_FIELD_REQUEST; }
+
+// Checks `value` against `s` and writes it into `o`, or into `request` for a request default.
+absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::ModelOptions* o,
+                   nlohmann::json* request) {
   const std::string& name = s.name();
   const google::protobuf::Reflection* r = o->GetReflection();
-  const FieldDescriptor* f = s.field() == COLI_SWITCH_FIELD_EXTRA ? nullptr : FieldOf(s.field());
+  const bool typed = s.field() != COLI_SWITCH_FIELD_EXTRA && !IsRequestDefault(s);
+  const FieldDescriptor* f = typed ? FieldOf(s.field()) : nullptr;
+  nlohmann::json typed_value = value;  // what a request default carries
   switch (s.kind()) {
     case COLI_SWITCH_INT: {
       absl::StatusOr<int64_t> n = flags::ParseWholeNumber(name, value, s.int_min(), s.int_max());
@@ -161,6 +172,7 @@ absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::Model
       } else if (f != nullptr) {
         r->SetInt64(o, f, *n);
       }
+      typed_value = *n;
       break;
     }
     case COLI_SWITCH_BOOL:
@@ -168,6 +180,7 @@ absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::Model
         return Expected(name, value, s.expected().empty() ? "0 or 1" : s.expected());
       }
       if (f != nullptr) r->SetBool(o, f, value == "1");
+      typed_value = value == "1";
       break;
     case COLI_SWITCH_REAL: {
       // Finite and in range: nan passed every `x < lo || x > hi` check downstream.
@@ -179,6 +192,7 @@ absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::Model
                                              : s.expected());
       }
       if (f != nullptr) r->SetDouble(o, f, *x);
+      typed_value = *x;
       break;
     }
     case COLI_SWITCH_STRING:
@@ -196,6 +210,30 @@ absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::Model
   // Family-only switches travel by name in `extra`, as given; only set ones are sent (other
   // families refuse keys they do not know).
   if (s.field() == COLI_SWITCH_FIELD_EXTRA) (*o->mutable_extra())[s.extra_key()] = value;
+  if (IsRequestDefault(s)) (*request)[s.extra_key()] = std::move(typed_value);
+  return absl::OkStatus();
+}
+
+// Reads every set variable of `switches`: model options into `o`, request defaults into
+// `request`. A name declared twice with different meanings is refused when set, naming both.
+absl::Status ReadEnvironment(std::span<const v1::ModelSwitch> switches, const EnvLookup& getenv,
+                             v1::ModelOptions* o, nlohmann::json* request) {
+  *request = nlohmann::json::object();
+  std::map<std::string, const v1::ModelSwitch*> first;  // by name: the declaration applied
+  for (const v1::ModelSwitch& s : switches) {
+    const char* v = getenv(s.name().c_str());
+    if (v == nullptr || *v == '\0') continue;
+    const std::string value = v;
+    auto [it, fresh] = first.emplace(s.name(), &s);
+    if (!fresh) {
+      if (SameMeaning(*it->second, s)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable ", s.name(), "='", value, "': declared differently by ",
+          Who(*it->second), " (", SwitchTarget(*it->second), ", ", SwitchValues(*it->second),
+          ") and ", Who(s), " (", SwitchTarget(s), ", ", SwitchValues(s), ")"));
+    }
+    COLI_RETURN_IF_ERROR(Apply(s, value, o, request));
+  }
   return absl::OkStatus();
 }
 
@@ -264,22 +302,21 @@ std::vector<v1::ModelSwitch> WithHostSwitches(std::span<const v1::ModelSwitch> f
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSwitch> switches,
                                                      const EnvLookup& getenv) {
   v1::ModelOptions o;
-  std::map<std::string, const v1::ModelSwitch*> first;  // by name: the declaration applied
-  for (const v1::ModelSwitch& s : switches) {
-    const char* v = getenv(s.name().c_str());
-    if (v == nullptr || *v == '\0') continue;
-    const std::string value = v;
-    auto [it, fresh] = first.emplace(s.name(), &s);
-    if (!fresh) {
-      if (SameMeaning(*it->second, s)) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "environment variable ", s.name(), "='", value, "': declared differently by ",
-          Who(*it->second), " (", SwitchTarget(*it->second), ", ", SwitchValues(*it->second),
-          ") and ", Who(s), " (", SwitchTarget(s), ", ", SwitchValues(s), ")"));
-    }
-    COLI_RETURN_IF_ERROR(Apply(s, value, &o));
-  }
+  nlohmann::json request;
+  COLI_RETURN_IF_ERROR(ReadEnvironment(switches, getenv, &o, &request));
   return o;
+}
+
+absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches,
+                                                      const EnvLookup& getenv) {
+  v1::ModelOptions o;
+  nlohmann::json request;
+  COLI_RETURN_IF_ERROR(ReadEnvironment(switches, getenv, &o, &request));
+  return request;
+}
+
+absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches) {
+  return RequestDefaultsFromEnv(switches, [](const char* name) { return std::getenv(name); });
 }
 
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSwitch> switches) {
@@ -309,6 +346,7 @@ std::string SwitchValues(const v1::ModelSwitch& s) {
 
 std::string SwitchTarget(const v1::ModelSwitch& s) {
   if (s.field() == COLI_SWITCH_FIELD_EXTRA) return absl::StrCat("extra[", s.extra_key(), "]");
+  if (IsRequestDefault(s)) return absl::StrCat("request[", s.extra_key(), "]");
   const FieldDescriptor* f = FieldOf(s.field());
   return f != nullptr ? std::string(f->name()) : absl::StrCat("field ", s.field());
 }

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "coli/v1/coli.pb.h"
+#include "nlohmann/json.hpp"
 #include "plugin_api/coli_plugin.h"
 
 namespace coli::host {
@@ -52,8 +53,26 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSw
 // The process environment.
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSwitch> switches);
 
+// The request defaults of the environment (COLI_SWITCH_FIELD_REQUEST switches, ABI 1.10): each
+// set one as {field: value} — BOOL a JSON bool, INT / REAL a number, STRING a string — checked as
+// ModelOptionsFromEnv checks every switch (the same errors); {} when none is set. Model options
+// never carry them: the client puts them into the chat requests it renders.
+absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches,
+                                                      const EnvLookup& getenv);
+absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches);
+// Sets each field of `defaults` that the JSON object `request` lacks (or has null). JsonT: any
+// nlohmann::basic_json (the gateway's is ordered).
+template <class JsonT>
+void ApplyRequestDefaults(const nlohmann::json& defaults, JsonT* request) {
+  if (!defaults.is_object() || !request->is_object()) return;
+  for (auto it = defaults.begin(); it != defaults.end(); ++it) {
+    auto have = request->find(it.key());
+    if (have == request->end() || have->is_null()) (*request)[it.key()] = JsonT(it.value());
+  }
+}
+
 // What a switch takes ("4, 8 or 32", "1…512", "0 or 1", "(0, 1]", "text") and what it sets
-// ("chunk", "extra[ckpt]"), for listings.
+// ("chunk", "extra[ckpt]", "request[enable_thinking]"), for listings.
 std::string SwitchValues(const v1::ModelSwitch& s);
 std::string SwitchTarget(const v1::ModelSwitch& s);
 // One line per switch: name, values, family and target, help (coli-host --switches).

@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.9 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.10 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 9
+#define COLI_ABI_VERSION_MINOR 10
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -472,6 +472,13 @@ typedef struct coli_stat_t {
 #define COLI_SWITCH_FIELD_X0_PATH 17
 #define COLI_SWITCH_FIELD_LOGITS_PATH 18
 #define COLI_SWITCH_FIELD_EXTRA 19
+/* v1.10 Not a model option: a default for one top-level field of the chat requests a client
+ * renders (extra_key: the request body's field, e.g. "enable_thinking"). `coli run --chat`,
+ * `coli chat` and the `coli serve` gateway put the value (BOOL as a JSON bool, INT and REAL as a
+ * number, STRING as a string; not LIST) into each chat request that does not set that field
+ * itself. A host older than 1.10 refuses the field: declare such switches only to a host whose
+ * minor (coli_plugin_entry's `version` in) is 10 or more. */
+#define COLI_SWITCH_FIELD_REQUEST 20
 
 /* The values a switch takes. An unset or empty variable is never read. A refused value is
  * INVALID_ARGUMENT "environment variable NAME..." naming the value and what it takes. */
@@ -625,6 +632,8 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 #define COLI_PLUGIN_API_SIZE_V1_8 (offsetof(coli_plugin_api_t, n_switches) + sizeof(size_t))
 /* 1.9 added prefill outputs (prompt-logprob ranks), no table entry: its table is 1.8's. */
 #define COLI_PLUGIN_API_SIZE_V1_9 COLI_PLUGIN_API_SIZE_V1_8
+/* 1.10 added a switch target (COLI_SWITCH_FIELD_REQUEST), no table entry: its table is 1.8's. */
+#define COLI_PLUGIN_API_SIZE_V1_10 COLI_PLUGIN_API_SIZE_V1_8
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -93,6 +93,14 @@ constexpr coli_switch_t ToExtra(coli_switch_t s, const char* key) {
   return s;
 }
 
+// The same switch as a default for the chat requests clients render (ABI 1.10): the value goes
+// into each request lacking the top-level field `request_field`. Only for hosts of minor >= 10.
+constexpr coli_switch_t ToRequestDefault(coli_switch_t s, const char* request_field) {
+  s.field = COLI_SWITCH_FIELD_REQUEST;
+  s.extra_key = request_field;
+  return s;
+}
+
 }  // namespace coli::abi
 
 #endif  // COLI_PLUGIN_API_CPP_SWITCHES_H_

@@ -1709,5 +1709,12 @@ extern "C" COLI_PLUGIN_EXPORT const coli_plugin_api_t* coli_plugin_entry(
       host->log(host->host_data, static_cast<int32_t>(level), message.data(), message.size());
     });
   }
+  if (coli::k3::g_host_minor < 10) {
+    // An older host refuses a request-default switch (ABI 1.10): its table leaves them out.
+    static coli_plugin_api_t older;
+    older = coli::k3::kApi;
+    older.n_switches = coli::k3::EnvironmentSwitches(coli::k3::g_host_minor).size();
+    return &older;
+  }
   return &coli::k3::kApi;
 }

@@ -15,6 +15,7 @@ using abi::ListSwitch;
 using abi::RealSwitch;
 using abi::TextSwitch;
 using abi::ToExtra;
+using abi::ToRequestDefault;
 
 constexpr int64_t kBits[] = {4, 8, 32};
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
@@ -119,10 +120,24 @@ constexpr coli_switch_t kSwitches[] = {
         TextSwitch("K3_VERIFY",
                    "check a container's per-tensor CRC-32s as they are read (default 1)", "0 or 1"),
         "verify"),
+    // Request defaults (ABI 1.10) last: a host older than 1.10 gets the table without them.
+    ToRequestDefault(
+        [] {
+          coli_switch_t s = BoolSwitch("K3_THINK", COLI_SWITCH_FIELD_REQUEST,
+                                       "chat replies open the think channel (default 1; 0 = "
+                                       "answer only); a request's own enable_thinking wins");
+          s.expected = "1 (think) or 0 (answer only)";
+          return s;
+        }(),
+        "enable_thinking"),
 };
+constexpr size_t kRequestDefaults = 1;
 
 }  // namespace
 
-std::span<const coli_switch_t> EnvironmentSwitches() { return kSwitches; }
+std::span<const coli_switch_t> EnvironmentSwitches(uint32_t host_minor) {
+  const std::span<const coli_switch_t> all = kSwitches;
+  return host_minor >= 10 ? all : all.first(all.size() - kRequestDefaults);
+}
 
 }  // namespace coli::k3

@@ -52,7 +52,7 @@ TEST(Conversation, MessagesInOpenAiShape) {
   EXPECT_EQ(m[1], (nlohmann::json{{"role", "user"}, {"content", "Q1"}}));
   EXPECT_EQ(m[2]["reasoning_content"], "R1");
   c.set_thinking(false);
-  EXPECT_EQ(c.Request()["chat_template_kwargs"]["thinking"], false);
+  EXPECT_EQ(c.Request()["enable_thinking"], false);
   c.Clear();
   EXPECT_EQ(c.Messages().size(), 1u);  // the system prompt stays
 }

@@ -129,6 +129,39 @@ expect 1 "K3_IDOT='2': expected 0 or 1" -- env K3_IDOT=2 "$bin/k3-run" "$model" 
 expect 1 "K3_MMAP='5': expected 0 or 1" -- env K3_MMAP=5 "$bin/k3-run" "$model" --ngen 1
 expect 1 "K3_MAXT='-5': expected a context" -- env K3_MAXT=-5 "$bin/k3-run" "$model" --ngen 1
 
+echo "== K3_THINK: kimi_k3's chat-request default (plugin ABI 1.10), not a name the client knows"
+# The client read K3_THINK by name; now the family declares it (request[enable_thinking]) and
+# coli run --chat, coli chat and coli serve put it into chat requests that do not set the field.
+prompt_tokens() {  # ASSIGNMENT [FLAG...]
+  local assignment=$1
+  shift
+  env "$assignment" timeout 60 "$coli" run --model "$model" --chat hi --ngen 1 --temperature 0 \
+    "$@" 2>&1 > /dev/null | grep -oE '[0-9]+ prompt tokens' | grep -oE '^[0-9]+'
+}
+think=$(prompt_tokens K3_THINK=1)
+answer=$(prompt_tokens K3_THINK=0)
+unset_think=$(prompt_tokens COLI_UNUSED=1)
+no_think=$(prompt_tokens K3_THINK=1 --no-think)
+[[ -n $think && -n $answer && $think != "$answer" ]] ||
+  fail "K3_THINK=1 / 0 rendered $think / $answer prompt tokens, wanted two different counts"
+[[ $unset_think == "$think" ]] || fail "K3_THINK unset: $unset_think prompt tokens, wanted $think"
+[[ $no_think == "$answer" ]] || fail "--no-think beside K3_THINK=1: $no_think, wanted $answer"
+env K3_THINK=0 "$coli" serve --model "$model" --port 0 > "$work/serve.out" 2> "$work/serve.err" &
+serve_pid=$!
+for _ in $(seq 600); do grep -q 'listening on' "$work/serve.out" && break; sleep 0.1; done
+base=$(grep -oE 'http://[^ ]+' "$work/serve.out" | head -1)
+template_tokens() {
+  http POST /apply-template "$1" | /usr/bin/python3 -c \
+    'import sys, json; s, b = sys.stdin.read().split(" ", 1); print(s, len(json.loads(b)["tokens"]))'
+}
+hi='"messages": [{"role": "user", "content": "hi"}]'
+served=$(template_tokens "{$hi}")
+[[ $served == "200 $answer" ]] || fail "coli serve with K3_THINK=0: '$served', wanted '200 $answer'"
+served=$(template_tokens "{$hi, \"enable_thinking\": true}")
+[[ $served == "200 $think" ]] || fail "a request's own enable_thinking: '$served', wanted '200 $think'"
+kill "$serve_pid" 2> /dev/null
+wait "$serve_pid" 2> /dev/null
+
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2
   exit 1

@@ -246,6 +246,22 @@ TEST(Client, AFamilysOwnSwitchIsReadWithNoHostChange) {
   unsetenv("TEST_FAMILY_KNOB");
 }
 
+// A family's request default (ABI 1.10; the echo plugin's TEST_FAMILY_GREETING) reaches the
+// client through Health with no line of the client or the host naming it, never as an option.
+TEST(Client, AFamilysRequestDefaultIsReadWithNoHostChange) {
+  auto c = Client::Connect({.plugin_dir = COLI_ECHO_PLUGIN_DIR});
+  ASSERT_OK(c.status());
+  unsetenv("TEST_FAMILY_GREETING");
+  ASSERT_OK_AND_ASSIGN(nlohmann::json none, RequestDefaultsFromEnv(**c));
+  EXPECT_EQ(none, nlohmann::json::object());
+  setenv("TEST_FAMILY_GREETING", "hello there", 1);
+  ASSERT_OK_AND_ASSIGN(nlohmann::json defaults, RequestDefaultsFromEnv(**c));
+  EXPECT_EQ(defaults, (nlohmann::json{{"echo_greeting", "hello there"}}));
+  ASSERT_OK_AND_ASSIGN(v1::ModelOptions options, ModelOptionsFromEnv(**c));
+  EXPECT_TRUE(options.extra().empty());
+  unsetenv("TEST_FAMILY_GREETING");
+}
+
 // Output and exit code of a shell command line.
 std::pair<std::string, int> Shell(const std::string& command) {
   std::string out;

@@ -453,10 +453,15 @@ struct EchoFamily {
   }
 #if !defined(ECHO_ABI_MINOR)
   static std::span<const coli_switch_t> Switches() {
-    static constexpr coli_switch_t kSwitches[] = {coli::abi::ToExtra(
-        coli::abi::IntSwitch("TEST_FAMILY_KNOB", COLI_SWITCH_FIELD_EXTRA, 1, 9,
-                             "coli_echo's test switch, reported as the model statistic knob"),
-        "knob")};
+    static constexpr coli_switch_t kSwitches[] = {
+        coli::abi::ToExtra(
+            coli::abi::IntSwitch("TEST_FAMILY_KNOB", COLI_SWITCH_FIELD_EXTRA, 1, 9,
+                                 "coli_echo's test switch, reported as the model statistic knob"),
+            "knob"),
+        coli::abi::ToRequestDefault(
+            coli::abi::TextSwitch("TEST_FAMILY_GREETING", COLI_SWITCH_FIELD_REQUEST,
+                                  "coli_echo's request default (ABI 1.10), never rendered"),
+            "echo_greeting")};
     return kSwitches;
   }
 #endif

@@ -847,13 +847,15 @@ TEST_F(HostTest, HealthListModelsAndMetrics) {
   EXPECT_EQ(health.models_loaded(), 1);
   ASSERT_EQ(health.plugins_size(), 1);
   EXPECT_EQ(health.plugins(0).family(), "coli_echo");
-  EXPECT_EQ(health.abi_version(), "1.9");
+  EXPECT_EQ(health.abi_version(), "1.10");
   // ABI 1.8: the plugin's environment switches, as it declared them.
-  ASSERT_EQ(health.plugins(0).switches_size(), 1);
+  ASSERT_EQ(health.plugins(0).switches_size(), 2);  // and its 1.10 request default
   EXPECT_EQ(health.plugins(0).switches(0).name(), "TEST_FAMILY_KNOB");
   EXPECT_EQ(health.plugins(0).switches(0).family(), "coli_echo");
   EXPECT_EQ(health.plugins(0).switches(0).extra_key(), "knob");
   EXPECT_EQ(health.plugins(0).switches(0).int_max(), 9);
+  EXPECT_EQ(health.plugins(0).switches(1).field(), COLI_SWITCH_FIELD_REQUEST);
+  EXPECT_EQ(health.plugins(0).switches(1).extra_key(), "echo_greeting");
   grpc::ClientContext c2;
   v1::ListModelsResponse models;
   ASSERT_TRUE(stub_->ListModels(&c2, v1::ListModelsRequest(), &models).ok());

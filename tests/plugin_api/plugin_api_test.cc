@@ -37,8 +37,9 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.9 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs;
-// 1.8 appended the switch table and added coli_switch_t; 1.9 grew the prefill result).
+// ABI 1.10 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs;
+// 1.8 appended the switch table and added coli_switch_t; 1.9 grew the prefill result; 1.10 only
+// added a switch target).
 // Append-only: a change here breaks every built plugin (the function table grows with each minor,
 // at its end; no existing offset moves).
 const Frozen kFrozen[] = {
@@ -251,7 +252,8 @@ TEST(AbiLayout, TableSizesPerMinor) {
   // 1.8 appended the switch table (pointer and count); a switch is read up to its struct_size.
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, sizeof(coli_plugin_api_t));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, COLI_PLUGIN_API_SIZE_V1_6 + 2 * sizeof(void*));
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_9, COLI_PLUGIN_API_SIZE_V1_8);  // 1.9 added no entry
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_9, COLI_PLUGIN_API_SIZE_V1_8);   // 1.9 added no entry
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_10, COLI_PLUGIN_API_SIZE_V1_8);  // nor did 1.10
   EXPECT_EQ(COLI_SWITCH_SIZE_V1_8, sizeof(coli_switch_t));
   EXPECT_EQ(COLI_CHANNEL_TOOL_CALL_DELTA, 4);
   EXPECT_EQ(sizeof(coli_chat_event_t), offsetof(coli_chat_event_t, text) + sizeof(coli_string_t));
@@ -376,15 +378,15 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.9"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.9, host 1.9)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.10"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.10, host 1.10)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.9 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.10 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
       {"fake_null_session_reusable", "leaves NULL: session_reusable"},
-      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.9 needs (176 bytes"},
+      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.10 needs (176 bytes"},
       // ABI 1.8: a malformed switch table refuses the plugin, naming the switch.
       {"fake_bad_switch", "switch FAKE_BITS: kind 3 cannot set field 'bits'"},
       {"fake_null_switches", "n_switches 2 with switches NULL"},
@@ -449,8 +451,8 @@ TEST_F(LoaderTest, A17PluginLoadsWithNoSwitchesAndA18PluginDeclaresItsOwn) {
   host::PluginReport report;
   auto v18 = host::Plugin::Load(COLI_ECHO_PLUGIN, &report);
   ASSERT_OK(v18.status());
-  EXPECT_EQ((*v18)->minor(), 9u);  // the echo family is built at the current minor (1.9)
-  ASSERT_EQ((*v18)->switches().size(), 1u);
+  EXPECT_EQ((*v18)->minor(), 10u);  // the echo family is built at the current minor (1.10)
+  ASSERT_EQ((*v18)->switches().size(), 2u);
   const v1::ModelSwitch& knob = (*v18)->switches()[0];
   EXPECT_EQ(knob.name(), "TEST_FAMILY_KNOB");
   EXPECT_EQ(knob.family(), "coli_echo");
@@ -459,7 +461,12 @@ TEST_F(LoaderTest, A17PluginLoadsWithNoSwitchesAndA18PluginDeclaresItsOwn) {
   EXPECT_EQ(knob.kind(), COLI_SWITCH_INT);
   EXPECT_EQ(knob.int_min(), 1);
   EXPECT_EQ(knob.int_max(), 9);
-  EXPECT_EQ(report.switches.size(), 1u);
+  const v1::ModelSwitch& greeting = (*v18)->switches()[1];  // a request default (ABI 1.10)
+  EXPECT_EQ(greeting.name(), "TEST_FAMILY_GREETING");
+  EXPECT_EQ(greeting.field(), COLI_SWITCH_FIELD_REQUEST);
+  EXPECT_EQ(greeting.extra_key(), "echo_greeting");
+  EXPECT_EQ(greeting.kind(), COLI_SWITCH_STRING);
+  EXPECT_EQ(report.switches.size(), 2u);
 }
 
 // ABI 1.2: a model's current values come from model_stats; a 1.1 plugin (table ending at

@@ -17,11 +17,13 @@
 // When stdout is not a terminal, or TERM=dumb, the output is plain text without escape codes;
 // NO_COLOR drops dim and bold. A reply that fails before any text takes its user message back
 // out of the conversation.
+#include <editline/readline.h>
 #include <fcntl.h>
 #include <langinfo.h>
 #include <locale.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -41,11 +43,9 @@
 #include <thread>
 #include <vector>
 
-#include <editline/readline.h>
-#include <sys/stat.h>
-
 #include "absl/strings/str_format.h"
 #include "common/status/status.h"
+#include "host/model_options_env.h"
 #include "tools/coli/chat_history.h"
 #include "tools/coli/chat_keys.h"
 #include "tools/coli/chat_tui.h"
@@ -342,17 +342,27 @@ class LineReader {
 
 struct ChatFlags : CommonFlags {  // seed_given false: each reply draws a random seed
   std::string system;
-  bool think = true;
+  std::optional<bool> think;  // --think / --no-think; else the environment's default, else on
   int max_tokens = 0;  // 0: until the context is full
 };
 
 class ChatApp {
  public:
-  ChatApp(client::Client* client, std::string model_id, const ChatFlags& flags)
-      : client_(client), model_id_(std::move(model_id)), flags_(flags),
+  // `request_defaults`: the chat-request defaults of the environment (K3_THINK as
+  // enable_thinking), under what the conversation sets itself.
+  ChatApp(client::Client* client, std::string model_id, const ChatFlags& flags,
+          nlohmann::json request_defaults)
+      : client_(client),
+        model_id_(std::move(model_id)),
+        flags_(flags),
+        request_defaults_(std::move(request_defaults)),
         style_(CurrentStyle()) {
     conversation_.set_system(flags.system);
-    conversation_.set_thinking(flags.think);
+    const auto env_think = request_defaults_.find("enable_thinking");
+    conversation_.set_thinking(flags.think ? *flags.think
+                               : env_think != request_defaults_.end() && env_think->is_boolean()
+                                   ? env_think->get<bool>()
+                                   : true);
   }
 
   int Loop() {
@@ -488,8 +498,9 @@ class ChatApp {
     request.set_session("chat");
     request.set_request_id(client::Client::NewRequestId());
     // The input refuses text that is not UTF-8; a reply's text is replaced rather than thrown on.
-    request.set_request_json(conversation_.Request().dump(
-        -1, ' ', false, nlohmann::json::error_handler_t::replace));
+    nlohmann::json body = conversation_.Request();
+    host::ApplyRequestDefaults(request_defaults_, &body);
+    request.set_request_json(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     request.set_max_tokens(flags_.max_tokens);
     *request.mutable_sampling() = flags_.sampling;
     if (!flags_.seed_given) request.mutable_sampling()->set_seed(RandomSeed());
@@ -682,6 +693,7 @@ class ChatApp {
   bool host_ended_ = false;  // the private host died: the chat ends (EndWithoutHost)
   std::string model_id_;
   ChatFlags flags_;
+  nlohmann::json request_defaults_;
   Style style_;
   Conversation conversation_;
   bool show_reasoning_ = true;
@@ -700,7 +712,6 @@ constexpr const char* kUsage =
 
 absl::StatusOr<ChatFlags> ParseChatFlags(int argc, char** argv, bool* help) {
   ChatFlags flags;
-  COLI_RETURN_IF_ERROR(ReadThinkSwitch(&flags.think));
   ArgReader args(argc, argv);
   while (args.Next()) {
     COLI_ASSIGN_OR_RETURN(bool taken, TakeCommonFlag(args, &flags));
@@ -770,6 +781,12 @@ int RunChat(int argc, char** argv) {
     std::fprintf(stderr, "coli chat: %s\n", std::string(options.status().message()).c_str());
     return options.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  absl::StatusOr<nlohmann::json> request_defaults = client::RequestDefaultsFromEnv(**client);
+  if (!request_defaults.ok()) {
+    std::fprintf(stderr, "coli chat: %s\n",
+                 std::string(request_defaults.status().message()).c_str());
+    return request_defaults.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
   client::ProgressDisplay bar(stderr);
   // Ctrl-C or SIGTERM while the model loads abandons the load.
   client::CancelToken load_cancel;
@@ -800,7 +817,7 @@ int RunChat(int argc, char** argv) {
   Style style = CurrentStyle();
   std::printf("%scoli chat%s — %s (%s). /help for commands, Ctrl-C stops a reply, Ctrl-D exits.\n",
               style.bold(), style.reset(), model->id().c_str(), model->family().c_str());
-  ChatApp app(client->get(), model->id(), flags);
+  ChatApp app(client->get(), model->id(), flags, *std::move(request_defaults));
   return app.Loop();
 }
 

@@ -30,7 +30,7 @@ nlohmann::json Conversation::Messages() const {
 }
 
 nlohmann::json Conversation::Request() const {
-  return {{"messages", Messages()}, {"chat_template_kwargs", {{"thinking", thinking_}}}};
+  return {{"messages", Messages()}, {"enable_thinking", thinking_}};
 }
 
 absl::Status Conversation::Save(const std::string& path, const std::string& model) const {

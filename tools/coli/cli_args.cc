@@ -44,18 +44,6 @@ int ExitLikeSignal(int rc) {
 
 // ---- numbers --------------------------------------------------------------------------------
 
-absl::Status ReadThinkSwitch(bool* think) {
-  const char* v = std::getenv("K3_THINK");
-  if (v == nullptr || *v == '\0') return absl::OkStatus();
-  const std::string value = v;
-  if (value != "0" && value != "1") {
-    return absl::InvalidArgumentError(absl::StrCat("environment variable K3_THINK='", value,
-                                                   "': expected 1 (think) or 0 (answer only)"));
-  }
-  *think = value == "1";
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::optional<uint64_t>> ParseSeed(std::string_view what, std::string_view text) {
   if (text == "-1") return std::optional<uint64_t>();
   uint64_t v = 0;

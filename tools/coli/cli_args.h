@@ -46,11 +46,6 @@ absl::StatusOr<std::optional<uint64_t>> ParseSeed(std::string_view what, std::st
 // A fresh random seed (std::random_device).
 uint64_t RandomSeed();
 
-// K3_THINK for `coli run --chat` and `coli chat`: unset or empty leaves *think as it is, "1"
-// opens the think channel, "0" does not; anything else ("false", "no") is INVALID_ARGUMENT
-// naming the variable and the value (it used to open the channel).
-absl::Status ReadThinkSwitch(bool* think);
-
 // The byte offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no
 // overlong forms, no surrogates, nothing above U+10FFFF), or nullopt when all of it is.
 std::optional<size_t> FirstInvalidUtf8(std::string_view text);

@@ -486,6 +486,11 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(Client& host) {
   return host::ModelOptionsFromEnv(SwitchesOf(health));
 }
 
+absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(Client& host) {
+  COLI_ASSIGN_OR_RETURN(v1::HealthResponse health, host.Health());
+  return host::RequestDefaultsFromEnv(SwitchesOf(health));
+}
+
 // ---- progress -------------------------------------------------------------------------------
 
 ProgressDisplay::ProgressDisplay(std::FILE* out) : out_(out), tty_(isatty(fileno(out)) != 0) {}

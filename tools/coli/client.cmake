@@ -4,7 +4,8 @@ coli_cc_library(NAME coli_client
   SRCS ${CMAKE_CURRENT_LIST_DIR}/client.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/client.h
   PUBLIC_DEPS coli_proto coli_status absl::status absl::statusor absl::strings gRPC::grpc++
-  DEPS coli_model_options_env coli_flags)
+              nlohmann_json::nlohmann_json coli_model_options_env
+  DEPS coli_flags)
 # Where a private host, the plugins and the embedded tiny model are found in this build.
 target_compile_definitions(coli_client PUBLIC
   COLI_CLIENT_HOST_BINARY="$<TARGET_FILE:coli-host>"

@@ -32,9 +32,10 @@
 #include <thread>
 #include <vector>
 
+#include "host/model_options_env.h"
 #include "nlohmann/json.hpp"
-#include "tools/coli/client.h"
 #include "tools/coli/cli_args.h"
+#include "tools/coli/client.h"
 #include "tools/coli/command.h"
 #include "tools/coli/run_flags.h"
 
@@ -154,6 +155,14 @@ int RunCommand(int argc, char** argv) {
     }
     return Fail(options.status());
   }
+  // The chat-request defaults the host's families declare (K3_THINK), checked the same way.
+  auto request_defaults = client::RequestDefaultsFromEnv(c);
+  if (!request_defaults.ok()) {
+    if (request_defaults.status().code() == absl::StatusCode::kInvalidArgument) {
+      return UsageError(std::string(request_defaults.status().message()));
+    }
+    return Fail(request_defaults.status());
+  }
   auto model = client::LoadShowingProgress(c, model_dir, *options, &load_cancel);
   if (g_signal.load() != 0) return interrupted();
   if (!model.ok()) return Fail(model.status());
@@ -209,7 +218,8 @@ int RunCommand(int argc, char** argv) {
       request["messages"].push_back({{"role", "system"}, {"content", flags.system}});
     }
     request["messages"].push_back({{"role", "user"}, {"content", prompt}});
-    request["enable_thinking"] = flags.think;
+    if (flags.think) request["enable_thinking"] = *flags.think;
+    host::ApplyRequestDefaults(*request_defaults, &request);
     if (!response_format.is_null()) request["response_format"] = response_format;
     v1::ChatRequest r;
     r.set_model(model->id());

@@ -105,7 +105,6 @@ absl::StatusOr<RunFlags> ParseRunFlags(int argc, char** argv) {
     COLI_ASSIGN_OR_RETURN(double temperature, ParseRealNumber("COLI_TEMP", t, 0, 100));
     f.sampling.set_temperature(static_cast<float>(temperature));
   }
-  COLI_RETURN_IF_ERROR(ReadThinkSwitch(&f.think));
   bool system_given = false, no_think_given = false;
   int prompt_sources = 0;
   ArgReader args(argc, argv);

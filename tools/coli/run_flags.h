@@ -8,6 +8,7 @@
 #define COLI_TOOLS_COLI_RUN_FLAGS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,13 +37,14 @@ struct RunFlags : CommonFlags {
   bool print_ids = false;
   bool chat = false;
   std::string system;
-  bool think = true;
+  // --no-think: false; unset, the environment's request defaults (K3_THINK) or the family's.
+  std::optional<bool> think;
   int32_t ngen = 64;  // max tokens for the host; 0 = until the context is full (--ngen -1)
   std::string json_schema_path;
   bool json_object = false;
 };
 
-// Parses argv (argv[0] is the command name) and $COLI_TEMP / $K3_THINK. INVALID_ARGUMENT with
+// Parses argv (argv[0] is the command name) and $COLI_TEMP. INVALID_ARGUMENT with
 // a message naming the flag and the value for anything wrong or contradictory.
 absl::StatusOr<RunFlags> ParseRunFlags(int argc, char** argv);
 

@@ -246,6 +246,14 @@ int RunGateway(int argc, char** argv, bool web) {
     std::fprintf(stderr, "%s: %s\n", name, std::string(client.status().message()).c_str());
     return 1;
   }
+  // The chat-request defaults the host's families declare (K3_THINK), from this environment,
+  // with or without --connect; a bad value is a usage error.
+  auto request_defaults = client::RequestDefaultsFromEnv(**client);
+  if (!request_defaults.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name,
+                 std::string(request_defaults.status().message()).c_str());
+    return request_defaults.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
   v1::ModelInfo info;
   if (!model_dir.empty()) {
     // The model switches of the environment, read with the tables the host's plugins declare
@@ -283,6 +291,7 @@ int RunGateway(int argc, char** argv, bool web) {
   server.new_task_queue = [n = flags.http_threads] { return new httplib::ThreadPool(n); };
   Gateway gateway(&(*client)->stub(), info, api_key, web, flags.max_background,
                   std::move(stored_dir), std::move(allowed_origins));
+  gateway.set_request_defaults(*std::move(request_defaults));
   gateway.Register(&server);
   int bound = port;
   if (port == 0) {

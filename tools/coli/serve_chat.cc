@@ -291,6 +291,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   const std::string id = NewId("chatcmpl-");
   const int64_t created = NowSeconds();
   body.erase("return_progress");  // the gateway's own field, not the template's
+  host::ApplyRequestDefaults(request_defaults_, &body);
   const std::string request_json = Dump(body);
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
 

@@ -128,6 +128,7 @@ void Gateway::Tokenize(const Req& req, Res& res) {
     grpc::ClientContext ctx;
     v1::ApplyTemplateRequest r;
     r.set_model(info_.id());
+    host::ApplyRequestDefaults(request_defaults_, &body);
     r.set_request_json(Dump(body));
     r.set_add_generation_prompt(true);
     v1::ApplyTemplateResponse out;
@@ -210,6 +211,7 @@ void Gateway::ApplyTemplate(const Req& req, Res& res) {
   grpc::ClientContext ctx;
   v1::ApplyTemplateRequest r;
   r.set_model(info_.id());
+  host::ApplyRequestDefaults(request_defaults_, &body);
   r.set_request_json(Dump(body));
   r.set_add_generation_prompt(true);
   v1::ApplyTemplateResponse out;

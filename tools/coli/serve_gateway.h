@@ -22,6 +22,7 @@
 
 #include "coli/v1/coli.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "host/model_options_env.h"
 #include "httplib.h"
 #include "tools/coli/serve_connection.h"
 #include "tools/coli/serve_openai.h"
@@ -137,6 +138,9 @@ class Gateway {
   }
 
   void Register(httplib::Server* server);
+  // The chat-request defaults of the environment (ABI 1.10 switches such as K3_THINK, e.g.
+  // {"enable_thinking": false}): put into each chat request that does not set the field.
+  void set_request_defaults(nlohmann::json defaults) { request_defaults_ = std::move(defaults); }
   // The methods `path` takes ("" when no endpoint has that path), for Allow and 405.
   std::vector<std::string> MethodsFor(const std::string& path) const;
   // Ends every stream at its next token or event (their clients are treated as gone), cancels
@@ -417,6 +421,7 @@ class Gateway {
   std::vector<Route> routes_;
   ConnectionMonitor monitor_;  // cancels host calls whose clients went away
   int32_t first_special_ = 0;
+  nlohmann::json request_defaults_ = nlohmann::json::object();
 
   std::mutex mu_;
   std::map<int, uint64_t> http_by_status_;

@@ -23,6 +23,7 @@ std::optional<ResponsesRequest> Gateway::ResponsesBody(const Req& req, Res& res)
     return std::nullopt;
   }
   if (!ModelOk(r->fields.model, res)) return std::nullopt;
+  host::ApplyRequestDefaults(request_defaults_, &r->chat);
   return r;
 }
 
