@@ -3,9 +3,10 @@
 # Not part of CI (a second full build does not fit its time on 2 cores); run it before a release
 # or after touching kernels, parsers or buffers. Leaks are checked too (LeakSanitizer at each
 # process's exit, coli-host and coli children included): a leak report makes the process exit
-# non-zero, so the test that ran it fails. scripts/lsan.supp hides only third-party libraries
-# that keep allocations until exit (the Vulkan loader, Mesa's drivers, LLVM); COLI_LSAN=0 turns
-# leak checking off. Extra arguments go to ctest (e.g. -R Kernel). docs/status/sanitizers.md.
+# non-zero, so the test that ran it fails. scripts/lsan.supp may name only third-party libraries
+# that keep allocations until exit (none needed so far: not the Vulkan loader nor lavapipe);
+# COLI_LSAN=0 turns leak checking off (docs/status/sanitizers.md). Extra arguments go to ctest
+# (e.g. -R Kernel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
