@@ -17,7 +17,8 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release \
 # COLI_ASAN_TARGETS="coli coli-host kimi_k3 k3_tiny_fixture host_test" builds only those (the
 # whole build takes hours on a shared 2-core machine); then run the matching tests with -R.
 # shellcheck disable=SC2086
-cmake --build build-asan -j "${COLI_JOBS:-$(nproc)}" ${COLI_ASAN_TARGETS:+--target $COLI_ASAN_TARGETS}
+cmake --build build-asan -j "${COLI_JOBS:-$(nproc)}" \
+  ${COLI_ASAN_TARGETS:+--target $COLI_ASAN_TARGETS}
 if [[ "${COLI_LSAN:-1}" == 0 ]]; then leaks=detect_leaks=0; else leaks=detect_leaks=1; fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-$leaks}"
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$PWD/scripts/lsan.supp:print_suppressions=0}"
