@@ -223,6 +223,16 @@ TEST_F(HostBatchedTest, ConcurrentRequestsShareDecodeCallsAndMatchLoneRuns) {
 // chunk passes (mixed passes; before them, the plugin let waiting passes run between two
 // chunks). The tiny model in chunks of 8 with 15 ms of pacing after each chunk: ~38 chunks.
 TEST_F(HostBatchedTest, LongPrefillLetsOtherSessionsDecodeBetweenChunks) {
+  // The sinks' state before the engine: an ASSERT that gives up waiting returns with requests
+  // still running, and ~Engine ends them through on_done, which must find this state alive
+  // (declared after the engine, it was destroyed first: a write into a dead absl::Status, seen
+  // as a leak report when the 60 s wait ran out on a loaded machine).
+  std::mutex mu;
+  std::condition_variable cv;
+  int decoder_tokens = 0, decoder_tokens_at_first_report = -1, decoder_tokens_at_started = -1;
+  int reports = 0, done = 0;
+  absl::Status decoder_status, reader_status;
+
   auto engine = std::make_unique<Engine>(EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST,
                                                        .workers = 2,
                                                        .prefill_delay_ms = 15,
@@ -232,12 +242,6 @@ TEST_F(HostBatchedTest, LongPrefillLetsOtherSessionsDecodeBetweenChunks) {
   load.set_id("k3");
   load.mutable_options()->set_chunk(8);
   ASSERT_OK(engine->LoadModel(load, nullptr).status());
-
-  std::mutex mu;
-  std::condition_variable cv;
-  int decoder_tokens = 0, decoder_tokens_at_first_report = -1, decoder_tokens_at_started = -1;
-  int reports = 0, done = 0;
-  absl::Status decoder_status, reader_status;
 
   GenerationInput decoder;
   decoder.model = "k3";
@@ -323,6 +327,10 @@ TEST_F(HostBatchedTest, LongPromptCarriesDecodeRowsAndAllMatchLoneRuns) {
       {"r", "sr", text, 0, 0, 0, 0, 4},
   };
   const std::vector<Out> ref = Reference(specs);
+  // Before the engine, so that they outlive it (as in the test above).
+  std::vector<Out> outs(specs.size());
+  std::mutex mu;
+  std::condition_variable cv;
   auto engine = std::make_unique<Engine>(
       EngineOptions{.plugin_dir = COLI_PLUGIN_DIR_FOR_TEST, .workers = 3, .max_batch = 8});
   v1::LoadModelRequest load;
@@ -332,9 +340,6 @@ TEST_F(HostBatchedTest, LongPromptCarriesDecodeRowsAndAllMatchLoneRuns) {
   ASSERT_OK(engine->LoadModel(load, nullptr).status());
   // The decoders first; the reader once both have tokens (they still have ~150 to go, while the
   // reader's ~30 chunk passes each carry their next step).
-  std::vector<Out> outs(specs.size());
-  std::mutex mu;
-  std::condition_variable cv;
   auto submit = [&](size_t i) { Submit(*engine, specs[i], &outs[i], mu, cv); };
   submit(0);
   submit(1);
