@@ -154,6 +154,10 @@ class Server:
 
 def check_canary(checker, canary):
     p = subprocess.run([canary], env=checker.env, capture_output=True, text=True)
+    if 'LeakSanitizer has encountered a fatal error' in p.stderr:
+        # It stops the process's threads with ptrace, which some containers forbid.
+        print('SKIP: LeakSanitizer cannot run here\n' + p.stderr[-1000:])
+        sys.exit(77)
     if p.returncode == 0 or 'detected memory leaks' not in p.stderr:
         fail(f'the canary leak was not reported (exit {p.returncode}): the leak check is not '
              f'active, so it would pass for nothing\n{p.stderr[-2000:]}')
