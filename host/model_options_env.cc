@@ -214,11 +214,17 @@ absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::Model
   return absl::OkStatus();
 }
 
-// Reads every set variable of `switches`: model options into `o`, request defaults into
-// `request`. A name declared twice with different meanings is refused when set, naming both.
-absl::Status ReadEnvironment(std::span<const v1::ModelSwitch> switches, const EnvLookup& getenv,
-                             v1::ModelOptions* o, nlohmann::json* request) {
-  *request = nlohmann::json::object();
+// What the set variables of a table say: model options and chat-request defaults.
+struct EnvironmentValues {
+  v1::ModelOptions options;
+  nlohmann::json request = nlohmann::json::object();
+};
+
+// Reads every set variable of `switches`. A name declared twice with different meanings is
+// refused when set, naming both.
+absl::StatusOr<EnvironmentValues> ReadEnvironment(std::span<const v1::ModelSwitch> switches,
+                                                  const EnvLookup& getenv) {
+  EnvironmentValues values;
   std::map<std::string, const v1::ModelSwitch*> first;  // by name: the declaration applied
   for (const v1::ModelSwitch& s : switches) {
     const char* v = getenv(s.name().c_str());
@@ -232,9 +238,9 @@ absl::Status ReadEnvironment(std::span<const v1::ModelSwitch> switches, const En
           Who(*it->second), " (", SwitchTarget(*it->second), ", ", SwitchValues(*it->second),
           ") and ", Who(s), " (", SwitchTarget(s), ", ", SwitchValues(s), ")"));
     }
-    COLI_RETURN_IF_ERROR(Apply(s, value, o, request));
+    COLI_RETURN_IF_ERROR(Apply(s, value, &values.options, &values.request));
   }
-  return absl::OkStatus();
+  return values;
 }
 
 }  // namespace
@@ -301,18 +307,14 @@ std::vector<v1::ModelSwitch> WithHostSwitches(std::span<const v1::ModelSwitch> f
 
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSwitch> switches,
                                                      const EnvLookup& getenv) {
-  v1::ModelOptions o;
-  nlohmann::json request;
-  COLI_RETURN_IF_ERROR(ReadEnvironment(switches, getenv, &o, &request));
-  return o;
+  COLI_ASSIGN_OR_RETURN(EnvironmentValues values, ReadEnvironment(switches, getenv));
+  return std::move(values.options);
 }
 
 absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches,
                                                       const EnvLookup& getenv) {
-  v1::ModelOptions o;
-  nlohmann::json request;
-  COLI_RETURN_IF_ERROR(ReadEnvironment(switches, getenv, &o, &request));
-  return request;
+  COLI_ASSIGN_OR_RETURN(EnvironmentValues values, ReadEnvironment(switches, getenv));
+  return std::move(values.request);
 }
 
 absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches) {
