@@ -214,14 +214,8 @@ absl::Status Apply(const v1::ModelSwitch& s, const std::string& value, v1::Model
   return absl::OkStatus();
 }
 
-// What the set variables of a table say: model options and chat-request defaults.
-struct EnvironmentValues {
-  v1::ModelOptions options;
-  nlohmann::json request = nlohmann::json::object();
-};
+}  // namespace
 
-// Reads every set variable of `switches`. A name declared twice with different meanings is
-// refused when set, naming both.
 absl::StatusOr<EnvironmentValues> ReadEnvironment(std::span<const v1::ModelSwitch> switches,
                                                   const EnvLookup& getenv) {
   EnvironmentValues values;
@@ -242,8 +236,6 @@ absl::StatusOr<EnvironmentValues> ReadEnvironment(std::span<const v1::ModelSwitc
   }
   return values;
 }
-
-}  // namespace
 
 const std::vector<v1::ModelSwitch>& HostSwitches() {
   static const std::vector<v1::ModelSwitch> switches = [] {
@@ -305,20 +297,14 @@ std::vector<v1::ModelSwitch> WithHostSwitches(std::span<const v1::ModelSwitch> f
   return all;
 }
 
+absl::StatusOr<EnvironmentValues> ReadEnvironment(std::span<const v1::ModelSwitch> switches) {
+  return ReadEnvironment(switches, [](const char* name) { return std::getenv(name); });
+}
+
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSwitch> switches,
                                                      const EnvLookup& getenv) {
   COLI_ASSIGN_OR_RETURN(EnvironmentValues values, ReadEnvironment(switches, getenv));
   return std::move(values.options);
-}
-
-absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches,
-                                                      const EnvLookup& getenv) {
-  COLI_ASSIGN_OR_RETURN(EnvironmentValues values, ReadEnvironment(switches, getenv));
-  return std::move(values.request);
-}
-
-absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches) {
-  return RequestDefaultsFromEnv(switches, [](const char* name) { return std::getenv(name); });
 }
 
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSwitch> switches) {

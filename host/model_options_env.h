@@ -53,13 +53,18 @@ absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSw
 // The process environment.
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(std::span<const v1::ModelSwitch> switches);
 
-// The request defaults of the environment (COLI_SWITCH_FIELD_REQUEST switches, ABI 1.10): each
-// set one as {field: value} — BOOL a JSON bool, INT / REAL a number, STRING a string — checked as
-// ModelOptionsFromEnv checks every switch (the same errors); {} when none is set. Model options
-// never carry them: the client puts them into the chat requests it renders.
-absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches,
-                                                      const EnvLookup& getenv);
-absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(std::span<const v1::ModelSwitch> switches);
+// Everything the set variables of `switches` say, read once: the model options, and the request
+// defaults (COLI_SWITCH_FIELD_REQUEST switches, ABI 1.10) as {field: value} — BOOL a JSON bool,
+// INT / REAL a number, STRING a string; {} when none is set — which model options never carry:
+// the client puts them into the chat requests it renders. Every switch is checked as
+// ModelOptionsFromEnv checks it (the same errors).
+struct EnvironmentValues {
+  v1::ModelOptions options;
+  nlohmann::json request = nlohmann::json::object();
+};
+absl::StatusOr<EnvironmentValues> ReadEnvironment(std::span<const v1::ModelSwitch> switches,
+                                                  const EnvLookup& getenv);
+absl::StatusOr<EnvironmentValues> ReadEnvironment(std::span<const v1::ModelSwitch> switches);
 // Sets each field of `defaults` that the JSON object `request` lacks (or has null). JsonT: any
 // nlohmann::basic_json (the gateway's is ordered).
 template <class JsonT>

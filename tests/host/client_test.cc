@@ -252,11 +252,12 @@ TEST(Client, AFamilysRequestDefaultIsReadWithNoHostChange) {
   auto c = Client::Connect({.plugin_dir = COLI_ECHO_PLUGIN_DIR});
   ASSERT_OK(c.status());
   unsetenv("TEST_FAMILY_GREETING");
-  ASSERT_OK_AND_ASSIGN(nlohmann::json none, RequestDefaultsFromEnv(**c));
-  EXPECT_EQ(none, nlohmann::json::object());
+  ASSERT_OK_AND_ASSIGN(host::EnvironmentValues none, ReadEnvironment(**c));
+  EXPECT_EQ(none.request, nlohmann::json::object());
   setenv("TEST_FAMILY_GREETING", "hello there", 1);
-  ASSERT_OK_AND_ASSIGN(nlohmann::json defaults, RequestDefaultsFromEnv(**c));
-  EXPECT_EQ(defaults, (nlohmann::json{{"echo_greeting", "hello there"}}));
+  ASSERT_OK_AND_ASSIGN(host::EnvironmentValues set, ReadEnvironment(**c));
+  EXPECT_EQ(set.request, (nlohmann::json{{"echo_greeting", "hello there"}}));
+  EXPECT_TRUE(set.options.extra().empty());
   ASSERT_OK_AND_ASSIGN(v1::ModelOptions options, ModelOptionsFromEnv(**c));
   EXPECT_TRUE(options.extra().empty());
   unsetenv("TEST_FAMILY_GREETING");

@@ -309,6 +309,12 @@ TEST(ModelOptionsEnv, ListingShowsNameValuesFamilyTargetAndHelp) {
 }
 
 // Request defaults (ABI 1.10): typed as JSON, checked like every switch, never model options.
+absl::StatusOr<nlohmann::json> RequestDefaults(std::span<const v1::ModelSwitch> switches,
+                                               const EnvLookup& getenv) {
+  COLI_ASSIGN_OR_RETURN(EnvironmentValues values, ReadEnvironment(switches, getenv));
+  return values.request;
+}
+
 std::vector<v1::ModelSwitch> RequestSwitches() {
   static constexpr coli_switch_t kDeclared[] = {
       abi::ToRequestDefault(abi::BoolSwitch("T_THINK", COLI_SWITCH_FIELD_REQUEST, "think"),
@@ -331,8 +337,7 @@ std::vector<v1::ModelSwitch> RequestSwitches() {
 TEST(ModelOptionsEnv, RequestDefaultsAreTypedJsonAndNeverModelOptions) {
   const std::map<std::string, std::string> env = {
       {"T_THINK", "0"}, {"T_N", "3"}, {"T_TEMP", "0.5"}, {"T_EFFORT", "low"}};
-  ASSERT_OK_AND_ASSIGN(nlohmann::json defaults,
-                       RequestDefaultsFromEnv(RequestSwitches(), Lookup(env)));
+  ASSERT_OK_AND_ASSIGN(nlohmann::json defaults, RequestDefaults(RequestSwitches(), Lookup(env)));
   EXPECT_EQ(defaults, (nlohmann::json{{"enable_thinking", false},
                                       {"n", 3},
                                       {"temperature", 0.5},
@@ -343,8 +348,7 @@ TEST(ModelOptionsEnv, RequestDefaultsAreTypedJsonAndNeverModelOptions) {
                        ModelOptionsFromEnv(RequestSwitches(), Lookup(env)));
   EXPECT_EQ(options.ByteSizeLong(), 0u) << options.DebugString();
   const std::map<std::string, std::string> unset;
-  ASSERT_OK_AND_ASSIGN(nlohmann::json none,
-                       RequestDefaultsFromEnv(RequestSwitches(), Lookup(unset)));
+  ASSERT_OK_AND_ASSIGN(nlohmann::json none, RequestDefaults(RequestSwitches(), Lookup(unset)));
   EXPECT_EQ(none, nlohmann::json::object());
 }
 
@@ -352,9 +356,9 @@ TEST(ModelOptionsEnv, ABadRequestDefaultIsRefusedByBothReaders) {
   const std::map<std::string, std::string> env = {{"T_THINK", "false"}};
   const auto refused = StatusIs(absl::StatusCode::kInvalidArgument,
                                 "environment variable T_THINK='false': expected 0 or 1");
-  EXPECT_THAT(RequestDefaultsFromEnv(RequestSwitches(), Lookup(env)), refused);
+  EXPECT_THAT(RequestDefaults(RequestSwitches(), Lookup(env)), refused);
   EXPECT_THAT(ModelOptionsFromEnv(RequestSwitches(), Lookup(env)), refused);
-  EXPECT_THAT(RequestDefaultsFromEnv(RequestSwitches(), Lookup({{"T_N", "9"}})),
+  EXPECT_THAT(RequestDefaults(RequestSwitches(), Lookup({{"T_N", "9"}})),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("outside [1, 5]")));
 }
 
@@ -396,12 +400,15 @@ TEST(ModelOptionsEnv, KimiK3DeclaresK3ThinkOnlyToHostsThatKnowRequestDefaults) {
   EXPECT_STREQ(now.back().extra_key, "enable_thinking");
   for (const coli_switch_t& s : older) EXPECT_NE(s.field, COLI_SWITCH_FIELD_REQUEST) << s.name;
   ASSERT_OK_AND_ASSIGN(nlohmann::json think,
-                       RequestDefaultsFromEnv(K3Switches(), Lookup({{"K3_THINK", "0"}})));
+                       RequestDefaults(K3Switches(), Lookup({{"K3_THINK", "0"}})));
   EXPECT_EQ(think, (nlohmann::json{{"enable_thinking", false}}));
-  EXPECT_THAT(
-      RequestDefaultsFromEnv(K3Switches(), Lookup({{"K3_THINK", "no"}})),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               "environment variable K3_THINK='no': expected 1 (think) or 0 (answer only)"));
+  // "false", "no", "2" or "yes" opened the think channel once (anything but "0" did).
+  for (const std::string bad : {"false", "no", "2", "yes"}) {
+    EXPECT_THAT(RequestDefaults(K3Switches(), Lookup({{"K3_THINK", bad}})),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         "environment variable K3_THINK='" + bad +
+                             "': expected 1 (think) or 0 (answer only)"));
+  }
 }
 
 }  // namespace

@@ -775,17 +775,12 @@ int RunChat(int argc, char** argv) {
     return 1;
   }
   // The model switches of the environment, read with the tables the host's plugins declare: a
-  // bad value is a usage error, refused before anything loads.
-  absl::StatusOr<v1::ModelOptions> options = client::ModelOptionsFromEnv(**client);
-  if (!options.ok()) {
-    std::fprintf(stderr, "coli chat: %s\n", std::string(options.status().message()).c_str());
-    return options.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  absl::StatusOr<nlohmann::json> request_defaults = client::RequestDefaultsFromEnv(**client);
-  if (!request_defaults.ok()) {
-    std::fprintf(stderr, "coli chat: %s\n",
-                 std::string(request_defaults.status().message()).c_str());
-    return request_defaults.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  // bad value is a usage error, refused before anything loads. With them come the chat-request
+  // defaults the families declare (K3_THINK).
+  absl::StatusOr<host::EnvironmentValues> environment = client::ReadEnvironment(**client);
+  if (!environment.ok()) {
+    std::fprintf(stderr, "coli chat: %s\n", std::string(environment.status().message()).c_str());
+    return environment.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   client::ProgressDisplay bar(stderr);
   // Ctrl-C or SIGTERM while the model loads abandons the load.
@@ -801,7 +796,8 @@ int RunChat(int argc, char** argv) {
     }
   });
   absl::StatusOr<v1::ModelInfo> model = (*client)->LoadModel(
-      model_dir, *options, [&](const v1::LoadProgress& p) { bar.Update(p); }, "", &load_cancel);
+      model_dir, environment->options, [&](const v1::LoadProgress& p) { bar.Update(p); }, "",
+      &load_cancel);
   loaded.store(true);
   load_watcher.join();
   bar.Done();
@@ -817,7 +813,7 @@ int RunChat(int argc, char** argv) {
   Style style = CurrentStyle();
   std::printf("%scoli chat%s — %s (%s). /help for commands, Ctrl-C stops a reply, Ctrl-D exits.\n",
               style.bold(), style.reset(), model->id().c_str(), model->family().c_str());
-  ChatApp app(client->get(), model->id(), flags, *std::move(request_defaults));
+  ChatApp app(client->get(), model->id(), flags, std::move(environment->request));
   return app.Loop();
 }
 

@@ -481,14 +481,14 @@ std::vector<v1::ModelSwitch> SwitchesOf(const v1::HealthResponse& health) {
   return host::WithHostSwitches(family_switches);
 }
 
-absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(Client& host) {
+absl::StatusOr<host::EnvironmentValues> ReadEnvironment(Client& host) {
   COLI_ASSIGN_OR_RETURN(v1::HealthResponse health, host.Health());
-  return host::ModelOptionsFromEnv(SwitchesOf(health));
+  return host::ReadEnvironment(SwitchesOf(health));
 }
 
-absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(Client& host) {
-  COLI_ASSIGN_OR_RETURN(v1::HealthResponse health, host.Health());
-  return host::RequestDefaultsFromEnv(SwitchesOf(health));
+absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(Client& host) {
+  COLI_ASSIGN_OR_RETURN(host::EnvironmentValues values, ReadEnvironment(host));
+  return std::move(values.options);
 }
 
 // ---- progress -------------------------------------------------------------------------------

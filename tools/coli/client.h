@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "coli/v1/coli.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "host/model_options_env.h"
 #include "nlohmann/json.hpp"
 
 namespace coli::client {
@@ -185,9 +186,10 @@ std::string ResolveModelDir(const std::string& flag);
 // another family reads that family's. INVALID_ARGUMENT naming the variable and the value for a
 // value that does not parse or is out of range; the Health call's error otherwise.
 absl::StatusOr<v1::ModelOptions> ModelOptionsFromEnv(Client& host);
-// The chat-request defaults of the environment the same tables declare (ABI 1.10, e.g. K3_THINK
-// as {"enable_thinking": false}); put them into requests with host::ApplyRequestDefaults.
-absl::StatusOr<nlohmann::json> RequestDefaultsFromEnv(Client& host);
+// The same read, with the chat-request defaults the tables declare too (ABI 1.10, e.g. K3_THINK
+// as {"enable_thinking": false}; put them into requests with host::ApplyRequestDefaults), for the
+// commands that send chat requests.
+absl::StatusOr<host::EnvironmentValues> ReadEnvironment(Client& host);
 // The switches of a Health answer: the host's own, then each loaded plugin's.
 std::vector<v1::ModelSwitch> SwitchesOf(const v1::HealthResponse& health);
 

@@ -147,23 +147,16 @@ int RunCommand(int argc, char** argv) {
   if (!connected.ok()) return Fail(connected.status());
   client::Client& c = **connected;
   // The model switches of the environment, read with the tables the host's plugins declare: a
-  // bad value is a usage error, refused before anything loads.
-  auto options = client::ModelOptionsFromEnv(c);
-  if (!options.ok()) {
-    if (options.status().code() == absl::StatusCode::kInvalidArgument) {
-      return UsageError(std::string(options.status().message()));
+  // bad value is a usage error, refused before anything loads. With them come the chat-request
+  // defaults the families declare (K3_THINK).
+  auto environment = client::ReadEnvironment(c);
+  if (!environment.ok()) {
+    if (environment.status().code() == absl::StatusCode::kInvalidArgument) {
+      return UsageError(std::string(environment.status().message()));
     }
-    return Fail(options.status());
+    return Fail(environment.status());
   }
-  // The chat-request defaults the host's families declare (K3_THINK), checked the same way.
-  auto request_defaults = client::RequestDefaultsFromEnv(c);
-  if (!request_defaults.ok()) {
-    if (request_defaults.status().code() == absl::StatusCode::kInvalidArgument) {
-      return UsageError(std::string(request_defaults.status().message()));
-    }
-    return Fail(request_defaults.status());
-  }
-  auto model = client::LoadShowingProgress(c, model_dir, *options, &load_cancel);
+  auto model = client::LoadShowingProgress(c, model_dir, environment->options, &load_cancel);
   if (g_signal.load() != 0) return interrupted();
   if (!model.ok()) return Fail(model.status());
   // Test fixtures (tools/k3/make_fixture.py) mark themselves: say so, their text is noise.
@@ -219,7 +212,7 @@ int RunCommand(int argc, char** argv) {
     }
     request["messages"].push_back({{"role", "user"}, {"content", prompt}});
     if (flags.think) request["enable_thinking"] = *flags.think;
-    host::ApplyRequestDefaults(*request_defaults, &request);
+    host::ApplyRequestDefaults(environment->request, &request);
     if (!response_format.is_null()) request["response_format"] = response_format;
     v1::ChatRequest r;
     r.set_model(model->id());

@@ -246,26 +246,21 @@ int RunGateway(int argc, char** argv, bool web) {
     std::fprintf(stderr, "%s: %s\n", name, std::string(client.status().message()).c_str());
     return 1;
   }
-  // The chat-request defaults the host's families declare (K3_THINK), from this environment,
-  // with or without --connect; a bad value is a usage error.
-  auto request_defaults = client::RequestDefaultsFromEnv(**client);
-  if (!request_defaults.ok()) {
-    std::fprintf(stderr, "%s: %s\n", name,
-                 std::string(request_defaults.status().message()).c_str());
-    return request_defaults.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  // The switches of the environment, read with the tables the host's plugins declare (so the
+  // host runs first): the model options for a --model load, and the chat-request defaults
+  // (K3_THINK) with or without --connect; a bad value is a usage error, refused before anything
+  // loads.
+  auto environment = client::ReadEnvironment(**client);
+  if (!environment.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, std::string(environment.status().message()).c_str());
+    return environment.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   v1::ModelInfo info;
   if (!model_dir.empty()) {
-    // The model switches of the environment, read with the tables the host's plugins declare
-    // (so the host runs first); a bad value is a usage error, refused before anything loads.
-    auto model_options = client::ModelOptionsFromEnv(**client);
-    if (!model_options.ok()) {
-      std::fprintf(stderr, "%s: %s\n", name, std::string(model_options.status().message()).c_str());
-      return model_options.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-    }
     client::ProgressDisplay bar(stderr);
     auto loaded = (*client)->LoadModel(
-        model_dir, *model_options, [&bar](const v1::LoadProgress& p) { bar.Update(p); }, model_id);
+        model_dir, environment->options, [&bar](const v1::LoadProgress& p) { bar.Update(p); },
+        model_id);
     bar.Done();
     if (!loaded.ok()) {
       std::fprintf(stderr, "%s: %s\n", name, std::string(loaded.status().message()).c_str());
@@ -291,7 +286,7 @@ int RunGateway(int argc, char** argv, bool web) {
   server.new_task_queue = [n = flags.http_threads] { return new httplib::ThreadPool(n); };
   Gateway gateway(&(*client)->stub(), info, api_key, web, flags.max_background,
                   std::move(stored_dir), std::move(allowed_origins));
-  gateway.set_request_defaults(*std::move(request_defaults));
+  gateway.set_request_defaults(std::move(environment->request));
   gateway.Register(&server);
   int bound = port;
   if (port == 0) {

@@ -66,8 +66,10 @@ inline std::string Pattern(size_t n, uint32_t seed) {
 // The whole content of `path` ("" when it cannot be read, failing the test).
 inline std::string ReadRaw(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  std::string bytes(std::istreambuf_iterator<char>(in), {});
+  EXPECT_FALSE(in.bad()) << "cannot read " << path;
+  return bytes;
 }
 
 // Writes `bytes` to `path` (replacing it), failing the test on error.
