@@ -2,8 +2,6 @@
 // sweep of the run-time ISA (kda_sweep.h).
 #include "common/ops/kda_sweep.h"
 
-#include <omp.h>
-
 #include "absl/strings/str_cat.h"
 
 namespace coli::ops {
@@ -12,9 +10,6 @@ namespace {
 using internal::KdaHeadArgs;
 using internal::KdaHeadFn;
 using kernels::Isa;
-
-// As KdaStepHeads: below this many multiply-adds one thread is faster than waking a team.
-constexpr int64_t kParallelWork = int64_t{1} << 16;
 
 Isa SweepIsa(Isa isa) { return isa == Isa::kAvxVnni ? Isa::kAvx2 : isa; }
 
@@ -34,12 +29,12 @@ void Run(KdaHeadFn fn, int heads, int dk, int dv, const float* q, const float* k
          int threads) {
   int64_t rows = 0;
   for (int s = 0; s < num_seqs; ++s) rows += seqs[s].count;
-  const bool parallel = rows * heads * dk * dv >= kParallelWork;
   const int64_t items = int64_t{num_seqs} * heads;
-  const int team = threads > 0 ? threads : omp_get_max_threads();
+  const int team =
+      ParallelTeam(rows * heads * dk * dv, kKdaStepSequencesWorkPerThread, items, threads);
   // Sequence-major items with a static schedule: one thread takes consecutive heads of a state
   // (contiguous memory).
-#pragma omp parallel for num_threads(team) schedule(static) if (parallel)
+#pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
   for (int64_t it = 0; it < items; ++it) {
     const KdaSequence& seq = seqs[it / heads];
     if (seq.count <= 0) continue;

@@ -7,12 +7,11 @@
 #include <vector>
 
 namespace coli::ops {
-namespace {
-int ThreadCount(int threads) { return threads > 0 ? threads : omp_get_max_threads(); }
-// Below this many multiply-adds a parallel region costs more than it saves (thread wake-up
-// and barrier are ~µs; on a loaded machine far more), so small problems run on one thread.
-constexpr int64_t kParallelWork = int64_t{1} << 16;
-}  // namespace
+int ParallelTeam(int64_t work, int64_t min_work_per_thread, int64_t items, int threads) {
+  const int64_t budget = threads > 0 ? threads : omp_get_max_threads();
+  const int64_t by_work = min_work_per_thread > 0 ? work / min_work_per_thread : budget;
+  return static_cast<int>(std::max<int64_t>(1, std::min({budget, items, by_work})));
+}
 
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* y) {
   double ss = 0.0;
@@ -137,8 +136,9 @@ void KdaStep(int dk, int dv, const float* q, const float* k, const float* v, con
 
 void KdaStepHeads(int heads, int dk, int dv, const float* q, const float* k, const float* v,
                   const float* alpha, const float* beta, float* S, float* o, int threads) {
-  const bool parallel = int64_t{heads} * dk * dv >= kParallelWork;
-#pragma omp parallel for num_threads(ThreadCount(threads)) schedule(static) if (parallel)
+  const int team =
+      ParallelTeam(int64_t{heads} * dk * dv, kKdaStepHeadsWorkPerThread, heads, threads);
+#pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
   for (int h = 0; h < heads; ++h) {
     KdaStep(dk, dv, q + static_cast<int64_t>(h) * dk, k + static_cast<int64_t>(h) * dk,
             v + static_cast<int64_t>(h) * dv, alpha + static_cast<int64_t>(h) * dk, beta[h],
@@ -164,8 +164,9 @@ void CausalConvStep(int64_t channels, int taps, const float* w, float* window, c
 void LatentAttention(int heads, int64_t T, int latent, int extra, int64_t stride,
                      const float* q_abs, const float* q_x, const float* cache, float scale,
                      float* ctx, int threads) {
-  const bool parallel = int64_t{heads} * T * (latent + extra) >= kParallelWork;
-#pragma omp parallel num_threads(ThreadCount(threads)) if (parallel)
+  const int team = ParallelTeam(int64_t{heads} * T * (latent + extra),
+                                kLatentAttentionWorkPerThread, heads, threads);
+#pragma omp parallel num_threads(team) if (team > 1)
   {
     std::vector<float> p(static_cast<size_t>(T));
 #pragma omp for schedule(static)

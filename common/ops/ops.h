@@ -20,6 +20,25 @@
 
 namespace coli::ops {
 
+// How many threads a parallel loop over `items` independent items, `work` units of work in all,
+// should run on: one per `min_work_per_thread` units, at most `threads` (0 = OpenMP's default)
+// and `items`, at least one. Every thread of a region costs a wake-up and a join; below a few
+// tens of µs of work per thread they cost more than they save, and on a machine whose cores are
+// all busy each extra thread waits for a scheduler slice (bench/ops/ops_benchmark.cc measures
+// both; docs/status/threads.md has the figures behind each op's `min_work_per_thread`).
+int ParallelTeam(int64_t work, int64_t min_work_per_thread, int64_t items, int threads);
+
+// Each op's `min_work_per_thread`: ~20-40 µs of one thread (AVX-512 box), a few times what a
+// region costs when every core is busy and OpenMP's threads sleep (OMP_WAIT_POLICY=passive,
+// which coli-host sets), ~10-20 µs. LatentAttention: work = heads·T·(latent+extra), ~0.7 ns a
+// unit on the tiny fixture's shape, ~1.4 ns on K3's.
+inline constexpr int64_t kLatentAttentionWorkPerThread = int64_t{1} << 15;
+// KdaStepHeads: work = heads·dk·dv, ~0.3-0.5 ns a unit.
+inline constexpr int64_t kKdaStepHeadsWorkPerThread = int64_t{1} << 16;
+// KdaStepSequences: work = rows·heads·dk·dv, ~0.07 ns a unit on the tiny fixture's 32×32 heads
+// (the SIMD sweeps), ~0.15 ns on K3's 128×128 heads.
+inline constexpr int64_t kKdaStepSequencesWorkPerThread = int64_t{1} << 18;
+
 // σ(x) = 1 / (1 + e^-x), in f32.
 inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 

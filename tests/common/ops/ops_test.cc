@@ -2,6 +2,8 @@
 // independently here), and each fast path against its scalar reference.
 #include "common/ops/ops.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -156,6 +158,56 @@ TEST(Ops, KdaStepHeadsIndependentOfThreads) {
   for (int j = 0; j < dv; ++j) EXPECT_EQ(o3[j], o1[2 * dv + j]);
 }
 
+// Thread count by work: one thread below two threads' worth, then one per min_work_per_thread,
+// capped by the budget (0 = OpenMP's) and the items.
+TEST(Ops, ParallelTeamSizedByWorkItemsAndBudget) {
+  const int64_t unit = int64_t{1} << 15;
+  EXPECT_EQ(ParallelTeam(0, unit, 2, 2), 1);
+  EXPECT_EQ(ParallelTeam(2 * unit - 1, unit, 2, 2), 1);
+  EXPECT_EQ(ParallelTeam(2 * unit, unit, 2, 2), 2);
+  EXPECT_EQ(ParallelTeam(int64_t{1} << 40, unit, 2, 16), 2);  // items
+  EXPECT_EQ(ParallelTeam(int64_t{1} << 40, unit, 96, 4), 4);  // budget
+  EXPECT_EQ(ParallelTeam(6 * unit + 5, unit, 96, 16), 6);     // work
+  EXPECT_EQ(ParallelTeam(int64_t{1} << 40, unit, 0, 4), 1);   // nothing to share
+  EXPECT_EQ(ParallelTeam(int64_t{1} << 40, 1, int64_t{1} << 20, 0), omp_get_max_threads());
+  // The shapes behind the defaults: the tiny fixture's decode (2 MLA heads of 64 + 16, 4 KDA
+  // heads of 32×32) stays on one thread until ~410 cached tokens and never splits its KDA row;
+  // K3's KDA row (96 heads of 128×128) takes 6 threads, its attention over 1 token 1.
+  EXPECT_EQ(ParallelTeam(2 * 409 * 80, kLatentAttentionWorkPerThread, 2, 2), 1);
+  EXPECT_EQ(ParallelTeam(2 * 410 * 80, kLatentAttentionWorkPerThread, 2, 2), 2);
+  EXPECT_EQ(ParallelTeam(4 * 32 * 32, kKdaStepSequencesWorkPerThread, 4, 2), 1);
+  EXPECT_EQ(ParallelTeam(96 * 128 * 128, kKdaStepSequencesWorkPerThread, 96, 16), 6);
+  EXPECT_EQ(ParallelTeam(96 * 576, kLatentAttentionWorkPerThread, 96, 16), 1);
+}
+
+// Thread-count independence where the work is large enough that a team really runs (the
+// ParallelTeam checks make sure the comparison is not two single-thread runs).
+TEST(Ops, KdaStepHeadsAndLatentAttentionIndependentOfThreadsWhenParallel) {
+  {
+    const int H = 12, d = 128;
+    ASSERT_EQ(ParallelTeam(int64_t{H} * d * d, kKdaStepHeadsWorkPerThread, H, 3), 3);
+    auto q = Random(H * d, 1), k = Random(H * d, 2), v = Random(H * d, 3), a = Random(H * d, 4);
+    for (auto& x : a) x = 1.0f / (1.0f + std::fabs(x));
+    std::vector<float> beta(H, 0.4f);
+    std::vector<float> S1 = Random(H * d * d, 5, 0.3f), S3 = S1, o1(H * d), o3(H * d);
+    KdaStepHeads(H, d, d, q.data(), k.data(), v.data(), a.data(), beta.data(), S1.data(), o1.data(),
+                 1);
+    KdaStepHeads(H, d, d, q.data(), k.data(), v.data(), a.data(), beta.data(), S3.data(), o3.data(),
+                 3);
+    EXPECT_EQ(S1, S3);
+    EXPECT_EQ(o1, o3);
+  }
+  {
+    const int H = 6, L = 64, X = 16, T = 2048, stride = L + X;
+    ASSERT_EQ(ParallelTeam(int64_t{H} * T * stride, kLatentAttentionWorkPerThread, H, 3), 3);
+    auto qa = Random(H * L, 1), qx = Random(H * X, 2), cache = Random(T * stride, 3);
+    std::vector<float> ctx1(H * L), ctx3(H * L);
+    LatentAttention(H, T, L, X, stride, qa.data(), qx.data(), cache.data(), 0.1f, ctx1.data(), 1);
+    LatentAttention(H, T, L, X, stride, qa.data(), qx.data(), cache.data(), 0.1f, ctx3.data(), 3);
+    EXPECT_TRUE(std::memcmp(ctx1.data(), ctx3.data(), ctx1.size() * sizeof(float)) == 0);
+  }
+}
+
 // KdaStepSequences inputs: `rows` rows of H heads, q scaled and k normalised per head as the
 // model does, α in (0.0067, 1] (exp of −5·σ), β in (0, 1), S random.
 struct KdaRows {
@@ -202,7 +254,7 @@ TEST(Ops, KdaStepSequencesEqualsRowByRowOnEveryIsa) {
   const Case cases[] = {{3, 128, 128, 33, 1}, {2, 128, 128, 1, 1}, {4, 24, 24, 7, 2},
                         {3, 72, 72, 9, 3},    {2, 16, 40, 6, 2},   {5, 8, 8, 12, 4},
                         {2, 128, 128, 10, 5}, {1, 1, 17, 3, 1},    {3, 72, 72, 3, 3},
-                        {2, 24, 40, 2, 2},    {2, 128, 200, 4, 4}};
+                        {2, 24, 40, 2, 2},    {2, 128, 200, 4, 4}, {2, 128, 128, 40, 5}};
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "H " << c.H << " dk " << c.dk << " dv " << c.dv << " rows "
                                       << c.rows << " seqs " << c.seqs);
