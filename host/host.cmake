@@ -3,9 +3,9 @@
 coli_cc_library(NAME coli_host_core
   SRCS ${CMAKE_CURRENT_LIST_DIR}/plugin.cc ${CMAKE_CURRENT_LIST_DIR}/engine.cc
        ${CMAKE_CURRENT_LIST_DIR}/service.cc
-       ${CMAKE_CURRENT_LIST_DIR}/write_starter.cc
+       ${CMAKE_CURRENT_LIST_DIR}/write_starter.cc ${CMAKE_CURRENT_LIST_DIR}/openmp_policy.cc
   HDRS ${CMAKE_CURRENT_LIST_DIR}/plugin.h ${CMAKE_CURRENT_LIST_DIR}/engine.h
-       ${CMAKE_CURRENT_LIST_DIR}/service.h
+       ${CMAKE_CURRENT_LIST_DIR}/service.h ${CMAKE_CURRENT_LIST_DIR}/openmp_policy.h
   PUBLIC_DEPS coli_proto coli_plugin_api coli_status coli_log gRPC::grpc++
   DEPS coli_sampling coli_io coli_json coli_model_options_env gRPC::grpc++_reflection
        nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})

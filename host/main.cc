@@ -30,6 +30,7 @@
 #include "common/status/status.h"
 #include "host/engine.h"
 #include "host/model_options_env.h"
+#include "host/openmp_policy.h"
 #include "host/plugin.h"
 #include "host/service.h"
 
@@ -54,6 +55,8 @@ constexpr char kUsage[] =
     "        COLI_PREFILL_DELAY_MS)\n"
     "  COLI_LOG_LEVEL (debug, info, warning, error), COLI_HUGEPAGES (0, 1) and COLI_ISA\n"
     "  (scalar, avx2, avxvnni, avx512) are checked at start.\n"
+    "  OMP_WAIT_POLICY: passive unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (spinning\n"
+    "        OpenMP threads stall every parallel region when all cores are busy).\n"
     "  Models named with --model load with the model switches of the environment, which\n"
     "  each plugin declares (--switches lists them), checked before loading.\n"
     "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n";
@@ -208,6 +211,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before a plugin brings libgomp in (it reads its environment once, on loading).
+  const bool wait_policy_applies = coli::host::SetOpenMpWaitPolicyDefault();
   absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "coli-host: %s\n(coli-host --help lists the flags)\n",
@@ -239,6 +244,10 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  if (!wait_policy_applies) {
+    COLI_LOG(kWarning) << "libgomp was loaded before main(): OMP_WAIT_POLICY is as the "
+                          "environment set it (a busy machine may slow decoding)";
+  }
   coli::host::Engine engine(engine_options);
   // The model switches the loaded plugins declare (and the host's own) apply to --model loads as
   // they do to the models `coli` loads (it reads them with the tables Health reports and sends
