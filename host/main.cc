@@ -55,8 +55,8 @@ constexpr char kUsage[] =
     "        COLI_PREFILL_DELAY_MS)\n"
     "  COLI_LOG_LEVEL (debug, info, warning, error), COLI_HUGEPAGES (0, 1) and COLI_ISA\n"
     "  (scalar, avx2, avxvnni, avx512) are checked at start.\n"
-    "  OMP_WAIT_POLICY: passive unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (spinning\n"
-    "        OpenMP threads stall every parallel region when all cores are busy).\n"
+    "  GOMP_SPINCOUNT: 1000 unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is set (libgomp's\n"
+    "        300000 stalls every parallel region when all cores are busy).\n"
     "  Models named with --model load with the model switches of the environment, which\n"
     "  each plugin declares (--switches lists them), checked before loading.\n"
     "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n";
@@ -212,7 +212,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // First, before a plugin brings libgomp in (it reads its environment once, on loading).
-  const bool wait_policy_applies = coli::host::SetOpenMpWaitPolicyDefault();
+  const bool spin_default_applies = coli::host::SetOpenMpSpinDefault();
   absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "coli-host: %s\n(coli-host --help lists the flags)\n",
@@ -244,9 +244,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  if (!wait_policy_applies) {
-    COLI_LOG(kWarning) << "libgomp was loaded before main(): OMP_WAIT_POLICY is as the "
-                          "environment set it (a busy machine may slow decoding)";
+  if (!spin_default_applies) {
+    COLI_LOG(kWarning) << "libgomp was loaded before main(): its spin count is the environment's "
+                          "(GOMP_SPINCOUNT; a busy machine may slow decoding)";
   }
   coli::host::Engine engine(engine_options);
   // The model switches the loaded plugins declare (and the host's own) apply to --model loads as

@@ -1,4 +1,4 @@
-// coli-host's OpenMP wait policy (host/openmp_policy.h): passive unless the user chose.
+// coli-host's OpenMP spin default (host/openmp_policy.h): a short spin unless the user chose.
 #include "host/openmp_policy.h"
 
 #include <dlfcn.h>
@@ -12,13 +12,15 @@
 namespace coli::host {
 namespace {
 
-TEST(OpenMpPolicy, PassiveUnlessTheUserChose) {
-  EXPECT_EQ(OpenMpWaitPolicyToSet(nullptr, nullptr), std::optional<std::string>("passive"));
-  EXPECT_EQ(OpenMpWaitPolicyToSet("", ""), std::optional<std::string>("passive"));
-  EXPECT_EQ(OpenMpWaitPolicyToSet("active", nullptr), std::nullopt);
-  EXPECT_EQ(OpenMpWaitPolicyToSet("passive", nullptr), std::nullopt);
-  EXPECT_EQ(OpenMpWaitPolicyToSet(nullptr, "10000"), std::nullopt);
-  EXPECT_EQ(OpenMpWaitPolicyToSet("", "0"), std::nullopt);
+TEST(OpenMpPolicy, ShortSpinUnlessTheUserChose) {
+  const std::optional<std::string> spin(kDefaultGompSpinCount);
+  EXPECT_EQ(spin, std::optional<std::string>("1000"));
+  EXPECT_EQ(GompSpinCountToSet(nullptr, nullptr), spin);
+  EXPECT_EQ(GompSpinCountToSet("", ""), spin);
+  EXPECT_EQ(GompSpinCountToSet("active", nullptr), std::nullopt);
+  EXPECT_EQ(GompSpinCountToSet("passive", nullptr), std::nullopt);
+  EXPECT_EQ(GompSpinCountToSet(nullptr, "300000"), std::nullopt);
+  EXPECT_EQ(GompSpinCountToSet("", "0"), std::nullopt);
 }
 
 // The host core must not bring libgomp in itself, or the variable would be set too late (this
@@ -27,28 +29,28 @@ TEST(OpenMpPolicy, SetsTheEnvironmentBeforeLibgompLoads) {
   ASSERT_EQ(dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD), nullptr);
   unsetenv("OMP_WAIT_POLICY");
   unsetenv("GOMP_SPINCOUNT");
-  EXPECT_TRUE(SetOpenMpWaitPolicyDefault());
-  ASSERT_NE(std::getenv("OMP_WAIT_POLICY"), nullptr);
-  EXPECT_STREQ(std::getenv("OMP_WAIT_POLICY"), "passive");
+  EXPECT_TRUE(SetOpenMpSpinDefault());
+  ASSERT_NE(std::getenv("GOMP_SPINCOUNT"), nullptr);
+  EXPECT_STREQ(std::getenv("GOMP_SPINCOUNT"), "1000");
 
-  setenv("OMP_WAIT_POLICY", "active", 1);
-  EXPECT_TRUE(SetOpenMpWaitPolicyDefault());
-  EXPECT_STREQ(std::getenv("OMP_WAIT_POLICY"), "active");
+  setenv("GOMP_SPINCOUNT", "300000", 1);
+  EXPECT_TRUE(SetOpenMpSpinDefault());
+  EXPECT_STREQ(std::getenv("GOMP_SPINCOUNT"), "300000");
 
-  unsetenv("OMP_WAIT_POLICY");
-  setenv("GOMP_SPINCOUNT", "1000", 1);
-  EXPECT_TRUE(SetOpenMpWaitPolicyDefault());
-  EXPECT_EQ(std::getenv("OMP_WAIT_POLICY"), nullptr);
   unsetenv("GOMP_SPINCOUNT");
+  setenv("OMP_WAIT_POLICY", "active", 1);
+  EXPECT_TRUE(SetOpenMpSpinDefault());
+  EXPECT_EQ(std::getenv("GOMP_SPINCOUNT"), nullptr);
+  unsetenv("OMP_WAIT_POLICY");
 }
 
 // Once libgomp is in the process the setting cannot apply, and the caller is told.
 TEST(OpenMpPolicy, ReportsALibgompAlreadyLoaded) {
   void* gomp = dlopen("libgomp.so.1", RTLD_NOW);
   if (gomp == nullptr) GTEST_SKIP() << "no libgomp.so.1 on this system: " << dlerror();
-  unsetenv("OMP_WAIT_POLICY");
-  EXPECT_FALSE(SetOpenMpWaitPolicyDefault());
-  EXPECT_EQ(std::getenv("OMP_WAIT_POLICY"), nullptr);
+  unsetenv("GOMP_SPINCOUNT");
+  EXPECT_FALSE(SetOpenMpSpinDefault());
+  EXPECT_EQ(std::getenv("GOMP_SPINCOUNT"), nullptr);
 }
 
 }  // namespace
