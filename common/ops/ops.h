@@ -28,12 +28,14 @@ namespace coli::ops {
 // both; docs/status/threads.md has the figures behind each op's `min_work_per_thread`).
 int ParallelTeam(int64_t work, int64_t min_work_per_thread, int64_t items, int threads);
 
-// Each op's `min_work_per_thread`: ~20-40 µs of one thread (AVX-512 box), a few times what a
-// region costs when every core is busy and OpenMP's threads sleep (OMP_WAIT_POLICY=passive,
-// which coli-host sets), ~10-20 µs. LatentAttention: work = heads·T·(latent+extra), ~0.7 ns a
-// unit on the tiny fixture's shape, ~1.4 ns on K3's.
-inline constexpr int64_t kLatentAttentionWorkPerThread = int64_t{1} << 15;
-// KdaStepHeads: work = heads·dk·dv, ~0.3-0.5 ns a unit.
+// Each op's `min_work_per_thread` (AVX-512 box, one thread). LatentAttention: work =
+// heads·T·(latent+extra), ~0.7 ns a unit on the tiny fixture's shape, ~1.4 ns on K3's; 2^17
+// units (~90-180 µs) because its region comes after a serial stretch (the per-head absorb
+// matmuls), so OpenMP's threads have gone to sleep and each pays a wake-up: with sleeping
+// threads two beat one only from ~T = 1000 on the fixture's shape (ops_benchmark, 2-core VM).
+inline constexpr int64_t kLatentAttentionWorkPerThread = int64_t{1} << 17;
+// KdaStepHeads (~20-30 µs per thread) and KdaStepSequences (~20-40 µs): their regions follow the
+// layer's projections at once, while the threads still spin (coli-host's GOMP_SPINCOUNT).
 inline constexpr int64_t kKdaStepHeadsWorkPerThread = int64_t{1} << 16;
 // KdaStepSequences: work = rows·heads·dk·dv, ~0.07 ns a unit on the tiny fixture's 32×32 heads
 // (the SIMD sweeps), ~0.15 ns on K3's 128×128 heads.

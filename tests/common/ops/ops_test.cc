@@ -171,13 +171,15 @@ TEST(Ops, ParallelTeamSizedByWorkItemsAndBudget) {
   EXPECT_EQ(ParallelTeam(int64_t{1} << 40, unit, 0, 4), 1);   // nothing to share
   EXPECT_EQ(ParallelTeam(int64_t{1} << 40, 1, int64_t{1} << 20, 0), omp_get_max_threads());
   // The shapes behind the defaults: the tiny fixture's decode (2 MLA heads of 64 + 16, 4 KDA
-  // heads of 32×32) stays on one thread until ~410 cached tokens and never splits its KDA row;
-  // K3's KDA row (96 heads of 128×128) takes 6 threads, its attention over 1 token 1.
-  EXPECT_EQ(ParallelTeam(2 * 409 * 80, kLatentAttentionWorkPerThread, 2, 2), 1);
-  EXPECT_EQ(ParallelTeam(2 * 410 * 80, kLatentAttentionWorkPerThread, 2, 2), 2);
+  // heads of 32×32) stays on one thread until ~1640 cached tokens (it split at 410 before) and
+  // never splits its KDA row; K3's KDA row (96 heads of 128×128) takes 6 threads, its attention
+  // over 4 cached tokens 1, over 16 tokens 6.
+  EXPECT_EQ(ParallelTeam(2 * 1638 * 80, kLatentAttentionWorkPerThread, 2, 2), 1);
+  EXPECT_EQ(ParallelTeam(2 * 1639 * 80, kLatentAttentionWorkPerThread, 2, 2), 2);
   EXPECT_EQ(ParallelTeam(4 * 32 * 32, kKdaStepSequencesWorkPerThread, 4, 2), 1);
   EXPECT_EQ(ParallelTeam(96 * 128 * 128, kKdaStepSequencesWorkPerThread, 96, 16), 6);
-  EXPECT_EQ(ParallelTeam(96 * 576, kLatentAttentionWorkPerThread, 96, 16), 1);
+  EXPECT_EQ(ParallelTeam(96 * 4 * 576, kLatentAttentionWorkPerThread, 96, 16), 1);
+  EXPECT_EQ(ParallelTeam(96 * 16 * 576, kLatentAttentionWorkPerThread, 96, 16), 6);
 }
 
 // Thread-count independence where the work is large enough that a team really runs (the
