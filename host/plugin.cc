@@ -39,14 +39,15 @@ std::string VersionText(uint32_t major, uint32_t minor) { return absl::StrCat(ma
 
 // Table size each minor of major 1 requires.
 size_t TableSizeFor(uint32_t minor) {
-  return minor == 0   ? COLI_PLUGIN_API_SIZE_V1_0
-         : minor == 1 ? COLI_PLUGIN_API_SIZE_V1_1
-         : minor == 2 ? COLI_PLUGIN_API_SIZE_V1_2
-         : minor == 3 ? COLI_PLUGIN_API_SIZE_V1_3
-         : minor == 4 ? COLI_PLUGIN_API_SIZE_V1_4
-         : minor == 5 ? COLI_PLUGIN_API_SIZE_V1_5
-         : minor <= 7 ? COLI_PLUGIN_API_SIZE_V1_6
-                      : COLI_PLUGIN_API_SIZE_V1_8;
+  return minor == 0    ? COLI_PLUGIN_API_SIZE_V1_0
+         : minor == 1  ? COLI_PLUGIN_API_SIZE_V1_1
+         : minor == 2  ? COLI_PLUGIN_API_SIZE_V1_2
+         : minor == 3  ? COLI_PLUGIN_API_SIZE_V1_3
+         : minor == 4  ? COLI_PLUGIN_API_SIZE_V1_4
+         : minor == 5  ? COLI_PLUGIN_API_SIZE_V1_5
+         : minor <= 7  ? COLI_PLUGIN_API_SIZE_V1_6
+         : minor <= 10 ? COLI_PLUGIN_API_SIZE_V1_8
+                       : COLI_PLUGIN_API_SIZE_V1_11;
 }
 
 // The entries of minor 0 that must not be NULL (shutdown is optional).
@@ -612,6 +613,23 @@ absl::StatusOr<std::vector<int32_t>> Session::Record() {
     ErrorText err;
     return err.ToStatus(plugin_->api().session_record(handle_, out, err.get()));
   });
+}
+
+bool Session::CanCopy() const {
+  return plugin_->minor() >= 11 && plugin_->api().session_copy != nullptr;
+}
+
+absl::Status Session::CopyFrom(Session& src) {
+  if (&src == this || src.plugin_ != plugin_) {
+    return absl::InvalidArgumentError(
+        "session copy: the source must be another session of the same plugin");
+  }
+  if (!CanCopy()) {
+    return absl::UnimplementedError(absl::StrCat("plugin ", plugin_->family(), " speaks ABI 1.",
+                                                 plugin_->minor(), " without session_copy (1.11)"));
+  }
+  ErrorText err;
+  return err.ToStatus(plugin_->api().session_copy(handle_, src.handle_, err.get()));
 }
 
 absl::StatusOr<size_t> Model::Reusable(const Session* session,

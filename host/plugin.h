@@ -146,6 +146,13 @@ class Session {
   absl::StatusOr<std::map<std::string, double>> Stats();
   // UNIMPLEMENTED when the negotiated minor predates session_record (1.0).
   absl::StatusOr<std::vector<int32_t>> Record();
+  // Whether CopyFrom works (ABI 1.11 session_copy, which a plugin may leave NULL).
+  bool CanCopy() const;
+  // Makes this session hold what `src` (another session of the same model, no other call on
+  // either meanwhile) holds now; right after a prefill of `src`, prefilling the same prompt
+  // here then computes nothing (ABI 1.11 session_copy). INVALID_ARGUMENT for `src` itself or a
+  // session of another plugin; UNIMPLEMENTED when !CanCopy().
+  absl::Status CopyFrom(Session& src);
 
  private:
   friend class Model;

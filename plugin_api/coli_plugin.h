@@ -1,5 +1,5 @@
 /*
- * coli_plugin.h — the model-family plugin ABI, version 1.10 (pure C99).
+ * coli_plugin.h — the model-family plugin ABI, version 1.11 (pure C99).
  *
  * A model family is a shared object in the host's plugin directory that exports exactly one
  * symbol:
@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define COLI_ABI_VERSION_MAJOR 1
-#define COLI_ABI_VERSION_MINOR 10
+#define COLI_ABI_VERSION_MINOR 11
 
 #define COLI_PLUGIN_ENTRY_SYMBOL "coli_plugin_entry"
 
@@ -605,6 +605,16 @@ typedef struct coli_plugin_api_t {
    * struct_size. */
   const coli_switch_t* const* switches;
   size_t n_switches;
+
+  /* v1.11 [per-session for both; may be NULL] Makes `dst` (another session of the same model)
+   * hold what `src` holds now: its record and the state built from it, and, right after a
+   * prefill of `src` (no decode step since), the last prompt position's logits, so that the
+   * next prefill of that same prompt on `dst` computes nothing (tokens_reused = the whole
+   * prompt). The host forks one prompt's state into the sessions of an n-choice request
+   * (OpenAI `n`) this way: one prefill, then n decode rows. Whatever `dst` held is dropped; on
+   * error `dst` is left reset or unchanged and `src` is never changed. NULL: the host prefills
+   * each copy itself. */
+  coli_status_t (*session_copy)(coli_session_t* dst, coli_session_t* src, coli_error_t* error);
 } coli_plugin_api_t;
 
 /* The one exported symbol.
@@ -634,6 +644,7 @@ typedef const coli_plugin_api_t* (*coli_plugin_entry_fn)(const coli_host_api_t* 
 #define COLI_PLUGIN_API_SIZE_V1_9 COLI_PLUGIN_API_SIZE_V1_8
 /* 1.10 added a switch target (COLI_SWITCH_FIELD_REQUEST), no table entry: its table is 1.8's. */
 #define COLI_PLUGIN_API_SIZE_V1_10 COLI_PLUGIN_API_SIZE_V1_8
+#define COLI_PLUGIN_API_SIZE_V1_11 (offsetof(coli_plugin_api_t, session_copy) + sizeof(void*))
 
 #ifdef __cplusplus
 } /* extern "C" */

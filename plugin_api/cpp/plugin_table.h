@@ -38,7 +38,9 @@
 //   // without it a session keeps its record when the prompt strictly extends it, a new one
 //   // nothing (ABI 1.6); and static std::span<const coli_switch_t> Switches() for the
 //   // environment switches the family declares (ABI 1.8, plugin_api/cpp/switches.h; static
-//   // storage), none without it.
+//   // storage), none without it; and static absl::Status Copy(Session& dst, Session& src)
+//   // (ABI 1.11 session_copy: dst takes src's state, one prefill forked into n choices;
+//   // without it the entry is NULL and the host prefills each choice).
 //
 //   const coli_plugin_api_t kApi = coli::abi::MakePluginTable<MyFamily>();
 #ifndef COLI_PLUGIN_API_CPP_PLUGIN_TABLE_H_
@@ -49,6 +51,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -207,6 +210,12 @@ coli_plugin_api_t MakePluginTable() {
       return absl::OkStatus();
     });
   };
+  // ABI 1.11: only a family that can copy a session's state says so (NULL: the host prefills).
+  if constexpr (requires { Family::Copy(std::declval<Session&>(), std::declval<Session&>()); }) {
+    api.session_copy = [](coli_session_t* dst, coli_session_t* src, coli_error_t* e) {
+      return Guard(e, [&] { return Family::Copy(S(dst), S(src)); });
+    };
+  }
   if constexpr (requires { Family::Switches(); }) {
     // The ABI hands out pointers (each entry is read up to its own struct_size); they point
     // into the family's static table.

@@ -225,6 +225,10 @@ struct K3Session {
   std::vector<int32_t> spec_context;  // scratch: the record + the pending token
   int64_t capacity = 0;
   std::vector<float> logits;  // after the last fed position; empty before the first prefill
+  // Set by a copy of a session right after its prefill (ABI 1.11 session_copy): the copied
+  // prompt's last logits, so that the next prefill of exactly that prompt computes nothing.
+  // Dropped by that prefill (used or not).
+  std::vector<float> copied_logits;
   int32_t pending = -1;
   uint64_t seed = 0;
   uint64_t steps = 0;  // decode steps since the prefill (reseeds a sampler whose knobs change)
@@ -250,6 +254,8 @@ struct K3Session {
   // Prefills that began from the model's prefix cache, and the tokens restored by them (also
   // counted in `reused`).
   double prefix_restores = 0, prefix_tokens = 0;
+  // Copies made into this session (ABI 1.11) and the record tokens they brought.
+  double copies = 0, copied_tokens = 0;
   // Decode steps whose forward pass held more than one row, and those passes' rows summed
   // (mean batch = batched_rows / batched_steps); Feed() tells how a pass's costs are shared.
   double batched_steps = 0, batched_rows = 0;
@@ -916,15 +922,22 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   absl::StatusOr<std::vector<float>> logits;  // set here only when a checkpoint covers it all
   const bool extends = !want_logprobs && record.size() < prompt.size() &&
                        std::equal(record.begin(), record.end(), prompt.begin());
-  const Checkpoint* c = !want_logprobs && !extends && s->checkpoints
+  // A copy of a session right after its prefill (ABI 1.11) holds exactly this prompt and its
+  // last logits: nothing is left to compute.
+  std::vector<float> copied_logits = std::move(s->copied_logits);
+  s->copied_logits.clear();
+  const bool copied = !want_logprobs && !copied_logits.empty() && record.size() == prompt.size() &&
+                      std::equal(record.begin(), record.end(), prompt.begin());
+  const Checkpoint* c = !want_logprobs && !extends && !copied && s->checkpoints
                             ? s->checkpoints->Deepest(prompt, record)
                             : nullptr;
   // The model's prefix cache serves what the session's own record and checkpoints do not: the
   // deepest entry the prompt begins with, if it is deeper than what the session could keep.
   const size_t own = extends ? record.size() : c != nullptr ? c->tokens.size() : 0;
-  std::shared_ptr<const PrefixState> shared = !want_logprobs && s->m->prefix_cache != nullptr
-                                                  ? s->m->prefix_cache->Deepest(prompt, own)
-                                                  : nullptr;
+  std::shared_ptr<const PrefixState> shared =
+      !want_logprobs && !copied && s->m->prefix_cache != nullptr
+          ? s->m->prefix_cache->Deepest(prompt, own)
+          : nullptr;
   // A refused restore changes nothing (K3_MAXT could refuse an entry; one of another shape
   // cannot be in this model's cache): the session then keeps what it can of its own.
   absl::Status restored = shared != nullptr ? s->session->RestorePrefix(*shared)
@@ -932,7 +945,10 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   if (shared != nullptr && !restored.ok()) {
     COLI_LOG(kWarning) << "kimi_k3: prefix cache entry not restored: " << restored;
   }
-  if (restored.ok()) {
+  if (copied) {
+    keep = prompt.size();
+    logits = std::move(copied_logits);
+  } else if (restored.ok()) {
     s->m->prefix_cache->CountHit();
     keep = shared->at.tokens.size();
     if (keep == prompt.size()) logits = shared->at.logits;
@@ -1518,6 +1534,8 @@ const char* const kStatNames[] = {
     "decode_rides",
     "prefix_cache_restores",
     "prefix_cache_tokens_restored",
+    "session_copies",
+    "session_copied_tokens",
 };
 
 std::vector<coli_stat_t> Stats(const K3Session& s) {
@@ -1548,7 +1566,9 @@ std::vector<coli_stat_t> Stats(const K3Session& s) {
                            s.mixed_rows,
                            s.decode_rides,
                            s.prefix_restores,
-                           s.prefix_tokens};
+                           s.prefix_tokens,
+                           s.copies,
+                           s.copied_tokens};
   std::vector<coli_stat_t> out = abi::NamedStats(kStatNames, values);
   // The Vulkan tier and shared experts: counters attributed to this session (what is resident
   // now, a current value, is the model's: ModelStats).
@@ -1611,6 +1631,42 @@ void ResetSession(K3Session* s) {
   s->capacity = capacity;
 }
 
+// ABI 1.11: `dst` takes `src`'s record and per-sequence state (an exact copy: it continues bit
+// for bit like `src` would), and right after a prefill of `src` its last logits for dst's next
+// prefill of the same prompt. Verified draft tokens `src` still buffers are not copied (they are
+// not delivered: the copy holds the delivered record).
+absl::Status CopySession(K3Session* dst, K3Session* src) {
+  if (dst == src || dst->m != src->m) {
+    return absl::InvalidArgumentError(
+        "session copy: the source must be another session of the same model");
+  }
+  if (src->spec.undelivered() > 0) {
+    return absl::FailedPreconditionError(
+        "session copy: the source holds undelivered speculative tokens");
+  }
+  const bool after_prefill = src->pending < 0 && src->steps == 0 && !src->logits.empty();
+  std::vector<float> logits = after_prefill ? src->logits : std::vector<float>();
+  PrefixState state = src->session->TakePrefixState(logits);
+  // A refused restore changes nothing. dst keeps its statistics (they only grow); its own
+  // checkpoints go, since they continue from its old MLA rows.
+  COLI_RETURN_IF_ERROR(dst->session->RestorePrefix(state));
+  if (dst->checkpoints != nullptr) {
+    dst->checkpoints->Clear();
+    dst->checkpoint_share.Set(&dst->m->checkpoint_bytes, 0);
+  }
+  dst->spec.Clear();
+  dst->pending = -1;
+  dst->logits.clear();
+  dst->steps = 0;
+  dst->sampler.reset();
+  dst->parser.reset();
+  dst->constraint.reset();
+  dst->copied_logits = std::move(logits);
+  dst->copies += 1;
+  dst->copied_tokens += static_cast<double>(state.at.tokens.size());
+  return absl::OkStatus();
+}
+
 // The family's entries for the plugin table (plugin_api/cpp/plugin_table.h).
 struct K3Family {
   using Model = K3Model;
@@ -1659,6 +1715,7 @@ struct K3Family {
     ResetSession(&s);
     return absl::OkStatus();
   }
+  static absl::Status Copy(K3Session& dst, K3Session& src) { return CopySession(&dst, &src); }
   static absl::Status Prefill(K3Session& s, const coli_prefill_args_t& args,
                               coli_prefill_result_t* result) {
     return k3::Prefill(&s, &args, result);

@@ -847,7 +847,7 @@ TEST_F(HostTest, HealthListModelsAndMetrics) {
   EXPECT_EQ(health.models_loaded(), 1);
   ASSERT_EQ(health.plugins_size(), 1);
   EXPECT_EQ(health.plugins(0).family(), "coli_echo");
-  EXPECT_EQ(health.abi_version(), "1.10");
+  EXPECT_EQ(health.abi_version(), "1.11");
   // ABI 1.8: the plugin's environment switches, as it declared them.
   ASSERT_EQ(health.plugins(0).switches_size(), 2);  // and its 1.10 request default
   EXPECT_EQ(health.plugins(0).switches(0).name(), "TEST_FAMILY_KNOB");

@@ -37,9 +37,9 @@ struct Frozen {
   size_t offset, struct_size;
 };
 
-// ABI 1.10 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs;
+// ABI 1.11 on LP64 (x86-64, aarch64; 1.5 and 1.6 moved nothing; 1.7 grew the prefill structs;
 // 1.8 appended the switch table and added coli_switch_t; 1.9 grew the prefill result; 1.10 only
-// added a switch target).
+// added a switch target; 1.11 appended session_copy).
 // Append-only: a change here breaks every built plugin (the function table grows with each minor,
 // at its end; no existing offset moves).
 const Frozen kFrozen[] = {
@@ -169,29 +169,30 @@ const Frozen kFrozen[] = {
     {"coli_decode_args_t.n_rows", 16, 24},
     {"coli_stat_t.name", 0, 16},
     {"coli_stat_t.value", 8, 16},
-    {"coli_plugin_api_t.struct_size", 0, 176},
-    {"coli_plugin_api_t.family", 8, 176},
-    {"coli_plugin_api_t.plugin_version", 16, 176},
-    {"coli_plugin_api_t.shutdown", 24, 176},
-    {"coli_plugin_api_t.probe", 32, 176},
-    {"coli_plugin_api_t.model_open", 40, 176},
-    {"coli_plugin_api_t.model_close", 48, 176},
-    {"coli_plugin_api_t.model_info", 56, 176},
-    {"coli_plugin_api_t.tokenize", 64, 176},
-    {"coli_plugin_api_t.detokenize", 72, 176},
-    {"coli_plugin_api_t.render_chat", 80, 176},
-    {"coli_plugin_api_t.session_create", 88, 176},
-    {"coli_plugin_api_t.session_destroy", 96, 176},
-    {"coli_plugin_api_t.session_reset", 104, 176},
-    {"coli_plugin_api_t.prefill", 112, 176},
-    {"coli_plugin_api_t.decode", 120, 176},
-    {"coli_plugin_api_t.session_stats", 128, 176},
-    {"coli_plugin_api_t.session_record", 136, 176},
-    {"coli_plugin_api_t.model_stats", 144, 176},
-    {"coli_plugin_api_t.session_reusable", 152, 176},
-    {"coli_plugin_api_t.switches", 160, 176},    // v1.8
-    {"coli_plugin_api_t.n_switches", 168, 176},  // v1.8
-    {"coli_switch_t.struct_size", 0, 104},       // v1.8
+    {"coli_plugin_api_t.struct_size", 0, 184},
+    {"coli_plugin_api_t.family", 8, 184},
+    {"coli_plugin_api_t.plugin_version", 16, 184},
+    {"coli_plugin_api_t.shutdown", 24, 184},
+    {"coli_plugin_api_t.probe", 32, 184},
+    {"coli_plugin_api_t.model_open", 40, 184},
+    {"coli_plugin_api_t.model_close", 48, 184},
+    {"coli_plugin_api_t.model_info", 56, 184},
+    {"coli_plugin_api_t.tokenize", 64, 184},
+    {"coli_plugin_api_t.detokenize", 72, 184},
+    {"coli_plugin_api_t.render_chat", 80, 184},
+    {"coli_plugin_api_t.session_create", 88, 184},
+    {"coli_plugin_api_t.session_destroy", 96, 184},
+    {"coli_plugin_api_t.session_reset", 104, 184},
+    {"coli_plugin_api_t.prefill", 112, 184},
+    {"coli_plugin_api_t.decode", 120, 184},
+    {"coli_plugin_api_t.session_stats", 128, 184},
+    {"coli_plugin_api_t.session_record", 136, 184},
+    {"coli_plugin_api_t.model_stats", 144, 184},
+    {"coli_plugin_api_t.session_reusable", 152, 184},
+    {"coli_plugin_api_t.switches", 160, 184},      // v1.8
+    {"coli_plugin_api_t.n_switches", 168, 184},    // v1.8
+    {"coli_plugin_api_t.session_copy", 176, 184},  // v1.11
+    {"coli_switch_t.struct_size", 0, 104},         // v1.8
     {"coli_switch_t.name", 8, 104},
     {"coli_switch_t.field", 16, 104},
     {"coli_switch_t.kind", 20, 104},
@@ -250,10 +251,13 @@ TEST(AbiLayout, TableSizesPerMinor) {
   // 1.6 appended session_reusable.
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_6, COLI_PLUGIN_API_SIZE_V1_2 + sizeof(void*));
   // 1.8 appended the switch table (pointer and count); a switch is read up to its struct_size.
-  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, offsetof(coli_plugin_api_t, session_copy));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_8, COLI_PLUGIN_API_SIZE_V1_6 + 2 * sizeof(void*));
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_9, COLI_PLUGIN_API_SIZE_V1_8);   // 1.9 added no entry
   EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_10, COLI_PLUGIN_API_SIZE_V1_8);  // nor did 1.10
+  // 1.11 appended session_copy.
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_11, sizeof(coli_plugin_api_t));
+  EXPECT_EQ(COLI_PLUGIN_API_SIZE_V1_11, COLI_PLUGIN_API_SIZE_V1_8 + sizeof(void*));
   EXPECT_EQ(COLI_SWITCH_SIZE_V1_8, sizeof(coli_switch_t));
   EXPECT_EQ(COLI_CHANNEL_TOOL_CALL_DELTA, 4);
   EXPECT_EQ(sizeof(coli_chat_event_t), offsetof(coli_chat_event_t, text) + sizeof(coli_string_t));
@@ -378,15 +382,15 @@ TEST_F(LoaderTest, RefusesEveryBrokenPluginByNameAndKeepsTheGoodOnes) {
     const char* stem;
     const char* why;
   } refused[] = {
-      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.10"},
-      {"fake_returns_null", "returned NULL (plugin ABI 1.10, host 1.10)"},
+      {"fake_wrong_major", "ABI major version mismatch: plugin 2.7, host 1.11"},
+      {"fake_returns_null", "returned NULL (plugin ABI 1.11, host 1.11)"},
       {"fake_throws", "threw: fake entry failure"},
       {"fake_no_entry", "no exported symbol 'coli_plugin_entry'"},
-      {"fake_small_table", "struct_size 24 is smaller than ABI 1.10 needs"},
+      {"fake_small_table", "struct_size 24 is smaller than ABI 1.11 needs"},
       {"fake_null_entry", "leaves NULL: decode"},
       {"fake_null_model_stats", "leaves NULL: model_stats"},
       {"fake_null_session_reusable", "leaves NULL: session_reusable"},
-      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.10 needs (176 bytes"},
+      {"fake_table_of_1_5", "struct_size 152 is smaller than ABI 1.11 needs (184 bytes"},
       // ABI 1.8: a malformed switch table refuses the plugin, naming the switch.
       {"fake_bad_switch", "switch FAKE_BITS: kind 3 cannot set field 'bits'"},
       {"fake_null_switches", "n_switches 2 with switches NULL"},
@@ -451,7 +455,7 @@ TEST_F(LoaderTest, A17PluginLoadsWithNoSwitchesAndA18PluginDeclaresItsOwn) {
   host::PluginReport report;
   auto v18 = host::Plugin::Load(COLI_ECHO_PLUGIN, &report);
   ASSERT_OK(v18.status());
-  EXPECT_EQ((*v18)->minor(), 10u);  // the echo family is built at the current minor (1.10)
+  EXPECT_EQ((*v18)->minor(), 11u);  // the echo family is built at the current minor (1.11)
   ASSERT_EQ((*v18)->switches().size(), 2u);
   const v1::ModelSwitch& knob = (*v18)->switches()[0];
   EXPECT_EQ(knob.name(), "TEST_FAMILY_KNOB");
