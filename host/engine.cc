@@ -21,6 +21,8 @@ namespace {
 // and the most top logprobs per token (OpenAI's top_logprobs and vLLM's default max_logprobs).
 constexpr float kMaxTemperature = 100.0f;
 constexpr int32_t kMaxLogprobs = 20;
+// Choices of one request (OpenAI allows 128; each is a session, on K3 ~434 MB of state).
+constexpr int32_t kMaxChoices = 16;
 
 using Clock = std::chrono::steady_clock;
 
@@ -210,6 +212,7 @@ absl::Status ValidateRequest(const GenerationInput& in) {
   if (in.max_tokens < 0) {
     return outside("max_tokens", in.max_tokens, "[0, 2147483647] (0 = up to the context)");
   }
+  if (in.n < 1 || in.n > kMaxChoices) return outside("n", in.n, "[1, 16] (choices)");
   if (!(s.temperature() >= 0.0f && s.temperature() <= kMaxTemperature)) {
     return outside("temperature", s.temperature(), "[0, 100] (0 = greedy)");
   }
@@ -292,6 +295,7 @@ GenerationInput GenerationInput::From(const v1::GenerateRequest& r) {
   in.response_format = r.response_format();
   if (r.has_prompt_logprobs()) in.prompt_logprobs = r.prompt_logprobs();
   in.prompt_only = r.prompt_only();
+  in.n = r.n() == 0 ? 1 : r.n();
   return in;
 }
 
@@ -306,6 +310,7 @@ GenerationInput GenerationInput::From(const v1::ChatRequest& r) {
   in.sampling = r.sampling();
   in.report_progress = r.report_progress();
   in.response_format = r.response_format();
+  in.n = r.n() == 0 ? 1 : r.n();
   return in;
 }
 
@@ -504,6 +509,9 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
       return absl::AlreadyExistsError(absl::StrCat("request id '", id, "' is already live"));
     }
     request->id_ = id;
+    request->choices_ = input.prompt_only ? 1 : input.n;
+    request->choice_stop_ =
+        std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(request->choices_));
     request->input_ = std::move(input);
     request->sink_ = std::move(sink);
     request->accepted_ = Clock::now();
@@ -525,6 +533,12 @@ bool Engine::Cancel(const std::string& request_id, bool stop) {
   }
   Cancel(request, stop);
   return true;
+}
+
+bool Engine::CancelChoice(const std::string& request_id, int32_t choice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(request_id);
+  return it != live_.end() && it->second->StopChoice(choice);
 }
 
 void Engine::Cancel(const std::shared_ptr<Request>& request, bool stop) {
@@ -775,8 +789,10 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   // failed request's tokens and its session's statistics (its prefill, the decode rows its
   // chunks carried) too. They used to wait for the session's next request, or were lost when
   // the session was closed before one; and no cancelled request's tokens were counted.
-  int64_t generated = 0;
+  int64_t generated = 0;                    // all choices' tokens
   std::optional<int64_t> prefilled_reused;  // set once the prompt is read
+  // n > 1: the sessions of choices 1…n-1, this request's own (made and dropped with it).
+  std::vector<std::unique_ptr<Session>> extra;
   absl::Cleanup account = [&] {
     if (!finished->has_usage()) {  // ended early: what it used until then
       auto* usage = finished->mutable_usage();
@@ -791,12 +807,22 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
       auto& in_finished = *finished->mutable_stats()->mutable_plugin();
       for (const auto& [k, v] : *plugin_stats) in_finished[k] = v;
     }
+    // The choices' own sessions are new: all their statistics are this request's.
+    std::map<std::string, double> extra_stats;
+    for (const auto& e : extra) {
+      if (e == nullptr) continue;
+      auto stats = e->Stats();
+      if (!stats.ok()) continue;
+      for (const auto& [k, v] : *stats) extra_stats[k] += v;
+    }
+    for (const auto& [k, v] : extra_stats) (*finished->mutable_stats()->mutable_plugin())[k] += v;
     // Counted here, before the worker marks the request inactive: whoever sees no request
     // active finds every one's tokens counted.
     std::lock_guard<std::mutex> lock(mu_);
     counters_.prompt_tokens += finished->usage().prompt_tokens();
     counters_.completion_tokens += finished->usage().completion_tokens();
     counters_.tokens_reused += finished->usage().tokens_reused();
+    for (const auto& [k, v] : extra_stats) counters_.plugin[k] += v;
     if (!plugin_stats.ok()) return;
     for (const auto& [k, v] : *plugin_stats) {
       auto it = slot.last_stats.find(k);
@@ -903,6 +929,31 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     return prefill.status();
   }
   prefilled_reused = static_cast<int64_t>(prefill->tokens_reused);
+
+  // The other choices start from the prompt's state: copied from this session (ABI 1.11: their
+  // prefill then computes nothing), or, from a plugin that cannot copy, prefilled each.
+  const int32_t n = request.choices_;
+  for (int32_t i = 1; i < n; ++i) {
+    COLI_ASSIGN_OR_RETURN(std::unique_ptr<Session> choice, model.NewSession());
+    if (choice->CanCopy()) {
+      if (absl::Status copied = choice->CopyFrom(session); !copied.ok()) {
+        COLI_LOG(kWarning) << "request '" << request.id_ << "': choice " << i
+                           << " could not copy the prompt's state, prefilling it: " << copied;
+      }
+    }
+    auto choice_prefill =
+        choice->Prefill(prompt, parse_mode, in.sampling.seed() + static_cast<uint64_t>(i),
+                        cancelled, nullptr, response_format, -1);
+    extra.push_back(std::move(choice));
+    if (!choice_prefill.ok()) {
+      absl::Status why = request.CancelStatus();
+      if (!why.ok()) return why;
+      if (request.stop_.load() && absl::IsCancelled(choice_prefill.status())) break;
+      return absl::Status(
+          choice_prefill.status().code(),
+          absl::StrCat("choice ", i, " of ", n, ": ", choice_prefill.status().message()));
+    }
+  }
   const auto t_decode = Clock::now();
 
   int64_t remaining = prefill->context_capacity > 0
@@ -924,22 +975,55 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     SendPromptLogprobs(model, *prefill, *in.prompt_logprobs, request.sink_);
   }
 
-  bool saw_tool_call = false;
-  v1::FinishReason reason = v1::FINISH_REASON_LENGTH;
+  // Each choice's own progress; they step together (one DecodeSteps per token position).
+  struct Choice {
+    Session* session = nullptr;
+    int64_t generated = 0;
+    bool saw_tool_call = false;
+    bool done = false;
+    v1::FinishReason reason = v1::FINISH_REASON_LENGTH;
+  };
+  std::vector<Choice> choices(static_cast<size_t>(n));
+  choices[0].session = &session;
+  for (int32_t i = 1; i < n; ++i) {
+    // A STOP during the choices' prefills leaves the rest without one: they end at once.
+    if (static_cast<size_t>(i - 1) < extra.size()) choices[i].session = extra[i - 1].get();
+  }
+  auto end_choice = [&](int32_t i, v1::FinishReason reason) {
+    Choice& c = choices[static_cast<size_t>(i)];
+    c.done = true;
+    c.reason = reason;
+    if (n > 1 && request.sink_.on_choice_finished) {
+      v1::ChoiceFinished f;
+      f.set_choice(i);
+      f.set_reason(reason);
+      f.set_completion_tokens(c.generated);
+      request.sink_.on_choice_finished(f);
+    }
+  };
   Clock::time_point first_token{};
   std::vector<v1::ChatDelta> deltas;
+  std::vector<Session*> rows;
+  std::vector<int32_t> row_choice;
   while (true) {
     COLI_RETURN_IF_ERROR(request.CancelStatus());
-    if (request.stop_.load()) {
-      reason = v1::FINISH_REASON_STOPPED;
-      break;
+    rows.clear();
+    row_choice.clear();
+    for (int32_t i = 0; i < n; ++i) {
+      Choice& c = choices[static_cast<size_t>(i)];
+      if (c.done) continue;
+      if (request.stop_.load() || request.ChoiceStopped(i) || c.session == nullptr) {
+        end_choice(i, v1::FINISH_REASON_STOPPED);
+      } else if (c.generated >= max_tokens) {
+        end_choice(i, !in.prompt_only && (max_tokens < in.max_tokens || in.max_tokens <= 0)
+                          ? v1::FINISH_REASON_CONTEXT
+                          : v1::FINISH_REASON_LENGTH);
+      } else {
+        rows.push_back(c.session);
+        row_choice.push_back(i);
+      }
     }
-    if (generated >= max_tokens) {
-      reason = !in.prompt_only && (max_tokens < in.max_tokens || in.max_tokens <= 0)
-                   ? v1::FINISH_REASON_CONTEXT
-                   : v1::FINISH_REASON_LENGTH;
-      break;
-    }
+    if (rows.empty()) break;
     if (options_.decode_delay_ms > 0) {
       // Sleep in small slices so a cancel or stop still lands within one token.
       const auto until = Clock::now() + std::chrono::milliseconds(options_.decode_delay_ms);
@@ -948,56 +1032,62 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
             std::chrono::milliseconds(std::min(5, options_.decode_delay_ms)));
       }
       COLI_RETURN_IF_ERROR(request.CancelStatus());
-      if (request.stop_.load()) {
-        reason = v1::FINISH_REASON_STOPPED;
-        break;
+      if (request.stop_.load()) continue;  // the loop's top ends every choice
+    }
+    std::vector<absl::StatusOr<StepResult>> steps = DecodeSteps(loaded, rows, sampling);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const int32_t i = row_choice[r];
+      Choice& c = choices[static_cast<size_t>(i)];
+      if (!steps[r].ok()) {
+        const absl::Status& s = steps[r].status();
+        if (n == 1) return s;
+        return absl::Status(s.code(), absl::StrCat("choice ", i, " of ", n, ": ", s.message()));
       }
-    }
-    COLI_ASSIGN_OR_RETURN(StepResult step, DecodeStep(loaded, session, sampling));
-    if (step.finish == COLI_FINISH_LENGTH && step.token < 0) {
-      reason = v1::FINISH_REASON_CONTEXT;
-      break;
-    }
-    ++generated;
-    if (generated == 1) first_token = Clock::now();
-    v1::Token token;
-    token.set_id(step.token);
-    token.set_text(step.text);
-    if (sampling.logprobs > 0) {
-      // Each entry holds its token's own bytes (OpenAI's `bytes`), not the decoder's text: a
-      // token that is half a character has bytes of its own but completes no text.
-      auto fill = [&model](int32_t id, float logprob, v1::TokenLogprob* t) {
-        t->set_id(id);
-        t->set_logprob(logprob);
-        auto text = model.Detokenize(std::span<const int32_t>(&id, 1));
-        if (text.ok()) t->set_text(*text);
-      };
-      auto* lp = token.mutable_logprobs();
-      fill(step.token, step.logprob, lp->mutable_sampled());
-      for (const auto& top : step.top_logprobs) fill(top.id, top.logprob, lp->add_top());
-    }
-    deltas.clear();
-    for (const auto& e : step.events) {
-      v1::ChatDelta d;
-      d.set_channel(ToChannel(e.channel));
-      d.set_text(ValidUtf8(e.text));
-      d.set_end_of_message(e.end_of_message);
-      if (e.channel == COLI_CHANNEL_TOOL_CALL) saw_tool_call = true;
-      deltas.push_back(std::move(d));
-    }
-    if (request.sink_.on_token) request.sink_.on_token(token, deltas);
-    if (step.finish == COLI_FINISH_STOP) {
-      reason = saw_tool_call ? v1::FINISH_REASON_TOOL_CALLS : v1::FINISH_REASON_STOP;
-      break;
-    }
-    if (step.finish == COLI_FINISH_LENGTH) {
-      reason = v1::FINISH_REASON_CONTEXT;
-      break;
+      const StepResult& step = *steps[r];
+      if (step.finish == COLI_FINISH_LENGTH && step.token < 0) {
+        end_choice(i, v1::FINISH_REASON_CONTEXT);
+        continue;
+      }
+      ++c.generated;
+      ++generated;
+      if (generated == 1) first_token = Clock::now();
+      v1::Token token;
+      token.set_id(step.token);
+      token.set_text(step.text);
+      if (n > 1) token.set_choice(i);
+      if (sampling.logprobs > 0) {
+        // Each entry holds its token's own bytes (OpenAI's `bytes`), not the decoder's text: a
+        // token that is half a character has bytes of its own but completes no text.
+        auto fill = [&model](int32_t id, float logprob, v1::TokenLogprob* t) {
+          t->set_id(id);
+          t->set_logprob(logprob);
+          auto text = model.Detokenize(std::span<const int32_t>(&id, 1));
+          if (text.ok()) t->set_text(*text);
+        };
+        auto* lp = token.mutable_logprobs();
+        fill(step.token, step.logprob, lp->mutable_sampled());
+        for (const auto& top : step.top_logprobs) fill(top.id, top.logprob, lp->add_top());
+      }
+      deltas.clear();
+      for (const auto& e : step.events) {
+        v1::ChatDelta d;
+        d.set_channel(ToChannel(e.channel));
+        d.set_text(ValidUtf8(e.text));
+        d.set_end_of_message(e.end_of_message);
+        if (e.channel == COLI_CHANNEL_TOOL_CALL) c.saw_tool_call = true;
+        deltas.push_back(std::move(d));
+      }
+      if (request.sink_.on_token) request.sink_.on_token(token, deltas);
+      if (step.finish == COLI_FINISH_STOP) {
+        end_choice(i, c.saw_tool_call ? v1::FINISH_REASON_TOOL_CALLS : v1::FINISH_REASON_STOP);
+      } else if (step.finish == COLI_FINISH_LENGTH) {
+        end_choice(i, v1::FINISH_REASON_CONTEXT);
+      }
     }
   }
   const auto t_end = Clock::now();
 
-  finished->set_reason(reason);
+  finished->set_reason(choices[0].reason);
   auto* usage = finished->mutable_usage();
   usage->set_prompt_tokens(static_cast<int64_t>(prompt.size()));
   usage->set_completion_tokens(generated);
@@ -1011,7 +1101,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
     const double decode = Seconds(t_end - t_decode);
     if (decode > 0) stats->set_tokens_per_second(static_cast<double>(generated) / decode);
   }
-  return absl::OkStatus();  // `account` adds the session's statistics
+  return absl::OkStatus();  // `account` adds the sessions' statistics
 }
 
 // Runs one gathered batch. When a call of several rows fails, the rows the plugin finished
@@ -1055,18 +1145,34 @@ void Engine::RunDecodeBatch(std::span<DecodeRow* const> batch) {
 
 absl::StatusOr<StepResult> Engine::DecodeStep(LoadedModel& model, Session& session,
                                               const Sampling& sampling) {
+  Session* one[] = {&session};
+  return std::move(DecodeSteps(model, one, sampling)[0]);
+}
+
+std::vector<absl::StatusOr<StepResult>> Engine::DecodeSteps(LoadedModel& model,
+                                                            std::span<Session* const> sessions,
+                                                            const Sampling& sampling) {
+  std::vector<absl::StatusOr<StepResult>> results;
   if (options_.max_batch <= 1) {
-    decode_calls_.fetch_add(1, std::memory_order_relaxed);
-    decode_rows_.fetch_add(1, std::memory_order_relaxed);
-    return session.Step(sampling);
+    for (Session* session : sessions) {
+      decode_calls_.fetch_add(1, std::memory_order_relaxed);
+      decode_rows_.fetch_add(1, std::memory_order_relaxed);
+      results.push_back(session->Step(sampling));
+    }
+    return results;
   }
   DecodeBatcher& b = model.batcher;
-  DecodeRow mine;
-  mine.session = &session;
-  mine.sampling = sampling;
+  std::vector<DecodeRow> mine(sessions.size());
   std::unique_lock<std::mutex> lock(b.mu);
-  b.waiting.push_back(&mine);
-  while (!mine.done) {
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    mine[i].session = sessions[i];
+    mine[i].sampling = sampling;
+    b.waiting.push_back(&mine[i]);
+  }
+  auto all_done = [&mine] {
+    return std::all_of(mine.begin(), mine.end(), [](const DecodeRow& r) { return r.done; });
+  };
+  while (!all_done()) {
     if (b.running) {
       b.cv.wait(lock);
       continue;
@@ -1085,7 +1191,8 @@ absl::StatusOr<StepResult> Engine::DecodeStep(LoadedModel& model, Session& sessi
     b.running = false;
     b.cv.notify_all();
   }
-  return std::move(mine.result);
+  for (DecodeRow& row : mine) results.push_back(std::move(row.result));
+  return results;
 }
 
 void Engine::Finish(Request& request, const absl::Status& status, const v1::Finished& finished) {

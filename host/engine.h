@@ -90,6 +90,11 @@ struct GenerationInput {
   // unset; ABI 1.7), and whether to generate nothing after the prompt.
   std::optional<int32_t> prompt_logprobs;
   bool prompt_only = false;
+  // Choices (OpenAI `n`, 1…kMaxChoices): one prefill, its state copied into a session per
+  // choice (ABI 1.11; an older plugin prefills each), then one decode call a step carries every
+  // choice's row. Choice i samples with seed + i; its tokens carry `choice` = i and its end
+  // comes to on_choice_finished (n > 1 only). Ignored with prompt_only.
+  int32_t n = 1;
   std::optional<std::chrono::steady_clock::time_point> deadline;
 
   static GenerationInput From(const v1::GenerateRequest& r);
@@ -105,6 +110,8 @@ struct EventSink {
   std::function<void(const v1::PromptLogprobs&)> on_prompt_logprobs;
   // events: the chat deltas of this token (empty for Generate).
   std::function<void(const v1::Token&, std::span<const v1::ChatDelta>)> on_token;
+  // n > 1: one choice ended (its reason and tokens), before on_done.
+  std::function<void(const v1::ChoiceFinished&)> on_choice_finished;
   // Called exactly once, last: OK with the Finished event, or the error that ended the request.
   std::function<void(const absl::Status&, const v1::Finished&)> on_done;
 };
@@ -122,6 +129,16 @@ class Request {
   }
   // The cancel status to end with, or OK to keep going.
   absl::Status CancelStatus() const;
+  // Ends choice `choice` of an n > 1 request (STOPPED) while the others go on; false when the
+  // request has no such choice.
+  bool StopChoice(int32_t choice) {
+    if (choice < 0 || choice >= choices_) return false;
+    choice_stop_[static_cast<size_t>(choice)].store(true);
+    return true;
+  }
+  bool ChoiceStopped(int32_t choice) const {
+    return choice_stop_[static_cast<size_t>(choice)].load();
+  }
 
  private:
   friend class Engine;
@@ -130,6 +147,9 @@ class Request {
   EventSink sink_;
   std::atomic<bool> cancel_{false}, stop_{false};
   std::atomic<bool> shutdown_{false};
+  // The request's choices (input_.n, 1 with prompt_only) and their own stops.
+  int32_t choices_ = 1;
+  std::unique_ptr<std::atomic<bool>[]> choice_stop_;
   std::chrono::steady_clock::time_point accepted_;
   // The prompt's token ids (rendered or tokenized at Submit, so the pool can match them against
   // its sessions' records before the request runs) and its chat parse mode.
@@ -166,6 +186,9 @@ class Engine {
   bool Cancel(const std::string& request_id, bool stop);
   // The same for a request Submit returned (exactly that one, even if its id was reused since).
   void Cancel(const std::shared_ptr<Request>& request, bool stop);
+  // Ends one choice of a live n > 1 request (Request::StopChoice); false when no such request
+  // or choice is live.
+  bool CancelChoice(const std::string& request_id, int32_t choice);
 
   absl::StatusOr<std::vector<int32_t>> Tokenize(const std::string& model, const std::string& text,
                                                 bool allow_special);
@@ -241,6 +264,12 @@ class Engine {
   // options_.max_batch > 1.
   absl::StatusOr<StepResult> DecodeStep(LoadedModel& model, Session& session,
                                         const Sampling& sampling);
+  // The next decode step of several sessions of one request (its choices): all their rows wait
+  // in the model's batcher at once, so one call carries them (max_batch permitting) with any
+  // other requests' rows; results in the order of `sessions`.
+  std::vector<absl::StatusOr<StepResult>> DecodeSteps(LoadedModel& model,
+                                                      std::span<Session* const> sessions,
+                                                      const Sampling& sampling);
   static void RunDecodeBatch(std::span<DecodeRow* const> batch);
   void Finish(Request& request, const absl::Status& status, const v1::Finished& finished);
 

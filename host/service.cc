@@ -162,6 +162,11 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine, WriteStarter* s
     }
     reactor->Push(std::move(e));
   };
+  sink.on_choice_finished = [reactor](const v1::ChoiceFinished& choice) {
+    Event e;
+    *e.mutable_choice_finished() = choice;
+    reactor->Push(std::move(e));
+  };
   sink.on_done = [reactor](const absl::Status& status, const v1::Finished& finished) {
     if (status.ok()) {
       Event e;
@@ -312,7 +317,9 @@ grpc::ServerWriteReactor<v1::ChatEvent>* ColiService::Chat(grpc::CallbackServerC
 grpc::ServerUnaryReactor* ColiService::Cancel(grpc::CallbackServerContext* context,
                                               const v1::CancelRequest* request,
                                               v1::CancelResponse* response) {
-  response->set_found(engine_->Cancel(request->request_id(), request->stop()));
+  response->set_found(request->has_choice()
+                          ? engine_->CancelChoice(request->request_id(), request->choice())
+                          : engine_->Cancel(request->request_id(), request->stop()));
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
