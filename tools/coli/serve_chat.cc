@@ -1,8 +1,10 @@
-// POST /v1/chat/completions: one host Chat call per choice, answered whole or as an SSE stream
-// (StreamSse, which /v1/completions shares).
+// POST /v1/chat/completions: one host Chat call carrying the request's n choices, answered
+// whole or as an SSE stream (StreamSse, which /v1/completions shares).
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -101,6 +103,30 @@ std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
   return call;
 }
 
+std::vector<std::shared_ptr<Gateway::Call>> Gateway::StartChatChoices(
+    const SamplingFields& f, const std::string& request_json, const ConnectionWatch* client) {
+  auto feed = std::make_shared<ChoiceFeed<v1::ChatEvent>>(f.n);
+  v1::ChatRequest r;
+  r.set_model(info_.id());
+  r.set_request_json(request_json);
+  r.set_max_tokens(f.max_tokens);
+  r.set_report_progress(f.stream && f.return_progress);
+  r.set_n(f.n);
+  FillSampling(f, 0, r.mutable_sampling());  // the host gives choice i seed + i
+  feed->Start(stub_->Chat(&feed->ctx, r));
+  if (client) {
+    feed->guard = monitor_.Watch(*client, [c = feed.get()] { c->ctx.TryCancel(); });
+  }
+  std::vector<std::shared_ptr<Call>> calls;
+  for (int i = 0; i < f.n; ++i) {
+    auto call = std::make_shared<Call>();
+    call->feed = feed;
+    call->choice = i;
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
 grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                                 const v1::ChatEvent* first, const DeltaFn& on_delta) {
   StopFilter stop(f.stop);
@@ -131,7 +157,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     if (cancelled) return;
     if (on_delta && !on_delta(kind, payload)) {
       cancelled = true;
-      call.ctx.TryCancel();
+      call.TryCancel();
     }
   };
   // The waiting entries, listed (each one's bytes are part of the content).
@@ -142,7 +168,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     }
     unclaimed_logprobs.clear();
   };
-  while (have || call.reader->Read(&ev)) {
+  while (have || call.Read(&ev)) {
     have = false;
     if (ev.has_progress()) {
       emit("progress", PromptProgress(ev.progress()));
@@ -173,7 +199,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           if (!visible.empty()) emit("content", visible);
           if (stop.stopped()) {
             stopped = stopped_here = true;
-            StopAtHost(call.request_id);
+            StopAtHost(call.request_id, call.feed ? call.choice : -1);
           }
         } else if (d.channel() == v1::CHANNEL_TOOL_CALL_DELTA) {
           showed_other = true;
@@ -243,7 +269,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       out->cached_tokens = ev.finished().usage().tokens_reused();
     }
   }
-  grpc::Status status = call.reader->Finish();
+  grpc::Status status = call.Finish();
   // A model stop token made the host's parser flush; any other end may cut a character.
   if (!stopped && !cancelled && status.ok() && reason != v1::FINISH_REASON_STOP &&
       reason != v1::FINISH_REASON_TOOL_CALLS && tail_channel != v1::CHANNEL_NONE) {
@@ -307,11 +333,28 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
     auto alive = [this, &watch](const char*, const Json&) {
       return !stopping_ && !watch.PeerClosed();
     };
-    for (int i = 0; i < f->n; ++i) {
-      auto call = StartChat(*f, request_json, i, &watch);
-      grpc::Status s = RunChoice(*f, *call, &results[i], nullptr, alive);
+    if (f->n == 1) {
+      auto call = StartChat(*f, request_json, 0, &watch);
+      grpc::Status s = RunChoice(*f, *call, &results[0], nullptr, alive);
       if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
       if (!s.ok()) return Fail(res, FromHostStatus(s));
+    } else {
+      // One host call, the choices read side by side (each stop string stops its own choice
+      // at once).
+      auto calls = StartChatChoices(*f, request_json, &watch);
+      std::vector<grpc::Status> statuses(f->n);
+      std::vector<std::thread> readers;
+      for (int i = 0; i < f->n; ++i) {
+        readers.emplace_back(
+            [&, i] { statuses[i] = RunChoice(*f, *calls[i], &results[i], nullptr, alive); });
+      }
+      for (std::thread& t : readers) t.join();
+      for (const grpc::Status& s : statuses) {
+        if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
+      }
+      for (const grpc::Status& s : statuses) {
+        if (!s.ok()) return Fail(res, FromHostStatus(s));
+      }
     }
     Json out;
     out["id"] = id;
@@ -357,9 +400,16 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   }
 
   // Streaming: read the first event before answering, so a refused request is a plain 400.
-  auto first_call = std::shared_ptr<Call>(StartChat(*f, request_json, 0, &watch));
+  // n > 1: one host call whose choices stream side by side, their chunks interleaved (each
+  // names its `index`, as OpenAI's).
+  auto calls = std::make_shared<std::vector<std::shared_ptr<Call>>>(
+      f->n == 1 ? std::vector<std::shared_ptr<Call>>{std::shared_ptr<Call>(
+                      StartChat(*f, request_json, 0, &watch))}
+                : StartChatChoices(*f, request_json, &watch));
   auto first = std::make_shared<v1::ChatEvent>();
-  if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
+  if (!(*calls)[0]->Read(first.get())) {
+    grpc::Status why = (*calls)[0]->Finish();
+    if (why.ok()) why = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
     if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why, watch);
     return Fail(res, FromHostStatus(why));
   }
@@ -367,27 +417,40 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   SendUncompressed(req);
   StreamSse(
       res, watch, Header(id, "chat.completion.chunk", created), f->include_usage,
-      [this, first_call, first, fields, request_json, watch](const SseSink& sse) {
+      [this, calls, first, fields](const SseSink& unlocked) {
+        // The choices' threads share the stream: one frame at a time.
+        std::mutex frame_mu;
+        SseSink sse = unlocked;
+        sse.send = [&](const Json& j) {
+          std::lock_guard<std::mutex> lock(frame_mu);
+          return unlocked.send(j);
+        };
+        sse.alive = [&] {
+          std::lock_guard<std::mutex> lock(frame_mu);
+          return unlocked.alive();
+        };
         auto chunk = [&](int index, const Json& delta, const Json& finish, const Json& logprobs) {
           return sse.Frame(Json{{"index", index},
                                 {"delta", delta},
                                 {"logprobs", logprobs},
                                 {"finish_reason", finish}});
         };
-        StreamEnd end;
-        for (int i = 0; i < fields->n && !end.gone; ++i) {
-          std::shared_ptr<Call> call =
-              i == 0 ? first_call
-                     : std::shared_ptr<Call>(StartChat(*fields, request_json, i, &watch));
+        const int n = fields->n;
+        std::vector<StreamEnd> ends(n);
+        std::vector<ChoiceResult> results(n);
+        std::vector<grpc::Status> statuses(n);
+        auto run = [&](int i) {
+          Call& call = *(*calls)[i];
+          StreamEnd& end = ends[i];
           if (!sse.send(chunk(i, Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))) {
             end.gone = true;
-            call->ctx.TryCancel();
-            call->reader->Finish();
-            break;
+            call.TryCancel();
+            call.Finish();
+            return;
           }
-          ChoiceResult r;
-          grpc::Status s =
-              RunChoice(*fields, *call, &r, i == 0 ? first.get() : nullptr,
+          ChoiceResult& r = results[i];
+          statuses[i] =
+              RunChoice(*fields, call, &r, i == 0 ? first.get() : nullptr,
                         [&](const char* kind, const Json& payload) {
                           Json delta = Json::object(), lp = nullptr;
                           if (!std::strcmp(kind, "tick")) return sse.alive();
@@ -412,12 +475,29 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
                           }
                           return sse.send(chunk(i, delta, nullptr, lp));
                         });
-          if (!ChoiceOk(s, sse, &end)) break;
-          end.prompt_tokens = r.prompt_tokens;
-          if (i == 0) end.cached_tokens = r.cached_tokens;  // the prompt counts once
+          if (statuses[i].ok() && !sse.send(chunk(i, Json::object(), r.finish_reason, nullptr))) {
+            end.gone = true;
+          }
+        };
+        if (n == 1) {
+          run(0);
+        } else {
+          std::vector<std::thread> threads;
+          for (int i = 0; i < n; ++i) threads.emplace_back(run, i);
+          for (std::thread& t : threads) t.join();
+        }
+        StreamEnd end;
+        // The call's first failure ends the stream (every choice then reports it: one frame).
+        for (int i = 0; i < n && !end.gone; ++i) {
+          end.gone = ends[i].gone;
+          if (!end.gone && !ChoiceOk(statuses[i], sse, &end)) return end;
+        }
+        if (end.gone) return end;
+        end.prompt_tokens = results[0].prompt_tokens;
+        end.cached_tokens = results[0].cached_tokens;  // the prompt counts once
+        for (const ChoiceResult& r : results) {
           end.completion_tokens += r.completion_tokens;
           end.reasoning_tokens = end.reasoning_tokens.value_or(0) + r.reasoning_tokens;
-          if (!sse.send(chunk(i, Json::object(), r.finish_reason, nullptr))) end.gone = true;
         }
         return end;
       });

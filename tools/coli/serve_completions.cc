@@ -1,8 +1,10 @@
-// POST /v1/completions: one host Generate call per choice (legacy completions: text, echo,
-// logprobs with text_offset).
+// POST /v1/completions: one host Generate call per prompt, carrying its n choices (legacy
+// completions: text, echo, logprobs with text_offset).
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +34,37 @@ std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFiel
   call->reader = stub_->Generate(&call->ctx, r);
   if (client) call->guard = monitor_.Watch(*client, [c = call.get()] { c->ctx.TryCancel(); });
   return call;
+}
+
+std::vector<std::shared_ptr<Gateway::GenerateCall>> Gateway::StartGenerateChoices(
+    const SamplingFields& f, const CompletionPrompt& prompt, const ConnectionWatch* client,
+    int32_t prompt_logprobs) {
+  auto feed = std::make_shared<ChoiceFeed<v1::GenerateEvent>>(f.n);
+  v1::GenerateRequest r;
+  r.set_model(info_.id());
+  if (prompt.is_ids) {
+    for (int32_t id : prompt.ids) r.add_prompt_ids(id);
+  } else {
+    r.set_prompt(prompt.text);
+  }
+  r.set_max_tokens(f.max_tokens);
+  r.set_prompt_only(f.prompt_only);
+  if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
+  r.set_report_progress(f.stream && f.return_progress);
+  r.set_n(f.n);
+  FillSampling(f, 0, r.mutable_sampling());  // the host gives choice i seed + i
+  feed->Start(stub_->Generate(&feed->ctx, r));
+  if (client) {
+    feed->guard = monitor_.Watch(*client, [c = feed.get()] { c->ctx.TryCancel(); });
+  }
+  std::vector<std::shared_ptr<GenerateCall>> calls;
+  for (int i = 0; i < f.n; ++i) {
+    auto call = std::make_shared<GenerateCall>();
+    call->feed = feed;
+    call->choice = i;
+    calls.push_back(std::move(call));
+  }
+  return calls;
 }
 
 grpc::Status Gateway::PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,
@@ -149,7 +182,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
     if (cancelled || !on_piece) return;
     if (!on_piece(kind, payload)) {
       cancelled = true;
-      call.ctx.TryCancel();
+      call.TryCancel();
     }
   };
   // echo: the prompt (and its tokens' logprobs) goes first, once the prompt has been read.
@@ -195,7 +228,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
     }
     emit("text", piece);
   };
-  while (have || call.reader->Read(&ev)) {
+  while (have || call.Read(&ev)) {
     have = false;
     if (ev.has_token() || ev.has_finished()) echo_once();
     if (ev.has_progress()) {
@@ -238,7 +271,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
       emit(!visible.empty() || piece.contains("logprobs") ? "text" : "tick", piece);
       if (stop.stopped()) {
         stopped = true;
-        StopAtHost(call.request_id);
+        StopAtHost(call.request_id, call.feed ? call.choice : -1);
       }
     } else if (ev.has_finished()) {
       reason = ev.finished().reason();
@@ -250,7 +283,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
       out->cached_tokens = ev.finished().usage().tokens_reused();
     }
   }
-  grpc::Status status = call.reader->Finish();
+  grpc::Status status = call.Finish();
   // A model stop token flushed the host's decoder; any other end may cut a character.
   if (!stopped && !cancelled && status.ok() && reason != v1::FINISH_REASON_STOP) {
     if (const std::string cut = CutCharacter(tail_ids); !cut.empty()) {
@@ -310,20 +343,45 @@ void Gateway::Completions(const Req& req, Res& res) {
     for (size_t p = 0; p < prompts->size(); ++p) {
       const CompletionPrompt& prompt = (*prompts)[p];
       std::vector<v1::TokenLogprobs> entries;  // this prompt's, from its first choice
-      for (int i = 0; i < f->n; ++i) {
-        auto call = StartGenerate(*f, prompt, i, &watch, i == 0 ? prompt_logprobs : -1);
-        CompletionResult r;
+      // n > 1 (but a prompt-only echo): ONE host call, its choices read side by side.
+      const bool together = f->n > 1 && !f->prompt_only;
+      std::vector<std::shared_ptr<GenerateCall>> calls;
+      if (together) calls = StartGenerateChoices(*f, prompt, &watch, prompt_logprobs);
+      std::vector<CompletionResult> results(f->n);
+      std::vector<grpc::Status> statuses(f->n);
+      auto alive = [this, &watch](const char*, const Json&) {
+        return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
+      };
+      auto run = [&](int i) {
+        CompletionResult& r = results[i];
         r.offset_base = CodePoints(prompt.text);
         r.echo_text = &prompt.text;
         r.first_token_text = (*first_texts)[p];
-        if (i > 0) r.echo_entries = &entries;
-        grpc::Status s =
-            RunCompletion(*f, *call, &r, nullptr, [this, &watch](const char*, const Json&) {
-              return !stopping_ && !watch.PeerClosed();  // each token: is the client still there?
-            });
+        // Each choice of a shared call gets the prompt's logprobs itself.
+        if (i > 0 && !together) r.echo_entries = &entries;
+        std::shared_ptr<GenerateCall> call =
+            together ? calls[i]
+                     : std::shared_ptr<GenerateCall>(
+                           StartGenerate(*f, prompt, i, &watch, i == 0 ? prompt_logprobs : -1));
+        statuses[i] = RunCompletion(*f, *call, &r, nullptr, alive);
+        if (i == 0 && !together) entries = std::move(r.prompt_entries);
+      };
+      if (together) {
+        std::vector<std::thread> readers;
+        for (int i = 0; i < f->n; ++i) readers.emplace_back(run, i);
+        for (std::thread& t : readers) t.join();
+      } else {
+        for (int i = 0; i < f->n && (i == 0 || statuses[i - 1].ok()); ++i) run(i);
+      }
+      for (const grpc::Status& s : statuses) {
         if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
+      }
+      for (const grpc::Status& s : statuses) {
         if (!s.ok()) return Fail(res, CompletionsError(FromHostStatus(s)));
-        if (i == 0) entries = std::move(r.prompt_entries);
+      }
+      if (together) entries = results[0].prompt_entries;
+      for (int i = 0; i < f->n; ++i) {
+        const CompletionResult& r = results[i];
         Json choice;
         choice["index"] = static_cast<int64_t>(p) * f->n + i;
         choice["text"] = r.text;
@@ -351,11 +409,17 @@ void Gateway::Completions(const Req& req, Res& res) {
   }
 
   // Streaming (OpenAI's legacy shape): read the first event before answering, so a refused
-  // request is a plain 400.
-  auto first_call =
-      std::shared_ptr<GenerateCall>(StartGenerate(*f, (*prompts)[0], 0, &watch, prompt_logprobs));
+  // request is a plain 400. n > 1 (but a prompt-only echo): one host call per prompt, its
+  // choices streamed side by side, their chunks interleaved (each names its `index`).
+  const bool together = f->n > 1 && !f->prompt_only;
+  auto first_calls = std::make_shared<std::vector<std::shared_ptr<GenerateCall>>>(
+      together ? StartGenerateChoices(*f, (*prompts)[0], &watch, prompt_logprobs)
+               : std::vector<std::shared_ptr<GenerateCall>>{std::shared_ptr<GenerateCall>(
+                     StartGenerate(*f, (*prompts)[0], 0, &watch, prompt_logprobs))});
   auto first = std::make_shared<v1::GenerateEvent>();
-  if (grpc::Status why; !ReadFirstEvent(*first_call->reader, first.get(), &why)) {
+  if (!(*first_calls)[0]->Read(first.get())) {
+    grpc::Status why = (*first_calls)[0]->Finish();
+    if (why.ok()) why = grpc::Status(grpc::StatusCode::INTERNAL, "host ended the stream early");
     if (why.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, why, watch);
     return Fail(res, CompletionsError(FromHostStatus(why)));
   }
@@ -363,29 +427,49 @@ void Gateway::Completions(const Req& req, Res& res) {
   SendUncompressed(req);
   StreamSse(
       res, watch, Header(id, "text_completion", created), f->include_usage,
-      [this, first_call, first, fields, prompts, first_texts, prompt_logprobs,
-       watch](const SseSink& sse) {
+      [this, first_calls, first, fields, prompts, first_texts, prompt_logprobs, together,
+       watch](const SseSink& unlocked) {
+        // The choices' threads share the stream: one frame at a time.
+        std::mutex frame_mu;
+        SseSink sse = unlocked;
+        sse.send = [&](const Json& j) {
+          std::lock_guard<std::mutex> lock(frame_mu);
+          return unlocked.send(j);
+        };
+        sse.alive = [&] {
+          std::lock_guard<std::mutex> lock(frame_mu);
+          return unlocked.alive();
+        };
         auto chunk = [&](int64_t index, const std::string& text, const Json& logprobs,
                          const Json& finish) {
           return sse.Frame(Json{
               {"text", text}, {"index", index}, {"logprobs", logprobs}, {"finish_reason", finish}});
         };
+        const int n = fields->n;
         StreamEnd end;
         for (size_t p = 0; p < prompts->size() && !end.gone; ++p) {
           const CompletionPrompt& prompt = (*prompts)[p];
+          std::vector<std::shared_ptr<GenerateCall>> calls =
+              p == 0     ? *first_calls
+              : together ? StartGenerateChoices(*fields, prompt, &watch, prompt_logprobs)
+                         : std::vector<std::shared_ptr<GenerateCall>>();
           std::vector<v1::TokenLogprobs> entries;
-          for (int i = 0; i < fields->n && !end.gone; ++i) {
-            const int64_t index = static_cast<int64_t>(p) * fields->n + i;
+          std::vector<CompletionResult> results(n);
+          std::vector<grpc::Status> statuses(n);
+          std::vector<bool> gone(n, false);
+          auto run = [&](int i) {
+            const int64_t index = static_cast<int64_t>(p) * n + i;
             std::shared_ptr<GenerateCall> call =
-                index == 0 ? first_call
-                           : std::shared_ptr<GenerateCall>(StartGenerate(
-                                 *fields, prompt, i, &watch, i == 0 ? prompt_logprobs : -1));
-            CompletionResult r;
+                together || (p == 0 && i == 0)
+                    ? calls[i]
+                    : std::shared_ptr<GenerateCall>(
+                          StartGenerate(*fields, prompt, i, &watch, i == 0 ? prompt_logprobs : -1));
+            CompletionResult& r = results[i];
             r.offset_base = CodePoints(prompt.text);
             r.echo_text = &prompt.text;
             r.first_token_text = (*first_texts)[p];
-            if (i > 0) r.echo_entries = &entries;
-            grpc::Status s = RunCompletion(
+            if (i > 0 && !together) r.echo_entries = &entries;
+            statuses[i] = RunCompletion(
                 *fields, *call, &r, index == 0 ? first.get() : nullptr,
                 [&](const char* kind, const Json& payload) {
                   if (!std::strcmp(kind, "tick")) return sse.alive();
@@ -398,14 +482,30 @@ void Gateway::Completions(const Req& req, Res& res) {
                       index, payload["text"].get<std::string>(),
                       payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr), nullptr));
                 });
-            if (!ChoiceOk(s, sse, &end)) break;
-            if (i == 0) entries = std::move(r.prompt_entries);
-            if (i == 0) end.prompt_tokens += r.prompt_tokens;
-            if (i == 0) end.cached_tokens += r.cached_tokens;
-            end.completion_tokens += r.completion_tokens;
-            if (!sse.send(chunk(index, "", nullptr, r.finish_reason))) end.gone = true;
+            if (i == 0 && !together) entries = std::move(r.prompt_entries);
+            if (statuses[i].ok() && !sse.send(chunk(index, "", nullptr, r.finish_reason))) {
+              gone[i] = true;
+            }
+          };
+          if (together) {
+            std::vector<std::thread> threads;
+            for (int i = 0; i < n; ++i) threads.emplace_back(run, i);
+            for (std::thread& t : threads) t.join();
+          } else {
+            for (int i = 0; i < n; ++i) {
+              run(i);
+              if (!statuses[i].ok() || gone[i]) break;
+            }
           }
-          if (end.gone) break;
+          // The call's first failure ends the stream (every choice then reports it: one frame).
+          for (int i = 0; i < n; ++i) {
+            if (gone[i]) end.gone = true;
+            if (end.gone) return end;
+            if (!ChoiceOk(statuses[i], sse, &end)) return end;
+          }
+          end.prompt_tokens += results[0].prompt_tokens;  // each prompt counts once
+          end.cached_tokens += results[0].cached_tokens;
+          for (const CompletionResult& r : results) end.completion_tokens += r.completion_tokens;
         }
         return end;
       });

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -18,6 +20,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coli/v1/coli.grpc.pb.h"
@@ -102,6 +105,110 @@ inline Json PromptProgress(const v1::PrefillProgress& p) {
   j["time_ms"] = p.elapsed_ms();
   return j;
 }
+
+// The events of one host call that carries n > 1 choices (GenerateRequest.n / ChatRequest.n),
+// split by choice so each is read as if it were a call of its own (RunChoice, RunCompletion):
+// a reader thread queues Started and PromptLogprobs for every choice, PrefillProgress for
+// choice 0, each token for its `choice`, and each ChoiceFinished as that choice's Finished (its
+// reason and tokens, the prompt's usage). The host's last Finished adds nothing then.
+template <typename Event>
+class ChoiceFeed {
+ public:
+  explicit ChoiceFeed(int n) : choices_(static_cast<size_t>(n)) {}
+  ~ChoiceFeed() {
+    guard = ConnectionMonitor::Guard();
+    if (reader_thread_.joinable()) {
+      ctx.TryCancel();  // a no-op once the call ended
+      reader_thread_.join();
+    }
+  }
+  ChoiceFeed(const ChoiceFeed&) = delete;
+  ChoiceFeed& operator=(const ChoiceFeed&) = delete;
+
+  // Starts reading `reader` (the call made with ctx).
+  void Start(std::unique_ptr<grpc::ClientReader<Event>> reader) {
+    reader_ = std::move(reader);
+    reader_thread_ = std::thread([this] { ReadAll(); });
+  }
+  // The next event of `choice`; false once it has none left.
+  bool Read(int choice, Event* ev) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Queue& q = choices_[static_cast<size_t>(choice)];
+    cv_.wait(lock, [&] { return !q.events.empty() || q.finished || done_; });
+    if (q.events.empty()) return false;
+    *ev = std::move(q.events.front());
+    q.events.pop_front();
+    return true;
+  }
+  // How `choice` ended: OK when the host finished it, else the call's status (waits for it).
+  grpc::Status Finish(int choice) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const Queue& q = choices_[static_cast<size_t>(choice)];
+    cv_.wait(lock, [&] { return q.finished || done_; });
+    if (q.finished) return grpc::Status::OK;
+    if (status_.ok()) {  // never a silent empty choice
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          "the host ended the request without ending choice " +
+                              std::to_string(choice) + " (a coli-host without n > 1 support?)");
+    }
+    return status_;
+  }
+
+  grpc::ClientContext ctx;
+  ConnectionMonitor::Guard guard;  // unwatched first in the destructor
+
+ private:
+  struct Queue {
+    std::deque<Event> events;
+    bool finished = false;  // its ChoiceFinished came (queued as a Finished)
+  };
+  static const v1::Token& TokenOf(const v1::GenerateEvent& e) { return e.token(); }
+  static const v1::Token& TokenOf(const v1::ChatEvent& e) { return e.token().token(); }
+  void ReadAll() {
+    Event ev;
+    v1::Usage prompt_usage;
+    while (reader_->Read(&ev)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ev.has_started()) {
+        prompt_usage.set_prompt_tokens(ev.started().prompt_tokens());
+        prompt_usage.set_tokens_reused(ev.started().tokens_reused());
+        prompt_usage.set_tokens_computed(ev.started().tokens_computed());
+        for (Queue& q : choices_) q.events.push_back(ev);
+      } else if (ev.has_progress()) {
+        choices_[0].events.push_back(ev);
+      } else if (ev.has_token()) {
+        const size_t choice = static_cast<size_t>(TokenOf(ev).choice());
+        if (choice < choices_.size()) choices_[choice].events.push_back(ev);
+      } else if (ev.has_choice_finished()) {
+        const v1::ChoiceFinished& c = ev.choice_finished();
+        const size_t choice = static_cast<size_t>(c.choice());
+        if (choice >= choices_.size()) continue;
+        Event end;
+        end.mutable_finished()->set_reason(c.reason());
+        *end.mutable_finished()->mutable_usage() = prompt_usage;
+        end.mutable_finished()->mutable_usage()->set_completion_tokens(c.completion_tokens());
+        choices_[choice].events.push_back(std::move(end));
+        choices_[choice].finished = true;
+      } else if (!ev.has_finished()) {
+        for (Queue& q : choices_) q.events.push_back(ev);  // the prompt's logprobs
+      }
+      cv_.notify_all();
+    }
+    grpc::Status status = reader_->Finish();
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(status);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+  std::unique_ptr<grpc::ClientReader<Event>> reader_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Queue> choices_;
+  bool done_ = false;
+  grpc::Status status_;
+  std::thread reader_thread_;
+};
 
 // One generation's accumulated result (one choice).
 struct ChoiceResult {
@@ -267,18 +374,27 @@ class Gateway {
   }
   Json LogprobEntry(const v1::Token& token, int top) const;
 
-  // One host Chat call (one choice).
+  // One host Chat call (one choice), or one choice of an n > 1 call (`feed`).
   struct Call {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReader<v1::ChatEvent>> reader;
     std::string request_id;
+    std::shared_ptr<ChoiceFeed<v1::ChatEvent>> feed;  // set: ctx and reader are unused
+    int choice = 0;
     ConnectionMonitor::Guard guard;  // last: unwatched before ctx goes away
+    bool Read(v1::ChatEvent* ev) { return feed ? feed->Read(choice, ev) : reader->Read(ev); }
+    grpc::Status Finish() { return feed ? feed->Finish(choice) : reader->Finish(); }
+    void TryCancel() { feed ? feed->ctx.TryCancel() : ctx.TryCancel(); }  // all choices
   };
   using DeltaFn = std::function<bool(const char* kind, const Json& payload)>;
   // `client` (nullptr for a background response): the connection whose loss cancels the call —
   // while it waits in the host's queue and in its prefill too.
   std::unique_ptr<Call> StartChat(const SamplingFields& f, const std::string& request_json,
                                   int choice, const ConnectionWatch* client);
+  // f.n > 1: ONE host call carrying the n choices (one prefill, n decode rows), a Call per choice.
+  std::vector<std::shared_ptr<Call>> StartChatChoices(const SamplingFields& f,
+                                                      const std::string& request_json,
+                                                      const ConnectionWatch* client);
   // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
   // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON, "progress" prompt_progress
   // JSON, "tick" after a token that showed nothing) and returns false to cancel. A call the
@@ -341,12 +457,17 @@ class Gateway {
     return h;
   }
 
-  // One host Generate call (one /v1/completions choice) and its result.
+  // One host Generate call (one /v1/completions choice), or one choice of an n > 1 call.
   struct GenerateCall {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReader<v1::GenerateEvent>> reader;
     std::string request_id;
+    std::shared_ptr<ChoiceFeed<v1::GenerateEvent>> feed;  // set: ctx and reader are unused
+    int choice = 0;
     ConnectionMonitor::Guard guard;  // last: unwatched before ctx goes away
+    bool Read(v1::GenerateEvent* ev) { return feed ? feed->Read(choice, ev) : reader->Read(ev); }
+    grpc::Status Finish() { return feed ? feed->Finish(choice) : reader->Finish(); }
+    void TryCancel() { feed ? feed->ctx.TryCancel() : ctx.TryCancel(); }  // all choices
   };
   struct CompletionResult {
     std::string text, finish_reason;
@@ -366,10 +487,17 @@ class Gateway {
   };
   // `prompt_logprobs` >= 0: the host also sends the prompt tokens' logprobs with that many top
   // alternatives.
+  // `n` > 1: ONE host call carrying n choices; the first result's `feed` holds it (see
+  // GenerateChoices).
   std::unique_ptr<GenerateCall> StartGenerate(const SamplingFields& f,
                                               const CompletionPrompt& prompt, int choice,
                                               const ConnectionWatch* client,
                                               int32_t prompt_logprobs = -1);
+  // f.n > 1: one host Generate call for the n choices of `prompt`, a GenerateCall per choice.
+  std::vector<std::shared_ptr<GenerateCall>> StartGenerateChoices(const SamplingFields& f,
+                                                                  const CompletionPrompt& prompt,
+                                                                  const ConnectionWatch* client,
+                                                                  int32_t prompt_logprobs);
   // echo: the prompt's text (ids detokenized) and, with logprobs, its token ids (text tokenized
   // as the host would) and the first token's text; a host error as it would fail the request.
   grpc::Status PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,
@@ -403,11 +531,13 @@ class Gateway {
     tail->push_back(id);
     if (tail->size() > kTailTokens) tail->erase(tail->begin());
   }
-  // A stop sequence matched: STOP the host's request (it finishes normally, reason STOPPED).
-  void StopAtHost(const std::string& request_id) {
+  // A stop sequence matched: STOP the host's request (it finishes normally, reason STOPPED), or
+  // only its choice `choice` (>= 0) of an n > 1 request.
+  void StopAtHost(const std::string& request_id, int choice = -1) {
     v1::CancelRequest c;
     c.set_request_id(request_id);
     c.set_stop(true);
+    if (choice >= 0) c.set_choice(choice);
     v1::CancelResponse response;
     grpc::ClientContext ctx;
     stub_->Cancel(&ctx, c, &response);

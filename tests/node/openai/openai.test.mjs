@@ -142,6 +142,60 @@ test('n=2 gives two choices', async () => {
   assert.equal(sampled.choices.length, 2);
 });
 
+// n choices are one prefill and n decode rows (the host copies the prompt's state into a session
+// per choice); choice i samples as a lone request with seed + i, streamed or not, and a stream's
+// chunks name their choice's index.
+test('n=3 streamed and not: one prefill, rows of shared decode calls, choice i = seed + i', async () => {
+  const base = {
+    model: modelId, messages: hello, max_tokens: 12, temperature: 1, seed: 40,
+    enable_thinking: false,
+  };
+  const lone = [];
+  for (let i = 0; i < 3; i++) {
+    const r = await client.chat.completions.create({ ...base, seed: 40 + i });
+    lone.push(r.choices[0]);
+  }
+  const before = await metrics(tiny.base);
+  const r = await client.chat.completions.create({ ...base, n: 3 });
+  const after = await metrics(tiny.base);
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+  for (let i = 0; i < 3; i++) {
+    assert.equal(r.choices[i].message.content, lone[i].message.content, `choice ${i}`);
+    assert.equal(r.choices[i].finish_reason, lone[i].finish_reason, `choice ${i}`);
+  }
+  const delta = (name) => after.value(name) - before.value(name);
+  // The prompt computed once, not once per choice; the two other choices copied its state.
+  const computed = delta('coli_plugin_stat\\{name="tokens_computed"\\}');
+  const copies = delta('coli_plugin_stat\\{name="session_copies"\\}');
+  assert.ok(computed <= r.usage.prompt_tokens, `computed ${computed} > one prompt`);
+  assert.equal(copies, 2);
+  // Every decode call carried the rows of all choices still running.
+  const calls = delta('coli_decode_calls_total');
+  const rows = delta('coli_decode_rows_total');
+  assert.equal(rows, r.usage.completion_tokens);
+  assert.ok(calls <= base.max_tokens, `${calls} calls`);  // one a step, not one a row
+  assert.ok(rows >= 2 * calls, `${rows} rows in ${calls} calls`);
+
+  const stream = await client.chat.completions.create({
+    ...base, n: 3, stream: true, stream_options: { include_usage: true },
+  });
+  const texts = ['', '', ''];
+  const finish = [null, null, null];
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      assert.ok(c.index >= 0 && c.index < 3, `index ${c.index}`);
+      assert.equal(finish[c.index], null, `choice ${c.index} has a chunk after its finish`);
+      texts[c.index] += c.delta.content ?? '';
+      if (c.finish_reason) finish[c.index] = c.finish_reason;
+    }
+  }
+  assert.deepEqual(texts, r.choices.map((c) => c.message.content));
+  assert.deepEqual(finish, r.choices.map((c) => c.finish_reason));
+  assert.equal(usage.completion_tokens, r.usage.completion_tokens);
+});
+
 test('logprobs and top_logprobs', async () => {
   const r = await client.chat.completions.create({
     model: modelId, messages: hello, max_tokens: 10, temperature: 0, enable_thinking: false,
