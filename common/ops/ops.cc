@@ -138,12 +138,18 @@ void KdaStepHeads(int heads, int dk, int dv, const float* q, const float* k, con
                   const float* alpha, const float* beta, float* S, float* o, int threads) {
   const int team =
       ParallelTeam(int64_t{heads} * dk * dv, kKdaStepHeadsWorkPerThread, heads, threads);
-#pragma omp parallel for num_threads(team) schedule(static) if (team > 1)
-  for (int h = 0; h < heads; ++h) {
+  const auto step = [&](int h) {
     KdaStep(dk, dv, q + static_cast<int64_t>(h) * dk, k + static_cast<int64_t>(h) * dk,
             v + static_cast<int64_t>(h) * dv, alpha + static_cast<int64_t>(h) * dk, beta[h],
             S + static_cast<int64_t>(h) * dk * dv, o + static_cast<int64_t>(h) * dv);
+  };
+  // Without a region at all for one thread: even an if(false) region costs ~1-2 µs.
+  if (team == 1) {
+    for (int h = 0; h < heads; ++h) step(h);
+    return;
   }
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int h = 0; h < heads; ++h) step(h);
 }
 
 void CausalConvStep(int64_t channels, int taps, const float* w, float* window, const float* x,
@@ -166,28 +172,35 @@ void LatentAttention(int heads, int64_t T, int latent, int extra, int64_t stride
                      float* ctx, int threads) {
   const int team = ParallelTeam(int64_t{heads} * T * (latent + extra),
                                 kLatentAttentionWorkPerThread, heads, threads);
-#pragma omp parallel num_threads(team) if (team > 1)
+  // One head's scores in p[0, T), then its context.
+  const auto attend = [&](int h, float* p) {
+    const float* qa = q_abs + static_cast<int64_t>(h) * latent;
+    const float* qx = q_x + static_cast<int64_t>(h) * extra;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = cache + t * stride;
+      const double s = Dot(qa, row, latent) + Dot(qx, row + latent, extra);
+      p[t] = static_cast<float>(s * scale);
+    }
+    Softmax(p, T);
+    float* out = ctx + static_cast<int64_t>(h) * latent;
+    for (int d = 0; d < latent; ++d) out[d] = 0.0f;
+    for (int64_t t = 0; t < T; ++t) {
+      const float pt = p[t];
+      const float* row = cache + t * stride;
+#pragma omp simd
+      for (int d = 0; d < latent; ++d) out[d] += pt * row[d];
+    }
+  };
+  if (team == 1) {  // no region (see KdaStepHeads)
+    std::vector<float> p(static_cast<size_t>(T));
+    for (int h = 0; h < heads; ++h) attend(h, p.data());
+    return;
+  }
+#pragma omp parallel num_threads(team)
   {
     std::vector<float> p(static_cast<size_t>(T));
 #pragma omp for schedule(static)
-    for (int h = 0; h < heads; ++h) {
-      const float* qa = q_abs + static_cast<int64_t>(h) * latent;
-      const float* qx = q_x + static_cast<int64_t>(h) * extra;
-      for (int64_t t = 0; t < T; ++t) {
-        const float* row = cache + t * stride;
-        const double s = Dot(qa, row, latent) + Dot(qx, row + latent, extra);
-        p[t] = static_cast<float>(s * scale);
-      }
-      Softmax(p.data(), T);
-      float* out = ctx + static_cast<int64_t>(h) * latent;
-      for (int d = 0; d < latent; ++d) out[d] = 0.0f;
-      for (int64_t t = 0; t < T; ++t) {
-        const float pt = p[t];
-        const float* row = cache + t * stride;
-#pragma omp simd
-        for (int d = 0; d < latent; ++d) out[d] += pt * row[d];
-      }
-    }
+    for (int h = 0; h < heads; ++h) attend(h, p.data());
   }
 }
 
