@@ -34,8 +34,10 @@ int ParallelTeam(int64_t work, int64_t min_work_per_thread, int64_t items, int t
 // matmuls), so OpenMP's threads have gone to sleep and each pays a wake-up: with sleeping
 // threads two beat one only from ~T = 1000 on the fixture's shape (ops_benchmark, 2-core VM).
 inline constexpr int64_t kLatentAttentionWorkPerThread = int64_t{1} << 17;
-// KdaStepHeads (~20-30 µs per thread) and KdaStepSequences (~20-40 µs): their regions follow the
-// layer's projections at once, while the threads still spin (coli-host's GOMP_SPINCOUNT).
+// KdaStepHeads and KdaStepSequences: ~20-40 µs per thread, about one wake-up of a sleeping
+// thread on the VM; K3's decode row (~240 µs on one thread, 6 threads of 16) still gains, the
+// fixture's (4096 units) and its 64-row prefill chunks (2^18) stay on one thread. Not tuned on
+// a many-core machine. KdaStepHeads: work = heads·dk·dv, ~0.3-0.5 ns a unit.
 inline constexpr int64_t kKdaStepHeadsWorkPerThread = int64_t{1} << 16;
 // KdaStepSequences: work = rows·heads·dk·dv, ~0.07 ns a unit on the tiny fixture's 32×32 heads
 // (the SIMD sweeps), ~0.15 ns on K3's 128×128 heads.
