@@ -497,6 +497,18 @@ test('a completions stream whose client disconnects stops generating', async () 
   }, { signal }));
 });
 
+test('an n=3 stream whose client disconnects stops every choice', async () => {
+  // One host request carries the three choices: the disconnect cancels it, all rows stop.
+  await hangUpAfterThreeChunks(tiny8.base, (signal) => client8.completions.create({
+    model: modelId, prompt: 'Once upon a time', max_tokens: 100000, temperature: 1, seed: 1,
+    n: 3, stream: true,
+  }, { signal }));
+  await hangUpAfterThreeChunks(tiny8.base, (signal) => client8.chat.completions.create({
+    model: modelId, messages: hello, max_tokens: 100000, temperature: 1, seed: 1, n: 3,
+    stream: true,
+  }, { signal }));
+});
+
 const tools = [{
   type: 'function',
   function: {
