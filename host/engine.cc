@@ -311,6 +311,7 @@ GenerationInput GenerationInput::From(const v1::ChatRequest& r) {
   in.report_progress = r.report_progress();
   in.response_format = r.response_format();
   in.n = r.n() == 0 ? 1 : r.n();
+  if (r.has_prompt_logprobs()) in.prompt_logprobs = r.prompt_logprobs();
   return in;
 }
 

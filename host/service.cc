@@ -144,13 +144,11 @@ grpc::ServerWriteReactor<Event>* StartGeneration(Engine* engine, WriteStarter* s
     *e.mutable_started() = started;
     reactor->Push(std::move(e));
   };
-  if constexpr (std::is_same_v<Event, v1::GenerateEvent>) {
-    sink.on_prompt_logprobs = [reactor](const v1::PromptLogprobs& piece) {
-      Event e;
-      *e.mutable_prompt_logprobs() = piece;
-      reactor->Push(std::move(e));
-    };
-  }
+  sink.on_prompt_logprobs = [reactor](const v1::PromptLogprobs& piece) {
+    Event e;
+    *e.mutable_prompt_logprobs() = piece;
+    reactor->Push(std::move(e));
+  };
   sink.on_token = [reactor](const v1::Token& token, std::span<const v1::ChatDelta> deltas) {
     Event e;
     if constexpr (std::is_same_v<Event, v1::ChatEvent>) {

@@ -315,9 +315,10 @@ typedef struct coli_prefill_args_t {
   coli_string_t response_format;
   /* v1.7 Non-zero: report the log-probability of every prompt token after the first given the
    * tokens before it (vLLM's prompt_logprobs, OpenAI completions' echo + logprobs) in the
-   * result's prompt_logprobs. The plugin then computes the whole prompt (it keeps no prefix:
-   * a kept prefix has no logits) and its prompt's state is the same as without. Read only when
-   * struct_size reaches it (COLI_PREFILL_ARGS_SIZE_V1_7). */
+   * result's prompt_logprobs. The plugin then keeps a prefix (record, checkpoint, shared
+   * prefix) only where it still holds the exact entries of the kept positions (else it computes
+   * the whole prompt); the values and the prompt's state are the same as without. Read only
+   * when struct_size reaches it (COLI_PREFILL_ARGS_SIZE_V1_7). */
   int32_t want_prompt_logprobs;
   /* v1.7 With want_prompt_logprobs: how many most likely alternatives each position also reports
    * (0 = only the prompt token's own; at most 20). */

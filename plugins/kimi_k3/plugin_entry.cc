@@ -45,6 +45,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -67,6 +68,7 @@
 #include "plugins/kimi_k3/model.h"
 #include "plugins/kimi_k3/prefix_cache.h"
 #include "plugins/kimi_k3/prefix_cache_tag.h"
+#include "plugins/kimi_k3/prompt_logprob_memo.h"
 #include "plugins/kimi_k3/session.h"
 #include "plugins/kimi_k3/spec_decode.h"
 #include "plugins/kimi_k3/spec_lookup.h"
@@ -84,6 +86,8 @@ using Clock = std::chrono::steady_clock;
 
 // Context capacity when K3_MAXT is not given (the reference server's default, spec §7.1).
 constexpr int64_t kDefaultContext = 8192;
+// Prompt logprobs kept for reuse (K3: 176 bytes per position, ~380k positions).
+constexpr size_t kPromptLogprobMemoBytes = size_t{64} << 20;
 
 const coli_host_api_t* g_host = nullptr;
 // The host's ABI minor (coli_plugin_entry): 1.5+ hosts get tool-call deltas.
@@ -115,6 +119,11 @@ struct K3Model {
   int64_t prefix_cache_min = PrefixCache::kDefaultMinTokens;
   bool prefix_cache_keep = false;  // COLI_K3_PREFIX_CACHE_KEEP: its files outlive the process
   std::unique_ptr<PrefixCache> prefix_cache;
+  // Recent prompts' logprobs at full depth (prompt_logprob_memo.h): a prompt-logprobs prefill
+  // keeps a state (record, checkpoint, prefix cache entry) only where these hold the entries of
+  // the kept positions.
+  std::unique_ptr<PromptLogprobMemos> logprob_memos =
+      std::make_unique<PromptLogprobMemos>(kPromptLogprobMemoBytes);
   // The Vulkan expert tier (vk_tier.h): its switches as the client sent them, the tier (owned
   // by `model`; null unless COLI_VULKAN=1 / K3_VK=1) and its counters at the last take.
   VkSwitches vk_switches;
@@ -245,6 +254,9 @@ struct K3Session {
   std::vector<coli_logprob_t> top;
   std::vector<coli_logprob_t> prompt_logprobs;  // of the last prefill that asked (ABI 1.7)
   std::vector<int64_t> prompt_logprob_ranks;    // its prompt tokens' ranks (ABI 1.9)
+  // The record length `logits` follow when the last prefill left them (a later decode or
+  // speculative step changes the record, so a mismatch tells); -1 otherwise.
+  size_t logits_at = static_cast<size_t>(-1);
   std::vector<std::string> event_texts;
   std::vector<coli_chat_event_t> events;
   // Statistics since creation or reset.
@@ -900,7 +912,9 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
           absl::StrCat("prompt token ", i, " id ", a->tokens[i], " is outside [0, ", vocab, ")"));
     }
   }
-  // Prompt logprobs (ABI 1.7) need the logits at every position: nothing is kept then.
+  // Prompt logprobs (ABI 1.7) need the logits at every position: a state is kept only where
+  // the memos hold the entries of its positions (and of the first token after it, unless the
+  // kept state's logits give that one).
   const bool want_logprobs = COLI_ABI_HAS_FIELD(a, coli_prefill_args_t, prompt_logprobs_top_k) &&
                              a->want_prompt_logprobs != 0;
   const int top_k = want_logprobs ? a->prompt_logprobs_top_k : 0;
@@ -920,24 +934,42 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   const std::vector<int32_t>& record = s->session->tokens();
   size_t keep = 0;
   absl::StatusOr<std::vector<float>> logits;  // set here only when a checkpoint covers it all
-  const bool extends = !want_logprobs && record.size() < prompt.size() &&
-                       std::equal(record.begin(), record.end(), prompt.begin());
+  std::shared_ptr<const PromptLogprobMemo> memo;
+  size_t memo_shared = 0;  // the memo holds the entries of prompt positions [1, memo_shared)
+  if (want_logprobs) std::tie(memo, memo_shared) = s->m->logprob_memos->LongestShared(prompt);
+  // Whether a state kept at `kept` tokens leaves every prompt logprob known: those of the kept
+  // positions from the memo, the next one from the memo or the state's logits.
+  auto entries_known = [&](size_t kept, bool has_logits) {
+    if (!want_logprobs || kept == 0) return true;
+    return kept <= memo_shared && (kept == prompt.size() || kept < memo_shared || has_logits);
+  };
+  // The session's logits are the record's last row only as a prefill left them (decode and
+  // speculation move both).
+  const bool record_logits = !s->logits.empty() && s->logits_at == record.size();
+  const bool extends = record.size() < prompt.size() &&
+                       std::equal(record.begin(), record.end(), prompt.begin()) &&
+                       entries_known(record.size(), record_logits);
   // A copy of a session right after its prefill (ABI 1.11) holds exactly this prompt and its
   // last logits: nothing is left to compute.
   std::vector<float> copied_logits = std::move(s->copied_logits);
   s->copied_logits.clear();
   const bool copied = !want_logprobs && !copied_logits.empty() && record.size() == prompt.size() &&
                       std::equal(record.begin(), record.end(), prompt.begin());
-  const Checkpoint* c = !want_logprobs && !extends && !copied && s->checkpoints
+  const Checkpoint* c = !extends && !copied && s->checkpoints
                             ? s->checkpoints->Deepest(prompt, record)
                             : nullptr;
+  if (c != nullptr && !entries_known(c->tokens.size(), !c->logits.empty())) c = nullptr;
   // The model's prefix cache serves what the session's own record and checkpoints do not: the
   // deepest entry the prompt begins with, if it is deeper than what the session could keep.
   const size_t own = extends ? record.size() : c != nullptr ? c->tokens.size() : 0;
   std::shared_ptr<const PrefixState> shared =
-      !want_logprobs && !copied && s->m->prefix_cache != nullptr
+      !copied && s->m->prefix_cache != nullptr &&
+              (!want_logprobs || s->m->prefix_cache->DeepestLength(prompt) <= memo_shared)
           ? s->m->prefix_cache->Deepest(prompt, own)
           : nullptr;
+  if (shared != nullptr && !entries_known(shared->at.tokens.size(), !shared->at.logits.empty())) {
+    shared = nullptr;
+  }
   // A refused restore changes nothing (K3_MAXT could refuse an entry; one of another shape
   // cannot be in this model's cache): the session then keeps what it can of its own.
   absl::Status restored = shared != nullptr ? s->session->RestorePrefix(*shared)
@@ -965,8 +997,25 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   } else {
     s->session->Reset();
   }
+  // The prompt's logprobs at full depth: the kept positions' from the memo, the rest as the
+  // rows are computed; the request's top k are cut from them at the end.
+  auto computed = std::make_shared<PromptLogprobMemo>();
+  if (want_logprobs) {
+    computed->tokens.assign(prompt.begin(), prompt.end());
+    for (size_t i = 1; i <= keep && i < prompt.size(); ++i) {
+      if (i < memo_shared) {
+        computed->AppendFrom(*memo, i);
+      } else {  // the first token after the kept state: its logits (entries_known said so)
+        const std::vector<float>& kept_logits = restored.ok() ? shared->at.logits
+                                                : extends     ? s->logits
+                                                              : c->logits;
+        computed->AppendFromRow(kept_logits, prompt[i]);
+      }
+    }
+  }
   s->pending = -1;
   s->logits.clear();
+  s->logits_at = static_cast<size_t>(-1);
   // A new prompt may quote what the last one did not.
   s->spec_budget = DraftBudget(s->m->spec_policy);
   s->sampler.reset();
@@ -1034,22 +1083,22 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
       ends.push_back(static_cast<size_t>(split));
     }
   }
+  // Scoring several continuations of one context (lm-evaluation-harness: a request per choice,
+  // no message structure): where this prompt leaves the last one scored, the cache gets the
+  // state, so the next continuations compute only their own tokens.
+  if (want_logprobs && ends.empty() && s->m->prefix_cache != nullptr && memo_shared > keep &&
+      memo_shared < prompt.size()) {
+    ends.push_back(memo_shared);
+  }
   ends.push_back(prompt.size());
-  // Row p's logits predict prompt token p + 1: its entry, then the top alternatives there.
+  // Row p's logits predict prompt token p + 1 (kept rows' entries are already there).
   int64_t next_row = static_cast<int64_t>(keep);
   const size_t V = static_cast<size_t>(s->m->model->vocab_size());
   Session::RowLogits row_logits = [&](std::span<const float> rows, int64_t n) {
     for (int64_t j = 0; j < n; ++j, ++next_row) {
       if (next_row + 1 >= static_cast<int64_t>(prompt.size())) break;
-      const std::span<const float> row = rows.subspan(static_cast<size_t>(j) * V, V);
-      const int32_t id = prompt[static_cast<size_t>(next_row + 1)];
-      s->prompt_logprobs.push_back({id, sampling::Logprob(row, id)});
-      s->prompt_logprob_ranks.push_back(sampling::LogprobRank(row, id));
-      if (top_k > 0) {
-        for (const auto& t : sampling::TopLogprobs(row, top_k)) {
-          s->prompt_logprobs.push_back({t.id, t.logprob});
-        }
-      }
+      computed->AppendFromRow(rows.subspan(static_cast<size_t>(j) * V, V),
+                              prompt[static_cast<size_t>(next_row + 1)]);
     }
     return absl::OkStatus();
   };
@@ -1116,6 +1165,7 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
     return cancelled ? absl::CancelledError("prefill cancelled") : logits.status();
   }
   s->logits = std::move(logits).value();
+  s->logits_at = s->session->tokens().size();
   s->seed = a->seed;
   s->steps = 0;
   if (a->chat_parse_mode != 0) {
@@ -1132,6 +1182,15 @@ absl::Status Prefill(K3Session* s, const coli_prefill_args_t* a, coli_prefill_re
   r->tokens_computed = prompt.size() - keep;
   r->context_used = s->session->position();
   r->context_capacity = s->capacity;
+  if (want_logprobs) {
+    const size_t per = 1 + PromptLogprobMemo::kDepth;
+    for (size_t i = 0; i < computed->ranks.size(); ++i) {
+      const auto first = computed->entries.begin() + static_cast<std::ptrdiff_t>(i * per);
+      s->prompt_logprobs.insert(s->prompt_logprobs.end(), first, first + 1 + top_k);
+    }
+    s->prompt_logprob_ranks = computed->ranks;
+    if (prompt.size() > 1) s->m->logprob_memos->Insert(std::move(computed));
+  }
   if (want_logprobs && COLI_ABI_HAS_FIELD(r, coli_prefill_result_t, n_prompt_logprobs)) {
     r->prompt_logprobs = s->prompt_logprobs.data();
     r->n_prompt_logprobs = s->prompt_logprobs.size();

@@ -3,9 +3,10 @@
 // position, log_softmax computed here in double; the plugin runs at f32 (K3_BITS / MLA / head 32,
 // K3_IDOT=0) where issue #5 holds it to rel-L2 1e-5 per position.
 // Also: the prompt's state afterwards is the one a plain prefill leaves (same greedy tokens and
-// decode logprobs, bit for bit), a second prompt extending the first is computed whole (nothing
-// is kept: a kept prefix has no logits), an older host's args ask for none, a one-token prompt
-// has none, and more than 20 alternatives are refused.
+// decode logprobs, bit for bit), a second prompt extending the first continues from the first's
+// state with the kept positions' entries remembered (prompt_logprob_memo.h) — bit for bit what a
+// cold session computes whole — an older host's args ask for none, a one-token prompt has none,
+// and more than 20 alternatives are refused.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -159,8 +160,8 @@ TEST_F(K3PromptLogprobsTest, LeaveThePromptStateAsAPlainPrefillDoes) {
   ASSERT_OK(PrefillWithLogprobs(s, prompt, 3, &result, &first));
   abi_test::ExpectSameOuts(Generate(s, 12), want);
 
-  // The same prompt again on the same session, and one extending it: computed whole, with the
-  // same entries for the shared positions.
+  // The same prompt again on the same session (its record went on with the generated tokens):
+  // computed whole, with the same entries.
   std::vector<coli_logprob_t> again;
   ASSERT_OK(PrefillWithLogprobs(s, prompt, 3, &result, &again));
   EXPECT_EQ(result.tokens_reused, 0u);
@@ -169,19 +170,116 @@ TEST_F(K3PromptLogprobsTest, LeaveThePromptStateAsAPlainPrefillDoes) {
     EXPECT_EQ(again[i].id, first[i].id) << i;
     EXPECT_TRUE(abi_test::SameBits(again[i].logprob, first[i].logprob)) << i;
   }
+  // One extending it (nothing generated in between): only the new tokens are computed; the
+  // entries (at another depth) and ranks are a cold session's, bit for bit.
   std::vector<int32_t> longer = prompt;
   longer.insert(longer.end(), {7, 8, 9});
   std::vector<coli_logprob_t> extended;
-  ASSERT_OK(PrefillWithLogprobs(s, longer, 3, &result, &extended));
-  EXPECT_EQ(result.tokens_reused, 0u);
+  ASSERT_OK(PrefillWithLogprobs(s, longer, 5, &result, &extended));
+  EXPECT_EQ(result.tokens_reused, prompt.size());
+  EXPECT_EQ(result.tokens_computed, 3u);
+  const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
+                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+  coli_session_t* cold = NewSession(m);
+  std::vector<coli_logprob_t> whole;
+  ASSERT_OK(PrefillWithLogprobs(cold, longer, 5, &result, &whole));
   EXPECT_EQ(result.tokens_computed, longer.size());
-  ASSERT_EQ(extended.size(), (longer.size() - 1) * 4);
-  for (size_t i = 0; i < first.size(); ++i) {
-    EXPECT_TRUE(abi_test::SameBits(extended[i].logprob, first[i].logprob)) << i;
+  ASSERT_EQ(extended.size(), (longer.size() - 1) * 6);
+  ASSERT_EQ(whole.size(), extended.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(extended[i].id, whole[i].id) << i;
+    EXPECT_TRUE(abi_test::SameBits(extended[i].logprob, whole[i].logprob)) << i;
   }
+  EXPECT_EQ(ranks,
+            std::vector<int64_t>(result.prompt_logprob_ranks,
+                                 result.prompt_logprob_ranks + result.n_prompt_logprob_ranks));
+  // And the state it leaves is a plain prefill's.
+  coli_session_t* plain_longer = NewSession(m);
+  Prefill(plain_longer, longer);
+  abi_test::ExpectSameOuts(Generate(s, 6), Generate(plain_longer, 6));
   // Without the request the record is reused again, as before.
   longer.push_back(10);
-  EXPECT_EQ(Prefill(s, longer).tokens_reused, longer.size() - 1);
+  EXPECT_EQ(Prefill(cold, longer).tokens_reused, longer.size() - 1);
+}
+
+// lm-evaluation-harness scores each choice as its own request: one context, several endings.
+// With the prefix cache on, the second request leaves the context's state in the cache (where
+// it parts from the first, whose logprobs the plugin remembers) and the later ones, on any
+// session, continue from there; every entry and rank equals a cold whole computation's.
+TEST_F(K3PromptLogprobsTest, ContinuationsOfOneContextContinueFromTheCachedContext) {
+  auto opened = TryOpen({{"prefix_cache", "64"}, {"prefix_cache_min", "8"}}, -1,
+                        [](coli_model_options_t* o) { o->chunk = 7; });
+  ASSERT_OK(opened.status());
+  coli_model_t* m = *opened;
+  coli_model_t* uncached = Open({});
+  ASSERT_NE(uncached, nullptr);
+  // Ids below the added tokens: no <|end_of_msg|> (514), whose message split would come first.
+  const std::vector<int32_t> context = testing::RandomIds(30, 512, 51);
+  const std::vector<std::vector<int32_t>> endings = {{401, 402}, {403, 404, 405}, {406}, {7, 8}};
+  coli_session_t* first = NewSession(m);
+  for (size_t i = 0; i < endings.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("ending ", i));
+    std::vector<int32_t> prompt = context;
+    prompt.insert(prompt.end(), endings[i].begin(), endings[i].end());
+    coli_prefill_result_t result;
+    std::vector<coli_logprob_t> got;
+    ASSERT_OK(PrefillWithLogprobs(i < 2 ? first : NewSession(m), prompt, 4, &result, &got));
+    EXPECT_EQ(result.tokens_reused, i < 2 ? 0u : context.size());
+    EXPECT_EQ(result.tokens_reused + result.tokens_computed, prompt.size());
+    const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
+                                     result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+    std::vector<coli_logprob_t> want;
+    ASSERT_OK(PrefillWithLogprobs(NewSession(uncached), prompt, 4, &result, &want));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t j = 0; j < want.size(); ++j) {
+      EXPECT_EQ(got[j].id, want[j].id) << j;
+      EXPECT_TRUE(abi_test::SameBits(got[j].logprob, want[j].logprob)) << j;
+    }
+    EXPECT_EQ(ranks,
+              std::vector<int64_t>(result.prompt_logprob_ranks,
+                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks));
+  }
+}
+
+// A system prompt cached by a plain chat prefill (at the message split, with the logits after
+// it): a prompt-logprobs request continues from it once the plugin remembers the logprobs of
+// those positions (from another request sharing exactly them), the first token after them from
+// the cached logits; equal to a cold whole computation bit for bit.
+TEST_F(K3PromptLogprobsTest, APlainPrefillsCachedSystemPromptServesWithItsLogits) {
+  auto opened = TryOpen({{"prefix_cache", "64"}, {"prefix_cache_min", "8"}});
+  ASSERT_OK(opened.status());
+  coli_model_t* m = *opened;
+  coli_model_t* uncached = Open({});
+  ASSERT_NE(uncached, nullptr);
+  constexpr int32_t kEndOfMsg = 514;  // <|end_of_msg|> of the tiny tokenizer
+  const std::vector<int32_t> system = testing::RandomIds(20, 512, 61);
+  auto conversation = [&](std::vector<int32_t> user) {
+    std::vector<int32_t> p = system;
+    p.push_back(kEndOfMsg);
+    p.insert(p.end(), user.begin(), user.end());
+    p.insert(p.end(), {kEndOfMsg, 515, 517});
+    return p;
+  };
+  coli_session_t* plain = NewSession(m);
+  Prefill(plain, conversation({100, 101, 102}));  // the entry: system + <|end_of_msg|>
+  coli_prefill_result_t result;
+  std::vector<coli_logprob_t> got, want;
+  ASSERT_OK(PrefillWithLogprobs(NewSession(m), conversation({200, 201}), 2, &result, &got));
+  EXPECT_EQ(result.tokens_reused, 0u);  // no logprobs of the cached positions yet
+  const std::vector<int32_t> prompt = conversation({300, 301, 302, 303});
+  ASSERT_OK(PrefillWithLogprobs(NewSession(m), prompt, 2, &result, &got));
+  EXPECT_EQ(result.tokens_reused, system.size() + 1);
+  const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
+                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+  ASSERT_OK(PrefillWithLogprobs(NewSession(uncached), prompt, 2, &result, &want));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t j = 0; j < want.size(); ++j) {
+    EXPECT_EQ(got[j].id, want[j].id) << j;
+    EXPECT_TRUE(abi_test::SameBits(got[j].logprob, want[j].logprob)) << j;
+  }
+  EXPECT_EQ(ranks,
+            std::vector<int64_t>(result.prompt_logprob_ranks,
+                                 result.prompt_logprob_ranks + result.n_prompt_logprob_ranks));
 }
 
 // Mixed passes are on by default (decode rows of other sessions ride a prefill's chunk passes),

@@ -90,13 +90,15 @@ Json ToolCallFromDelta(const std::string& text, int index) {
 
 std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
                                                   const std::string& request_json, int choice,
-                                                  const ConnectionWatch* client) {
+                                                  const ConnectionWatch* client,
+                                                  int32_t prompt_logprobs) {
   auto call = std::make_unique<Call>();
   v1::ChatRequest r;
   r.set_model(info_.id());
   r.set_request_json(request_json);
   r.set_max_tokens(f.max_tokens);
   r.set_report_progress(f.stream && f.return_progress);
+  if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   FillSampling(f, choice, r.mutable_sampling());
   call->reader = stub_->Chat(&call->ctx, r);
   if (client) call->guard = monitor_.Watch(*client, [c = call.get()] { c->ctx.TryCancel(); });
@@ -104,7 +106,8 @@ std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
 }
 
 std::vector<std::shared_ptr<Gateway::Call>> Gateway::StartChatChoices(
-    const SamplingFields& f, const std::string& request_json, const ConnectionWatch* client) {
+    const SamplingFields& f, const std::string& request_json, const ConnectionWatch* client,
+    int32_t prompt_logprobs) {
   auto feed = std::make_shared<ChoiceFeed<v1::ChatEvent>>(f.n);
   v1::ChatRequest r;
   r.set_model(info_.id());
@@ -112,6 +115,7 @@ std::vector<std::shared_ptr<Gateway::Call>> Gateway::StartChatChoices(
   r.set_max_tokens(f.max_tokens);
   r.set_report_progress(f.stream && f.return_progress);
   r.set_n(f.n);
+  if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   FillSampling(f, 0, r.mutable_sampling());  // the host gives choice i seed + i
   feed->Start(stub_->Chat(&feed->ctx, r));
   if (client) {
@@ -175,6 +179,10 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     } else if (ev.has_started()) {
       call.request_id = ev.started().request_id();
       out->prompt_tokens = ev.started().prompt_tokens();
+    } else if (ev.has_prompt_logprobs()) {
+      for (const v1::TokenLogprobs& e : ev.prompt_logprobs().tokens()) {
+        out->prompt_entries.push_back(e);
+      }
     } else if (ev.has_token() && !stopped) {  // tokens after a stop string are not the reply's
       const v1::ChatToken& t = ev.token();
       ++out->completion_tokens;
@@ -322,26 +330,22 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);
 
   if (!f->stream) {
-    std::vector<v1::TokenLogprobs> prompt_entries;  // vLLM's prompt_logprobs
-    if (f->prompt_logprobs >= 0) {
-      grpc::Status s = ChatPromptLogprobs(*f, request_json, &watch, &prompt_entries);
-      if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
-      if (!s.ok()) return Fail(res, FromHostStatus(s));
-    }
     std::vector<ChoiceResult> results(f->n);
     // Nothing is written until the end: each token checks that the client still waits.
     auto alive = [this, &watch](const char*, const Json&) {
       return !stopping_ && !watch.PeerClosed();
     };
+    // vLLM's prompt_logprobs come with the answer, from the prefill that serves it.
+    const int32_t prompt_logprobs = f->prompt_logprobs >= 0 ? kRankDepth : -1;
     if (f->n == 1) {
-      auto call = StartChat(*f, request_json, 0, &watch);
+      auto call = StartChat(*f, request_json, 0, &watch, prompt_logprobs);
       grpc::Status s = RunChoice(*f, *call, &results[0], nullptr, alive);
       if (s.error_code() == grpc::StatusCode::CANCELLED) return Abandoned(res, s, watch);
       if (!s.ok()) return Fail(res, FromHostStatus(s));
     } else {
       // One host call, the choices read side by side (each stop string stops its own choice
       // at once).
-      auto calls = StartChatChoices(*f, request_json, &watch);
+      auto calls = StartChatChoices(*f, request_json, &watch, prompt_logprobs);
       std::vector<grpc::Status> statuses(f->n);
       std::vector<std::thread> readers;
       for (int i = 0; i < f->n; ++i) {
@@ -355,6 +359,18 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       for (const grpc::Status& s : statuses) {
         if (!s.ok()) return Fail(res, FromHostStatus(s));
       }
+    }
+    const std::vector<v1::TokenLogprobs>& prompt_entries = results[0].prompt_entries;
+    if (f->prompt_logprobs >= 0 &&
+        static_cast<int64_t>(prompt_entries.size()) != results[0].prompt_tokens - 1) {
+      // A host older than ChatRequest.prompt_logprobs ignores the field.
+      return Fail(
+          res, ApiError{500,
+                        absl::StrCat("the host sent ", prompt_entries.size(),
+                                     " prompt logprobs for a prompt of ", results[0].prompt_tokens,
+                                     " tokens (a coli-host older than chat "
+                                     "prompt_logprobs?)"),
+                        "server_error", "prompt_logprobs", ""});
     }
     Json out;
     out["id"] = id;

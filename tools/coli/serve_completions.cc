@@ -131,38 +131,6 @@ int64_t CompleteCharacters(const std::string& bytes) {
 
 }  // namespace
 
-grpc::Status Gateway::ChatPromptLogprobs(const SamplingFields& f, const std::string& request_json,
-                                         const ConnectionWatch* client,
-                                         std::vector<v1::TokenLogprobs>* out) {
-  CompletionPrompt prompt;
-  prompt.is_ids = true;
-  {
-    grpc::ClientContext ctx;
-    v1::ApplyTemplateRequest r;
-    r.set_model(info_.id());
-    r.set_request_json(request_json);
-    r.set_add_generation_prompt(true);
-    v1::ApplyTemplateResponse rendered;
-    if (grpc::Status s = stub_->ApplyTemplate(&ctx, r, &rendered); !s.ok()) return s;
-    prompt.ids.assign(rendered.ids().begin(), rendered.ids().end());
-  }
-  SamplingFields read_only = f;
-  read_only.prompt_only = true;
-  read_only.stream = false;
-  read_only.echo = false;
-  read_only.top_logprobs = -1;
-  read_only.stop.clear();
-  auto call = StartGenerate(read_only, prompt, 0, client, kRankDepth);
-  CompletionResult r;
-  grpc::Status s =
-      RunCompletion(read_only, *call, &r, nullptr, [this, client](const char*, const Json&) {
-        return !stopping_ && (client == nullptr || !client->PeerClosed());
-      });
-  if (!s.ok()) return s;
-  *out = std::move(r.prompt_entries);
-  return grpc::Status::OK;
-}
-
 grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
                                     CompletionResult* out, const v1::GenerateEvent* first,
                                     const DeltaFn& on_piece) {

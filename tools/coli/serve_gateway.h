@@ -220,6 +220,7 @@ struct ChoiceResult {
   // The tokens through the last one that carried reasoning text (the tags closing the think
   // block count as output), and the prompt tokens the host reused (/v1/responses' usage).
   int64_t reasoning_tokens = 0, cached_tokens = 0;
+  std::vector<v1::TokenLogprobs> prompt_entries;  // asked prompt_logprobs, positions 1…
 };
 
 // A logprob entry's `token` as OpenAI writes it: the token's text, or "bytes:\xe4\xbd" for a
@@ -389,12 +390,17 @@ class Gateway {
   using DeltaFn = std::function<bool(const char* kind, const Json& payload)>;
   // `client` (nullptr for a background response): the connection whose loss cancels the call —
   // while it waits in the host's queue and in its prefill too.
+  // `prompt_logprobs` >= 0 also asks the rendered prompt's logprobs with that many alternatives
+  // (from the same prefill; RunChoice collects them).
   std::unique_ptr<Call> StartChat(const SamplingFields& f, const std::string& request_json,
-                                  int choice, const ConnectionWatch* client);
+                                  int choice, const ConnectionWatch* client,
+                                  int32_t prompt_logprobs = -1);
   // f.n > 1: ONE host call carrying the n choices (one prefill, n decode rows), a Call per choice.
+  // `prompt_logprobs` as StartChat's (their entries come with choice 0's).
   std::vector<std::shared_ptr<Call>> StartChatChoices(const SamplingFields& f,
                                                       const std::string& request_json,
-                                                      const ConnectionWatch* client);
+                                                      const ConnectionWatch* client,
+                                                      int32_t prompt_logprobs = -1);
   // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
   // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON, "progress" prompt_progress
   // JSON, "tick" after a token that showed nothing) and returns false to cancel. A call the
@@ -508,9 +514,6 @@ class Gateway {
   static constexpr int32_t kRankDepth = 20;
   // Chat's prompt_logprobs: the rendered prompt's entries, read by a prompt-only Generate of its
   // ids (the Chat call has no prompt logprobs; the prompt is read twice).
-  grpc::Status ChatPromptLogprobs(const SamplingFields& f, const std::string& request_json,
-                                  const ConnectionWatch* client,
-                                  std::vector<v1::TokenLogprobs>* out);
   // Reads one completion choice to its end; `on_piece` sees "progress" (prompt_progress JSON),
   // "text" ({"text", optional "logprobs"} per token) and "tick" (a token that showed nothing)
   // and returns false to cancel.
