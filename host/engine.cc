@@ -511,6 +511,13 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
     }
     request->id_ = id;
     request->choices_ = input.prompt_only ? 1 : input.n;
+    if (static_cast<size_t>(request->choices_) > MostSessions()) {
+      // Its choices decode side by side, a session each: it could never run.
+      return absl::InvalidArgumentError(
+          absl::StrCat("n: ", request->choices_, " choices need ", request->choices_,
+                       " sessions at once; this host keeps at most ", MostSessions(),
+                       " per model (--max-sessions)"));
+    }
     request->choice_stop_ =
         std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(request->choices_));
     request->input_ = std::move(input);
@@ -579,38 +586,48 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
       request->input_.session = PickPooledSessionLocked(**model, *request);
       if (request->input_.session.empty()) continue;  // every pooled session is busy
     }
-    if (!(*model)->sessions.contains(request->input_.session) &&
-        !MakeRoomForSessionLocked(**model)) {
-      continue;  // every session is busy: one more would pass max_sessions
+    const std::string& name = request->input_.session;
+    auto existing = (*model)->sessions.find(name);
+    if (existing != (*model)->sessions.end() && existing->second.busy) {
+      continue;  // that session is serving another request
     }
-    SessionSlot& slot = (*model)->sessions[request->input_.session];
-    if (slot.busy) continue;  // that session is serving another request
+    // Its own session if new, and one per choice beyond the first (n > 1).
+    const size_t choice_sessions = static_cast<size_t>(request->choices_ - 1);
+    const size_t more = (existing == (*model)->sessions.end() ? 1 : 0) + choice_sessions;
+    if (more > 0 && !MakeRoomForSessionsLocked(**model, more, name)) {
+      continue;  // too many sessions busy: more would pass max_sessions
+    }
+    SessionSlot& slot = (*model)->sessions[name];
     slot.busy = true;
     ++(*model)->active;
+    (*model)->choice_sessions += choice_sessions;
     job.model = *model;
     job.slot = &slot;
+    job.choice_sessions = choice_sessions;
     queue_.erase(it);
     return job;
   }
   return std::nullopt;
 }
 
-bool Engine::MakeRoomForSessionLocked(LoadedModel& model) {
-  const size_t most = static_cast<size_t>(std::max(options_.max_sessions, PoolSize() + 1));
-  if (model.sessions.size() < most) return true;
-  auto oldest = model.sessions.end();
-  for (auto it = model.sessions.begin(); it != model.sessions.end(); ++it) {
-    if (it->second.busy) continue;
-    if (oldest == model.sessions.end() || it->second.last_used < oldest->second.last_used) {
-      oldest = it;
+bool Engine::MakeRoomForSessionsLocked(LoadedModel& model, size_t more, const std::string& keep) {
+  const size_t most = MostSessions();
+  while (model.sessions.size() + model.choice_sessions + more > most) {
+    auto oldest = model.sessions.end();
+    for (auto it = model.sessions.begin(); it != model.sessions.end(); ++it) {
+      if (it->second.busy || it->first == keep) continue;
+      if (oldest == model.sessions.end() || it->second.last_used < oldest->second.last_used) {
+        oldest = it;
+      }
     }
+    if (oldest == model.sessions.end()) return false;
+    COLI_LOG(kInfo) << "model '" << model.info.id() << "': " << model.sessions.size()
+                    << " sessions + " << model.choice_sessions
+                    << " of running choices (--max-sessions): closing '" << oldest->first
+                    << "', the least recently used";
+    model.sessions.erase(oldest);
+    ++model.sessions_closed;
   }
-  if (oldest == model.sessions.end()) return false;
-  COLI_LOG(kInfo) << "model '" << model.info.id() << "': " << model.sessions.size()
-                  << " sessions (--max-sessions): closing '" << oldest->first
-                  << "', the least recently used";
-  model.sessions.erase(oldest);
-  ++model.sessions_closed;
   return true;
 }
 
@@ -707,6 +724,7 @@ void Engine::WorkerLoop() {
       job->slot->last_used = ++slot_clock_;
       job->slot->busy = false;
       --job->model->active;
+      job->model->choice_sessions -= job->choice_sessions;
     }
     if (job->model != nullptr) {
       if (status.ok()) {
@@ -1251,6 +1269,7 @@ v1::MetricsResponse Engine::Metrics() const {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, value] :
          {std::pair<const char*, double>{"host_sessions", model->sessions.size()},
+          {"host_choice_sessions", static_cast<double>(model->choice_sessions)},
           {"host_sessions_closed", static_cast<double>(model->sessions_closed)}}) {
       v1::ModelStat* stat = m.add_model_stats();
       stat->set_model(id);

@@ -234,7 +234,10 @@ class Engine {
     DecodeBatcher batcher;
     std::unique_ptr<Model> model;
     std::map<std::string, SessionSlot> sessions;
-    uint64_t sessions_closed = 0;  // by MakeRoomForSessionLocked
+    uint64_t sessions_closed = 0;  // by MakeRoomForSessionsLocked
+    // Sessions of running n > 1 requests beyond each one's own (made and dropped with it):
+    // they count against max_sessions like the kept ones.
+    size_t choice_sessions = 0;
     int active = 0;                // requests running on it
     // The DATA_LOSS of its last failed request ("" once one succeeds): Health reports it, since
     // a changed shard fails every request while the host itself is fine.
@@ -246,6 +249,7 @@ class Engine {
     std::shared_ptr<Request> request;
     std::shared_ptr<LoadedModel> model;
     SessionSlot* slot = nullptr;  // nullptr: the request ends without running
+    size_t choice_sessions = 0;   // held in model->choice_sessions while it runs
   };
 
   absl::StatusOr<std::shared_ptr<LoadedModel>> FindModelLocked(const std::string& id) const;
@@ -296,9 +300,13 @@ class Engine {
     std::map<std::string, double> plugin;  // summed per-request deltas of session stats
   } counters_;
   uint64_t slot_clock_ = 0;  // orders SessionSlot::last_used
-  // Room for one more session in `model`: true when under max_sessions or after closing its
-  // least recently used idle session; false when every session is busy (the request waits).
-  bool MakeRoomForSessionLocked(LoadedModel& model);
+  // Room for `more` sessions in `model` (kept ones plus running requests' choice sessions stay
+  // within MostSessions): true when there is room or after closing its least recently used idle
+  // sessions (never `keep`); false when too many are busy (the request waits).
+  bool MakeRoomForSessionsLocked(LoadedModel& model, size_t more, const std::string& keep);
+  size_t MostSessions() const {
+    return static_cast<size_t>(std::max(options_.max_sessions, PoolSize() + 1));
+  }
   // Pooled sessions per model ("default", "default#1", …): --pool, at least one per worker.
   int PoolSize() const { return std::max({1, options_.workers, options_.pool_sessions}); }
   // Decode calls made and rows they carried (atomics: counted by the batch leader, which holds

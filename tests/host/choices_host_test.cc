@@ -246,6 +246,44 @@ TEST_F(HostChoicesTest, ChoicesOutsideOneToSixteenAreRefused) {
   EXPECT_EQ(GenerationInput::From(unset).n, 1);
 }
 
+// The choices' sessions count against --max-sessions while they run: with room for 3, an n = 3
+// request on the pooled session closes the two idle named ones first (a plugin's session holds
+// ~434 MB of state on K3, so n must not grow the host past the limit the user set), and n above
+// the limit, which could never run, is refused.
+TEST_F(HostChoicesTest, ChoiceSessionsCountAgainstMaxSessions) {
+  Engine engine(EngineOptions{
+      .plugin_dir = COLI_PLUGIN_DIR_FOR_TEST, .workers = 1, .max_batch = 8, .max_sessions = 3});
+  v1::LoadModelRequest load;
+  load.set_model_dir(COLI_K3_TINY_DIR);
+  load.set_id("m");
+  ASSERT_OK(engine.LoadModel(load, nullptr).status());
+  auto stats = [&] {
+    std::map<std::string, double> out;
+    const v1::MetricsResponse metrics = engine.Metrics();
+    for (const v1::ModelStat& st : metrics.model_stats()) out[st.name()] = st.value();
+    return out;
+  };
+  for (const char* name : {"a", "b"}) {
+    GenerationInput in = Input(1, 0.0f, 0, 2);
+    in.session.append(name);
+    ASSERT_OK(Run(engine, std::move(in)).status);
+  }
+  EXPECT_EQ(stats()["host_sessions"], 2);
+  EXPECT_EQ(stats()["host_sessions_closed"], 0);
+
+  const Result three = Run(engine, Input(3, 0.0f, 0, 4));
+  ASSERT_OK(three.status);
+  EXPECT_EQ(three.ids.size(), 3u);
+  // The pooled session + 2 choice sessions = 3: both named sessions were closed for them.
+  EXPECT_EQ(stats()["host_sessions_closed"], 2);
+  EXPECT_EQ(stats()["host_sessions"], 1);
+  EXPECT_EQ(stats()["host_choice_sessions"], 0) << "released when the request ended";
+
+  const Result four = Run(engine, Input(4, 0.0f, 0, 4));
+  EXPECT_EQ(four.status.code(), absl::StatusCode::kInvalidArgument) << four.status;
+  EXPECT_THAT(four.status.message(), ::testing::HasSubstr("--max-sessions")) << four.status;
+}
+
 // The session copy itself (ABI 1.11): a copy right after a prefill continues exactly like its
 // source; a session cannot be copied onto itself.
 TEST_F(HostChoicesTest, SessionCopyContinuesLikeItsSource) {
