@@ -88,17 +88,23 @@ Json ToolCallFromDelta(const std::string& text, int index) {
 
 }  // namespace
 
-std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
-                                                  const std::string& request_json, int choice,
-                                                  const ConnectionWatch* client,
-                                                  int32_t prompt_logprobs) {
-  auto call = std::make_unique<Call>();
+v1::ChatRequest Gateway::ChatRequestFor(const SamplingFields& f, const std::string& request_json,
+                                        int32_t prompt_logprobs) const {
   v1::ChatRequest r;
   r.set_model(info_.id());
   r.set_request_json(request_json);
   r.set_max_tokens(f.max_tokens);
   r.set_report_progress(f.stream && f.return_progress);
   if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
+  return r;
+}
+
+std::unique_ptr<Gateway::Call> Gateway::StartChat(const SamplingFields& f,
+                                                  const std::string& request_json, int choice,
+                                                  const ConnectionWatch* client,
+                                                  int32_t prompt_logprobs) {
+  auto call = std::make_unique<Call>();
+  v1::ChatRequest r = ChatRequestFor(f, request_json, prompt_logprobs);
   FillSampling(f, choice, r.mutable_sampling());
   call->reader = stub_->Chat(&call->ctx, r);
   if (client) call->guard = monitor_.Watch(*client, [c = call.get()] { c->ctx.TryCancel(); });
@@ -109,26 +115,11 @@ std::vector<std::shared_ptr<Gateway::Call>> Gateway::StartChatChoices(
     const SamplingFields& f, const std::string& request_json, const ConnectionWatch* client,
     int32_t prompt_logprobs) {
   auto feed = std::make_shared<ChoiceFeed<v1::ChatEvent>>(f.n);
-  v1::ChatRequest r;
-  r.set_model(info_.id());
-  r.set_request_json(request_json);
-  r.set_max_tokens(f.max_tokens);
-  r.set_report_progress(f.stream && f.return_progress);
+  v1::ChatRequest r = ChatRequestFor(f, request_json, prompt_logprobs);
   r.set_n(f.n);
-  if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   FillSampling(f, 0, r.mutable_sampling());  // the host gives choice i seed + i
   feed->Start(stub_->Chat(&feed->ctx, r));
-  if (client) {
-    feed->guard = monitor_.Watch(*client, [c = feed.get()] { c->ctx.TryCancel(); });
-  }
-  std::vector<std::shared_ptr<Call>> calls;
-  for (int i = 0; i < f.n; ++i) {
-    auto call = std::make_shared<Call>();
-    call->feed = feed;
-    call->choice = i;
-    calls.push_back(std::move(call));
-  }
-  return calls;
+  return CallsPerChoice<Call>(std::move(feed), f.n, client);
 }
 
 grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,

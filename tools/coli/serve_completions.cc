@@ -13,12 +13,9 @@
 
 namespace coli::cli::serve {
 
-std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFields& f,
-                                                              const CompletionPrompt& prompt,
-                                                              int choice,
-                                                              const ConnectionWatch* client,
-                                                              int32_t prompt_logprobs) {
-  auto call = std::make_unique<GenerateCall>();
+v1::GenerateRequest Gateway::GenerateRequestFor(const SamplingFields& f,
+                                                const CompletionPrompt& prompt,
+                                                int32_t prompt_logprobs) const {
   v1::GenerateRequest r;
   r.set_model(info_.id());
   if (prompt.is_ids) {
@@ -30,6 +27,16 @@ std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFiel
   r.set_prompt_only(f.prompt_only);
   if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   r.set_report_progress(f.stream && f.return_progress);
+  return r;
+}
+
+std::unique_ptr<Gateway::GenerateCall> Gateway::StartGenerate(const SamplingFields& f,
+                                                              const CompletionPrompt& prompt,
+                                                              int choice,
+                                                              const ConnectionWatch* client,
+                                                              int32_t prompt_logprobs) {
+  auto call = std::make_unique<GenerateCall>();
+  v1::GenerateRequest r = GenerateRequestFor(f, prompt, prompt_logprobs);
   FillSampling(f, choice, r.mutable_sampling());
   call->reader = stub_->Generate(&call->ctx, r);
   if (client) call->guard = monitor_.Watch(*client, [c = call.get()] { c->ctx.TryCancel(); });
@@ -40,31 +47,11 @@ std::vector<std::shared_ptr<Gateway::GenerateCall>> Gateway::StartGenerateChoice
     const SamplingFields& f, const CompletionPrompt& prompt, const ConnectionWatch* client,
     int32_t prompt_logprobs) {
   auto feed = std::make_shared<ChoiceFeed<v1::GenerateEvent>>(f.n);
-  v1::GenerateRequest r;
-  r.set_model(info_.id());
-  if (prompt.is_ids) {
-    for (int32_t id : prompt.ids) r.add_prompt_ids(id);
-  } else {
-    r.set_prompt(prompt.text);
-  }
-  r.set_max_tokens(f.max_tokens);
-  r.set_prompt_only(f.prompt_only);
-  if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
-  r.set_report_progress(f.stream && f.return_progress);
+  v1::GenerateRequest r = GenerateRequestFor(f, prompt, prompt_logprobs);
   r.set_n(f.n);
   FillSampling(f, 0, r.mutable_sampling());  // the host gives choice i seed + i
   feed->Start(stub_->Generate(&feed->ctx, r));
-  if (client) {
-    feed->guard = monitor_.Watch(*client, [c = feed.get()] { c->ctx.TryCancel(); });
-  }
-  std::vector<std::shared_ptr<GenerateCall>> calls;
-  for (int i = 0; i < f.n; ++i) {
-    auto call = std::make_shared<GenerateCall>();
-    call->feed = feed;
-    call->choice = i;
-    calls.push_back(std::move(call));
-  }
-  return calls;
+  return CallsPerChoice<GenerateCall>(std::move(feed), f.n, client);
 }
 
 grpc::Status Gateway::PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,

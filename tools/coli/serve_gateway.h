@@ -401,6 +401,25 @@ class Gateway {
                                                       const std::string& request_json,
                                                       const ConnectionWatch* client,
                                                       int32_t prompt_logprobs = -1);
+  // The host request of StartChat / StartChatChoices, but for its sampling and n.
+  v1::ChatRequest ChatRequestFor(const SamplingFields& f, const std::string& request_json,
+                                 int32_t prompt_logprobs) const;
+  // A call per choice of `feed` (started), which the loss of `client` cancels as a whole.
+  template <typename CallT, typename Event>
+  std::vector<std::shared_ptr<CallT>> CallsPerChoice(std::shared_ptr<ChoiceFeed<Event>> feed, int n,
+                                                     const ConnectionWatch* client) {
+    if (client) {
+      feed->guard = monitor_.Watch(*client, [c = feed.get()] { c->ctx.TryCancel(); });
+    }
+    std::vector<std::shared_ptr<CallT>> calls;
+    for (int i = 0; i < n; ++i) {
+      auto call = std::make_shared<CallT>();
+      call->feed = feed;
+      call->choice = i;
+      calls.push_back(std::move(call));
+    }
+    return calls;
+  }
   // Reads one choice to its end; `on_delta(kind, payload)` sees visible output as it arrives
   // ("reasoning"/"content" text, "tool_call" JSON, "logprob" JSON, "progress" prompt_progress
   // JSON, "tick" after a token that showed nothing) and returns false to cancel. A call the
@@ -504,6 +523,9 @@ class Gateway {
                                                                   const CompletionPrompt& prompt,
                                                                   const ConnectionWatch* client,
                                                                   int32_t prompt_logprobs);
+  // The host request of StartGenerate / StartGenerateChoices, but for its sampling and n.
+  v1::GenerateRequest GenerateRequestFor(const SamplingFields& f, const CompletionPrompt& prompt,
+                                         int32_t prompt_logprobs) const;
   // echo: the prompt's text (ids detokenized) and, with logprobs, its token ids (text tokenized
   // as the host would) and the first token's text; a host error as it would fail the request.
   grpc::Status PrepareEcho(const SamplingFields& f, CompletionPrompt* prompt,
