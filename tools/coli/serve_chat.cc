@@ -427,15 +427,7 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
       [this, calls, first, fields](const SseSink& unlocked) {
         // The choices' threads share the stream: one frame at a time.
         std::mutex frame_mu;
-        SseSink sse = unlocked;
-        sse.send = [&](const Json& j) {
-          std::lock_guard<std::mutex> lock(frame_mu);
-          return unlocked.send(j);
-        };
-        sse.alive = [&] {
-          std::lock_guard<std::mutex> lock(frame_mu);
-          return unlocked.alive();
-        };
+        const SseSink sse = unlocked.Serialized(frame_mu);
         auto chunk = [&](int index, const Json& delta, const Json& finish, const Json& logprobs) {
           return sse.Frame(Json{{"index", index},
                                 {"delta", delta},

@@ -386,15 +386,7 @@ void Gateway::Completions(const Req& req, Res& res) {
        watch](const SseSink& unlocked) {
         // The choices' threads share the stream: one frame at a time.
         std::mutex frame_mu;
-        SseSink sse = unlocked;
-        sse.send = [&](const Json& j) {
-          std::lock_guard<std::mutex> lock(frame_mu);
-          return unlocked.send(j);
-        };
-        sse.alive = [&] {
-          std::lock_guard<std::mutex> lock(frame_mu);
-          return unlocked.alive();
-        };
+        const SseSink sse = unlocked.Serialized(frame_mu);
         auto chunk = [&](int64_t index, const std::string& text, const Json& logprobs,
                          const Json& finish) {
           return sse.Frame(Json{

@@ -448,6 +448,20 @@ class Gateway {
       if (include_usage) c["usage"] = nullptr;
       return c;
     }
+    // This sink for several threads at once (the choices of one stream): one frame at a time,
+    // under `mu`. It refers to this sink and `mu`, which must outlive it.
+    SseSink Serialized(std::mutex& mu) const {
+      SseSink sse = *this;
+      sse.send = [this, &mu](const Json& j) {
+        std::lock_guard<std::mutex> lock(mu);
+        return send(j);
+      };
+      sse.alive = [this, &mu] {
+        std::lock_guard<std::mutex> lock(mu);
+        return alive();
+      };
+      return sse;
+    }
   };
   struct StreamEnd {
     int64_t prompt_tokens = 0, completion_tokens = 0;
