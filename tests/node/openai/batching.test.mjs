@@ -122,14 +122,31 @@ function stormSpecs() {
   return specs;
 }
 
-// A streamed request its client leaves after a few chunks (the others must not notice).
+// A streamed request its client leaves after a few chunks (the others must not notice). It
+// leaves by `break` (the SDK then aborts the request and closes the connection): aborting the
+// signal while the loop still awaits the next chunk once left the loop pending forever in CI
+// (server idle, no connection open, every host request ended).
 async function leaveMidStream(c, i) {
-  const ac = new AbortController();
   const s = await c.chat.completions.create(
-    { model: modelId, messages: [{ role: 'user', content: `leaving ${i}` }], max_tokens: 200, stream: true },
-    { signal: ac.signal });
+    { model: modelId, messages: [{ role: 'user', content: `leaving ${i}` }], max_tokens: 200, stream: true });
   let n = 0;
-  for await (const _ of s) if (++n === 3 + i) ac.abort();
+  for await (const _ of s) if (++n === 3 + i) break;
+}
+
+// Awaits `promises`, or fails naming the ones still pending after `ms` (a hang is then a clear
+// failure that says which request, not the suite's timeout).
+async function allOrName(promises, names, ms) {
+  const pending = new Set(names);
+  const tracked = promises.map((p, k) => p.finally(() => pending.delete(names[k])));
+  let guard;
+  const hung = new Promise((_, reject) => {
+    guard = setTimeout(() => reject(new Error(`still pending after ${ms} ms: ${[...pending].join(', ')}`)), ms);
+  });
+  try {
+    return await Promise.race([Promise.all(tracked), hung]);
+  } finally {
+    clearTimeout(guard);
+  }
 }
 
 test('a storm of mixed concurrent requests equals each request run alone', async () => {
@@ -138,8 +155,9 @@ test('a storm of mixed concurrent requests equals each request run alone', async
   for (const spec of specs) alone.push(await answer(client, spec));
   const before = await metrics(server.base);
   const leaving = [0, 1, 2].map((i) => leaveMidStream(client, i));
-  const together = await Promise.all(specs.map((spec) => answer(client, spec)));
-  await Promise.all(leaving);
+  const together = await allOrName(specs.map((spec) => answer(client, spec)),
+    specs.map((spec, i) => `request ${i} (${spec.api}${spec.stream ? ', streamed' : ''})`), 120000);
+  await allOrName(leaving, ['leaving 0', 'leaving 1', 'leaving 2'], 120000);
   specs.forEach((spec, i) => assert.deepEqual(together[i], alone[i], `request ${i}: ${JSON.stringify(spec)}`));
   // Every request counted once, none left in flight (the clients that left included).
   let after;
