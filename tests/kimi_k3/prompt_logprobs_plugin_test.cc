@@ -36,6 +36,22 @@ constexpr int kTopK = 5;
 // worst 1.1e-6 on this prompt.
 constexpr double kLogprobTolerance = 1e-4;
 
+// The prompt tokens' ranks a prefill reported (ABI 1.9).
+std::vector<int64_t> Ranks(const coli_prefill_result_t& r) {
+  return std::vector<int64_t>(r.prompt_logprob_ranks,
+                              r.prompt_logprob_ranks + r.n_prompt_logprob_ranks);
+}
+
+// Two prefills' prompt logprob entries, equal id for id and bit for bit.
+void ExpectSameEntries(const std::vector<coli_logprob_t>& got,
+                       const std::vector<coli_logprob_t>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t j = 0; j < want.size(); ++j) {
+    EXPECT_EQ(got[j].id, want[j].id) << j;
+    EXPECT_TRUE(abi_test::SameBits(got[j].logprob, want[j].logprob)) << j;
+  }
+}
+
 class K3PromptLogprobsTest : public abi_test::PluginAbiTest {
  protected:
   coli_model_t* OpenF32() {
@@ -97,8 +113,7 @@ TEST_F(K3PromptLogprobsTest, MatchTheFloat64ReferenceAtEveryPosition) {
   // ABI 1.9: each prompt token's rank, vLLM's count (tokens at least as likely, itself included).
   ASSERT_EQ(result.n_prompt_logprob_ranks, prompt.size() - 1);
   ASSERT_NE(result.prompt_logprob_ranks, nullptr);
-  const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
-                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+  const std::vector<int64_t> ranks = Ranks(result);
   int exact_ranks = 0;
   double worst = 0;
   for (size_t i = 1; i < prompt.size(); ++i) {
@@ -178,21 +193,14 @@ TEST_F(K3PromptLogprobsTest, LeaveThePromptStateAsAPlainPrefillDoes) {
   ASSERT_OK(PrefillWithLogprobs(s, longer, 5, &result, &extended));
   EXPECT_EQ(result.tokens_reused, prompt.size());
   EXPECT_EQ(result.tokens_computed, 3u);
-  const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
-                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+  const std::vector<int64_t> ranks = Ranks(result);
   coli_session_t* cold = NewSession(m);
   std::vector<coli_logprob_t> whole;
   ASSERT_OK(PrefillWithLogprobs(cold, longer, 5, &result, &whole));
   EXPECT_EQ(result.tokens_computed, longer.size());
   ASSERT_EQ(extended.size(), (longer.size() - 1) * 6);
-  ASSERT_EQ(whole.size(), extended.size());
-  for (size_t i = 0; i < whole.size(); ++i) {
-    EXPECT_EQ(extended[i].id, whole[i].id) << i;
-    EXPECT_TRUE(abi_test::SameBits(extended[i].logprob, whole[i].logprob)) << i;
-  }
-  EXPECT_EQ(ranks,
-            std::vector<int64_t>(result.prompt_logprob_ranks,
-                                 result.prompt_logprob_ranks + result.n_prompt_logprob_ranks));
+  ExpectSameEntries(extended, whole);
+  EXPECT_EQ(ranks, Ranks(result));
   // And the state it leaves is a plain prefill's.
   coli_session_t* plain_longer = NewSession(m);
   Prefill(plain_longer, longer);
@@ -226,18 +234,11 @@ TEST_F(K3PromptLogprobsTest, ContinuationsOfOneContextContinueFromTheCachedConte
     ASSERT_OK(PrefillWithLogprobs(i < 2 ? first : NewSession(m), prompt, 4, &result, &got));
     EXPECT_EQ(result.tokens_reused, i < 2 ? 0u : context.size());
     EXPECT_EQ(result.tokens_reused + result.tokens_computed, prompt.size());
-    const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
-                                     result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+    const std::vector<int64_t> ranks = Ranks(result);
     std::vector<coli_logprob_t> want;
     ASSERT_OK(PrefillWithLogprobs(NewSession(uncached), prompt, 4, &result, &want));
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t j = 0; j < want.size(); ++j) {
-      EXPECT_EQ(got[j].id, want[j].id) << j;
-      EXPECT_TRUE(abi_test::SameBits(got[j].logprob, want[j].logprob)) << j;
-    }
-    EXPECT_EQ(ranks,
-              std::vector<int64_t>(result.prompt_logprob_ranks,
-                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks));
+    ExpectSameEntries(got, want);
+    EXPECT_EQ(ranks, Ranks(result));
   }
 }
 
@@ -269,17 +270,10 @@ TEST_F(K3PromptLogprobsTest, APlainPrefillsCachedSystemPromptServesWithItsLogits
   const std::vector<int32_t> prompt = conversation({300, 301, 302, 303});
   ASSERT_OK(PrefillWithLogprobs(NewSession(m), prompt, 2, &result, &got));
   EXPECT_EQ(result.tokens_reused, system.size() + 1);
-  const std::vector<int64_t> ranks(result.prompt_logprob_ranks,
-                                   result.prompt_logprob_ranks + result.n_prompt_logprob_ranks);
+  const std::vector<int64_t> ranks = Ranks(result);
   ASSERT_OK(PrefillWithLogprobs(NewSession(uncached), prompt, 2, &result, &want));
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t j = 0; j < want.size(); ++j) {
-    EXPECT_EQ(got[j].id, want[j].id) << j;
-    EXPECT_TRUE(abi_test::SameBits(got[j].logprob, want[j].logprob)) << j;
-  }
-  EXPECT_EQ(ranks,
-            std::vector<int64_t>(result.prompt_logprob_ranks,
-                                 result.prompt_logprob_ranks + result.n_prompt_logprob_ranks));
+  ExpectSameEntries(got, want);
+  EXPECT_EQ(ranks, Ranks(result));
 }
 
 // Mixed passes are on by default (decode rows of other sessions ride a prefill's chunk passes),
