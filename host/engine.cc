@@ -601,6 +601,17 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
     slot.busy = true;
     ++(*model)->active;
     (*model)->choice_sessions += choice_sessions;
+    // Spares serve first: its session when it has none, then its choices'.
+    std::vector<std::unique_ptr<Session>>& spares = (*model)->spare_sessions;
+    if (slot.session == nullptr && !spares.empty()) {
+      slot.session = std::move(spares.back());
+      spares.pop_back();
+      job.slot_session_spare = true;
+    }
+    while (job.spares.size() < choice_sessions && !spares.empty()) {
+      job.spares.push_back(std::move(spares.back()));
+      spares.pop_back();
+    }
     job.model = *model;
     job.slot = &slot;
     job.choice_sessions = choice_sessions;
@@ -612,7 +623,12 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
 
 bool Engine::MakeRoomForSessionsLocked(LoadedModel& model, size_t more, const std::string& keep) {
   const size_t most = MostSessions();
-  while (model.sessions.size() + model.choice_sessions + more > most) {
+  // The spares take the first `more`; the rest are new. (Spares beyond `more` never need
+  // dropping: kept + choice + spare sessions stay within `most`, and a closed session only
+  // becomes a spare while the request needs more.)
+  while (model.sessions.size() + model.choice_sessions +
+             std::max(model.spare_sessions.size(), more) >
+         most) {
     auto oldest = model.sessions.end();
     for (auto it = model.sessions.begin(); it != model.sessions.end(); ++it) {
       if (it->second.busy || it->first == keep) continue;
@@ -625,6 +641,9 @@ bool Engine::MakeRoomForSessionsLocked(LoadedModel& model, size_t more, const st
                     << " sessions + " << model.choice_sessions
                     << " of running choices (--max-sessions): closing '" << oldest->first
                     << "', the least recently used";
+    if (oldest->second.session != nullptr && model.spare_sessions.size() < more) {
+      model.spare_sessions.push_back(std::move(oldest->second.session));  // reset before use
+    }
     model.sessions.erase(oldest);
     ++model.sessions_closed;
   }
@@ -725,6 +744,12 @@ void Engine::WorkerLoop() {
       job->slot->busy = false;
       --job->model->active;
       job->model->choice_sessions -= job->choice_sessions;
+      // Its choices' sessions (and spares it did not use) wait for the next request.
+      for (auto* held : {&job->spares, &job->choice_session_objects}) {
+        for (std::unique_ptr<Session>& session : *held) {
+          if (session != nullptr) job->model->spare_sessions.push_back(std::move(session));
+        }
+      }
     }
     if (job->model != nullptr) {
       if (status.ok()) {
@@ -751,7 +776,7 @@ absl::Status Engine::Run(Job& job, v1::Finished* finished) {
     // A bug that throws (a JSON accessor, an allocation) fails this request, never the host:
     // an exception leaving a worker thread would terminate the process and every stream.
     try {
-      status = Generate(request, *job.model, *job.slot, finished);
+      status = Generate(job, finished);
     } catch (const std::exception& e) {
       status = absl::InternalError(absl::StrCat("generation failed: ", e.what()));
       COLI_LOG(kError) << "request '" << request.id_ << "': " << status;
@@ -794,12 +819,35 @@ void SendPromptLogprobs(Model& model, const PrefillResult& prefill, int32_t top_
 
 }  // namespace
 
-absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot& slot,
-                              v1::Finished* finished) {
+absl::StatusOr<std::unique_ptr<Session>> Engine::SessionFor(LoadedModel& model,
+                                                            std::unique_ptr<Session> spare,
+                                                            const std::string& request_id) {
+  if (spare != nullptr) {
+    // A reset session is a new one (ABI: the record and state forgotten, statistics restarted)
+    // that keeps what the plugin allocated for it.
+    absl::Status reset = spare->Reset();
+    if (reset.ok()) {
+      ++model.sessions_reused;
+      return spare;
+    }
+    COLI_LOG(kWarning) << "request '" << request_id
+                       << "': a spare session could not be reset, making a new one: " << reset;
+    spare.reset();
+  }
+  COLI_ASSIGN_OR_RETURN(std::unique_ptr<Session> made, model.model->NewSession());
+  ++model.sessions_created;
+  return made;
+}
+
+absl::Status Engine::Generate(Job& job, v1::Finished* finished) {
+  Request& request = *job.request;
+  LoadedModel& loaded = *job.model;
+  SessionSlot& slot = *job.slot;
   const GenerationInput& in = request.input_;
   Model& model = *loaded.model;
-  if (slot.session == nullptr) {
-    COLI_ASSIGN_OR_RETURN(slot.session, model.NewSession());
+  if (slot.session == nullptr || job.slot_session_spare) {
+    job.slot_session_spare = false;
+    COLI_ASSIGN_OR_RETURN(slot.session, SessionFor(loaded, std::move(slot.session), request.id_));
   }
   Session& session = *slot.session;
 
@@ -810,8 +858,9 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   // the session was closed before one; and no cancelled request's tokens were counted.
   int64_t generated = 0;                    // all choices' tokens
   std::optional<int64_t> prefilled_reused;  // set once the prompt is read
-  // n > 1: the sessions of choices 1…n-1, this request's own (made and dropped with it).
-  std::vector<std::unique_ptr<Session>> extra;
+  // n > 1: the sessions of choices 1…n-1, this request's own (new or reset spares; they become
+  // spares when it ends).
+  std::vector<std::unique_ptr<Session>>& extra = job.choice_session_objects;
   absl::Cleanup account = [&] {
     if (!finished->has_usage()) {  // ended early: what it used until then
       auto* usage = finished->mutable_usage();
@@ -826,7 +875,7 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
       auto& in_finished = *finished->mutable_stats()->mutable_plugin();
       for (const auto& [k, v] : *plugin_stats) in_finished[k] = v;
     }
-    // The choices' own sessions are new: all their statistics are this request's.
+    // The choices' own sessions are new or reset: all their statistics are this request's.
     std::map<std::string, double> extra_stats;
     for (const auto& e : extra) {
       if (e == nullptr) continue;
@@ -953,7 +1002,13 @@ absl::Status Engine::Generate(Request& request, LoadedModel& loaded, SessionSlot
   // prefill then computes nothing), or, from a plugin that cannot copy, prefilled each.
   const int32_t n = request.choices_;
   for (int32_t i = 1; i < n; ++i) {
-    COLI_ASSIGN_OR_RETURN(std::unique_ptr<Session> choice, model.NewSession());
+    std::unique_ptr<Session> spare;
+    if (!job.spares.empty()) {
+      spare = std::move(job.spares.back());
+      job.spares.pop_back();
+    }
+    COLI_ASSIGN_OR_RETURN(std::unique_ptr<Session> choice,
+                          SessionFor(loaded, std::move(spare), request.id_));
     if (choice->CanCopy()) {
       if (absl::Status copied = choice->CopyFrom(session); !copied.ok()) {
         COLI_LOG(kWarning) << "request '" << request.id_ << "': choice " << i
@@ -1265,12 +1320,16 @@ v1::MetricsResponse Engine::Metrics() const {
       stat->set_name(name);
       stat->set_value(value);
     }
-    // The host's own: sessions held, and those closed to stay within --max-sessions.
+    // The host's own: sessions held, those closed to stay within --max-sessions, the idle
+    // spares, and the plugin sessions made and the spares reused instead.
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, value] :
          {std::pair<const char*, double>{"host_sessions", model->sessions.size()},
           {"host_choice_sessions", static_cast<double>(model->choice_sessions)},
-          {"host_sessions_closed", static_cast<double>(model->sessions_closed)}}) {
+          {"host_sessions_closed", static_cast<double>(model->sessions_closed)},
+          {"host_spare_sessions", static_cast<double>(model->spare_sessions.size())},
+          {"host_sessions_created", static_cast<double>(model->sessions_created.load())},
+          {"host_sessions_reused", static_cast<double>(model->sessions_reused.load())}}) {
       v1::ModelStat* stat = m.add_model_stats();
       stat->set_model(id);
       stat->set_name(name);

@@ -235,9 +235,17 @@ class Engine {
     std::unique_ptr<Model> model;
     std::map<std::string, SessionSlot> sessions;
     uint64_t sessions_closed = 0;  // by MakeRoomForSessionsLocked
-    // Sessions of running n > 1 requests beyond each one's own (made and dropped with it):
-    // they count against max_sessions like the kept ones.
+    // Sessions of running n > 1 requests beyond each one's own: they count against
+    // max_sessions like the kept ones.
     size_t choice_sessions = 0;
+    // Idle plugin sessions kept for reuse (ended choices' sessions, sessions closed to make room
+    // for a request that takes them): a new session or a choice takes one, reset, instead of the
+    // plugin making one (on K3 each holds ~434 MB of recurrent state that a new session
+    // allocates and page-faults). They count against max_sessions, are dropped first when room
+    // is needed, and unloading the model frees them.
+    std::vector<std::unique_ptr<Session>> spare_sessions;
+    std::atomic<uint64_t> sessions_created{0};  // asked of the plugin (session_create)
+    std::atomic<uint64_t> sessions_reused{0};   // spares handed out instead
     int active = 0;                // requests running on it
     // The DATA_LOSS of its last failed request ("" once one succeeds): Health reports it, since
     // a changed shard fails every request while the host itself is fine.
@@ -250,6 +258,11 @@ class Engine {
     std::shared_ptr<LoadedModel> model;
     SessionSlot* slot = nullptr;  // nullptr: the request ends without running
     size_t choice_sessions = 0;   // held in model->choice_sessions while it runs
+    bool slot_session_spare = false;  // slot->session is a spare, to reset before use
+    // Spares taken for its choices (reset before use), then the choices' sessions: they go back
+    // to model->spare_sessions when it ends.
+    std::vector<std::unique_ptr<Session>> spares;
+    std::vector<std::unique_ptr<Session>> choice_session_objects;
   };
 
   absl::StatusOr<std::shared_ptr<LoadedModel>> FindModelLocked(const std::string& id) const;
@@ -262,8 +275,11 @@ class Engine {
   // Runs the job; the caller frees its session slot, then reports the end (Finish), so a client
   // that sends its next turn the moment this one ends finds the slot free (prefix reuse).
   absl::Status Run(Job& job, v1::Finished* finished);
-  absl::Status Generate(Request& request, LoadedModel& model, SessionSlot& slot,
-                        v1::Finished* finished);
+  absl::Status Generate(Job& job, v1::Finished* finished);
+  // A session for the job: a spare it took (reset; a new one if the reset fails), else a new one.
+  absl::StatusOr<std::unique_ptr<Session>> SessionFor(LoadedModel& model,
+                                                      std::unique_ptr<Session> spare,
+                                                      const std::string& request_id);
   // The request's next decode step, batched with other requests of the model when
   // options_.max_batch > 1.
   absl::StatusOr<StepResult> DecodeStep(LoadedModel& model, Session& session,
@@ -300,9 +316,11 @@ class Engine {
     std::map<std::string, double> plugin;  // summed per-request deltas of session stats
   } counters_;
   uint64_t slot_clock_ = 0;  // orders SessionSlot::last_used
-  // Room for `more` sessions in `model` (kept ones plus running requests' choice sessions stay
-  // within MostSessions): true when there is room or after closing its least recently used idle
-  // sessions (never `keep`); false when too many are busy (the request waits).
+  // Room for `more` sessions in `model` (kept ones, running requests' choice sessions and spares
+  // stay within MostSessions; spares serve first): true when there is room or after dropping
+  // the spares the request will not take, then closing its least recently used idle sessions
+  // (never `keep`; their plugin sessions become spares while the request needs more); false
+  // when too many are busy (the request waits).
   bool MakeRoomForSessionsLocked(LoadedModel& model, size_t more, const std::string& keep);
   size_t MostSessions() const {
     return static_cast<size_t>(std::max(options_.max_sessions, PoolSize() + 1));

@@ -167,6 +167,24 @@ SequenceState Model::NewState() const {
   return s;
 }
 
+void Model::ResetState(SequenceState& s) const {
+  if (s.kda.size() != static_cast<size_t>(num_layers()) ||
+      s.mla.size() != static_cast<size_t>(num_layers())) {
+    s = NewState();
+    return;
+  }
+  for (int i = 0; i < num_layers(); ++i) {
+    if (cfg_.is_kda[i]) {
+      s.kda[i].Reset(cfg_.kda);  // assign() of the same size keeps the buffers
+      s.mla[i] = MlaCache();
+    } else {
+      s.kda[i] = KdaState();
+      s.mla[i] = MlaCache();
+      s.mla[i].Reset(cfg_.mla);
+    }
+  }
+}
+
 absl::Status Model::Embed(std::span<const int32_t> tokens, float* out) const {
   for (size_t r = 0; r < tokens.size(); ++r)
     COLI_RETURN_IF_ERROR(weights_->EmbedRow(tokens[r], out + r * cfg_.hidden_size));

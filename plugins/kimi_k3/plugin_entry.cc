@@ -1704,11 +1704,11 @@ absl::Status CopySession(K3Session* dst, K3Session* src) {
         "session copy: the source holds undelivered speculative tokens");
   }
   const bool after_prefill = src->pending < 0 && src->steps == 0 && !src->logits.empty();
-  std::vector<float> logits = after_prefill ? src->logits : std::vector<float>();
-  PrefixState state = src->session->TakePrefixState(logits);
-  // A refused restore changes nothing. dst keeps its statistics (they only grow); its own
-  // checkpoints go, since they continue from its old MLA rows.
-  COLI_RETURN_IF_ERROR(dst->session->RestorePrefix(state));
+  // Straight into dst's buffers (a refused copy changes nothing): no intermediate copy of the
+  // state, and a reused dst (the host keeps spare sessions) allocates none of it anew. dst
+  // keeps its statistics (they only grow); its own checkpoints go, since they continue from its
+  // old MLA rows.
+  COLI_RETURN_IF_ERROR(dst->session->CopyFrom(*src->session));
   if (dst->checkpoints != nullptr) {
     dst->checkpoints->Clear();
     dst->checkpoint_share.Set(&dst->m->checkpoint_bytes, 0);
@@ -1720,9 +1720,13 @@ absl::Status CopySession(K3Session* dst, K3Session* src) {
   dst->sampler.reset();
   dst->parser.reset();
   dst->constraint.reset();
-  dst->copied_logits = std::move(logits);
+  if (after_prefill) {
+    dst->copied_logits = src->logits;
+  } else {
+    dst->copied_logits.clear();
+  }
   dst->copies += 1;
-  dst->copied_tokens += static_cast<double>(state.at.tokens.size());
+  dst->copied_tokens += static_cast<double>(dst->session->tokens().size());
   return absl::OkStatus();
 }
 

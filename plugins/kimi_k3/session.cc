@@ -65,7 +65,7 @@ absl::Status Session::CheckUsable() const {
 }
 
 void Session::Reset() {
-  state_ = model_.NewState();
+  model_.ResetState(state_);
   tokens_.clear();
   broken_ = false;
 }
@@ -178,6 +178,55 @@ absl::Status Session::RestorePrefix(const PrefixState& p) {
     m.length = n;
   }
   tokens_ = p.at.tokens;
+  broken_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Session::CopyFrom(const Session& src) {
+  if (&src == this || &src.model_ != &model_) {
+    return absl::InvalidArgumentError(
+        "session copy: the source must be another session of the same model");
+  }
+  if (src.broken_) {
+    return absl::FailedPreconditionError(
+        "session copy: the source's state is inconsistent after an error");
+  }
+  const int64_t n = src.position();
+  const size_t L = state_.kda.size();
+  if (src.state_.kda.size() != L || src.state_.mla.size() != L || state_.mla.size() != L) {
+    return absl::FailedPreconditionError("session copy: the sessions' states have other layers");
+  }
+  for (size_t i = 0; i < L; ++i) {
+    const KdaState& k = state_.kda[i];
+    const KdaState& sk = src.state_.kda[i];
+    const MlaCache& m = state_.mla[i];
+    const MlaCache& sm = src.state_.mla[i];
+    if (sk.S.size() != k.S.size() || sk.q_win.size() != k.q_win.size() ||
+        sk.k_win.size() != k.k_win.size() || sk.v_win.size() != k.v_win.size() ||
+        sm.width != m.width || (sm.width != 0 && sm.length < n)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session copy: layer ", i, "'s state does not fit"));
+    }
+  }
+  // Every allocation first (as RestorePrefix): the copies below cannot fail.
+  for (size_t i = 0; i < L; ++i) {
+    state_.mla[i].rows.reserve(static_cast<size_t>(n) * src.state_.mla[i].width);
+  }
+  tokens_.reserve(src.tokens_.size());
+  for (size_t i = 0; i < L; ++i) {
+    KdaState& k = state_.kda[i];
+    const KdaState& sk = src.state_.kda[i];
+    k.S = sk.S;  // same sizes: copy-assignment reuses the buffers
+    k.q_win = sk.q_win;
+    k.k_win = sk.k_win;
+    k.v_win = sk.v_win;
+    MlaCache& m = state_.mla[i];
+    const MlaCache& sm = src.state_.mla[i];
+    if (m.width == 0) continue;
+    m.rows.assign(sm.rows.begin(), sm.rows.begin() + static_cast<std::ptrdiff_t>(n) * m.width);
+    m.length = n;
+  }
+  tokens_ = src.tokens_;
   broken_ = false;
   return absl::OkStatus();
 }

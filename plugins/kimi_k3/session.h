@@ -173,7 +173,8 @@ class Session {
   // FAILED_PRECONDITION naming what differs, and nothing changes. Clears `broken()`. The time
   // goes to timings().attention. The caller keeps the logits (the session holds none).
   absl::Status Replay(const Checkpoint& before, const ReplayRecord& record, int64_t rows);
-  // Forgets everything (state zeroed, record cleared); keeps the timings.
+  // Forgets everything (state zeroed, record cleared); keeps the timings, and the KDA state's
+  // buffers (Model::ResetState).
   void Reset();
   // The state at the current position; `logits` are the ones after the last token.
   Checkpoint TakeCheckpoint(std::vector<float> logits) const;
@@ -193,6 +194,12 @@ class Session {
   // not fit this model (layer kinds, state or row sizes), RESOURCE_EXHAUSTED past K3_MAXT;
   // nothing changes then. Clears broken().
   absl::Status RestorePrefix(const PrefixState& p);
+  // RestorePrefix(src.TakePrefixState({})) without the intermediate copy: this session takes
+  // `src`'s record and state (another session of the same model), its same-sized KDA buffers
+  // overwritten where they are. INVALID_ARGUMENT for itself or another model's session,
+  // FAILED_PRECONDITION when `src` is broken or does not fit; nothing changes then. Clears
+  // broken().
+  absl::Status CopyFrom(const Session& src);
 
   int64_t position() const { return static_cast<int64_t>(tokens_.size()); }
   // True after a failed pass, until Reset() or Restore().

@@ -122,6 +122,22 @@ class HostChoicesTest : public ::testing::Test {
     return out;
   }
 
+  // The model stats of `engine`'s model "m", the plugin's and the host's, by name.
+  static std::map<std::string, double> ModelStats(Engine& engine) {
+    std::map<std::string, double> out;
+    const v1::MetricsResponse metrics = engine.Metrics();
+    for (const v1::ModelStat& st : metrics.model_stats()) out[st.name()] = st.value();
+    return out;
+  }
+
+  // A folder the echo test family serves (it has no session_copy: each choice prefills).
+  static std::string EchoDir(const std::string& name) {
+    const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(getpid());
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/config.json") << R"({"model_type": "coli_echo"})";
+    return dir;
+  }
+
   // Choice i alone: n = 1 with seed + i on an engine that never batches.
   static std::vector<std::vector<int32_t>> LoneRuns(int32_t n, float temperature, uint64_t seed,
                                                     int32_t max_tokens) {
@@ -282,6 +298,113 @@ TEST_F(HostChoicesTest, ChoiceSessionsCountAgainstMaxSessions) {
   const Result four = Run(engine, Input(4, 0.0f, 0, 4));
   EXPECT_EQ(four.status.code(), absl::StatusCode::kInvalidArgument) << four.status;
   EXPECT_THAT(four.status.message(), ::testing::HasSubstr("--max-sessions")) << four.status;
+}
+
+// The sessions an n > 1 request made for its choices wait as spares for the next one, which
+// takes them (reset) instead of asking the plugin for new ones: on K3 each new session
+// allocates and page-faults ~434 MB of recurrent state. Five n = 3 requests make three plugin
+// sessions in all (the echo family counts its session_create calls), not 1 + 2 per request.
+TEST_F(HostChoicesTest, ChoiceSessionsAreReusedNotMadeAgain) {
+  auto engine =
+      MakeEngine(/*workers=*/1, /*max_batch=*/8, COLI_ECHO_PLUGIN_DIR, EchoDir("choices_spares"));
+  constexpr int kRequests = 5;
+  size_t prompt_tokens = 0;
+  for (int k = 0; k < kRequests; ++k) {
+    const std::string text = k % 2 == 0 ? "abcdef" : "xyz";
+    GenerationInput in = Input(3, 0.0f, 0, 0);
+    in.prompt = text;
+    const Result r = Run(*engine, std::move(in));
+    ASSERT_OK(r.status) << "request " << k;
+    std::vector<int32_t> want(text.begin(), text.end());
+    want.push_back(257);  // <eos>
+    for (int32_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(r.ids.at(i), want) << "request " << k << " choice " << i;
+    }
+    prompt_tokens += 3 * text.size();
+  }
+  // Each choice's session is new or reset: its statistics are its request's alone.
+  EXPECT_EQ(engine->Metrics().plugin().at("prompt_tokens"), static_cast<double>(prompt_tokens));
+  std::map<std::string, double> stats = ModelStats(*engine);
+  EXPECT_EQ(stats["sessions_created"], 3) << "the plugin's own count of session_create";
+  EXPECT_EQ(stats["host_sessions_created"], 3);
+  EXPECT_EQ(stats["host_sessions_reused"], 2 * (kRequests - 1));
+  EXPECT_EQ(stats["host_spare_sessions"], 2);
+  EXPECT_EQ(stats["host_sessions"], 1);
+  EXPECT_EQ(stats["host_choice_sessions"], 0);
+}
+
+// A spare that held another, longer conversation gives the tokens (and statistics) of a new
+// session: the same seeded n = 3 request on a new engine and on one whose sessions served
+// another prompt first.
+TEST_F(HostChoicesTest, ASpareSessionGivesTheTokensOfANewOne) {
+  constexpr int32_t kN = 3, kMaxTokens = 16;
+  auto fresh_engine = MakeEngine(/*workers=*/1, /*max_batch=*/8);
+  const Result fresh = Run(*fresh_engine, Input(kN, 0.9f, 7, kMaxTokens));
+  ASSERT_OK(fresh.status);
+  EXPECT_EQ(ModelStats(*fresh_engine)["host_sessions_reused"], 0);
+
+  auto engine = MakeEngine(/*workers=*/1, /*max_batch=*/8);
+  GenerationInput other = Input(kN, 0.9f, 99, 40);
+  other.prompt =
+      "Zebras gallop across the wide savanna while the evening sun sinks slowly, "
+      "and far behind them a storm gathers over the hills of the north";
+  const Result before = Run(*engine, std::move(other));
+  ASSERT_OK(before.status);
+  ASSERT_GT(before.started.prompt_tokens(), fresh.started.prompt_tokens());
+  const Result reused = Run(*engine, Input(kN, 0.9f, 7, kMaxTokens));
+  ASSERT_OK(reused.status);
+  for (int32_t i = 0; i < kN; ++i) {
+    ASSERT_TRUE(fresh.ids.count(i)) << "choice " << i;
+    EXPECT_EQ(reused.ids.count(i) ? reused.ids.at(i) : std::vector<int32_t>(), fresh.ids.at(i))
+        << "choice " << i;
+  }
+  EXPECT_EQ(reused.started.tokens_reused(), fresh.started.tokens_reused());
+  EXPECT_EQ(reused.started.tokens_computed(), fresh.started.tokens_computed());
+  // Only the choices' sessions copy: theirs are this request's statistics alone.
+  for (const char* key : {"session_copies", "session_copied_tokens"}) {
+    EXPECT_EQ(Stat(reused.finished, key), Stat(fresh.finished, key)) << key;
+  }
+  std::map<std::string, double> stats = ModelStats(*engine);
+  EXPECT_EQ(stats["host_sessions_reused"], kN - 1);
+  EXPECT_EQ(stats["host_sessions_created"], kN);
+}
+
+// A session closed to stay within --max-sessions serves the request that needed the room, reset:
+// "c" (a prompt that extends what "a" held) computes its whole prompt and gives the tokens a
+// new engine gives, on the plugin session "a" had.
+TEST_F(HostChoicesTest, AClosedSessionServesTheNewOneReset) {
+  auto run_named = [&](Engine& engine, const char* name, const std::string& prompt,
+                       int32_t max_tokens) {
+    GenerationInput in = Input(1, 0.9f, 5, max_tokens);
+    in.session.append(name);
+    in.prompt = prompt;
+    return Run(engine, std::move(in));
+  };
+  const std::string longer = kPrompt + " a fox who knew every path through the forest";
+  auto fresh_engine = MakeEngine(/*workers=*/1, /*max_batch=*/8);
+  const Result fresh = run_named(*fresh_engine, "c", longer, 12);
+  ASSERT_OK(fresh.status);
+  ASSERT_EQ(fresh.started.tokens_reused(), 0);
+
+  Engine engine(EngineOptions{
+      .plugin_dir = COLI_PLUGIN_DIR_FOR_TEST, .workers = 1, .max_batch = 8, .max_sessions = 2});
+  v1::LoadModelRequest load;
+  load.set_model_dir(COLI_K3_TINY_DIR);
+  load.set_id("m");
+  ASSERT_OK(engine.LoadModel(load, nullptr).status());
+  // One token: "a"'s record is then its prompt, which "c"'s prompt extends.
+  ASSERT_OK(run_named(engine, "a", kPrompt, 1).status);
+  ASSERT_OK(run_named(engine, "b", "xyz", 2).status);
+  const Result c = run_named(engine, "c", longer, 12);  // closes "a", the least recently used
+  ASSERT_OK(c.status);
+  EXPECT_EQ(c.started.tokens_reused(), 0) << "the spare kept what \"a\" held";
+  EXPECT_EQ(c.ids.at(0), fresh.ids.at(0));
+  std::map<std::string, double> stats = ModelStats(engine);
+  EXPECT_EQ(stats["host_sessions_closed"], 1);
+  EXPECT_EQ(stats["host_sessions_reused"], 1);
+  EXPECT_EQ(stats["host_sessions_created"], 2);
+  EXPECT_EQ(stats["host_sessions"], 2);
+  EXPECT_EQ(stats["host_spare_sessions"], 0);
 }
 
 // The session copy itself (ABI 1.11): a copy right after a prefill continues exactly like its

@@ -20,3 +20,11 @@ target_compile_definitions(k3_model_test PRIVATE
 if(TARGET k3_tiny_fixture)
   add_dependencies(k3_model_test k3_tiny_fixture)
 endif()
+
+# What an n > 1 request's choice sessions cost made anew per request vs reset host spares (not a
+# test: run by hand, docs/status/host-batching.md).
+coli_cc_binary(NAME k3_session_reuse_bench
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/session_reuse_bench.cc
+  DEPS kimi_k3_core)
+target_compile_definitions(k3_session_reuse_bench PRIVATE
+  COLI_K3_TINY_DIR="${CMAKE_BINARY_DIR}/fixtures/k3_tiny")

@@ -616,6 +616,64 @@ TEST(K3Session, CapacityCancelBadTokenAndReset) {
   EXPECT_TRUE(s->Prefill(RandomIds(3, 768, 2)).ok());
 }
 
+// A reset keeps the recurrent state's buffers (a new state allocates and page-faults ~434 MB on
+// K3; the host's spare sessions are reset, not made again) and the session continues exactly
+// like a new one; a copy into a session that held another conversation overwrites its buffers
+// where they are and continues exactly like its source.
+TEST(K3Session, ResetAndCopyKeepTheRecurrentBuffers) {
+  ModelOptions o;
+  o.threads = 1;
+  auto model = Load(K3_TEST_TINY, o);
+  ASSERT_NE(model, nullptr);
+  auto kda_buffers = [&](Session& s) {
+    std::vector<const float*> out;
+    for (const KdaState& k : s.state().kda) {
+      if (!k.S.empty()) out.push_back(k.S.data());
+    }
+    return out;
+  };
+  auto same_logits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const std::vector<int32_t> prompt = RandomIds(12, 768, 3);
+  auto fresh = model->NewSession();
+  auto used = model->NewSession();
+  ASSERT_TRUE(used->Prefill(RandomIds(40, 768, 4)).ok());
+  ASSERT_TRUE(used->Step(7).ok());
+  const std::vector<const float*> before = kda_buffers(*used);
+  ASSERT_FALSE(before.empty());
+  used->Reset();
+  EXPECT_EQ(used->position(), 0);
+  EXPECT_EQ(kda_buffers(*used), before) << "the reset allocated the recurrent state anew";
+  for (const KdaState& k : used->state().kda) {
+    EXPECT_TRUE(std::all_of(k.S.begin(), k.S.end(), [](float v) { return v == 0.0f; }));
+  }
+  auto a = fresh->Prefill(prompt);
+  auto b = used->Prefill(prompt);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(same_logits(*a, *b));
+  for (int32_t token : {5, 77, 300}) {
+    auto ta = fresh->Step(token);
+    auto tb = used->Step(token);
+    ASSERT_TRUE(ta.ok() && tb.ok());
+    EXPECT_TRUE(same_logits(*ta, *tb)) << "token " << token;
+  }
+
+  auto copy = model->NewSession();
+  ASSERT_TRUE(copy->Prefill(RandomIds(50, 768, 5)).ok());
+  const std::vector<const float*> copy_before = kda_buffers(*copy);
+  EXPECT_EQ(copy->CopyFrom(*copy).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(copy->CopyFrom(*fresh).ok());
+  EXPECT_EQ(kda_buffers(*copy), copy_before);
+  EXPECT_EQ(copy->tokens(), fresh->tokens());
+  for (int32_t token : {9, 400}) {
+    auto ta = fresh->Step(token);
+    auto tb = copy->Step(token);
+    ASSERT_TRUE(ta.ok() && tb.ok());
+    EXPECT_TRUE(same_logits(*ta, *tb)) << "token " << token;
+  }
+}
+
 // ---- Snapshot layout ------------------------------------------------------------------------
 
 TEST(K3Snapshot, VisionShardsAreNeverOpened) {
