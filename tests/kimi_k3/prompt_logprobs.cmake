@@ -16,3 +16,10 @@ if(TARGET kimi_k3)
     add_dependencies(k3_prompt_logprobs_plugin_test k3_tiny_fixture)
   endif()
 endif()
+
+# kimi_k3's prompt-logprob memos on their own (budgets small enough to drop memos, threads that
+# evict memos others read).
+coli_cc_test(NAME k3_prompt_logprob_memo_test
+  SRCS ${CMAKE_CURRENT_LIST_DIR}/prompt_logprob_memo_test.cc
+       ${PROJECT_SOURCE_DIR}/plugins/kimi_k3/prompt_logprob_memo.cc
+  DEPS coli_sampling coli_plugin_api)
