@@ -373,7 +373,8 @@ typedef struct coli_chat_event_t {
   size_t struct_size;
   int32_t channel;        /* v1.0 COLI_CHANNEL_* */
   int32_t end_of_message; /* v1.0 non-zero: the model closed its message */
-  coli_string_t text;     /* v1.0 */
+  coli_string_t text;     /* v1.0; empty in REASONING / CONTENT: that channel holds the first
+                             bytes of a character (a reply cut there ends inside it) */
 } coli_chat_event_t;
 
 

@@ -118,9 +118,15 @@ std::vector<ChatEvent> OutputParser::Feed(int32_t id) {
 void OutputParser::Emit(ChatChannel channel, std::string* pending, bool flush,
                         std::vector<ChatEvent>* out) {
   const size_t n = flush ? pending->size() : tok::CompleteUtf8Prefix(*pending);
-  if (n == 0) return;
+  if (n == 0 && pending->empty()) return;
   ChatEvent e;
   e.channel = channel;
+  // Bytes of an unfinished character only: an event without text names the channel that holds
+  // them, so a client whose reply is cut here (max_tokens) knows where they belong (abi.md).
+  if (n == 0) {
+    out->push_back(std::move(e));
+    return;
+  }
   // Events carry text (a proto3 string downstream): bytes that never form a character, e.g. a
   // partial one cut by a structural token, become U+FFFD as a UTF-8 decoder with replacement
   // would make them.

@@ -199,13 +199,19 @@ TEST(ChatParser, DeltasNeverSplitAUtf8Character) {
   OutputParser parser(*ids, kParseInResponse);
   Parsed p;
   const std::string euro = "\xE2\x82\xAC";  // U+20AC in three tokens of one byte each
+  // While the character is unfinished each token brings one event without text that names the
+  // channel holding its bytes (a reply cut there knows where they belong).
   Collect(parser.Feed(1000, euro.substr(0, 1), false), &p);
-  EXPECT_TRUE(p.events.empty());
-  Collect(parser.Feed(1001, euro.substr(1, 1), false), &p);
-  EXPECT_TRUE(p.events.empty());
-  Collect(parser.Feed(1002, euro.substr(2, 1) + "x", false), &p);
   ASSERT_EQ(p.events.size(), 1u);
-  EXPECT_EQ(p.events[0].text, euro + "x");
+  EXPECT_EQ(p.events[0].channel, ChatChannel::kContent);
+  EXPECT_EQ(p.events[0].text, "");
+  Collect(parser.Feed(1001, euro.substr(1, 1), false), &p);
+  ASSERT_EQ(p.events.size(), 2u);
+  EXPECT_EQ(p.events[1].channel, ChatChannel::kContent);
+  EXPECT_EQ(p.events[1].text, "");
+  Collect(parser.Feed(1002, euro.substr(2, 1) + "x", false), &p);
+  ASSERT_EQ(p.events.size(), 3u);
+  EXPECT_EQ(p.events[2].text, euro + "x");
   // An incomplete tail is still delivered when generation stops, as U+FFFD: events are text.
   Collect(parser.Feed(1003, "\xE4", false), &p);
   Collect(parser.Finish(), &p);

@@ -554,6 +554,7 @@ class ChatApp {
     };
     cb.on_started = [&](const v1::Started& s) { prompt_tokens.store(s.tokens_computed()); };
     cb.on_delta = [&](const v1::ChatDelta& d) {
+      if (d.text().empty() && !d.end_of_message()) return;  // bytes held for a character
       std::lock_guard<std::mutex> lock(print_mu);
       if (!first_token.exchange(true) && style_.decorate) std::printf("%s", style_.clear_line());
       if (d.channel() == v1::CHANNEL_REASONING) {

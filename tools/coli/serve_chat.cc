@@ -182,7 +182,11 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
       // Content the stop filter let through, and whether a stop string ended the reply here.
       bool visible_content = false, stopped_here = false;
       for (const v1::ChatDelta& d : t.deltas()) {
-        if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
+        if (d.text().empty() &&
+            (d.channel() == v1::CHANNEL_REASONING || d.channel() == v1::CHANNEL_CONTENT)) {
+          // Nothing to show yet: the channel holds the first bytes of a character.
+          tail_channel = d.channel();
+        } else if (d.channel() == v1::CHANNEL_REASONING && !d.text().empty()) {
           showed_other = true;
           tail_channel = v1::CHANNEL_REASONING;
           out->reasoning += d.text();

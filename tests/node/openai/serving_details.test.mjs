@@ -324,6 +324,17 @@ test('a reply cut inside a character ends with U+FFFD, streamed or not', async (
   });
   assert.equal(response.status, 'incomplete');
   assert.equal(response.output_text, R + R + R);
+  // A reply that is one cut character and nothing else (the channel had shown no text): the
+  // model's parser names the channel that holds the bytes.
+  for (const [bias, effort] of [[E4, 'none'], [E4_B8, 'none'], [E4, undefined]]) {
+    const one = { ...chat, max_tokens: 1, logit_bias: { [bias]: 100 },
+      ...(effort ? { reasoning_effort: effort } : {}) };
+    const whole = await client.chat.completions.create(one);
+    const got = effort ? whole.choices[0].message.content : whole.choices[0].message.reasoning_content;
+    assert.equal(got, R, `${bias} ${effort}`);
+    const s = await streamedChat(one);
+    assert.equal(effort ? s.content : s.reasoning, R, `${bias} ${effort} streamed`);
+  }
   // Whole characters stay as they are.
   const ascii = await client.chat.completions.create({
     ...chat, reasoning_effort: 'none', logit_bias: { [LO]: 100 },
