@@ -16,12 +16,16 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status/status_matchers.h"
 #include "gtest/gtest.h"
 #include "host/engine.h"
 
 namespace coli::host {
 namespace {
+
+// absl::StrCat, not "r" + std::to_string(k): GCC 12 warns -Wrestrict (falsely) on the latter.
+std::string RequestId(int k) { return absl::StrCat("r", k); }
 
 constexpr int32_t kChoices = 3;
 constexpr int32_t kMaxTokens = 24;
@@ -151,7 +155,7 @@ TEST(HostChoicesStressTest, StopsAndCancelsMidStepLeaveTheOtherChoicesAndRequest
   std::thread poker([&] {
     while (running.load()) {
       for (int k = 0; k < kRequests; ++k) {
-        const std::string id = "r" + std::to_string(k);
+        const std::string id = RequestId(k);
         for (int32_t bad : {-1, kChoices, 16, 1 << 30}) {
           if (engine.CancelChoice(id, bad)) ++found_bad;
         }
@@ -165,7 +169,7 @@ TEST(HostChoicesStressTest, StopsAndCancelsMidStepLeaveTheOtherChoicesAndRequest
     const int32_t at_choice = k % kChoices;
     actions.push_back(action);
     at_choices.push_back(at_choice);
-    Submit(engine, "r" + std::to_string(k), action, at_choice, 2 + k % 3, outcomes[k].get());
+    Submit(engine, RequestId(k), action, at_choice, 2 + k % 3, outcomes[k].get());
   }
   for (auto& out : outcomes) Wait(*out);
   running = false;
@@ -174,7 +178,7 @@ TEST(HostChoicesStressTest, StopsAndCancelsMidStepLeaveTheOtherChoicesAndRequest
 
   for (int k = 0; k < kRequests; ++k) {
     Outcome& out = *outcomes[k];
-    const std::string what = "request r" + std::to_string(k);
+    const std::string what = absl::StrCat("request r", k);
     std::lock_guard<std::mutex> lock(out.mu);
     EXPECT_EQ(out.done_calls, 1) << what;
     EXPECT_EQ(out.duplicate_choice_finished, 0) << what;
@@ -184,7 +188,7 @@ TEST(HostChoicesStressTest, StopsAndCancelsMidStepLeaveTheOtherChoicesAndRequest
       EXPECT_EQ(out.status.code(), absl::StatusCode::kCancelled) << what << ": " << out.status;
       // The choices step together: none got past the step the cancel came in.
       for (const auto& [i, ids] : out.ids) {
-        ExpectPrefix(ids, reference.ids[i], at_count, what + " choice " + std::to_string(i));
+        ExpectPrefix(ids, reference.ids[i], at_count, absl::StrCat(what, " choice ", i));
       }
       continue;
     }
@@ -192,7 +196,7 @@ TEST(HostChoicesStressTest, StopsAndCancelsMidStepLeaveTheOtherChoicesAndRequest
     ASSERT_EQ(out.choice_finished.size(), static_cast<size_t>(kChoices)) << what;
     int64_t completion = 0;
     for (int32_t i = 0; i < kChoices; ++i) {
-      const std::string choice = what + " choice " + std::to_string(i);
+      const std::string choice = absl::StrCat(what, " choice ", i);
       const std::vector<int32_t>& ids = out.ids[i];
       EXPECT_EQ(out.choice_finished[i].completion_tokens(), static_cast<int64_t>(ids.size()))
           << choice;
