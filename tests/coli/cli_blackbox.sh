@@ -123,6 +123,32 @@ rc=$?
 ((rc == 1)) && grep -q 'cannot write to stdout' "$work/err" ||
   fail "coli tokenize > /dev/full -> exit $rc, stderr: $(cat "$work/err")"
 
+echo "== a reply cut inside a UTF-8 character ends with U+FFFD"
+# The tiny tokenizer's token 160 is the byte 0xE4 alone (the first of a 3-byte character),
+# forced by --logit-bias; --ngen cuts the reply after it. The bytes used to be lost: an empty
+# reply, one U+FFFD for two tokens (the second 0xE4 ended the first character), nothing in chat.
+fffd=$'\xef\xbf\xbd'
+for n in 1 2; do
+  expect 0 "" -- "$coli" run --model "$model" hi --ngen $n --logit-bias 160=100
+  want=$(printf "$fffd%.0s" $(seq $n))
+  [[ $(cat "$work/out") == "$want" ]] || fail "coli run --ngen $n on 0xE4: $(od -c "$work/out")"
+done
+expect 0 "" -- "$coli" run --model "$model" hi --chat --no-think --ngen 1 --logit-bias 160=100
+[[ $(cat "$work/out") == "$fffd" ]] || fail "coli run --chat on 0xE4: $(od -c "$work/out")"
+# With thinking on the cut character is reasoning, which goes to stderr.
+expect 0 "" -- env K3_THINK=1 "$coli" run --model "$model" hi --chat --ngen 1 --logit-bias 160=100
+grep -qF "[thinking] $fffd" "$work/err" || fail "coli run --chat (thinking) on 0xE4: $(cat "$work/err")"
+[[ $(cat "$work/out") == "" ]] || fail "coli run --chat (thinking): content $(od -c "$work/out")"
+printf 'hi\n/save %s\n' "$work/cut.json" > "$work/cut_in.txt"
+STDIN=$work/cut_in.txt expect 0 "" -- "$coli" chat --model "$model" --no-think --max-tokens 1 \
+  --logit-bias 160=100
+python3 - "$work/cut.json" <<'PY' || fail "coli chat: the cut reply was not kept as U+FFFD"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["messages"][-1] == {"role": "assistant", "content": "\ufffd"}, doc["messages"]
+PY
+grep -qF "$fffd" "$work/out" || fail "coli chat: U+FFFD not shown: $(od -c "$work/out" | tail -5)"
+
 echo "== coli chat without a terminal"
 expect 2 "--temperature: 'nan' is not a finite number" -- "$coli" chat --temperature=nan
 expect 2 "unexpected argument 'hello'" -- "$coli" chat hello

@@ -52,6 +52,7 @@
 #include "tools/coli/cli_args.h"
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
+#include "tools/coli/reply_tail.h"
 #include "tools/coli/run_flags.h"
 
 namespace coli::cli {
@@ -350,10 +351,11 @@ class ChatApp {
  public:
   // `request_defaults`: the chat-request defaults of the environment (K3_THINK as
   // enable_thinking), under what the conversation sets itself.
-  ChatApp(client::Client* client, std::string model_id, const ChatFlags& flags,
+  ChatApp(client::Client* client, const v1::ModelInfo& model, const ChatFlags& flags,
           nlohmann::json request_defaults)
       : client_(client),
-        model_id_(std::move(model_id)),
+        model_id_(model.id()),
+        first_special_(client::FirstSpecialId(model)),
         flags_(flags),
         request_defaults_(std::move(request_defaults)),
         style_(CurrentStyle()) {
@@ -553,7 +555,15 @@ class ChatApp {
       prefill_done.store(p.done());
     };
     cb.on_started = [&](const v1::Started& s) { prompt_tokens.store(s.tokens_computed()); };
+    // The reply's last tokens and the channel their text continues (NONE after a special token
+    // or a tool call), to end a reply cut inside a character with U+FFFD as coli serve does.
+    client::ReplyTail last_tokens(first_special_);
+    v1::Channel tail_channel = v1::CHANNEL_NONE;
+    cb.on_token = [&](const v1::Token& t) { last_tokens.Push(t.id()); };
     cb.on_delta = [&](const v1::ChatDelta& d) {
+      const bool text_channel =
+          d.channel() == v1::CHANNEL_REASONING || d.channel() == v1::CHANNEL_CONTENT;
+      tail_channel = text_channel && !last_tokens.empty() ? d.channel() : v1::CHANNEL_NONE;
       if (d.text().empty() && !d.end_of_message()) return;  // bytes held for a character
       std::lock_guard<std::mutex> lock(print_mu);
       if (!first_token.exchange(true) && style_.decorate) std::printf("%s", style_.clear_line());
@@ -573,8 +583,10 @@ class ChatApp {
       } else if (d.channel() == v1::CHANNEL_CONTENT) {
         turn.content += d.text();
         if (printing != Printing::kContent) {
-          if (printing == Printing::kReasoning) std::printf("%s\n", style_.reset());
-          else if (!show_reasoning_ && reasoning_pieces > 0) std::printf("%s", style_.clear_line());
+          if (printing == Printing::kReasoning)
+            std::printf("%s\n", style_.reset());
+          else if (!show_reasoning_ && reasoning_pieces > 0)
+            std::printf("%s", style_.clear_line());
           printing = Printing::kContent;
         }
         std::printf("%s", d.text().c_str());
@@ -595,6 +607,20 @@ class ChatApp {
     absl::StatusOr<v1::Finished> finished = client_->Chat(request, cb);
     done.store(true);
     watcher.join();
+    // Cut inside a character (--max-tokens, the context, Ctrl-C; the model's stop token flushes
+    // the decoder): the reply ends with U+FFFD rather than losing the character's first bytes.
+    if (finished.ok() && finished->reason() != v1::FINISH_REASON_STOP &&
+        finished->reason() != v1::FINISH_REASON_TOOL_CALLS && !last_tokens.empty() &&
+        tail_channel != v1::CHANNEL_NONE) {
+      absl::StatusOr<std::string> bytes = client_->Detokenize(model_id_, last_tokens.ids());
+      const std::string marker = bytes.ok() ? client::ReplyTail::Marker(*bytes) : "";
+      if (!marker.empty()) {
+        v1::ChatDelta d;
+        d.set_channel(tail_channel);
+        d.set_text(marker);
+        cb.on_delta(d);  // shown and kept as the reply's own text
+      }
+    }
     // A reply that ended before its first token leaves no progress line behind.
     if (!first_token.load()) std::printf("%s", style_.clear_line());
     std::printf("%s\n", style_.reset());
@@ -693,6 +719,7 @@ class ChatApp {
   client::Client* client_;
   bool host_ended_ = false;  // the private host died: the chat ends (EndWithoutHost)
   std::string model_id_;
+  int32_t first_special_;  // the reply's last tokens (client::ReplyTail)
   ChatFlags flags_;
   nlohmann::json request_defaults_;
   Style style_;
@@ -814,7 +841,7 @@ int RunChat(int argc, char** argv) {
   Style style = CurrentStyle();
   std::printf("%scoli chat%s — %s (%s). /help for commands, Ctrl-C stops a reply, Ctrl-D exits.\n",
               style.bold(), style.reset(), model->id().c_str(), model->family().c_str());
-  ChatApp app(client->get(), model->id(), flags, std::move(environment->request));
+  ChatApp app(client->get(), *model, flags, std::move(environment->request));
   return app.Loop();
 }
 

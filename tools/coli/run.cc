@@ -37,6 +37,7 @@
 #include "tools/coli/cli_args.h"
 #include "tools/coli/client.h"
 #include "tools/coli/command.h"
+#include "tools/coli/reply_tail.h"
 #include "tools/coli/run_flags.h"
 
 namespace coli::cli {
@@ -180,8 +181,14 @@ int RunCommand(int argc, char** argv) {
   };
   const bool chat = flags.chat;
   bool printed_logprobs = false;  // then the statistics start on a line of their own
+  // The reply's last tokens, and (--chat) the channel their text continues: NONE after a special
+  // token or a tool call, where the model's parser placed the bytes (as coli serve decides it).
+  client::ReplyTail last_tokens(client::FirstSpecialId(*model));
+  v1::Channel tail_channel = v1::CHANNEL_NONE;
   cb.on_token = [&](const v1::Token& t) {
     generated.push_back(t.id());
+    last_tokens.Push(t.id());
+    if (last_tokens.empty()) tail_channel = v1::CHANNEL_NONE;
     if (!chat) out.Write(t.text());
     if (t.has_logprobs()) {
       std::fprintf(stderr, "[logprob %d %.4f]", t.id(), t.logprobs().sampled().logprob());
@@ -190,6 +197,12 @@ int RunCommand(int argc, char** argv) {
   };
   bool in_reasoning = false;
   cb.on_delta = [&](const v1::ChatDelta& d) {
+    if (d.channel() == v1::CHANNEL_REASONING || d.channel() == v1::CHANNEL_CONTENT) {
+      // An event without text names the channel that holds a character's first bytes.
+      tail_channel = last_tokens.empty() ? v1::CHANNEL_NONE : d.channel();
+    } else {
+      tail_channel = v1::CHANNEL_NONE;
+    }
     if (d.channel() == v1::CHANNEL_REASONING) {
       if (!in_reasoning) std::fprintf(stderr, "[thinking] ");
       in_reasoning = true;
@@ -233,6 +246,19 @@ int RunCommand(int argc, char** argv) {
     finished = c.Generate(r, cb, &cancel);
   }
   watcher.Stop();
+  // A reply cut inside a character (by --ngen or the context; the model's stop token flushes the
+  // decoder) ends with U+FFFD rather than losing the character's first bytes, as coli serve's.
+  if (finished.ok() && finished->reason() != v1::FINISH_REASON_STOP &&
+      finished->reason() != v1::FINISH_REASON_TOOL_CALLS && !last_tokens.empty() &&
+      (!chat || tail_channel != v1::CHANNEL_NONE)) {
+    absl::StatusOr<std::string> bytes = c.Detokenize(model->id(), last_tokens.ids());
+    const std::string marker = bytes.ok() ? client::ReplyTail::Marker(*bytes) : "";
+    if (chat && tail_channel == v1::CHANNEL_REASONING) {
+      std::fwrite(marker.data(), 1, marker.size(), stderr);
+    } else {
+      out.Write(marker);
+    }
+  }
   if (in_reasoning || printed_logprobs) std::fprintf(stderr, "\n");
   if (out.error() == EPIPE) return 128 + SIGPIPE;  // the reader left: quietly, as `cat` does
   out.Write("\n");

@@ -140,7 +140,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
   // The last tokens since the last special one (CutCharacter), and the channel of the text they
   // continue (NONE after a special token or a tool call: where their bytes go is the model's
   // parser's business, and the gateway does not guess it).
-  std::vector<int32_t> tail_ids;
+  client::ReplyTail last_tokens = NewReplyTail();
   v1::Channel tail_channel = v1::CHANNEL_NONE;
   v1::ChatEvent ev;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
@@ -239,8 +239,8 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
           emit(streamed ? "tool_call_done" : "tool_call", tc);
         }
       }
-      PushTailId(&tail_ids, t.token().id());
-      if (tail_ids.empty()) tail_channel = v1::CHANNEL_NONE;  // a special token
+      last_tokens.Push(t.token().id());
+      if (last_tokens.empty()) tail_channel = v1::CHANNEL_NONE;  // a special token
       if (f.top_logprobs >= 0 && (!stopped || stopped_here)) {
         const bool special = t.token().id() >= first_special_;
         if (visible_content) {
@@ -276,7 +276,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
   // A model stop token made the host's parser flush; any other end may cut a character.
   if (!stopped && !cancelled && status.ok() && reason != v1::FINISH_REASON_STOP &&
       reason != v1::FINISH_REASON_TOOL_CALLS && tail_channel != v1::CHANNEL_NONE) {
-    if (const std::string cut = CutCharacter(tail_ids); !cut.empty()) {
+    if (const std::string cut = CutCharacter(last_tokens); !cut.empty()) {
       if (tail_channel == v1::CHANNEL_REASONING) {
         out->reasoning += cut;
         emit("reasoning", cut);

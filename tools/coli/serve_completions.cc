@@ -129,7 +129,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
   // character, the character for the token that ends it.
   int64_t text_chars = out->offset_base;
   v1::FinishReason reason = v1::FINISH_REASON_UNSPECIFIED;
-  std::vector<int32_t> tail_ids;  // the last tokens (CutCharacter)
+  client::ReplyTail last_tokens = NewReplyTail();  // the last tokens (CutCharacter)
   v1::GenerateEvent ev;
   bool have = first != nullptr;
   if (have) ev = *first;
@@ -196,7 +196,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
       out->prompt_tokens = ev.started().prompt_tokens();
     } else if (ev.has_token() && !stopped) {
       ++out->completion_tokens;
-      PushTailId(&tail_ids, ev.token().id());
+      last_tokens.Push(ev.token().id());
       const bool hidden = f.skip_special_tokens && ev.token().id() >= first_special_;
       const std::string shown = hidden ? std::string() : ev.token().text();
       const int64_t offset = text_chars;
@@ -241,7 +241,7 @@ grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
   grpc::Status status = call.Finish();
   // A model stop token flushed the host's decoder; any other end may cut a character.
   if (!stopped && !cancelled && status.ok() && reason != v1::FINISH_REASON_STOP) {
-    if (const std::string cut = CutCharacter(tail_ids); !cut.empty()) {
+    if (const std::string cut = CutCharacter(last_tokens); !cut.empty()) {
       const std::string visible = stop.Push(cut);
       out->text += visible;
       if (!visible.empty()) emit("text", Json{{"text", visible}});

@@ -188,16 +188,15 @@ void Gateway::Detokenize(const Req& req, Res& res) {
   Reply(res, 200, Json{{"prompt", out.text()}});
 }
 
-std::string Gateway::CutCharacter(const std::vector<int32_t>& last_ids) {
-  if (last_ids.empty()) return "";
+std::string Gateway::CutCharacter(const client::ReplyTail& tail) {
+  if (tail.empty()) return "";
   v1::DetokenizeRequest r;
   r.set_model(info_.id());
-  for (int32_t id : last_ids) r.add_ids(id);
+  for (int32_t id : tail.ids()) r.add_ids(id);
   grpc::ClientContext ctx;
   v1::DetokenizeResponse out;
   if (!stub_->Detokenize(&ctx, r, &out).ok()) return "";  // the reply stays as it was
-  const std::string& bytes = out.text();                  // the tokens' own bytes, unreplaced
-  return tok::CompleteUtf8Prefix(bytes) < bytes.size() ? "\xEF\xBF\xBD" : "";
+  return client::ReplyTail::Marker(out.text());           // the tokens' own bytes, unreplaced
 }
 
 void Gateway::ApplyTemplate(const Req& req, Res& res) {

@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "host/model_options_env.h"
 #include "httplib.h"
+#include "tools/coli/reply_tail.h"
 #include "tools/coli/serve_connection.h"
 #include "tools/coli/serve_openai.h"
 #include "tools/coli/serve_responses.h"
@@ -241,8 +242,7 @@ class Gateway {
     if (responses_dir) responses_.Persist(std::move(responses_dir));  // loads what it kept
     // Added tokens (named or reserved) sit above the BPE vocabulary: the lowest named one marks
     // where they start. None of them is answer text.
-    first_special_ = info_.vocab_size();
-    for (const auto& s : info_.special_tokens()) first_special_ = std::min(first_special_, s.id());
+    first_special_ = client::FirstSpecialId(info_);
   }
 
   void Register(httplib::Server* server);
@@ -556,20 +556,10 @@ class Gateway {
   grpc::Status RunCompletion(const SamplingFields& f, GenerateCall& call, CompletionResult* out,
                              const v1::GenerateEvent* first, const DeltaFn& on_piece);
   static std::string FinishReason(v1::FinishReason r, bool tool_calls, bool stopped);
-  // U+FFFD when the bytes of `last_ids` (a reply's last tokens, at most kTailTokens, none
-  // special) end inside a character, else "". The host's streaming decoder holds such bytes back
-  // until the character completes, so a reply cut there by max_tokens (or the context, or a
-  // Cancel) lost them; the text ends with the replacement character instead, as a UTF-8 decoder
-  // with replacement (Python's, llama.cpp's JSON) shows a truncated sequence.
-  static constexpr size_t kTailTokens = 4;  // an unfinished character has at most 3 bytes
-  std::string CutCharacter(const std::vector<int32_t>& last_ids);
-  // Keeps the last kTailTokens ids of a reply (a special token clears them: text after it starts
-  // afresh).
-  void PushTailId(std::vector<int32_t>* tail, int32_t id) const {
-    if (id >= first_special_) return tail->clear();
-    tail->push_back(id);
-    if (tail->size() > kTailTokens) tail->erase(tail->begin());
-  }
+  // U+FFFD when the bytes of a reply's last tokens end inside a character, else "" (the reply
+  // then stays as it was when the host cannot say): client::ReplyTail.
+  std::string CutCharacter(const client::ReplyTail& tail);
+  client::ReplyTail NewReplyTail() const { return client::ReplyTail(first_special_); }
   // A stop sequence matched: STOP the host's request (it finishes normally, reason STOPPED), or
   // only its choice `choice` (>= 0) of an n > 1 request.
   void StopAtHost(const std::string& request_id, int choice = -1) {
