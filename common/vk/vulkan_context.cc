@@ -440,7 +440,8 @@ struct internal::VulkanState {
     return best;
   }
 
-  absl::Status PickDevice() {
+  // `requested`: a device index, -1 = the best one; `name` spells where it came from in errors.
+  absl::Status PickDevice(int requested, const std::string& name) {
     uint32_t n = 0;
     COLI_VK_RETURN_IF_ERROR(vkEnumeratePhysicalDevices(instance, &n, nullptr));
     if (n == 0) {
@@ -452,17 +453,15 @@ struct internal::VulkanState {
     devices.resize(n);
 
     int chosen = -1;
-    if (const char* env = std::getenv("COLI_VK_DEVICE"); env != nullptr && *env != '\0') {
-      int index = -1;
-      if (!absl::SimpleAtoi(env, &index) || index < 0 || index >= static_cast<int>(n)) {
+    if (requested >= 0) {
+      if (requested >= static_cast<int>(n)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("COLI_VK_DEVICE='", env, "': expected a device index in [0, ", n, ")"));
+            absl::StrCat(name, ": expected a device index in [0, ", n, ")"));
       }
-      if (ComputeQueueFamily(devices[index]) < 0) {
-        return absl::UnavailableError(
-            absl::StrCat("Vulkan: COLI_VK_DEVICE=", index, " has no compute queue"));
+      if (ComputeQueueFamily(devices[requested]) < 0) {
+        return absl::UnavailableError(absl::StrCat("Vulkan: ", name, " has no compute queue"));
       }
-      chosen = index;
+      chosen = requested;
     } else {
       int best_rank = std::numeric_limits<int>::max();
       for (uint32_t i = 0; i < n; ++i) {
@@ -771,13 +770,30 @@ absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create() {
 
 absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create(
     const VulkanContextOptions& options) {
-  bool force_staging = options.force_staging;
-  if (const char* env = std::getenv("COLI_VK_STAGING"); env != nullptr && *env != '\0') {
+  bool force_staging = options.force_staging.value_or(false);
+  if (const char* env = std::getenv("COLI_VK_STAGING");
+      !options.force_staging.has_value() && env != nullptr && *env != '\0') {
     if (std::strcmp(env, "1") == 0) {
       force_staging = true;
     } else if (std::strcmp(env, "0") != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("COLI_VK_STAGING='", env, "': expected 0 or 1"));
+    }
+  }
+  int device_index = -1;  // the best one
+  std::string device_name;
+  if (options.device_index.has_value()) {
+    device_index = *options.device_index;
+    device_name = absl::StrCat("COLI_VK_DEVICE='", device_index, "'");
+    if (device_index < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device_name, ": expected a device index, 0 or more"));
+    }
+  } else if (const char* env = std::getenv("COLI_VK_DEVICE"); env != nullptr && *env != '\0') {
+    device_name = absl::StrCat("COLI_VK_DEVICE='", env, "'");
+    if (!absl::SimpleAtoi(env, &device_index) || device_index < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(device_name, ": expected a device index, 0 or more"));
     }
   }
   if (options.staging_bytes < 4096) {
@@ -808,7 +824,7 @@ absl::StatusOr<std::unique_ptr<VulkanContext>> VulkanContext::Create(
     return VkError(r, "vkCreateInstance");
   }
   volkLoadInstanceOnly(state->instance);
-  COLI_RETURN_IF_ERROR(state->PickDevice());
+  COLI_RETURN_IF_ERROR(state->PickDevice(device_index, device_name));
   COLI_RETURN_IF_ERROR(Annotate(state->CreateDevice(options.use_int64), state->device_name));
   COLI_RETURN_IF_ERROR(Annotate(state->CreatePipeline(), state->device_name));
   state->staging_mode = force_staging || HasDeviceOnlyMemory(state->memory_properties);

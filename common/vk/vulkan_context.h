@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -123,8 +124,13 @@ enum class MatmulNumerics {
 
 struct VulkanContextOptions {
   // Stage resident uploads into device-local memory even where every type is host-visible
-  // (tests on lavapipe). COLI_VK_STAGING=1 sets it too.
-  bool force_staging = false;
+  // (tests on lavapipe). Unset: COLI_VK_STAGING=1 in this process's environment sets it.
+  std::optional<bool> force_staging;
+  // The device: its index in the instance's enumeration. Unset: COLI_VK_DEVICE in this process's
+  // environment, else the best one (discrete > integrated > virtual > CPU). A model family
+  // passes what its own switch says (it travels from the client), so it wins over the host's
+  // environment.
+  std::optional<int> device_index;
   // Bytes of the staging buffer; larger uploads are copied in chunks. At least 4096.
   uint64_t staging_bytes = 32ull << 20;
   // Enable shaderInt64 (the idot kernel) where the device has it; false behaves as a device
@@ -142,7 +148,8 @@ class VulkanContext {
  public:
   // Loads the Vulkan loader, creates an instance (no layers), picks a device with a compute
   // queue and builds the MXFP4 matmul pipeline from the embedded SPIR-V. UNAVAILABLE when there
-  // is no loader or no device with a compute queue; INVALID_ARGUMENT for a bad COLI_VK_DEVICE;
+  // is no loader or no device with a compute queue; INVALID_ARGUMENT for a bad COLI_VK_DEVICE
+  // or device_index;
   // INTERNAL (with the VkResult) when a Vulkan call fails.
   // COLI_VK_STAGING other than 0 or 1 is INVALID_ARGUMENT naming it.
   static absl::StatusOr<std::unique_ptr<VulkanContext>> Create();

@@ -25,6 +25,8 @@
 // | vk_tier_rate        | COLI_VK_TIER_RATE (numeric K3_VK_UP) | 4 | tier promotions per token (forward pass) |
 // | vk_dense            | COLI_VK_DENSE   | auto (-1) | shared experts of decode passes on the device: auto = on a discrete GPU, 1 always, 0 never (vk_dense.h) |
 // | vk_tier             | COLI_VK_TIER    | 1       | 0: no routed experts on the device (the device stays open for vk_dense) |
+// | vk_device           | COLI_VK_DEVICE  | -1      | Vulkan device index; -1 = unset: the host process's COLI_VK_DEVICE, else the best (discrete > integrated > virtual > CPU) |
+// | vk_staging          | COLI_VK_STAGING | -1      | 1: resident experts staged into device-only memory even where the device maps all its memory; -1 = unset: the host process's COLI_VK_STAGING, else 0 |
 // | mmap                | K3_MMAP         | 0       | map a repacked container's U8 matrices and F32 .qs read-only (no fallback) |
 // | verify_checksums    | K3_VERIFY       | 1       | check a container's per-tensor CRC-32 as tensors and experts are read (weights.h) |
 // | verify_mapped       | K3_VERIFY unset | !mmap   | also the mapped matrices and the embedding at load (reads them all: K3_MMAP's fast start is kept unless K3_VERIFY=1) |
@@ -75,6 +77,8 @@ struct ModelOptions {
   int vk_tier_rate = 4;
   int vk_dense = -1;     // kVkDenseAuto (vk_dense.h); 0 CPU, 1 device
   bool vk_tier = true;
+  int vk_device = -1;   // COLI_VK_DEVICE; -1 = unset (the host's environment, else the best)
+  int vk_staging = -1;  // COLI_VK_STAGING 0 / 1; -1 = unset (the host's environment, else 0)
   std::string trace_path, x0_path, logits_path;
 };
 

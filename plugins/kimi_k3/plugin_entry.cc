@@ -440,6 +440,10 @@ absl::Status ReadExtraOptions(const coli_model_options_t* o, K3Model* k) {
       k->vk_switches.vk_dense = value;
     } else if (key == "vk_tier") {
       k->vk_switches.vk_tier = value;
+    } else if (key == "vk_device") {
+      k->vk_switches.vk_device = value;
+    } else if (key == "vk_staging") {
+      k->vk_switches.vk_staging = value;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("kimi_k3: unknown option '", key, "'"));
     }

@@ -95,6 +95,16 @@ constexpr coli_switch_t kSwitches[] = {
             "vk_dense"),
     ToExtra(TextSwitch("COLI_VK_TIER", "routed experts on the Vulkan device (default 1)", "0 or 1"),
             "vk_tier"),
+    ToExtra(TextSwitch("COLI_VK_DEVICE",
+                       "Vulkan device index (default: the best, discrete > integrated > virtual > "
+                       "CPU)",
+                       "a device index, 0 or more"),
+            "vk_device"),
+    ToExtra(TextSwitch("COLI_VK_STAGING",
+                       "1: resident experts staged into device-only memory (default: where the "
+                       "device has it)",
+                       "0 or 1"),
+            "vk_staging"),
     ToExtra(TextSwitch("COLI_K3_MIX_ROWS",
                        "most decode rows one prefill chunk pass carries (default max(8, "
                        "K3_CHUNK); 0 = off)",

@@ -25,6 +25,8 @@ VkTierOptions VkTierOptionsFrom(const ModelOptions& options, const std::string& 
   o.usage_path = DefaultUsagePath(model_dir);
   o.tier = options.vk_tier;
   o.dense = options.vk_dense;
+  o.device = options.vk_device;
+  o.staging = options.vk_staging;
   return o;
 }
 
@@ -42,6 +44,8 @@ VkSwitches VkSwitches::FromEnv(const std::function<const char*(const char*)>& ge
   s.k3_vk_up = get("K3_VK_UP");
   s.vk_dense = get("COLI_VK_DENSE");
   s.vk_tier = get("COLI_VK_TIER");
+  s.vk_device = get("COLI_VK_DEVICE");
+  s.vk_staging = get("COLI_VK_STAGING");
   return s;
 }
 
@@ -90,6 +94,19 @@ absl::Status VkSwitches::Resolve(ModelOptions* options) const {
           absl::StrCat("COLI_VK_DENSE='", vk_dense, "': expected auto, 1 or 0"));
   }
   if (!vk_tier.empty()) COLI_RETURN_IF_ERROR(flag("COLI_VK_TIER", vk_tier, &options->vk_tier));
+  if (!vk_device.empty()) {
+    int v = -1;
+    if (!absl::SimpleAtoi(vk_device, &v) || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "COLI_VK_DEVICE='", vk_device, "': expected a Vulkan device index, 0 or more"));
+    }
+    options->vk_device = v;
+  }
+  if (!vk_staging.empty()) {
+    bool staging = false;
+    COLI_RETURN_IF_ERROR(flag("COLI_VK_STAGING", vk_staging, &staging));
+    options->vk_staging = staging ? 1 : 0;
+  }
   return absl::OkStatus();
 }
 
@@ -572,8 +589,13 @@ Model::ExpertSourceFactory VkTierFactory(VkTierOptions options, Model::ExpertSou
                          << " and the tier computes MXFP4 experts only; everything runs on the CPU";
       return source;
     }
+    // The device the switches name (the client's: they reach a host started elsewhere too); unset,
+    // the host process's own environment.
+    vulkan::VulkanContextOptions vk_options;
+    if (options.device >= 0) vk_options.device_index = options.device;
+    if (options.staging >= 0) vk_options.force_staging = options.staging == 1;
     COLI_ASSIGN_OR_RETURN(std::unique_ptr<vulkan::VulkanContext> vk,
-                          vulkan::VulkanContext::Create());
+                          vulkan::VulkanContext::Create(vk_options));
     COLI_ASSIGN_OR_RETURN(std::unique_ptr<VkExpertTier> tier,
                           VkExpertTier::Create(std::move(vk), std::move(source), snapshot, cfg,
                                                prefix, num_layers, options));

@@ -96,6 +96,10 @@ struct VkTierOptions {
   std::string usage_path;  // the expert history for the warm start ("" = none)
   bool tier = true;        // COLI_VK_TIER: false = no routed experts on the device (0 slots)
   int dense = kVkDenseAuto;  // COLI_VK_DENSE: the shared experts (vk_dense.h)
+  // COLI_VK_DEVICE (the device index) and COLI_VK_STAGING (1: residents staged into device-only
+  // memory); -1 = unset: VulkanContext reads the host process's environment.
+  int device = -1;
+  int staging = -1;
 };
 
 // The tier's options from the model's typed switches, history at DefaultUsagePath(model_dir).
@@ -105,10 +109,12 @@ VkTierOptions VkTierOptionsFrom(const ModelOptions& options, const std::string& 
 // null/empty when unset. Resolve() applies the seed's rules into `options`: COLI_VULKAN wins over
 // K3_VK (1 = open the device, 0 = never), COLI_VK_TIER_GB over K3_VK_GB, COLI_VK_TIER_RATE over a
 // numeric K3_VK_UP (K3_VK_UP=auto does nothing; K3_VK_FILL_FRAC is not read at all);
-// COLI_VK_DENSE = auto | 1 | 0 (vk_dense.h), COLI_VK_TIER = 1 | 0.
+// COLI_VK_DENSE = auto | 1 | 0 (vk_dense.h), COLI_VK_TIER = 1 | 0, COLI_VK_DEVICE = an index
+// (0 or more; one past the devices is refused when the device opens), COLI_VK_STAGING = 0 | 1.
 // INVALID_ARGUMENT naming the variable for a malformed value.
 struct VkSwitches {
-  std::string coli_vulkan, k3_vk, tier_gb, k3_vk_gb, tier_rate, k3_vk_up, vk_dense, vk_tier;
+  std::string coli_vulkan, k3_vk, tier_gb, k3_vk_gb, tier_rate, k3_vk_up, vk_dense, vk_tier,
+      vk_device, vk_staging;
   // From a getenv-like lookup.
   static VkSwitches FromEnv(const std::function<const char*(const char*)>& getenv);
   absl::Status Resolve(ModelOptions* options) const;
@@ -226,7 +232,7 @@ class VkExpertTier final : public ExpertSource, public DeviceExperts, public Dev
 };
 
 // A Model::ExpertSourceFactory that makes the CPU's source with `inner` (PreadExpertSource when
-// null), opens the Vulkan device (VulkanContext::Create: COLI_VK_DEVICE picks it; UNAVAILABLE
+// null), opens the Vulkan device (VulkanContext::Create: options.device picks it; UNAVAILABLE
 // without one) and wraps the source in a VkExpertTier. `tier_out`, when given, receives the
 // tier (owned by the model).
 Model::ExpertSourceFactory VkTierFactory(VkTierOptions options, Model::ExpertSourceFactory inner,

@@ -229,9 +229,7 @@ TEST_F(K3VkTierPluginTest, BadSwitchesAreRefusedAtOpen) {
   if (!HaveVulkan()) {
     COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
   }
-  setenv("COLI_VK_DEVICE", "999", 1);
-  auto m = OpenExact({{"vulkan", "1"}});
-  unsetenv("COLI_VK_DEVICE");
+  auto m = OpenExact({{"vulkan", "1"}, {"vk_device", "999"}});
   EXPECT_THAT(m, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DEVICE='999'")));
 }
 

@@ -875,7 +875,7 @@ TEST(K3VkSwitches, AliasesAndPrecedence) {
   s.tier_rate = "x";
   EXPECT_THAT(resolve(s),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_TIER_RATE")));
-  // FromEnv reads exactly the six names.
+  // FromEnv reads the switches by their names.
   const VkSwitches env = VkSwitches::FromEnv([](const char* name) -> const char* {
     return std::string(name) == "K3_VK_UP" ? "5" : nullptr;
   });
@@ -897,19 +897,64 @@ TEST_F(K3VkTierFixtureTest, K3VkZeroNeverOpensTheDevice) {
   EXPECT_EQ(tier, nullptr);
 }
 
-TEST_F(K3VkTierFixtureTest, BadDeviceIndexIsRefusedAtOpen) {
+// COLI_VK_DEVICE and COLI_VK_STAGING are the model's switches (they travel from the client) and
+// win over the host process's own environment, which applies only where they are unset.
+TEST_F(K3VkTierFixtureTest, TheDeviceSwitchesWinOverTheHostsEnvironment) {
+  VkSwitches bad;
+  bad.vk_device = "abc";
+  ModelOptions o = ExactOptions();
+  EXPECT_THAT(bad.Resolve(&o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DEVICE='abc'")));
+  bad.vk_device = "-1";
+  EXPECT_THAT(bad.Resolve(&o), StatusIs(absl::StatusCode::kInvalidArgument));
+  bad = VkSwitches();
+  bad.vk_staging = "2";
+  EXPECT_THAT(bad.Resolve(&o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_STAGING='2'")));
+  const VkSwitches env = VkSwitches::FromEnv([](const char* name) -> const char* {
+    const std::string n = name;
+    return n == "COLI_VK_DEVICE" ? "1" : n == "COLI_VK_STAGING" ? "1" : nullptr;
+  });
+  ASSERT_THAT(env.Resolve(&o), IsOk());
+  EXPECT_EQ(o.vk_device, 1);
+  EXPECT_EQ(o.vk_staging, 1);
+
   if (!HaveVulkan()) {
     COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
   }
+  // This process's environment names a device that does not exist and a bad staging value; the
+  // options win.
   setenv("COLI_VK_DEVICE", "999", 1);
+  setenv("COLI_VK_STAGING", "bogus", 1);
   VkSwitches s;
   s.coli_vulkan = "1";
-  ModelOptions o = ExactOptions();
+  s.vk_device = "0";
+  s.vk_staging = "1";
+  o = ExactOptions();
   ASSERT_THAT(s.Resolve(&o), IsOk());
   VkExpertTier* tier = nullptr;
   auto model = Model::Load(FixtureDir(), o, nullptr,
                            ExpertSourceFactoryFor(o, FixtureDir(), nullptr, &tier));
   unsetenv("COLI_VK_DEVICE");
+  unsetenv("COLI_VK_STAGING");
+  ASSERT_THAT(model.status(), IsOk());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_TRUE(tier->Stats().staging) << "COLI_VK_STAGING=1 from the options";
+}
+
+TEST_F(K3VkTierFixtureTest, BadDeviceIndexIsRefusedAtOpen) {
+  if (!HaveVulkan()) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device";
+  }
+  VkSwitches s;
+  s.coli_vulkan = "1";
+  s.vk_device = "999";
+  ModelOptions o = ExactOptions();
+  ASSERT_THAT(s.Resolve(&o), IsOk());
+  EXPECT_EQ(o.vk_device, 999);
+  VkExpertTier* tier = nullptr;
+  auto model = Model::Load(FixtureDir(), o, nullptr,
+                           ExpertSourceFactoryFor(o, FixtureDir(), nullptr, &tier));
   EXPECT_THAT(model.status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DEVICE='999'")));
   EXPECT_EQ(tier, nullptr);

@@ -305,6 +305,29 @@ TEST(VulkanMxfp4Matmul, BadDeviceIndexIsRefused) {
   EXPECT_THAT(created, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DEVICE")));
 }
 
+// A model family passes its switches as options: the device it names is checked the same way,
+// and they win over this process's COLI_VK_DEVICE / COLI_VK_STAGING.
+TEST(VulkanMxfp4Matmul, OptionsWinOverTheEnvironment) {
+  VulkanContextOptions options;
+  options.device_index = 999;
+  absl::StatusOr<std::unique_ptr<VulkanContext>> created = VulkanContext::Create(options);
+  if (!created.ok() && created.status().code() == absl::StatusCode::kUnavailable) {
+    COLI_SKIP_UNLESS_VULKAN_REQUIRED() << "no Vulkan device: " << created.status();
+  }
+  EXPECT_THAT(created,
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLI_VK_DEVICE='999'")));
+
+  setenv("COLI_VK_DEVICE", "999", 1);
+  setenv("COLI_VK_STAGING", "bogus", 1);
+  options.device_index = 0;
+  options.force_staging = false;
+  created = VulkanContext::Create(options);
+  unsetenv("COLI_VK_DEVICE");
+  unsetenv("COLI_VK_STAGING");
+  ASSERT_THAT(created, IsOk());
+  EXPECT_EQ((*created)->device_index(), 0);
+}
+
 // As COLI_VK_CONTEXT_OR_SKIP, with options.
 #define COLI_VK_CONTEXT_WITH_OR_SKIP(ctx, options)                                            \
   std::unique_ptr<VulkanContext> ctx;                                                        \
