@@ -7,8 +7,12 @@
 # Suppressions: scripts/tsan.supp (libraries Debian does not build for TSan: gRPC, Abseil,
 # cpp-httplib; each entry says why). OpenMP runs one thread (OMP_NUM_THREADS=1, COLI_THREADS=1):
 # libgomp's own synchronisation is invisible to TSan. Any report fails the test that made it
-# (halt_on_error=0 + exitcode=66: every report of a run is printed). Hang guards of a few tests
-# (60 s for a long prefill) can run out under TSan on a loaded machine: that is no report.
+# (halt_on_error=0 + exitcode=66: every report of a run is printed). n > 1 choices and spare
+# sessions (choices*_host_test), kimi_k3's session copy / reset and prompt-logprob memos are in the
+# default set; ops_test's OpenMP-team tests are not (libgomp's barrier is invisible: every kernel
+# write a team thread made is reported against the caller's later read, and they run ~10 min).
+# Hang guards of a few tests (60 s for a long prefill) can run out under TSan on a loaded machine:
+# that is no report.
 #
 #   scripts/tsan.sh                 # build the suites' binaries, run the default set
 #   scripts/tsan.sh -R HostBatched  # extra arguments go to ctest (a -R replaces the default set)
@@ -28,13 +32,16 @@ targets=(coli coli-host kimi_k3 k3_tiny_fixture batched_host_test host_test clie
   expert_store_model_test k3_host_test k3_prefix_cache_test k3_prefix_cache_host_test
   k3_checkpoints_test k3_mixed_prefill_test k3_mixed_prefill_session_test
   k3_batched_decode_test k3_batched_decode_session_test k3_spec_plugin_test k3_vk_tier_test
-  k3_vk_tier_plugin_test k3_vk_dense_test)
+  k3_vk_tier_plugin_test k3_vk_dense_test choices_host_test choices_stress_host_test
+  k3_prompt_logprob_memo_test k3_prompt_logprobs_plugin_test k3_plugin_stats_test
+  openmp_policy_test ops_test)
 cmake --build "$dir" -j "${COLI_JOBS:-$(nproc)}" --target "${targets[@]}"
 default_set='^(HostBatchedTest|HostTest|HostServer|Client|WriteStarter|ConnectionMonitor|'
 default_set+='ConnectionWatch|BackgroundJobs|ResponseStore|ResponseEventLog|ExpertStoreTest|'
 default_set+='ExpertStoreModelTest|K3HostTest|PrefixCache.*|K3PrefixCacheHostTest|Checkpoint.*|'
 default_set+='K3MixedPrefill|MixedPrefillTest|K3BatchedStep|BatchedDecodeTest|K3SpecPluginTest|'
-default_set+='K3VkTier.*|K3VkDenseTest)\.'
+default_set+='K3VkTier.*|K3VkDenseTest|HostChoicesTest|HostChoicesStressTest|PromptLogprobMemos|'
+default_set+='K3PluginStatsTest|K3PromptLogprobsTest|OpenMpPolicy)\.|^Ops\.ParallelTeam'
 args=("$@")
 if [[ " ${args[*]-} " != *" -R "* ]]; then args=(-R "$default_set" "${args[@]}"); fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" COLI_THREADS="${COLI_THREADS:-1}"
