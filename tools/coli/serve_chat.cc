@@ -299,6 +299,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
     if (content_last) claim_logprobs();
   }
   out->finish_reason = FinishReason(reason, tool_calls, stopped);
+  if (stopped) out->stop_sequence = stop.matched();
   // Cut by max_tokens inside the reasoning: the tokens after its last shown text (parts of a
   // character) are reasoning too; nothing was output yet.
   if (out->finish_reason == "length" && !out->reasoning.empty() && out->content.empty() &&

@@ -15,22 +15,35 @@
 
 namespace coli::cli::serve {
 
+namespace {
+
+// Compared in time that does not depend on where the first wrong byte is (a key guessed byte by
+// byte over the network otherwise).
+bool SameSecret(const std::string& given, const std::string& expected) {
+  unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
 bool Gateway::Authorized(const Req& req, Res& res) {
   if (api_key_.empty()) return true;
+  // OpenAI's clients send the key as a bearer token, Anthropic's in x-api-key.
   const std::string auth = req.get_header_value("Authorization");
-  // Compared in time that does not depend on where the first wrong byte is (a key guessed byte
-  // by byte over the network otherwise).
-  const std::string expected = "Bearer " + api_key_;
-  unsigned char diff = auth.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    diff |= static_cast<unsigned char>(expected[i] ^ (i < auth.size() ? auth[i] : 0));
+  const std::string x_api_key = req.get_header_value("x-api-key");
+  if (!auth.empty() ? SameSecret(auth, "Bearer " + api_key_) : SameSecret(x_api_key, api_key_)) {
+    return true;
   }
-  if (diff == 0) return true;
   ApiError e;
   e.http_status = 401;
   e.type = "authentication_error";
   e.code = "invalid_api_key";
-  e.message = auth.empty() ? "missing API key (Authorization: Bearer KEY)" : "invalid API key";
+  e.message = auth.empty() && x_api_key.empty()
+                  ? "missing API key (Authorization: Bearer KEY, or x-api-key: KEY)"
+                  : "invalid API key";
   Fail(res, e);
   return false;
 }
@@ -522,7 +535,9 @@ void Gateway::HttpError(const Req& req, Res& res) {
       break;
   }
   res.status = e.http_status;
-  res.set_content(ErrorBody(e), "application/json");
+  // Anthropic's clients read their own error object.
+  res.set_content(req.path.rfind("/v1/messages", 0) == 0 ? Dump(AnthropicError(e)) : ErrorBody(e),
+                  "application/json");
 }
 
 void Gateway::Register(httplib::Server* server) {
@@ -539,6 +554,8 @@ void Gateway::Register(httplib::Server* server) {
   Add(server, "GET", R"(/v1/responses/([^/]+)/input_items)", bind(&Gateway::ResponseInputItems));
   Add(server, "POST", R"(/v1/responses/([^/]+)/cancel)", bind(&Gateway::CancelResponse));
   Add(server, "DELETE", R"(/v1/responses/([^/]+))", bind(&Gateway::ResponseById));
+  Add(server, "POST", "/v1/messages", bind(&Gateway::Messages));
+  Add(server, "POST", "/v1/messages/count_tokens", bind(&Gateway::MessagesCountTokens));
   Add(server, "POST", "/tokenize", bind(&Gateway::Tokenize));
   Add(server, "POST", "/detokenize", bind(&Gateway::Detokenize));
   Add(server, "POST", "/apply-template", bind(&Gateway::ApplyTemplate));

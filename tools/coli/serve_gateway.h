@@ -29,6 +29,7 @@
 #include "httplib.h"
 #include "tools/coli/reply_tail.h"
 #include "tools/coli/serve_connection.h"
+#include "tools/coli/serve_messages.h"
 #include "tools/coli/serve_openai.h"
 #include "tools/coli/serve_responses.h"
 #include "tools/coli/serve_responses_background.h"
@@ -211,19 +212,6 @@ class ChoiceFeed {
   std::thread reader_thread_;
 };
 
-// One generation's accumulated result (one choice).
-struct ChoiceResult {
-  std::string reasoning, content;
-  Json tool_calls = Json::array();
-  Json logprobs = Json::array();
-  std::string finish_reason;
-  int64_t prompt_tokens = 0, completion_tokens = 0;
-  // The tokens through the last one that carried reasoning text (the tags closing the think
-  // block count as output), and the prompt tokens the host reused (/v1/responses' usage).
-  int64_t reasoning_tokens = 0, cached_tokens = 0;
-  std::vector<v1::TokenLogprobs> prompt_entries;  // asked prompt_logprobs, positions 1…
-};
-
 // A logprob entry's `token` as OpenAI writes it: the token's text, or "bytes:\xe4\xbd" for a
 // token whose bytes are not UTF-8 on their own (serve_chat.cc).
 std::string LogprobTokenText(const std::string& bytes);
@@ -340,6 +328,13 @@ class Gateway {
     Fail(res, e);
   }
   void ResponsesInputTokens(const Req& req, Res& res);
+  // /v1/messages and /v1/messages/count_tokens (serve_messages.h): Anthropic's Messages API,
+  // errors in Anthropic's shape (MessagesReply writes OpenAI's; Messages converts them).
+  void Messages(const Req& req, Res& res);
+  void MessagesReply(const Req& req, Res& res);
+  void MessagesCountTokens(const Req& req, Res& res);
+  // Authorizes, parses and maps a /v1/messages body (nullopt: the error is answered).
+  std::optional<MessagesRequest> MessagesBody(const Req& req, Res& res, bool count_only);
   // Authorizes, parses and maps a /v1/responses body (nullopt: the error is answered).
   std::optional<ResponsesRequest> ResponsesBody(const Req& req, Res& res);
   // background: true — stores `object` as queued and generates it on a BackgroundJobs thread

@@ -116,11 +116,15 @@ class StopFilter {
   // End of generation: the held-back tail (no stop can complete any more).
   std::string Flush();
   bool stopped() const { return stopped_; }
+  // The stop sequence that matched ("" before one did; the earliest in the text, the first
+  // listed of those matching there).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 // vLLM's prompt_logprobs list from the host's PromptLogprobs entries (a prompt's positions 1..n-1,
@@ -134,6 +138,20 @@ class StopFilter {
 // vocabulary of `vocab_size` tokens, else null.
 // decoded_token is the token's bytes with U+FFFD for a partial character.
 Json VllmPromptLogprobs(const std::vector<v1::TokenLogprobs>& entries, int top, int64_t vocab_size);
+
+// One generation's accumulated result (one choice).
+struct ChoiceResult {
+  std::string reasoning, content;
+  Json tool_calls = Json::array();
+  Json logprobs = Json::array();
+  std::string finish_reason;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  // The tokens through the last one that carried reasoning text (the tags closing the think
+  // block count as output), and the prompt tokens the host reused (/v1/responses' usage).
+  int64_t reasoning_tokens = 0, cached_tokens = 0;
+  std::vector<v1::TokenLogprobs> prompt_entries;  // asked prompt_logprobs, positions 1…
+  std::string stop_sequence;  // the stop sequence that ended the reply ("" for another end)
+};
 
 // "chatcmpl-<24 hex>" style ids.
 std::string NewId(std::string_view prefix);
