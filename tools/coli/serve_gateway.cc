@@ -540,6 +540,18 @@ void Gateway::HttpError(const Req& req, Res& res) {
                   "application/json");
 }
 
+grpc::Status Gateway::CountPromptTokens(const Json& chat, int64_t* count) {
+  grpc::ClientContext ctx;
+  v1::ApplyTemplateRequest a;
+  a.set_model(info_.id());
+  a.set_request_json(Dump(chat));
+  a.set_add_generation_prompt(true);
+  v1::ApplyTemplateResponse out;
+  grpc::Status s = stub_->ApplyTemplate(&ctx, a, &out);
+  *count = out.ids_size();
+  return s;
+}
+
 void Gateway::Register(httplib::Server* server) {
   auto bind = [this](void (Gateway::*fn)(const Req&, Res&)) {
     return [this, fn](const Req& req, Res& res) { (this->*fn)(req, res); };

@@ -328,6 +328,9 @@ class Gateway {
     Fail(res, e);
   }
   void ResponsesInputTokens(const Req& req, Res& res);
+  // How many tokens the model reads for chat body `chat` (rendered by the host, the assistant's
+  // turn opened): /v1/responses/input_tokens and /v1/messages/count_tokens.
+  grpc::Status CountPromptTokens(const Json& chat, int64_t* count);
   // /v1/messages and /v1/messages/count_tokens (serve_messages.h): Anthropic's Messages API,
   // errors in Anthropic's shape (MessagesReply writes OpenAI's; Messages converts them).
   void Messages(const Req& req, Res& res);

@@ -51,6 +51,21 @@ bool TextOf(const Json& content, const std::string& path, std::string* out, ApiE
   return true;
 }
 
+// An object's "type" ("" when it has none, or is no object).
+std::string TypeOf(const Json& object) {
+  const Json* type = object.is_object() ? Find(object, "type") : nullptr;
+  return type != nullptr && type->is_string() ? type->get<std::string>() : "";
+}
+
+// A content block this engine does not read in a message of `role` (`reads`: what it reads).
+ApiError UnsupportedBlock(const std::string& where, const std::string& kind, const char* role,
+                          const char* reads) {
+  if (kind.empty())
+    return BadField(where, "a content block must be an object with a string \"type\"");
+  return BadField(where, "content block type '" + kind + "' is unsupported in " + role +
+                             " message: this engine reads " + reads + " blocks");
+}
+
 bool ReadString(const Json& object, const char* key, const std::string& path, std::string* out,
                 ApiError* error) {
   const Json* v = Find(object, key);
@@ -78,8 +93,7 @@ bool MapUserMessage(const Json& content, const std::string& path, Json* messages
   for (size_t j = 0; j < content.size(); ++j) {
     const Json& block = content[j];
     const std::string where = At(path + ".content", j);
-    const Json* type = block.is_object() ? Find(block, "type") : nullptr;
-    const std::string kind = type != nullptr && type->is_string() ? type->get<std::string>() : "";
+    const std::string kind = TypeOf(block);
     if (kind == "text") {
       std::string text;
       if (!ReadString(block, "text", where, &text, error)) return false;
@@ -99,13 +113,8 @@ bool MapUserMessage(const Json& content, const std::string& path, Json* messages
       if (is_error != nullptr && is_error->get<bool>()) text = "Error: " + text;
       flush();
       messages->push_back(Json{{"role", "tool"}, {"tool_call_id", id}, {"content", text}});
-    } else if (kind.empty()) {
-      *error = BadField(where, "a content block must be an object with a string \"type\"");
-      return false;
     } else {
-      *error = BadField(where, "content block type '" + kind +
-                                   "' is unsupported in a user message: this engine reads text "
-                                   "and tool_result blocks only");
+      *error = UnsupportedBlock(where, kind, "a user", "text and tool_result");
       return false;
     }
   }
@@ -126,8 +135,7 @@ bool MapAssistantMessage(const Json& content, const std::string& path, Json* mes
   for (size_t j = 0; j < content.size(); ++j) {
     const Json& block = content[j];
     const std::string where = At(path + ".content", j);
-    const Json* type = block.is_object() ? Find(block, "type") : nullptr;
-    const std::string kind = type != nullptr && type->is_string() ? type->get<std::string>() : "";
+    const std::string kind = TypeOf(block);
     if (kind == "text") {
       std::string t;
       if (!ReadString(block, "text", where, &t, error)) return false;
@@ -150,13 +158,8 @@ bool MapAssistantMessage(const Json& content, const std::string& path, Json* mes
       calls.push_back(Json{{"id", id},
                            {"type", "function"},
                            {"function", {{"name", name}, {"arguments", Dump(*input)}}}});
-    } else if (kind.empty()) {
-      *error = BadField(where, "a content block must be an object with a string \"type\"");
-      return false;
     } else {
-      *error = BadField(where, "content block type '" + kind +
-                                   "' is unsupported in an assistant message: this engine reads "
-                                   "text, thinking and tool_use blocks");
+      *error = UnsupportedBlock(where, kind, "an assistant", "text, thinking and tool_use");
       return false;
     }
   }
@@ -209,8 +212,7 @@ bool MapTools(const Json& tools, Json* chat, ApiError* error) {
 }
 
 bool MapToolChoice(const Json& choice, Json* chat, ApiError* error) {
-  const Json* type = choice.is_object() ? Find(choice, "type") : nullptr;
-  const std::string kind = type != nullptr && type->is_string() ? type->get<std::string>() : "";
+  const std::string kind = TypeOf(choice);
   if (kind == "auto") {
     (*chat)["tool_choice"] = "auto";
   } else if (kind == "any") {
@@ -244,8 +246,7 @@ bool MapThinking(const Json* thinking, int64_t max_tokens, bool count_only, Json
                  ApiError* error) {
   bool on = false;  // absent: no thinking, as in Anthropic's API
   if (thinking != nullptr) {
-    const Json* type = thinking->is_object() ? Find(*thinking, "type") : nullptr;
-    const std::string kind = type != nullptr && type->is_string() ? type->get<std::string>() : "";
+    const std::string kind = TypeOf(*thinking);
     if (kind == "enabled") {
       const Json* budget = Find(*thinking, "budget_tokens");
       if (budget == nullptr || !budget->is_number_integer() || budget->get<int64_t>() < 1024) {

@@ -103,17 +103,11 @@ void Gateway::MessagesReply(const Req& req, Res& res) {
 void Gateway::MessagesCountTokens(const Req& req, Res& res) {
   std::optional<MessagesRequest> r = MessagesBody(req, res, /*count_only=*/true);
   if (r) {
-    grpc::ClientContext ctx;
-    v1::ApplyTemplateRequest a;
-    a.set_model(info_.id());
-    a.set_request_json(Dump(r->chat));
-    a.set_add_generation_prompt(true);
-    v1::ApplyTemplateResponse out;
-    grpc::Status s = stub_->ApplyTemplate(&ctx, a, &out);
-    if (!s.ok()) {
+    int64_t count = 0;
+    if (grpc::Status s = CountPromptTokens(r->chat, &count); !s.ok()) {
       Fail(res, FromHostStatus(s));
     } else {
-      Reply(res, 200, Json{{"input_tokens", out.ids_size()}});
+      Reply(res, 200, Json{{"input_tokens", count}});
     }
   }
   if (res.status >= 400 && !res.body.empty()) {

@@ -303,15 +303,10 @@ void Gateway::CancelResponse(const Req& req, Res& res) {
 void Gateway::ResponsesInputTokens(const Req& req, Res& res) {
   std::optional<ResponsesRequest> r = ResponsesBody(req, res);
   if (!r) return;
-  grpc::ClientContext ctx;
-  v1::ApplyTemplateRequest a;
-  a.set_model(info_.id());
-  a.set_request_json(Dump(r->chat));
-  a.set_add_generation_prompt(true);
-  v1::ApplyTemplateResponse out;
-  grpc::Status s = stub_->ApplyTemplate(&ctx, a, &out);
+  int64_t count = 0;
+  grpc::Status s = CountPromptTokens(r->chat, &count);
   if (!s.ok()) return Fail(res, ToResponsesError(FromHostStatus(s), *r));
-  Reply(res, 200, Json{{"object", "response.input_tokens"}, {"input_tokens", out.ids_size()}});
+  Reply(res, 200, Json{{"object", "response.input_tokens"}, {"input_tokens", count}});
 }
 
 }  // namespace coli::cli::serve
