@@ -103,5 +103,18 @@ export async function sendAndWait(page, text) {
     !document.getElementById('send').hidden, before, { timeout: 30000 });
 }
 
-export const storedChat = (page) =>
-  page.evaluate(() => JSON.parse(localStorage.getItem('coli.chat.v1') || 'null'));
+// The stored conversation that `page` shows (each conversation is a key `coli.chat.v2:<id>`;
+// the tab keeps the id of the one it shows in sessionStorage).
+export const storedChat = (page) => page.evaluate(() => JSON.parse(
+  localStorage.getItem(`coli.chat.v2:${sessionStorage.getItem('coli.chat.current')}`) || 'null'));
+
+// Every stored conversation of `page`'s origin, by id.
+export const storedChats = (page) => page.evaluate(() => Object.fromEntries(
+  Object.keys(localStorage).filter((k) => k.startsWith('coli.chat.v2:'))
+    .map((k) => [k.slice('coli.chat.v2:'.length), JSON.parse(localStorage.getItem(k))])));
+
+// The side list's titles, top to bottom, and the one marked current.
+export const listed = (page) => page.evaluate(() => ({
+  titles: [...document.querySelectorAll('#conversation-list .conv-open')].map((b) => b.textContent),
+  current: document.querySelector('#conversation-list [aria-current="page"]')?.textContent ?? null,
+}));

@@ -1,8 +1,9 @@
 // The chat page used as people use it, in headless Chromium: pasted code keeps its indentation,
 // Enter while an IME composes (CJK) does not send, a double click on "send" does not stop the
 // reply it started, Escape stops one and the focus goes back to the message box, a reader who
-// scrolled up keeps the place when the reply ends, a second tab neither hides nor overwrites the
-// chat (nor replies while the first one does), and a server that goes away mid-reply leaves a clear message, the history, and a retry.
+// scrolled up keeps the place when the reply ends, a second tab on the same chat neither hides
+// nor overwrites it (nor replies in it while the first one does), and a server that goes away
+// mid-reply leaves a clear message, the history, and a retry.
 // Usage: node --test use.test.mjs (env COLI_BIN, COLI_SCRIPTED_MODEL, COLI_SCRIPTED_PLUGIN_DIR)
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -125,28 +126,32 @@ test('a reader who scrolled up keeps the place when the reply ends', async () =>
   await page.context().close();
 });
 
-test('two tabs: the second shows what the first said and does not overwrite it', async () => {
+// (Each tab shows one conversation; a new tab opens the one written last.)
+test('two tabs on one chat: the second shows what the first said and does not overwrite it', async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 780 } });
   const pageIn = () => tabIn(context);
   const first = await pageIn();
-  const second = await pageIn();  // opened before anything is said
   await sendAndWait(first, 'said in the first tab');
+  const second = await pageIn();  // shows the first tab's chat
+  await sendAndWait(first, 'said again in the first tab');  // the second tab's copy is old now
   await second.waitForFunction(() => [...document.querySelectorAll('.turn.user')]
-    .some((t) => t.textContent.includes('said in the first tab')), null, { timeout: 10000 });
+    .some((t) => t.textContent.includes('said again in the first tab')), null, { timeout: 10000 });
   await sendAndWait(second, 'said in the second tab');
   const said = (await storedChat(first)).turns.filter((t) => t.role === 'user').map((t) => t.content);
-  assert.deepEqual(said, ['said in the first tab', 'said in the second tab']);
-  await first.waitForFunction(() => document.querySelectorAll('.turn.user').length === 2);
+  assert.deepEqual(said, ['said in the first tab', 'said again in the first tab', 'said in the second tab']);
+  assert.equal(await storedChat(second).then((c) => c.id), await storedChat(first).then((c) => c.id));
+  await first.waitForFunction(() => document.querySelectorAll('.turn.user').length === 3);
   await context.close();
 });
 
 // Both tabs replying at once each saved a chat without the other's exchange: the last to finish
 // won, and the first tab's question and answer were gone after a reload.
-test('two tabs: while one writes a reply the other says so, keeps its text, and sends later', async () => {
+test('two tabs on one chat: while one writes a reply the other says so, keeps its text, and sends later', async () => {
   const context = await browser.newContext({ viewport: { width: 390, height: 780 } });
   const pageIn = () => tabIn(context);
   const first = await pageIn();
-  const second = await pageIn();
+  await sendAndWait(first, 'hello');
+  const second = await pageIn();  // shows the first tab's chat
   let sentFromSecond = 0;
   second.on('request', (r) => { if (r.url().endsWith('/v1/chat/completions')) sentFromSecond++; });
   await first.fill('#input', 'a long answer please');
@@ -163,14 +168,14 @@ test('two tabs: while one writes a reply the other says so, keeps its text, and 
 
   await first.evaluate(() => document.getElementById('stop').click());
   await first.waitForSelector('#send', { state: 'visible', timeout: 10000 });
-  await second.waitForFunction(() => document.querySelectorAll('.turn.assistant').length === 1);
+  await second.waitForFunction(() => document.querySelectorAll('.turn.assistant').length === 2);
   await second.press('#input', 'Enter');
-  await second.waitForFunction(() => document.querySelectorAll('.turn.assistant').length === 2 &&
+  await second.waitForFunction(() => document.querySelectorAll('.turn.assistant').length === 3 &&
     !document.getElementById('send').hidden, null, { timeout: 30000 });
   const stored = await storedChat(first);
   assert.deepEqual(stored.turns.filter((t) => t.role === 'user').map((t) => t.content),
-    ['a long answer please', 'asked in the second tab meanwhile']);
-  assert.equal(stored.turns.filter((t) => t.role === 'assistant').length, 2);
+    ['hello', 'a long answer please', 'asked in the second tab meanwhile']);
+  assert.equal(stored.turns.filter((t) => t.role === 'assistant').length, 3);
   assert.equal(sentFromSecond, 1);
   await context.close();
 });

@@ -126,7 +126,7 @@ test('chat page streams, stops, and keeps its history', async () => {
   mkdirSync(ARTIFACTS, { recursive: true });
   await page.screenshot({ path: path.join(ARTIFACTS, 'web-chat.png'), fullPage: true });
 
-  // New chat clears it.
+  // New chat starts an empty one (the old one stays in the list).
   await page.click('#new-chat');
   assert.equal(await page.locator('.turn').count(), 0);
   assert.deepEqual(offsite, [], 'the page made no request outside its own origin');
