@@ -330,6 +330,7 @@ struct ThinkingChoice {
   bool thinking = true;
   std::string effort = "max";
   bool add_generation_prompt = true;
+  bool add_generation_prompt_given = false;  // set by the request (true or false)
 };
 
 // §6.2.2 and §6.5.2–4: thinking on/off and the effort, as the vendor's option handling does.
@@ -358,6 +359,7 @@ absl::StatusOr<ThinkingChoice> ResolveThinking(const Json& request) {
                           OptBool(*kw, "add_generation_prompt",
                                   "chat_template_kwargs.add_generation_prompt"));
     if (agp) out.add_generation_prompt = *agp;
+    out.add_generation_prompt_given = agp.has_value();
   }
   if (!enable_thinking) {
     COLI_ASSIGN_OR_RETURN(enable_thinking, OptBool(request, "enable_thinking", "enable_thinking"));
@@ -436,6 +438,38 @@ absl::Status RenderAssistant(const Json& m, std::string_view path, bool thinking
   return absl::OkStatus();
 }
 
+// The last assistant message left open for the model to continue (seed §8.3's `C` record): with
+// text, the think pair (thinking on) closed and the response open with the text; with no text
+// yet, the think block open with the reasoning so far. Returns whether `think` is the open tag.
+absl::StatusOr<bool> RenderOpenAssistant(const Json& m, std::string_view path, bool thinking,
+                                         SegmentBuilder* b) {
+  if (auto calls = m.find("tool_calls");
+      calls != m.end() && !calls->is_null() && !(calls->is_array() && calls->empty())) {
+    return Bad(Cat(path, ".tool_calls"),
+               "the message continue_final_message continues cannot hold tool calls");
+  }
+  SegmentBuilder content;
+  COLI_RETURN_IF_ERROR(AppendContent(m, path, &content));
+  const std::vector<Segment> text = content.Take();
+  if (thinking) {
+    COLI_ASSIGN_OR_RETURN(std::optional<std::string> reasoning,
+                          OptString(m, "reasoning_content", Cat(path, ".reasoning_content")));
+    COLI_ASSIGN_OR_RETURN(std::optional<std::string> fallback,
+                          OptString(m, "reasoning", Cat(path, ".reasoning")));
+    if (!reasoning || reasoning->empty()) reasoning = fallback;
+    b->OpenTag("think");
+    if (text.empty()) {
+      if (reasoning) b->Text(*reasoning);  // as written: the model goes on from its last byte
+      return true;
+    }
+    if (reasoning && !IsBlank(*reasoning)) b->Text(*reasoning);  // as RenderAssistant
+    b->CloseTag("think");
+  }
+  b->OpenTag("response");
+  for (const Segment& piece : text) b->Text(piece.text);
+  return false;
+}
+
 // The n-th call's function name of the preceding assistant (positional tool-name fallback).
 std::optional<std::string> PositionalToolName(const Json* tool_calls, int index) {
   if (tool_calls == nullptr || !tool_calls->is_array() || index < 1 ||
@@ -491,6 +525,20 @@ absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request, bool add_gen
     return Bad("messages", "must be a non-empty array of messages");
   }
   COLI_ASSIGN_OR_RETURN(std::vector<MessageRef> messages, ResortToolResults(*messages_it));
+  COLI_ASSIGN_OR_RETURN(std::optional<bool> continue_final,
+                        OptBool(request, "continue_final_message", "continue_final_message"));
+  const bool continues = continue_final.value_or(false);
+  if (continues) {
+    const Json& last = messages_it->back();
+    if (!last.is_object() || !last.contains("role") || last["role"] != "assistant") {
+      return Bad("continue_final_message", "the last message must be the assistant's to continue");
+    }
+    if (choice.add_generation_prompt_given && choice.add_generation_prompt) {
+      return Bad("continue_final_message",
+                 "cannot be combined with add_generation_prompt true (the last message is "
+                 "continued, no new one is opened)");
+    }
+  }
 
   SegmentBuilder b;
   // Rule 1: tool declarations.
@@ -511,6 +559,7 @@ absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request, bool add_gen
     b.SystemMessage("thinking-effort", Cat(kEffortHead, choice.effort, kEffortTail));
   }
   // Rule 3: the messages.
+  bool open_in_think = false;  // continue_final_message left the think block open
   const Json* last_tool_calls = nullptr;
   int tool_index = 0;
   for (const MessageRef& ref : messages) {
@@ -540,6 +589,10 @@ absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request, bool add_gen
       last_tool_calls = calls == m.end() ? nullptr : &*calls;
       tool_index = 0;
       b.OpenTagDyn("message", attrs);
+      if (continues && ref.message == &messages_it->back()) {
+        COLI_ASSIGN_OR_RETURN(open_in_think, RenderOpenAssistant(m, path, choice.thinking, &b));
+        continue;  // left open
+      }
       COLI_RETURN_IF_ERROR(RenderAssistant(m, path, choice.thinking, &b));
       b.CloseTag("message");
       b.EndOfMsg();
@@ -592,6 +645,12 @@ absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request, bool add_gen
       return Bad("tool_choice", "must be a string or an object");
     }
     // An object naming one function is accepted and, as in the vendor renderer, adds nothing.
+    // Continued, the reply is already under way: none of these can be kept from its start.
+    if (continues && *tool_choice != "auto") {
+      return Bad("tool_choice",
+                 "only \"auto\" can be combined with continue_final_message (the reply it "
+                 "continues has begun)");
+    }
   }
   // Rule 5: response_format.
   auto rf = request.find("response_format");
@@ -606,6 +665,11 @@ absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request, bool add_gen
       type = *t;
     } else {
       return Bad("response_format", "must be an object");
+    }
+    if (continues && type != "text") {
+      return Bad("response_format",
+                 "a JSON response_format cannot be combined with continue_final_message (the "
+                 "reply it continues has begun)");
     }
     if (type == "json_object") {
       b.SystemMessage("response-format", kRfObject);
@@ -636,15 +700,16 @@ absl::StatusOr<RenderedChat> BuildChatSegments(const Json& request, bool add_gen
                               "' (expected text, json_object or json_schema)"));
     }
   }
-  // Rule 6: the generation prompt.
-  if (choice.add_generation_prompt) {
+  // Rule 6: the generation prompt (none when the last message is continued).
+  if (choice.add_generation_prompt && !continues) {
     b.OpenTag("message", {{"role", "assistant"}});
     b.OpenTag(choice.thinking ? "think" : "response");
   }
   RenderedChat out;
   out.segments = b.Take();
-  out.thinking = choice.thinking;
-  out.add_generation_prompt = choice.add_generation_prompt;
+  out.thinking = continues ? open_in_think : choice.thinking;
+  out.add_generation_prompt = choice.add_generation_prompt && !continues;
+  out.continues_final_message = continues;
   for (const Segment& s : out.segments) out.text += s.text;
   return out;
 }

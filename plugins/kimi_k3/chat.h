@@ -23,6 +23,14 @@
 //   enable_thinking, reasoning_effort ("none" turns thinking off; otherwise the effort),
 //   chat_template_kwargs {thinking, enable_thinking, thinking_effort, add_generation_prompt};
 //                       any other key is INVALID_ARGUMENT.
+//   continue_final_message  (vLLM's name; seed §8.3's `C` record) the last message, an
+//                       assistant's, is left open for the model to continue — no close, no
+//                       end_of_msg, no generation prompt: with text, its think pair closed and the
+//                       response open with the text; with none yet, the think block open with
+//                       its reasoning (thinking on). Refused with tool calls in that message,
+//                       with add_generation_prompt set true, and with what renders a message
+//                       after it (tool_choice none / required / a named function,
+//                       response_format json_*).
 // Defaults follow the vendor's apply_chat_template: thinking on, thinking_effort = max (so the
 // thinking-effort system message is present), generation prompt on, no BOS.
 // Errors are INVALID_ARGUMENT whose message starts with the JSON path of the offending field
@@ -69,6 +77,9 @@ struct RenderedChat {
   std::string text;               // segments concatenated (specials as their names)
   bool thinking = true;           // the generation prompt opened `think` (else `response`)
   bool add_generation_prompt = true;
+  // continue_final_message: the last assistant message was left open (`thinking`: in its think
+  // block, else in its response); generation continues it.
+  bool continues_final_message = false;
 };
 
 // Parses an HTTP body into the order-preserving Json the renderer wants. INVALID_ARGUMENT on

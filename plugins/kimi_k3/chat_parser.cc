@@ -72,7 +72,7 @@ bool IsBlankAscii(std::string_view s) {
 }  // namespace
 
 int32_t ParseModeFor(const RenderedChat& chat) {
-  if (!chat.add_generation_prompt) return kParseOutside;
+  if (!chat.add_generation_prompt && !chat.continues_final_message) return kParseOutside;
   return chat.thinking ? kParseInThink : kParseInResponse;
 }
 

@@ -73,6 +73,17 @@ TEST(MessagesRequestTest, ATurnWithToolsBecomesTheChatBody) {
   EXPECT_EQ(r.fields.stop, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
 }
 
+TEST(MessagesRequestTest, ALastAssistantMessageIsContinued) {
+  const MessagesRequest r = MapOk(Parse(R"({"model": "m", "max_tokens": 10, "messages": [
+      {"role": "user", "content": "JSON please"},
+      {"role": "assistant", "content": [{"type": "text", "text": "{\"a\":"}]}]})"));
+  EXPECT_EQ(r.chat["continue_final_message"], true);
+  EXPECT_EQ(r.chat["messages"].back(), Parse(R"({"role": "assistant", "content": "{\"a\":"})"));
+  EXPECT_FALSE(MapOk(Parse(R"({"model": "m", "max_tokens": 10, "messages": [
+      {"role": "user", "content": "hi"}]})"))
+                   .chat.contains("continue_final_message"));
+}
+
 TEST(MessagesRequestTest, ToolChoiceAndThinkingMap) {
   auto with = [](const char* extra) {
     Json body = Parse(R"({"model": "m", "max_tokens": 2000,
@@ -109,10 +120,20 @@ TEST(MessagesRequestTest, BadRequestsNameTheField) {
       {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]})");
   EXPECT_EQ(image.param, "messages[0].content[0]");
   EXPECT_THAT(image.message, HasSubstr("'image'"));
-  const ApiError prefill = fails(R"({"messages": [{"role": "user", "content": "hi"},
-                                                  {"role": "assistant", "content": "{"}]})");
-  EXPECT_EQ(prefill.param, "messages[1]");
-  EXPECT_THAT(prefill.message, HasSubstr("prefill"));
+  const ApiError spaced = fails(R"({"messages": [{"role": "user", "content": "hi"},
+                                                 {"role": "assistant", "content": "So "}]})");
+  EXPECT_EQ(spaced.param, "messages[1].content");
+  EXPECT_THAT(spaced.message, HasSubstr("trailing whitespace"));
+  EXPECT_EQ(fails(R"({"max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024},
+                      "messages": [{"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": "{"}]})")
+                .param,
+            "thinking");
+  EXPECT_EQ(fails(R"({"messages": [{"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": [{"type": "tool_use",
+                                    "id": "t", "name": "f", "input": {}}]}]})")
+                .param,
+            "messages[1].content[0]");
   EXPECT_EQ(fails(R"({"temperature": 1.5})").param, "temperature");
   EXPECT_EQ(fails(R"({"top_k": -1})").param, "top_k");
   EXPECT_EQ(fails(R"({"stop_sequences": ["", "x"]})").param, "stop_sequences[0]");

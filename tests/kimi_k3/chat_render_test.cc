@@ -247,6 +247,92 @@ TEST(ChatRender, CallerCanTurnTheGenerationPromptOff) {
   EXPECT_FALSE(r->add_generation_prompt);
 }
 
+// Seed §8.3's `C` record (vLLM's continue_final_message): the last assistant message is left
+// open, its text the start of the reply; the parser starts in the channel left open.
+TEST(ChatRender, ContinueFinalMessageLeavesTheAssistantTurnOpen) {
+  const std::string asked = User("Q");
+  // Thinking off: the response opened with the text so far.
+  ExpectRender(
+      R"({"enable_thinking":false,"continue_final_message":true,
+                   "messages":[{"role":"user","content":"Q"},
+                               {"role":"assistant","content":"The answer is"}]})",
+      asked + "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>The answer is");
+  // Thinking on, with text: the think pair closed first (its reasoning kept).
+  ExpectRender(R"({"continue_final_message":true,
+                   "messages":[{"role":"user","content":"Q"},
+                               {"role":"assistant","content":"The answer","reasoning_content":"R"}]})",
+               Effort("max") + asked +
+                   "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>R<|close|>think"
+                   "<|sep|><|open|>response<|sep|>The answer");
+  // Thinking on, no text yet: the think block open with the reasoning so far.
+  ExpectRender(R"({"continue_final_message":true,
+                   "messages":[{"role":"user","content":"Q"},
+                               {"role":"assistant","content":"","reasoning_content":"Let me "}]})",
+               Effort("max") + asked +
+                   "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>Let me ");
+  // An empty assistant message continued is the plain generation prompt.
+  ExpectRender(R"({"continue_final_message":true,"tool_choice":"auto",
+                   "messages":[{"role":"user","content":"Q"},{"role":"assistant","content":null}]})",
+               Effort("max") + asked + kGenThink);
+
+  auto mode = [](const std::string& request) {
+    auto chat = BuildChatSegments(Req(request));
+    EXPECT_TRUE(chat.ok()) << chat.status();
+    return chat.ok() ? ParseModeFor(*chat) : -1;
+  };
+  EXPECT_EQ(mode(R"({"enable_thinking":false,"continue_final_message":true,
+                     "messages":[{"role":"user","content":"Q"},{"role":"assistant","content":"A"}]})"),
+            kParseInResponse);
+  EXPECT_EQ(mode(R"({"continue_final_message":true,
+                     "messages":[{"role":"user","content":"Q"},{"role":"assistant","content":"A"}]})"),
+            kParseInResponse);
+  EXPECT_EQ(mode(R"({"continue_final_message":true,
+                     "messages":[{"role":"user","content":"Q"},{"role":"assistant","content":""}]})"),
+            kParseInThink);
+  // false (or absent) closes the assistant message as before.
+  ExpectRender(R"({"enable_thinking":false,"continue_final_message":false,
+                   "messages":[{"role":"user","content":"Q"},{"role":"assistant","content":"A"}]})",
+               asked +
+                   "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>A<|close|>"
+                   "response<|sep|><|close|>message<|sep|><|end_of_msg|>" +
+                   kGenResponse);
+}
+
+TEST(ChatRenderErrors, ContinueFinalMessageRefusals) {
+  const std::string qa =
+      R"("messages":[{"role":"user","content":"Q"},{"role":"assistant","content":"A"}])";
+  EXPECT_THAT(
+      RenderError(R"({"continue_final_message":true,"messages":[{"role":"user","content":"Q"}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("continue_final_message: the last message")));
+  EXPECT_THAT(RenderError(R"({"continue_final_message":"yes",)" + qa + "}"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("continue_final_message")));
+  EXPECT_THAT(
+      RenderError(
+          R"({"continue_final_message":true,"chat_template_kwargs":{"add_generation_prompt":true},)" +
+          qa + "}"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("add_generation_prompt")));
+  EXPECT_THAT(RenderError(R"({"continue_final_message":true,"tool_choice":"required",)" + qa + "}"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tool_choice:")));
+  EXPECT_THAT(
+      RenderError(
+          R"({"continue_final_message":true,"tool_choice":{"type":"function","function":{"name":"f"}},)" +
+          qa + "}"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tool_choice:")));
+  EXPECT_THAT(
+      RenderError(R"({"continue_final_message":true,"response_format":{"type":"json_object"},)" +
+                  qa + "}"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("response_format:")));
+  EXPECT_THAT(
+      RenderError(R"({"continue_final_message":true,"messages":[{"role":"user","content":"Q"},
+      {"role":"assistant","content":"A","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}]})"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("messages[1].tool_calls")));
+  // The caller's add_generation_prompt false (e.g. /apply-template) leaves it continued.
+  EXPECT_TRUE(BuildChatSegments(Req(R"({"continue_final_message":true,)" + qa + "}"),
+                                /*add_generation_prompt=*/false)
+                  .ok());
+}
+
 TEST(ChatRender, ReasoningFallbackRules) {
   // "" and null fall back to `reasoning`; whitespace-only does not and renders an empty pair.
   const std::string think_r = "<|open|>think<|sep|>R<|close|>think<|sep|>";

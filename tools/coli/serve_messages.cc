@@ -1,6 +1,7 @@
 // Anthropic's Messages API mapped onto the chat path (see serve_messages.h).
 #include "tools/coli/serve_messages.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -240,6 +241,34 @@ bool MapToolChoice(const Json& choice, Json* chat, ApiError* error) {
   return true;
 }
 
+// The last assistant message, which the reply continues: Anthropic's rules (no trailing white
+// space, which tokenizes badly) and no tool_use (a call is never continued).
+bool CheckPrefill(const Json& content, const std::string& path, ApiError* error) {
+  std::string text;
+  if (content.is_string()) {
+    text = content.get<std::string>();
+  } else {
+    for (size_t j = 0; j < content.size(); ++j) {
+      const std::string kind = TypeOf(content[j]);
+      if (kind == "tool_use") {
+        *error = BadField(At(path + ".content", j),
+                          "a prefilled reply (the last message, the assistant's) cannot hold "
+                          "tool_use blocks");
+        return false;
+      }
+      if (kind == "text" && content[j].contains("text") && content[j]["text"].is_string()) {
+        text += content[j]["text"].get<std::string>();
+      }
+    }
+  }
+  if (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+    *error =
+        BadField(path + ".content", "final assistant content cannot end with trailing whitespace");
+    return false;
+  }
+  return true;
+}
+
 // thinking {type: enabled, budget_tokens} / {type: adaptive} / {type: disabled}: whether K3
 // thinks. budget_tokens is checked as Anthropic checks it but bounds nothing beyond max_tokens.
 bool MapThinking(const Json* thinking, int64_t max_tokens, bool count_only, Json* chat,
@@ -313,6 +342,7 @@ std::optional<MessagesRequest> ParseMessagesRequest(const Json& body, bool count
     chat["max_tokens"] = max_tokens;
   }
   Json messages = Json::array();
+  bool prefill = false;
   if (const Json* system = Find(body, "system"); system != nullptr && !system->is_null()) {
     std::string text;
     if (!TextOf(*system, "system", &text, error)) return std::nullopt;
@@ -342,13 +372,11 @@ std::optional<MessagesRequest> ParseMessagesRequest(const Json& body, bool count
     if (*role == "user") {
       if (!MapUserMessage(*content, path, &messages, error)) return std::nullopt;
     } else {
-      // Anthropic continues a last assistant message (a "prefill"); this engine's chat template
-      // would close it and start another reply, so it is refused rather than answered wrongly.
+      // A last assistant message is a "prefill": the reply continues it (the chat path's
+      // continue_final_message, seed §8.3's `C` record), as Anthropic's API does.
       if (i + 1 == in->size()) {
-        *error = BadField(path,
-                          "the last message is the assistant's: continuing a prefilled reply "
-                          "is not supported (end with a user message)");
-        return std::nullopt;
+        prefill = true;
+        if (!CheckPrefill(*content, path, error)) return std::nullopt;
       }
       if (!MapAssistantMessage(*content, path, &messages, error)) return std::nullopt;
     }
@@ -362,6 +390,15 @@ std::optional<MessagesRequest> ParseMessagesRequest(const Json& body, bool count
   }
   if (!MapThinking(Find(body, "thinking"), max_tokens, count_only, &chat, error)) {
     return std::nullopt;
+  }
+  if (prefill) {
+    if (chat["enable_thinking"] == true) {
+      *error = BadField("thinking",
+                        "a prefilled reply (a last assistant message) cannot be combined with "
+                        "thinking, as in Anthropic's API");
+      return std::nullopt;
+    }
+    chat["continue_final_message"] = true;
   }
   if (!CopyNumber(body, "temperature", 0.0, 1.0, &chat, error) ||
       !CopyNumber(body, "top_p", 0.0, 1.0, &chat, error)) {

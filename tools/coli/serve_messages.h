@@ -35,10 +35,11 @@ struct MessagesRequest {
 // "auto" / "required" / the named function / "none" (disable_parallel_tool_use: one call);
 // `thinking` {type: enabled} / {type: disabled} to enable_thinking — absent is off, as in
 // Anthropic's API; max_tokens (required), stop_sequences, temperature [0, 1], top_p, top_k.
-// Images and documents are refused (a text-only engine). On failure *error names the field.
-// `count_only` (/v1/messages/count_tokens): max_tokens is neither required nor read.
-// A last assistant message (Anthropic's "prefill", which continues it) is refused: the chat
-// template would close it and start another reply.
+// Images, documents and Anthropic's server tools are refused (a text-only engine, no tools run). On
+// failure *error names the field. `count_only` (/v1/messages/count_tokens): max_tokens is neither
+// required nor read. A last assistant message is a prefill the reply continues
+// (continue_final_message; not with thinking, trailing white space or tool_use, as in Anthropic's
+// API).
 std::optional<MessagesRequest> ParseMessagesRequest(const Json& body, bool count_only,
                                                     ApiError* error);
 

@@ -27,6 +27,7 @@ std::string ParamFromMessage(std::string_view msg) {
                                                 "reasoning_effort",
                                                 "enable_thinking",
                                                 "chat_template_kwargs",
+                                                "continue_final_message",
                                                 "prompt",
                                                 "max_tokens",
                                                 "stop",

@@ -1,8 +1,9 @@
 // Anthropic's own SDK (@anthropic-ai/sdk) against `coli serve`'s /v1/messages: plain and streamed
 // messages (the SDK's MessageStream rebuilds the message from the events, so a wrong event order
-// or shape fails it), thinking blocks, a tool loop with tool_use / tool_result, stop sequences,
-// max_tokens, count_tokens, x-api-key, and errors as the SDK's typed exceptions. On the tiny
-// fixture (the real K3 plugin) a greedy message is the chat completions' greedy reply.
+// or shape fails it), thinking blocks, a tool loop with tool_use / tool_result, a prefilled
+// reply continued, stop sequences, max_tokens, count_tokens, x-api-key, and errors as the SDK's
+// typed exceptions. On the tiny fixture (the real K3 plugin) a greedy message is the chat
+// completions' greedy reply, and tool_choice reaches its enforcement.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -23,6 +24,8 @@ let scripted, tiny, client;
 const END = '<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>';
 const RULES = [
   { when: '<|open|>message role="tool"', reply: `It is 21 degrees in Paris.${END}` },
+  // A prefilled reply, left open by the template: the model goes on from it.
+  { when: '<|open|>response<|sep|>Greetings from', reply: ` the script.${END}` },
   {
     when: 'weather',
     reply: '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>' +
@@ -158,6 +161,24 @@ test('stop sequences: the text ends before the first match, which is named', asy
   assert.equal(s.text, 'Hello from the ');
   assert.equal(s.message.stop_reason, 'stop_sequence');
   assert.equal(s.message.stop_sequence, 'script');
+});
+
+test('a prefilled reply (a last assistant message) is continued, plain and streamed', async () => {
+  const params = {
+    ...hello, messages: [...hello.messages, { role: 'assistant', content: 'Greetings from' }],
+  };
+  const m = await client.messages.create(params);
+  assert.deepEqual(m.content, [{ type: 'text', text: ' the script.' }]);
+  assert.equal(m.stop_reason, 'end_turn');
+  const s = await streamed(params);
+  assert.equal(s.text, ' the script.');
+  await assert.rejects(client.messages.create({
+    ...hello, messages: [...hello.messages, { role: 'assistant', content: 'Hello ' }],
+  }), (e) => {
+    assert.ok(e instanceof Anthropic.BadRequestError, String(e));
+    assert.match(e.error.error.message, /trailing whitespace/);
+    return true;
+  });
 });
 
 test('max_tokens cuts the reply: stop_reason max_tokens', async () => {
