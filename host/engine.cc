@@ -328,6 +328,7 @@ Engine::Engine(EngineOptions options) : options_(std::move(options)), started_(C
   plugins_ = PluginSet::LoadDir(options_.plugin_dir);
   const int n = std::max(1, options_.workers);
   for (int i = 0; i < n; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  spare_sweep_ = std::thread([this] { SpareSweepLoop(); });
 }
 
 Engine::~Engine() {
@@ -343,8 +344,40 @@ void Engine::Shutdown() {
     for (auto& [id, request] : live_) request->shutdown_.store(true);
   }
   cv_.notify_all();
+  sweep_cv_.notify_all();
   for (auto& w : workers_) {
     if (w.joinable()) w.join();
+  }
+  if (spare_sweep_.joinable()) spare_sweep_.join();
+}
+
+void Engine::SpareSweepLoop() {
+  const auto idle = std::chrono::milliseconds(std::max(0, options_.spare_idle_ms));
+  const auto period = std::clamp<std::chrono::milliseconds>(idle / 4, std::chrono::milliseconds(10),
+                                                            std::chrono::milliseconds(1000));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutting_down_) {
+    sweep_cv_.wait_for(lock, period, [this] { return shutting_down_; });
+    // Freed outside the lock (a plugin may take a while to release ~434 MB), each before the
+    // model it belongs to.
+    std::vector<std::pair<std::shared_ptr<LoadedModel>, std::unique_ptr<Session>>> expired;
+    const auto now = Clock::now();
+    for (auto& [id, model] : models_) {
+      std::vector<Spare>& spares = model->spare_sessions;
+      for (auto it = spares.begin(); it != spares.end();) {
+        if (now - it->since < idle) {
+          ++it;
+          continue;
+        }
+        expired.emplace_back(model, std::move(it->session));
+        it = spares.erase(it);
+        ++model->spares_freed;
+      }
+    }
+    if (expired.empty()) continue;
+    lock.unlock();
+    expired.clear();
+    lock.lock();
   }
 }
 
@@ -602,15 +635,13 @@ std::optional<Engine::Job> Engine::PopRunnableLocked() {
     ++(*model)->active;
     (*model)->choice_sessions += choice_sessions;
     // Spares serve first: its session when it has none, then its choices'.
-    std::vector<std::unique_ptr<Session>>& spares = (*model)->spare_sessions;
-    if (slot.session == nullptr && !spares.empty()) {
-      slot.session = std::move(spares.back());
-      spares.pop_back();
+    LoadedModel& m = **model;
+    if (slot.session == nullptr && !m.spare_sessions.empty()) {
+      slot.session = TakeSpareLocked(m);
       job.slot_session_spare = true;
     }
-    while (job.spares.size() < choice_sessions && !spares.empty()) {
-      job.spares.push_back(std::move(spares.back()));
-      spares.pop_back();
+    while (job.spares.size() < choice_sessions && !m.spare_sessions.empty()) {
+      job.spares.push_back(TakeSpareLocked(m));
     }
     job.model = *model;
     job.slot = &slot;
@@ -642,7 +673,7 @@ bool Engine::MakeRoomForSessionsLocked(LoadedModel& model, size_t more, const st
                     << " of running choices (--max-sessions): closing '" << oldest->first
                     << "', the least recently used";
     if (oldest->second.session != nullptr && model.spare_sessions.size() < more) {
-      model.spare_sessions.push_back(std::move(oldest->second.session));  // reset before use
+      AddSpareLocked(model, std::move(oldest->second.session));  // reset before use
     }
     model.sessions.erase(oldest);
     ++model.sessions_closed;
@@ -747,7 +778,7 @@ void Engine::WorkerLoop() {
       // Its choices' sessions (and spares it did not use) wait for the next request.
       for (auto* held : {&job->spares, &job->choice_session_objects}) {
         for (std::unique_ptr<Session>& session : *held) {
-          if (session != nullptr) job->model->spare_sessions.push_back(std::move(session));
+          if (session != nullptr) AddSpareLocked(*job->model, std::move(session));
         }
       }
     }
@@ -1321,13 +1352,14 @@ v1::MetricsResponse Engine::Metrics() const {
       stat->set_value(value);
     }
     // The host's own: sessions held, those closed to stay within --max-sessions, the idle
-    // spares, and the plugin sessions made and the spares reused instead.
+    // spares and those freed idle, and the plugin sessions made and the spares reused instead.
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, value] :
          {std::pair<const char*, double>{"host_sessions", model->sessions.size()},
           {"host_choice_sessions", static_cast<double>(model->choice_sessions)},
           {"host_sessions_closed", static_cast<double>(model->sessions_closed)},
           {"host_spare_sessions", static_cast<double>(model->spare_sessions.size())},
+          {"host_spares_freed", static_cast<double>(model->spares_freed)},
           {"host_sessions_created", static_cast<double>(model->sessions_created.load())},
           {"host_sessions_reused", static_cast<double>(model->sessions_reused.load())}}) {
       v1::ModelStat* stat = m.add_model_stats();

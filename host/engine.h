@@ -71,6 +71,10 @@ struct EngineOptions {
   // (coli-host refuses an explicit value below it).
   // `coli-host --max-sessions N` or COLI_MAX_SESSIONS.
   int max_sessions = 16;
+  // A spare plugin session (an ended choice's, a closed session's) unused this long is freed:
+  // kept, each holds its memory (~434 MB on K3) until the model is unloaded. 0 frees them as
+  // soon as the sweep sees them. `coli-host --spare-idle-s N` or COLI_SPARE_IDLE_S (seconds).
+  int spare_idle_ms = 60 * 1000;
 };
 
 // One request's input, Generate or Chat.
@@ -229,6 +233,11 @@ class Engine {
     std::deque<DecodeRow*> waiting;
     bool running = false;
   };
+  // An idle plugin session kept for reuse, and since when.
+  struct Spare {
+    std::unique_ptr<Session> session;
+    std::chrono::steady_clock::time_point since;
+  };
   struct LoadedModel {
     v1::ModelInfo info;
     DecodeBatcher batcher;
@@ -243,7 +252,8 @@ class Engine {
     // plugin making one (on K3 each holds ~434 MB of recurrent state that a new session
     // allocates and page-faults). They count against max_sessions, are dropped first when room
     // is needed, and unloading the model frees them.
-    std::vector<std::unique_ptr<Session>> spare_sessions;
+    std::vector<Spare> spare_sessions;
+    uint64_t spares_freed = 0;                  // idle past EngineOptions::spare_idle_ms
     std::atomic<uint64_t> sessions_created{0};  // asked of the plugin (session_create)
     std::atomic<uint64_t> sessions_reused{0};   // spares handed out instead
     int active = 0;                // requests running on it
@@ -292,6 +302,19 @@ class Engine {
                                                       const Sampling& sampling);
   static void RunDecodeBatch(std::span<DecodeRow* const> batch);
   void Finish(Request& request, const absl::Status& status, const v1::Finished& finished);
+  // Frees the spares idle past options_.spare_idle_ms, every quarter of it (10 ms to 1 s),
+  // until Shutdown.
+  void SpareSweepLoop();
+  // Keeps `session` as a spare of `model` (caller holds mu_).
+  static void AddSpareLocked(LoadedModel& model, std::unique_ptr<Session> session) {
+    model.spare_sessions.push_back({std::move(session), std::chrono::steady_clock::now()});
+  }
+  // The most recently kept spare of `model`, taken (caller holds mu_; there is one).
+  static std::unique_ptr<Session> TakeSpareLocked(LoadedModel& model) {
+    std::unique_ptr<Session> session = std::move(model.spare_sessions.back().session);
+    model.spare_sessions.pop_back();
+    return session;
+  }
 
   EngineOptions options_;
   PluginSet plugins_;
@@ -305,6 +328,8 @@ class Engine {
   bool shutting_down_ = false;
   uint64_t next_id_ = 1;
   std::vector<std::thread> workers_;
+  std::condition_variable sweep_cv_;  // wakes the spare sweep at Shutdown
+  std::thread spare_sweep_;
 
   // metrics (under mu_)
   struct Counters {

@@ -40,7 +40,7 @@ constexpr char kUsage[] =
     "usage: coli-host [--plugin-dir DIR] [--listen ADDR] [--allow-remote]\n"
     "                 [--workers N] [--queue N] [--pool N] [--model DIR]... [--ready-fd FD]\n"
     "                 [--decode-delay-ms N] [--prefill-delay-ms N] [--max-batch N]\n"
-    "                 [--max-sessions N]\n"
+    "                 [--max-sessions N] [--spare-idle-s N]\n"
     "       coli-host --switches [--plugin-dir DIR]\n"
     "  ADDR: unix:/path (default unix:$XDG_RUNTIME_DIR/coli-host.sock or\n"
     "        /tmp/coli-host-$UID.sock), 127.0.0.1:PORT, localhost:PORT, [::1]:PORT;\n"
@@ -50,6 +50,8 @@ constexpr char kUsage[] =
     "  --max-sessions N (1-100000, default 16; env COLI_MAX_SESSIONS) sessions kept per model:\n"
     "        one more closes the least recently used idle one; at least the pooled\n"
     "        sessions + 1\n"
+    "  --spare-idle-s N (0-604800, default 60; env COLI_SPARE_IDLE_S) an idle spare plugin\n"
+    "        session (an ended choice's, a closed one's) is freed after N seconds\n"
     "  --max-batch N (1-1024, default 8; 1 = no batching)\n"
     "  --decode-delay-ms N / --prefill-delay-ms N (0-60000; env COLI_DECODE_DELAY_MS,\n"
     "        COLI_PREFILL_DELAY_MS)\n"
@@ -62,6 +64,7 @@ constexpr char kUsage[] =
     "  Flags take --flag VALUE or --flag=VALUE; usage errors exit 2.\n";
 
 constexpr int64_t kMaxDelayMs = 60000;
+constexpr int64_t kMaxSpareIdleS = 7 * 24 * 3600;  // a week
 constexpr int64_t kMaxThreads = 1024;
 
 std::string DefaultListen() {
@@ -122,7 +125,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   f.engine.plugin_dir = COLI_PLUGIN_DIR;
   if (const char* dir = std::getenv("COLI_PLUGIN_DIR"); dir && *dir) f.engine.plugin_dir = dir;
   bool decode_delay_flag = false, prefill_delay_flag = false, pool_flag = false;
-  bool max_sessions_flag = false;
+  bool max_sessions_flag = false, spare_idle_flag = false;
+  int spare_idle_s = f.engine.spare_idle_ms / 1000;
   coli::flags::ArgReader args(argc, argv);
   auto number = [&args](int64_t lo, int64_t hi, int* out) -> absl::Status {
     COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(lo, hi));
@@ -158,6 +162,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (args.Is("--max-sessions")) {
       COLI_RETURN_IF_ERROR(number(1, 100000, &f.engine.max_sessions));
       max_sessions_flag = true;
+    } else if (args.Is("--spare-idle-s")) {
+      COLI_RETURN_IF_ERROR(number(0, kMaxSpareIdleS, &spare_idle_s));
+      spare_idle_flag = true;
     } else if (args.Is("--model")) {
       COLI_ASSIGN_OR_RETURN(std::string dir, args.Value());
       COLI_RETURN_IF_ERROR(coli::flags::CheckModelDir("--model", dir));
@@ -188,6 +195,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       FromEnv("COLI_POOL_SESSIONS", 0, kMaxThreads, pool_flag, &f.engine.pool_sessions));
   COLI_RETURN_IF_ERROR(
       FromEnv("COLI_MAX_SESSIONS", 1, 100000, max_sessions_flag, &f.engine.max_sessions));
+  COLI_RETURN_IF_ERROR(
+      FromEnv("COLI_SPARE_IDLE_S", 0, kMaxSpareIdleS, spare_idle_flag, &spare_idle_s));
+  f.engine.spare_idle_ms = spare_idle_s * 1000;
   COLI_RETURN_IF_ERROR(FromEnv("COLI_PREFILL_DELAY_MS", 0, kMaxDelayMs, prefill_delay_flag,
                                &f.engine.prefill_delay_ms));
   // The pooled sessions (one per worker, or --pool) are kept whatever the bound, so an explicit

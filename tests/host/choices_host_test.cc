@@ -6,6 +6,7 @@
 // session statistics (tokens_computed / tokens_reused / session_copies, summed over the
 // request's sessions); that the rows shared calls from the host's decode_calls / decode_rows.
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -54,9 +56,11 @@ class HostChoicesTest : public ::testing::Test {
 
   static std::unique_ptr<Engine> MakeEngine(
       int workers, int max_batch, const std::string& plugin_dir = COLI_PLUGIN_DIR_FOR_TEST,
-      const std::string& model_dir = COLI_K3_TINY_DIR) {
-    auto engine = std::make_unique<Engine>(
-        EngineOptions{.plugin_dir = plugin_dir, .workers = workers, .max_batch = max_batch});
+      const std::string& model_dir = COLI_K3_TINY_DIR, int spare_idle_ms = 60 * 1000) {
+    auto engine = std::make_unique<Engine>(EngineOptions{.plugin_dir = plugin_dir,
+                                                         .workers = workers,
+                                                         .max_batch = max_batch,
+                                                         .spare_idle_ms = spare_idle_ms});
     v1::LoadModelRequest load;
     load.set_model_dir(model_dir);
     load.set_id("m");
@@ -331,6 +335,30 @@ TEST_F(HostChoicesTest, ChoiceSessionsAreReusedNotMadeAgain) {
   EXPECT_EQ(stats["host_spare_sessions"], 2);
   EXPECT_EQ(stats["host_sessions"], 1);
   EXPECT_EQ(stats["host_choice_sessions"], 0);
+}
+
+// A spare unused for EngineOptions::spare_idle_ms is freed (kept, each holds ~434 MB on K3
+// until the model is unloaded): the next n = 3 request asks the plugin for new sessions.
+TEST_F(HostChoicesTest, IdleSparesAreFreed) {
+  auto engine = MakeEngine(/*workers=*/1, /*max_batch=*/8, COLI_ECHO_PLUGIN_DIR,
+                           EchoDir("choices_spares_idle"), /*spare_idle_ms=*/200);
+  GenerationInput in = Input(3, 0.0f, 0, 0);
+  in.prompt = "abc";
+  ASSERT_OK(Run(*engine, in).status);
+  std::map<std::string, double> stats = ModelStats(*engine);
+  EXPECT_EQ(stats["host_sessions_created"], 3);
+  // Freed within the idle time and a sweep (a quarter of it), with room for a slow machine.
+  for (int i = 0; i < 200 && stats["host_spare_sessions"] > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    stats = ModelStats(*engine);
+  }
+  EXPECT_EQ(stats["host_spare_sessions"], 0);
+  EXPECT_EQ(stats["host_spares_freed"], 2);
+  ASSERT_OK(Run(*engine, in).status);
+  stats = ModelStats(*engine);
+  EXPECT_EQ(stats["host_sessions_created"], 5) << "the freed spares were not there to reuse";
+  EXPECT_EQ(stats["sessions_created"], 5) << "the plugin's own count";
+  EXPECT_EQ(stats["host_sessions_reused"], 0);
 }
 
 // A spare that held another, longer conversation gives the tokens (and statistics) of a new
