@@ -112,6 +112,10 @@ void Gateway::Models(const Req& req, Res& res) {
     m["owned_by"] = "coli";
     m["max_model_len"] = info_.context_capacity();
     m["family"] = info_.family();
+    // Anthropic's model object too (its SDKs' models.list / retrieve read these).
+    m["type"] = "model";
+    m["display_name"] = info_.id();
+    m["created_at"] = "1970-01-01T00:00:00Z";  // `created` 0, as an RFC 3339 time
     return m;
   };
   if (req.matches.size() > 1) {
@@ -123,6 +127,10 @@ void Gateway::Models(const Req& req, Res& res) {
   Json out;
   out["object"] = "list";
   out["data"] = Json::array({entry()});
+  // Anthropic's page fields: one page holds every model.
+  out["has_more"] = false;
+  out["first_id"] = info_.id();
+  out["last_id"] = info_.id();
   Reply(res, 200, out);
 }
 

@@ -1,9 +1,9 @@
 // Anthropic's own SDK (@anthropic-ai/sdk) against `coli serve`'s /v1/messages: plain and streamed
 // messages (the SDK's MessageStream rebuilds the message from the events, so a wrong event order
 // or shape fails it), thinking blocks, a tool loop with tool_use / tool_result, a prefilled
-// reply continued, stop sequences, max_tokens, count_tokens, x-api-key, and errors as the SDK's
-// typed exceptions. On the tiny fixture (the real K3 plugin) a greedy message is the chat
-// completions' greedy reply, and tool_choice reaches its enforcement.
+// reply continued, stop sequences, max_tokens, count_tokens, x-api-key, models.list / retrieve,
+// and errors as the SDK's typed exceptions. On the tiny fixture (the real K3 plugin) a greedy
+// message is the chat completions' greedy reply, and tool_choice reaches its enforcement.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -79,6 +79,19 @@ async function streamed(params) {
   const message = await s.finalMessage();
   return { message, text, thinking, json };
 }
+
+test('models.list and models.retrieve read the served model', async () => {
+  const ids = [];
+  for await (const m of client.models.list()) {
+    assert.equal(m.type, 'model');
+    assert.equal(m.display_name, MODEL);
+    assert.ok(!Number.isNaN(Date.parse(m.created_at)), m.created_at);
+    ids.push(m.id);
+  }
+  assert.deepEqual(ids, [MODEL]);
+  assert.equal((await client.models.retrieve(MODEL)).id, MODEL);
+  await assert.rejects(client.models.retrieve('claude-opus-4'), Anthropic.NotFoundError);
+});
 
 test('a message, plain and streamed: text, end_turn, usage', async () => {
   const m = await client.messages.create(hello);
