@@ -4,8 +4,11 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <optional>
+#include <span>
 #include <thread>
 #include <tuple>
+#include <unordered_set>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -223,6 +226,15 @@ absl::Status ValidateRequest(const GenerationInput& in) {
   if (s.logprobs() < 0 || s.logprobs() > kMaxLogprobs) {
     return outside("logprobs", s.logprobs(), "[0, 20]");
   }
+  if (s.min_tokens() < 0) return outside("min_tokens", s.min_tokens(), "[0, max_tokens]");
+  if (in.max_tokens > 0 && s.min_tokens() > in.max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_tokens: ", s.min_tokens(), " is more than max_tokens ", in.max_tokens));
+  }
+  if (s.stop_token_ids_size() > sampling::kMaxLogitBias) {
+    return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: ", s.stop_token_ids_size(),
+                                                   " ids; at most ", sampling::kMaxLogitBias));
+  }
   sampling::SamplerOptions o;
   o.repetition_penalty = s.repetition_penalty();
   o.frequency_penalty = s.frequency_penalty();
@@ -230,6 +242,29 @@ absl::Status ValidateRequest(const GenerationInput& in) {
   o.min_p = s.min_p();
   for (const v1::LogitBias& b : s.logit_bias()) o.logit_bias.push_back({b.id(), b.bias()});
   return sampling::ValidatePenalties(o, /*vocab_size=*/0);
+}
+
+// `s` with each of `ids` given a bias of -100 (the most the plugins take; a bias the request
+// set on one is replaced): what min_tokens and ignore_eos sample with.
+absl::StatusOr<Sampling> WithBannedTokens(const Sampling& s, std::span<const int32_t> ids) {
+  Sampling out = s;
+  for (int32_t id : ids) {
+    auto it = std::find_if(out.logit_bias.begin(), out.logit_bias.end(),
+                           [id](const coli_logit_bias_t& b) { return b.id == id; });
+    if (it != out.logit_bias.end()) {
+      it->bias = -100.0f;
+    } else {
+      out.logit_bias.push_back({id, -100.0f});
+    }
+  }
+  if (out.logit_bias.size() > static_cast<size_t>(sampling::kMaxLogitBias)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias: ", s.logit_bias.size(),
+                     " entries and the stop tokens min_tokens / ignore_eos "
+                     "ban pass the most, ",
+                     sampling::kMaxLogitBias));
+  }
+  return out;
 }
 
 }  // namespace
@@ -957,6 +992,25 @@ absl::Status Engine::Generate(Job& job, v1::Finished* finished) {
     sampling.logit_bias.push_back({b.id(), b.bias()});
   }
   COLI_RETURN_IF_ERROR(model.CheckSampling(sampling));
+  // min_tokens / ignore_eos: the same knobs with the stop tokens banned, for the steps that
+  // must not end the reply.
+  const int32_t vocab = model.info().vocab_size;
+  for (int32_t id : in.sampling.stop_token_ids()) {
+    if (id < 0 || (vocab > 0 && id >= vocab)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids: token id ", id, " is outside [0, ", vocab, ")"));
+    }
+  }
+  const std::unordered_set<int32_t> stop_token_ids(in.sampling.stop_token_ids().begin(),
+                                                   in.sampling.stop_token_ids().end());
+  const int32_t min_tokens = in.sampling.min_tokens();
+  std::optional<Sampling> banned;
+  if (min_tokens > 0 || in.sampling.ignore_eos()) {
+    std::vector<int32_t> ban = model.info().stop_ids;
+    if (min_tokens > 0) ban.insert(ban.end(), stop_token_ids.begin(), stop_token_ids.end());
+    COLI_ASSIGN_OR_RETURN(banned, WithBannedTokens(sampling, ban));
+    COLI_RETURN_IF_ERROR(model.CheckSampling(*banned));
+  }
   if (in.prompt_logprobs && (*in.prompt_logprobs < 0 || *in.prompt_logprobs > 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt_logprobs: ", *in.prompt_logprobs, " top alternatives is outside 0…20"));
@@ -1139,7 +1193,11 @@ absl::Status Engine::Generate(Job& job, v1::Finished* finished) {
       COLI_RETURN_IF_ERROR(request.CancelStatus());
       if (request.stop_.load()) continue;  // the loop's top ends every choice
     }
-    std::vector<absl::StatusOr<StepResult>> steps = DecodeSteps(loaded, rows, sampling);
+    // The choices step together: one count of tokens generated holds for all.
+    const int64_t step_index = choices[static_cast<size_t>(row_choice[0])].generated;
+    const bool ban = banned && (in.sampling.ignore_eos() || step_index < min_tokens);
+    std::vector<absl::StatusOr<StepResult>> steps =
+        DecodeSteps(loaded, rows, ban ? *banned : sampling);
     for (size_t r = 0; r < rows.size(); ++r) {
       const int32_t i = row_choice[r];
       Choice& c = choices[static_cast<size_t>(i)];
@@ -1183,7 +1241,7 @@ absl::Status Engine::Generate(Job& job, v1::Finished* finished) {
         deltas.push_back(std::move(d));
       }
       if (request.sink_.on_token) request.sink_.on_token(token, deltas);
-      if (step.finish == COLI_FINISH_STOP) {
+      if (step.finish == COLI_FINISH_STOP || stop_token_ids.contains(step.token)) {
         end_choice(i, c.saw_tool_call ? v1::FINISH_REASON_TOOL_CALLS : v1::FINISH_REASON_STOP);
       } else if (step.finish == COLI_FINISH_LENGTH) {
         end_choice(i, v1::FINISH_REASON_CONTEXT);

@@ -124,7 +124,7 @@ std::vector<std::shared_ptr<Gateway::Call>> Gateway::StartChatChoices(
 
 grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResult* out,
                                 const v1::ChatEvent* first, const DeltaFn& on_delta) {
-  StopFilter stop(f.stop);
+  StopFilter stop(f.stop, f.include_stop_str);
   bool stopped = false, cancelled = false, tool_calls = false;
   // Logprobs list the content's tokens. A token that is part of a character, or whose text the
   // stop filter holds, shows nothing yet and waits here: the next token that shows content claims

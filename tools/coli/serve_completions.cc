@@ -121,7 +121,7 @@ int64_t CompleteCharacters(const std::string& bytes) {
 grpc::Status Gateway::RunCompletion(const SamplingFields& f, GenerateCall& call,
                                     CompletionResult* out, const v1::GenerateEvent* first,
                                     const DeltaFn& on_piece) {
-  StopFilter stop(f.stop);
+  StopFilter stop(f.stop, f.include_stop_str);
   bool stopped = false, cancelled = false;
   // Characters (code points, as OpenAI's Python counts) of the text before the current token: its
   // logprobs' text_offset. The text is a prefix of the tokens' texts (a stop string only cuts it),

@@ -365,6 +365,9 @@ class Gateway {
     s->set_presence_penalty(f.presence_penalty);
     s->set_repetition_penalty(f.repetition_penalty);
     s->set_min_p(f.min_p);
+    s->set_min_tokens(f.min_tokens);
+    for (int32_t id : f.stop_token_ids) s->add_stop_token_ids(id);
+    s->set_ignore_eos(f.ignore_eos);
     for (const auto& [id, bias] : f.logit_bias) {
       auto* entry = s->add_logit_bias();
       entry->set_id(id);

@@ -37,7 +37,9 @@ std::string ParamFromMessage(std::string_view msg) {
                                                 "presence_penalty",
                                                 "repetition_penalty",
                                                 "min_p",
-                                                "top_k"};
+                                                "top_k",
+                                                "min_tokens",
+                                                "stop_token_ids"};
   size_t start = 0;
   while (start < msg.size()) {
     const size_t colon = msg.find(": ", start);
@@ -216,6 +218,38 @@ bool ParseKnobs(const Json& body, SamplingFields* f, ApiError* error) {
   return true;
 }
 
+// vLLM's min_tokens, stop_token_ids, ignore_eos and include_stop_str_in_output (ids are
+// checked against the vocabulary by the host).
+bool ParseVllmStops(const Json& body, SamplingFields* f, ApiError* error) {
+  int64_t min_tokens = 0;
+  if (!OptInt(body, "min_tokens", 0, 1 << 30, &min_tokens, error)) return false;
+  f->min_tokens = static_cast<int32_t>(min_tokens);
+  if (f->max_tokens > 0 && f->min_tokens > f->max_tokens) {
+    *error = BadField("min_tokens", "min_tokens (" + std::to_string(f->min_tokens) +
+                                        ") must not exceed max_tokens (" +
+                                        std::to_string(f->max_tokens) + ")");
+    return false;
+  }
+  if (const Json* ids = Find(body, "stop_token_ids"); ids != nullptr && !ids->is_null()) {
+    if (!ids->is_array() || ids->size() > static_cast<size_t>(kMaxLogitBias)) {
+      *error = BadField("stop_token_ids", "stop_token_ids must be an array of at most " +
+                                              std::to_string(kMaxLogitBias) + " token ids");
+      return false;
+    }
+    for (size_t i = 0; i < ids->size(); ++i) {
+      const Json& id = (*ids)[i];
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+        *error = BadField("stop_token_ids", "stop_token_ids[" + std::to_string(i) +
+                                                "] must be a token id (an integer of 0 or more)");
+        return false;
+      }
+      f->stop_token_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    }
+  }
+  return OptBool(body, "ignore_eos", &f->ignore_eos, error) &&
+         OptBool(body, "include_stop_str_in_output", &f->include_stop_str, error);
+}
+
 bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
   if (const Json* m = Find(body, "model")) {
     if (!m->is_string()) {
@@ -307,6 +341,7 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
   int64_t n = 1;
   if (!OptInt(body, "n", 1, 16, &n, error)) return false;
   f->n = static_cast<int>(n);
+  if (!ParseVllmStops(body, f, error)) return false;
   return ParseKnobs(body, f, error);
 }
 
@@ -649,7 +684,7 @@ std::string StopFilter::Push(std::string_view text) {
   }
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = held_.substr(0, first);
+    std::string out = held_.substr(0, include_match_ ? first + matched_.size() : first);
     held_.clear();
     return out;
   }

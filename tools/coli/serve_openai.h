@@ -69,6 +69,13 @@ struct SamplingFields {
   // logit_bias: {"token id": bias in [-100, 100]}, at most kMaxLogitBias entries; the ids are
   // checked against the model's vocabulary by the host (400 naming the key).
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's extensions: min_tokens (the stop tokens are not drawn before that many tokens),
+  // stop_token_ids (more tokens that end the reply), ignore_eos (the model's stop tokens are
+  // never drawn), include_stop_str_in_output (a matched stop string stays in the text).
+  int32_t min_tokens = 0;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool include_stop_str = false;
   // llama.cpp's opt-in `return_progress`: stream chunks carrying `prompt_progress` while the
   // prompt is read (stream only; without it the stream is plain OpenAI).
   bool return_progress = false;
@@ -110,7 +117,9 @@ std::optional<SamplingFields> ParseCompletionParams(const Json& body, int32_t vo
 //   out += f.Push("\nmore");    // "" and f.stopped() is true
 class StopFilter {
  public:
-  explicit StopFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // `include_match` (vLLM's include_stop_str_in_output): the matched sequence stays in the text.
+  explicit StopFilter(std::vector<std::string> stops, bool include_match = false)
+      : stops_(std::move(stops)), include_match_(include_match) {}
   // Returns the text that is safe to show; after a match returns "" forever.
   std::string Push(std::string_view text);
   // End of generation: the held-back tail (no stop can complete any more).
@@ -122,6 +131,7 @@ class StopFilter {
 
  private:
   std::vector<std::string> stops_;
+  bool include_match_ = false;
   std::string held_;
   bool stopped_ = false;
   std::string matched_;
