@@ -77,6 +77,9 @@ no_private_hosts_left "coli run | head -c1"
 for sig in INT TERM; do
   # A background job of a script starts with SIGINT ignored (and coli keeps an ignored signal
   # ignored, as for nohup): restore the default, as a terminal's foreground job has it.
+  # Emptied first: the background job's own redirection may run after the wait below has read
+  # an earlier command's output.
+  : > "$work/out"
   COLI_DECODE_DELAY_MS=20 env --default-signal=INT "$coli" run --model "$model" hello \
     --ngen 2000 > "$work/out" 2> "$work/err" &
   pid=$!
@@ -192,6 +195,8 @@ host_of() {  # the private coli-host of client pid $1, once it runs
   done
   echo "$h"
 }
+# Emptied first (as above): CI once killed the host before it was ready ("died by signal 9").
+: > "$work/out"
 COLI_DECODE_DELAY_MS=20 "$coli" run --model "$model" hello --ngen 2000 > "$work/out" 2> "$work/err" &
 pid=$!
 for _ in $(seq 600); do [[ -s $work/out ]] && break; sleep 0.1; done
@@ -203,6 +208,7 @@ grep -q 'host process (coli-host) was killed by signal 9 (SIGKILL): the kernel.s
   "$work/err" || fail "coli run whose host was killed: $(tail -c 300 "$work/err")"
 no_private_hosts_left "coli run whose host was killed"
 
+: > "$work/out"
 "$coli" serve --model "$model" --port 0 > "$work/out" 2> "$work/err" &
 pid=$!
 for _ in $(seq 600); do grep -q 'listening on' "$work/out" && break; sleep 0.1; done
@@ -221,6 +227,7 @@ no_private_hosts_left "coli serve whose host died"
 # load balancer or supervisor kept sending traffic to a server that could not answer.
 echo "== a shard changed under coli serve: /health turns 503"
 cp -r "$model" "$work/changing"
+: > "$work/out"
 K3_EXPERT_GB=0.0001 "$coli" serve --model "$work/changing" --port 0 > "$work/out" 2> "$work/err" &
 pid=$!
 for _ in $(seq 600); do grep -q 'listening on' "$work/out" && break; sleep 0.1; done
@@ -261,6 +268,7 @@ print(" ".join(str(c) for c in sorted(codes)))
 PY
 }
 for sizing in "--workers 1 --queue 1" ""; do
+  : > "$work/out"
   # shellcheck disable=SC2086
   COLI_DECODE_DELAY_MS=40 "$coli" serve --model "$model" --port 0 $sizing > "$work/out" 2> "$work/err" &
   pid=$!
