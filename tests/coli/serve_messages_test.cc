@@ -84,6 +84,26 @@ TEST(MessagesRequestTest, ALastAssistantMessageIsContinued) {
                    .chat.contains("continue_final_message"));
 }
 
+TEST(MessagesRequestTest, OutputConfigBecomesResponseFormatAndEffort) {
+  const Json schema = Parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}})");
+  Json body = Parse(R"({"model": "m", "max_tokens": 10, "messages": [{"role": "user",
+                        "content": "hi"}], "output_config": {"effort": "medium"}})");
+  body["output_config"]["format"] = Json{{"type", "json_schema"}, {"schema", schema}};
+  MessagesRequest r = MapOk(body);
+  EXPECT_EQ(
+      r.chat["response_format"],
+      (Json{{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", schema}}}}));
+  EXPECT_EQ(r.chat["reasoning_effort"], "high");
+  body.erase("output_config");
+  body["output_format"] = Json{{"type", "json_schema"}, {"schema", schema}};  // the older beta
+  EXPECT_EQ(MapOk(body).chat["response_format"]["json_schema"]["schema"], schema);
+  body.erase("output_format");
+  body["output_config"] = Parse(R"({"format": {"type": "text"}})");
+  EXPECT_EQ(MapFails(body).param, "output_config.format");
+  body["output_config"] = Parse(R"({"effort": "extreme"})");
+  EXPECT_EQ(MapFails(body).param, "output_config.effort");
+}
+
 TEST(MessagesRequestTest, ToolChoiceAndThinkingMap) {
   auto with = [](const char* extra) {
     Json body = Parse(R"({"model": "m", "max_tokens": 2000,

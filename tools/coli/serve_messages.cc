@@ -302,6 +302,50 @@ bool MapThinking(const Json* thinking, int64_t max_tokens, bool count_only, Json
   return true;
 }
 
+// output_config {format: {type: json_schema, schema}, effort} (and the older top-level
+// output_format): the format becomes response_format, which the model family enforces by
+// constrained decoding; the effort becomes reasoning_effort, K3's nearest (low; medium and high
+// → high; xhigh and max → max), which matters when it thinks.
+bool MapOutputConfig(const Json& body, Json* chat, ApiError* error) {
+  const Json* config = Find(body, "output_config");
+  if (config != nullptr && !config->is_null() && !config->is_object()) {
+    *error = BadField("output_config", "output_config must be an object");
+    return false;
+  }
+  const Json* format = config != nullptr && config->is_object() ? Find(*config, "format") : nullptr;
+  std::string format_path = "output_config.format";
+  if (format == nullptr || format->is_null()) {
+    format = Find(body, "output_format");
+    format_path = "output_format";
+  }
+  if (format != nullptr && !format->is_null()) {
+    const Json* schema = format->is_object() ? Find(*format, "schema") : nullptr;
+    if (TypeOf(*format) != "json_schema" || schema == nullptr || !schema->is_object()) {
+      *error = BadField(format_path,
+                        "the output format must be {\"type\": \"json_schema\", \"schema\": "
+                        "{...}}");
+      return false;
+    }
+    (*chat)["response_format"] =
+        Json{{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", *schema}}}};
+  }
+  const Json* effort = config != nullptr && config->is_object() ? Find(*config, "effort") : nullptr;
+  if (effort != nullptr && !effort->is_null()) {
+    static const std::pair<const char*, const char*> kEfforts[] = {
+        {"low", "low"}, {"medium", "high"}, {"high", "high"}, {"xhigh", "max"}, {"max", "max"}};
+    const char* mapped = nullptr;
+    for (const auto& [name, k3] : kEfforts) {
+      if (*effort == name) mapped = k3;
+    }
+    if (mapped == nullptr) {
+      *error = BadField("output_config.effort", "effort must be low, medium, high, xhigh or max");
+      return false;
+    }
+    (*chat)["reasoning_effort"] = mapped;
+  }
+  return true;
+}
+
 // A number field in [lo, hi] copied into the chat body.
 bool CopyNumber(const Json& body, const char* key, double lo, double hi, Json* chat,
                 ApiError* error) {
@@ -400,6 +444,7 @@ std::optional<MessagesRequest> ParseMessagesRequest(const Json& body, bool count
     }
     chat["continue_final_message"] = true;
   }
+  if (!MapOutputConfig(body, &chat, error)) return std::nullopt;
   if (!CopyNumber(body, "temperature", 0.0, 1.0, &chat, error) ||
       !CopyNumber(body, "top_p", 0.0, 1.0, &chat, error)) {
     return std::nullopt;

@@ -10,6 +10,8 @@ import { copyFileSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
+import { zodOutputFormat } from '@anthropic-ai/sdk/helpers/zod';
+import { z } from 'zod';
 import OpenAI from 'openai';
 import {
   SCRIPTED, SCRIPTED_PLUGINS, TINY, startServer, stopServer,
@@ -314,4 +316,21 @@ test('tool_choice tool / any reach the real plugin\'s enforcement: one valid cal
       }
     }
   }
+});
+
+test('output_config.format is enforced: messages.parse reads a valid object (tiny fixture)', async () => {
+  // Random weights never write this JSON by themselves: each valid object is the enforcement's.
+  const anthropic = new Anthropic({ baseURL: tiny.base, apiKey: 'unused', maxRetries: 0 });
+  const model = (await (await fetch(`${tiny.base}/v1/models`)).json()).data[0].id;
+  const Answer = z.object({ answer: z.enum(['yes', 'no']), sure: z.boolean() });
+  const params = {
+    model, max_tokens: 200, temperature: 0,
+    messages: [{ role: 'user', content: 'Is the sky blue?' }],
+    output_config: { format: zodOutputFormat(Answer), effort: 'low' },
+  };
+  const m = await anthropic.messages.parse(params);
+  assert.equal(m.stop_reason, 'end_turn', JSON.stringify(m.content));
+  assert.deepEqual(Answer.parse(m.parsed_output), m.parsed_output);
+  const s = await anthropic.messages.stream(params).finalMessage();
+  assert.deepEqual(s.parsed_output, m.parsed_output, 'streamed: the same greedy object');
 });
