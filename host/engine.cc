@@ -258,11 +258,10 @@ absl::StatusOr<Sampling> WithBannedTokens(const Sampling& s, std::span<const int
     }
   }
   if (out.logit_bias.size() > static_cast<size_t>(sampling::kMaxLogitBias)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("logit_bias: ", s.logit_bias.size(),
-                     " entries and the stop tokens min_tokens / ignore_eos "
-                     "ban pass the most, ",
-                     sampling::kMaxLogitBias));
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias: its ", s.logit_bias.size(),
+                                                   " entries and the stop tokens that min_tokens / "
+                                                   "ignore_eos hold back are more than ",
+                                                   sampling::kMaxLogitBias));
   }
   return out;
 }
@@ -1003,13 +1002,19 @@ absl::Status Engine::Generate(Job& job, v1::Finished* finished) {
   }
   const std::unordered_set<int32_t> stop_token_ids(in.sampling.stop_token_ids().begin(),
                                                    in.sampling.stop_token_ids().end());
+  // Before min_tokens: the model's stop tokens and stop_token_ids held back; after it, with
+  // ignore_eos, the model's stop tokens only (stop_token_ids end the reply again).
   const int32_t min_tokens = in.sampling.min_tokens();
-  std::optional<Sampling> banned;
-  if (min_tokens > 0 || in.sampling.ignore_eos()) {
+  std::optional<Sampling> before_min, without_eos;
+  if (min_tokens > 0) {
     std::vector<int32_t> ban = model.info().stop_ids;
-    if (min_tokens > 0) ban.insert(ban.end(), stop_token_ids.begin(), stop_token_ids.end());
-    COLI_ASSIGN_OR_RETURN(banned, WithBannedTokens(sampling, ban));
-    COLI_RETURN_IF_ERROR(model.CheckSampling(*banned));
+    ban.insert(ban.end(), stop_token_ids.begin(), stop_token_ids.end());
+    COLI_ASSIGN_OR_RETURN(before_min, WithBannedTokens(sampling, ban));
+    COLI_RETURN_IF_ERROR(model.CheckSampling(*before_min));
+  }
+  if (in.sampling.ignore_eos()) {
+    COLI_ASSIGN_OR_RETURN(without_eos, WithBannedTokens(sampling, model.info().stop_ids));
+    COLI_RETURN_IF_ERROR(model.CheckSampling(*without_eos));
   }
   if (in.prompt_logprobs && (*in.prompt_logprobs < 0 || *in.prompt_logprobs > 20)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1195,9 +1200,10 @@ absl::Status Engine::Generate(Job& job, v1::Finished* finished) {
     }
     // The choices step together: one count of tokens generated holds for all.
     const int64_t step_index = choices[static_cast<size_t>(row_choice[0])].generated;
-    const bool ban = banned && (in.sampling.ignore_eos() || step_index < min_tokens);
-    std::vector<absl::StatusOr<StepResult>> steps =
-        DecodeSteps(loaded, rows, ban ? *banned : sampling);
+    const Sampling& knobs = step_index < min_tokens ? *before_min
+                            : without_eos           ? *without_eos
+                                                    : sampling;
+    std::vector<absl::StatusOr<StepResult>> steps = DecodeSteps(loaded, rows, knobs);
     for (size_t r = 0; r < rows.size(); ++r) {
       const int32_t i = row_choice[r];
       Choice& c = choices[static_cast<size_t>(i)];

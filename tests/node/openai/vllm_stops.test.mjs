@@ -82,6 +82,10 @@ test('stop_token_ids end the reply at that token (shown), min_tokens holds them 
   const held = await chat({ ...bias, stop_token_ids: [hello], min_tokens: 3 });
   assert.equal(held.usage.completion_tokens, 4);
   assert.ok(held.choices[0].message.content.endsWith(helloText));
+  // With ignore_eos too: after min_tokens only the model's stop tokens stay held back.
+  const both = await chat({ ...bias, stop_token_ids: [hello], min_tokens: 2, ignore_eos: true });
+  assert.equal(both.usage.completion_tokens, 3);
+  assert.equal(both.choices[0].finish_reason, 'stop');
   const c = await client.completions.create({
     model: modelId, prompt: 'Once', max_tokens: 6, temperature: 0, stop_token_ids: [hello],
     ...bias,
