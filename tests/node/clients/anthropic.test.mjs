@@ -334,3 +334,37 @@ test('output_config.format is enforced: messages.parse reads a valid object (tin
   const s = await anthropic.messages.stream(params).finalMessage();
   assert.deepEqual(s.parsed_output, m.parsed_output, 'streamed: the same greedy object');
 });
+
+test('a streamed message whose client hangs up stops generating (tiny fixture)', async () => {
+  const anthropic = new Anthropic({ baseURL: tiny.base, apiKey: 'unused', maxRetries: 0 });
+  const model = (await (await fetch(`${tiny.base}/v1/models`)).json()).data[0].id;
+  const value = async (name) => {
+    const text = await (await fetch(`${tiny.base}/metrics`)).text();
+    const m = text.match(new RegExp(`^${name} (\\S+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  const disconnects = await value('coli_http_client_disconnects_total');
+  const controller = new AbortController();
+  // Greedy on the tiny model runs to the end of its context: still running when the client goes.
+  const stream = await anthropic.messages.create({
+    model, max_tokens: 100000, temperature: 0, stream: true,
+    messages: [{ role: 'user', content: 'Go on forever.' }],
+  }, { signal: controller.signal });
+  let deltas = 0;
+  try {
+    for await (const event of stream) {
+      if (event.type === 'content_block_delta' && ++deltas >= 3) controller.abort();
+    }
+  } catch (e) {
+    assert.ok(e.name === 'AbortError' || e instanceof Anthropic.APIUserAbortError, String(e));
+  }
+  for (let i = 0; i < 100 && (await value('coli_requests_active')) !== 0; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(await value('coli_requests_active'), 0);
+  assert.equal(await value('coli_http_streams_active'), 0);
+  assert.ok(await value('coli_http_client_disconnects_total') > disconnects);
+  const tokens = await value('coli_completion_tokens_total');
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(await value('coli_completion_tokens_total'), tokens, 'generation ended');
+});
