@@ -321,6 +321,9 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   const std::string id = NewId("chatcmpl-");
   const int64_t created = NowSeconds();
   body.erase("return_progress");  // the gateway's own field, not the template's
+  // vLLM's guided_json / structured_outputs.json: the model family enforces the body's
+  // response_format.
+  if (!f->response_format.empty()) body["response_format"] = Json::parse(f->response_format);
   host::ApplyRequestDefaults(request_defaults_, &body);
   const std::string request_json = Dump(body);
   const ConnectionWatch watch(req.local_port, req.remote_addr, req.remote_port);

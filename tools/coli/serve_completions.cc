@@ -24,6 +24,7 @@ v1::GenerateRequest Gateway::GenerateRequestFor(const SamplingFields& f,
     r.set_prompt(prompt.text);
   }
   r.set_max_tokens(f.max_tokens);
+  r.set_response_format(f.response_format);
   r.set_prompt_only(f.prompt_only);
   if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   r.set_report_progress(f.stream && f.return_progress);

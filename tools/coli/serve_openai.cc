@@ -218,6 +218,76 @@ bool ParseKnobs(const Json& body, SamplingFields* f, ApiError* error) {
   return true;
 }
 
+// vLLM's structured outputs: guided_json (a schema, or its JSON text) and structured_outputs
+// {json: ...} become a json_schema response_format (*out, "" for none); the forms this engine
+// cannot enforce (choice, regex, grammar, structural tags) are refused rather than ignored.
+// Only one way of asking at a time. `take_response_format`: also OpenAI's response_format
+// (/v1/completions; in chat the model family reads it from the body).
+bool ParseGuided(const Json& body, bool take_response_format, std::string* out, ApiError* error) {
+  for (const char* key : {"guided_choice", "guided_regex", "guided_grammar",
+                          "guided_whitespace_pattern", "structural_tag"}) {
+    if (const Json* v = Find(body, key); v != nullptr && !v->is_null()) {
+      *error = BadField(key, std::string(key) +
+                                 " is not supported: this engine enforces JSON schemas "
+                                 "(response_format json_schema, or guided_json)");
+      return false;
+    }
+  }
+  std::vector<std::pair<std::string, Json>> asked;  // (field, schema or response_format)
+  if (const Json* v = Find(body, "guided_json"); v != nullptr && !v->is_null()) {
+    Json schema = v->is_string() ? Json::parse(v->get<std::string>(), nullptr, false) : *v;
+    if (!schema.is_object()) {
+      *error = BadField("guided_json", "guided_json must be a JSON schema (an object or its text)");
+      return false;
+    }
+    asked.emplace_back("guided_json", std::move(schema));
+  }
+  if (const Json* so = Find(body, "structured_outputs"); so != nullptr && !so->is_null()) {
+    if (!so->is_object()) {
+      *error = BadField("structured_outputs", "structured_outputs must be an object");
+      return false;
+    }
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      if (it.key() == "json") {
+        Json schema = it->is_string() ? Json::parse(it->get<std::string>(), nullptr, false) : *it;
+        if (!schema.is_object()) {
+          *error =
+              BadField("structured_outputs.json",
+                       "structured_outputs.json must be a JSON schema (an object or its text)");
+          return false;
+        }
+        asked.emplace_back("structured_outputs", std::move(schema));
+      } else if (!it->is_null() && !(it->is_boolean() && !it->get<bool>())) {
+        *error = BadField("structured_outputs." + it.key(),
+                          "structured_outputs." + it.key() +
+                              " is not supported: this engine enforces JSON schemas "
+                              "(structured_outputs.json)");
+        return false;
+      }
+    }
+  }
+  if (const Json* rf = Find(body, "response_format"); rf != nullptr && !rf->is_null()) {
+    asked.emplace_back("response_format", *rf);
+  }
+  if (asked.size() > 1) {
+    *error = BadField(asked[1].first,
+                      "give one of response_format, guided_json and "
+                      "structured_outputs.json, not " +
+                          asked[0].first + " and " + asked[1].first);
+    return false;
+  }
+  out->clear();
+  if (asked.empty()) return true;
+  if (asked[0].first == "response_format") {
+    if (take_response_format) *out = asked[0].second.dump();
+  } else {
+    *out = Json{{"type", "json_schema"},
+                {"json_schema", {{"name", "output"}, {"schema", asked[0].second}}}}
+               .dump();
+  }
+  return true;
+}
+
 // vLLM's min_tokens, stop_token_ids, ignore_eos and include_stop_str_in_output (ids are
 // checked against the vocabulary by the host).
 bool ParseVllmStops(const Json& body, SamplingFields* f, ApiError* error) {
@@ -472,6 +542,9 @@ std::optional<SamplingFields> ParseChatParams(const Json& body, ApiError* error)
     }
   }
   if (!ParseCommon(body, &f, error)) return std::nullopt;
+  if (!ParseGuided(body, /*take_response_format=*/false, &f.response_format, error)) {
+    return std::nullopt;
+  }
   bool logprobs = false;
   if (!OptBool(body, "logprobs", &logprobs, error)) return std::nullopt;
   int64_t top = -1;
@@ -621,6 +694,9 @@ std::optional<SamplingFields> ParseCompletionParams(const Json& body, int32_t vo
     return std::nullopt;
   }
   if (!OptBool(body, "skip_special_tokens", &f.skip_special_tokens, error)) return std::nullopt;
+  if (!ParseGuided(body, /*take_response_format=*/true, &f.response_format, error)) {
+    return std::nullopt;
+  }
   int64_t logprobs = -1;
   if (!OptInt(body, "logprobs", 0, 20, &logprobs, error)) return std::nullopt;
   f.top_logprobs = static_cast<int>(logprobs);

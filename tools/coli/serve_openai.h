@@ -72,6 +72,10 @@ struct SamplingFields {
   // vLLM's extensions: min_tokens (the stop tokens are not drawn before that many tokens),
   // stop_token_ids (more tokens that end the reply), ignore_eos (the model's stop tokens are
   // never drawn), include_stop_str_in_output (a matched stop string stays in the text).
+  // The response_format to enforce that the body's own `response_format` field does not carry
+  // (compact JSON; "" = none): vLLM's guided_json / structured_outputs.json in chat, and any of
+  // the three in /v1/completions (whose request has no chat body for the model to read).
+  std::string response_format;
   int32_t min_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

@@ -161,3 +161,64 @@ test('an unsupported schema is a 400 naming response_format (chat) / text.format
     (e) => e.status === 400 && e.param === 'text.format' && /properties\.a\.not/.test(e.message),
   );
 });
+
+// vLLM's ways of asking, and /v1/completions (which ignored response_format before: the raw
+// text of random weights came back).
+test('guided_json, structured_outputs.json and completions response_format are enforced', async () => {
+  const chats = [
+    { guided_json: schema },
+    { guided_json: JSON.stringify(schema) },
+    { structured_outputs: { json: schema } },
+  ];
+  for (const extra of chats) {
+    const r = await client.chat.completions.create({
+      model: modelId, messages, max_tokens: 400, enable_thinking: false, temperature: 0, ...extra,
+    });
+    assert.deepEqual(problems(r.choices[0].message.content), [], JSON.stringify(Object.keys(extra)));
+    assert.equal(r.choices[0].finish_reason, 'stop');
+  }
+  for (const extra of [{ response_format: jsonSchemaFormat }, { guided_json: schema },
+    { structured_outputs: { json: schema } }]) {
+    for (const stream of [false, true]) {
+      const params = {
+        model: modelId, prompt: 'A thing:', max_tokens: 400, temperature: 0, ...extra,
+      };
+      let text = '';
+      if (stream) {
+        for await (const c of await client.completions.create({ ...params, stream: true })) {
+          text += c.choices[0]?.text ?? '';
+        }
+      } else {
+        text = (await client.completions.create(params)).choices[0].text;
+      }
+      assert.deepEqual(problems(text), [], `completions ${Object.keys(extra)} stream ${stream}`);
+    }
+  }
+  // json_object on completions: an object (unbounded, so it may be cut by max_tokens).
+  const obj = await client.completions.create({
+    model: modelId, prompt: 'An object:', max_tokens: 200, temperature: 0,
+    response_format: { type: 'json_object' },
+  });
+  const text = obj.choices[0].text;
+  assert.ok(text.trimStart().startsWith('{'), JSON.stringify(text));
+  if (obj.choices[0].finish_reason === 'stop') assert.equal(typeof JSON.parse(text), 'object');
+});
+
+test('guided forms this engine cannot enforce, and two ways at once, are refused', async () => {
+  const cases = [
+    [{ guided_choice: ['a', 'b'] }, 'guided_choice'],
+    [{ guided_regex: '[0-9]+' }, 'guided_regex'],
+    [{ guided_grammar: 'root ::= "a"' }, 'guided_grammar'],
+    [{ structured_outputs: { choice: ['a'] } }, 'structured_outputs.choice'],
+    [{ guided_json: 'not a schema' }, 'guided_json'],
+    [{ guided_json: schema, response_format: jsonSchemaFormat }, 'response_format'],
+  ];
+  for (const path of ['/v1/chat/completions', '/v1/completions']) {
+    for (const [extra, param] of cases) {
+      const body = path === '/v1/completions' ? { prompt: 'x', ...extra } : { messages, ...extra };
+      const r = await post(tiny.base, path, body);
+      assert.equal(r.status, 400, `${path} ${JSON.stringify(extra)}: ${r.text}`);
+      assert.equal(r.json.error.param, param, r.text);
+    }
+  }
+});
