@@ -432,19 +432,22 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
   SendUncompressed(req);
   StreamSse(
       res, watch, Header(id, "chat.completion.chunk", created), f->include_usage,
-      [this, calls, first, fields](const SseSink& unlocked) {
+      f->continuous_usage, [this, calls, first, fields](const SseSink& unlocked) {
         // The choices' threads share the stream: one frame at a time.
         std::mutex frame_mu;
         const SseSink sse = unlocked.Serialized(frame_mu);
+        const int n = fields->n;
+        std::vector<StreamEnd> ends(n);
+        std::vector<ChoiceResult> results(n);
+        // The prompt's size from the host's first event (Started), for every choice's usage.
+        const int64_t prompt_tokens = first->has_started() ? first->started().prompt_tokens() : 0;
         auto chunk = [&](int index, const Json& delta, const Json& finish, const Json& logprobs) {
           return sse.Frame(Json{{"index", index},
                                 {"delta", delta},
                                 {"logprobs", logprobs},
-                                {"finish_reason", finish}});
+                                {"finish_reason", finish}},
+                           prompt_tokens, results[index].completion_tokens);
         };
-        const int n = fields->n;
-        std::vector<StreamEnd> ends(n);
-        std::vector<ChoiceResult> results(n);
         std::vector<grpc::Status> statuses(n);
         auto run = [&](int i) {
           Call& call = *(*calls)[i];
@@ -511,15 +514,16 @@ void Gateway::ChatCompletions(const Req& req, Res& res) {
 }
 
 void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool include_usage,
-                        std::function<StreamEnd(const SseSink&)> body) {
+                        bool continuous_usage, std::function<StreamEnd(const SseSink&)> body) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      kEventStream, [this, watch, header = std::move(header), include_usage,
+      kEventStream, [this, watch, header = std::move(header), include_usage, continuous_usage,
                      body = std::move(body)](size_t, httplib::DataSink& sink) {
         ++streams_active_;
         SseSink sse;
         sse.header = header;
         sse.include_usage = include_usage;
+        sse.continuous_usage = continuous_usage;
         // A frame, whether or not the server stops (the last frames of a stream).
         auto write = [&sink, &watch](const Json& j) {
           const std::string frame = "data: " + Dump(j) + "\n\n";

@@ -382,16 +382,20 @@ void Gateway::Completions(const Req& req, Res& res) {
   auto fields = std::make_shared<SamplingFields>(*f);
   SendUncompressed(req);
   StreamSse(
-      res, watch, Header(id, "text_completion", created), f->include_usage,
+      res, watch, Header(id, "text_completion", created), f->include_usage, f->continuous_usage,
       [this, first_calls, first, fields, prompts, first_texts, prompt_logprobs, together,
        watch](const SseSink& unlocked) {
         // The choices' threads share the stream: one frame at a time.
         std::mutex frame_mu;
         const SseSink sse = unlocked.Serialized(frame_mu);
+        // `r`: the choice's result so far (its usage for continuous_usage_stats).
         auto chunk = [&](int64_t index, const std::string& text, const Json& logprobs,
-                         const Json& finish) {
-          return sse.Frame(Json{
-              {"text", text}, {"index", index}, {"logprobs", logprobs}, {"finish_reason", finish}});
+                         const Json& finish, const CompletionResult& r) {
+          return sse.Frame(Json{{"text", text},
+                                {"index", index},
+                                {"logprobs", logprobs},
+                                {"finish_reason", finish}},
+                           r.prompt_tokens, r.completion_tokens);
         };
         const int n = fields->n;
         StreamEnd end;
@@ -422,16 +426,17 @@ void Gateway::Completions(const Req& req, Res& res) {
                 [&](const char* kind, const Json& payload) {
                   if (!std::strcmp(kind, "tick")) return sse.alive();
                   if (!std::strcmp(kind, "progress")) {
-                    Json c = chunk(index, "", nullptr, nullptr);
+                    Json c = chunk(index, "", nullptr, nullptr, r);
                     c["prompt_progress"] = payload;
                     return sse.send(c);
                   }
-                  return sse.send(chunk(
-                      index, payload["text"].get<std::string>(),
-                      payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr), nullptr));
+                  return sse.send(
+                      chunk(index, payload["text"].get<std::string>(),
+                            payload.contains("logprobs") ? payload["logprobs"] : Json(nullptr),
+                            nullptr, r));
                 });
             if (i == 0 && !together) entries = std::move(r.prompt_entries);
-            if (statuses[i].ok() && !sse.send(chunk(index, "", nullptr, r.finish_reason))) {
+            if (statuses[i].ok() && !sse.send(chunk(index, "", nullptr, r.finish_reason, r))) {
               gone[i] = true;
             }
           };

@@ -442,11 +442,19 @@ class Gateway {
     bool include_usage = false;
     std::function<bool(const Json&)> send;  // one `data:` frame; false once the client is gone
     std::function<bool()> alive;            // the client still reads (checked without writing)
-    // A frame with one choice ("usage": null too when the request asked for the usage frame).
-    Json Frame(Json choice) const {
+    bool continuous_usage = false;          // stream_options.continuous_usage_stats (vLLM's)
+    // A frame with one choice ("usage": null too when the request asked for the usage frame;
+    // with continuous_usage the usage so far: the prompt's tokens and the choice's).
+    Json Frame(Json choice, int64_t prompt_tokens = 0, int64_t completion_tokens = 0) const {
       Json c = header;
       c["choices"] = Json::array({std::move(choice)});
-      if (include_usage) c["usage"] = nullptr;
+      if (continuous_usage) {
+        c["usage"] = Json{{"prompt_tokens", prompt_tokens},
+                          {"completion_tokens", completion_tokens},
+                          {"total_tokens", prompt_tokens + completion_tokens}};
+      } else if (include_usage) {
+        c["usage"] = nullptr;
+      }
       return c;
     }
     // This sink for several threads at once (the choices of one stream): one frame at a time,
@@ -474,7 +482,7 @@ class Gateway {
   // Answers with an SSE stream: `body` sends the choices' frames and says how it ended; then,
   // unless the client went away, the usage frame (include_usage) and `data: [DONE]`.
   void StreamSse(Res& res, ConnectionWatch watch, Json header, bool include_usage,
-                 std::function<StreamEnd(const SseSink&)> body);
+                 bool continuous_usage, std::function<StreamEnd(const SseSink&)> body);
   // After a streamed choice ended with `s`: false ends the stream (the client went away, or the
   // host's error went out as an error frame).
   static bool ChoiceOk(const grpc::Status& s, const SseSink& sse, StreamEnd* end) {

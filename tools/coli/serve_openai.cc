@@ -354,6 +354,14 @@ bool ParseCommon(const Json& body, SamplingFields* f, ApiError* error) {
       }
       f->include_usage = iu->get<bool>();
     }
+    if (const Json* cu = Find(*so, "continuous_usage_stats")) {
+      if (!cu->is_boolean()) {
+        *error = BadField("stream_options.continuous_usage_stats",
+                          "continuous_usage_stats must be a boolean");
+        return false;
+      }
+      f->continuous_usage = cu->get<bool>() && f->include_usage;
+    }
   }
   if (!OptBool(body, "return_progress", &f->return_progress, error)) return false;
   int64_t max_tokens = 0;

@@ -51,6 +51,9 @@ struct SamplingFields {
   std::string model;  // "" = the loaded model
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk carries the
+  // usage so far (its choice's completion tokens).
+  bool continuous_usage = false;
   int32_t max_tokens = 0;      // 0 = up to the context
   float temperature = 1.0f;
   float top_p = 1.0f;

@@ -1,9 +1,10 @@
-// vLLM's stop extensions through the official `openai` npm SDK (as extra body fields) against a
-// real `coli serve` on the tiny Kimi K3 fixture: min_tokens, stop_token_ids, ignore_eos and
-// include_stop_str_in_output, in chat completions and legacy completions. Random weights never
-// stop on cue, so each check forces the token it is about with logit_bias +100 (the server's
-// own /tokenize gives the ids): without the field under test the reply would end (or run)
-// otherwise, which each test shows first.
+// vLLM's stop and streaming-usage extensions through the official `openai` npm SDK (as extra
+// body fields) against a real `coli serve` on the tiny Kimi K3 fixture: min_tokens,
+// stop_token_ids, ignore_eos, include_stop_str_in_output and stream_options
+// .continuous_usage_stats, in chat completions and legacy completions. Random weights never
+// stop on cue, so each stop check forces the token it is about with logit_bias +100 (the
+// server's own /tokenize gives the ids): without the field under test the reply would end (or
+// run) otherwise, which each test shows first.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -129,4 +130,37 @@ test('bad values are refused naming the field', async () => {
   const r = await post(tiny.base, '/v1/completions', { prompt: 'Once', min_tokens: 20 });
   assert.equal(r.status, 400, r.text);
   assert.equal(r.json.error.param, 'min_tokens', r.text);
+});
+
+test('stream_options.continuous_usage_stats: every chunk carries the usage so far', async () => {
+  const check = async (stream, label) => {
+    const usages = [];
+    let last;
+    for await (const c of stream) {
+      if (c.choices.length) usages.push(c.usage);
+      else last = c.usage;  // the final usage-only chunk
+    }
+    assert.ok(usages.length >= 3, label);
+    for (const u of usages) {
+      assert.equal(u.prompt_tokens, last.prompt_tokens, label);
+      assert.equal(u.total_tokens, u.prompt_tokens + u.completion_tokens, label);
+    }
+    const counts = usages.map((u) => u.completion_tokens);
+    assert.deepEqual(counts, [...counts].sort((a, b) => a - b), `${label}: never decreasing`);
+    assert.equal(counts.at(-1), last.completion_tokens, label);
+  };
+  const stream_options = { include_usage: true, continuous_usage_stats: true };
+  await check(await client.chat.completions.create({
+    model: modelId, messages, enable_thinking: false, max_tokens: 6, stream: true, stream_options,
+  }), 'chat');
+  await check(await client.completions.create({
+    model: modelId, prompt: 'Once', max_tokens: 6, stream: true, stream_options,
+  }), 'completions');
+  // Without include_usage it changes nothing (as vLLM's).
+  for await (const c of await client.chat.completions.create({
+    model: modelId, messages, max_tokens: 3, stream: true,
+    stream_options: { continuous_usage_stats: true },
+  })) {
+    assert.equal(c.usage, undefined);
+  }
 });
