@@ -216,6 +216,10 @@ absl::Status ValidateRequest(const GenerationInput& in) {
     return outside("max_tokens", in.max_tokens, "[0, 2147483647] (0 = up to the context)");
   }
   if (in.n < 1 || in.n > kMaxChoices) return outside("n", in.n, "[1, 16] (choices)");
+  if (in.truncate_prompt_tokens < -1) {
+    return outside("truncate_prompt_tokens", in.truncate_prompt_tokens,
+                   "[-1, 2147483647] (-1 = the model's context, 0 = all)");
+  }
   if (!(s.temperature() >= 0.0f && s.temperature() <= kMaxTemperature)) {
     return outside("temperature", s.temperature(), "[0, 100] (0 = greedy)");
   }
@@ -330,6 +334,7 @@ GenerationInput GenerationInput::From(const v1::GenerateRequest& r) {
   if (r.has_prompt_logprobs()) in.prompt_logprobs = r.prompt_logprobs();
   in.prompt_only = r.prompt_only();
   in.n = r.n() == 0 ? 1 : r.n();
+  in.truncate_prompt_tokens = r.truncate_prompt_tokens();
   return in;
 }
 
@@ -346,6 +351,7 @@ GenerationInput GenerationInput::From(const v1::ChatRequest& r) {
   in.response_format = r.response_format();
   in.n = r.n() == 0 ? 1 : r.n();
   if (r.has_prompt_logprobs()) in.prompt_logprobs = r.prompt_logprobs();
+  in.truncate_prompt_tokens = r.truncate_prompt_tokens();
   return in;
 }
 
@@ -545,6 +551,17 @@ absl::StatusOr<std::shared_ptr<Request>> Engine::Submit(GenerationInput input, E
     } else {
       COLI_ASSIGN_OR_RETURN(request->prompt_,
                             model->model->Tokenize(input.prompt, /*allow_special=*/false));
+    }
+    // vLLM's truncate_prompt_tokens: the start goes.
+    size_t keep = request->prompt_.size();
+    if (input.truncate_prompt_tokens > 0) {
+      keep = static_cast<size_t>(input.truncate_prompt_tokens);
+    } else if (input.truncate_prompt_tokens == -1 && model->info.context_capacity() > 1) {
+      keep = static_cast<size_t>(model->info.context_capacity() - 1);
+    }
+    if (keep < request->prompt_.size()) {
+      request->prompt_.erase(request->prompt_.begin(),
+                             request->prompt_.end() - static_cast<ptrdiff_t>(keep));
     }
     return absl::OkStatus();
   }();

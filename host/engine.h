@@ -99,6 +99,9 @@ struct GenerationInput {
   // choice's row. Choice i samples with seed + i; its tokens carry `choice` = i and its end
   // comes to on_choice_finished (n > 1 only). Ignored with prompt_only.
   int32_t n = 1;
+  // vLLM's truncate_prompt_tokens: only the prompt's last this many tokens are read; -1 = the
+  // model's context less one; 0 = all.
+  int32_t truncate_prompt_tokens = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline;
 
   static GenerationInput From(const v1::GenerateRequest& r);

@@ -94,6 +94,7 @@ v1::ChatRequest Gateway::ChatRequestFor(const SamplingFields& f, const std::stri
   r.set_model(info_.id());
   r.set_request_json(request_json);
   r.set_max_tokens(f.max_tokens);
+  r.set_truncate_prompt_tokens(f.truncate_prompt_tokens);
   r.set_report_progress(f.stream && f.return_progress);
   if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   return r;

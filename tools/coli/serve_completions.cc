@@ -25,6 +25,7 @@ v1::GenerateRequest Gateway::GenerateRequestFor(const SamplingFields& f,
   }
   r.set_max_tokens(f.max_tokens);
   r.set_response_format(f.response_format);
+  r.set_truncate_prompt_tokens(f.truncate_prompt_tokens);
   r.set_prompt_only(f.prompt_only);
   if (prompt_logprobs >= 0) r.set_prompt_logprobs(prompt_logprobs);
   r.set_report_progress(f.stream && f.return_progress);

@@ -39,7 +39,8 @@ std::string ParamFromMessage(std::string_view msg) {
                                                 "min_p",
                                                 "top_k",
                                                 "min_tokens",
-                                                "stop_token_ids"};
+                                                "stop_token_ids",
+                                                "truncate_prompt_tokens"};
   size_t start = 0;
   while (start < msg.size()) {
     const size_t colon = msg.find(": ", start);
@@ -291,6 +292,9 @@ bool ParseGuided(const Json& body, bool take_response_format, std::string* out, 
 // vLLM's min_tokens, stop_token_ids, ignore_eos and include_stop_str_in_output (ids are
 // checked against the vocabulary by the host).
 bool ParseVllmStops(const Json& body, SamplingFields* f, ApiError* error) {
+  int64_t truncate = 0;
+  if (!OptInt(body, "truncate_prompt_tokens", -1, 1 << 30, &truncate, error)) return false;
+  f->truncate_prompt_tokens = static_cast<int32_t>(truncate);
   int64_t min_tokens = 0;
   if (!OptInt(body, "min_tokens", 0, 1 << 30, &min_tokens, error)) return false;
   f->min_tokens = static_cast<int32_t>(min_tokens);
@@ -699,6 +703,12 @@ std::optional<SamplingFields> ParseCompletionParams(const Json& body, int32_t vo
     rest.erase("max_tokens");
     if (!ParseCommon(rest, &f, error)) return std::nullopt;
   } else if (!ParseCommon(body, &f, error)) {
+    return std::nullopt;
+  }
+  if (f.echo && f.truncate_prompt_tokens != 0) {
+    *error = BadField("truncate_prompt_tokens",
+                      "truncate_prompt_tokens cannot be combined with echo (which prompt would "
+                      "be echoed?)");
     return std::nullopt;
   }
   if (!OptBool(body, "skip_special_tokens", &f.skip_special_tokens, error)) return std::nullopt;

@@ -79,6 +79,9 @@ struct SamplingFields {
   // (compact JSON; "" = none): vLLM's guided_json / structured_outputs.json in chat, and any of
   // the three in /v1/completions (whose request has no chat body for the model to read).
   std::string response_format;
+  // vLLM's truncate_prompt_tokens: the prompt's last this many tokens only (-1: as many as the
+  // context holds; 0: all).
+  int32_t truncate_prompt_tokens = 0;
   int32_t min_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

@@ -164,3 +164,35 @@ test('stream_options.continuous_usage_stats: every chunk carries the usage so fa
     assert.equal(c.usage, undefined);
   }
 });
+
+test('truncate_prompt_tokens reads only the prompt\'s last tokens', async () => {
+  const ids = (await post(tiny.base, '/tokenize', {
+    prompt: 'The quick brown fox jumps over the lazy dog and runs far away into the hills',
+  })).json.tokens;
+  assert.ok(ids.length > 8);
+  const last = ids.slice(-5);
+  const cut = await client.completions.create({
+    model: modelId, prompt: ids, max_tokens: 6, temperature: 0, truncate_prompt_tokens: 5,
+  });
+  const direct = await client.completions.create({
+    model: modelId, prompt: last, max_tokens: 6, temperature: 0,
+  });
+  assert.equal(cut.usage.prompt_tokens, 5);
+  assert.equal(cut.choices[0].text, direct.choices[0].text, 'the same as the last 5 tokens alone');
+  const r = await chat({ truncate_prompt_tokens: 7 });
+  assert.equal(r.usage.prompt_tokens, 7);
+  // A prompt longer than the context is read from its end instead of refused.
+  const long = Array.from({ length: 9000 }, (_, i) => ids[i % ids.length]);
+  const refused = await post(tiny.base, '/v1/completions', { prompt: long, max_tokens: 2 });
+  assert.equal(refused.status, 400, refused.text);
+  const fits = await client.completions.create({
+    model: modelId, prompt: long, max_tokens: 2, truncate_prompt_tokens: -1,
+  });
+  assert.ok(fits.usage.prompt_tokens < 9000 && fits.usage.prompt_tokens > 100, JSON.stringify(fits.usage));
+  for (const [extra, param] of [[{ truncate_prompt_tokens: -2 }, 'truncate_prompt_tokens'],
+    [{ truncate_prompt_tokens: 3, echo: true }, 'truncate_prompt_tokens']]) {
+    const bad = await post(tiny.base, '/v1/completions', { prompt: 'x', ...extra });
+    assert.equal(bad.status, 400, bad.text);
+    assert.equal(bad.json.error.param, param, bad.text);
+  }
+});
