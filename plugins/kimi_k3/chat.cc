@@ -382,15 +382,21 @@ absl::StatusOr<ThinkingChoice> ResolveThinking(const Json& request) {
   return out;
 }
 
+// An assistant message's reasoning. §6.5.5: an empty reasoning_content falls back to
+// `reasoning`; a blank one does not.
+absl::StatusOr<std::optional<std::string>> ReasoningOf(const Json& m, std::string_view path) {
+  COLI_ASSIGN_OR_RETURN(std::optional<std::string> reasoning,
+                        OptString(m, "reasoning_content", Cat(path, ".reasoning_content")));
+  COLI_ASSIGN_OR_RETURN(std::optional<std::string> fallback,
+                        OptString(m, "reasoning", Cat(path, ".reasoning")));
+  if (!reasoning || reasoning->empty()) reasoning = fallback;
+  return reasoning;
+}
+
 absl::Status RenderAssistant(const Json& m, std::string_view path, bool thinking,
                              SegmentBuilder* b) {
   if (thinking) {
-    // §6.5.5: an empty reasoning_content falls back to `reasoning`; a blank one does not.
-    COLI_ASSIGN_OR_RETURN(std::optional<std::string> reasoning,
-                          OptString(m, "reasoning_content", Cat(path, ".reasoning_content")));
-    COLI_ASSIGN_OR_RETURN(std::optional<std::string> fallback,
-                          OptString(m, "reasoning", Cat(path, ".reasoning")));
-    if (!reasoning || reasoning->empty()) reasoning = fallback;
+    COLI_ASSIGN_OR_RETURN(std::optional<std::string> reasoning, ReasoningOf(m, path));
     b->OpenTag("think");
     if (reasoning && !IsBlank(*reasoning)) b->Text(*reasoning);
     b->CloseTag("think");
@@ -452,11 +458,7 @@ absl::StatusOr<bool> RenderOpenAssistant(const Json& m, std::string_view path, b
   COLI_RETURN_IF_ERROR(AppendContent(m, path, &content));
   const std::vector<Segment> text = content.Take();
   if (thinking) {
-    COLI_ASSIGN_OR_RETURN(std::optional<std::string> reasoning,
-                          OptString(m, "reasoning_content", Cat(path, ".reasoning_content")));
-    COLI_ASSIGN_OR_RETURN(std::optional<std::string> fallback,
-                          OptString(m, "reasoning", Cat(path, ".reasoning")));
-    if (!reasoning || reasoning->empty()) reasoning = fallback;
+    COLI_ASSIGN_OR_RETURN(std::optional<std::string> reasoning, ReasoningOf(m, path));
     b->OpenTag("think");
     if (text.empty()) {
       if (reasoning) b->Text(*reasoning);  // as written: the model goes on from its last byte
