@@ -119,6 +119,20 @@ TEST(MessagesRequestTest, ToolChoiceAndThinkingMap) {
   EXPECT_EQ(with("{}")["enable_thinking"], false);  // absent: off, as in Anthropic's API
   EXPECT_EQ(with(R"({"thinking": {"type": "enabled", "budget_tokens": 1024}})")["enable_thinking"],
             true);
+  // The budget picks K3's thinking effort; output_config.effort wins.
+  EXPECT_EQ(with(R"({"thinking": {"type": "enabled", "budget_tokens": 1024}})")["reasoning_effort"],
+            "low");
+  EXPECT_EQ(with(R"({"max_tokens": 64000, "thinking": {"type": "enabled", "budget_tokens": 8000}})")
+                ["reasoning_effort"],
+            "high");
+  EXPECT_EQ(
+      with(R"({"max_tokens": 64000, "thinking": {"type": "enabled", "budget_tokens": 32000}})")
+          ["reasoning_effort"],
+      "max");
+  EXPECT_EQ(with(R"({"thinking": {"type": "enabled", "budget_tokens": 1024},
+                     "output_config": {"effort": "max"}})")["reasoning_effort"],
+            "max");
+  EXPECT_FALSE(with(R"({"thinking": {"type": "adaptive"}})").contains("reasoning_effort"));
   EXPECT_EQ(with(R"({"thinking": {"type": "adaptive"}})")["enable_thinking"], true);
   EXPECT_EQ(with(R"({"thinking": {"type": "disabled"}})")["enable_thinking"], false);
 }
@@ -225,6 +239,9 @@ TEST(MessageTest, FinishedChoiceBecomesTheMessage) {
   EXPECT_EQ(m["stop_reason"], "stop_sequence");
   EXPECT_EQ(m["stop_sequence"], "two");
   EXPECT_EQ(StopReason(Result("length")), "max_tokens");
+  ChoiceResult full = Result("length");
+  full.context_full = true;
+  EXPECT_EQ(StopReason(full), "model_context_window_exceeded");
   EXPECT_EQ(StopReason(Result("stop")), "end_turn");
   // An empty reply still has its text block (clients read content[0].text).
   EXPECT_EQ(MessageFromResult("m", "k", Result("stop"))["content"],

@@ -301,6 +301,7 @@ grpc::Status Gateway::RunChoice(const SamplingFields& f, Call& call, ChoiceResul
   }
   out->finish_reason = FinishReason(reason, tool_calls, stopped);
   if (stopped) out->stop_sequence = stop.matched();
+  out->context_full = !stopped && reason == v1::FINISH_REASON_CONTEXT;
   // Cut by max_tokens inside the reasoning: the tokens after its last shown text (parts of a
   // character) are reasoning too; nothing was output yet.
   if (out->finish_reason == "length" && !out->reasoning.empty() && out->content.empty() &&

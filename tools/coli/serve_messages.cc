@@ -270,7 +270,9 @@ bool CheckPrefill(const Json& content, const std::string& path, ApiError* error)
 }
 
 // thinking {type: enabled, budget_tokens} / {type: adaptive} / {type: disabled}: whether K3
-// thinks. budget_tokens is checked as Anthropic checks it but bounds nothing beyond max_tokens.
+// thinks. budget_tokens is checked as Anthropic checks it and picks K3's thinking effort (below
+// 4096 low, below 16384 high, else max; output_config.effort wins): K3 has no token budget, the
+// effort is how it is told to think less.
 bool MapThinking(const Json* thinking, int64_t max_tokens, bool count_only, Json* chat,
                  ApiError* error) {
   bool on = false;  // absent: no thinking, as in Anthropic's API
@@ -288,6 +290,8 @@ bool MapThinking(const Json* thinking, int64_t max_tokens, bool count_only, Json
                           "thinking.budget_tokens must be less than max_tokens");
         return false;
       }
+      const int64_t tokens = budget->get<int64_t>();
+      (*chat)["reasoning_effort"] = tokens < 4096 ? "low" : tokens < 16384 ? "high" : "max";
       on = true;
     } else if (kind == "adaptive") {
       on = true;
@@ -544,6 +548,7 @@ std::string AnthropicErrorBody(int http_status, const std::string& openai_body) 
 
 Json StopReason(const ChoiceResult& r) {
   if (!r.stop_sequence.empty()) return "stop_sequence";
+  if (r.context_full) return "model_context_window_exceeded";
   if (r.finish_reason == "length") return "max_tokens";
   if (r.finish_reason == "tool_calls") return "tool_use";
   return "end_turn";

@@ -52,7 +52,8 @@ Json AnthropicError(const ApiError& error);
 // is when it is not one).
 std::string AnthropicErrorBody(int http_status, const std::string& openai_body);
 
-// stop_reason (end_turn, max_tokens, stop_sequence, tool_use) and stop_sequence (the matched
+// stop_reason (end_turn, max_tokens, model_context_window_exceeded, stop_sequence, tool_use) and
+// stop_sequence (the matched
 // string or null) of a finished choice.
 Json StopReason(const ChoiceResult& r);
 Json StopSequence(const ChoiceResult& r);

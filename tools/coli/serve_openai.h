@@ -171,6 +171,7 @@ struct ChoiceResult {
   int64_t reasoning_tokens = 0, cached_tokens = 0;
   std::vector<v1::TokenLogprobs> prompt_entries;  // asked prompt_logprobs, positions 1…
   std::string stop_sequence;  // the stop sequence that ended the reply ("" for another end)
+  bool context_full = false;  // the reply ended because the context was full (finish "length")
 };
 
 // "chatcmpl-<24 hex>" style ids.

@@ -368,3 +368,29 @@ test('a streamed message whose client hangs up stops generating (tiny fixture)',
   await new Promise((r) => setTimeout(r, 300));
   assert.equal(await value('coli_completion_tokens_total'), tokens, 'generation ended');
 });
+
+test('a reply that fills the context ends with model_context_window_exceeded (tiny fixture)', async () => {
+  const anthropic = new Anthropic({ baseURL: tiny.base, apiKey: 'unused', maxRetries: 0 });
+  const models = await (await fetch(`${tiny.base}/v1/models`)).json();
+  const { id: model, max_model_len: capacity } = models.data[0];
+  // A prompt a few tokens short of the context: its size from count_tokens.
+  const count = async (k) => (await anthropic.messages.countTokens({
+    model, messages: [{ role: 'user', content: 'word '.repeat(k) }],
+  })).input_tokens;
+  const base = await count(0);
+  const per = (await count(1000)) - base;
+  const k = Math.floor((capacity - 6 - base) / (per / 1000));
+  const messages = [{ role: 'user', content: 'word '.repeat(k) }];
+  const prompt = await anthropic.messages.countTokens({ model, messages });
+  assert.ok(prompt.input_tokens < capacity && prompt.input_tokens > capacity - 50,
+    `${prompt.input_tokens} of ${capacity}`);
+  const params = { model, max_tokens: 1000, temperature: 0, messages };
+  const m = await anthropic.messages.create(params);
+  assert.equal(m.stop_reason, 'model_context_window_exceeded');
+  assert.equal(m.usage.output_tokens, capacity - prompt.input_tokens);
+  const s = await anthropic.messages.stream(params).finalMessage();
+  assert.equal(s.stop_reason, 'model_context_window_exceeded');
+  // max_tokens reached first is still max_tokens.
+  const short = await anthropic.messages.create({ ...params, max_tokens: 2 });
+  assert.equal(short.stop_reason, 'max_tokens');
+});
