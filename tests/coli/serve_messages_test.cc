@@ -104,6 +104,28 @@ TEST(MessagesRequestTest, OutputConfigBecomesResponseFormatAndEffort) {
   EXPECT_EQ(MapFails(body).param, "output_config.effort");
 }
 
+TEST(MessagesRequestTest, PlainTextDocumentsAreText) {
+  const MessagesRequest r = MapOk(Parse(R"({"model": "m", "max_tokens": 10, "messages": [
+      {"role": "user", "content": [
+        {"type": "document", "title": "Notes", "source": {"type": "text",
+         "media_type": "text/plain", "data": "Line one."}},
+        {"type": "document", "source": {"type": "content", "content": [
+         {"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}},
+        {"type": "text", "text": "Summarise."}]}]})"));
+  EXPECT_EQ(r.chat["messages"][0]["content"],
+            Parse(R"([{"type": "text", "text": "Notes\n\nLine one."},
+                      {"type": "text", "text": "A\nB"},
+                      {"type": "text", "text": "Summarise."}])"));
+  const ApiError pdf = MapFails(Parse(R"({"model": "m", "max_tokens": 10, "messages": [
+      {"role": "user", "content": [{"type": "document", "source": {"type": "base64",
+       "media_type": "application/pdf", "data": "JVBE"}}]}]})"));
+  EXPECT_EQ(pdf.param, "messages[0].content[0].source");
+  EXPECT_EQ(MapFails(Parse(R"({"model": "m", "max_tokens": 10, "messages": [{"role": "user",
+      "content": "hi"}], "mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]})"))
+                .param,
+            "mcp_servers");
+}
+
 TEST(MessagesRequestTest, ToolChoiceAndThinkingMap) {
   auto with = [](const char* extra) {
     Json body = Parse(R"({"model": "m", "max_tokens": 2000,

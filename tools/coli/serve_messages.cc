@@ -78,6 +78,39 @@ bool ReadString(const Json& object, const char* key, const std::string& path, st
   return true;
 }
 
+// A plain-text document block ({source: {type: "text", data}}, or {type: "content", content:
+// text blocks}) as text, its title and context first; other sources (PDF, images, files) are
+// refused: this engine reads text only.
+bool DocumentText(const Json& block, const std::string& where, std::string* out, ApiError* error) {
+  const Json* source = Find(block, "source");
+  const std::string kind = source != nullptr ? TypeOf(*source) : "";
+  std::string body;
+  if (kind == "text") {
+    if (!ReadString(*source, "data", where + ".source", &body, error)) return false;
+  } else if (kind == "content") {
+    const Json* content = Find(*source, "content");
+    if (content == nullptr || !TextOf(*content, where + ".source.content", &body, error)) {
+      if (content == nullptr) {
+        *error = BadField(where + ".source.content", "a content source needs content");
+      }
+      return false;
+    }
+  } else {
+    *error = BadField(where + ".source", "document source type '" + kind +
+                                             "' is unsupported: this engine reads plain-text "
+                                             "documents only (source type text or content)");
+    return false;
+  }
+  out->clear();
+  for (const char* key : {"title", "context"}) {
+    if (const Json* v = Find(block, key); v != nullptr && v->is_string() && !v->empty()) {
+      *out += v->get<std::string>() + "\n\n";
+    }
+  }
+  *out += body;
+  return true;
+}
+
 // One user message: text blocks become a user message; tool_result blocks become tool messages
 // (in their order, text between them kept in place).
 bool MapUserMessage(const Json& content, const std::string& path, Json* messages, ApiError* error) {
@@ -99,6 +132,10 @@ bool MapUserMessage(const Json& content, const std::string& path, Json* messages
       std::string text;
       if (!ReadString(block, "text", where, &text, error)) return false;
       parts.push_back(Json{{"type", "text"}, {"text", text}});
+    } else if (kind == "document") {
+      std::string text;
+      if (!DocumentText(block, where, &text, error)) return false;
+      parts.push_back(Json{{"type", "text"}, {"text", text}});
     } else if (kind == "tool_result") {
       std::string id, text;
       if (!ReadString(block, "tool_use_id", where, &id, error)) return false;
@@ -115,7 +152,7 @@ bool MapUserMessage(const Json& content, const std::string& path, Json* messages
       flush();
       messages->push_back(Json{{"role", "tool"}, {"tool_call_id", id}, {"content", text}});
     } else {
-      *error = UnsupportedBlock(where, kind, "a user", "text and tool_result");
+      *error = UnsupportedBlock(where, kind, "a user", "text, plain-text document and tool_result");
       return false;
     }
   }
@@ -375,6 +412,17 @@ std::optional<MessagesRequest> ParseMessagesRequest(const Json& body, bool count
       return std::nullopt;
     }
     chat["model"] = *m;
+  }
+  // Tools Anthropic's servers would run: this server runs none, so asking for them is refused
+  // rather than answered without them.
+  for (const char* key : {"mcp_servers", "container"}) {
+    if (const Json* v = Find(body, key);
+        v != nullptr && !v->is_null() && !(v->is_array() && v->empty())) {
+      *error = BadField(key, std::string(key) +
+                                 " is not supported: this server runs no tools "
+                                 "(declare custom tools and run them yourself)");
+      return std::nullopt;
+    }
   }
   int64_t max_tokens = 0;
   if (!count_only) {

@@ -26,6 +26,8 @@ let scripted, tiny, client;
 const END = '<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>';
 const RULES = [
   { when: '<|open|>message role="tool"', reply: `It is 21 degrees in Paris.${END}` },
+  // A plain-text document reaches the prompt as text.
+  { when: 'Secret notes say', reply: `The notes say hi.${END}` },
   // A prefilled reply, left open by the template: the model goes on from it.
   { when: '<|open|>response<|sep|>Greetings from', reply: ` the script.${END}` },
   {
@@ -192,6 +194,25 @@ test('a prefilled reply (a last assistant message) is continued, plain and strea
   }), (e) => {
     assert.ok(e instanceof Anthropic.BadRequestError, String(e));
     assert.match(e.error.error.message, /trailing whitespace/);
+    return true;
+  });
+});
+
+test('a plain-text document block is read as text; a PDF one is refused', async () => {
+  const doc = {
+    type: 'document', title: 'Notes',
+    source: { type: 'text', media_type: 'text/plain', data: 'Secret notes say hi' },
+  };
+  const m = await client.messages.create({
+    ...hello, messages: [{ role: 'user', content: [doc, { type: 'text', text: 'What do they say?' }] }],
+  });
+  assert.equal(textOf(m), 'The notes say hi.');
+  await assert.rejects(client.messages.create({
+    ...hello,
+    messages: [{ role: 'user', content: [{ type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: 'JVBE' } }] }],
+  }), (e) => {
+    assert.ok(e instanceof Anthropic.BadRequestError, String(e));
+    assert.match(e.error.error.message, /messages\[0\]\.content\[0\]\.source/);
     return true;
   });
 });
