@@ -50,6 +50,14 @@ expect 2 "no such folder" -- "$coli" run --model "$work/nope" hello
 expect 2 "more than one prompt given" -- "$coli" run hello --ids 1,2
 expect 2 "--system needs --chat" -- "$coli" run hello --system "be brief"
 expect 2 "unknown flag '--bogus'" -- "$coli" run hello --bogus
+# --ignore-eos / --min-tokens (the stop token <|end_of_msg|> forced by +100: one token without).
+eom=$(printf '%s' '<|end_of_msg|>' | "$coli" tokenize --tokenizer "$model" --allow-special |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)[0])')
+forced=(run --model "$model" --chat --no-think hello --ngen 6 --logit-bias "$eom=100")
+expect 0 "), 1 generated" -- "$coli" "${forced[@]}"
+expect 0 "), 6 generated" -- "$coli" "${forced[@]}" --ignore-eos
+expect 0 "), 4 generated" -- "$coli" "${forced[@]}" --min-tokens 3
+expect 2 "--ignore-eos takes no value" -- "$coli" run hello --ignore-eos=1
 
 echo "== coli run: prompts"
 # Was an abort (SIGABRT, exit 134) with --chat: the JSON encoder threw on the bytes.

@@ -5,7 +5,7 @@
 //   coli run [--model DIR] [--host ADDR] "prompt" [--ngen N] [--ids 1,2,3] [--print-ids]
 //            [--temperature T] [--top-p P] [--top-k K] [--seed S] [--logprobs K]
 //            [--frequency-penalty F] [--presence-penalty P] [--repetition-penalty R]
-//            [--min-p M] [--logit-bias ID=BIAS,...]
+//            [--min-p M] [--logit-bias ID=BIAS,...] [--ignore-eos] [--min-tokens N]
 //            [--chat [--system TEXT] [--no-think]] [--json-schema FILE | --json-object]
 //
 // --chat renders the prompt as one user turn with the family's template (K3_THINK=0 or

@@ -95,6 +95,9 @@ std::string RunUsage() {
       "  --top-p P  --top-k K  --min-p M  --logprobs K (0-20)\n"
       "  --frequency-penalty F  --presence-penalty P  --repetition-penalty R\n"
       "  --logit-bias ID=BIAS[,ID=BIAS...]\n"
+      "  --ignore-eos       the model's stop tokens are never drawn: exactly --ngen tokens\n"
+      "                     (benchmarks; llama.cpp's flag)\n"
+      "  --min-tokens N     the stop tokens are not drawn before N tokens\n"
       "  --json-schema FILE | --json-object   enforce the output's form (with --chat, the answer's)\n"
       "  Flags take --flag VALUE or --flag=VALUE. Ctrl-C stops the reply (exit 130).\n");
 }
@@ -122,6 +125,12 @@ absl::StatusOr<RunFlags> ParseRunFlags(int argc, char** argv) {
             "is full or the model ends its turn");
       }
       f.ngen = n < 0 ? 0 : static_cast<int32_t>(n);  // the host's 0 = up to the context
+    } else if (args.Is("--ignore-eos")) {  // llama.cpp's flag
+      COLI_RETURN_IF_ERROR(args.NoValue());
+      f.sampling.set_ignore_eos(true);
+    } else if (args.Is("--min-tokens")) {
+      COLI_ASSIGN_OR_RETURN(int64_t n, args.Int(0, kMaxInt32));
+      f.sampling.set_min_tokens(static_cast<int32_t>(n));
     } else if (args.Is("--ids")) {
       COLI_ASSIGN_OR_RETURN(std::string list, args.Value());
       for (absl::string_view piece : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
