@@ -68,6 +68,8 @@ void Usage(bool web, FILE* out) {
       "  --api-key KEY  require 'Authorization: Bearer KEY' (env COLI_API_KEY)\n"
       "  --connect ADDR use a running coli-host instead of starting one\n"
       "  --model-id ID  the id the model is served as (default: its folder's name)\n"
+      "  --served-model-name NAME  another name requests may use (repeatable; the first is the\n"
+      "                 id without --model-id)\n"
       "  --max-background N  background /v1/responses running at once, 0-1024 (default 16)\n"
       "  --responses-dir DIR  keep finished stored /v1/responses in DIR, one file each,\n"
       "                 so they survive a restart (env COLI_RESPONSES_DIR; default:\n"
@@ -92,6 +94,10 @@ struct GatewayFlags {
   size_t max_background = 16;
   size_t http_threads = 256;
   std::vector<std::string> allowed_origins;
+  // --served-model-name (vLLM's flag, repeatable): more names requests may use for the model (a
+  // client with a fixed model name, such as an agent written for another API); the first is the
+  // id when --model-id is not given.
+  std::vector<std::string> served_names;
   // The private host's (client::ConnectOptions); 0 = not given.
   int workers = 0, queue = 0;
 };
@@ -118,6 +124,8 @@ absl::StatusOr<GatewayFlags> ParseGatewayFlags(int argc, char** argv, bool web) 
       COLI_RETURN_IF_ERROR(cli::CheckGrpcAddress("--connect", f.connect, /*listening=*/false));
     } else if (args.Is("--model-id")) {
       COLI_ASSIGN_OR_RETURN(f.model_id, args.NonEmptyValue("an id"));
+    } else if (args.Is("--served-model-name")) {
+      COLI_ASSIGN_OR_RETURN(f.served_names.emplace_back(), args.NonEmptyValue("a name"));
     } else if (args.Is("--responses-dir")) {
       COLI_ASSIGN_OR_RETURN(f.responses_dir, args.NonEmptyValue("a folder"));
     } else if (args.Is("--allow-origin")) {
@@ -157,6 +165,10 @@ absl::StatusOr<GatewayFlags> ParseGatewayFlags(int argc, char** argv, bool web) 
     }
   }
   if (f.help) return f;
+  if (f.model_id.empty() && !f.served_names.empty()) {
+    f.model_id = f.served_names.front();
+    f.served_names.erase(f.served_names.begin());
+  }
   if (!f.connect.empty() && (f.workers != 0 || f.queue != 0)) {
     // They size the host this command starts; a --connect host was sized when it started.
     return absl::InvalidArgumentError(absl::StrCat(
@@ -287,6 +299,7 @@ int RunGateway(int argc, char** argv, bool web) {
   Gateway gateway(&(*client)->stub(), info, api_key, web, flags.max_background,
                   std::move(stored_dir), std::move(allowed_origins));
   gateway.set_request_defaults(std::move(environment->request));
+  gateway.set_model_aliases(flags.served_names);
   gateway.Register(&server);
   int bound = port;
   if (port == 0) {

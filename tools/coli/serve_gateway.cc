@@ -92,7 +92,10 @@ bool Gateway::Body(const Req& req, Res& res, Json* body) {
 }
 
 bool Gateway::ModelOk(const std::string& model, Res& res) {
-  if (model.empty() || model == info_.id()) return true;
+  if (model.empty() || model == info_.id() ||
+      std::find(aliases_.begin(), aliases_.end(), model) != aliases_.end()) {
+    return true;
+  }
   ApiError e;
   e.http_status = 404;
   e.code = "model_not_found";
@@ -104,9 +107,10 @@ bool Gateway::ModelOk(const std::string& model, Res& res) {
 
 void Gateway::Models(const Req& req, Res& res) {
   if (!Authorized(req, res)) return;
-  auto entry = [&] {
+  // The model under `name`: its id, or a --served-model-name (vLLM lists each).
+  auto entry = [&](const std::string& name) {
     Json m;
-    m["id"] = info_.id();
+    m["id"] = name;
     m["object"] = "model";
     m["created"] = 0;
     m["owned_by"] = "coli";
@@ -114,23 +118,24 @@ void Gateway::Models(const Req& req, Res& res) {
     m["family"] = info_.family();
     // Anthropic's model object too (its SDKs' models.list / retrieve read these).
     m["type"] = "model";
-    m["display_name"] = info_.id();
+    m["display_name"] = name;
     m["created_at"] = "1970-01-01T00:00:00Z";  // `created` 0, as an RFC 3339 time
     return m;
   };
   if (req.matches.size() > 1) {
     const std::string id = req.matches[1];
     if (!ModelOk(id, res)) return;
-    Reply(res, 200, entry());
+    Reply(res, 200, entry(id));
     return;
   }
   Json out;
   out["object"] = "list";
-  out["data"] = Json::array({entry()});
+  out["data"] = Json::array({entry(info_.id())});
+  for (const std::string& alias : aliases_) out["data"].push_back(entry(alias));
   // Anthropic's page fields: one page holds every model.
   out["has_more"] = false;
-  out["first_id"] = info_.id();
-  out["last_id"] = info_.id();
+  out["first_id"] = out["data"].front()["id"];
+  out["last_id"] = out["data"].back()["id"];
   Reply(res, 200, out);
 }
 

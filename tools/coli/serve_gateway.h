@@ -237,6 +237,8 @@ class Gateway {
   // The chat-request defaults of the environment (ABI 1.10 switches such as K3_THINK, e.g.
   // {"enable_thinking": false}): put into each chat request that does not set the field.
   void set_request_defaults(nlohmann::json defaults) { request_defaults_ = std::move(defaults); }
+  // More names a request may give for the model (--served-model-name); replies name its id.
+  void set_model_aliases(std::vector<std::string> aliases) { aliases_ = std::move(aliases); }
   // The methods `path` takes ("" when no endpoint has that path), for Allow and 405.
   std::vector<std::string> MethodsFor(const std::string& path) const;
   // Ends every stream at its next token or event (their clients are treated as gone), cancels
@@ -590,6 +592,7 @@ class Gateway {
   ConnectionMonitor monitor_;  // cancels host calls whose clients went away
   int32_t first_special_ = 0;
   nlohmann::json request_defaults_ = nlohmann::json::object();
+  std::vector<std::string> aliases_;  // --served-model-name
 
   std::mutex mu_;
   std::map<int, uint64_t> http_by_status_;

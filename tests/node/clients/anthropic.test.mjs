@@ -18,6 +18,8 @@ import {
 } from '../openai/serve_helpers.mjs';
 
 const KEY = 'sk-messages-test';
+// A name an agent written for Claude sends, served with --served-model-name.
+const ALIAS = 'claude-sonnet-4-5';
 let scripted, tiny, client;
 
 // The scripted K3 family with replies for both modes: a prompt that opens the think channel is
@@ -55,7 +57,7 @@ function scriptedModel() {
 
 before(async () => {
   scripted = await startServer(scriptedModel(), { COLI_PLUGIN_DIR: SCRIPTED_PLUGINS },
-    ['--api-key', KEY, '--model-id', 'k3_scripted']);
+    ['--api-key', KEY, '--model-id', 'k3_scripted', '--served-model-name', ALIAS]);
   client = new Anthropic({ baseURL: scripted.base, apiKey: KEY, maxRetries: 0 });
 });
 after(async () => { await stopServer(scripted); await stopServer(tiny); });
@@ -84,16 +86,21 @@ async function streamed(params) {
   return { message, text, thinking, json };
 }
 
-test('models.list and models.retrieve read the served model', async () => {
+test('models.list and models.retrieve read the served model and its alias', async () => {
   const ids = [];
   for await (const m of client.models.list()) {
     assert.equal(m.type, 'model');
-    assert.equal(m.display_name, MODEL);
+    assert.equal(m.display_name, m.id);
     assert.ok(!Number.isNaN(Date.parse(m.created_at)), m.created_at);
     ids.push(m.id);
   }
-  assert.deepEqual(ids, [MODEL]);
+  assert.deepEqual(ids, [MODEL, ALIAS]);
   assert.equal((await client.models.retrieve(MODEL)).id, MODEL);
+  assert.equal((await client.models.retrieve(ALIAS)).id, ALIAS);
+  // A request naming the alias is served (the reply names the model's id).
+  const m = await client.messages.create({ ...hello, model: ALIAS });
+  assert.equal(textOf(m), 'Hello from the script.');
+  assert.equal(m.model, MODEL);
   await assert.rejects(client.models.retrieve('claude-opus-4'), Anthropic.NotFoundError);
 });
 
