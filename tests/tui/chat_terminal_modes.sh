@@ -9,7 +9,14 @@ coli=$1 model=$2
 work=$(mktemp -d)
 sock="$work/tmux.sock"
 tmux_() { tmux -S "$sock" "$@"; }
-cleanup() { tmux_ kill-server 2>/dev/null || true; rm -rf "$work"; }
+# The chat a killed tmux server hangs up may still be writing its history into $work/home (and
+# its host removing its socket) for a moment: a failed rm there failed a passed test (set -e
+# holds in the trap). Retried for up to 5 s; never the test's result.
+cleanup() {
+  tmux_ kill-server 2>/dev/null || true
+  for _ in $(seq 25); do rm -rf "$work" 2>/dev/null && return 0; sleep 0.2; done
+  rm -rf "$work" || true
+}
 trap cleanup EXIT
 mkdir -p "$work/home" "$work/tmp"
 
