@@ -365,29 +365,40 @@ struct Mxfp4Float {
       sp[i] = static_cast<const uint8_t*>(w.scales) + (r0 + i) * groups;
     }
     const __m512 tbl = _mm512_loadu_ps(kE2m1);
-    const __m512i low4 = _mm512_set1_epi32(0x0F);
     __m512 ae[R][B], ao[R][B];
     for (int i = 0; i < R; ++i)
       for (int b = 0; b < B; ++b) ae[i][b] = ao[i][b] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {
-      __m512 we[R], wo[R];
+    // The group scales as f32, 16 groups at a time, so each group's table multiply takes its
+    // scale as a broadcast memory operand (no byte -> register -> vector move per group).
+    alignas(64) float sf[R][16];
+    for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+      const int64_t ng = std::min<int64_t>(16, groups - g0);
       for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 16 * g) + kPrefetchBytes, _MM_HINT_T0);
-        }
-        const __m512i v =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp[i] + 16 * g)));
-        const __m512 stab = _mm512_mul_ps(
-            tbl, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(sp[i][g]) << 23)));
-        we[i] = _mm512_permutexvar_ps(_mm512_and_si512(v, low4), stab);
-        wo[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), stab);
+        const __m128i s16 = _mm_maskz_loadu_epi8(LaneMask(ng), sp[i] + g0);
+        _mm512_store_si512(sf[i], _mm512_slli_epi32(_mm512_cvtepu8_epi32(s16), 23));
       }
-      for (int b = 0; b < B; ++b) {
-        const float* x = p.xf + (b0 + b) * cols + 32 * g;
-        const __m512 xe = _mm512_load_ps(x), xo = _mm512_load_ps(x + 16);
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        const int64_t g = g0 + gi;
+        __m512 we[R], wo[R];
         for (int i = 0; i < R; ++i) {
-          ae[i][b] = _mm512_fmadd_ps(we[i], xe, ae[i][b]);
-          ao[i][b] = _mm512_fmadd_ps(wo[i], xo, ao[i][b]);
+          if ((g & 3) == 0) {
+            _mm_prefetch(reinterpret_cast<const char*>(wp[i] + 16 * g) + kPrefetchBytes,
+                         _MM_HINT_T0);
+          }
+          const __m512i v = _mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp[i] + 16 * g)));
+          const __m512 stab = _mm512_mul_ps(tbl, _mm512_set1_ps(sf[i][gi]));
+          // vpermps reads only bits 0-3 of each index: the low nibble needs no mask.
+          we[i] = _mm512_permutexvar_ps(v, stab);
+          wo[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), stab);
+        }
+        for (int b = 0; b < B; ++b) {
+          const float* x = p.xf + (b0 + b) * cols + 32 * g;
+          const __m512 xe = _mm512_load_ps(x), xo = _mm512_load_ps(x + 16);
+          for (int i = 0; i < R; ++i) {
+            ae[i][b] = _mm512_fmadd_ps(we[i], xe, ae[i][b]);
+            ao[i][b] = _mm512_fmadd_ps(wo[i], xo, ao[i][b]);
+          }
         }
       }
     }
