@@ -400,6 +400,10 @@ expect 2 "--max-background: '-1' is outside [0, 1024]" -- timeout 20 "$coli" ser
 expect 2 "--api-key needs a value" -- timeout 20 "$coli" web --api-key
 expect 2 "--api-key needs a value, got the flag '--port'" -- timeout 20 "$coli" web --api-key --port 1
 expect 2 "--host is empty" -- timeout 20 "$coli" web --host=
+# coli run / chat --host names a coli-host to reach: a port outside 1-65535 or no port is a usage
+# error, not "cannot reach coli-host".
+expect 2 "--host '127.0.0.1:99999': the port: '99999' is outside [1, 65535]" -- timeout 20 "$coli" run --host 127.0.0.1:99999 hi
+expect 2 "--host 'nohost' is not unix:/path or HOST:PORT" -- timeout 20 "$coli" chat --host nohost
 expect 2 "--allow-origin 'http://x/' is not an origin" -- timeout 20 "$coli" web --allow-origin http://x/
 expect 2 "unknown flag '--bogus'" -- timeout 20 "$coli" web --bogus
 expect 2 "unexpected argument 'stray'" -- timeout 20 "$coli" serve --model "$model" stray

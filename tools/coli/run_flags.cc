@@ -43,7 +43,7 @@ absl::StatusOr<bool> TakeCommonFlag(ArgReader& args, CommonFlags* f) {
     f->model_given = true;
   } else if (args.Is("--host")) {
     COLI_ASSIGN_OR_RETURN(f->host, args.Value());
-    if (f->host.empty()) return absl::InvalidArgumentError("--host is empty: give an address");
+    COLI_RETURN_IF_ERROR(CheckGrpcAddress("--host", f->host, /*listening=*/false));
   } else if (args.Is("--temperature") || args.Is("--temp")) {
     COLI_ASSIGN_OR_RETURN(double t, args.Real(0, 100));
     f->sampling.set_temperature(static_cast<float>(t));
