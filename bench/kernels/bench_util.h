@@ -43,11 +43,11 @@ class BenchMatrices {
 std::vector<float> RandomActivations(int64_t n, uint64_t seed);
 
 // Streaming read bandwidth in GB/s (1e9 bytes/s): `bytes` (>= 1 GiB for the report) read with
-// `threads` OpenMP threads over contiguous slices, `reps` passes (alternately without and with
-// software prefetch on AVX-512); timed with the process CPU clock instead of the wall clock when
+// `threads` OpenMP threads over contiguous slices, `reps` passes taking turns over three ways of
+// reading a slice: one stream, one stream with software prefetch (AVX-512), 8 streams side by
+// side (AVX2 / AVX-512); timed with the process CPU clock instead of the wall clock when
 // `cpu_time` (single-thread use on a shared machine). `best` is the fastest pass (the STREAM
-// convention); `mean` is bytes over time of all passes of the better variant (plain or prefetch),
-// the sustained rate.
+// convention); `mean` is bytes over time of all passes of the best variant, the sustained rate.
 struct ReadBandwidth {
   double best = 0, mean = 0;
 };

@@ -10,11 +10,17 @@ FORMATS = {"mxfp4", "mxfp4_idot", "int8", "int4g64", "f32"}
 
 def main() -> int:
     coli = sys.argv[1]
-    out = subprocess.run([coli, "bench", "kernels", "--quick", "--json", "--threads", "2"],
+    # --row-streams 2: a count no CPU defaults to, so the JSON shows the flag reached the kernels.
+    out = subprocess.run([coli, "bench", "kernels", "--quick", "--json", "--threads", "2",
+                          "--row-streams", "2"],
                          check=True, stdout=subprocess.PIPE).stdout.decode()
     doc = json.loads(out)  # exactly one object: json.loads refuses trailing text
     assert set(doc) == {"read_bw_gbs", "read_bw_start_gbs", "read_bw_end_gbs", "read_bw_mean_gbs",
-                        "results"}, doc.keys()
+                        "row_streams", "results"}, doc.keys()
+    assert doc["row_streams"] == 2, doc["row_streams"]
+    bad = subprocess.run([coli, "bench", "kernels", "--row-streams", "3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert bad.returncode == 2 and b"--row-streams needs 1, 2 or 4" in bad.stderr, bad
     assert doc["read_bw_gbs"] > 0, doc["read_bw_gbs"]
     # The sustained rate (all passes) cannot beat the best pass.
     assert 0 < doc["read_bw_mean_gbs"] <= doc["read_bw_gbs"] * (1 + 1e-9), doc

@@ -75,6 +75,7 @@ struct Prepared {
   int64_t qs_stride = 0;       // groups per batch row
   const float* xf = nullptr;
   int64_t xf_stride = 0;
+  int row_streams = 1;  // batch 1: rows read side by side (MatmulOptions::row_streams, resolved)
 };
 
 // One kernel computes rows [row_begin, row_end) of y for every batch row.

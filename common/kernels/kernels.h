@@ -123,7 +123,14 @@ class QuantizedMatrix {
 struct MatmulOptions {
   bool idot = true;  // K3_IDOT: int8 activations per 32 (MXFP4) / 64 (int8, int4) group
   int threads = 0;   // 0 = OpenMP default
+  // Batch 1 on the AVX-512 integer paths: how many weight rows, far apart in memory, each thread
+  // reads side by side (1, 2 or 4; 0 = DefaultRowStreams()). Results do not depend on it.
+  int row_streams = 0;
 };
+
+// 4 on Intel CPUs with the AVX-512 kernels (a core there reads several streams faster than one),
+// else 1 (Zen 5 reads one linear stream at full speed).
+int DefaultRowStreams();
 
 // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b in [0, batch). Each weight byte is read
 // once per call, not once per row of x. Validates shapes (INVALID_ARGUMENT); with idot, a

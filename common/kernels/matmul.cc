@@ -52,6 +52,12 @@ Isa DetectIsaOnce() {
   return Isa::kScalar;
 }
 
+bool IsIntel() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
+}
+
 Isa ChooseIsaOnce() {
   return internal::ApplyIsaOverride(std::getenv("COLI_ISA"), DetectedIsa(), HasAvxVnni());
 }
@@ -315,6 +321,11 @@ Isa ActiveIsa() {
   return isa;
 }
 
+int DefaultRowStreams() {
+  static const int streams = ActiveIsa() == Isa::kAvx512 && IsIntel() ? 4 : 1;
+  return streams;
+}
+
 namespace internal {
 
 bool IsaSupported(Isa isa) {
@@ -375,6 +386,12 @@ absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t
   if (options.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("matmul: threads ", options.threads, " < 0"));
   }
+  if (options.row_streams != 0 && options.row_streams != 1 && options.row_streams != 2 &&
+      options.row_streams != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul: row_streams ", options.row_streams, " is not 0, 1, 2 or 4"));
+  }
+  const int row_streams = options.row_streams > 0 ? options.row_streams : DefaultRowStreams();
   if (batch == 0 || w.rows == 0) return absl::OkStatus();
   if (x == nullptr || y == nullptr) {
     return absl::InvalidArgumentError("matmul: activation or output pointer is null");
@@ -391,6 +408,7 @@ absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t
   const auto prepare = [&](Prepared* prepared) -> absl::Status {
     thread_local Buffers buffers;
     const Layout layout = PrepareLayout(isa, w, x, batch, options.idot, buffers, prepared);
+    prepared->row_streams = row_streams;
     for (int64_t b = 0; b < batch; ++b) {
       if (absl::Status s = PrepareRow(isa, w, *prepared, layout, b); !s.ok()) return s;
     }

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/kernels/internal.h"
 
@@ -35,7 +36,7 @@ COLI_AVX512 inline float Reduce16(__m512 v) {
 // more than the hardware prefetchers follow at full rate).
 constexpr int64_t kPrefetchBytes = 2048;
 
-// Batch 1 streams the weights as one linear read (whole rows in order); prefetching this far ahead
+// Batch 1 streams the weights as linear reads of whole rows in order; prefetching this far ahead
 // of the loads keeps enough misses in flight to run at the read bandwidth (measured on Zen 5:
 // 2 KiB reached ~0.62 of it, 8 KiB ~0.8–0.95; 4–16 KiB were alike).
 constexpr int64_t kRowPrefetchBytes = 8192;
@@ -409,8 +410,10 @@ struct Mxfp4Float {
 };
 
 // ---------------------------------------------------------------- batch 1, one row at a time
-// For one activation row the weights are read as a single linear stream (whole rows in order),
-// which this memory system follows at full speed, unlike several row streams at once. The combined
+// For one activation row the weights are read as linear streams of whole rows: one stream per
+// thread (IdotRow), which Zen 5 follows at full speed, or `Prepared::row_streams` rows far apart
+// in memory at once (IdotRows: a core of an Emerald Rapids Xeon reads 4 such streams 16–28 %
+// faster than one; adjacent rows do not help). The combined
 // scales (weight scale × activation scale) of 16 groups are formed with one multiply and spread to
 // each block's lanes with one permute, which keeps loads per 64-byte block to the weights, the
 // activation codes and their correction. Products and accumulation order are those of Tile.
@@ -458,6 +461,60 @@ COLI_AVX512 void IdotRow(const MatrixView& w, const Prepared& p, float* y, int64
   y[r] = Reduce16(acc[0][0]);
 }
 
+// IdotRow on S rows at once (`rows`, far apart): S read streams, one set of activation loads.
+// Each row's products and order are IdotRow's, so the results are bit-identical to it.
+template <class F, int S>
+COLI_AVX512 void IdotRows(const MatrixView& w, const Prepared& p, float* y,
+                          const int64_t (&rows)[S]) {
+  constexpr int kGroups = F::kGroupsPerBlock, kChunk = 16 / kGroups;
+  const int64_t cols = w.cols, groups = cols / F::kGroupCols, nfull = groups / kGroups;
+  const uint8_t* wp[S];
+  const typename F::Scale* sp[S];
+  for (int j = 0; j < S; ++j) {
+    wp[j] = static_cast<const uint8_t*>(w.data) + rows[j] * (cols / 2);
+    sp[j] = static_cast<const typename F::Scale*>(w.scales) + rows[j] * groups;
+  }
+  constexpr int64_t kScaleAhead =
+      kRowPrefetchBytes * sizeof(typename F::Scale) / (F::kGroupCols / 2);
+  const __m512i tbl = F::Table(), pick0 = F::ScalePick(), step = _mm512_set1_epi32(kGroups);
+  __m512 acc[S];
+  for (int j = 0; j < S; ++j) acc[j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + kChunk <= nfull; k += kChunk) {
+    const __m512 xg = _mm512_load_ps(p.xg + kGroups * k);
+    __m512 sc[S];
+    for (int j = 0; j < S; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(sp[j] + kGroups * k) + kScaleAhead, _MM_HINT_T0);
+      sc[j] = _mm512_mul_ps(F::Scales16(sp[j] + kGroups * k), xg);
+    }
+    __m512i pick = pick0;
+    for (int q = 0; q < kChunk; ++q) {
+      COLI_IN_REG(pick);
+      const int64_t off = k + q;
+      const __m512i c = _mm512_load_si512(p.corr + off * 16);
+      const __m512i xe = _mm512_load_si512(p.xq + off * 128);
+      const __m512i xo = _mm512_load_si512(p.xq + off * 128 + 64);
+      for (int j = 0; j < S; ++j) {
+        const uint8_t* src = wp[j] + 64 * off;
+        _mm_prefetch(reinterpret_cast<const char*>(src + kRowPrefetchBytes), _MM_HINT_T0);
+        __m512i v = _mm512_loadu_si512(src);
+        COLI_IN_REG(v);
+        __m512i wl, wh;
+        F::Decode(v, tbl, wl, wh);
+        __m512i d = _mm512_dpbusd_epi32(c, wl, xe);
+        d = _mm512_dpbusd_epi32(d, wh, xo);
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(pick, sc[j]), acc[j]);
+      }
+      pick = _mm512_add_epi32(pick, step);
+    }
+  }
+  for (int j = 0; j < S; ++j) {
+    __m512 tail[1][1] = {{acc[j]}};
+    F::template Blocks<1, 1>(w, p, rows[j], 0, k, tail);
+    y[rows[j]] = Reduce16(tail[0][0]);
+  }
+}
+
 COLI_AVX512 void Int8IdotRow(const MatrixView& w, const Prepared& p, float* y, int64_t r) {
   const int64_t cols = w.cols, nfull = cols / 64;
   const int8_t* wp = static_cast<const int8_t*>(w.data) + r * cols;
@@ -474,6 +531,61 @@ COLI_AVX512 void Int8IdotRow(const MatrixView& w, const Prepared& p, float* y, i
   }
   Int8Idot::Blocks<1, 1>(w, p, r, 0, k, acc);
   y[r] = static_cast<const float*>(w.scales)[r] * Reduce16(acc[0][0]);
+}
+
+// Int8IdotRow on S rows at once, as IdotRows.
+template <int S>
+COLI_AVX512 void Int8IdotRows(const MatrixView& w, const Prepared& p, float* y,
+                              const int64_t (&rows)[S]) {
+  const int64_t cols = w.cols, nfull = cols / 64;
+  const int8_t* wp[S];
+  for (int j = 0; j < S; ++j) wp[j] = static_cast<const int8_t*>(w.data) + rows[j] * cols;
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[S];
+  for (int j = 0; j < S; ++j) acc[j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k < nfull; ++k) {
+    const __m512i c = _mm512_load_si512(p.corr + k * 16);
+    const __m512i xq = _mm512_load_si512(p.xq + k * 64);
+    const __m512 xs = _mm512_set1_ps(p.xg[k]);
+    for (int j = 0; j < S; ++j) {
+      const int8_t* src = wp[j] + 64 * k;
+      _mm_prefetch(reinterpret_cast<const char*>(src + kRowPrefetchBytes), _MM_HINT_T0);
+      const __m512i v = _mm512_xor_si512(_mm512_loadu_si512(src), bias);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c, v, xq)), xs, acc[j]);
+    }
+  }
+  const float* s = static_cast<const float*>(w.scales);
+  for (int j = 0; j < S; ++j) {
+    __m512 tail[1][1] = {{acc[j]}};
+    Int8Idot::Blocks<1, 1>(w, p, rows[j], 0, k, tail);
+    y[rows[j]] = s[rows[j]] * Reduce16(tail[0][0]);
+  }
+}
+
+// S rows far apart at a time for kernel K: IdotRows or Int8IdotRows.
+template <class K, int S>
+COLI_AVX512 void RowsOf(const MatrixView& w, const Prepared& p, float* y,
+                        const int64_t (&rows)[S]) {
+  if constexpr (std::is_same_v<K, Int8Idot>) {
+    Int8IdotRows<S>(w, p, y, rows);
+  } else {
+    IdotRows<K, S>(w, p, y, rows);
+  }
+}
+
+// Rows [rb, re) as S runs of equal length computed side by side (row i of every run together);
+// returns the first row left for the one-row kernel (fewer than S).
+template <class K, int S>
+COLI_AVX512 int64_t InterleavedRuns(const MatrixView& w, const Prepared& p, float* y, int64_t rb,
+                                    int64_t re) {
+  const int64_t run = (re - rb) / S;
+  for (int64_t i = 0; i < run; ++i) {
+    int64_t rows[S];
+    for (int j = 0; j < S; ++j) rows[j] = rb + j * run + i;
+    RowsOf<K, S>(w, p, y, rows);
+  }
+  return rb + S * run;
 }
 
 // ---------------------------------------------------------------- driver
@@ -522,9 +634,16 @@ template <class K, RowFn Row = nullptr>
 COLI_AVX512 void Drive(const MatrixView& w, const Prepared& p, int64_t batch, float* y, int64_t rb,
                        int64_t re) {
   int64_t r = rb;
-  if (batch == 1 && Row != nullptr) {
-    for (; r < re; ++r) Row(w, p, y, r);
-    return;
+  if constexpr (Row != nullptr) {
+    if (batch == 1) {
+      if (p.row_streams == 4) {
+        r = InterleavedRuns<K, 4>(w, p, y, rb, re);
+      } else if (p.row_streams == 2) {
+        r = InterleavedRuns<K, 2>(w, p, y, rb, re);
+      }
+      for (; r < re; ++r) Row(w, p, y, r);
+      return;
+    }
   }
   if (batch == 1) {
     for (; r + 4 <= re; r += 4) K::template Tile<4, 1>(w, p, y, r, 0);

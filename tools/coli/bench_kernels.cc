@@ -1,9 +1,10 @@
-// `coli bench kernels [--json] [--threads N] [--quick]`: the quantized matmul kernels against
-// this machine's memory read bandwidth.
+// `coli bench kernels [--json] [--threads N] [--quick] [--cpu-time] [--row-streams N]`: the
+// quantized matmul kernels against this machine's memory read bandwidth.
 //
-// First a streaming read of 1 GiB with the same threads, 6 passes (3 with --quick), gives
-// read_bw_gbs (the best pass, as STREAM reports) and read_bw_mean_gbs (the sustained rate). Then,
-// for each format and shape of issue 3 (4096x14336, the K3 expert matrices 3072x3584 and
+// First a streaming read of 1 GiB with the same threads, 6 passes (3 with --quick; one linear
+// stream per thread, the same with software prefetch, 8 streams per thread: the fastest counts),
+// gives read_bw_gbs (the best pass, as STREAM reports) and read_bw_mean_gbs (the sustained rate).
+// Then, for each format and shape of issue 3 (4096x14336, the K3 expert matrices 3072x3584 and
 // 3584x3072, the KDA projection 12288x7168, the int8 lm_head 163840x7168) and batch 1, 8, 32, it
 // times Matmul in as many windows of 1 GiB of weights (or 80 ms) and prints GFLOPS (2·rows·cols·
 // batch per call), weight GB/s (data + scale bytes per call) of the best window and bw_ratio =
@@ -16,6 +17,9 @@
 // host's bandwidth drifting between the probe and a kernel (on this VM it moved from 71 to 28 GB/s
 // within one run) does not skew. Formats: mxfp4 (exact float, idot off), mxfp4_idot, int8 and
 // int4g64 (both with the default integer dots), f32.
+//
+// --row-streams 1|2|4 sets MatmulOptions::row_streams for batch 1 (default: this CPU's,
+// kernels::DefaultRowStreams(); the JSON's "row_streams" says which ran).
 //
 // --cpu-time times with the process CPU clock instead of the wall clock (read probe included).
 // Only meaningful with --threads 1: it is for shared machines, where other processes' load
@@ -61,7 +65,9 @@ struct Result {
 };
 
 int Usage(std::FILE* out = stderr) {
-  std::fprintf(out, "usage: coli bench kernels [--json] [--threads N] [--quick] [--cpu-time]\n");
+  std::fprintf(out,
+               "usage: coli bench kernels [--json] [--threads N] [--quick] [--cpu-time] "
+               "[--row-streams 1|2|4]\n");
   return 2;
 }
 
@@ -71,9 +77,21 @@ int RunBenchKernels(int argc, char** argv) {
     Usage(stdout);
     return 0;
   }
+  int row_streams = kernels::DefaultRowStreams();
   for (int i = 1; i < argc; ++i) {
     const int taken = bench::TakeComputeFlag("coli bench kernels", argc, argv, &i, &flags);
     if (taken < 0) return 2;
+    if (taken == 0 && !std::strcmp(argv[i], "--row-streams")) {
+      long v = 0;
+      if (i + 1 >= argc || !bench::ParsePositive(argv[i + 1], 4, &v) || v == 3) {
+        std::fprintf(stderr, "coli bench kernels: --row-streams needs 1, 2 or 4 (got '%s')\n",
+                     i + 1 < argc ? argv[i + 1] : "");
+        return 2;
+      }
+      row_streams = static_cast<int>(v);
+      ++i;
+      continue;
+    }
     if (taken == 0) {
       std::fprintf(stderr, "coli bench kernels: unknown argument '%s'\n", argv[i]);
       return Usage();
@@ -105,8 +123,10 @@ int RunBenchKernels(int argc, char** argv) {
   const double window_bytes = static_cast<double>(size_t{1} << 30);
   const double window_seconds = quick ? 0.03 : 0.08;
 
-  std::fprintf(stderr, "[bench kernels] isa %s, %d threads; measuring read bandwidth (1 GiB)\n",
-               kernels::IsaName(kernels::ActiveIsa()), threads);
+  std::fprintf(stderr,
+               "[bench kernels] isa %s, %d threads, %d row streams at batch 1; measuring read "
+               "bandwidth (1 GiB)\n",
+               kernels::IsaName(kernels::ActiveIsa()), threads, row_streams);
   // The probe runs before and after the kernels and the better one is the limit: on a shared
   // machine a neighbour can hold the memory bus during one of them.
   const bench::ReadBandwidth read_start =
@@ -126,7 +146,8 @@ int RunBenchKernels(int argc, char** argv) {
       for (int64_t batch : batches) {
         const std::vector<float> x = bench::RandomActivations(batch * shape.cols, 11);
         std::vector<float> y(batch * shape.rows);
-        const kernels::MatmulOptions opt{cfg.idot, threads};
+        const kernels::MatmulOptions opt{
+            .idot = cfg.idot, .threads = threads, .row_streams = row_streams};
         if (absl::Status s = kernels::Matmul(mats.view(0), x.data(), batch, y.data(), opt);
             !s.ok()) {
           std::fprintf(stderr, "coli bench kernels: %s\n", std::string(s.message()).c_str());
@@ -197,8 +218,8 @@ int RunBenchKernels(int argc, char** argv) {
   if (json) {
     std::printf(
         "{\"read_bw_gbs\": %.3f, \"read_bw_start_gbs\": %.3f, \"read_bw_end_gbs\": %.3f, "
-        "\"read_bw_mean_gbs\": %.3f, \"results\": [",
-        read_bw, read_start.best, read_end.best, read_bw_mean);
+        "\"read_bw_mean_gbs\": %.3f, \"row_streams\": %d, \"results\": [",
+        read_bw, read_start.best, read_end.best, read_bw_mean, row_streams);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::printf(
@@ -212,8 +233,9 @@ int RunBenchKernels(int argc, char** argv) {
     std::printf("]}\n");
   } else {
     std::printf(
-        "read bandwidth: %.1f GB/s best pass, %.1f GB/s sustained (%d threads, isa %s, %s)\n\n",
-        read_bw, read_bw_mean, threads, kernels::IsaName(kernels::ActiveIsa()),
+        "read bandwidth: %.1f GB/s best pass, %.1f GB/s sustained (%d threads, isa %s, %d row "
+        "streams at batch 1, %s)\n\n",
+        read_bw, read_bw_mean, threads, kernels::IsaName(kernels::ActiveIsa()), row_streams,
         cpu_time ? "CPU time" : "wall clock");
     std::printf(
         "| format     | rows x cols    | batch | GFLOPS  | weight GB/s | bw_ratio | sustained "
@@ -237,7 +259,7 @@ int RunBenchKernels(int argc, char** argv) {
 
 COLI_REGISTER_BENCH(kernels, "kernels",
                     "quantized matmul kernels vs memory read bandwidth [--json] [--threads N] "
-                    "[--quick] [--cpu-time]",
+                    "[--quick] [--cpu-time] [--row-streams 1|2|4]",
                     RunBenchKernels);
 
 }  // namespace coli::cli

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/kernels/internal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -673,6 +674,49 @@ TEST(KernelMatmul, EveryPathMatchesScalarAndDoubleReference) {
   }
 }
 
+// Batch 1 with several weight rows read side by side (MatmulOptions::row_streams): bit-identical
+// to the scalar reference for every stream count, thread count (chunk splits, stealing) and a
+// row count that leaves a remainder for the one-row kernel; shapes reach the 16-group main loops
+// and their tails.
+TEST(KernelMatmul, BatchOneRowStreamsMatchScalar) {
+  std::printf("default row streams: %d\n", DefaultRowStreams());
+  EXPECT_TRUE(DefaultRowStreams() == 1 || DefaultRowStreams() == 4);
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const std::pair<WeightFormat, int64_t> cases[] = {{WeightFormat::kMxfp4, 32 * 71},
+                                                    {WeightFormat::kInt4G64, 64 * 35},
+                                                    {WeightFormat::kInt8Row, 64 * 33 + 5},
+                                                    {WeightFormat::kF32, 517}};
+  for (const auto& [f, cols] : cases) {
+    for (int64_t rows : {37, 70}) {
+      TestMatrix m = MakeMatrix(f, rows, cols, rng);
+      std::vector<float> x(cols);
+      for (float& v : x) v = normal(rng);
+      for (bool idot : {false, true}) {
+        std::vector<float> ref(rows, -1.f);
+        ASSERT_TRUE(
+            internal::MatmulWithIsa(Isa::kScalar, m.view(), x.data(), 1, ref.data(), {idot, 1})
+                .ok());
+        for (Isa isa : SupportedIsas()) {
+          for (int streams : {0, 1, 2, 4}) {
+            for (int threads : {1, 2, 3}) {
+              std::vector<float> got(rows, -2.f);
+              const absl::Status st = internal::MatmulWithIsa(
+                  isa, m.view(), x.data(), 1, got.data(),
+                  {.idot = idot, .threads = threads, .row_streams = streams});
+              ASSERT_TRUE(st.ok()) << st;
+              ExpectBitEqual(
+                  got, ref,
+                  absl::StrCat(WeightFormatName(f), idot ? " idot " : " float ", rows, "x", cols,
+                               " ", IsaName(isa), " streams ", streams, " threads ", threads));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelMatmul, BatchRowsEqualSingleRowCalls) {
   std::mt19937 rng(99);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -761,6 +805,11 @@ TEST(KernelMatmul, RefusesBadInput) {
   EXPECT_EQ(Matmul(ok, nullptr, 1, y.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Matmul(ok, x.data(), 1, y.data(), {true, -1}).code(),
             absl::StatusCode::kInvalidArgument);
+  for (int streams : {-1, 3, 8}) {
+    st = Matmul(ok, x.data(), 1, y.data(), {.row_streams = streams});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << streams;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("row_streams")) << streams;
+  }
   EXPECT_TRUE(Matmul(ok, x.data(), 0, y.data()).ok());
   MatrixView zero_cols{WeightFormat::kF32, 2, 0, bytes.data(), nullptr};
   EXPECT_FALSE(Matmul(zero_cols, x.data(), 1, y.data()).ok());
