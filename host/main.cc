@@ -55,8 +55,8 @@ constexpr char kUsage[] =
     "  --max-batch N (1-1024, default 8; 1 = no batching)\n"
     "  --decode-delay-ms N / --prefill-delay-ms N (0-60000; env COLI_DECODE_DELAY_MS,\n"
     "        COLI_PREFILL_DELAY_MS)\n"
-    "  COLI_LOG_LEVEL (debug, info, warning, error), COLI_HUGEPAGES (0, 1) and COLI_ISA\n"
-    "  (scalar, avx2, avxvnni, avx512) are checked at start.\n"
+    "  COLI_LOG_LEVEL (debug, info, warning, error), COLI_HUGEPAGES (0, 1), COLI_ISA\n"
+    "  (scalar, avx2, avxvnni, avx512) and COLI_ROW_STREAMS (1, 2, 4) are checked at start.\n"
     "  GOMP_SPINCOUNT: 1000 unless GOMP_SPINCOUNT or OMP_WAIT_POLICY is set (libgomp's\n"
     "        300000 stalls every parallel region when all cores are busy).\n"
     "  Models named with --model load with the model switches of the environment, which\n"
@@ -95,7 +95,8 @@ absl::Status FromEnv(const char* name, int64_t lo, int64_t hi, bool flag_given, 
 
 // The process-wide switches the libraries read by themselves (common/log, common/kernels,
 // common/memory), checked here so that a misspelt value stops the host instead of being
-// ignored (COLI_LOG_LEVEL, COLI_HUGEPAGES) or only warned about (COLI_ISA) in a log line.
+// ignored (COLI_LOG_LEVEL, COLI_HUGEPAGES) or only warned about (COLI_ISA, COLI_ROW_STREAMS) in a
+// log line.
 absl::Status CheckWordSwitches() {
   struct Switch {
     const char* name;
@@ -103,7 +104,8 @@ absl::Status CheckWordSwitches() {
   };
   const Switch switches[] = {{"COLI_LOG_LEVEL", {"debug", "info", "warning", "warn", "error"}},
                              {"COLI_HUGEPAGES", {"0", "1"}},
-                             {"COLI_ISA", {"scalar", "avx2", "avxvnni", "avx512"}}};
+                             {"COLI_ISA", {"scalar", "avx2", "avxvnni", "avx512"}},
+                             {"COLI_ROW_STREAMS", {"1", "2", "4"}}};
   for (const Switch& sw : switches) {
     const char* v = std::getenv(sw.name);
     if (v == nullptr || *v == '\0') continue;

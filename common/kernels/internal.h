@@ -119,6 +119,10 @@ bool PrepareIdotRowAvx2(WeightFormat format, int64_t cols, const float* x, int64
 Isa ApplyIsaOverride(const char* env, Isa detected, bool avxvnni);
 Isa ApplyIsaOverride(const char* env, Isa detected);
 
+// COLI_ROW_STREAMS handling: `env` (may be null) "1", "2" or "4" replaces `measured` (this CPU's
+// default); any other value is ignored with a warning on stderr.
+int ApplyRowStreamsOverride(const char* env, int measured);
+
 // Matmul with an explicit ISA (tests force each path with it). FAILED_PRECONDITION when the CPU
 // lacks `isa`.
 absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t batch, float* y,

@@ -123,13 +123,14 @@ class QuantizedMatrix {
 struct MatmulOptions {
   bool idot = true;  // K3_IDOT: int8 activations per 32 (MXFP4) / 64 (int8, int4) group
   int threads = 0;   // 0 = OpenMP default
-  // Batch 1 on the AVX-512 integer paths: how many weight rows, far apart in memory, each thread
-  // reads side by side (1, 2 or 4; 0 = DefaultRowStreams()). Results do not depend on it.
+  // Batch 1 on the integer paths (AVX-512, AVX2, AVX-VNNI): how many weight rows, far apart in
+  // memory, each thread reads side by side (1, 2 or 4; 0 = DefaultRowStreams()). Results do not
+  // depend on it.
   int row_streams = 0;
 };
 
-// 4 on Intel CPUs with the AVX-512 kernels (a core there reads several streams faster than one),
-// else 1 (Zen 5 reads one linear stream at full speed).
+// As measured: 4 on Intel CPUs with the AVX-512 kernels, 2 on other CPUs with them (Zen 5), 1 on
+// the AVX2 levels; COLI_ROW_STREAMS=1|2|4 replaces it (read once).
 int DefaultRowStreams();
 
 // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b in [0, batch). Each weight byte is read

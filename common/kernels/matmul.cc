@@ -321,8 +321,19 @@ Isa ActiveIsa() {
   return isa;
 }
 
+// Batch-1 row streams as measured per machine (docs/status/issue-3.md): an Emerald Rapids core
+// reads 4 far-apart streams 16-28 % faster than one; on Zen 5, 2 streams were ahead of 1 on every
+// format (int8 / int4 by 9-43 %, MXFP4 by -2 to +14 %) and 4 behind 2 on int4. The AVX2 levels
+// keep one stream: on a Zen 5 forced onto them more streams won in L2 but not clearly from DRAM,
+// and no AVX2-only CPU was at hand (COLI_ROW_STREAMS tries another count).
+int MeasuredRowStreams() {
+  if (ActiveIsa() != Isa::kAvx512) return 1;
+  return IsIntel() ? 4 : 2;
+}
+
 int DefaultRowStreams() {
-  static const int streams = ActiveIsa() == Isa::kAvx512 && IsIntel() ? 4 : 1;
+  static const int streams =
+      internal::ApplyRowStreamsOverride(std::getenv("COLI_ROW_STREAMS"), MeasuredRowStreams());
   return streams;
 }
 
@@ -373,6 +384,16 @@ Isa ApplyIsaOverride(const char* env, Isa detected, bool avxvnni) {
     return Isa::kAvx2;
   }
   return want;
+}
+
+int ApplyRowStreamsOverride(const char* env, int measured) {
+  if (env == nullptr || *env == '\0') return measured;
+  if (std::strcmp(env, "1") == 0 || std::strcmp(env, "2") == 0 || std::strcmp(env, "4") == 0) {
+    return env[0] - '0';
+  }
+  std::fprintf(stderr, "[kernels] COLI_ROW_STREAMS='%s' is not 1, 2 or 4; using %d\n", env,
+               measured);
+  return measured;
 }
 
 absl::Status MatmulWithIsa(Isa isa, const MatrixView& w, const float* x, int64_t batch, float* y,

@@ -55,7 +55,8 @@ echo "== coli run: switches that must not change the tokens"
 base=$(run 2> /dev/null | grep -E '^[0-9,]+$')
 [[ -n $base ]] || fail "coli run --print-ids printed no ids"
 for assignment in K3_PIPE=0 K3_DIRECT=0 K3_LOAD_THREADS=1 K3_LOAD_THREADS=16 K3_CHUNK=1 \
-  K3_CHUNK=5 K3_EXPERT_GB=0 COLI_ISA=scalar COLI_THREADS=1 K3_THINK=0 COLI_HUGEPAGES=0; do
+  K3_CHUNK=5 K3_EXPERT_GB=0 COLI_ISA=scalar COLI_THREADS=1 K3_THINK=0 COLI_HUGEPAGES=0 \
+  COLI_ROW_STREAMS=1 COLI_ROW_STREAMS=2 COLI_ROW_STREAMS=4; do
   ids=$(env "$assignment" timeout 60 "$coli" run --model "$model" "Hello from coli" --ngen 6 \
     --print-ids 2> "$work/err" | grep -E '^[0-9,]+$')
   [[ $ids == "$base" ]] || fail "$assignment: ids '$ids', wanted '$base': $(tail -c 300 "$work/err")"
@@ -70,7 +71,10 @@ expect 2 "environment variable COLI_HUGEPAGES='no': expected 0, 1" -- \
   env COLI_HUGEPAGES=no timeout 20 "$host" --help
 expect 2 "environment variable COLI_ISA='AVX2': expected scalar" -- \
   env COLI_ISA=AVX2 timeout 20 "$host" --help
-expect 0 "" -- env COLI_LOG_LEVEL=warning COLI_HUGEPAGES=1 COLI_ISA=avx2 "$host" --help
+expect 2 "environment variable COLI_ROW_STREAMS='3': expected 1, 2, 4" -- \
+  env COLI_ROW_STREAMS=3 timeout 20 "$host" --help
+expect 0 "" -- env COLI_LOG_LEVEL=warning COLI_HUGEPAGES=1 COLI_ISA=avx2 COLI_ROW_STREAMS=2 \
+  "$host" --help
 # Through a private host: the client says it exited, the host said why.
 expect 1 "COLI_LOG_LEVEL='bogus'" -- env COLI_LOG_LEVEL=bogus timeout 60 "$coli" run --model "$model" hi --ngen 1
 

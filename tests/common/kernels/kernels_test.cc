@@ -674,13 +674,13 @@ TEST(KernelMatmul, EveryPathMatchesScalarAndDoubleReference) {
   }
 }
 
-// Batch 1 with several weight rows read side by side (MatmulOptions::row_streams): bit-identical
-// to the scalar reference for every stream count, thread count (chunk splits, stealing) and a
-// row count that leaves a remainder for the one-row kernel; shapes reach the 16-group main loops
-// and their tails.
+// Batch 1 with several weight rows read side by side (MatmulOptions::row_streams; AVX-512 and
+// AVX2 / AVX-VNNI integer paths): bit-identical to the scalar reference for every stream count,
+// thread count (chunk splits, stealing) and a row count that leaves a remainder for the one-row
+// kernel; shapes reach the 16-group main loops and their tails.
 TEST(KernelMatmul, BatchOneRowStreamsMatchScalar) {
   std::printf("default row streams: %d\n", DefaultRowStreams());
-  EXPECT_TRUE(DefaultRowStreams() == 1 || DefaultRowStreams() == 4);
+  EXPECT_TRUE(DefaultRowStreams() == 1 || DefaultRowStreams() == 2 || DefaultRowStreams() == 4);
   std::mt19937 rng(77);
   std::normal_distribution<float> normal(0.f, 1.f);
   const std::pair<WeightFormat, int64_t> cases[] = {{WeightFormat::kMxfp4, 32 * 71},
@@ -829,6 +829,18 @@ TEST(KernelMatmul, RefusesBadInput) {
     st = internal::MatmulWithIsa(isa, eight, x3.data(), 3, y3.data(), {true, 2});
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << IsaName(isa);
     EXPECT_THAT(std::string(st.message()), HasSubstr("batch row 1")) << IsaName(isa);
+  }
+}
+
+TEST(KernelIsa, RowStreamsOverride) {
+  using internal::ApplyRowStreamsOverride;
+  EXPECT_EQ(ApplyRowStreamsOverride(nullptr, 2), 2);
+  EXPECT_EQ(ApplyRowStreamsOverride("", 4), 4);
+  EXPECT_EQ(ApplyRowStreamsOverride("1", 4), 1);
+  EXPECT_EQ(ApplyRowStreamsOverride("2", 1), 2);
+  EXPECT_EQ(ApplyRowStreamsOverride("4", 1), 4);
+  for (const char* bad : {"3", "0", "8", "2x", " 2", "-1", "four"}) {
+    EXPECT_EQ(ApplyRowStreamsOverride(bad, 2), 2) << bad;  // ignored, with a warning
   }
 }
 
