@@ -129,8 +129,8 @@ struct MatmulOptions {
   int row_streams = 0;
 };
 
-// As measured: 4 on Intel CPUs with the AVX-512 kernels, 2 on other CPUs with them (Zen 5), 1 on
-// the AVX2 levels; COLI_ROW_STREAMS=1|2|4 replaces it (read once).
+// As measured: 4 on Intel CPUs with the AVX-512 kernels, else 2 (Zen 5, AVX-512 and AVX2 levels);
+// COLI_ROW_STREAMS=1|2|4 replaces it (read once).
 int DefaultRowStreams();
 
 // y[b*rows + r] = sum_c W[r,c] * x[b*cols + c] for b in [0, batch). Each weight byte is read

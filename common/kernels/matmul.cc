@@ -321,15 +321,12 @@ Isa ActiveIsa() {
   return isa;
 }
 
-// Batch-1 row streams as measured per machine (docs/status/issue-3.md): an Emerald Rapids core
-// reads 4 far-apart streams 16-28 % faster than one; on Zen 5, 2 streams were ahead of 1 on every
-// format (int8 / int4 by 9-43 %, MXFP4 by -2 to +14 %) and 4 behind 2 on int4. The AVX2 levels
-// keep one stream: on a Zen 5 forced onto them more streams won in L2 but not clearly from DRAM,
-// and no AVX2-only CPU was at hand (COLI_ROW_STREAMS tries another count).
-int MeasuredRowStreams() {
-  if (ActiveIsa() != Isa::kAvx512) return 1;
-  return IsIntel() ? 4 : 2;
-}
+// Batch-1 row streams as measured (docs/status/issue-3.md): an Emerald Rapids core reads 4
+// far-apart streams 16-28 % faster than one; on Zen 5, 2 streams beat 1 (AVX-512: int4 1.24-1.40x,
+// int8 1.04-1.15x, MXFP4 expert shapes 1.12-1.14x, 0.97-1.06x on the large ones; the AVX2 and
+// AVX-VNNI kernels 1.00-1.37x) and 4 lost to 2 (0.85x on int4 and MXFP4 expert shapes). The AVX2
+// levels were measured on Zen 5 only (COLI_ROW_STREAMS tries another count).
+int MeasuredRowStreams() { return ActiveIsa() == Isa::kAvx512 && IsIntel() ? 4 : 2; }
 
 int DefaultRowStreams() {
   static const int streams =
