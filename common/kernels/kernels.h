@@ -129,7 +129,7 @@ struct MatmulOptions {
   int row_streams = 0;
 };
 
-// As measured: 4 on Intel CPUs with the AVX-512 kernels, else 2 (Zen 5, AVX-512 and AVX2 levels);
+// As measured: 4 on Intel CPUs with the AVX-512 kernels, else 2 (Zen 5 on every level, Zen 3 AVX2);
 // COLI_ROW_STREAMS=1|2|4 replaces it (read once).
 int DefaultRowStreams();
 

@@ -324,8 +324,9 @@ Isa ActiveIsa() {
 // Batch-1 row streams as measured (docs/status/issue-3.md): an Emerald Rapids core reads 4
 // far-apart streams 16-28 % faster than one; on Zen 5, 2 streams beat 1 (AVX-512: int4 1.24-1.40x,
 // int8 1.04-1.15x, MXFP4 expert shapes 1.12-1.14x, 0.97-1.06x on the large ones; the AVX2 and
-// AVX-VNNI kernels 1.00-1.37x) and 4 lost to 2 (0.85x on int4 and MXFP4 expert shapes). The AVX2
-// levels were measured on Zen 5 only (COLI_ROW_STREAMS tries another count).
+// AVX-VNNI kernels 1.00-1.37x) and 4 lost to 2 (0.85x on int4 and MXFP4 expert shapes). On an
+// AVX2-only Zen 3 the same: 2 vs 1 0.96-1.16x (under 1 only on MXFP4 4096x14336), 4 vs 2
+// 0.87-1.02x (COLI_ROW_STREAMS tries another count).
 int MeasuredRowStreams() { return ActiveIsa() == Isa::kAvx512 && IsIntel() ? 4 : 2; }
 
 int DefaultRowStreams() {
