@@ -2,22 +2,48 @@
 """Smoke test: `coli bench kernels --quick --json` prints one well-formed JSON object."""
 import json
 import math
+import os
 import subprocess
 import sys
 
 FORMATS = {"mxfp4", "mxfp4_idot", "int8", "int4g64", "f32"}
 
 
+def expected_isa():
+    """The kernels' level from /proc/cpuinfo's flags, as the dispatcher should choose it (None
+    where the file is missing or COLI_ISA forces a level)."""
+    if os.environ.get("COLI_ISA"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            line = next((l for l in f if l.startswith("flags")), "")
+    except OSError:
+        return None
+    flags = set(line.split(":", 1)[-1].split())
+    if not flags:
+        return None
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512vbmi",
+            "fma"} <= flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avxvnni" if "avx_vnni" in flags else "avx2"
+    return "scalar"
+
+
 def main() -> int:
     coli = sys.argv[1]
-    # --row-streams 2: a count no CPU defaults to, so the JSON shows the flag reached the kernels.
+    # --row-streams 1: a count no CPU defaults to (2 or 4), so the JSON shows the flag reached the
+    # kernels.
     out = subprocess.run([coli, "bench", "kernels", "--quick", "--json", "--threads", "2",
-                          "--row-streams", "2"],
+                          "--row-streams", "1"],
                          check=True, stdout=subprocess.PIPE).stdout.decode()
     doc = json.loads(out)  # exactly one object: json.loads refuses trailing text
     assert set(doc) == {"read_bw_gbs", "read_bw_start_gbs", "read_bw_end_gbs", "read_bw_mean_gbs",
-                        "row_streams", "results"}, doc.keys()
-    assert doc["row_streams"] == 2, doc["row_streams"]
+                        "isa", "threads", "row_streams", "results"}, doc.keys()
+    assert doc["row_streams"] == 1, doc["row_streams"]
+    assert doc["threads"] == 2, doc["threads"]
+    expected = expected_isa()
+    assert expected is None or doc["isa"] == expected, (doc["isa"], expected)
     bad = subprocess.run([coli, "bench", "kernels", "--row-streams", "3"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert bad.returncode == 2 and b"--row-streams needs 1, 2 or 4" in bad.stderr, bad

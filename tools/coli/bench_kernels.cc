@@ -19,7 +19,8 @@
 // int4g64 (both with the default integer dots), f32.
 //
 // --row-streams 1|2|4 sets MatmulOptions::row_streams for batch 1 (default: this CPU's,
-// kernels::DefaultRowStreams(); the JSON's "row_streams" says which ran).
+// kernels::DefaultRowStreams(); the JSON's "row_streams" says which ran, "isa" the kernels' level
+// and "threads" the thread count, so a JSON from another machine says what it measured).
 //
 // --cpu-time times with the process CPU clock instead of the wall clock (read probe included).
 // Only meaningful with --threads 1: it is for shared machines, where other processes' load
@@ -218,8 +219,10 @@ int RunBenchKernels(int argc, char** argv) {
   if (json) {
     std::printf(
         "{\"read_bw_gbs\": %.3f, \"read_bw_start_gbs\": %.3f, \"read_bw_end_gbs\": %.3f, "
-        "\"read_bw_mean_gbs\": %.3f, \"row_streams\": %d, \"results\": [",
-        read_bw, read_start.best, read_end.best, read_bw_mean, row_streams);
+        "\"read_bw_mean_gbs\": %.3f, \"isa\": \"%s\", \"threads\": %d, \"row_streams\": %d, "
+        "\"results\": [",
+        read_bw, read_start.best, read_end.best, read_bw_mean,
+        kernels::IsaName(kernels::ActiveIsa()), threads, row_streams);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::printf(
