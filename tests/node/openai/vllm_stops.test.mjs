@@ -151,10 +151,12 @@ test('stream_options.continuous_usage_stats: every chunk carries the usage so fa
   };
   const stream_options = { include_usage: true, continuous_usage_stats: true };
   await check(await client.chat.completions.create({
-    model: modelId, messages, enable_thinking: false, max_tokens: 6, stream: true, stream_options,
+    // ignore_eos: a sampled stop token after one or two tokens would leave too few chunks.
+    model: modelId, messages, enable_thinking: false, max_tokens: 6, ignore_eos: true, stream: true,
+    stream_options,
   }), 'chat');
   await check(await client.completions.create({
-    model: modelId, prompt: 'Once', max_tokens: 6, stream: true, stream_options,
+    model: modelId, prompt: 'Once', max_tokens: 6, ignore_eos: true, stream: true, stream_options,
   }), 'completions');
   // Without include_usage it changes nothing (as vLLM's).
   for await (const c of await client.chat.completions.create({
