@@ -645,11 +645,13 @@ void Engine::Cancel(const std::shared_ptr<Request>& request, bool stop) {
       if (queued != queue_.end()) {
         queue_.erase(queued);
         dequeued = true;
+        // It leaves the queue and enters the cancelled count in one step (see WorkerLoop).
+        CountFinishedLocked(*request, request->CancelStatus(), v1::Finished());
       }
     }
     cv_.notify_all();
   }
-  if (dequeued) Finish(*request, request->CancelStatus(), v1::Finished());
+  if (dequeued) NotifyFinished(*request, request->CancelStatus(), v1::Finished());
 }
 
 std::optional<Engine::Job> Engine::PopRunnableLocked() {
@@ -819,7 +821,10 @@ void Engine::WorkerLoop() {
       record = job->slot->session->Record().value_or(std::vector<int32_t>{});
     }
     lock.lock();
+    // The request leaves `active` and enters its outcome counter in one step, so a metrics
+    // read never sees it in neither.
     --counters_.active;
+    CountFinishedLocked(*job->request, status, finished);
     if (job->slot != nullptr) {
       job->slot->record = std::move(record);
       job->slot->last_used = ++slot_clock_;
@@ -842,7 +847,7 @@ void Engine::WorkerLoop() {
     }
     cv_.notify_all();
     lock.unlock();
-    Finish(*job->request, status, finished);
+    NotifyFinished(*job->request, status, finished);
     lock.lock();
   }
 }
@@ -1381,28 +1386,30 @@ std::vector<absl::StatusOr<StepResult>> Engine::DecodeSteps(LoadedModel& model,
   return results;
 }
 
-void Engine::Finish(Request& request, const absl::Status& status, const v1::Finished& finished) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_.erase(request.id_);
-    if (status.ok()) {  // (its tokens were counted by Generate, as every request's)
-      ++counters_.ok;
-      if (finished.usage().completion_tokens() > 0) {
-        counters_.ttft_last = finished.stats().ttft_seconds();
-        counters_.ttft_sum += counters_.ttft_last;
-        ++counters_.ttft_n;
-        counters_.tps_last = finished.stats().tokens_per_second();
-        counters_.tps_sum += counters_.tps_last;
-        ++counters_.tps_n;
-      }
-    } else if (status.code() == absl::StatusCode::kCancelled ||
-               status.code() == absl::StatusCode::kDeadlineExceeded ||
-               status.code() == absl::StatusCode::kUnavailable) {
-      ++counters_.cancelled;
-    } else {
-      ++counters_.failed;
+void Engine::CountFinishedLocked(Request& request, const absl::Status& status,
+                                 const v1::Finished& finished) {
+  live_.erase(request.id_);
+  if (status.ok()) {  // (its tokens were counted by Generate, as every request's)
+    ++counters_.ok;
+    if (finished.usage().completion_tokens() > 0) {
+      counters_.ttft_last = finished.stats().ttft_seconds();
+      counters_.ttft_sum += counters_.ttft_last;
+      ++counters_.ttft_n;
+      counters_.tps_last = finished.stats().tokens_per_second();
+      counters_.tps_sum += counters_.tps_last;
+      ++counters_.tps_n;
     }
+  } else if (status.code() == absl::StatusCode::kCancelled ||
+             status.code() == absl::StatusCode::kDeadlineExceeded ||
+             status.code() == absl::StatusCode::kUnavailable) {
+    ++counters_.cancelled;
+  } else {
+    ++counters_.failed;
   }
+}
+
+void Engine::NotifyFinished(Request& request, const absl::Status& status,
+                            const v1::Finished& finished) {
   if (!status.ok()) {
     COLI_LOG(kDebug) << "request '" << request.id_ << "' ended: " << status.ToString();
   }

@@ -304,7 +304,12 @@ class Engine {
                                                       std::span<Session* const> sessions,
                                                       const Sampling& sampling);
   static void RunDecodeBatch(std::span<DecodeRow* const> batch);
-  void Finish(Request& request, const absl::Status& status, const v1::Finished& finished);
+  // A request's end in two steps: its outcome counted under mu_ in the same critical section
+  // that takes it out of the queue or the active count (so metrics never see it in neither),
+  // then its sink told outside the lock.
+  void CountFinishedLocked(Request& request, const absl::Status& status,
+                           const v1::Finished& finished);
+  void NotifyFinished(Request& request, const absl::Status& status, const v1::Finished& finished);
   // Frees the spares idle past options_.spare_idle_ms, every quarter of it (10 ms to 1 s),
   // until Shutdown.
   void SpareSweepLoop();

@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/status/status_matchers.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.pb.h"
@@ -438,6 +440,57 @@ TEST_F(HostTest, ClientDisconnectCancelsItsRequest) {
   ASSERT_TRUE(next.status.ok()) << next.status.error_message();
   EXPECT_EQ(next.text, "free");
   EXPECT_LT(next.finished.stats().plugin().at("tokens_generated"), 200.0);
+}
+
+// Every accepted request is, in any one metrics snapshot, in exactly one place: queued, active,
+// or counted as ok / failed / cancelled. A request that left `active` before its outcome was
+// counted made clients that poll "active == 0, then cancelled grew" fail now and then.
+TEST_F(HostTest, MetricsAccountForEveryRequestInEverySnapshot) {
+  Start(/*workers=*/2, /*queue=*/64, "1");
+  std::atomic<bool> done{false};
+  std::atomic<int> snapshots{0};
+  std::atomic<bool> any_broken{false};
+  std::string broken;  // the first snapshot that failed (written once by the poller)
+  std::thread poller([&] {
+    while (!done.load()) {
+      const v1::MetricsResponse m = engine_->Metrics();
+      const uint64_t placed = m.requests_ok() + m.requests_failed() + m.requests_cancelled() +
+                              static_cast<uint64_t>(m.requests_active()) +
+                              static_cast<uint64_t>(m.queue_depth());
+      if (placed != m.requests_total() && !any_broken.load()) {
+        broken = m.DebugString();
+        any_broken = true;
+      }
+      ++snapshots;
+    }
+  });
+  // Rounds of four: two that finish, one cancelled while it runs, one cancelled while queued
+  // behind the two workers.
+  for (int round = 0; round < 40 && !any_broken.load(); ++round) {
+    std::vector<std::string> ids;
+    std::atomic<int> ended{0};
+    for (int i = 0; i < 4; ++i) {
+      EventSink sink;
+      sink.on_done = [&](const absl::Status&, const v1::Finished&) { ++ended; };
+      GenerationInput input = GenerationInput::From(Request(i < 2 ? "ab" : std::string(50, 'c')));
+      input.request_id = absl::StrCat("r", round, "-", i);
+      ids.push_back(input.request_id);
+      auto submitted = engine_->Submit(std::move(input), std::move(sink));
+      ASSERT_OK(submitted.status());
+    }
+    engine_->Cancel(ids[3], /*stop=*/false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(round % 5));
+    engine_->Cancel(ids[2], /*stop=*/false);
+    ASSERT_TRUE(WaitFor([&] { return ended.load() == 4; }));
+  }
+  done = true;
+  poller.join();
+  EXPECT_EQ(broken, "");
+  EXPECT_GT(snapshots.load(), 40);
+  const v1::MetricsResponse m = engine_->Metrics();
+  EXPECT_EQ(m.requests_total(), 160u);
+  EXPECT_EQ(m.requests_active(), 0);
+  EXPECT_GE(m.requests_cancelled(), 40u);  // the queued one of every round at least
 }
 
 TEST_F(HostTest, DeadlineEndsTheRequest) {
