@@ -522,6 +522,7 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
       kEventStream, [this, watch, header = std::move(header), include_usage, continuous_usage,
                      body = std::move(body)](size_t, httplib::DataSink& sink) {
         ++streams_active_;
+        bool disconnected = false;  // counted after the stream leaves streams_active_
         SseSink sse;
         sse.header = header;
         sse.include_usage = include_usage;
@@ -540,7 +541,7 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
         if (end.gone && CutByShutdown(watch, sink)) {
           write(Json::parse(ErrorBody(ShuttingDownError())));  // the openai SDKs raise it
         } else if (end.gone) {
-          ++disconnects_;
+          disconnected = true;
         } else {
           if (include_usage) {
             Json u = header;
@@ -553,6 +554,8 @@ void Gateway::StreamSse(Res& res, ConnectionWatch watch, Json header, bool inclu
           if (sink.is_writable()) sink.write(kDone, sizeof(kDone) - 1);
         }
         --streams_active_;
+        // A metrics read that sees the disconnect also sees the stream closed.
+        if (disconnected) ++disconnects_;
         sink.done();
         return true;
       });

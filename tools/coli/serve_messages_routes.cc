@@ -58,6 +58,7 @@ void Gateway::MessagesReply(const Req& req, Res& res) {
   res.set_chunked_content_provider(
       kEventStream, [this, call, first, r, id, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
+        bool disconnected = false;  // counted after the stream leaves streams_active_
         bool last_event = false;  // the error event after the server's stop cut the stream
         auto alive = [this, &sink, &watch] {
           return !stopping_ && !watch.PeerClosed() && sink.is_writable();
@@ -85,16 +86,18 @@ void Gateway::MessagesReply(const Req& req, Res& res) {
           call->reader->Finish();
         }
         if (s.ok()) {
-          if (!stream.Finish(out)) ++disconnects_;
+          disconnected = !stream.Finish(out);
         } else if (s.error_code() == grpc::StatusCode::CANCELLED && CutByShutdown(watch, sink)) {
           last_event = true;
           stream.Fail(ShuttingDownError());
         } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
-          ++disconnects_;
+          disconnected = true;
         } else {
           stream.Fail(FromHostStatus(s));
         }
         --streams_active_;
+        // A metrics read that sees the disconnect also sees the stream closed.
+        if (disconnected) ++disconnects_;
         sink.done();
         return true;
       });

@@ -75,6 +75,7 @@ void Gateway::Responses(const Req& req, Res& res) {
   res.set_chunked_content_provider(
       kEventStream, [this, call, first, object, r, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
+        bool disconnected = false;  // counted after the stream leaves streams_active_
         ResponseBuilder::Sink events;
         bool last_event = false;  // response.failed after the server's stop cut the stream
         events.send = [this, &sink, &watch, &last_event](const Json& e) {
@@ -97,11 +98,13 @@ void Gateway::Responses(const Req& req, Res& res) {
           last_event = true;
           b.Fail(ShuttingDownError());
         } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
-          ++disconnects_;
+          disconnected = true;
         } else if (!s.ok()) {
           b.Fail(FromHostStatus(s));
         }
         --streams_active_;
+        // A metrics read that sees the disconnect also sees the stream closed.
+        if (disconnected) ++disconnects_;
         sink.done();
         return true;
       });
@@ -171,6 +174,7 @@ void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> eve
   res.set_chunked_content_provider(
       kEventStream, [this, events, after, watch](size_t, httplib::DataSink& sink) {
         ++streams_active_;
+        bool disconnected = false;  // counted after the stream leaves streams_active_
         int64_t cursor = after;
         std::vector<std::string> frames;
         bool gone = false, ended = false;  // ended: a terminal event went out
@@ -210,9 +214,11 @@ void Gateway::FollowEvents(Res& res, std::shared_ptr<const ResponseEventLog> eve
                                                        {"sequence_number", cursor + 1}});
           sink.write(frame.data(), frame.size());
         } else if (gone) {
-          ++disconnects_;  // the background response goes on
+          disconnected = true;  // the background response goes on
         }
         --streams_active_;
+        // A metrics read that sees the disconnect also sees the stream closed.
+        if (disconnected) ++disconnects_;
         sink.done();
         return true;
       });
