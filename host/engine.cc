@@ -635,6 +635,7 @@ bool Engine::CancelChoice(const std::string& request_id, int32_t choice) {
 
 void Engine::Cancel(const std::shared_ptr<Request>& request, bool stop) {
   bool dequeued = false;
+  absl::Status ended;  // a dequeued request's end, counted and told the same
   {
     std::lock_guard<std::mutex> lock(mu_);
     request->Cancel(stop);
@@ -646,12 +647,13 @@ void Engine::Cancel(const std::shared_ptr<Request>& request, bool stop) {
         queue_.erase(queued);
         dequeued = true;
         // It leaves the queue and enters the cancelled count in one step (see WorkerLoop).
-        CountFinishedLocked(*request, request->CancelStatus(), v1::Finished());
+        ended = request->CancelStatus();
+        CountFinishedLocked(*request, ended, v1::Finished());
       }
     }
     cv_.notify_all();
   }
-  if (dequeued) NotifyFinished(*request, request->CancelStatus(), v1::Finished());
+  if (dequeued) NotifyFinished(*request, ended, v1::Finished());
 }
 
 std::optional<Engine::Job> Engine::PopRunnableLocked() {
